@@ -1,0 +1,180 @@
+"""Topic setup from the registry, and capability probing of a broker of unknown kind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Mapping
+from typing import Any, Final
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from fleetloop.daemon.brokers.base import BrokerCapabilities
+from fleetloop.daemon.clock import wall_ms
+from fleetloop.schemas.topics import TOPICS, topic_name
+
+TOPIC_ALREADY_EXISTS: Final = 36
+REPLICATION_FACTOR: Final = 1
+
+
+class TopicSetupError(RuntimeError):
+    """The broker refused to create a topic (for a reason other than "it already exists")."""
+
+    def __init__(self, topic: str, error_code: int, message: str | None) -> None:
+        self.topic = topic
+        self.error_code = error_code
+        super().__init__(f"cannot create topic {topic!r}: error {error_code} ({message or 'no message'})")
+
+
+def registry_topics(prefix: str, partitions_override: Mapping[str, int] | None = None) -> list[NewTopic]:
+    """One ``NewTopic`` per registry entry: its partitions (or the override), cleanup policy, RF 1."""
+    overrides = dict(partitions_override or {})
+    if unknown := sorted(set(overrides) - set(TOPICS)):
+        raise KeyError(f"partitions_override names unknown topics {unknown}; known: {sorted(TOPICS)}")
+    return [
+        NewTopic(
+            topic_name(prefix, logical),
+            overrides.get(logical, spec.partitions),
+            REPLICATION_FACTOR,
+            topic_configs={"cleanup.policy": spec.cleanup},
+        )
+        for logical, spec in sorted(TOPICS.items())
+    ]
+
+
+async def create_topics(admin: Any, topics: list[NewTopic], *, timeout_s: float = 30.0) -> None:
+    """Create ``topics`` (existing ones are fine) and wait until every partition has a leader."""
+    response = await admin.create_topics(topics, timeout_ms=int(timeout_s * 1000))
+    for topic, error_code, *rest in response.topic_errors:
+        if error_code not in (0, TOPIC_ALREADY_EXISTS):
+            raise TopicSetupError(topic, error_code, rest[0] if rest else None)
+    expected = {str(t.name): int(t.num_partitions) for t in topics}
+    async with asyncio.timeout(timeout_s):
+        while True:
+            ready = {
+                str(t["topic"]): len(t["partitions"])
+                for t in await admin.describe_topics(sorted(expected))
+                if t["error_code"] == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
+            }
+            # An existing topic may have other partition counts: it exists, which is all we promise.
+            if set(ready) >= set(expected):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def ensure_topics(
+    bootstrap_servers: str, prefix: str, *, partitions_override: dict[str, int] | None = None
+) -> None:
+    """Create every topic of the registry under ``prefix`` with its partitions and ``cleanup.policy``.
+
+    Replication factor 1; topics that already exist are left as they are.
+    """
+    topics = registry_topics(prefix, partitions_override)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        await create_topics(admin, topics)
+    finally:
+        await admin.close()
+    await wait_servable(bootstrap_servers, topics)
+
+
+async def wait_servable(bootstrap_servers: str, topics: list[NewTopic], *, timeout_s: float = 30.0) -> None:
+    """Wait until every partition answers ListOffsets.
+
+    Apache Kafka lists a new partition's leader in metadata a moment before that leader serves it
+    (NotLeaderOrFollower in between); aiokafka retries ListOffsets through that window.
+    """
+    partitions = [TopicPartition(str(t.name), p) for t in topics for p in range(int(t.num_partitions))]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await consumer.start()
+            await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+
+
+async def delete_topics(bootstrap_servers: str, prefix: str) -> None:
+    """Delete every registry topic under ``prefix`` (missing ones are fine): tests clean up with it."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        doomed = sorted(existing & {topic_name(prefix, logical) for logical in TOPICS})
+        if doomed:
+            await admin.delete_topics(doomed)
+    finally:
+        await admin.close()
+
+
+async def _supports_idempotence(bootstrap_servers: str, topic: str) -> bool:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, enable_idempotence=True, acks="all")
+    try:
+        async with asyncio.timeout(15):
+            await producer.start()  # InitProducerId happens here
+            await producer.send_and_wait(topic, b"idempotent", key=b"probe")
+    except Exception:  # UnknownError on Tansu; any failure means "do not turn it on"
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+    return True
+
+
+async def _supports_offsets_for_times(bootstrap_servers: str, topic: str) -> bool:
+    """Two records at known times; ListOffsets must find the second by time, and nothing past it.
+
+    Fails on Tansu (it searches append time) and on a broker that overwrites record timestamps
+    (``LogAppendTime``): either way a replay cannot seek by event time there.
+    """
+    first_ms = wall_ms() - 60_000  # recent: inside any message.timestamp.{before,after}.max.ms
+    partition = TopicPartition(topic, 0)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    try:
+        async with asyncio.timeout(15):
+            await producer.start()
+            sent = [
+                await producer.send_and_wait(topic, b"at", key=b"probe", partition=0, timestamp_ms=ts)
+                for ts in (first_ms, first_ms + 1000)
+            ]
+            await consumer.start()
+            found = await consumer.offsets_for_times({partition: first_ms + 1})
+            beyond = await consumer.offsets_for_times({partition: first_ms + 10_000_000})
+    finally:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+    hit = found.get(partition)
+    return (
+        hit is not None
+        and hit.offset == sent[1].offset
+        and hit.timestamp == first_ms + 1000
+        and beyond.get(partition) is None
+    )
+
+
+async def probe_capabilities(
+    bootstrap_servers: str, *, scratch_topic: str | None = None
+) -> BrokerCapabilities:
+    """What a user-supplied broker of unknown kind can do, found by trying it on a scratch topic.
+
+    Creates ``scratch_topic`` (default ``fleetloop-probe-<random>``, one partition), writes three small
+    records, and deletes it again.
+    """
+    topic = scratch_topic or f"fleetloop-probe-{uuid.uuid4().hex[:12]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        await create_topics(admin, [NewTopic(topic, 1, REPLICATION_FACTOR)], timeout_s=15)
+        offsets_for_times = await _supports_offsets_for_times(bootstrap_servers, topic)
+        idempotent = await _supports_idempotence(bootstrap_servers, topic)
+        return BrokerCapabilities(idempotent_producer=idempotent, offsets_for_times=offsets_for_times)
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.delete_topics([topic])
+        await admin.close()

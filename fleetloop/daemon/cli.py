@@ -1,0 +1,57 @@
+"""The ``fleetloop`` command: the composition root (the only module that wires the runtime and sim).
+
+Every subcommand lives in its own module with ``register(subparsers)`` and a handler returning an
+exit code. Errors a user can cause (a bad flag, a bad file, an unreachable broker) end as one line
+on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from fleetloop import __version__
+from fleetloop.daemon.commands import UsageError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fleetloop", description="A streaming control plane for LLM inference fleets, on Kafka."
+    )
+    parser.add_argument("--version", action="version", version=f"fleetloop {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # Each module registers its subcommand(s). Keep this list sorted.
+    from fleetloop.daemon import commands
+
+    commands.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from fleetloop.policies.registry import PolicyError
+
+    try:
+        args = build_parser().parse_args(argv)
+        handler: Handler = args.handler
+        return handler(args)
+    except UsageError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    except PolicyError as exc:
+        sys.stderr.write(f"fleetloop: policy refused: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("fleetloop: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

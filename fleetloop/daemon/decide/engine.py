@@ -1,0 +1,255 @@
+"""The decision engine: one frozen input per tick, one result out (STYLE.md, rule 4).
+
+``decide(snapshot, policy, state, tick, input_offsets) -> TickResult`` runs the policy's
+algorithms for the tick's pool in a fixed order (breaker, routing, admission, retry budget,
+autoscale, batching), applies the safety envelope (:mod:`fleetloop.policies.envelope`) and stamps
+every decision with the policy, the tick and the input offsets. It is pure: the same inputs give
+the same decisions, byte for byte, which is what replay checks. Randomness, were an algorithm to
+need it, comes from a generator seeded by (tick id, pool id).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fleetloop.policies.base import FleetSnapshot, PolicyContext, r6
+from fleetloop.policies.envelope import Envelope
+from fleetloop.policies.registry import CompiledPolicy
+from fleetloop.schemas.control import Tick
+from fleetloop.schemas.decisions import (
+    AdmissionDecision,
+    AutoscaleDecision,
+    BreakerDecision,
+    Decision,
+    DecisionBody,
+    PolicyStamp,
+    RoutingDecision,
+)
+from fleetloop.schemas.policy import SECTIONS
+
+ORDER: tuple[str, ...] = ("breaker", "routing", "admission", "retry_budget", "autoscale", "batching")
+assert sorted(ORDER) == sorted(SECTIONS)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """Each algorithm's state, per section and pool. Keyed also by algorithm name, so a policy
+    change that swaps an algorithm starts it fresh while unchanged sections keep their state."""
+
+    algorithms: Mapping[tuple[str, str, str], Any] = field(default_factory=dict)  # (section, name, pool)
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    decisions: tuple[Decision, ...]
+    state: EngineState
+    diagnostics: Mapping[str, float]
+
+
+def envelope_of(policy: CompiledPolicy) -> Envelope:
+    return Envelope.model_validate(policy.document.spec.envelope)
+
+
+def _cap_ejections(
+    decisions: list[BreakerDecision], snap: FleetSnapshot, pool_id: str, env: Envelope
+) -> list[BreakerDecision]:
+    """Enforce at most ``max_ejected_frac`` of the pool's nodes as open; the rest are 'detected'."""
+    n_nodes = len(snap.pool_nodes(pool_id))
+    cap = math.floor(env.max_ejected_frac * n_nodes + 1e-9)
+    open_ = [d for d in decisions if d.state == "open" and d.enforced]
+    if len(open_) <= cap:
+        return decisions
+
+    def severity(d: BreakerDecision) -> tuple[float, str]:
+        node = snap.nodes.get(d.node_id)
+        return (-(node.consecutive_failures if node else 0.0), d.node_id)
+
+    keep = {d.node_id for d in sorted(open_, key=severity)[:cap]}
+    return [
+        d.model_copy(update={"enforced": False, "reason": f"{d.reason}:max-ejected-cap"})
+        if d.state == "open" and d.enforced and d.node_id not in keep
+        else d
+        for d in decisions
+    ]
+
+
+def _shape_routing(
+    d: RoutingDecision, snap: FleetSnapshot, breakers: Mapping[str, BreakerDecision], env: Envelope
+) -> RoutingDecision:
+    """Zero stale and ejected nodes, give probing nodes their probe share, fail open if all zero."""
+    nodes = {n.node_id: n for n in snap.pool_nodes(d.pool_id)}
+    weights: dict[str, float] = {}
+    probes: dict[str, float] = {}
+    zeroed: list[str] = []
+    for node_id in sorted(set(d.weights) | set(nodes)):
+        w = d.weights.get(node_id, 0.0)
+        node = nodes.get(node_id)
+        b = breakers.get(node_id)
+        if node is None or node.stale:
+            w = 0.0
+            zeroed.append(node_id)
+        elif b is not None and b.enforced and b.state == "open":
+            w = 0.0
+        elif b is not None and b.enforced and b.state == "half_open":
+            probes[node_id] = b.probe_frac if node.warm else 0.0
+            w = 0.0
+        weights[node_id] = w
+    total = sum(weights.values())
+    reason = d.reason
+    if total <= 0:
+        # Fail open (panic threshold): spread evenly over warm nodes, ignoring breakers and staleness.
+        candidates = [n for n in sorted(nodes) if nodes[n].warm] or [
+            n for n in sorted(nodes) if not nodes[n].draining
+        ]
+        weights = {n: (1.0 if n in candidates else 0.0) for n in weights}
+        total = float(len(candidates))
+        probes = {}
+        reason = "fail-open" if candidates else "no-node"
+    probe_total = min(0.5, sum(probes.values()))
+    scale = (1.0 - probe_total) / total if total > 0 else 0.0
+    out = {n: r6(w * scale) for n, w in weights.items()}
+    for n, p in probes.items():
+        out[n] = r6(p)
+    inputs = dict(d.inputs)
+    inputs["stale_nodes"] = float(len(zeroed))
+    inputs["probing_nodes"] = float(len(probes))
+    by_priority = {
+        cls: _renormalize({n: w for n, w in ws.items() if out.get(n, 0.0) > 0})
+        for cls, ws in d.by_priority.items()
+    }
+    return d.model_copy(
+        update={"weights": out, "reason": reason, "inputs": inputs, "by_priority": by_priority}
+    )
+
+
+def _renormalize(ws: Mapping[str, float]) -> dict[str, float]:
+    total = sum(ws.values())
+    return {n: r6(w / total) for n, w in sorted(ws.items())} if total > 0 else {}
+
+
+def _shape_admission(d: AdmissionDecision, env: Envelope) -> AdmissionDecision:
+    def floor(table: Mapping[str, int]) -> dict[str, int]:
+        return {
+            p: (max(v, env.min_queue_threshold) if int(p) <= env.protected_priority else max(v, 0))
+            for p, v in sorted(table.items(), key=lambda kv: int(kv[0]))
+        }
+
+    return d.model_copy(
+        update={
+            "max_queue_depth": floor(d.max_queue_depth),
+            "new_task_max_queue_depth": floor(d.new_task_max_queue_depth),
+        }
+    )
+
+
+def _shape_autoscale(d: AutoscaleDecision, env: Envelope) -> AutoscaleDecision:
+    lo = d.current_nodes - env.max_scale_step
+    hi = d.current_nodes + env.max_scale_step
+    desired = min(max(d.desired_nodes, lo, 0), hi)
+    if desired == d.desired_nodes:
+        return d
+    return d.model_copy(update={"desired_nodes": desired, "reason": f"{d.reason}:step-limited"})
+
+
+def decide(
+    snap: FleetSnapshot,
+    policy: CompiledPolicy,
+    state: EngineState,
+    tick: Tick,
+    input_offsets: Mapping[str, int] | None = None,
+) -> TickResult:
+    """Decide for ``tick.pool_id`` as of ``snap.now_ms`` (== ``tick.ts_ms``)."""
+    env = envelope_of(policy)
+    pool_id = tick.pool_id
+    seed = [tick.tick_id, zlib.crc32(pool_id.encode())]
+    new_states = dict(state.algorithms)
+    bodies: list[tuple[str, DecisionBody]] = []
+    breakers: dict[str, BreakerDecision] = {}
+    diagnostics: dict[str, float] = {}
+    for section in ORDER:
+        sec = policy.sections[section]
+        key = (section, sec.algorithm.name, pool_id)
+        algo_state = state.algorithms.get(key)
+        if algo_state is None:
+            algo_state = sec.algorithm.initial_state()
+        ctx = PolicyContext(
+            now_ms=snap.now_ms,
+            tick_id=tick.tick_id,
+            tick_ms=policy.tick_ms,
+            pool_id=pool_id,
+            rng=np.random.default_rng(seed),
+            breakers=breakers,
+        )
+        result = sec.algorithm.decide(snap, sec.params, algo_state, ctx)
+        new_states[key] = result.state
+        for k, v in result.diagnostics.items():
+            diagnostics[f"{section}.{k}"] = float(v)
+        produced = list(result.decisions)
+        if section == "breaker":
+            shaped = [d for d in produced if isinstance(d, BreakerDecision)]
+            if sec.mode == "shadow":
+                shaped = [
+                    d.model_copy(update={"enforced": False}) if d.state != "closed" else d for d in shaped
+                ]
+            shaped = _cap_ejections(shaped, snap, pool_id, env)
+            breakers.update({d.node_id: d for d in shaped})
+            produced = list(shaped)
+        elif section == "routing":
+            produced = [
+                _shape_routing(d, snap, breakers, env) if isinstance(d, RoutingDecision) else d
+                for d in produced
+            ]
+        elif section == "admission":
+            produced = [_shape_admission(d, env) if isinstance(d, AdmissionDecision) else d for d in produced]
+        elif section == "autoscale":
+            produced = [_shape_autoscale(d, env) if isinstance(d, AutoscaleDecision) else d for d in produced]
+        bodies.extend((sec.mode, d) for d in produced)
+    offsets = dict(sorted((input_offsets or {}).items()))
+    decisions = tuple(
+        Decision(
+            ts_ms=tick.ts_ms,
+            tick_id=tick.tick_id,
+            policy=PolicyStamp(
+                name=policy.stamp.name,
+                version=policy.stamp.version,
+                hash=policy.stamp.hash,
+                mode=mode,
+            ),
+            input_offsets=offsets,
+            body=body,
+        )
+        for mode, body in bodies
+    )
+    # Keep only states of this policy's algorithms (other pools' states are kept as they were).
+    live = {(s, policy.sections[s].algorithm.name) for s in ORDER}
+    kept = {k: v for k, v in new_states.items() if (k[0], k[1]) in live}
+    diagnostics["decisions"] = float(len(decisions))
+    return TickResult(decisions=decisions, state=EngineState(kept), diagnostics=diagnostics)
+
+
+class Engine:
+    """A convenience holder for ``(policy, state)`` around :func:`decide`; still no I/O."""
+
+    def __init__(self, policy: CompiledPolicy) -> None:
+        self.policy = policy
+        self.state = EngineState()
+
+    @property
+    def envelope(self) -> Envelope:
+        return envelope_of(self.policy)
+
+    def set_policy(self, policy: CompiledPolicy) -> None:
+        self.policy = policy
+
+    def tick(
+        self, snap: FleetSnapshot, tick: Tick, input_offsets: Mapping[str, int] | None = None
+    ) -> TickResult:
+        result = decide(snap, self.policy, self.state, tick, input_offsets)
+        self.state = result.state
+        return result

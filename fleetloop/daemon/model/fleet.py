@@ -1,0 +1,342 @@
+"""The fleet model: a pure reducer over telemetry and request outcomes, keyed by event time.
+
+``apply(model, events) -> model`` folds a batch; ``snapshot(model, now_ms, ...)`` freezes what the
+policies see at a tick. No I/O, no clock: ``now_ms`` is the tick's event time.
+
+What it keeps:
+- per node: the newest telemetry (by ``ts_ms``), router-observed calls in event-time buckets
+  (requests, ok, failures, TTFT sum and count), node-reported errors/timeouts/preemptions, and the
+  run of consecutive failed calls (in the order the router reported them: one pool is one
+  partition, so that order is the same in a replay);
+- per pool: calls, outcomes, tokens and a TTFT histogram in event-time buckets;
+- per tenant: calls, retries, sheds;
+- the workflow ledger: every task's calls, attempts and spend, its outcome when the last call
+  says so, and the fleet's cost (each telemetry interval x the node's price), which together give
+  cost per successful task.
+
+``apply`` takes ownership of the model it is given and returns it (updating in place keeps the hot
+path free of copies); callers never keep a reference to the old one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from fleetloop.daemon.model.windows import BUCKET_MS, N_LAT_BINS, Window, lat_bin, quantile_from_bins
+from fleetloop.policies.base import FleetSnapshot, LedgerView, NodeView, PoolView, TenantView
+from fleetloop.schemas.requests import RequestOutcome
+from fleetloop.schemas.telemetry import NodeTelemetry
+
+FAILED_OUTCOMES = frozenset({"error", "timeout", "retry"})
+
+# Node window columns
+_N_REQ, _N_OK, _N_FAIL, _N_TTFT_SUM, _N_TTFT_N, _N_ERR, _N_TO, _N_PRE = range(8)
+# Pool window columns
+_P_REQ, _P_OK, _P_FAIL, _P_RETRY, _P_SHED, _P_PROMPT, _P_OUT = range(7)
+# Tenant window columns
+_T_REQ, _T_RETRY, _T_SHED = range(3)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    retention_ms: int = 300_000  # keep this much event time behind the newest record
+    forget_node_after_ms: int = 60_000  # a node silent this long leaves its pool
+    finished_workflow_ttl_ms: int = 600_000  # remember finished tasks this long (late records)
+    abandon_workflow_after_ms: int = 3_600_000  # a task silent this long counts as failed
+
+
+@dataclass(slots=True)
+class _Node:
+    telemetry: NodeTelemetry
+    win: Window = field(default_factory=lambda: Window(8))
+    consecutive_failures: int = 0
+
+
+@dataclass(slots=True)
+class _Pool:
+    win: Window = field(default_factory=lambda: Window(7))
+    ttft: Window = field(default_factory=lambda: Window(N_LAT_BINS))
+
+
+@dataclass(slots=True)
+class _Tenant:
+    priority: int
+    win: Window = field(default_factory=lambda: Window(3))
+
+
+@dataclass(slots=True)
+class _Workflow:
+    tenant_id: str
+    priority: int
+    first_ms: int
+    last_ms: int
+    calls: int = 0
+    attempts: int = 0
+    spend_usd: float = 0.0
+
+
+@dataclass(slots=True)
+class _Ledger:
+    tasks_started: int = 0
+    tasks_succeeded: int = 0
+    tasks_failed: int = 0
+    fleet_cost_usd: float = 0.0
+    spend_on_failed_usd: float = 0.0
+    active: dict[str, _Workflow] = field(default_factory=dict)
+    finished: dict[str, int] = field(default_factory=dict)  # workflow id -> finish ts_ms
+
+
+class FleetModel:
+    """Mutable state behind :func:`apply`; read it only through :func:`snapshot`."""
+
+    __slots__ = (
+        "_evicted_to",
+        "config",
+        "late_dropped",
+        "ledger",
+        "node_wins",
+        "nodes",
+        "pools",
+        "tenants",
+        "watermark_ms",
+    )
+
+    def __init__(self, config: ModelConfig | None = None) -> None:
+        self.config = config or ModelConfig()
+        self.nodes: dict[str, _Node] = {}
+        self.node_wins: dict[str, Window] = {}
+        self.pools: dict[str, _Pool] = {}
+        self.tenants: dict[str, _Tenant] = {}
+        self.ledger = _Ledger()
+        self.watermark_ms = 0
+        self.late_dropped = 0
+        self._evicted_to = 0
+
+    # -- folding --------------------------------------------------------------------------------
+
+    def _admit(self, ts_ms: int) -> bool:
+        """Advance the watermark; False when the record is older than the retention."""
+        if ts_ms > self.watermark_ms:
+            self.watermark_ms = ts_ms
+            horizon = (ts_ms - self.config.retention_ms) // BUCKET_MS
+            if horizon > self._evicted_to + 10:  # evict in steps of 10 buckets, not per record
+                self._evict(horizon)
+        elif ts_ms // BUCKET_MS <= self._evicted_to:
+            self.late_dropped += 1
+            return False
+        return True
+
+    def fold_telemetry(self, t: NodeTelemetry) -> None:
+        ledger = self.ledger
+        ledger.fleet_cost_usd += t.cost_rate_usd_per_h * t.interval_ms / 3_600_000.0
+        if not self._admit(t.ts_ms):
+            return
+        node = self.nodes.get(t.node_id)
+        if node is None:
+            node = self.nodes[t.node_id] = _Node(telemetry=t, win=self.node_wins.pop(t.node_id, Window(8)))
+        elif t.ts_ms >= node.telemetry.ts_ms:
+            node.telemetry = t
+        if t.pool_id not in self.pools:
+            self.pools[t.pool_id] = _Pool()
+        if t.errors or t.timeouts or t.preemptions:
+            b = t.ts_ms // BUCKET_MS
+            node.win.add_at(b, _N_ERR, t.errors)
+            node.win.add_at(b, _N_TO, t.timeouts)
+            node.win.add_at(b, _N_PRE, t.preemptions)
+
+    def fold_outcome(self, o: RequestOutcome) -> None:
+        self._fold_ledger(o)
+        if not self._admit(o.ts_ms):
+            return
+        b = o.ts_ms // BUCKET_MS
+        outcome = o.outcome
+        ok = outcome == "ok"
+        failed = outcome in FAILED_OUTCOMES
+        shed = outcome == "shed"
+        pool = self.pools.get(o.pool_id)
+        if pool is None:
+            pool = self.pools[o.pool_id] = _Pool()
+        pool.win.add(
+            b,
+            (1.0, float(ok), float(failed), float(o.attempt > 0), float(shed),
+             float(o.prompt_tokens), float(o.output_tokens)),
+        )  # fmt: skip
+        if o.ttft_ms is not None:
+            pool.ttft.add_at(b, lat_bin(o.ttft_ms), 1.0)
+        tenant = self.tenants.get(o.tenant_id)
+        if tenant is None:
+            tenant = self.tenants[o.tenant_id] = _Tenant(priority=o.priority)
+        tenant.win.add(b, (1.0, float(o.attempt > 0), float(shed)))
+        if o.node_id is None:
+            return
+        node = self.nodes.get(o.node_id)
+        win = node.win if node is not None else self.node_wins.setdefault(o.node_id, Window(8))
+        ttft = o.ttft_ms if o.ttft_ms is not None else 0.0
+        win.add(b, (1.0, float(ok), float(failed), ttft, float(o.ttft_ms is not None), 0.0, 0.0, 0.0))
+        if node is not None:
+            if ok:
+                node.consecutive_failures = 0
+            elif failed:
+                node.consecutive_failures += 1
+
+    def _fold_ledger(self, o: RequestOutcome) -> None:
+        ledger = self.ledger
+        wf = ledger.active.get(o.workflow_id)
+        if wf is None:
+            if o.workflow_id in ledger.finished:
+                return  # a late or duplicate record of a finished task
+            wf = ledger.active[o.workflow_id] = _Workflow(o.tenant_id, o.priority, o.ts_ms, o.ts_ms)
+            ledger.tasks_started += 1
+        wf.last_ms = max(wf.last_ms, o.ts_ms)
+        wf.attempts += 1
+        if o.attempt == 0:
+            wf.calls += 1
+        wf.spend_usd += o.cost_usd
+        if o.task_outcome is not None:
+            del ledger.active[o.workflow_id]
+            ledger.finished[o.workflow_id] = o.ts_ms
+            if o.task_outcome == "succeeded":
+                ledger.tasks_succeeded += 1
+            else:
+                ledger.tasks_failed += 1
+                ledger.spend_on_failed_usd += wf.spend_usd
+
+    def _evict(self, horizon_bucket: int) -> None:
+        self._evicted_to = horizon_bucket
+        for node in self.nodes.values():
+            node.win.evict_before(horizon_bucket)
+        for win in self.node_wins.values():
+            win.evict_before(horizon_bucket)
+        for pool in self.pools.values():
+            pool.win.evict_before(horizon_bucket)
+            pool.ttft.evict_before(horizon_bucket)
+        for tenant in self.tenants.values():
+            tenant.win.evict_before(horizon_bucket)
+        now = self.watermark_ms
+        cfg = self.config
+        ledger = self.ledger
+        for node_id in sorted(
+            n for n, v in self.nodes.items() if now - v.telemetry.ts_ms > cfg.forget_node_after_ms
+        ):
+            del self.nodes[node_id]
+        for wf_id in sorted(w for w, t in ledger.finished.items() if now - t > cfg.finished_workflow_ttl_ms):
+            del ledger.finished[wf_id]
+        for wf_id in sorted(
+            w for w, v in ledger.active.items() if now - v.last_ms > cfg.abandon_workflow_after_ms
+        ):
+            wf = ledger.active.pop(wf_id)
+            ledger.finished[wf_id] = now
+            ledger.tasks_failed += 1
+            ledger.spend_on_failed_usd += wf.spend_usd
+
+
+def apply(model: FleetModel, events: Iterable[NodeTelemetry | RequestOutcome]) -> FleetModel:
+    """Fold a batch of events into the model and return it."""
+    for e in events:
+        if isinstance(e, NodeTelemetry):
+            model.fold_telemetry(e)
+        else:
+            model.fold_outcome(e)
+    return model
+
+
+def _node_view(node: _Node, now_ms: int, window_ms: int, stale_after_ms: int) -> NodeView:
+    t = node.telemetry
+    w = node.win.total(now_ms, window_ms)
+    age = max(0, now_ms - t.ts_ms)
+    return NodeView(
+        node_id=t.node_id,
+        pool_id=t.pool_id,
+        model=t.model,
+        gpu_type=t.gpu_type,
+        gpu_count=t.gpu_count,
+        weights_state=t.weights_state,
+        draining=t.draining,
+        last_seen_ms=t.ts_ms,
+        age_ms=age,
+        stale=age > stale_after_ms,
+        queue_depth=t.queue_depth,
+        running_requests=t.running_requests,
+        queued_prompt_tokens=t.queued_prompt_tokens,
+        kv_cache_used_frac=t.kv_cache_used_frac,
+        hbm_free_gib=t.hbm_free_gib,
+        gpu_util_frac=t.gpu_util_frac,
+        prefix_cache_hit_frac=t.prefix_cache_hit_frac,
+        hot_prefixes=t.hot_prefixes,
+        ttft_p50_ms=t.ttft_p50_ms,
+        ttft_p99_ms=t.ttft_p99_ms,
+        tbt_p50_ms=t.tbt_p50_ms,
+        tbt_p99_ms=t.tbt_p99_ms,
+        max_batch_tokens=t.max_batch_tokens,
+        cost_rate_usd_per_h=t.cost_rate_usd_per_h,
+        requests_w=int(w[_N_REQ]),
+        ok_w=int(w[_N_OK]),
+        failures_w=int(w[_N_FAIL]),
+        consecutive_failures=node.consecutive_failures,
+        ttft_mean_ms_w=(w[_N_TTFT_SUM] / w[_N_TTFT_N]) if w[_N_TTFT_N] else None,
+        node_errors_w=int(w[_N_ERR]),
+        node_timeouts_w=int(w[_N_TO]),
+        preemptions_w=int(w[_N_PRE]),
+    )
+
+
+def snapshot(
+    model: FleetModel, now_ms: int, *, window_ms: int = 10_000, stale_after_ms: int = 5_000
+) -> FleetSnapshot:
+    """Freeze the model as policies see it at event time ``now_ms``."""
+    nodes = {
+        node_id: _node_view(model.nodes[node_id], now_ms, window_ms, stale_after_ms)
+        for node_id in sorted(model.nodes)
+    }
+    by_pool: dict[str, list[str]] = {}
+    for node_id, view in nodes.items():
+        by_pool.setdefault(view.pool_id, []).append(node_id)
+    seconds = window_ms / 1000.0
+    pools: dict[str, PoolView] = {}
+    for pool_id in sorted(model.pools):
+        pool = model.pools[pool_id]
+        w = pool.win.total(now_ms, window_ms)
+        hist = pool.ttft.total(now_ms, window_ms)
+        ids = tuple(by_pool.get(pool_id, ()))
+        first = nodes[ids[0]] if ids else None
+        pools[pool_id] = PoolView(
+            pool_id=pool_id,
+            model=first.model if first else "",
+            gpu_type=first.gpu_type if first else "",
+            node_ids=ids,
+            requests_w=int(w[_P_REQ]),
+            ok_w=int(w[_P_OK]),
+            failures_w=int(w[_P_FAIL]),
+            retries_w=int(w[_P_RETRY]),
+            shed_w=int(w[_P_SHED]),
+            request_rate_per_s=w[_P_REQ] / seconds,
+            retry_rate_per_s=w[_P_RETRY] / seconds,
+            ttft_p50_ms_w=quantile_from_bins(hist, 0.50),
+            ttft_p99_ms_w=quantile_from_bins(hist, 0.99),
+            prompt_tokens_rate_per_s=w[_P_PROMPT] / seconds,
+            output_tokens_rate_per_s=w[_P_OUT] / seconds,
+        )
+    tenants: dict[str, TenantView] = {}
+    for tenant_id in sorted(model.tenants):
+        tenant = model.tenants[tenant_id]
+        w = tenant.win.total(now_ms, window_ms)
+        tenants[tenant_id] = TenantView(
+            tenant_id, tenant.priority, int(w[_T_REQ]), int(w[_T_RETRY]), int(w[_T_SHED])
+        )
+    ledger = model.ledger
+    return FleetSnapshot(
+        now_ms=now_ms,
+        window_ms=window_ms,
+        nodes=nodes,
+        pools=pools,
+        tenants=tenants,
+        ledger=LedgerView(
+            tasks_started=ledger.tasks_started,
+            tasks_succeeded=ledger.tasks_succeeded,
+            tasks_failed=ledger.tasks_failed,
+            active_workflows=len(ledger.active),
+            fleet_cost_usd=ledger.fleet_cost_usd,
+            spend_on_failed_usd=ledger.spend_on_failed_usd,
+        ),
+    )

@@ -1,0 +1,188 @@
+"""The policy contract: what every algorithm sees (a frozen snapshot), what it returns, and how it
+is registered. Pure: nothing here does I/O or reads a clock.
+
+An algorithm is one module with one registered class::
+
+    @register("breaker", "consecutive-errors")
+    class ConsecutiveErrors:
+        Params = ConsecutiveErrorsParams          # pydantic model, frozen, extra="forbid"
+        State = ...                               # any immutable value
+        def initial_state(self) -> State: ...
+        def decide(self, snap, params, state, ctx) -> PolicyResult[State]: ...
+
+``decide`` is a pure function of (snapshot, params, state, ctx). ``ctx.now_ms`` is the tick's event
+time; randomness, if any, comes from ``ctx.rng`` (seeded by the engine from the tick).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from fleetloop.schemas.decisions import BreakerDecision, DecisionBody
+
+S = TypeVar("S")
+P = TypeVar("P", bound=BaseModel)
+
+
+class Params(BaseModel):
+    """Base for every algorithm's parameters: frozen, strict about unknown keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node as of ``now_ms``: its newest telemetry plus router-observed figures over the window.
+
+    ``stale`` is true when the newest telemetry is older than the engine's stale threshold; the
+    engine treats a stale node as saturated (STYLE.md, rule 6).
+    """
+
+    node_id: str
+    pool_id: str
+    model: str
+    gpu_type: str
+    gpu_count: int
+    weights_state: str
+    draining: bool
+    last_seen_ms: int
+    age_ms: int
+    stale: bool
+    queue_depth: int
+    running_requests: int
+    queued_prompt_tokens: int
+    kv_cache_used_frac: float
+    hbm_free_gib: float
+    gpu_util_frac: float
+    prefix_cache_hit_frac: float
+    hot_prefixes: tuple[str, ...]
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tbt_p50_ms: float | None
+    tbt_p99_ms: float | None
+    max_batch_tokens: int
+    cost_rate_usd_per_h: float
+    # Router-observed over the window (calls placed on this node):
+    requests_w: int
+    ok_w: int
+    failures_w: int  # error + timeout + retry outcomes
+    consecutive_failures: int
+    ttft_mean_ms_w: float | None
+    # Node-reported counters over the window:
+    node_errors_w: int
+    node_timeouts_w: int
+    preemptions_w: int
+
+    @property
+    def warm(self) -> bool:
+        return self.weights_state == "warm" and not self.draining
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """One pool as of ``now_ms``, over the window (router outcomes of calls routed to this pool)."""
+
+    pool_id: str
+    model: str
+    gpu_type: str
+    node_ids: tuple[str, ...]
+    requests_w: int
+    ok_w: int
+    failures_w: int
+    retries_w: int
+    shed_w: int
+    request_rate_per_s: float
+    retry_rate_per_s: float
+    ttft_p50_ms_w: float | None
+    ttft_p99_ms_w: float | None
+    prompt_tokens_rate_per_s: float
+    output_tokens_rate_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TenantView:
+    tenant_id: str
+    priority: int
+    requests_w: int
+    retries_w: int
+    shed_w: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerView:
+    """The workflow ledger behind cost per successful task, over the whole run so far."""
+
+    tasks_started: int
+    tasks_succeeded: int
+    tasks_failed: int
+    active_workflows: int
+    fleet_cost_usd: float
+    spend_on_failed_usd: float
+
+    @property
+    def cost_per_successful_task_usd(self) -> float | None:
+        return self.fleet_cost_usd / self.tasks_succeeded if self.tasks_succeeded else None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """The frozen decision input of one tick. Mappings iterate in sorted key order."""
+
+    now_ms: int
+    window_ms: int
+    nodes: Mapping[str, NodeView]
+    pools: Mapping[str, PoolView]
+    tenants: Mapping[str, TenantView]
+    ledger: LedgerView
+
+    def pool_nodes(self, pool_id: str) -> tuple[NodeView, ...]:
+        """The pool's nodes, sorted by node id."""
+        pool = self.pools.get(pool_id)
+        ids = pool.node_ids if pool is not None else ()
+        return tuple(self.nodes[i] for i in ids if i in self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """Everything a decision may depend on besides the snapshot, params and its own state."""
+
+    now_ms: int
+    tick_id: int
+    tick_ms: int
+    pool_id: str
+    rng: np.random.Generator
+    # Breaker decisions already taken this tick (the engine runs the breaker first), by node id.
+    breakers: Mapping[str, BreakerDecision] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult(Generic[S]):
+    """What one algorithm returns for one tick: decisions, its next state, and figures for logs."""
+
+    decisions: tuple[DecisionBody, ...]
+    state: S
+    diagnostics: Mapping[str, float] = field(default_factory=dict)
+
+
+class Algorithm(Protocol):
+    """A registered algorithm. ``Params`` validates the document's ``params`` section."""
+
+    name: ClassVar[str]
+    section: ClassVar[str]
+    Params: ClassVar[type[Params]]
+
+    def initial_state(self) -> Any: ...
+
+    def decide(
+        self, snap: FleetSnapshot, params: Any, state: Any, ctx: PolicyContext
+    ) -> PolicyResult[Any]: ...
+
+
+def r6(x: float) -> float:
+    """Round for the wire: decisions are compared byte for byte across replays."""
+    return round(float(x), 6)

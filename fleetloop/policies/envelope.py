@@ -1,0 +1,32 @@
+"""The safety envelope: limits the engine applies to every algorithm's output (STYLE.md, rule 6).
+
+Algorithms propose; the engine disposes. Whatever an algorithm returns, the engine:
+
+- treats a node whose telemetry is older than ``stale_after_ms`` as saturated: weight 0;
+- never ejects more than ``max_ejected_frac`` of a pool (breakers beyond it are "detected", not
+  "enforced", and the node keeps its traffic), ejecting the worst offenders first;
+- fails open: when every node of a pool would get weight 0, it spreads traffic evenly over the
+  pool's non-draining nodes instead (panic threshold; routers never eject every node);
+- limits an autoscale target to ``max_scale_step`` nodes away from the current count per tick
+  (pool bounds are the autoscale algorithm's and the GPU workers' to enforce);
+- never sheds priority ``protected_priority`` and better below ``min_queue_threshold``.
+
+Inputs: the algorithms' decisions and the snapshot. Defaults below. Failure mode: the envelope
+can only make a decision more conservative; a bug here shows as too little action, never as a
+fleet-wide ejection.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fleetloop.policies.base import Params
+
+
+class Envelope(Params):
+    window_ms: int = Field(default=10_000, ge=1000, le=300_000, description="figures over this window")
+    stale_after_ms: int = Field(default=5_000, ge=500, le=600_000)
+    max_ejected_frac: float = Field(default=0.5, ge=0.0, le=1.0)
+    max_scale_step: int = Field(default=8, ge=1, le=1000)
+    min_queue_threshold: int = Field(default=2, ge=1)
+    protected_priority: int = Field(default=0, ge=-1, le=9, description="-1: protect none")

@@ -1,0 +1,141 @@
+"""Decisions: desired state that fleetloop publishes, keyed by entity (STYLE.md, rule 8).
+
+Every decision is absolute (weights, states, thresholds, targets; never a delta), so publishing it
+twice is harmless and a router keeps the newest by ``tick_id``. The envelope stamps the policy
+(name, version, hash, mode), the tick and the input offsets it was computed from, which is what
+makes a replay comparable byte for byte. Each body carries a reason code and the inputs that drove it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from fleetloop.schemas.base import EpochMs, Fraction, Ident, NonNegFloat, NonNegInt, Wire
+from fleetloop.schemas.policy import Mode
+
+BreakerStateName = Literal["closed", "open", "half_open"]
+Picker = Literal["weighted-random", "round-robin", "least-request-p2c"]
+
+
+class _Body(Wire):
+    entity: str = Field(min_length=1)
+    reason: str = Field(min_length=1, description="kebab-case reason code")
+    inputs: dict[str, float] = Field(default_factory=dict, description="the figures that drove it")
+
+
+class RoutingDecision(_Body):
+    """Share of a pool's traffic per node. Weights are >= 0 and sum to 1 (empty: no node can serve;
+    the router then fails static on its last state, then plain load balancing)."""
+
+    kind: Literal["routing"] = "routing"
+    pool_id: Ident
+    weights: dict[str, NonNegFloat]
+    picker: Picker = Field(
+        default="weighted-random",
+        description="how the router picks per call among nodes with weight > 0: by weight, in turn, "
+        "or the less loaded of two random picks by its own outstanding count (Envoy LEAST_REQUEST)",
+    )
+    by_priority: dict[str, dict[str, NonNegFloat]] = Field(
+        default_factory=dict, description="priority class -> weights, where it differs from `weights`"
+    )
+    prefix_affinity: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="prefix digest -> nodes holding it warm, best first"
+    )
+    spill_to: tuple[Ident, ...] = Field(
+        default=(), description="pools to send overflow to, in order, when this one cannot meet budgets"
+    )
+
+
+class BreakerDecision(_Body):
+    """Circuit-breaker state of one node. ``enforced`` is false when the breaker tripped but the
+    engine did not eject (shadow mode, or the max-ejected share was reached): "detected" vs
+    "enforced", as in Envoy's outlier detection."""
+
+    kind: Literal["breaker"] = "breaker"
+    pool_id: Ident
+    node_id: Ident
+    state: BreakerStateName
+    enforced: bool = True
+    probe_frac: Fraction = 0.0
+    until_ms: EpochMs | None = None
+    ejections: NonNegInt = 0
+
+
+class AdmissionDecision(_Body):
+    """Shed thresholds for a pool: a call of priority ``p`` is rejected when the chosen node's
+    queue depth is at or above ``max_queue_depth[p]``; ``new_task_max_queue_depth[p]`` applies to the
+    first call of a task (later calls of a task that has already spent money are protected)."""
+
+    kind: Literal["admission"] = "admission"
+    pool_id: Ident
+    max_queue_depth: dict[str, NonNegInt]
+    new_task_max_queue_depth: dict[str, NonNegInt] = Field(default_factory=dict)
+    reject_if_budget_below_ms: NonNegInt = 0
+
+
+class RetryBudgetDecision(_Body):
+    """Retries allowed for a pool (and tenant, when set): at most ``retry_ratio`` x requests over
+    the window, plus ``min_retries_per_s`` so a quiet pool can still retry (Finagle RetryBudget)."""
+
+    kind: Literal["retry_budget"] = "retry_budget"
+    pool_id: Ident
+    tenant_id: Ident | None = None
+    retry_ratio: Fraction
+    min_retries_per_s: NonNegFloat
+    retries_allowed_now: NonNegInt
+
+
+class AutoscaleDecision(_Body):
+    """Desired node count for a pool; nodes to drain, when scaling down, best candidates first."""
+
+    kind: Literal["autoscale"] = "autoscale"
+    pool_id: Ident
+    current_nodes: NonNegInt
+    desired_nodes: NonNegInt
+    drain: tuple[Ident, ...] = ()
+
+
+class BatchingDecision(_Body):
+    """Per-pool cap on tokens per batch iteration (the "share" lever)."""
+
+    kind: Literal["batching"] = "batching"
+    pool_id: Ident
+    max_batch_tokens: NonNegInt
+
+
+DecisionBody = Annotated[
+    RoutingDecision
+    | BreakerDecision
+    | AdmissionDecision
+    | RetryBudgetDecision
+    | AutoscaleDecision
+    | BatchingDecision,
+    Field(discriminator="kind"),
+]
+DecisionKind = Literal["routing", "breaker", "admission", "retry_budget", "autoscale", "batching"]
+
+
+class PolicyStamp(Wire):
+    name: str
+    version: int = Field(ge=1)
+    hash: str = Field(pattern=r"^[0-9a-f]{16}$", description="sha256 of the canonical document, 16 hex")
+    mode: Mode
+
+
+class Decision(Wire):
+    """The envelope on ``control.decisions`` (every decision) and ``control.state`` (latest per key)."""
+
+    ts_ms: EpochMs
+    tick_id: NonNegInt
+    policy: PolicyStamp
+    input_offsets: dict[str, NonNegInt] = Field(
+        default_factory=dict, description="'topic:partition' -> next offset folded into the model"
+    )
+    body: DecisionBody
+
+    @property
+    def key(self) -> str:
+        """The compaction key: one desired state per kind and entity."""
+        return f"{self.body.kind}/{self.body.entity}"

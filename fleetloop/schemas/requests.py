@@ -1,0 +1,52 @@
+"""RequestOutcome: what a router saw of one model call (one attempt of one step of a workflow)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from fleetloop.schemas.base import EpochMs, Ident, NonNegFloat, NonNegInt, Wire
+
+Outcome = Literal["ok", "error", "timeout", "shed", "retry"]
+TaskOutcome = Literal["succeeded", "failed"]
+
+
+class RequestOutcome(Wire):
+    """One attempt of one call. ``retry`` means this attempt failed and the client will retry it.
+
+    ``workflow_spend_usd`` is what the workflow had spent before this call (a call at step 3 of 5
+    carries the spend of steps 1-2); ``cost_usd`` is this attempt's own GPU cost. The last call of a
+    task carries ``task_outcome``. ``node_id`` is absent when the router shed the call before placing it.
+    Keyed by ``pool_id`` on the wire.
+    """
+
+    ts_ms: EpochMs
+    request_id: Ident
+    attempt: int = Field(default=0, ge=0, le=100)
+    workflow_id: Ident
+    step_index: NonNegInt
+    workflow_spend_usd: NonNegFloat = 0.0
+    tenant_id: Ident
+    priority: int = Field(ge=0, le=9)
+    latency_budget_ms: NonNegInt
+    pool_id: Ident
+    node_id: Ident | None = None
+    model: Ident
+    prompt_tokens: NonNegInt
+    cached_prompt_tokens: NonNegInt = 0
+    output_tokens: NonNegInt = 0
+    prefix_digest: Ident | None = None
+    ttft_ms: NonNegFloat | None = None
+    e2e_ms: NonNegFloat
+    outcome: Outcome
+    cost_usd: NonNegFloat = 0.0
+    task_outcome: TaskOutcome | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RequestOutcome:
+        if self.cached_prompt_tokens > self.prompt_tokens:
+            raise ValueError("cached_prompt_tokens exceeds prompt_tokens")
+        if self.outcome != "shed" and self.node_id is None:
+            raise ValueError(f"outcome {self.outcome!r} needs node_id (only a shed call has no node)")
+        return self

@@ -1,0 +1,36 @@
+"""Fixtures for every test."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_asyncio_tasks(request: pytest.FixtureRequest) -> None:
+    """Fail an async test that leaves asyncio tasks running (after kopf's fixture of the same idea).
+
+    A task nobody awaits hides errors and leaks into the next test; the owner must cancel and await
+    it. Sync tests run no event loop, so only coroutine tests are guarded.
+    """
+    if inspect.iscoroutinefunction(getattr(request.node, "function", None)):
+        request.getfixturevalue("_asyncio_task_guard")
+
+
+@pytest.fixture
+async def _asyncio_task_guard() -> AsyncIterator[None]:
+    before = asyncio.all_tasks()
+    yield
+    for _ in range(3):  # let tasks that are finishing (cancelled, closing) take their last steps
+        await asyncio.sleep(0)
+    leftover = asyncio.all_tasks() - before - {asyncio.current_task()}
+    if not leftover:
+        return
+    for task in leftover:  # clean up, so the loop closes without "Task was destroyed" noise
+        task.cancel()
+    await asyncio.wait(leftover, timeout=5)
+    names = ", ".join(sorted(repr(task.get_coro()) for task in leftover))
+    pytest.fail(f"the test left {len(leftover)} asyncio task(s) running: {names}", pytrace=False)

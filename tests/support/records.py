@@ -1,0 +1,60 @@
+"""Builders for wire records used across tests (a stand-in for serving nodes and routers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fleetloop.schemas import NodeTelemetry, RequestOutcome, Tick
+
+
+def telemetry(node: str, pool: str = "p", ts_ms: int = 1_000, **kw: Any) -> NodeTelemetry:
+    fields: dict[str, Any] = {
+        "ts_ms": ts_ms,
+        "node_id": node,
+        "pool_id": pool,
+        "model": "llama-8b",
+        "gpu_type": "L40S",
+        "weights_state": "warm",
+        "interval_ms": 1000,
+        "queue_depth": 0,
+        "running_requests": 1,
+        "kv_cache_used_frac": 0.2,
+        "hbm_free_gib": 20.0,
+        "gpu_util_frac": 0.5,
+        "cost_rate_usd_per_h": 1.0,
+    }
+    fields.update(kw)
+    return NodeTelemetry(**fields)
+
+
+def outcome(
+    node: str | None, outcome: str = "ok", pool: str = "p", ts_ms: int = 1_000, n: int = 0, **kw: Any
+) -> RequestOutcome:
+    fields: dict[str, Any] = {
+        "ts_ms": ts_ms,
+        "request_id": f"r-{node}-{ts_ms}-{n}",
+        "workflow_id": f"w-{n}",
+        "step_index": 0,
+        "tenant_id": "t",
+        "priority": 0,
+        "latency_budget_ms": 10_000,
+        "pool_id": pool,
+        "node_id": node,
+        "model": "llama-8b",
+        "prompt_tokens": 100,
+        "output_tokens": 10,
+        "ttft_ms": 50.0 if outcome == "ok" else None,
+        "e2e_ms": 100.0,
+        "outcome": outcome,
+    }
+    fields.update(kw)
+    return RequestOutcome(**fields)
+
+
+def tick(tick_id: int, pool: str = "p", tick_ms: int = 1000) -> Tick:
+    return Tick(ts_ms=tick_id * tick_ms, tick_id=tick_id, pool_id=pool)
+
+
+def to_bytes(record: NodeTelemetry | RequestOutcome | Tick) -> bytes:
+    return orjson.dumps(record.model_dump(mode="json"))
