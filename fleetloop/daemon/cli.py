@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetloop.daemon import commands
 
     commands.register(sub)
+    # The simulator's commands (the composition root is the one place that may import sim).
+    from fleetloop.sim import command as sim_command
+
+    sim_command.register(sub)
     return parser
 
 

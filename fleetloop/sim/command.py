@@ -1,0 +1,146 @@
+"""``fleetloop sim``: run a scenario in process, in virtual time, under a policy or a baseline.
+
+``fleetloop sim --scenario FILE [--policy FILE | --baseline none|classic] [--seed N] [--json]
+[--report DIR]``. Without ``--policy`` or ``--baseline`` it runs fleetloop's default policy.
+``--json`` prints one JSON object (keys: DESIGN.md, "Commands"); otherwise a table, with progress
+on stderr for runs that take more than a moment. A bad scenario or policy is one line on stderr and
+exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from fleetloop.policies.registry import CompiledPolicy, PolicyError, builtin_policy, load_policy
+from fleetloop.sim.runner import RunResult, run
+from fleetloop.sim.scenario import ScenarioError, load_scenario
+
+BASELINES = ("none", "classic")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sim",
+        help="simulate a fleet scenario in virtual time under a policy or baseline",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument(
+        "--scenario", required=True, metavar="FILE", help="scenario YAML (see scenarios/README.md)"
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--policy", metavar="FILE", help="policy document (default: the built-in default policy)"
+    )
+    group.add_argument("--baseline", metavar="NAME", help="a built-in baseline: none | classic")
+    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--report", metavar="DIR", help="write index.html and PNG timelines to DIR")
+    p.set_defaults(handler=handle)
+
+
+def resolve_policy(policy: str | None, baseline: str | None) -> CompiledPolicy:
+    """The policy to run; raises :class:`PolicyError` with one line."""
+    if baseline is not None:
+        if baseline not in BASELINES:
+            raise PolicyError(f"--baseline: unknown baseline {baseline!r} (known: {', '.join(BASELINES)})")
+        try:
+            return builtin_policy(baseline)
+        except PolicyError as exc:
+            raise PolicyError(f"--baseline {baseline}: not available in this build ({exc})") from None
+    if policy is not None:
+        return load_policy(policy)
+    return builtin_policy("default")
+
+
+def _fmt(x: Any, spec: str = "", none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def _print_table(result: RunResult, data: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"{data['scenario']} under {data['policy']} (seed {data['seed']})", show_header=True)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    tasks, cost, lat, req, sim = data["tasks"], data["cost"], data["latency"], data["requests"], data["sim"]
+    rows = [
+        (
+            "tasks started / succeeded / failed",
+            f"{tasks['started']} / {tasks['succeeded']} / {tasks['failed']}",
+        ),
+        ("task success rate", _fmt(tasks["success_rate"], ".2%")),
+        ("total cost", f"${cost['total_usd']:.2f}"),
+        ("cost per successful task", "$" + _fmt(cost["per_successful_task_usd"], ".5f")),
+        ("wasted (failed tasks, retried calls)", f"${cost['wasted_usd']:.2f}"),
+        ("idle (provisioned, unused)", f"${cost['idle_usd']:.2f}"),
+        ("TTFT p50 / p99 (ms)", f"{_fmt(lat['ttft_p50_ms'], '.0f')} / {_fmt(lat['ttft_p99_ms'], '.0f')}"),
+        ("TBT p99 (ms)", _fmt(lat["tbt_p99_ms"], ".1f")),
+        (
+            "requests sent / retries / shed / errors / timeouts",
+            f"{req['sent']} / {req['retries']} / {req['shed']} / {req['errors']} / {req['timeouts']}",
+        ),
+        (
+            "node-hours (peak nodes)",
+            f"{data['nodes']['node_hours']:.2f} ({data['nodes']['peak_provisioned']})",
+        ),
+        (
+            "virtual / wall time",
+            f"{sim['virtual_s']:.0f} s / {sim['wall_s']:.1f} s ({_fmt(sim['speedup'], '.0f')}x)",
+        ),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    bp = Table(title="by priority class", show_header=True)
+    for col in ("priority", "tasks", "success", "TTFT p99 ms", "$ / successful task", "wasted $"):
+        bp.add_column(col, justify="right")
+    for p, row in data["by_priority"].items():
+        bp.add_row(
+            p,
+            str(row["tasks_started"]),
+            _fmt(row["success_rate"], ".2%"),
+            _fmt(row["ttft_p99_ms"], ".0f"),
+            _fmt(row["cost_per_successful_task_usd"], ".5f"),
+            f"{row['wasted_usd']:.2f}",
+        )
+    console.print(bp)
+
+
+def handle(args: argparse.Namespace) -> int:
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        sys.stderr.write(f"fleetloop sim: {exc}\n")
+        return 2
+    try:
+        policy = resolve_policy(args.policy, args.baseline)
+    except PolicyError as exc:
+        sys.stderr.write(f"fleetloop sim: {exc}\n")
+        return 2
+
+    def progress(virtual_s: float, horizon_s: float) -> None:
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\rsimulating {scenario.name}: {virtual_s:,.0f} s virtual")
+            sys.stderr.flush()
+
+    result = run(scenario, policy, seed=args.seed, progress=progress)
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+    data = result.to_json(str(args.scenario))
+    if args.report:
+        from fleetloop.sim.report import write_report
+
+        write_report(args.report, result, data)
+    if args.json:
+        sys.stdout.write(orjson.dumps(data).decode() + "\n")
+    else:
+        _print_table(result, data)
+        if args.report:
+            print(f"report: {args.report}/index.html")
+    return 0

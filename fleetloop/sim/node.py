@@ -1,0 +1,605 @@
+"""A serving node: one model replica on one or more GPUs, with iteration-level continuous batching.
+
+Physics (per iteration, ``spec`` from :mod:`fleetloop.sim.catalog`; P params, L layers, d hidden,
+W weight bytes, kvb KV bytes per token, F achieved FLOP/s, BW achieved bytes/s, o per-step cost):
+
+- a **mixed iteration** (prefill chunks plus one token for each decoding request), capped at
+  ``max_batch_tokens`` tokens, decode tokens first (vLLM's chunked-prefill scheduler)::
+
+      flops = 2 P (sum(chunk) + n_decode) + sum(2 L d (chunk x pos + chunk^2 / 2)) + 2 L d ctx_decode
+      bytes = W + kvb (ctx_decode + sum(pos + chunk))
+      t     = degrade x (max(flops / F, bytes / BW) + o)
+
+  ``2 P`` FLOPs per token is the dense forward pass; the attention term is Kaplan et al. (2020),
+  "Scaling Laws for Neural Language Models", Table 1 (2 n_layer n_ctx d per token), with causal
+  masking averaging the context over the chunk;
+- a **decode run** (no prefill pending): every step reads all weights and the batch's KV once, so
+  step ``k`` of a run that starts with context ``C`` over ``B`` requests takes
+  ``degrade x (max((W + kvb (C + B k)) / BW, 2 P B / F) + o)``. Between events nothing changes but
+  the context, so a run of ``n`` steps is summed in closed form,
+  ``T(n) = degrade x (n (a + o) + b n (n - 1) / 2)`` with ``a`` the first step and ``b = kvb B / BW``,
+  and the node jumps to the next completion (or KV limit) in one event. An arrival, cancellation or
+  fault truncates the run at the step boundary after it (the quadratic is solved for the step).
+
+State: FCFS waiting queue; running requests up to ``MAX_NUM_SEQS``; KV capacity from HBM minus
+weights; a waiting request joins the batch when the iteration's token budget has room for its
+first chunk and its prompt's KV fits (its cached prefix is shared), so ``queue_depth`` is work
+not yet started, as in vLLM. When the
+growing KV would overflow, the newest decoding request is preempted (recompute: back to the head of
+the queue with prompt + generated tokens to prefill again), as vLLM does. Prefix cache: an LRU over
+prefix digests whose entries occupy free KV; a hit skips that prefill. Weights: cold -> loading ->
+warm over ``cold_start_s`` (half provisioning, half loading). Cost: the node's $/s for the
+iteration's time, split over the iteration's tokens; idle time is paid but not attributed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, MAX_NUM_SEQS, NodeSpec
+
+HOT_PREFIXES = 16
+
+
+class NodeListener(Protocol):
+    """What a node tells the world (the fleet routes these to the clients)."""
+
+    def on_first_token(self, req: Req, t: float) -> None: ...
+    def on_finish(self, req: Req, t: float) -> None: ...
+    def on_lost(self, req: Req, t: float) -> None: ...
+    def on_waste(self, req: Req, usd: float) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Req:
+    """One attempt as the node sees it. ``p_len`` tokens must be in context before the next token;
+    ``out_left`` tokens remain to generate (both change on preemption)."""
+
+    rid: int
+    prompt: int
+    output: int
+    prefix_digest: str | None
+    prefix_tokens: int
+    owner: object = None  # the client's attempt
+    p_len: int = 0
+    out_left: int = 0
+    cached: int = 0
+    prefill_left: int = 0
+    pos: int = 0
+    generated: int = 0  # tokens generated before the current decode stint
+    join_counter: int = 0
+    join_acc: float = 0.0
+    done_at: int = 0
+    admitted_seq: int = 0
+    state: str = "new"  # new | waiting | prefill | decode | done
+    submit_t: float = 0.0
+    first_token_t: float | None = None
+    cost: float = 0.0
+    reported_cost: float = 0.0
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class _Run:
+    kind: str  # "decode" | "mixed"
+    start: float
+    end: float
+    steps: int = 1
+    a: float = 0.0  # decode: first step's time before degrade (without overhead)
+    b: float = 0.0  # decode: growth per step
+    o: float = 0.0
+    degrade: float = 1.0
+    batch: int = 0
+    chunks: list[tuple[Req, int]] = field(default_factory=list)
+    tokens: int = 0
+
+
+@dataclass(slots=True)
+class IntervalStats:
+    ttft_ms: list[float] = field(default_factory=list)
+    tbt: list[tuple[float, float]] = field(default_factory=list)  # (step ms, tokens)
+    errors: int = 0
+    timeouts: int = 0
+    preemptions: int = 0
+    completed: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    prefix_lookups: int = 0
+    prefix_hits: int = 0
+    busy_s: float = 0.0
+
+
+class Node:
+    """One replica. The fleet calls :meth:`submit`, :meth:`cancel`, :meth:`on_event` (with the
+    version it was scheduled under), :meth:`set_weights_state`, :meth:`crash` and :meth:`set_degrade`;
+    the node asks the fleet to call it back at a time through ``schedule(t, node, version)``."""
+
+    def __init__(
+        self,
+        node_id: str,
+        pool_id: str,
+        spec: NodeSpec,
+        listener: NodeListener,
+        schedule: Callable[[float, Node, int], None],
+        *,
+        now: float,
+        warm: bool,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    ) -> None:
+        self.node_id = node_id
+        self.pool_id = pool_id
+        self.spec = spec
+        self.listener = listener
+        self._schedule = schedule
+        self.max_batch_tokens = max_batch_tokens
+        self.weights_state = "warm" if warm else "cold"
+        self.alive = True
+        self.draining = False
+        self.degrade = 1.0
+        self.provisioned_at = now
+        self.removed_at: float | None = None
+        self.version = 0
+        self.boot = 0  # bumps on every (re)boot, so stale weight-state events are ignored
+        self.degrade_gen = 0
+        self.last_report = now
+        self._guard = False
+        self.run: _Run | None = None
+        self.waiting: deque[Req] = deque()
+        self.queued_tokens = 0
+        self.prefilling: list[Req] = []
+        self.decoding: dict[int, Req] = {}
+        self._done_heap: list[tuple[int, int, int]] = []
+        self.counter = 0
+        self.acc = 0.0  # cumulative cost per decode slot
+        self.ctx_decode = 0  # context tokens of decoding requests (read every step)
+        self.kv_used = 0  # own KV tokens of running requests
+        self.cache: OrderedDict[str, int] = OrderedDict()
+        self.cache_tokens = 0
+        self._admit_seq = 0
+        self.stats = IntervalStats()
+        self._busy_mark = now  # busy time counted up to here
+        # constants of the physics
+        m = spec.model
+        self._two_p = 2.0 * m.params
+        self._attn = 2.0 * m.layers * m.hidden
+        self._w = m.weight_bytes
+        self._kvb = float(m.kv_bytes_per_token)
+        self._f = spec.flops
+        self._bw = spec.bytes_per_s
+        self._o = spec.step_overhead_s
+        self._usd_s = spec.usd_per_s
+        self.capacity = spec.kv_capacity_tokens
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    @property
+    def warm(self) -> bool:
+        return self.weights_state == "warm"
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    @property
+    def idle(self) -> bool:
+        return self.run is None and not self.waiting and not self.prefilling and not self.decoding
+
+    def hot_prefixes(self) -> tuple[str, ...]:
+        out: list[str] = []
+        for digest in reversed(self.cache):
+            out.append(digest)
+            if len(out) == HOT_PREFIXES:
+                break
+        return tuple(out)
+
+    def cost_so_far(self, req: Req) -> float:
+        """The attempt's attributed cost up to the last iteration boundary."""
+        if req.state == "decode":
+            return req.cost + (self.acc - req.join_acc)
+        return req.cost
+
+    # -- inputs -----------------------------------------------------------------------------------
+
+    def submit(self, req: Req, now: float) -> None:
+        req.submit_t = now
+        req.p_len = req.prompt
+        req.out_left = max(1, req.output)
+        req.state = "waiting"
+        self.waiting.append(req)
+        self.queued_tokens += req.p_len
+        self._kick(now)
+
+    def cancel(self, req: Req, now: float) -> None:
+        """The client gave up on ``req`` (timeout or deadline): stop spending on it."""
+        if req.state in ("done", "new") or req.cancelled:
+            return
+        req.reported_cost = self.cost_so_far(req)
+        req.cancelled = True
+        if req.state == "waiting":
+            self.waiting.remove(req)
+            self.queued_tokens -= req.p_len
+            req.state = "done"
+            self.stats.timeouts += 1
+            return
+        self.stats.timeouts += 1
+        if self.run is None:
+            self._sweep_cancelled()
+        elif self.run.kind == "decode":
+            self._truncate(now)
+
+    def set_degrade(self, factor: float, now: float) -> None:
+        self.degrade = factor
+        if self.run is not None and self.run.kind == "decode":
+            self._truncate(now)
+
+    def set_weights_state(self, state: str, now: float) -> None:
+        self.weights_state = state
+        if state == "warm":
+            self._kick(now)
+
+    def crash(self, now: float, *, keep_alive: bool = False) -> None:
+        """Lose every request in flight. ``keep_alive``: the node comes back cold (preemption)."""
+        self._account_busy(now)
+        lost = sorted([*self.waiting, *self.prefilling, *self.decoding.values()], key=lambda r: r.rid)
+        for r in lost:
+            if r.cancelled:
+                continue
+            if r.state == "decode":
+                r.cost += self.acc - r.join_acc
+            r.state = "done"
+            self.stats.errors += 1
+            self.listener.on_lost(r, now)
+        self.waiting.clear()
+        self.queued_tokens = 0
+        self.prefilling.clear()
+        self.decoding.clear()
+        self._done_heap.clear()
+        self.ctx_decode = 0
+        self.kv_used = 0
+        self.cache.clear()
+        self.cache_tokens = 0
+        self.run = None
+        self.version += 1
+        if keep_alive:
+            self.weights_state = "cold"
+        else:
+            self.alive = False
+            self.removed_at = now
+
+    def on_event(self, now: float, version: int) -> None:
+        if version != self.version or self.run is None or not self.alive:
+            return
+        run = self.run
+        self.run = None
+        self._account_busy(now)
+        # Listeners may submit new work to this node while we settle the iteration: hold planning
+        # until the books are consistent, then plan once.
+        self._guard = True
+        try:
+            if run.kind == "decode":
+                self._finish_decode(run, now)
+            else:
+                self._finish_mixed(run, now)
+            self._sweep_cancelled()
+        finally:
+            self._guard = False
+        self._plan(now)
+
+    # -- telemetry helpers ------------------------------------------------------------------------
+
+    def take_stats(self, now: float) -> IntervalStats:
+        self._account_busy(now)
+        s = self.stats
+        self.stats = IntervalStats()
+        return s
+
+    def _account_busy(self, now: float) -> None:
+        if self.run is not None:
+            self.stats.busy_s += max(0.0, min(now, self.run.end) - max(self._busy_mark, self.run.start))
+        self._busy_mark = now
+
+    # -- scheduling -------------------------------------------------------------------------------
+
+    def _kick(self, now: float) -> None:
+        if not self.alive or not self.warm or self._guard:
+            return
+        if self.run is None:
+            self._plan(now)
+        elif self.run.kind == "decode":
+            self._truncate(now)
+
+    def _evict_cache(self, need: int, keep: str | None = None) -> None:
+        """Evict LRU prefixes until ``need`` more KV tokens fit (never ``keep``)."""
+        for digest in list(self.cache):
+            if self.kv_used + self.cache_tokens + need <= self.capacity:
+                return
+            if digest == keep:
+                continue
+            self.cache_tokens -= self.cache.pop(digest)
+
+    def _admit(self, now: float) -> None:
+        """Move waiting requests into the batch while this iteration's token budget has room for
+        their first chunk (vLLM V1: decodes first, then waiting requests take what budget is left)."""
+        budget = self.max_batch_tokens - len(self.decoding) - sum(r.prefill_left for r in self.prefilling)
+        while self.waiting and self.running < MAX_NUM_SEQS and budget > 0:
+            r = self.waiting[0]
+            cached = 0
+            hit = False
+            if r.prefix_digest is not None and r.generated == 0:
+                self.stats.prefix_lookups += 1
+                entry = self.cache.get(r.prefix_digest)
+                if entry is not None:
+                    cached = min(entry, r.prefix_tokens, r.p_len - 1)
+                    hit = cached > 0
+            need = r.p_len - cached
+            if self.kv_used + self.cache_tokens + need > self.capacity:
+                self._evict_cache(need, keep=r.prefix_digest if hit else None)
+            if self.kv_used + self.cache_tokens + need > self.capacity:
+                if self.running == 0 and need > self.capacity - self.cache_tokens:
+                    # Can never fit (prompt longer than the KV cache): reject it.
+                    self.waiting.popleft()
+                    self.queued_tokens -= r.p_len
+                    r.state = "done"
+                    self.stats.errors += 1
+                    self.listener.on_lost(r, now)
+                    continue
+                return  # FCFS: head-of-line waits for KV to free
+            self.waiting.popleft()
+            self.queued_tokens -= r.p_len
+            if hit and r.prefix_digest is not None:
+                self.stats.prefix_hits += 1
+                self.cache.move_to_end(r.prefix_digest)
+            r.cached = cached
+            r.pos = cached
+            r.prefill_left = r.p_len - cached
+            r.state = "prefill"
+            self._admit_seq += 1
+            r.admitted_seq = self._admit_seq
+            self.kv_used += need
+            self.prefilling.append(r)
+            budget -= r.prefill_left
+
+    def _next_done(self) -> int | None:
+        heap = self._done_heap
+        while heap:
+            done_at, _, rid = heap[0]
+            r = self.decoding.get(rid)
+            if r is None or r.done_at != done_at:
+                heapq.heappop(heap)
+                continue
+            return done_at
+        return None
+
+    def _preempt_newest(self, now: float) -> bool:
+        if not self.decoding:
+            return False
+        victim = max(self.decoding.values(), key=lambda r: r.admitted_seq)
+        gen_since = self.counter - victim.join_counter
+        victim.cost += self.acc - victim.join_acc
+        del self.decoding[victim.rid]
+        ctx = victim.p_len + 1 + gen_since
+        self.ctx_decode -= ctx
+        self.kv_used -= ctx - victim.cached
+        victim.generated += 1 + gen_since
+        victim.out_left = victim.done_at - self.counter
+        victim.p_len = ctx
+        victim.cached = 0
+        victim.state = "waiting"
+        self.waiting.appendleft(victim)
+        self.queued_tokens += victim.p_len
+        self.stats.preemptions += 1
+        return True
+
+    def _plan(self, now: float) -> None:
+        if not self.alive or not self.warm or self.run is not None or self._guard:
+            return
+        self._guard = True
+        try:
+            self._admit(now)
+        finally:
+            self._guard = False
+        n_dec = len(self.decoding)
+        if not self.prefilling and n_dec == 0:
+            return
+        # KV room for this iteration's growth (one token per decoder, plus first tokens).
+        while n_dec and self.kv_used + self.cache_tokens + n_dec > self.capacity:
+            self._evict_cache(n_dec)
+            if self.kv_used + self.cache_tokens + n_dec <= self.capacity:
+                break
+            self._preempt_newest(now)
+            n_dec = len(self.decoding)
+        budget = self.max_batch_tokens - n_dec
+        if self.prefilling and budget > 0:
+            self._start_mixed(now, n_dec, budget)
+        elif n_dec:
+            self._start_decode(now, n_dec)
+        elif self.prefilling:  # max_batch_tokens < 1 cannot happen; keep the loop safe
+            self._start_mixed(now, 0, max(1, self.max_batch_tokens))
+
+    def _start_mixed(self, now: float, n_dec: int, budget: int) -> None:
+        chunks: list[tuple[Req, int]] = []
+        flops = self._two_p * n_dec + self._attn * self.ctx_decode
+        kv_read = float(self.ctx_decode)
+        total = n_dec
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            c = min(r.prefill_left, budget)
+            budget -= c
+            chunks.append((r, c))
+            total += c
+            flops += self._two_p * c + self._attn * (c * r.pos + c * c / 2.0)
+            kv_read += r.pos + c
+        t = self.degrade * (max(flops / self._f, (self._w + self._kvb * kv_read) / self._bw) + self._o)
+        self.run = _Run("mixed", now, now + t, batch=n_dec, chunks=chunks, tokens=total)
+        self.version += 1
+        self._schedule(now + t, self, self.version)
+
+    def _decode_time(self, run: _Run, n: int) -> float:
+        return run.degrade * (n * (run.a + run.o) + run.b * n * (n - 1) / 2.0)
+
+    def _start_decode(self, now: float, n_dec: int) -> None:
+        next_done = self._next_done()
+        steps = (next_done - self.counter) if next_done is not None else 1
+        room = self.capacity - self.kv_used - self.cache_tokens
+        if room < n_dec * steps:
+            self._evict_cache(n_dec * steps)
+            room = self.capacity - self.kv_used - self.cache_tokens
+        steps = max(1, min(steps, room // n_dec))
+        mem = (self._w + self._kvb * self.ctx_decode) / self._bw
+        comp = (self._two_p * n_dec + self._attn * self.ctx_decode) / self._f
+        run = _Run(
+            "decode", now, now, steps=steps, a=max(mem, comp), b=self._kvb * n_dec / self._bw, o=self._o
+        )
+        run.degrade = self.degrade
+        run.batch = n_dec
+        run.end = now + self._decode_time(run, steps)
+        self.run = run
+        self.version += 1
+        self._schedule(run.end, self, self.version)
+
+    def _truncate(self, now: float) -> None:
+        """Cut the current decode run at the first step boundary at or after ``now``."""
+        run = self.run
+        if run is None or run.kind != "decode" or run.steps <= 1 or now >= run.end:
+            return
+        elapsed = max(0.0, now - run.start) / run.degrade
+        # Solve b/2 n^2 + (a + o - b/2) n = elapsed for n.
+        qa = run.b / 2.0
+        qb = run.a + run.o - run.b / 2.0
+        if qa > 1e-18:
+            n_float = (-qb + math.sqrt(qb * qb + 4.0 * qa * elapsed)) / (2.0 * qa)
+        else:
+            n_float = elapsed / qb if qb > 0 else 0.0
+        n_done = max(0, math.floor(n_float + 1e-9))
+        steps = min(run.steps, n_done + 1)
+        while steps < run.steps and run.start + self._decode_time(run, steps) < now:
+            steps += 1
+        if steps >= run.steps:
+            return
+        run.steps = steps
+        run.end = run.start + self._decode_time(run, steps)
+        self.version += 1
+        self._schedule(run.end, self, self.version)
+
+    # -- completing iterations --------------------------------------------------------------------
+
+    def _finish_decode(self, run: _Run, now: float) -> None:
+        n = run.steps
+        batch = run.batch
+        t = run.end - run.start
+        self.counter += n
+        self.ctx_decode += batch * n
+        self.kv_used += batch * n
+        self.acc += t * self._usd_s / batch
+        self.stats.output_tokens += batch * n
+        self.stats.tbt.append((t / n * 1000.0, float(batch * n)))
+        self._complete_due(now)
+
+    def _finish_mixed(self, run: _Run, now: float) -> None:
+        t = run.end - run.start
+        usd_per_token = t * self._usd_s / run.tokens
+        if run.batch:
+            self.counter += 1
+            self.ctx_decode += run.batch
+            self.kv_used += run.batch
+            self.acc += usd_per_token
+            self.stats.output_tokens += run.batch
+            self.stats.tbt.append((t * 1000.0, float(run.batch)))
+        for r, c in run.chunks:
+            r.cost += usd_per_token * c
+            r.prefill_left -= c
+            r.pos += c
+            self.stats.prompt_tokens += c
+        self._complete_due(now)
+        finished_prefill = [r for r, _ in run.chunks if r.prefill_left == 0 and r.state == "prefill"]
+        if finished_prefill:
+            ids = {id(r) for r in finished_prefill}
+            self.prefilling = [r for r in self.prefilling if id(r) not in ids]
+        for r in finished_prefill:
+            self.stats.output_tokens += 1
+            if r.prefix_digest is not None and r.prefix_tokens > 0 and r.generated == 0:
+                self._cache_insert(r.prefix_digest, min(r.prefix_tokens, r.p_len))
+            r.out_left -= 1
+            if r.cancelled:
+                self._remove_running(r, now)
+                continue
+            if r.first_token_t is None:
+                r.first_token_t = now
+                self.stats.ttft_ms.append((now - r.submit_t) * 1000.0)
+                self.listener.on_first_token(r, now)
+            if r.out_left <= 0:
+                self.kv_used -= r.p_len - r.cached
+                r.generated += 1
+                r.state = "done"
+                self.stats.completed += 1
+                self.listener.on_finish(r, now)
+                continue
+            r.state = "decode"
+            r.join_counter = self.counter
+            r.join_acc = self.acc
+            r.done_at = self.counter + r.out_left
+            self.kv_used += 1
+            self.ctx_decode += r.p_len + 1
+            self.decoding[r.rid] = r
+            heapq.heappush(self._done_heap, (r.done_at, r.admitted_seq, r.rid))
+
+    def _cache_insert(self, digest: str, tokens: int) -> None:
+        old = self.cache.get(digest)
+        if old is not None:
+            self.cache.move_to_end(digest)
+            if tokens <= old:
+                return
+            self.cache_tokens -= old
+        self.cache[digest] = tokens
+        self.cache_tokens += tokens
+        self._evict_cache(0, keep=digest)
+        if self.kv_used + self.cache_tokens > self.capacity and digest in self.cache:
+            self.cache_tokens -= self.cache.pop(digest)
+
+    def _complete_due(self, now: float) -> None:
+        while True:
+            done_at = self._next_done()
+            if done_at is None or done_at > self.counter:
+                return
+            _, _, rid = heapq.heappop(self._done_heap)
+            r = self.decoding[rid]
+            self._remove_running(r, now)
+            if not r.cancelled:
+                self.stats.completed += 1
+                self.listener.on_finish(r, now)
+
+    def _remove_running(self, r: Req, now: float) -> None:
+        """Take a running request out and settle its cost (waste if the client already left)."""
+        if r.state == "decode":
+            gen_since = self.counter - r.join_counter
+            ctx = r.p_len + 1 + gen_since
+            self.ctx_decode -= ctx
+            self.kv_used -= ctx - r.cached
+            r.cost += self.acc - r.join_acc
+            r.generated += 1 + gen_since
+            self.decoding.pop(r.rid, None)
+        elif r.state == "prefill":
+            self.kv_used -= r.p_len - r.cached
+            if r in self.prefilling:
+                self.prefilling.remove(r)
+        r.state = "done"
+        if r.cancelled:
+            extra = r.cost - r.reported_cost
+            if extra > 0:
+                self.listener.on_waste(r, extra)
+
+    def _sweep_cancelled(self) -> None:
+        for r in [r for r in self.prefilling if r.cancelled]:
+            self._remove_running(r, 0.0)
+        for r in sorted((r for r in self.decoding.values() if r.cancelled), key=lambda r: r.rid):
+            self._remove_running(r, 0.0)

@@ -1,0 +1,259 @@
+"""Scenario files: the simulator's public input format (DESIGN.md, "Scenario files").
+
+Every model is strict (``extra="forbid"``) so a typo is an error, not a silently ignored field.
+:func:`load_scenario` turns every problem into a :class:`ScenarioError` whose ``str()`` is one line
+naming the file and the field, e.g.
+``scenarios/x.yaml: pools[0].gpu: unknown GPU 'H900' (known: A100, H100, H200, L40S, MI300X)``.
+Fields beyond DESIGN.md are optional with defaults, so every DESIGN.md scenario stays valid; they
+are documented in ``scenarios/README.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fleetloop.sim.catalog import GPUS, MODELS
+
+Ident = str
+_IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$"  # no '/': node ids are '<pool>/<index>'
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run. ``str()`` is one line naming the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Slo(_Strict):
+    ttft_ms: int = Field(gt=0)
+    tbt_ms: int = Field(gt=0)
+
+
+class Pool(_Strict):
+    id: str = Field(pattern=_IDENT, max_length=100)
+    model: str
+    gpu: str
+    nodes: int = Field(ge=0, le=1000)
+    min_nodes: int = Field(default=0, ge=0, le=1000)
+    max_nodes: int | None = Field(default=None, ge=0, le=1000)
+    cold_start_s: float = Field(default=60.0, ge=0.0, le=3600.0)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64)  # extension: tensor-parallel degree
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        if v not in GPUS:
+            raise ValueError(f"unknown GPU {v!r} (known: {', '.join(sorted(GPUS))})")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        if v not in MODELS:
+            raise ValueError(f"unknown model {v!r} (known: {', '.join(sorted(MODELS))})")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Pool:
+        hi = self.max_nodes if self.max_nodes is not None else self.nodes
+        if not self.min_nodes <= self.nodes <= hi:
+            raise ValueError(
+                f"needs min_nodes <= nodes <= max_nodes (got {self.min_nodes}, {self.nodes}, {hi})"
+            )
+        return self
+
+    @property
+    def hi_nodes(self) -> int:
+        return self.max_nodes if self.max_nodes is not None else self.nodes
+
+
+class Tenant(_Strict):
+    id: str = Field(pattern=_IDENT, max_length=100)
+    priority: int = Field(ge=0, le=9)
+
+
+class TokenDist(_Strict):
+    """Lognormal with this median, sigma such that ``max`` is the 99.9th percentile, clipped at max."""
+
+    median: int = Field(ge=1, le=1_000_000)
+    max: int = Field(ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _order(self) -> TokenDist:
+        if self.max < self.median:
+            raise ValueError(f"max ({self.max}) is below median ({self.median})")
+        return self
+
+
+class Client(_Strict):
+    timeout_s: float = Field(gt=0.0, le=3600.0)
+    max_retries: int = Field(default=3, ge=0, le=20)
+    backoff_s: float = Field(default=0.5, gt=0.0, le=60.0)  # extension: base of exponential backoff
+    backoff_max_s: float = Field(default=20.0, gt=0.0, le=600.0)  # extension: backoff cap
+
+
+Kind = Literal["chatbot", "copilot", "research", "autonomous"]
+
+
+class Workload(_Strict):
+    kind: Kind
+    tenant: str
+    rate_per_s: float = Field(gt=0.0, le=10_000.0)
+    calls: tuple[int, int]
+    prompt_tokens: TokenDist
+    output_tokens: TokenDist
+    shared_prefix_tokens: int = Field(default=0, ge=0, le=1_000_000)
+    models: tuple[str, ...] = Field(min_length=1)
+    deadline_s: float = Field(gt=0.0, le=86_400.0)
+    client: Client
+
+    @field_validator("calls")
+    @classmethod
+    def _calls(cls, v: tuple[int, int]) -> tuple[int, int]:
+        lo, hi = v
+        if not 1 <= lo <= hi <= 100_000:
+            raise ValueError(f"needs 1 <= min <= max <= 100000 (got [{lo}, {hi}])")
+        return v
+
+    @field_validator("models")
+    @classmethod
+    def _known_models(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for m in v:
+            if m not in MODELS:
+                raise ValueError(f"unknown model {m!r} (known: {', '.join(sorted(MODELS))})")
+        return v
+
+
+FaultKind = Literal["degrade", "crash", "preempt", "load_spike"]
+
+
+class Fault(_Strict):
+    """A fault at ``at_s``. degrade: ``node`` (or ``pool`` + ``count``), ``factor`` >= 1,
+    ``duration_s``; crash / preempt: ``pool`` + ``count`` (or ``node``); load_spike: ``factor``,
+    ``duration_s``, optional ``tenant``."""
+
+    at_s: float = Field(ge=0.0)
+    kind: FaultKind
+    node: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*/[0-9]+$")
+    pool: str | None = None
+    count: int | None = Field(default=None, ge=1, le=1000)
+    factor: float | None = Field(default=None, gt=0.0, le=1000.0)
+    duration_s: float | None = Field(default=None, gt=0.0)
+    tenant: str | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> Fault:
+        if self.kind in ("degrade", "crash", "preempt") and self.node is None and self.pool is None:
+            raise ValueError(f"a {self.kind} fault needs `node` or `pool`")
+        if self.kind in ("degrade", "load_spike"):
+            if self.factor is None:
+                raise ValueError(f"a {self.kind} fault needs `factor`")
+            if self.kind == "degrade" and self.factor < 1.0:
+                raise ValueError("a degrade factor is a slow-down, >= 1")
+        return self
+
+    @property
+    def target_pool(self) -> str | None:
+        if self.node is not None:
+            return self.node.rsplit("/", 1)[0]
+        return self.pool
+
+
+class Scenario(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    description: str = ""  # extension
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    duration_s: float = Field(gt=0.0, le=86_400.0)
+    slo: Slo
+    pools: tuple[Pool, ...] = Field(min_length=1)
+    tenants: tuple[Tenant, ...] = Field(min_length=1)
+    workload: tuple[Workload, ...] = Field(min_length=1)
+    faults: tuple[Fault, ...] = ()
+
+    @model_validator(mode="after")
+    def _references(self) -> Scenario:
+        pool_ids = [p.id for p in self.pools]
+        if len(set(pool_ids)) != len(pool_ids):
+            raise ValueError("pools: duplicate pool id")
+        tenant_ids = {t.id for t in self.tenants}
+        if len(tenant_ids) != len(self.tenants):
+            raise ValueError("tenants: duplicate tenant id")
+        served = {p.model for p in self.pools}
+        for i, w in enumerate(self.workload):
+            if w.tenant not in tenant_ids:
+                known = ", ".join(sorted(tenant_ids))
+                raise ValueError(f"workload[{i}].tenant: unknown tenant {w.tenant!r} (known: {known})")
+            if not served.intersection(w.models):
+                raise ValueError(f"workload[{i}].models: no pool serves any of {list(w.models)}")
+        pools = {p.id: p for p in self.pools}
+        for i, f in enumerate(self.faults):
+            target = f.target_pool
+            if target is not None and target not in pools:
+                raise ValueError(f"faults[{i}]: unknown pool {target!r} (known: {', '.join(sorted(pools))})")
+            if f.node is not None and target is not None:
+                index = int(f.node.rsplit("/", 1)[1])
+                if index >= pools[target].nodes:
+                    raise ValueError(
+                        f"faults[{i}].node: {f.node!r} does not exist at start ({pools[target].nodes} nodes)"
+                    )
+            if f.tenant is not None and f.tenant not in tenant_ids:
+                raise ValueError(f"faults[{i}].tenant: unknown tenant {f.tenant!r}")
+        return self
+
+    def tenant_priority(self, tenant_id: str) -> int:
+        return next(t.priority for t in self.tenants if t.id == tenant_id)
+
+
+def _loc(parts: tuple[int | str, ...]) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if out else p
+    return out
+
+
+def _one_line(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    msg = str(first["msg"])
+    msg = msg.removeprefix("Value error, ")
+    loc = _loc(tuple(first["loc"]))
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif first["type"] == "missing":
+        msg = "field required"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    text = f"{loc}: {msg}" if loc else msg
+    return " ".join((text + more).split())
+
+
+def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario is a mapping, got {type(data).__name__}")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(f"{source}: {_one_line(exc)}") from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file. Raises :class:`ScenarioError` (one line) on any problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ScenarioError(f"{p}: not valid YAML{where}") from None
+    return parse_scenario(data, str(p))

@@ -1,0 +1,76 @@
+"""`fleetloop sim` as a user runs it: JSON keys, report files, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from fleetloop.daemon.cli import main
+from tests.sim.conftest import small_scenario_dict
+
+KEYS = {
+    "scenario": None,
+    "policy": None,
+    "seed": None,
+    "tasks": {"started", "succeeded", "failed", "success_rate"},
+    "cost": {"total_usd", "per_successful_task_usd", "wasted_usd"},
+    "latency": {"ttft_p50_ms", "ttft_p99_ms", "tbt_p99_ms"},
+    "requests": {"sent", "retries", "shed", "errors"},
+    "by_priority": None,
+    "sim": {"virtual_s", "wall_s", "speedup"},
+}
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    d = small_scenario_dict()
+    d["duration_s"] = 40
+    p = tmp_path / "tiny.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def test_json_has_the_design_keys(scenario_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "--scenario", str(scenario_file), "--baseline", "none", "--json", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    data = json.loads(out)
+    for key, sub in KEYS.items():
+        assert key in data, key
+        if sub:
+            assert sub <= set(data[key]), (key, sub - set(data[key]))
+    assert data["seed"] == 3
+    assert data["policy"] == "baseline-none"
+    for row in data["by_priority"].values():
+        assert {"tasks_started", "tasks_succeeded", "success_rate", "ttft_p99_ms"} <= set(row)
+    assert set(data["by_priority"]) == {"0", "2"}
+
+
+def test_table_and_report(scenario_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "rep"
+    assert main(["sim", "--scenario", str(scenario_file), "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "cost per successful task" in out
+    assert (report / "index.html").read_text().count("<img") == 5
+    for png in ("ttft.png", "tasks.png", "cost.png", "nodes.png", "control.png"):
+        assert (report / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_scenario_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = small_scenario_dict()
+    d["pools"][0]["gpu"] = "H900"
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert main(["sim", "--scenario", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "pools[0].gpu: unknown GPU 'H900'" in err
+
+
+def test_unknown_baseline_exit_2(scenario_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "--scenario", str(scenario_file), "--baseline", "fancy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "unknown baseline 'fancy'" in err
