@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-DEMO_SECONDS ?= 75
+DEMO_SECONDS ?= 60
 
 .PHONY: install demo test lint unit integration kafka schemas bench sim-table clean
 

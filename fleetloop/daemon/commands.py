@@ -30,7 +30,9 @@ def bootstrap_arg(p: argparse.ArgumentParser, *, required: bool) -> None:
         metavar="HOST:PORT",
         help="Kafka bootstrap servers (comma separated)",
     )
-    p.add_argument("--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)")
+    p.add_argument(
+        "--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)"
+    )
 
 
 def policy_from(path: str | None) -> CompiledPolicy:
@@ -39,11 +41,16 @@ def policy_from(path: str | None) -> CompiledPolicy:
 
 def register(sub: Any) -> None:
     from fleetloop.daemon import demo
+    from fleetloop.daemon.replay import command as replay_command
 
     run = sub.add_parser("run", help="run the daemon (the sidecar control loop)")
     bootstrap_arg(run, required=True)
-    run.add_argument("--policy", metavar="FILE", help="initial policy document (default: the built-in default)")
-    run.add_argument("--group-id", default="fleetloop", help="consumer group (instances in one group split pools)")
+    run.add_argument(
+        "--policy", metavar="FILE", help="initial policy document (default: the built-in default)"
+    )
+    run.add_argument(
+        "--group-id", default="fleetloop", help="consumer group (instances in one group split pools)"
+    )
     run.add_argument("--no-ticker", action="store_true", help="do not publish ticks (another instance does)")
     run.add_argument(
         "--idempotence",
@@ -51,13 +58,17 @@ def register(sub: Any) -> None:
         default="auto",
         help="idempotent producer: auto probes the broker (the embedded one lacks it)",
     )
-    run.add_argument("--create-topics", action="store_true", help="create any missing topic of the registry first")
+    run.add_argument(
+        "--create-topics", action="store_true", help="create any missing topic of the registry first"
+    )
     run.add_argument("--log-format", choices=("console", "json"), default="console")
     run.set_defaults(handler=cmd_run)
 
     pol = sub.add_parser("policy", help="validate, apply or diff policy documents")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True, parser_class=type(pol))
-    v = pol_sub.add_parser("validate", help="check documents; exit 2 naming the first problem of each bad one")
+    v = pol_sub.add_parser(
+        "validate", help="check documents; exit 2 naming the first problem of each bad one"
+    )
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--json", action="store_true")
     v.set_defaults(handler=cmd_policy_validate)
@@ -71,7 +82,7 @@ def register(sub: Any) -> None:
     d.add_argument("--json", action="store_true")
     d.set_defaults(handler=cmd_policy_diff)
 
-
+    replay_command.register(sub)
     demo.register(sub)
 
 
@@ -96,8 +107,10 @@ async def _run(args: argparse.Namespace, policy: CompiledPolicy) -> int:
         idempotence = args.idempotence == "on"
         if args.idempotence == "auto":
             idempotence = (await probe_capabilities(args.bootstrap_servers)).idempotent_producer
-    except Exception as exc:  # noqa: BLE001 - any connection problem is one line for the user
-        raise UsageError(f"cannot reach Kafka at {args.bootstrap_servers}: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        raise UsageError(
+            f"cannot reach Kafka at {args.bootstrap_servers}: {type(exc).__name__}: {exc}"
+        ) from None
     daemon = Daemon(
         DaemonConfig(
             bootstrap_servers=args.bootstrap_servers,
@@ -132,7 +145,9 @@ def cmd_policy_validate(args: argparse.Namespace) -> int:
             if not args.json:
                 sys.stderr.write(f"invalid  {exc}\n")
             continue
-        results.append({"file": f, "ok": True, "name": p.stamp.name, "version": p.stamp.version, "hash": p.stamp.hash})
+        results.append(
+            {"file": f, "ok": True, "name": p.stamp.name, "version": p.stamp.version, "hash": p.stamp.hash}
+        )
         if not args.json:
             sys.stdout.write(f"valid    {f}  {p.stamp.name} v{p.stamp.version}  hash {p.stamp.hash}\n")
     if args.json:
@@ -158,9 +173,11 @@ async def _apply(args: argparse.Namespace, policy: CompiledPolicy) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap_servers, acks="all")
     try:
         await producer.start()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         await producer.stop()
-        raise UsageError(f"cannot reach Kafka at {args.bootstrap_servers}: {type(exc).__name__}: {exc}") from None
+        raise UsageError(
+            f"cannot reach Kafka at {args.bootstrap_servers}: {type(exc).__name__}: {exc}"
+        ) from None
     try:
         value = orjson.dumps(policy.document.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
         await producer.send_and_wait(

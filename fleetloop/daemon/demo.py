@@ -1,4 +1,336 @@
-"""placeholder until the demo lands (next commit)"""
+"""``fleetloop demo``: the whole loop, for real, in about a minute.
+
+It starts the embedded broker (unless ``--bootstrap-servers`` names one), creates the topics,
+runs the daemon, and runs a simulated fleet against it over Kafka in real time: serving nodes
+publish NodeTelemetry every second, a router sends agent tasks to nodes by the weights, breakers
+and thresholds the daemon publishes on ``control.state``, and publishes every call's outcome.
+A third of the way in, one GPU degrades (30x slower): its calls time out, its breaker opens and
+traffic moves to the healthy nodes. A malformed record is injected too, to show it land in the
+dead-letter topic while the loop goes on. The demo ends with a summary table (or ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import uuid
+from collections.abc import Iterator
 from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from fleetloop.daemon import clock
+from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, probe_capabilities, start_broker
+from fleetloop.daemon.commands import UsageError, bootstrap_arg, policy_from
+from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.policies.registry import CompiledPolicy
+from fleetloop.schemas import Decision
+from fleetloop.schemas.topics import REQUESTS, STATE, TELEMETRY, topic_name
+from fleetloop.sim.fleet import FleetSim
+from fleetloop.sim.scenario import Scenario, parse_scenario
+
+STEP_S = 0.1  # advance the simulated fleet in steps of this much wall time
+PROGRESS_EVERY_S = 5.0
+DEGRADED_NODE = "chat-l40s/2"
+
+
+def demo_scenario(seconds: int) -> Scenario:
+    """A small llama-8b pool serving copilot-style tasks; one GPU degrades a third of the way in."""
+    return parse_scenario(
+        {
+            "name": "demo-degraded-gpu",
+            "description": "fleetloop demo: four L40S nodes, copilot tasks, one GPU degrades",
+            "seed": 7,
+            "duration_s": seconds,
+            "slo": {"ttft_ms": 2000, "tbt_ms": 100},
+            "pools": [
+                {
+                    "id": "chat-l40s",
+                    "model": "llama-8b",
+                    "gpu": "L40S",
+                    "nodes": 4,
+                    "min_nodes": 4,
+                    "max_nodes": 4,
+                    "cold_start_s": 45,
+                }
+            ],
+            "tenants": [{"id": "gold", "priority": 0}, {"id": "free", "priority": 2}],
+            "workload": [
+                {
+                    "kind": "copilot",
+                    "tenant": "gold",
+                    "rate_per_s": 0.6,
+                    "calls": [3, 6],
+                    "prompt_tokens": {"median": 1500, "max": 12000},
+                    "output_tokens": {"median": 200, "max": 1500},
+                    "shared_prefix_tokens": 1000,
+                    "models": ["llama-8b"],
+                    "deadline_s": 45,
+                    "client": {"timeout_s": 8, "max_retries": 2},
+                },
+                {
+                    "kind": "chatbot",
+                    "tenant": "free",
+                    "rate_per_s": 2.0,
+                    "calls": [1, 1],
+                    "prompt_tokens": {"median": 600, "max": 6000},
+                    "output_tokens": {"median": 200, "max": 1500},
+                    "models": ["llama-8b"],
+                    "deadline_s": 30,
+                    "client": {"timeout_s": 8, "max_retries": 2},
+                },
+            ],
+            "faults": [
+                {"at_s": max(5, seconds // 3), "kind": "degrade", "node": DEGRADED_NODE, "factor": 30.0}
+            ],
+        },
+        "<demo scenario>",
+    )
+
+
 def register(sub: Any) -> None:
-    return None
+    p = sub.add_parser("demo", help="run the daemon and a simulated fleet over Kafka, end to end")
+    p.add_argument("--seconds", type=int, default=60, help="how long the fleet sends work (default 60)")
+    bootstrap_arg(p, required=False)
+    p.add_argument("--policy", metavar="FILE", help="policy document (default: the built-in default)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
+    p.set_defaults(handler=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if not 10 <= args.seconds <= 3600:
+        raise UsageError(f"fleetloop demo: --seconds must be between 10 and 3600, got {args.seconds}")
+    policy = policy_from(args.policy)
+    from fleetloop.daemon import observability
+
+    observability.configure(level="warning")
+    err = Console(stderr=True, highlight=False)
+    with _broker(args.bootstrap_servers, err) as (bootstrap, kind, idempotent):
+        result = asyncio.run(
+            _demo(args, policy=policy, bootstrap=bootstrap, kind=kind, idempotent=idempotent, err=err)
+        )
+    if args.json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        _print_summary(result)
+    return 0 if result["tasks"]["succeeded"] > 0 else 1
+
+
+@contextlib.contextmanager
+def _broker(bootstrap: str | None, err: Console) -> Iterator[tuple[str, str, bool | None]]:
+    if bootstrap:
+        yield bootstrap, "external", None
+        return
+    err.print("[bold]fleetloop demo[/bold]: starting the embedded broker (Tansu) on loopback ...")
+    try:
+        broker = start_broker("tansu")
+    except BrokerStartError as exc:
+        raise UsageError(f"fleetloop demo: {exc}".splitlines()[0]) from None
+    try:
+        yield broker.bootstrap_servers, "tansu (embedded)", broker.capabilities.idempotent_producer
+    finally:
+        broker.stop()
+
+
+async def _demo(
+    args: argparse.Namespace,
+    *,
+    policy: CompiledPolicy,
+    bootstrap: str,
+    kind: str,
+    idempotent: bool | None,
+    err: Console,
+) -> dict[str, Any]:
+    prefix = f"demo-{uuid.uuid4().hex[:8]}"
+    try:
+        await ensure_topics(bootstrap, prefix)
+        if idempotent is None:
+            idempotent = (await probe_capabilities(bootstrap)).idempotent_producer
+    except Exception as exc:  # one line for the user, whatever the client raised
+        raise UsageError(
+            f"fleetloop demo: cannot use Kafka at {bootstrap}: {type(exc).__name__}: {exc}"
+        ) from None
+    err.print(f"broker {kind} at {bootstrap}, topics under prefix [cyan]{prefix}[/cyan]")
+    daemon = Daemon(
+        DaemonConfig(
+            bootstrap_servers=bootstrap,
+            policy=policy,
+            prefix=prefix,
+            group_id=f"{prefix}-fleetloop",
+            idempotence=idempotent,
+        )
+    )
+    stop = asyncio.Event()
+    daemon_task = asyncio.create_task(daemon.run(stop), name="daemon")
+    try:
+        async with asyncio.timeout(60):
+            await daemon.ready.wait()
+        err.print(
+            f"daemon running: policy [bold]{policy.stamp.name}[/bold] v{policy.stamp.version} "
+            f"(hash {policy.stamp.hash}), tick {policy.tick_ms} ms"
+        )
+        fleet = await _run_fleet(args.seconds, bootstrap, prefix, daemon, err)
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await daemon_task
+    s = fleet["summary"]
+    return {
+        "scenario": "demo-degraded-gpu",
+        "seconds": args.seconds,
+        "broker": {"kind": kind, "bootstrap_servers": bootstrap, "topic_prefix": prefix},
+        "policy": {"name": policy.stamp.name, "version": policy.stamp.version, "hash": policy.stamp.hash},
+        "tasks": s["tasks"],
+        "cost": s["cost"],
+        "latency": s["latency"],
+        "requests": s["requests"],
+        "decisions_published": daemon.stats.decisions_published,
+        "decisions_applied": fleet["applied"],
+        "ticks_decided": daemon.stats.ticks_decided,
+        "breaker_opens": daemon.stats.breaker_opens,
+        "breaker_opened_nodes": fleet["opened_nodes"],
+        "deadletter": daemon.stats.dead_letters,
+        "events_in": daemon.stats.events_in,
+        "degraded_node": DEGRADED_NODE,
+        "weight_of_degraded_node_at_end": fleet["degraded_weight"],
+    }
+
+
+async def _run_fleet(
+    seconds: int, bootstrap: str, prefix: str, daemon: Daemon, err: Console
+) -> dict[str, Any]:
+    """Drive the simulated fleet in real time over Kafka until the work is done or time is up."""
+    sim = FleetSim(demo_scenario(seconds), seed=7, start_ms=clock.wall_ms())
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    state = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await producer.start()
+    await state.start()
+    state.assign([TopicPartition(topic_name(prefix, STATE), 0)])
+    await state.seek_to_beginning()
+    t_tel, t_req = topic_name(prefix, TELEMETRY), topic_name(prefix, REQUESTS)
+    applied = 0
+    opened: list[str] = []
+    degraded_weight: float | None = None
+    injected = False
+    start_s = clock.monotonic_s()
+    next_progress = PROGRESS_EVERY_S
+    drain_deadline_s = seconds + 50.0  # every task meets its deadline by then
+    try:
+        while True:
+            elapsed = clock.monotonic_s() - start_s
+            emitted = sim.advance_to(clock.wall_ms())
+            for t in emitted.telemetry:
+                await producer.send(
+                    t_tel, value=orjson.dumps(t.model_dump(mode="json")), key=t.pool_id.encode()
+                )
+            for o in emitted.outcomes:
+                await producer.send(
+                    t_req, value=orjson.dumps(o.model_dump(mode="json")), key=o.pool_id.encode()
+                )
+            if not injected and elapsed >= seconds / 2:
+                injected = True
+                await producer.send(
+                    t_tel, value=b'{"node_id": "chat-l40s/9", "queue_depth": "lots"}', key=b"chat-l40s"
+                )
+                err.print(
+                    "[yellow]injected a malformed telemetry record[/yellow] (it should land in the dead-letter topic)"
+                )
+            batch = await state.getmany(timeout_ms=0)
+            decisions = [
+                Decision.model_validate_json(r.value) for rs in batch.values() for r in rs if r.value
+            ]
+            if decisions:
+                sim.apply(decisions)
+                applied += len(decisions)
+                for d in decisions:
+                    b = d.body
+                    if b.kind == "breaker" and b.state == "open" and b.node_id not in opened:
+                        opened.append(b.node_id)
+                        err.print(
+                            f"[red]breaker OPEN[/red] {b.node_id} {clock.monotonic_s() - start_s:.0f}s in "
+                            f"({b.reason}: {b.inputs.get('consecutive_failures', 0):.0f} failed calls in a row)"
+                        )
+                    if b.kind == "routing" and DEGRADED_NODE in b.weights:
+                        degraded_weight = b.weights[DEGRADED_NODE]
+            if elapsed >= next_progress:
+                next_progress += PROGRESS_EVERY_S
+                _progress(
+                    err,
+                    elapsed=elapsed,
+                    seconds=seconds,
+                    s=sim.report().summary,
+                    daemon=daemon,
+                    weight=degraded_weight,
+                )
+            if (elapsed >= seconds and sim.done) or elapsed >= drain_deadline_s:
+                break
+            await asyncio.sleep(STEP_S)
+        await producer.flush()
+    finally:
+        await state.stop()
+        await producer.stop()
+    return {
+        "summary": sim.report().summary,
+        "applied": applied,
+        "opened_nodes": opened,
+        "degraded_weight": degraded_weight,
+    }
+
+
+def _progress(
+    err: Console, *, elapsed: float, seconds: int, s: dict[str, Any], daemon: Daemon, weight: float | None
+) -> None:
+    tasks, lat = s["tasks"], s["latency"]
+    p99 = lat.get("ttft_p99_ms")
+    phase = "sending" if elapsed < seconds else "draining"
+    w = f"{weight:.2f}" if weight is not None else "-"
+    err.print(
+        f"[dim]{elapsed:4.0f}s[/dim] {phase:8} ok {tasks['succeeded']:4d} failed {tasks['failed']:3d} "
+        f"TTFT p99 {'-' if p99 is None else round(p99):>5} ms  decisions {daemon.stats.decisions_published:5d}  "
+        f"{DEGRADED_NODE} weight {w}",
+        soft_wrap=True,
+    )
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.4f}{unit}" if abs(v) < 1 else f"{v:,.1f}{unit}"
+    return f"{v}{unit}"
+
+
+def _print_summary(r: dict[str, Any]) -> None:
+    out = Console(highlight=False)
+    t = Table(
+        title=f"fleetloop demo — {r['scenario']}, {r['seconds']} s on {r['broker']['kind']}",
+        show_header=False,
+    )
+    t.add_column("what", style="bold")
+    t.add_column("value", justify="right")
+    tasks, cost, lat = r["tasks"], r["cost"], r["latency"]
+    rows = [
+        ("tasks started", tasks["started"]),
+        ("tasks succeeded", tasks["succeeded"]),
+        ("tasks failed", tasks["failed"]),
+        ("tasks still in flight at the end", tasks["started"] - tasks["succeeded"] - tasks["failed"]),
+        ("success rate", f"{tasks['success_rate']:.1%}" if tasks["success_rate"] is not None else "-"),
+        ("fleet cost", _fmt(cost["total_usd"], " USD")),
+        ("cost per successful task", _fmt(cost["per_successful_task_usd"], " USD")),
+        ("TTFT p50 / p99", f"{_fmt(lat['ttft_p50_ms'])} / {_fmt(lat['ttft_p99_ms'])} ms"),
+        ("decisions published", r["decisions_published"]),
+        ("breaker openings", f"{r['breaker_opens']} ({', '.join(r['breaker_opened_nodes']) or 'none'})"),
+        (f"weight of {r['degraded_node']} at the end", _fmt(r["weight_of_degraded_node_at_end"])),
+        ("dead letters", r["deadletter"]),
+        ("records consumed by the daemon", r["events_in"]),
+        ("policy", f"{r['policy']['name']} v{r['policy']['version']} ({r['policy']['hash']})"),
+    ]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    out.print(t)

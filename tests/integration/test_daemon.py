@@ -5,95 +5,15 @@ Tests drive the daemon with their own ticks (``run_ticker=False``) so "within N 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from fleetloop.daemon.runtime import Daemon, DaemonConfig
-from fleetloop.policies.registry import builtin_policy
-from fleetloop.schemas import Decision
 from fleetloop.schemas.topics import DEADLETTER, DECISIONS, REQUESTS, STATE, TELEMETRY, TICKS
+from tests.support.kafka import decisions_of, producer, read_all, running_daemon, send, wait_decided
 from tests.support.records import outcome, telemetry, tick, to_bytes
 
-POOL = "p"
 NODES = ("p/0", "p/1", "p/2")
-
-
-@contextlib.asynccontextmanager
-async def running_daemon(env: Any, group: str = "daemon") -> AsyncIterator[Daemon]:
-    daemon = Daemon(
-        DaemonConfig(
-            bootstrap_servers=env.bootstrap_servers,
-            policy=builtin_policy("default"),
-            prefix=env.prefix,
-            group_id=env.group(group),
-            run_ticker=False,
-            idempotence=env.broker.capabilities.idempotent_producer,
-        )
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(daemon.run(stop))
-    try:
-        await asyncio.wait_for(daemon.ready.wait(), 60)
-        yield daemon
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
-
-
-@contextlib.asynccontextmanager
-async def producer(env: Any) -> AsyncIterator[AIOKafkaProducer]:
-    p = AIOKafkaProducer(bootstrap_servers=env.bootstrap_servers, acks="all")
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.stop()
-
-
-async def send(
-    p: AIOKafkaProducer, env: Any, logical: str, records: Sequence[Any], key: bytes = b"p"
-) -> None:
-    for r in records:
-        value = r if isinstance(r, bytes) else to_bytes(r)
-        await p.send(env.topic(logical), value=value, key=key)
-    await p.flush()
-
-
-async def read_all(env: Any, logical: str, *, until: Any = None, timeout_s: float = 30.0) -> list[Any]:
-    """Every record on a topic from the beginning; waits until ``until(records)`` holds."""
-    consumer = AIOKafkaConsumer(
-        env.topic(logical), bootstrap_servers=env.bootstrap_servers, auto_offset_reset="earliest"
-    )
-    await consumer.start()
-    records: list[Any] = []
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                batch = await consumer.getmany(timeout_ms=200)
-                for rs in batch.values():
-                    records.extend(rs)
-                if until is None and not batch:
-                    return records
-                if until is not None and until(records):
-                    return records
-    except TimeoutError:
-        return records
-    finally:
-        await consumer.stop()
-
-
-def decisions_of(records: Sequence[Any]) -> list[Decision]:
-    return [Decision.model_validate_json(r.value) for r in records]
-
-
-async def wait_decided(daemon: Daemon, tick_ms: int, timeout_s: float = 30.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while daemon.stats.last_decision_ts_ms < tick_ms:
-            await asyncio.sleep(0.05)
 
 
 async def test_failing_node_is_ejected_within_three_ticks(kafka_env: Any) -> None:
