@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fleetloop import __version__
-from fleetloop.daemon.commands import UsageError
+from fleetloop.daemon.cli_common import UsageError
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -16,27 +16,8 @@ from typing import Any
 
 import orjson
 
-from fleetloop.policies.registry import CompiledPolicy, PolicyError, builtin_policy, load_policy
-
-
-class UsageError(Exception):
-    """A problem the user can fix: printed as one line, exit code 2."""
-
-
-def bootstrap_arg(p: argparse.ArgumentParser, *, required: bool) -> None:
-    p.add_argument(
-        "--bootstrap-servers",
-        required=required,
-        metavar="HOST:PORT",
-        help="Kafka bootstrap servers (comma separated)",
-    )
-    p.add_argument(
-        "--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)"
-    )
-
-
-def policy_from(path: str | None) -> CompiledPolicy:
-    return load_policy(path) if path else builtin_policy("default")
+from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, policy_from, quiet_client_logs
+from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
 
 
 def register(sub: Any) -> None:
@@ -156,6 +137,7 @@ def cmd_policy_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_apply(args: argparse.Namespace) -> int:
+    quiet_client_logs()
     policy = load_policy(args.file)
     asyncio.run(_apply(args, policy))
     sys.stdout.write(
@@ -212,10 +194,3 @@ def cmd_policy_diff(args: argparse.Namespace) -> int:
         for c in changes:
             sys.stdout.write(f"{c['path']:<{width}}  {c['old']!r} -> {c['new']!r}\n")
     return 1 if changes else 0
-
-
-def read_json_file(path: str) -> Any:
-    try:
-        return orjson.loads(Path(path).read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: {exc}") from None

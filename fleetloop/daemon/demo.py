@@ -27,7 +27,7 @@ from rich.table import Table
 
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, probe_capabilities, start_broker
-from fleetloop.daemon.commands import UsageError, bootstrap_arg, policy_from
+from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, policy_from, quiet_client_logs
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas import Decision
@@ -110,6 +110,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from fleetloop.daemon import observability
 
     observability.configure(level="warning")
+    quiet_client_logs()
     err = Console(stderr=True, highlight=False)
     with _broker(args.bootstrap_servers, err) as (bootstrap, kind, idempotent):
         result = asyncio.run(

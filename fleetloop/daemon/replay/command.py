@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from fleetloop.daemon.commands import UsageError, bootstrap_arg
+from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, quiet_client_logs
 from fleetloop.daemon.replay.replay import ReplayReport, group_ticks, replay_ticks
 from fleetloop.policies.registry import (
     CompiledPolicy,
@@ -63,6 +63,7 @@ def parse_time(text: str, *, default: int | None) -> int | None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    quiet_client_logs()
     from_ms = parse_time(args.from_, default=0) or 0
     to_ms = parse_time(args.to, default=None)
     what_if = load_policy(args.policy) if args.policy else None
