@@ -36,6 +36,12 @@ def register(subparsers: Any) -> None:
         "--policy", metavar="FILE", help="policy document (default: the built-in default policy)"
     )
     group.add_argument("--baseline", metavar="NAME", help="a built-in baseline: none | classic")
+    group.add_argument(
+        "--compare",
+        metavar="A,B,...",
+        help="run several (baseline names or policy files, comma separated; 'default' is fleetloop's) "
+        "and compare them; with --report the timelines are overlaid",
+    )
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--report", metavar="DIR", help="write index.html and PNG timelines to DIR")
@@ -112,6 +118,14 @@ def _print_table(result: RunResult, data: dict[str, Any]) -> None:
     console.print(bp)
 
 
+def _resolve_named(name: str) -> CompiledPolicy:
+    if name == "default":
+        return builtin_policy("default")
+    if name in BASELINES:
+        return resolve_policy(None, name)
+    return load_policy(name)
+
+
 def handle(args: argparse.Namespace) -> int:
     try:
         scenario = load_scenario(args.scenario)
@@ -119,10 +133,16 @@ def handle(args: argparse.Namespace) -> int:
         sys.stderr.write(f"fleetloop sim: {exc}\n")
         return 2
     try:
-        policy = resolve_policy(args.policy, args.baseline)
+        if args.compare:
+            names = [n.strip() for n in args.compare.split(",") if n.strip()]
+            policies = [(n, _resolve_named(n)) for n in names]
+        else:
+            policy = resolve_policy(args.policy, args.baseline)
     except PolicyError as exc:
         sys.stderr.write(f"fleetloop sim: {exc}\n")
         return 2
+    if args.compare:
+        return _compare(args, scenario, policies)
 
     def progress(virtual_s: float, horizon_s: float) -> None:
         if sys.stderr.isatty():
@@ -134,13 +154,54 @@ def handle(args: argparse.Namespace) -> int:
         sys.stderr.write("\r\033[K")
     data = result.to_json(str(args.scenario))
     if args.report:
-        from fleetloop.sim.report import write_report
+        from fleetloop.sim.report import Run, write_report
 
-        write_report(args.report, result, data)
+        write_report(args.report, scenario, [Run(data["policy"], result, data)])
     if args.json:
         sys.stdout.write(orjson.dumps(data).decode() + "\n")
     else:
         _print_table(result, data)
         if args.report:
             print(f"report: {args.report}/index.html")
+    return 0
+
+
+def _compare(args: argparse.Namespace, scenario: Any, policies: list[tuple[str, CompiledPolicy]]) -> int:
+    from fleetloop.sim.report import Run, write_report
+
+    runs = []
+    for label, policy in policies:
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\rsimulating {scenario.name} under {label} ...")
+            sys.stderr.flush()
+        result = run(scenario, policy, seed=args.seed)
+        runs.append(Run(label, result, result.to_json(str(args.scenario))))
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+    if args.report:
+        write_report(args.report, scenario, runs)
+    if args.json:
+        payload = {"scenario": scenario.name, "runs": {r.label: r.data for r in runs}}
+        sys.stdout.write(orjson.dumps(payload).decode() + "\n")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{scenario.name}: {', '.join(r.label for r in runs)} (seed {runs[0].data['seed']})")
+    t.add_column("metric")
+    for r in runs:
+        t.add_column(r.label, justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("task success", lambda d: _fmt(d["tasks"]["success_rate"], ".2%")),
+        ("cost per successful task", lambda d: "$" + _fmt(d["cost"]["per_successful_task_usd"], ".5f")),
+        ("wasted", lambda d: f"${d['cost']['wasted_usd']:.2f}"),
+        ("TTFT p99 ms", lambda d: _fmt(d["latency"]["ttft_p99_ms"], ".0f")),
+        ("priority-0 success", lambda d: _fmt(d["by_priority"].get("0", {}).get("success_rate"), ".2%")),
+        ("retries / shed", lambda d: f"{d['requests']['retries']} / {d['requests']['shed']}"),
+    ]
+    for name, f in rows:
+        t.add_row(name, *(f(r.data) for r in runs))
+    Console().print(t)
+    if args.report:
+        print(f"report: {args.report}/index.html")
     return 0
