@@ -1,17 +1,24 @@
 """The side-by-side table: every shipped scenario under every available policy.
 
-``python -m fleetloop.sim.table [--scenarios DIR] [--out DIR] [--json] [--workers N]`` runs each
+``python -m fleetloop.sim.table [--scenarios DIR] [--out DIR] [--json] [--workers N] [--ablation]`` runs each
 scenario under ``--baseline none``, ``--baseline classic`` (when this build ships it) and
 ``--policy policies/default.yaml`` (two worker processes by default), prints the table (scenario x
 policy: task success rate, cost per successful task, wasted dollars, TTFT p99, priority-0 success)
 and writes it to ``OUT/sim-table.md`` and ``OUT/sim-table.json`` (``bench/results`` by default).
 Every run is deterministic (scenario seed), so the table changes only when the code does; the wall
 times and speed-ups are the only figures that vary between machines.
+
+Below the table it checks issue 4's targets (cost per successful task against classic, success and
+priority-0 success, the prefix-heavy TTFT against none). ``--ablation`` also runs the default policy
+with each lever turned off in turn (its section swapped for the no-control algorithm: round-robin,
+never, max-pending, unlimited, fixed, static-batching) and writes ``sim-ablation.md``: what each
+lever contributes.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -19,7 +26,13 @@ from typing import Any
 
 import orjson
 
-from fleetloop.policies.registry import PolicyError, builtin_policy, load_policy
+from fleetloop.policies.registry import (
+    CompiledPolicy,
+    PolicyError,
+    builtin_policy,
+    compile_policy,
+    load_policy,
+)
 from fleetloop.sim.runner import run
 from fleetloop.sim.scenario import load_scenario
 
@@ -38,10 +51,38 @@ def available_policies() -> list[tuple[str, str]]:
     return out
 
 
+# The no-control algorithm of each section: what "this lever off" means in the ablation.
+LEVER_OFF: dict[str, dict[str, Any]] = {
+    "routing": {"type": "round-robin"},
+    "breaker": {"type": "never"},
+    "admission": {"type": "max-pending", "params": {"limit": 1024}},
+    "retry_budget": {"type": "unlimited"},
+    "autoscale": {"type": "fixed"},
+    "batching": {"type": "static-batching"},
+}
+
+
+def ablated(section: str) -> CompiledPolicy:
+    """The default policy with ``section`` swapped for its no-control algorithm."""
+    doc = load_policy(DEFAULT_POLICY).document
+    data = doc.model_dump(mode="json")
+    data["spec"][section] = LEVER_OFF[section]
+    data["metadata"]["name"] = f"default-without-{section.replace('_', '-')}"
+    return compile_policy(type(doc).model_validate(data))
+
+
+def resolve(spec: str) -> CompiledPolicy:
+    if spec.startswith("baseline:"):
+        return builtin_policy(spec.split(":", 1)[1])
+    if spec.startswith("ablate:"):
+        return ablated(spec.split(":", 1)[1])
+    return load_policy(spec)
+
+
 def run_one(job: tuple[str, str, str]) -> dict[str, Any]:
     scenario_path, label, spec = job
     scenario = load_scenario(scenario_path)
-    policy = builtin_policy(spec.split(":", 1)[1]) if spec.startswith("baseline:") else load_policy(spec)
+    policy = resolve(spec)
     result = run(scenario, policy)
     data = result.to_json(scenario_path)
     p0 = data["by_priority"].get("0")
@@ -88,6 +129,90 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _by(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(r["scenario"], r["policy"]): r for r in rows}
+
+
+def targets(rows: list[dict[str, Any]]) -> tuple[str, bool]:
+    """Issue 4's targets, checked on this table: (markdown, all met)."""
+    t = _by(rows)
+    scenarios = sorted({r["scenario"] for r in rows})
+    if not all((s, "classic") in t and (s, "default") in t for s in scenarios):
+        return "", False
+    ratios: dict[str, float] = {}
+    lines = [
+        "",
+        "## Targets (issue 4)",
+        "",
+        "| scenario | $/success vs classic | success vs classic | p0 vs classic |",
+    ]
+    lines.append("|---|---:|---:|---:|")
+    ok = True
+    for s in scenarios:
+        d, c = t[(s, "default")], t[(s, "classic")]
+        ratio = (d["per_successful_task_usd"] or math.inf) / (c["per_successful_task_usd"] or math.inf)
+        ratios[s] = ratio
+        ds, cs = d["success_rate"] or 0.0, c["success_rate"] or 0.0
+        dp, cp = d["p0_success_rate"], c["p0_success_rate"]
+        s_ok = ds >= cs - 1e-9
+        p_ok = dp is None or cp is None or dp >= cp - 1e-9
+        ok = ok and ratio <= 1.02 and s_ok and p_ok
+        lines.append(
+            f"| {s} | {ratio:.3f}{'' if ratio <= 1.02 else ' (over 1.02)'} "
+            f"| {ds - cs:+.2%}{'' if s_ok else ' (below)'} "
+            f"| {'-' if dp is None or cp is None else f'{dp - cp:+.2%}'}{'' if p_ok else ' (below)'} |"
+        )
+    g = _geomean(list(ratios.values()))
+    g_ok = g is not None and g <= 0.75
+    ok = ok and g_ok
+    lines.append("")
+    verdict = "met" if g_ok else "NOT met"
+    lines.append(f"- geometric mean of $/success vs classic: **{_f(g, '.3f')}** (target <= 0.75: {verdict})")
+    prefix = [s for s in scenarios if "prefix" in s]
+    for s in prefix:
+        d, n = t[(s, "default")], t.get((s, "none"))
+        if n and d["ttft_p99_ms"] and n["ttft_p99_ms"]:
+            x = n["ttft_p99_ms"] / d["ttft_p99_ms"]
+            ok = ok and x >= 3
+            verdict = "met" if x >= 3 else "NOT met"
+            lines.append(f"- {s}: TTFT p99 none / default = **{x:.2f}x** (target >= 3x: {verdict})")
+    lines.append(f"- every target met: **{'yes' if ok else 'no'}**")
+    return "\n".join(lines) + "\n", ok
+
+
+def ablation_markdown(rows: list[dict[str, Any]]) -> str:
+    t = _by(rows)
+    scenarios = sorted({r["scenario"] for r in rows})
+    lines = [
+        "# What each lever contributes",
+        "",
+        "The default policy with one lever turned off (its section swapped for the no-control algorithm).",
+        "Ratios are cost per successful task against the full default policy (> 1: the lever saves money);",
+        "success is the change in task success when the lever is off.",
+        "",
+        "| lever off | geomean $/success ratio | " + " | ".join(scenarios) + " |",
+        "|---|---:|" + "---:|" * len(scenarios),
+    ]
+    for section in LEVER_OFF:
+        label = f"no-{section}"
+        cells, ratios = [], []
+        for s in scenarios:
+            a, d = t.get((s, label)), t.get((s, "default"))
+            if a is None or d is None or not a["per_successful_task_usd"] or not d["per_successful_task_usd"]:
+                cells.append("-")
+                continue
+            r = a["per_successful_task_usd"] / d["per_successful_task_usd"]
+            ratios.append(r)
+            cells.append(f"{r:.2f} ({(a['success_rate'] or 0) - (d['success_rate'] or 0):+.1%})")
+        lines.append(f"| {section} | {_f(_geomean(ratios), '.3f')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fleetloop.sim.table", description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -96,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench/results", help="where to write sim-table.md/.json")
     ap.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--ablation", action="store_true", help="also run default with each lever off")
     args = ap.parse_args(argv)
     files = sorted(Path(args.scenarios).glob("*.yaml"))
     if not files:
@@ -103,13 +229,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     policies = available_policies()
     jobs = [(str(f), label, spec) for f in files for label, spec in policies]
+    if args.ablation:
+        jobs += [(str(f), f"no-{section}", f"ablate:{section}") for f in files for section in LEVER_OFF]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        rows = list(pool.map(run_one, jobs))
+        all_rows = list(pool.map(run_one, jobs))
+    labels = {label for label, _ in policies}
+    rows = [r for r in all_rows if r["policy"] in labels]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    md = markdown(rows)
+    md = markdown(rows) + targets(rows)[0]
+    if args.ablation:
+        ab = ablation_markdown(all_rows)
+        (out / "sim-ablation.md").write_text(ab)
+        md += "\n" + ab
     (out / "sim-table.md").write_text(md)
-    payload = {"policies": [label for label, _ in policies], "rows": rows}
+    payload = {
+        "policies": [label for label, _ in policies],
+        "rows": all_rows,
+        "targets_met": targets(rows)[1],
+    }
     (out / "sim-table.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
     if args.json:
         sys.stdout.write(orjson.dumps(payload).decode() + "\n")
