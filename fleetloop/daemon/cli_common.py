@@ -18,7 +18,9 @@ def bootstrap_arg(p: argparse.ArgumentParser, *, required: bool) -> None:
         metavar="HOST:PORT",
         help="Kafka bootstrap servers (comma separated)",
     )
-    p.add_argument("--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)")
+    p.add_argument(
+        "--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)"
+    )
 
 
 def policy_from(path: str | None) -> CompiledPolicy:

@@ -11,7 +11,6 @@ import contextlib
 import json
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import orjson

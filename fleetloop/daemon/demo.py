@@ -240,7 +240,7 @@ async def _run_fleet(
                     t_tel, value=b'{"node_id": "chat-l40s/9", "queue_depth": "lots"}', key=b"chat-l40s"
                 )
                 err.print(
-                    "[yellow]injected a malformed telemetry record[/yellow] (it should land in the dead-letter topic)"
+                    "[yellow]injected a malformed telemetry record[/yellow] (bound for the dead-letter topic)"
                 )
             batch = await state.getmany(timeout_ms=0)
             decisions = [
@@ -253,9 +253,10 @@ async def _run_fleet(
                     b = d.body
                     if b.kind == "breaker" and b.state == "open" and b.node_id not in opened:
                         opened.append(b.node_id)
+                        failures = b.inputs.get("consecutive_failures", 0)
                         err.print(
                             f"[red]breaker OPEN[/red] {b.node_id} {clock.monotonic_s() - start_s:.0f}s in "
-                            f"({b.reason}: {b.inputs.get('consecutive_failures', 0):.0f} failed calls in a row)"
+                            f"({b.reason}: {failures:.0f} failed calls in a row)"
                         )
                     if b.kind == "routing" and DEGRADED_NODE in b.weights:
                         degraded_weight = b.weights[DEGRADED_NODE]
@@ -293,7 +294,8 @@ def _progress(
     w = f"{weight:.2f}" if weight is not None else "-"
     err.print(
         f"[dim]{elapsed:4.0f}s[/dim] {phase:8} ok {tasks['succeeded']:4d} failed {tasks['failed']:3d} "
-        f"TTFT p99 {'-' if p99 is None else round(p99):>5} ms  decisions {daemon.stats.decisions_published:5d}  "
+        f"TTFT p99 {'-' if p99 is None else round(p99):>5} ms  "
+        f"decisions {daemon.stats.decisions_published:5d}  "
         f"{DEGRADED_NODE} weight {w}",
         soft_wrap=True,
     )

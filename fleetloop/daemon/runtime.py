@@ -281,7 +281,7 @@ class Daemon:
                         model.fold_telemetry(t)
                         self._pool_partition[t.pool_id] = tp.partition
                     if tel.items:
-                        self._watermark[tp] = max(self._watermark.get(tp, 0), max(t.ts_ms for t in tel.items))
+                        self._watermark[tp] = max(self._watermark.get(tp, 0), *(t.ts_ms for t in tel.items))
                     self.stats.telemetry_in += len(tel.items)
                     dead.extend(tel.dead)
                 elif logical == REQUESTS:
@@ -289,7 +289,7 @@ class Daemon:
                     for o in out.items:
                         model.fold_outcome(o)
                     if out.items:
-                        self._watermark[tp] = max(self._watermark.get(tp, 0), max(o.ts_ms for o in out.items))
+                        self._watermark[tp] = max(self._watermark.get(tp, 0), *(o.ts_ms for o in out.items))
                     self.stats.outcomes_in += len(out.items)
                     dead.extend(out.dead)
                 else:

@@ -111,11 +111,14 @@ def _shape_routing(
         total = float(len(candidates))
         probes = {}
         reason = "fail-open" if candidates else "no-node"
-    probe_total = min(0.5, sum(probes.values()))
+    # Probing nodes share at most half of the traffic, however many are half-open at once.
+    asked = sum(probes.values())
+    probe_scale = min(1.0, 0.5 / asked) if asked > 0 else 0.0
+    probe_total = asked * probe_scale
     scale = (1.0 - probe_total) / total if total > 0 else 0.0
     out = {n: r6(w * scale) for n, w in weights.items()}
     for n, p in probes.items():
-        out[n] = r6(p)
+        out[n] = r6(p * probe_scale)
     inputs = dict(d.inputs)
     inputs["stale_nodes"] = float(len(zeroed))
     inputs["probing_nodes"] = float(len(probes))
@@ -154,7 +157,10 @@ def _shape_autoscale(d: AutoscaleDecision, env: Envelope) -> AutoscaleDecision:
     desired = min(max(d.desired_nodes, lo, 0), hi)
     if desired == d.desired_nodes:
         return d
-    return d.model_copy(update={"desired_nodes": desired, "reason": f"{d.reason}:step-limited"})
+    drain = d.drain[: max(0, d.current_nodes - desired)]  # drain only the nodes this step removes
+    return d.model_copy(
+        update={"desired_nodes": desired, "drain": drain, "reason": f"{d.reason}:step-limited"}
+    )
 
 
 def decide(

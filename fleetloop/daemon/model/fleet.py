@@ -16,6 +16,12 @@ What it keeps:
 
 ``apply`` takes ownership of the model it is given and returns it (updating in place keeps the hot
 path free of copies); callers never keep a reference to the old one.
+
+Order independence: the state after folding a set of records does not depend on how partitions
+interleaved (only on each partition's own order), which is what exact replay relies on. So money is
+summed in integer nano-dollars (float sums depend on order), a node leaves the snapshot when its own
+telemetry is older than ``forget_node_after_ms`` at the snapshot's ``now_ms`` (not when a shared
+watermark happens to pass), and memory is reclaimed only well behind the retention horizon.
 """
 
 from __future__ import annotations
@@ -65,6 +71,13 @@ class _Tenant:
     win: Window = field(default_factory=lambda: Window(3))
 
 
+NANO = 1_000_000_000  # money is summed in integer nano-dollars: exact, so order-independent
+
+
+def nano_usd(usd: float) -> int:
+    return round(usd * NANO)
+
+
 @dataclass(slots=True)
 class _Workflow:
     tenant_id: str
@@ -73,7 +86,7 @@ class _Workflow:
     last_ms: int
     calls: int = 0
     attempts: int = 0
-    spend_usd: float = 0.0
+    spend_nusd: int = 0
 
 
 @dataclass(slots=True)
@@ -81,8 +94,8 @@ class _Ledger:
     tasks_started: int = 0
     tasks_succeeded: int = 0
     tasks_failed: int = 0
-    fleet_cost_usd: float = 0.0
-    spend_on_failed_usd: float = 0.0
+    fleet_cost_nusd: int = 0
+    spend_on_failed_nusd: int = 0
     active: dict[str, _Workflow] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=dict)  # workflow id -> finish ts_ms
 
@@ -129,7 +142,7 @@ class FleetModel:
 
     def fold_telemetry(self, t: NodeTelemetry) -> None:
         ledger = self.ledger
-        ledger.fleet_cost_usd += t.cost_rate_usd_per_h * t.interval_ms / 3_600_000.0
+        ledger.fleet_cost_nusd += nano_usd(t.cost_rate_usd_per_h * t.interval_ms / 3_600_000.0)
         if not self._admit(t.ts_ms):
             return
         node = self.nodes.get(t.node_id)
@@ -167,6 +180,8 @@ class FleetModel:
         tenant = self.tenants.get(o.tenant_id)
         if tenant is None:
             tenant = self.tenants[o.tenant_id] = _Tenant(priority=o.priority)
+        elif o.priority < tenant.priority:
+            tenant.priority = o.priority  # the tenant's most important class seen: order-independent
         tenant.win.add(b, (1.0, float(o.attempt > 0), float(shed)))
         if o.node_id is None:
             return
@@ -192,7 +207,7 @@ class FleetModel:
         wf.attempts += 1
         if o.attempt == 0:
             wf.calls += 1
-        wf.spend_usd += o.cost_usd
+        wf.spend_nusd += nano_usd(o.cost_usd)
         if o.task_outcome is not None:
             del ledger.active[o.workflow_id]
             ledger.finished[o.workflow_id] = o.ts_ms
@@ -200,7 +215,7 @@ class FleetModel:
                 ledger.tasks_succeeded += 1
             else:
                 ledger.tasks_failed += 1
-                ledger.spend_on_failed_usd += wf.spend_usd
+                ledger.spend_on_failed_nusd += wf.spend_nusd
 
     def _evict(self, horizon_bucket: int) -> None:
         self._evicted_to = horizon_bucket
@@ -228,7 +243,7 @@ class FleetModel:
             wf = ledger.active.pop(wf_id)
             ledger.finished[wf_id] = now
             ledger.tasks_failed += 1
-            ledger.spend_on_failed_usd += wf.spend_usd
+            ledger.spend_on_failed_nusd += wf.spend_nusd
 
 
 def apply(model: FleetModel, events: Iterable[NodeTelemetry | RequestOutcome]) -> FleetModel:
@@ -285,9 +300,11 @@ def snapshot(
     model: FleetModel, now_ms: int, *, window_ms: int = 10_000, stale_after_ms: int = 5_000
 ) -> FleetSnapshot:
     """Freeze the model as policies see it at event time ``now_ms``."""
+    forget = model.config.forget_node_after_ms
     nodes = {
         node_id: _node_view(model.nodes[node_id], now_ms, window_ms, stale_after_ms)
         for node_id in sorted(model.nodes)
+        if now_ms - model.nodes[node_id].telemetry.ts_ms <= forget
     }
     by_pool: dict[str, list[str]] = {}
     for node_id, view in nodes.items():
@@ -336,7 +353,7 @@ def snapshot(
             tasks_succeeded=ledger.tasks_succeeded,
             tasks_failed=ledger.tasks_failed,
             active_workflows=len(ledger.active),
-            fleet_cost_usd=ledger.fleet_cost_usd,
-            spend_on_failed_usd=ledger.spend_on_failed_usd,
+            fleet_cost_usd=ledger.fleet_cost_nusd / NANO,
+            spend_on_failed_usd=ledger.spend_on_failed_nusd / NANO,
         ),
     )

@@ -1,0 +1,163 @@
+"""The ``fleetloop`` command in process: exit codes, and one line on stderr for anything a user can fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fleetloop.daemon.cli import main
+from fleetloop.policies.registry import BUILTIN_DIR, builtin_policy
+
+DEFAULT_YAML = BUILTIN_DIR / "default.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def one_line(text: str) -> str:
+    """The text, which must be exactly one non-empty line without a traceback."""
+    assert text.endswith("\n")
+    lines = text.splitlines()
+    assert len(lines) == 1, text
+    assert "Traceback" not in text
+    assert lines[0].strip()
+    return lines[0]
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def edited(tmp_path: Path, name: str, old: str, new: str) -> str:
+    text = DEFAULT_YAML.read_text()
+    assert old in text
+    return write(tmp_path, name, text.replace(old, new, 1))
+
+
+# -- policy validate --------------------------------------------------------------------------------
+
+
+def test_validate_the_shipped_default_policy(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    assert main(["policy", "validate", "policies/default.yaml"]) == 0
+    out, err = capsys.readouterr()
+    expected_hash = builtin_policy("default").stamp.hash
+    assert one_line(out) == f"valid    policies/default.yaml  default v1  hash {expected_hash}"
+    assert err == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new", "problem"),
+    [
+        (
+            "unknown-algorithm.yaml",
+            "type: least-queue",
+            "type: least-nope",
+            "spec.routing.type: unknown algorithm 'least-nope'",
+        ),
+        (
+            "bad-param.yaml",
+            "threshold: 5",
+            "threshold: -3",
+            "spec.breaker.params.threshold: Input should be greater than or equal to 1",
+        ),
+        (
+            "unknown-param.yaml",
+            "alpha: 2.0",
+            "alhpa: 2.0",
+            "spec.routing.params.alhpa: Extra inputs are not permitted",
+        ),
+        (
+            "bad-envelope.yaml",
+            "max_ejected_frac: 0.5",
+            "max_ejected_frac: 1.5",
+            "spec.envelope.max_ejected_frac: Input should be less than or equal to 1",
+        ),
+    ],
+)
+def test_validate_a_bad_policy_names_the_problem_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, old: str, new: str, problem: str
+) -> None:
+    path = edited(tmp_path, name, old, new)
+    assert main(["policy", "validate", path]) == 2
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    assert path in line
+    assert problem in line
+    assert out == ""
+
+
+def test_validate_a_file_that_is_not_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "broken.yaml", "spec:\n  routing: [1, 2\n  breaker: {\n")
+    assert main(["policy", "validate", path]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert f"{path}: not valid YAML at line" in line
+
+
+def test_validate_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(tmp_path / "nowhere.yaml")
+    assert main(["policy", "validate", path]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert f"{path}: cannot read (No such file or directory)" in line
+
+
+def test_validate_reports_each_bad_file_and_passes_the_good_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = edited(tmp_path, "bad.yaml", "threshold: 5", "threshold: 0")
+    assert main(["policy", "validate", str(DEFAULT_YAML), bad]) == 2
+    out, err = capsys.readouterr()
+    assert one_line(out).startswith(f"valid    {DEFAULT_YAML}")
+    assert "spec.breaker.params.threshold" in one_line(err)
+
+
+# -- policy diff ------------------------------------------------------------------------------------
+
+
+def test_diff_lists_the_changed_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    new = edited(tmp_path, "new.yaml", "alpha: 2.0", "alpha: 3.0")
+    assert main(["policy", "diff", str(DEFAULT_YAML), new]) == 1  # like diff(1): 1 when they differ
+    out, err = capsys.readouterr()
+    assert one_line(out).split() == ["spec.routing.params.alpha", "2.0", "->", "3.0"]
+    assert err == ""
+
+
+def test_diff_of_identical_documents(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    copy = write(tmp_path, "copy.yaml", DEFAULT_YAML.read_text())
+    assert main(["policy", "diff", str(DEFAULT_YAML), copy]) == 0
+    assert capsys.readouterr().out == "no changes\n"
+
+
+# -- argument errors --------------------------------------------------------------------------------
+
+
+def test_an_unknown_flag_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "validate", "--frobnicate", str(DEFAULT_YAML)]) == 2
+    out, err = capsys.readouterr()
+    assert one_line(err) == "fleetloop: unrecognized arguments: --frobnicate"
+    assert out == ""
+
+
+def test_an_unknown_subcommand_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frobnicate"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "invalid choice: 'frobnicate'" in line
+
+
+@pytest.mark.parametrize("seconds", ["5", "9", "3601"])
+def test_demo_seconds_out_of_bounds_is_one_line(capsys: pytest.CaptureFixture[str], seconds: str) -> None:
+    assert main(["demo", "--seconds", seconds]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line == f"fleetloop demo: --seconds must be between 10 and 3600, got {seconds}"
+
+
+def test_sim_with_a_missing_scenario_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["sim", "--scenario", "missing.yaml"]) == 2
+    out, err = capsys.readouterr()
+    assert one_line(err) == "fleetloop sim: missing.yaml: cannot read (No such file or directory)"
+    assert out == ""

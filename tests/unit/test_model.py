@@ -1,0 +1,399 @@
+"""The fleet model: a pure reducer over telemetry and outcomes, read through ``snapshot``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from fleetloop.daemon.model import FleetModel, ModelConfig, apply, snapshot
+from fleetloop.daemon.model.windows import LAT_EDGES_MS, lat_bin
+from fleetloop.schemas import NodeTelemetry, RequestOutcome
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from tests.support.records import outcome, telemetry
+
+T = 1_700_000_000_000  # a whole second: bucket boundaries fall on T + k * 1000
+
+Record = NodeTelemetry | RequestOutcome
+
+
+def fold(records: Sequence[Record], config: ModelConfig | None = None) -> FleetModel:
+    return apply(FleetModel(config), records)
+
+
+# -- newest telemetry -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)], ids=["in-order", "older-arrives-later"])
+def test_newest_telemetry_by_event_time_wins(order: tuple[int, int]) -> None:
+    records = [
+        telemetry("a", ts_ms=T + 1_000, queue_depth=3),
+        telemetry("a", ts_ms=T + 2_000, queue_depth=7, weights_state="loading"),
+    ]
+    snap = snapshot(fold([records[i] for i in order]), T + 2_500)
+    a = snap.nodes["a"]
+    assert (a.queue_depth, a.weights_state, a.last_seen_ms, a.age_ms) == (7, "loading", T + 2_000, 500)
+
+
+# -- windows ----------------------------------------------------------------------------------------
+
+WINDOW_RECORDS = [
+    telemetry("a", ts_ms=T + 10_000),
+    outcome("a", "ok", ts_ms=T + 500, n=1, ttft_ms=999.0),  # bucket T: outside both windows
+    outcome("a", "ok", ts_ms=T + 1_000, n=2, ttft_ms=50.0),
+    outcome("a", "error", ts_ms=T + 5_000, n=3),
+    outcome("a", "timeout", ts_ms=T + 9_000, n=4),
+    outcome("a", "ok", ts_ms=T + 10_400, n=5, ttft_ms=150.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("window_ms", "requests", "ok", "failures", "ttft_mean"),
+    [
+        (10_000, 4, 2, 2, 100.0),  # buckets T+1 s .. T+10 s
+        (5_000, 2, 1, 1, 150.0),  # buckets T+6 s .. T+10 s
+        (1_000, 1, 1, 0, 150.0),  # the newest bucket only
+    ],
+)
+def test_node_window_counts(window_ms: int, requests: int, ok: int, failures: int, ttft_mean: float) -> None:
+    snap = snapshot(fold(WINDOW_RECORDS), T + 10_500, window_ms=window_ms)
+    a = snap.nodes["a"]
+    assert (a.requests_w, a.ok_w, a.failures_w, a.ttft_mean_ms_w) == (requests, ok, failures, ttft_mean)
+    pool = snap.pools["p"]
+    assert (pool.requests_w, pool.ok_w, pool.failures_w) == (requests, ok, failures)
+    assert pool.request_rate_per_s == pytest.approx(requests / (window_ms / 1000))
+
+
+def test_a_window_without_ttft_has_no_mean_and_a_window_in_the_past_is_empty() -> None:
+    model = fold([telemetry("a", ts_ms=T), outcome("a", "error", ts_ms=T + 100)])
+    assert snapshot(model, T + 500).nodes["a"].ttft_mean_ms_w is None
+    later = snapshot(model, T + 60_000).nodes["a"]
+    assert (later.requests_w, later.failures_w) == (0, 0)
+
+
+def test_node_reported_counters_are_windowed() -> None:
+    model = fold(
+        [
+            telemetry("a", ts_ms=T, errors=5, timeouts=1),
+            telemetry("a", ts_ms=T + 8_000, errors=2, timeouts=3, preemptions=4),
+        ]
+    )
+    both = snapshot(model, T + 9_000, window_ms=10_000).nodes["a"]
+    assert (both.node_errors_w, both.node_timeouts_w, both.preemptions_w) == (7, 4, 4)
+    newest = snapshot(model, T + 9_000, window_ms=5_000).nodes["a"]
+    assert (newest.node_errors_w, newest.node_timeouts_w, newest.preemptions_w) == (2, 3, 4)
+
+
+# -- consecutive failures ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kinds", "expected"),
+    [
+        (["error", "error", "timeout"], 3),
+        (["error", "error", "ok", "timeout", "retry"], 2),
+        (["error", "ok"], 0),
+        (["error", "shed", "error"], 2),  # a shed call neither counts nor resets the run
+        (["shed", "shed"], 0),
+    ],
+)
+def test_consecutive_failures(kinds: list[str], expected: int) -> None:
+    records: list[Record] = [telemetry("a", ts_ms=T)]
+    records += [outcome("a", k, ts_ms=T + 100 * i, n=i) for i, k in enumerate(kinds)]
+    assert snapshot(fold(records), T + 1_000).nodes["a"].consecutive_failures == expected
+
+
+# -- TTFT quantiles ---------------------------------------------------------------------------------
+
+
+def _sample(name: str) -> list[float]:
+    if name == "uniform":
+        return [float(x) for x in range(1, 1001)]
+    if name == "bimodal":
+        return [100.0] * 980 + [2_000.0] * 20
+    rng = np.random.default_rng(7)
+    return [float(x) for x in rng.lognormal(mean=5.0, sigma=0.8, size=2_000)]
+
+
+@pytest.mark.parametrize("name", ["uniform", "bimodal", "lognormal"])
+def test_pool_p99_from_the_histogram_is_within_one_bin_of_the_true_p99(name: str) -> None:
+    sample = _sample(name)
+    records = [outcome("a", "ok", ts_ms=T + (i % 9_000), n=i, ttft_ms=ttft) for i, ttft in enumerate(sample)]
+    pool = snapshot(fold(records), T + 9_500, window_ms=10_000).pools["p"]
+    assert pool.requests_w == len(sample)
+    true_p99 = float(np.quantile(sample, 0.99, method="inverted_cdf"))
+    true_p50 = float(np.quantile(sample, 0.50, method="inverted_cdf"))
+    one_bin = 2**0.25  # ~19%
+    assert pool.ttft_p99_ms_w is not None
+    assert true_p99 / one_bin <= pool.ttft_p99_ms_w <= true_p99 * one_bin
+    assert pool.ttft_p50_ms_w is not None
+    assert true_p50 / one_bin <= pool.ttft_p50_ms_w <= true_p50 * one_bin
+
+
+def test_latency_bins_are_one_fourth_octave_wide() -> None:
+    ratios = {round(b / a, 9) for a, b in itertools.pairwise(LAT_EDGES_MS)}
+    assert ratios == {round(2**0.25, 9)}
+    assert lat_bin(0.5) == 0
+    assert lat_bin(1.0) == 1
+
+
+def test_a_pool_without_ttft_has_no_quantiles() -> None:
+    pool = snapshot(fold([outcome("a", "error", ts_ms=T)]), T + 500).pools["p"]
+    assert (pool.ttft_p50_ms_w, pool.ttft_p99_ms_w) == (None, None)
+
+
+# -- retries, sheds, tenants ------------------------------------------------------------------------
+
+
+def test_retries_are_counted_by_attempt_not_by_outcome() -> None:
+    records = [
+        outcome("a", "retry", ts_ms=T + 100, n=1, attempt=0),  # failed; the retry is the next attempt
+        outcome("a", "ok", ts_ms=T + 200, n=1, attempt=1),
+        outcome("a", "ok", ts_ms=T + 300, n=2, attempt=2),
+        outcome("a", "ok", ts_ms=T + 400, n=3),
+    ]
+    snap = snapshot(fold(records), T + 1_000, window_ms=10_000)
+    pool = snap.pools["p"]
+    assert (pool.requests_w, pool.retries_w, pool.failures_w) == (4, 2, 1)
+    assert pool.retry_rate_per_s == pytest.approx(0.2)
+    assert snap.tenants["t"].retries_w == 2
+
+
+def test_tenants() -> None:
+    records = [
+        outcome("a", "ok", ts_ms=T + 100, n=1, tenant_id="gold", priority=0),
+        outcome("a", "ok", ts_ms=T + 200, n=2, tenant_id="gold", priority=0, attempt=1),
+        outcome(None, "shed", ts_ms=T + 300, n=3, tenant_id="gold", priority=0),
+        outcome(None, "shed", ts_ms=T + 400, n=4, tenant_id="bronze", priority=2),
+        outcome("b", "error", ts_ms=T + 500, n=5, tenant_id="bronze", priority=2),
+    ]
+    snap = snapshot(fold(records), T + 1_000)
+    assert list(snap.tenants) == ["bronze", "gold"]
+    got = {t: (v.priority, v.requests_w, v.retries_w, v.shed_w) for t, v in snap.tenants.items()}
+    assert got == {"gold": (0, 3, 1, 1), "bronze": (2, 2, 0, 1)}
+    assert snap.pools["p"].shed_w == 2
+
+
+# -- the workflow ledger ----------------------------------------------------------------------------
+
+
+def _step(wf: str, ts: int, step: int, cost: float, kind: str = "ok", **kw: object) -> RequestOutcome:
+    return outcome(
+        "a",
+        kind,
+        ts_ms=ts,
+        workflow_id=wf,
+        request_id=f"{wf}-{step}-{ts}",
+        step_index=step,
+        cost_usd=cost,
+        **kw,
+    )
+
+
+def test_tasks_started_counts_distinct_workflows() -> None:
+    records = [
+        _step("w1", T + 100, 0, 0.01),
+        _step("w1", T + 200, 1, 0.01),
+        _step("w2", T + 300, 0, 0.01),
+        _step("w1", T + 400, 2, 0.01),
+    ]
+    ledger = snapshot(fold(records), T + 1_000).ledger
+    assert (ledger.tasks_started, ledger.active_workflows, ledger.tasks_succeeded, ledger.tasks_failed) == (
+        2,
+        2,
+        0,
+        0,
+    )
+
+
+def test_task_outcome_finalizes_and_late_records_of_finished_tasks_are_ignored() -> None:
+    records = [
+        _step("w1", T + 100, 0, 0.25),
+        _step("w1", T + 200, 1, 0.25, task_outcome="succeeded"),
+        _step("w2", T + 300, 0, 0.5, "error"),
+        _step("w2", T + 400, 0, 0.5, attempt=1),
+        _step("w2", T + 500, 1, 1.0, "timeout", task_outcome="failed"),
+        # Late and duplicate records of finished tasks:
+        _step("w2", T + 450, 1, 9.0),
+        _step("w1", T + 150, 0, 9.0, task_outcome="failed"),
+    ]
+    ledger = snapshot(fold(records), T + 1_000).ledger
+    assert (ledger.tasks_started, ledger.tasks_succeeded, ledger.tasks_failed, ledger.active_workflows) == (
+        2,
+        1,
+        1,
+        0,
+    )
+    assert ledger.spend_on_failed_usd == pytest.approx(2.0)  # every attempt of w2, not w1's spend
+
+
+def test_fleet_cost_comes_from_telemetry_and_gives_cost_per_successful_task() -> None:
+    records: list[Record] = [
+        telemetry("a", ts_ms=T + 1_000, cost_rate_usd_per_h=3.6, interval_ms=1_000),  # $0.001
+        telemetry("a", ts_ms=T + 2_000, cost_rate_usd_per_h=3.6, interval_ms=1_000),  # $0.001
+        telemetry("b", ts_ms=T + 2_000, cost_rate_usd_per_h=7.2, interval_ms=5_000),  # $0.01
+        _step("w1", T + 100, 0, 0.0, task_outcome="succeeded"),
+    ]
+    ledger = snapshot(fold(records), T + 3_000).ledger
+    assert ledger.fleet_cost_usd == pytest.approx(0.012)
+    assert ledger.cost_per_successful_task_usd == pytest.approx(0.012)
+    more = apply(fold(records), [_step("w2", T + 200, 0, 0.0, task_outcome="succeeded")])
+    assert snapshot(more, T + 3_000).ledger.cost_per_successful_task_usd == pytest.approx(0.006)
+
+
+def test_no_successful_task_means_no_cost_per_task() -> None:
+    ledger = snapshot(fold([telemetry("a", ts_ms=T)]), T + 500).ledger
+    assert ledger.fleet_cost_usd > 0
+    assert ledger.cost_per_successful_task_usd is None
+
+
+def test_a_task_silent_past_the_abandon_horizon_counts_as_failed() -> None:
+    config = ModelConfig(abandon_workflow_after_ms=30_000)
+    model = fold([_step("w1", T, 0, 0.3), _step("w2", T + 25_000, 0, 0.1)], config)
+    assert snapshot(model, T + 25_000).ledger.active_workflows == 2
+    apply(model, [telemetry("x", ts_ms=T + 45_000)])  # event time moves on: w1 silent 45 s, w2 20 s
+    ledger = snapshot(model, T + 45_000).ledger
+    assert (ledger.active_workflows, ledger.tasks_failed) == (1, 1)
+    assert ledger.spend_on_failed_usd == pytest.approx(0.3)
+
+
+# -- eviction and staleness -------------------------------------------------------------------------
+
+
+def test_a_silent_node_is_forgotten_after_forget_node_after_ms_of_event_time() -> None:
+    model = fold([telemetry("a", ts_ms=T), telemetry("b", ts_ms=T + 30_000)])
+    snap = snapshot(model, T + 30_000)
+    assert sorted(snap.nodes) == ["a", "b"]
+    assert snap.pools["p"].node_ids == ("a", "b")
+    apply(model, [telemetry("b", ts_ms=T + 61_000)])  # a silent for 61 s > 60 s
+    snap = snapshot(model, T + 61_000)
+    assert sorted(snap.nodes) == ["b"]
+    assert snap.pools["p"].node_ids == ("b",)
+
+
+def test_a_node_silent_less_than_forget_node_after_ms_stays_but_is_stale() -> None:
+    model = fold([telemetry("a", ts_ms=T), telemetry("b", ts_ms=T + 59_000)])
+    a = snapshot(model, T + 59_000).nodes["a"]
+    assert (a.stale, a.age_ms) == (True, 59_000)
+
+
+def test_records_later_than_the_retention_are_dropped_and_counted() -> None:
+    model = fold([telemetry("a", ts_ms=T), telemetry("a", ts_ms=T + 400_000)])
+    assert model.late_dropped == 0
+    apply(
+        model,
+        [
+            outcome("a", "error", ts_ms=T + 50_000, n=1, tenant_id="late"),  # 350 s late: beyond 300 s
+            telemetry("c", ts_ms=T + 50_000),
+            outcome("a", "ok", ts_ms=T + 399_000, n=2),  # 1 s late: kept
+        ],
+    )
+    assert model.late_dropped == 2
+    snap = snapshot(model, T + 400_000, window_ms=300_000)
+    assert "c" not in snap.nodes
+    assert "late" not in snap.tenants
+    assert (snap.nodes["a"].requests_w, snap.nodes["a"].failures_w) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("age_ms", "stale"),
+    [(0, False), (4_999, False), (5_000, False), (5_001, True), (60_000, True)],
+)
+def test_staleness(age_ms: int, stale: bool) -> None:
+    a = snapshot(fold([telemetry("a", ts_ms=T)]), T + age_ms, stale_after_ms=5_000).nodes["a"]
+    assert (a.age_ms, a.stale) == (age_ms, stale)
+
+
+def test_snapshot_does_not_change_the_model() -> None:
+    model = fold(WINDOW_RECORDS)
+    assert snapshot(model, T + 10_500) == snapshot(model, T + 10_500)
+
+
+# -- order independence -----------------------------------------------------------------------------
+
+SPAN_MS = 50_000  # within forget_node_after_ms and the retention: nothing is evicted
+
+
+@st.composite
+def pool_records(draw: st.DrawFn, pool: str) -> list[Record]:
+    """One pool's records, in the order its partition holds them."""
+    nodes = [f"{pool}-n{i}" for i in range(2)]
+    out: list[Record] = []
+    for i in range(draw(st.integers(1, 12))):
+        ts = T + draw(st.integers(0, SPAN_MS))
+        if draw(st.booleans()):
+            out.append(
+                telemetry(
+                    draw(st.sampled_from(nodes)),
+                    pool,
+                    ts,
+                    queue_depth=draw(st.integers(0, 20)),
+                    errors=draw(st.integers(0, 2)),
+                    cost_rate_usd_per_h=draw(st.sampled_from([0.7, 1.3, 2.9, 4.1])),
+                    interval_ms=draw(st.sampled_from([1_000, 3_000])),
+                )
+            )
+            continue
+        kind = draw(st.sampled_from(["ok", "ok", "error", "timeout", "retry", "shed"]))
+        node = None if kind == "shed" and draw(st.booleans()) else draw(st.sampled_from(nodes))
+        tenant = draw(st.sampled_from(["t0", "t1"]))  # shared by both pools, one priority each
+        out.append(
+            outcome(
+                node,
+                kind,
+                pool,
+                ts,
+                n=i,
+                request_id=f"{pool}-r{i}",
+                workflow_id=f"{pool}-w{draw(st.integers(0, 3))}",
+                tenant_id=tenant,
+                priority=int(tenant[1]),
+                attempt=draw(st.integers(0, 2)),
+                ttft_ms=draw(st.floats(1.0, 5_000.0)) if kind == "ok" else None,
+                cost_usd=draw(st.sampled_from([0.0, 0.001, 0.013, 0.2])),
+                task_outcome=draw(st.sampled_from([None, None, "succeeded", "failed"])),
+            )
+        )
+    return out
+
+
+# No shrinking: a counterexample is reported at once (shrinking one takes half a minute); the
+# example tests below this one are the minimal cases.
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    report_multiple_bugs=False,
+    phases=(Phase.explicit, Phase.generate),
+)
+@given(pool_records("pa"), pool_records("pb"), st.data())
+def test_folding_two_pools_in_any_interleaving_gives_the_same_snapshot(
+    a: list[Record], b: list[Record], data: st.DataObject
+) -> None:
+    lanes = data.draw(st.permutations([0] * len(a) + [1] * len(b)), label="lanes")
+    its = (iter(a), iter(b))
+    interleaved = [next(its[lane]) for lane in lanes]
+    now = T + SPAN_MS + 1_000
+    for window_ms in (10_000, 60_000):
+        expected = snapshot(fold(a + b), now, window_ms=window_ms)
+        assert snapshot(fold(interleaved), now, window_ms=window_ms) == expected
+        assert snapshot(fold(b + a), now, window_ms=window_ms) == expected
+
+
+def test_fleet_cost_does_not_depend_on_the_interleaving_of_pools() -> None:
+    """The cost of the same four intervals, folded pool A first or pool B first."""
+    pa = [telemetry("a", "pa", T, cost_rate_usd_per_h=0.7)]
+    pb = [telemetry("b", "pb", T + 1_000 * i, cost_rate_usd_per_h=r) for i, r in enumerate((0.7, 0.7, 1.3))]
+    now = T + 3_000
+    assert snapshot(fold(pb + pa), now).ledger == snapshot(fold(pa + pb), now).ledger
+
+
+def test_interleaving_does_not_decide_whether_a_node_is_forgotten() -> None:
+    """Pool pa's node reports at T and gets a failed call at T+55 s; pool pb reports at T+61 s.
+    Both pools' own orders are kept; only the interleaving across partitions differs."""
+    pa = [telemetry("a", "pa", T), outcome("a", "error", "pa", T + 55_000, n=1)]
+    pb = [telemetry("b", "pb", T + 61_000)]
+    now = T + 62_000
+    assert snapshot(fold([pa[0], pb[0], pa[1]]), now) == snapshot(fold(pa + pb), now)
