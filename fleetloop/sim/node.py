@@ -279,8 +279,8 @@ class Node:
         if version != self.version or self.run is None or not self.alive:
             return
         run = self.run
+        self._account_busy(now)  # before clearing the run: its busy tail belongs to this interval
         self.run = None
-        self._account_busy(now)
         # Listeners may submit new work to this node while we settle the iteration: hold planning
         # until the books are consistent, then plan once.
         self._guard = True

@@ -149,3 +149,16 @@ def test_cancel_stops_spending_and_reports_waste() -> None:
     assert loop.node.idle
     assert r.reported_cost > 0
     assert loop.rec.waste >= 0
+
+
+def test_busy_time_counts_every_iteration_so_utilization_reads_true() -> None:
+    # A node that works without pause from t=0 to its last event is busy 100% of that time. (The
+    # busy tail of each iteration used to be dropped when the iteration ended, so GPU utilization
+    # read near 0 and an HPA on utilization could not scale.)
+    loop = Loop(node_spec("llama-8b", "H100"))
+    for i in range(16):
+        loop.node.submit(Req(i + 1, 2000, 400, None, 0), 0.0)
+    end = loop.run_until()
+    assert end > 1.0
+    stats = loop.node.take_stats(end)
+    assert stats.busy_s == pytest.approx(end, rel=1e-6)
