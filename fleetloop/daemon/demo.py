@@ -253,10 +253,10 @@ async def _run_fleet(
                     b = d.body
                     if b.kind == "breaker" and b.state == "open" and b.node_id not in opened:
                         opened.append(b.node_id)
-                        failures = b.inputs.get("consecutive_failures", 0)
+                        why = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in sorted(b.inputs.items()))
                         err.print(
                             f"[red]breaker OPEN[/red] {b.node_id} {clock.monotonic_s() - start_s:.0f}s in "
-                            f"({b.reason}: {failures:.0f} failed calls in a row)"
+                            f"({b.reason}: {why})"
                         )
                     if b.kind == "routing" and DEGRADED_NODE in b.weights:
                         degraded_weight = b.weights[DEGRADED_NODE]

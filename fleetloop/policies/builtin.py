@@ -1,12 +1,12 @@
 """Imports every built-in algorithm module so that each registers itself. Adding an algorithm is one
 file plus one line here plus its decision-table test."""
 
-from fleetloop.policies.admission import max_pending, queue_depth
-from fleetloop.policies.autoscale import fixed, hpa
-from fleetloop.policies.batching import static
-from fleetloop.policies.breaker import consecutive_errors, envoy_outlier, never
+from fleetloop.policies.admission import max_pending, queue_depth, slo_aware  # noqa: F401
+from fleetloop.policies.autoscale import fixed, hpa, predictive  # noqa: F401 - registers slo-predictive
+from fleetloop.policies.batching import static, tbt_feedback  # noqa: F401
+from fleetloop.policies.breaker import consecutive_errors, envoy_outlier, latency_outlier, never  # noqa: F401
 from fleetloop.policies.retry_budget import ratio, unlimited
-from fleetloop.policies.routing import least_queue, least_request, round_robin
+from fleetloop.policies.routing import cache_aware, least_queue, least_request, round_robin  # noqa: F401
 
 __all__ = [
     "consecutive_errors",

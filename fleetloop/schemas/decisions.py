@@ -66,13 +66,23 @@ class BreakerDecision(_Body):
 class AdmissionDecision(_Body):
     """Shed thresholds for a pool: a call of priority ``p`` is rejected when the chosen node's
     queue depth is at or above ``max_queue_depth[p]``; ``new_task_max_queue_depth[p]`` applies to the
-    first call of a task (later calls of a task that has already spent money are protected)."""
+    first call of a task (later calls of a task that has already spent money are protected).
+    ``max_outstanding[p]`` (and ``new_task_max_outstanding[p]``) do the same on the node's
+    outstanding work, queue depth plus running requests: under continuous batching the queue stays
+    empty until the KV cache fills, so outstanding work is the signal that moves first. A class
+    absent from a table has no limit of that kind."""
 
     kind: Literal["admission"] = "admission"
     pool_id: Ident
     max_queue_depth: dict[str, NonNegInt]
     new_task_max_queue_depth: dict[str, NonNegInt] = Field(default_factory=dict)
     reject_if_budget_below_ms: NonNegInt = 0
+    max_outstanding: dict[str, NonNegInt] = Field(
+        default_factory=dict, description="priority class -> limit on queue depth + running requests"
+    )
+    new_task_max_outstanding: dict[str, NonNegInt] = Field(
+        default_factory=dict, description="the same for the first call of a task"
+    )
 
 
 class RetryBudgetDecision(_Body):

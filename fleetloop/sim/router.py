@@ -18,8 +18,10 @@ Per call, in order:
    and pays the total), ``least-request-p2c`` (two distinct nodes drawn uniformly, the one with
    fewer of this router's outstanding calls wins, ties to the first: Envoy LEAST_REQUEST).
 5. **Admission**: shed when the node's queue depth is at or above ``max_queue_depth[p]``
-   (``new_task_max_queue_depth[p]`` for the first call of a task), or when the call's remaining
-   latency budget is below ``reject_if_budget_below_ms``.
+   (``new_task_max_queue_depth[p]`` for the first call of a task), when its outstanding work (queue
+   depth + running requests) is at or above ``max_outstanding[p]`` (``new_task_max_outstanding[p]``
+   for a first call), or when the call's remaining latency budget is below
+   ``reject_if_budget_below_ms``.
 
 Fail static: with no routing decision, or none for ``FAIL_STATIC_S``, the router falls back to
 plain round robin over the pool's warm, non-draining, live nodes. Retries: a retry is let through
@@ -204,6 +206,11 @@ class Router:
         if limit is None:
             limit = adm.max_queue_depth.get(key)
         if limit is not None and node.queue_depth >= limit:
+            return False
+        cap = adm.new_task_max_outstanding.get(key) if new_task else None
+        if cap is None:
+            cap = adm.max_outstanding.get(key)
+        if cap is not None and node.queue_depth + node.running >= cap:
             return False
         return not (adm.reject_if_budget_below_ms and budget_ms < adm.reject_if_budget_below_ms)
 

@@ -10,6 +10,7 @@ import pytest
 from fleetloop.daemon.cli import main
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS
 from tests.support.kafka import producer, read_all, running_daemon, send, wait_decided
+from tests.support.policies import FOUNDATION_YAML
 from tests.support.records import outcome, telemetry, tick
 
 NODES = ("p/0", "p/1", "p/2")
@@ -56,7 +57,7 @@ async def test_exact_replay_is_byte_identical_and_a_what_if_shows_the_difference
     assert exact["identical"] == exact["decisions_compared"] == published
     assert exact["breaker_opens"]["recorded"] == exact["breaker_opens"]["replayed"] == 1
 
-    lenient = Path("policies/default.yaml").read_text().replace("threshold: 5", "threshold: 50")
+    lenient = FOUNDATION_YAML.read_text().replace("threshold: 5", "threshold: 50")
     what_if = tmp_path / "lenient.yaml"
     what_if.write_text(lenient)
     code = await _in_thread(main, [*args, "--json", "--policy", str(what_if)])

@@ -71,9 +71,3 @@ def small_scenario_dict() -> dict[str, Any]:
 @pytest.fixture
 def tiny() -> Scenario:
     return parse_scenario(small_scenario_dict(), "tiny")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "slow: a full shipped-scenario run (seconds each; still part of `make test`)"
-    )

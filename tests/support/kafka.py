@@ -9,8 +9,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
-from fleetloop.policies.registry import CompiledPolicy, builtin_policy
+from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas import Decision
+from tests.support.policies import foundation
 from tests.support.records import to_bytes
 
 
@@ -21,7 +22,7 @@ async def running_daemon(
     daemon = Daemon(
         DaemonConfig(
             bootstrap_servers=env.bootstrap_servers,
-            policy=policy or builtin_policy("default"),
+            policy=policy or foundation(),
             prefix=env.prefix,
             group_id=env.group(group),
             run_ticker=False,

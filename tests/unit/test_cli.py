@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 from fleetloop.daemon.cli import main
-from fleetloop.policies.registry import BUILTIN_DIR, builtin_policy
+from fleetloop.policies.registry import builtin_policy
+from tests.support.policies import FOUNDATION_YAML
 
-DEFAULT_YAML = BUILTIN_DIR / "default.yaml"
+DEFAULT_YAML = FOUNDATION_YAML  # pinned: tests do not move when the shipped default is retuned
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -43,8 +44,8 @@ def test_validate_the_shipped_default_policy(
     monkeypatch.chdir(REPO_ROOT)
     assert main(["policy", "validate", "policies/default.yaml"]) == 0
     out, err = capsys.readouterr()
-    expected_hash = builtin_policy("default").stamp.hash
-    assert one_line(out) == f"valid    policies/default.yaml  default v1  hash {expected_hash}"
+    shipped = builtin_policy("default").stamp
+    assert one_line(out) == f"valid    policies/default.yaml  default v{shipped.version}  hash {shipped.hash}"
     assert err == ""
 
 

@@ -9,7 +9,7 @@ import pytest
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.daemon.decide.engine import Engine, EngineState, TickResult, decide
 from fleetloop.policies.base import FleetSnapshot, NodeView
-from fleetloop.policies.registry import CompiledPolicy, builtin_policy, compile_policy, parse_document
+from fleetloop.policies.registry import CompiledPolicy, compile_policy, parse_document
 from fleetloop.schemas import (
     AdmissionDecision,
     AutoscaleDecision,
@@ -19,8 +19,9 @@ from fleetloop.schemas import (
     Tick,
 )
 from tests.policies.snapshots import NOW_MS, node, nodes, snapshot
+from tests.support.policies import foundation
 
-DEFAULT = builtin_policy("default")  # least-queue, consecutive-errors (5, 10 s, probe 0.05), fixed
+DEFAULT = foundation()  # least-queue, consecutive-errors (5, 10 s, probe 0.05), fixed
 
 
 def policy(*, envelope: Mapping[str, Any] | None = None, **spec: Any) -> CompiledPolicy:

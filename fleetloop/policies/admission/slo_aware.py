@@ -1,0 +1,198 @@
+"""slo-aware: shed the first calls of new low-priority tasks on outstanding-work thresholds that
+tighten while the pool misses its latency SLO and loses calls, and relax when there is headroom;
+priority 0 and calls of tasks already under way are never shed on outstanding work, and calls that
+can no longer get a first token in time are rejected early.
+
+Why outstanding work and not queue depth: under continuous batching a node admits every request
+into its running batch until the KV cache or ``max_num_seqs`` is full, so its waiting queue stays
+near zero while latency already climbs (bigger decode batches, more prefill per second). Queue
+depth plus running requests moves first. The threshold is per node (the router compares the node it
+picked) and by priority class, and it applies only to the first call of a task: a task at step 3
+carries the spend of steps 1-2 (an autonomous workflow, hundreds of calls), and shedding its next
+call throws that away, so later calls meet only the queue thresholds of a full node.
+
+Formula, per pool and tick. The pressure is ``x = max(ttft_p99_w / ttft_slo_ms, tbt / tbt_slo_ms)``
+(``ttft_p99_w`` the pool's TTFT p99 over the window, ``tbt`` the upper median of the newest TBT p99
+of its warm, fresh, not-ejected nodes; a missing figure is left out) and the failing share is
+``f = failures_w / (requests_w - shed_w)`` (errors, timeouts, retried attempts; our own sheds are
+not counted, so shedding does not feed itself). The state is a level ``L``, the new-task
+outstanding limit of the least important class, starting at ``max_level``::
+
+    no latency figure:                   L unchanged                        reason no-data
+    f <  min_failure_frac:               L = min(max_level, L + increase)   reason calls-succeed
+    x >= tighten_at (and f large):       L = max(min_level, L * decrease)   reason slo-near
+    x <= relax_below:                    L = min(max_level, L + increase)   reason slo-headroom
+    otherwise:                           L unchanged                        reason hold
+
+    new_task_max_outstanding[p] = floor(L * class_spread ** (lowest - p))  for p > protect_priority
+                                  (lowest = classes - 1; none for p <= protect_priority)
+    max_queue_depth[p]          = max(2, floor(queue_depth_p0 * 0.5 ** p))
+    new_task_max_queue_depth[p] = max(2, floor(max_queue_depth[p] * 0.75))
+    reject_if_budget_below_ms   = floor(min(ttft_p50_w, reject_cap_ms))   (0 without data)
+
+The failure gate is the KPI speaking: the fleet is paid per successful task, so latency over the SLO
+while calls still succeed does not justify losing a task; shedding starts when the miss turns into
+timeouts and errors (and retries, which add load), and the level climbs back as soon as calls
+succeed again, even if latency is still over the SLO (long prompts keep TTFT p99 high without any
+shedding curing it). The queue thresholds are the static
+``queue-depth`` ones: they act once a node is full, and the engine floors them for protected
+classes. The budget rule rejects a call whose remaining budget (the smaller of its client timeout
+and its task's deadline) is below the pool's median TTFT: it is more likely than not to fail anyway,
+and rejecting it at once spends no GPU time on it.
+
+Inputs: the pool's TTFT p50 and p99, request, failure and shed counts over the window; its nodes'
+newest TBT p99 (warm, fresh, not ejected by ``ctx.breakers``). Parameters (defaults, bounds):
+``ttft_slo_ms`` 1500 (50-600 000) and ``tbt_slo_ms`` 80 (5-10 000), the interactive SLO the operator
+sets; ``tighten_at`` 0.9 (0.1-5), above the batching knob's 0.8 so the cheaper lever (smaller
+prefill chunks) acts first; ``relax_below`` 0.6 (0.05-5, below ``tighten_at``); ``decrease`` 0.7
+(0.1-0.95, gentler than halving because a shed call can be a lost task); ``increase`` 4 (0.1-1000
+requests per tick); ``min_failure_frac`` 0.05 (0-1; below it client retries absorb the failures);
+``min_level`` 16 (1-10 000): a node decoding fewer than ~16 sequences is far below the ridge point
+where decode turns compute bound (~150-300 tokens per step on the catalog GPUs), so extra requests
+cost it almost nothing and shedding below that only loses work; ``max_level`` 256 (vLLM's default
+``max_num_seqs``: above it requests only queue); ``class_spread`` 2 (1-16; each more important
+class gets twice the room); ``queue_depth_p0`` 64 (1-100 000); ``reject_cap_ms`` 2000 (0-600 000;
+0 turns early rejection off); ``classes`` 3 (1-10); ``protect_priority`` 0 (-1-9; -1 protects none).
+Trade-offs: every shed first call is a task lost, so this lever buys priority-0 and in-flight work
+with low-priority tasks; in a fleet where the low class is the bulk of the tasks that lowers the
+success rate, which the failure gate limits to real distress. The level is pool-wide; the additive
+climb back (60 ticks from 16 to 256) keeps the pool conservative for about a minute after a breach.
+It cannot tell latency from long prompts or a slow decode batch from latency shedding would cure;
+``min_level`` keeps it from shedding lightly loaded nodes for it.
+Failure mode: an SLO set far below what the pool can do, with calls failing for another reason (a
+crashed node), pins the level at ``min_level`` and sheds new low-class tasks beyond 16 outstanding
+per node; a missing TTFT/TBT figure holds the level, and a stale one delays the reaction by a
+window. Classes at or below ``protect_priority`` are never shed on outstanding work.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, model_validator
+
+from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.batching.tbt_feedback import pool_tbt_ms
+from fleetloop.policies.registry import register
+from fleetloop.schemas.decisions import AdmissionDecision
+
+MIN_QUEUE_DEPTH = 2
+
+
+class SloAwareParams(Params):
+    ttft_slo_ms: float = Field(default=1500.0, ge=50.0, le=600_000.0)
+    tbt_slo_ms: float = Field(default=80.0, ge=5.0, le=10_000.0)
+    tighten_at: float = Field(default=0.9, ge=0.1, le=5.0)
+    relax_below: float = Field(default=0.6, ge=0.05, le=5.0)
+    decrease: float = Field(default=0.7, ge=0.1, le=0.95)
+    increase: float = Field(default=4.0, ge=0.1, le=1000.0)
+    min_level: float = Field(default=16.0, ge=1.0, le=10_000.0)
+    max_level: float = Field(default=256.0, ge=1.0, le=100_000.0)
+    class_spread: float = Field(default=2.0, ge=1.0, le=16.0)
+    queue_depth_p0: int = Field(default=64, ge=1, le=100_000)
+    reject_cap_ms: int = Field(default=2000, ge=0, le=600_000)
+    min_failure_frac: float = Field(default=0.05, ge=0.0, le=1.0)
+    classes: int = Field(default=3, ge=1, le=10)
+    protect_priority: int = Field(default=0, ge=-1, le=9)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SloAwareParams:
+        if self.relax_below >= self.tighten_at:
+            raise ValueError("relax_below must be below tighten_at")
+        if self.min_level > self.max_level:
+            raise ValueError("min_level must not exceed max_level")
+        return self
+
+
+def pressure(params: SloAwareParams, ttft_p99_ms: float | None, tbt_ms: float | None) -> float | None:
+    parts = []
+    if ttft_p99_ms is not None:
+        parts.append(ttft_p99_ms / params.ttft_slo_ms)
+    if tbt_ms is not None:
+        parts.append(tbt_ms / params.tbt_slo_ms)
+    return max(parts) if parts else None
+
+
+def failure_frac(requests_w: int, failures_w: int) -> float:
+    return failures_w / requests_w if requests_w > 0 else 0.0
+
+
+def next_level(
+    params: SloAwareParams, level: float, x: float | None, failing: float = 1.0
+) -> tuple[float, str]:
+    level = min(max(level, params.min_level), params.max_level)
+    if x is None:
+        return level, "no-data"
+    if failing < params.min_failure_frac:
+        return min(params.max_level, level + params.increase), "calls-succeed"
+    if x >= params.tighten_at:
+        return max(params.min_level, level * params.decrease), "slo-near"
+    if x <= params.relax_below:
+        return min(params.max_level, level + params.increase), "slo-headroom"
+    return level, "hold"
+
+
+def new_task_limits(params: SloAwareParams, level: float) -> dict[str, int]:
+    """``new_task_max_outstanding`` for the classes above ``protect_priority``."""
+    lowest = params.classes - 1
+    return {
+        str(p): max(1, math.floor(level * params.class_spread ** (lowest - p) + 1e-9))
+        for p in range(params.classes)
+        if p > params.protect_priority
+    }
+
+
+def queue_limits(params: SloAwareParams) -> tuple[dict[str, int], dict[str, int]]:
+    running: dict[str, int] = {}
+    new_task: dict[str, int] = {}
+    for p in range(params.classes):
+        depth = max(MIN_QUEUE_DEPTH, math.floor(params.queue_depth_p0 * 0.5**p))
+        running[str(p)] = depth
+        new_task[str(p)] = max(MIN_QUEUE_DEPTH, math.floor(depth * 0.75))
+    return running, new_task
+
+
+@register("admission", "slo-aware")
+class SloAware:
+    Params = SloAwareParams
+
+    def initial_state(self) -> float | None:
+        return None
+
+    def decide(
+        self, snap: FleetSnapshot, params: SloAwareParams, state: float | None, ctx: PolicyContext
+    ) -> PolicyResult[float]:
+        level = params.max_level if state is None else state
+        pool = snap.pools.get(ctx.pool_id)
+        ttft_p99 = pool.ttft_p99_ms_w if pool is not None else None
+        ttft_p50 = pool.ttft_p50_ms_w if pool is not None else None
+        tbt = pool_tbt_ms(snap, ctx)
+        x = pressure(params, ttft_p99, tbt)
+        failing = failure_frac(pool.requests_w - pool.shed_w, pool.failures_w) if pool is not None else 0.0
+        new_level, reason = next_level(params, level, x, failing)
+        new_level = r6(new_level)
+        new_task_outstanding = new_task_limits(params, new_level)
+        depth, new_task_depth = queue_limits(params)
+        reject_ms = math.floor(min(ttft_p50, params.reject_cap_ms)) if ttft_p50 is not None else 0
+        inputs = {"level": new_level, "previous_level": r6(level), "failure_frac_w": r6(failing)}
+        if x is not None:
+            inputs["slo_pressure"] = r6(x)
+        if ttft_p99 is not None:
+            inputs["ttft_p99_ms_w"] = r6(ttft_p99)
+        if tbt is not None:
+            inputs["tbt_p99_ms"] = r6(tbt)
+        nodes = snap.pool_nodes(ctx.pool_id)
+        inputs["max_outstanding_seen"] = float(
+            max((n.queue_depth + n.running_requests for n in nodes), default=0)
+        )
+        decision = AdmissionDecision(
+            entity=f"pool/{ctx.pool_id}",
+            pool_id=ctx.pool_id,
+            max_queue_depth=depth,
+            new_task_max_queue_depth=new_task_depth,
+            new_task_max_outstanding=new_task_outstanding,
+            reject_if_budget_below_ms=max(0, reject_ms),
+            reason=reason,
+            inputs=inputs,
+        )
+        return PolicyResult(decisions=(decision,), state=new_level, diagnostics={"level": new_level})

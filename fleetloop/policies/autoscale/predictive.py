@@ -1,0 +1,448 @@
+"""slo-predictive: size each pool for its token demand one cold start ahead, against SLO headroom.
+
+What it does: every tick it measures how hard the pool's warm nodes are pressed against the SLO
+(KV cache, TTFT, TBT), learns from that how many tokens per second one warm node sustains at the
+target, projects the pool's token demand one cold start ahead from its recent slope, and sets the
+node count that carries the projected demand at the target. It scales up at once (a cold node
+needs ``cold_start`` seconds before it absorbs anything, so being late is what costs), scales down
+slowly and in steps (a node given back costs a whole cold start to get back), counts cold and
+loading nodes as capacity *arriving* (they add to the node count but not to the capacity that
+explains today's pressure), and names the nodes to drain: not-warm ones first, then the least
+loaded warm ones, so a drained node finishes its in-flight work and takes no new calls.
+
+Formula, per tick, over the pool's warm, fresh, non-draining nodes not behind an open breaker
+(``ctx.breakers``) ``W`` (``n_w = |W|``) and the
+cold or loading ones ``A`` (arriving)::
+
+    target_ttft = headroom * ttft_ms          target_tbt = headroom * tbt_ms
+    P_kv   = mean_W(kv_cache_used_frac) / kv_target
+    P_ttft = ttft_p50_ms_w / target_ttft                (the pool's median, over the window)
+    P_tbt  = EWMA(1000 * n_w * median_W(running) / output_tokens_rate_per_s) / target_tbt
+             the effective time between tokens a running request sees, prefill stalls included
+             (Little's law: requests in service / tokens out per second), smoothed over a window
+    P_q    = (running + waiting) / running              when every warm node has a waiting
+                                                         request on average (a node that cannot
+                                                         admit is at capacity), else 0
+    P      = max(P_kv, P_ttft, P_tbt, P_q)              pressure, 1.0 = at target
+
+  Medians and means, not tails: a p99 is set by the longest prompt's prefill and by the batching
+  knob's chunk size, which no node count changes (a pool scaled on them never scales down);
+  queueing, which capacity does fix, moves the median and the mean too. The effective TBT is what
+  a task's duration is made of (calls x output tokens x TBT), so it is what deadlines feel.
+
+    D      = prompt_tokens_rate_per_s + output_tokens_rate_per_s      (served token demand)
+    B      = sum(queued_prompt_tokens) / lead                          (backlog, drained over lead)
+    C_obs  = (D / n_w) / P                              tokens/s a warm node carries at P = 1
+    C      = EWMA(C_obs), half-life ``capacity_halflife_s``, learned only when the window holds
+             >= ``min_requests`` calls and P >= 0.05 (an idle node says nothing about capacity)
+    lead   = learned cold start (EWMA of cold -> warm times seen) or ``cold_start_s``
+    slope  = least-squares slope of D over the last ``lead`` seconds, counted only when it and
+             the slope of the newer half of those seconds are both positive and above 2 standard
+             errors (one independent sample per telemetry window); then the smaller of the two.
+             A step or a start-up ramp that has levelled off is not a trend.
+    D_proj = D + slope * lead
+    need   = max(n_w * P, (D + B) / C) * max(1, D_proj / D)
+    raw    = current                        if |need / current - 1| <= tolerance
+           = ceil(need)                     otherwise            (current = |W| + |A|)
+    desired = min(max(current, min(raw over up window)), max(raw over down window))
+    a decrease is at most max(1, floor(down_step_frac * current)) per ``down_period_s``, and none
+    while the ledger has counted a failed task within the down window (never trade successful
+    tasks for node-hours: the KPI's denominator is worth more than its numerator's saving);
+    desired is clamped to the pool's [min_nodes, max_nodes];
+    drain   = the (current - desired) first of A (cold, then loading), then W by
+              (running + queued requests, KV use), highest node id first on ties.
+
+Without a learned ``C`` and no warm node the target holds (nothing to extrapolate from); a pool
+with no node yet gets ``min_nodes``. The down window defaults to the lead: by the ski-rental
+argument, keeping an idle node for as long as it takes to get one back is within 2x of the best
+possible cost whatever the future load does.
+
+Inputs: per node ``weights_state``, ``draining``, ``stale``, ``kv_cache_used_frac``,
+``running_requests``, ``queue_depth``, ``queued_prompt_tokens``; per pool
+``prompt_tokens_rate_per_s``, ``output_tokens_rate_per_s``, ``ttft_p50_ms_w``, ``requests_w``;
+the snapshot's ``window_ms``; event time ``ctx.now_ms``. State: demand samples over the trend
+window, the learned capacity and cold start, the smoothed TBT, first-seen times of not-warm nodes,
+recent raw targets, the last target and scale-down time, and the nodes it asked to drain
+(excluded for one window, so a node removed before its telemetry says "draining" is not counted
+as capacity).
+
+Parameters (defaults, bounds): ``ttft_ms`` 2000 and ``tbt_ms`` 100 (the SLO, DESIGN.md's example;
+>0), ``headroom`` 0.5 (0.1-1: the signals are medians and means while an SLO
+bounds a tail; under load a p99 sits about twice the median, so medians aim at half the SLO), ``kv_target``
+0.8 (0.1-1: vLLM preempts when the KV cache is full, and running sequences keep growing by their
+output), ``cold_start_s`` 120 (0-3600: the lead until one is observed; a 70B model's weights take
+minutes to load), ``tolerance`` 0.1 (0-1, HPA's band), ``up_window_s`` 10 (0-600: one telemetry
+window, so one noisy tick does not buy a node), ``down_window_s`` None (= the lead; 0-3600),
+``down_step_frac`` 0.25 and ``down_period_s`` 30 (a step is observed for three 10 s windows before
+the next, so the learned capacity is re-checked at the new size), ``capacity_halflife_s`` 60
+(1-3600), ``min_requests`` 20 (0-100000), ``min_nodes`` 1, ``max_nodes`` 1000, ``pools`` per-pool
+``{min_nodes, max_nodes}`` overrides.
+
+Trade-offs: token throughput is a truer capacity signal for LLM serving than GPU utilization (a
+GPU is "busy" decoding a batch of one), and the SLO ratios make it model- and GPU-agnostic with no
+per-GPU constant; but pressure is assumed linear in load, which under-estimates capacity where
+latency has a floor (a lone long prompt) and over-estimates it near saturation, where TTFT turns
+up steeply (both err towards more nodes). Demand is what the pool served: a saturated pool
+understates it, which the pressure term and the backlog compensate for.
+
+Failure mode: a retry storm or a degraded node inflates demand or TTFT and buys nodes (the
+breaker and retry budget are the levers for those; the median over nodes keeps one slow node
+from setting P); with no warm node and nothing learned the target holds, so a pool that lost
+every node waits for the GPU workers' own floor (``min_nodes``); a step change in demand reads
+as a slope for one lead time and is over-provisioned by up to the step's size until it passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.registry import register
+from fleetloop.schemas.decisions import AutoscaleDecision
+
+MIN_LEARN_PRESSURE = 0.05
+SIGNIFICANCE = 2.0  # standard errors a slope must clear to count as a trend
+MIN_TREND_SAMPLES = 3.0  # independent windows needed to fit a slope
+
+
+class PoolBounds(Params):
+    min_nodes: int = Field(ge=0, le=100_000)
+    max_nodes: int = Field(ge=1, le=100_000)
+
+
+class SloPredictiveParams(Params):
+    ttft_ms: float = Field(default=2000.0, gt=0.0, le=600_000.0)
+    tbt_ms: float = Field(default=100.0, gt=0.0, le=60_000.0)
+    headroom: float = Field(default=0.5, ge=0.1, le=1.0)
+    kv_target: float = Field(default=0.8, ge=0.1, le=1.0)
+    cold_start_s: float = Field(default=120.0, ge=0.0, le=3600.0)
+    tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
+    up_window_s: float = Field(default=10.0, ge=0.0, le=600.0)
+    down_window_s: float | None = Field(default=None, ge=0.0, le=3600.0)
+    down_step_frac: float = Field(default=0.25, gt=0.0, le=1.0)
+    down_period_s: float = Field(default=30.0, ge=0.0, le=3600.0)
+    capacity_halflife_s: float = Field(default=60.0, ge=1.0, le=3600.0)
+    min_requests: int = Field(default=20, ge=0, le=100_000)
+    min_nodes: int = Field(default=1, ge=0, le=100_000)
+    max_nodes: int = Field(default=1000, ge=1, le=100_000)
+    pools: dict[str, PoolBounds] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        for name, lo, hi in [("", self.min_nodes, self.max_nodes)] + [
+            (f"pools.{p}.", b.min_nodes, b.max_nodes) for p, b in sorted(self.pools.items())
+        ]:
+            if lo > hi:
+                raise ValueError(f"{name}min_nodes ({lo}) is above {name}max_nodes ({hi})")
+        return self
+
+    def bounds(self, pool_id: str) -> tuple[int, int]:
+        b = self.pools.get(pool_id)
+        return (b.min_nodes, b.max_nodes) if b is not None else (self.min_nodes, self.max_nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class SloPredictiveState:
+    demand: tuple[tuple[int, float], ...] = ()  # (event time ms, tokens/s), oldest first
+    capacity_tok_s: float | None = None  # learned tokens/s per warm node at P = 1
+    cold_start_s: float | None = None  # learned cold -> warm time
+    not_warm_since: tuple[tuple[str, int], ...] = ()  # node id -> first seen cold or loading
+    recs: tuple[tuple[int, int], ...] = ()  # (event time ms, raw target)
+    last_desired: int | None = None
+    last_down_ms: int | None = None
+    drained: tuple[tuple[str, int], ...] = ()  # node id -> when we asked to drain it
+    tbt_ms: float | None = None  # effective time between tokens, smoothed over a window
+    failed_tasks: int = 0  # the ledger's count at the last tick
+    last_failure_ms: int | None = None  # when the ledger last counted a failed task
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def trend_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
+    """A demand trend that holds over the whole span and over its newer half, else 0."""
+    if len(samples) < 2:
+        return 0.0
+    mid_ms = (samples[0][0] + samples[-1][0]) / 2.0
+    whole = fit_slope(samples, window_ms)
+    newer = fit_slope([s for s in samples if s[0] >= mid_ms], window_ms)
+    return min(whole, newer) if whole > 0 and newer > 0 else 0.0
+
+
+def fit_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
+    """The least-squares slope of demand (tokens/s per s) when positive and significant, else 0.
+
+    Samples ``window_ms`` apart are the independent ones (each is a window average), so the
+    standard error is inflated by sqrt(n / n_eff) with ``n_eff = span / window``."""
+    n = len(samples)
+    if n < 3:
+        return 0.0
+    span_ms = samples[-1][0] - samples[0][0]
+    n_eff = span_ms / max(1, window_ms)
+    if n_eff < MIN_TREND_SAMPLES:
+        return 0.0
+    ts = [(t - samples[0][0]) / 1000.0 for t, _ in samples]
+    ys = [y for _, y in samples]
+    mt = sum(ts) / n
+    my = sum(ys) / n
+    sxx = sum((t - mt) ** 2 for t in ts)
+    if sxx <= 0:
+        return 0.0
+    slope = sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / sxx
+    if slope <= 0:
+        return 0.0
+    resid = sum((y - my - slope * (t - mt)) ** 2 for t, y in zip(ts, ys, strict=True))
+    var = resid / max(1, n - 2)
+    se = math.sqrt(var / sxx) * math.sqrt(n / max(n_eff, 1.0))
+    return slope if slope > SIGNIFICANCE * se else 0.0
+
+
+def drain_order(nodes: Sequence[NodeView]) -> list[NodeView]:
+    """Scale-down victims, best first: cold, then loading (paid for, carrying nothing), then warm
+    ones by load (running + queued requests, then KV use), highest node id first on ties."""
+    rank = {"cold": 0, "loading": 1}
+    by_id = sorted(nodes, key=lambda n: n.node_id, reverse=True)
+    return sorted(
+        by_id,
+        key=lambda n: (
+            rank.get(n.weights_state, 2),
+            n.running_requests + n.queue_depth,
+            n.kv_cache_used_frac,
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    kv: float
+    ttft: float | None
+    tbt: float | None
+    queue: float
+
+    @property
+    def value(self) -> float:
+        return max(self.kv, self.ttft or 0.0, self.tbt or 0.0, self.queue)
+
+
+def pressure(
+    warm: Sequence[NodeView], ttft: float | None, tbt: float | None, params: SloPredictiveParams
+) -> Pressure:
+    """How hard the warm nodes press against the SLO targets; 1.0 = at target. ``ttft`` is the
+    pool's windowed TTFT p50, ``tbt`` the smoothed effective time between tokens."""
+    kv = sum(n.kv_cache_used_frac for n in warm) / len(warm) / params.kv_target if warm else 0.0
+    waiting = sum(n.queue_depth for n in warm)
+    running = sum(n.running_requests for n in warm)
+    queue = (running + waiting) / max(running, 1) if warm and waiting >= len(warm) else 0.0
+    return Pressure(
+        queue=queue,
+        kv=kv,
+        ttft=ttft / (params.headroom * params.ttft_ms) if ttft is not None else None,
+        tbt=tbt / (params.headroom * params.tbt_ms) if tbt is not None else None,
+    )
+
+
+@register("autoscale", "slo-predictive")
+class SloPredictive:
+    Params = SloPredictiveParams
+
+    def initial_state(self) -> SloPredictiveState:
+        return SloPredictiveState()
+
+    def decide(
+        self,
+        snap: FleetSnapshot,
+        params: SloPredictiveParams,
+        state: SloPredictiveState,
+        ctx: PolicyContext,
+    ) -> PolicyResult[SloPredictiveState]:
+        now = ctx.now_ms
+        window_ms = max(1, snap.window_ms)
+        tick_s = max(ctx.tick_ms, 1) / 1000.0
+        lo, hi = params.bounds(ctx.pool_id)
+        pool = snap.pools.get(ctx.pool_id)
+        nodes = snap.pool_nodes(ctx.pool_id)
+
+        drained = tuple((i, t) for i, t in state.drained if now - t <= window_ms)
+        asked = {i for i, _ in drained}
+        active = [n for n in nodes if not n.draining and not n.stale and n.node_id not in asked]
+        ejected = {i for i, b in ctx.breakers.items() if b.enforced and b.state == "open"}
+        warm = [n for n in active if n.weights_state == "warm" and n.node_id not in ejected]
+        arriving = [n for n in active if n.weights_state != "warm"]
+        current = len(active)
+
+        # Cold start: learn from nodes seen going from cold/loading to warm.
+        since = dict(state.not_warm_since)
+        cold_start = state.cold_start_s
+        for n in nodes:
+            if n.stale:
+                continue
+            if n.weights_state != "warm":
+                since.setdefault(n.node_id, now)
+            elif n.node_id in since:
+                sample = (now - since.pop(n.node_id)) / 1000.0
+                cold_start = sample if cold_start is None else 0.5 * cold_start + 0.5 * sample
+        live = {n.node_id for n in nodes if not n.stale}
+        not_warm_since = tuple(sorted((i, t) for i, t in since.items() if i in live))
+        lead_s = cold_start if cold_start is not None else params.cold_start_s
+
+        # Demand: served tokens/s, its trend over the lead, and the backlog.
+        demand = (pool.prompt_tokens_rate_per_s + pool.output_tokens_rate_per_s) if pool else 0.0
+        horizon_ms = max(lead_s * 1000.0, 3.0 * window_ms)
+        samples = (*((t, d) for t, d in state.demand if now - t <= horizon_ms), (now, demand))
+        # A controller that has not yet seen a whole horizon does not extrapolate (start-up).
+        full = bool(state.demand) and now - state.demand[0][0] >= horizon_ms
+        slope = trend_slope(samples, window_ms) if full else 0.0
+        projected = demand + slope * lead_s
+        backlog = sum(n.queued_prompt_tokens for n in active) / max(lead_s, window_ms / 1000.0)
+
+        # Capacity per warm node at the target, learned from the pressure it is seen at.
+        out_rate = pool.output_tokens_rate_per_s if pool else 0.0
+        # The median node's concurrency, times the node count: one slow node piling up requests
+        # (a breaker's case, not a capacity one) does not make the whole pool look stalled.
+        running = len(warm) * (_median([float(n.running_requests) for n in warm]) or 0.0)
+        started = state.demand[0][0] if state.demand else now
+        settled = now - started >= window_ms and pool is not None and pool.requests_w >= params.min_requests
+        # Output is counted when a call ends: until a whole window of calls has ended the rate
+        # understates the tokens flowing and the ratio would read as a stall.
+        tbt_now = 1000.0 * running / out_rate if warm and out_rate > 0 and settled else None
+        tbt = state.tbt_ms
+        if tbt_now is not None:
+            beta = 1.0 - 0.5 ** (tick_s * 1000.0 / window_ms)
+            tbt = tbt_now if tbt is None else tbt + beta * (tbt_now - tbt)
+        elif not warm:
+            tbt = None
+        p = pressure(warm, pool.ttft_p50_ms_w if pool else None, tbt, params)
+        p_now = p.value
+        capacity = state.capacity_tok_s
+        learnable = (
+            pool is not None
+            and warm
+            and pool.requests_w >= params.min_requests
+            and p_now >= MIN_LEARN_PRESSURE
+            and demand > 0
+        )
+        c_obs: float | None = None
+        if learnable:
+            c_obs = demand / len(warm) / p_now
+            alpha = 1.0 - 0.5 ** (tick_s / params.capacity_halflife_s)
+            capacity = c_obs if capacity is None else capacity + alpha * (c_obs - capacity)
+
+        growth = max(1.0, projected / demand) if demand > 0 else 1.0
+        level = len(warm) * p_now
+        by_capacity = (demand + backlog) / capacity if capacity else 0.0
+        need = max(level, by_capacity) * growth
+
+        inputs: dict[str, float] = {
+            "warm_nodes": float(len(warm)),
+            "arriving_nodes": float(len(arriving)),
+            "pressure": r6(p_now),
+            "pressure_kv": r6(p.kv),
+            "pressure_queue": r6(p.queue),
+            "demand_tok_s": r6(demand),
+            "projected_tok_s": r6(projected),
+            "backlog_tok_s": r6(backlog),
+            "lead_s": r6(lead_s),
+        }
+        if p.ttft is not None:
+            inputs["pressure_ttft"] = r6(p.ttft)
+        if p.tbt is not None:
+            inputs["pressure_tbt"] = r6(p.tbt)
+        if capacity is not None:
+            inputs["capacity_tok_s"] = r6(capacity)
+
+        if not nodes and pool is None:
+            raw, reason = lo, "no-pool-yet"
+        elif current == 0:
+            raw, reason = max(lo, math.ceil(need)), "no-active-node"
+        elif not warm and capacity is None:
+            raw, reason = current, "nothing-warm-yet"
+        elif abs(need / current - 1.0) <= params.tolerance:
+            raw, reason = current, "within-tolerance"
+        else:
+            raw = math.ceil(need - 1e-9)
+            reason = "scale-up" if raw > current else "scale-down"
+        if slope > 0 and raw > current:
+            reason = "scale-up-trend"
+        inputs["need_nodes"] = r6(need)
+        inputs["raw_desired"] = float(raw)
+
+        # Stabilization: up at once past a short window, down only to the highest recent target.
+        down_window_ms = (params.down_window_s if params.down_window_s is not None else lead_s) * 1000.0
+        up_window_ms = params.up_window_s * 1000.0
+        keep_ms = max(down_window_ms, up_window_ms)
+        first = () if state.last_desired is not None else ((now, current),)  # as HPA's first sync
+        recs = (*first, *((t, r) for t, r in state.recs if now - t <= keep_ms), (now, raw))
+        up_floor = min(r for t, r in recs if now - t <= up_window_ms)
+        down_ceiling = max(r for t, r in recs if now - t <= down_window_ms)
+        desired = min(max(current, up_floor), down_ceiling)
+        if raw > current and up_floor < raw:
+            reason = "scale-up-stabilized"
+        elif raw < current and down_ceiling > raw:
+            reason = "scale-down-stabilized"
+        last_down = state.last_down_ms
+        last_failure = state.last_failure_ms
+        if snap.ledger.tasks_failed > state.failed_tasks and state.last_desired is not None:
+            last_failure = now
+        failing = last_failure is not None and now - last_failure <= down_window_ms
+        if desired < current and failing:
+            desired, reason = current, "scale-down-held-tasks-failing"
+        if desired < current:
+            if last_down is not None and now - last_down < params.down_period_s * 1000.0:
+                desired, reason = current, "scale-down-rate-limited"
+            else:
+                step = max(1, math.floor(params.down_step_frac * current))
+                desired = max(desired, current - step)
+        if current == 0:
+            desired = raw
+        clamped = min(max(desired, lo), hi)
+        if clamped != desired:
+            reason = "at-max-nodes" if clamped < desired else "at-min-nodes"
+            desired = clamped
+        if desired < current:
+            last_down = now
+
+        drain: tuple[str, ...] = ()
+        if desired < current:
+            drain = tuple(n.node_id for n in drain_order(active)[: current - desired])
+            drained = tuple(sorted((*drained, *((i, now) for i in drain))))
+
+        new_state = SloPredictiveState(
+            demand=samples,
+            capacity_tok_s=capacity,
+            cold_start_s=cold_start,
+            not_warm_since=not_warm_since,
+            recs=recs,
+            last_desired=desired,
+            last_down_ms=last_down,
+            drained=drained,
+            tbt_ms=tbt,
+            failed_tasks=snap.ledger.tasks_failed,
+            last_failure_ms=last_failure,
+        )
+        decision = AutoscaleDecision(
+            entity=f"pool/{ctx.pool_id}",
+            pool_id=ctx.pool_id,
+            current_nodes=current,
+            desired_nodes=desired,
+            drain=drain,
+            reason=reason,
+            inputs=inputs,
+        )
+        diagnostics = {
+            "pressure": r6(p_now),
+            "need_nodes": r6(need),
+            "desired_nodes": float(desired),
+        }
+        if c_obs is not None:
+            diagnostics["capacity_obs_tok_s"] = r6(c_obs)
+        return PolicyResult(decisions=(decision,), state=new_state, diagnostics=diagnostics)

@@ -1,0 +1,126 @@
+"""tbt-feedback: a per-pool cap on tokens per batch iteration, lowered when time between tokens nears
+its SLO and raised when there is headroom (multiplicative decrease, additive increase, with bounds).
+
+Why it works: with chunked prefill every iteration carries one token for each decoding request plus
+up to ``cap - decodes`` prompt tokens, and a prompt chunk of ``c`` tokens costs ``c x 2P / F`` of
+compute (llama-8b on one A100 at 55% MFU: ~94 us per token, so an 8192-token chunk stalls every
+decoding stream for ~0.77 s). Lowering the cap splits prefill into more, shorter iterations: the
+decoders get a token every iteration, so TBT falls roughly in proportion to the cap, while prefill
+throughput is unchanged as long as an iteration stays compute bound. It does so above the GPU's ridge
+point ``F / BW`` (FLOP per byte of weights read: A100 ~150, H200 ~210, MI300X ~250, H100 ~300
+tokens), hence the floor of 512. The price of a small cap is TTFT: a long prompt needs more
+iterations, each also paying the decode batch, so the cap rises again when TBT has headroom.
+
+Formula, per pool and tick, with ``x = tbt / tbt_slo_ms`` where ``tbt`` is the median over the
+pool's warm, fresh, not-ejected nodes of their newest TBT p99::
+
+    x >= tighten_at:  cap = max(min_tokens, floor(cap * decrease))      reason tbt-near-slo
+    x <= relax_below: cap = min(max_tokens, cap + increase_tokens)       reason tbt-headroom
+    otherwise, or no node reports TBT:  cap unchanged                    reason hold / no-data
+
+The state is the cap; it starts at ``initial_tokens``. The median over nodes (the upper one for an
+even count) keeps one degraded GPU, which the breaker handles, from shrinking the whole pool's cap.
+
+Inputs: the pool's nodes (weights state, draining, staleness, ``tbt_p99_ms``) and the breaker
+decisions already taken this tick (``ctx.breakers``). Parameters (defaults, bounds):
+``tbt_slo_ms`` 80 (5-10 000; the interactive TBT SLO, MLPerf-style TPOT limits sit at 40-200 ms),
+``tighten_at`` 0.8 (0.1-2), ``relax_below`` 0.5 (0.05-2, below ``tighten_at``), ``decrease`` 0.5
+(0.1-0.95, TCP-style halving), ``increase_tokens`` 512 (16-65 536 per tick), ``min_tokens`` 512
+(256-1 048 576; above every catalog GPU's ridge point and at least twice vLLM's default
+``max_num_seqs`` of 256, so prefill always fits beside a full decode batch), ``max_tokens`` 8192
+(vLLM V1's chunked-prefill default), ``initial_tokens`` 2048 (vLLM's long-standing chunked-prefill
+default, between the bounds).
+Trade-offs: halving reacts within a few ticks to a TBT breach; the additive climb back is slow on
+purpose (15 ticks from 512 to 8192), so a pool that breached recently keeps favouring decodes over
+TTFT for a while. TBT that comes from the decode batch itself (many long contexts, memory bound)
+is not fixed by any cap: the cap then rests at ``min_tokens``, which costs little because those
+iterations stay compute bound; admission has to shed that load.
+Failure mode: a stale TBT (telemetry lagging a tick) can halve once more than needed; the floor and
+the additive recovery bound the damage. Nodes that never report TBT (idle) leave the cap unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, model_validator
+
+from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.registry import register
+from fleetloop.schemas.decisions import BatchingDecision
+
+
+class TbtFeedbackParams(Params):
+    tbt_slo_ms: float = Field(default=80.0, ge=5.0, le=10_000.0)
+    tighten_at: float = Field(default=0.8, ge=0.1, le=2.0)
+    relax_below: float = Field(default=0.5, ge=0.05, le=2.0)
+    decrease: float = Field(default=0.5, ge=0.1, le=0.95)
+    increase_tokens: int = Field(default=512, ge=16, le=65_536)
+    min_tokens: int = Field(default=512, ge=256, le=1_048_576)
+    max_tokens: int = Field(default=8192, ge=256, le=1_048_576)
+    initial_tokens: int = Field(default=2048, ge=256, le=1_048_576)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TbtFeedbackParams:
+        if self.relax_below >= self.tighten_at:
+            raise ValueError("relax_below must be below tighten_at")
+        if not self.min_tokens <= self.initial_tokens <= self.max_tokens:
+            raise ValueError("need min_tokens <= initial_tokens <= max_tokens")
+        return self
+
+
+def pool_tbt_ms(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
+    """The upper median of the newest TBT p99 over the pool's warm, fresh, not-ejected nodes."""
+    values: list[float] = []
+    for n in snap.pool_nodes(ctx.pool_id):
+        if not n.warm or n.stale or n.tbt_p99_ms is None:
+            continue
+        b = ctx.breakers.get(n.node_id)
+        if b is not None and b.enforced and b.state == "open":
+            continue
+        values.append(n.tbt_p99_ms)
+    if not values:
+        return None
+    values.sort()
+    return values[len(values) // 2]
+
+
+def next_cap(params: TbtFeedbackParams, cap: int, tbt_ms: float | None) -> tuple[int, str]:
+    cap = min(max(cap, params.min_tokens), params.max_tokens)
+    if tbt_ms is None:
+        return cap, "no-data"
+    x = tbt_ms / params.tbt_slo_ms
+    if x >= params.tighten_at:
+        return max(params.min_tokens, math.floor(cap * params.decrease)), "tbt-near-slo"
+    if x <= params.relax_below:
+        return min(params.max_tokens, cap + params.increase_tokens), "tbt-headroom"
+    return cap, "hold"
+
+
+@register("batching", "tbt-feedback")
+class TbtFeedback:
+    Params = TbtFeedbackParams
+
+    def initial_state(self) -> int | None:
+        return None
+
+    def decide(
+        self, snap: FleetSnapshot, params: TbtFeedbackParams, state: int | None, ctx: PolicyContext
+    ) -> PolicyResult[int]:
+        cap = params.initial_tokens if state is None else state
+        tbt = pool_tbt_ms(snap, ctx)
+        new_cap, reason = next_cap(params, cap, tbt)
+        inputs = {"previous_max_batch_tokens": float(cap)}
+        if tbt is not None:
+            inputs["tbt_p99_ms"] = r6(tbt)
+            inputs["tbt_pressure"] = r6(tbt / params.tbt_slo_ms)
+        decision = BatchingDecision(
+            entity=f"pool/{ctx.pool_id}",
+            pool_id=ctx.pool_id,
+            max_batch_tokens=new_cap,
+            reason=reason,
+            inputs=inputs,
+        )
+        return PolicyResult(
+            decisions=(decision,), state=new_cap, diagnostics={"max_batch_tokens": float(new_cap)}
+        )

@@ -1,0 +1,460 @@
+"""latency-outlier: eject a node that is far slower than its pool, or that keeps failing; probe it
+before trusting it again; bring returning and newly warm nodes back on a slow-start ramp.
+
+What it does: a degraded GPU (thermal throttling, a failing HBM stack, a link fallen back to PCIe)
+throws no errors; it answers, slowly, and a load balancer that only counts errors keeps feeding it
+while clients time out and retry. This breaker compares each node's latency with its pool's
+median, robustly, and ejects the node when its per-token time sits far above its peers' (and its
+first-token time is not fine either) for long enough; it also ejects on consecutive errors by
+running the ``consecutive-errors`` state machine
+(:func:`fleetloop.policies.breaker.consecutive_errors.step`) alongside.
+
+Formula. Each node remembers its figures of the last ``memory_ms`` (telemetry reports a step time
+only when an iteration ends in the interval, and a long decode run on a slow GPU is one iteration
+to the books, so a single interval is often empty); a signal's value for the node is the median of
+its remembered figures, once there are ``min_samples`` of them (a fresh step time that is not
+flagged clears the TBT family at once, so the median does not outlive the episode that raised it).
+Per signal ``x`` in two families, TBT = (``tbt_p50_ms``, ``tbt_p99_ms``) and TTFT =
+(``ttft_mean_ms_w``, router-observed over the window, ``ttft_p99_ms``), over the pool's serving
+nodes (warm, not stale) that have a value, when at least ``min_hosts`` do::
+
+    m = median(x_j)      MAD = median(|x_j - m|)
+    flagged(x_i) = x_i >= ratio * m  and  x_i >= m + k * 1.4826 * MAD  and  x_i - m >= floor
+    family: flagged if any of its signals is, else clear if any has a value, else nodata; TTFT also
+            counts as flagged when the node has no first token in the window but reported timeouts
+    outlier_i = TBT flagged and TTFT not clear        (slow steps, first tokens not fine either)
+
+Queueing inflates first-token time but not step time, so step time leads. A healthy node that
+prefills a very long prompt also shows long iterations (attention over a 100k context makes an
+8192-token chunk take about a second) for as long as that prefill lasts, ten seconds or so; a
+degraded GPU stays slow for minutes. Hence the persistence rule. A state machine per node (the
+latency one; the error one is ``consecutive-errors``')::
+
+    closed    --(outlier for detect_ticks ticks in a row)-->           open   (ejections += 1)
+    open      --(now >= since + min(base * 2**(ejections-1), max))-->  half_open (probe_frac)
+    half_open --(outlier again, or TTFT flagged with no step figure)--> open  (ejections += 1)
+    half_open --(clean figures after probe_min_ms, or no verdict by probe_max_ms)--> closed, ramping
+    closed    --(forgive_after_ms without ejection)-->                 ejections = 0
+
+Published state: ``open`` if either machine is open; else ``half_open`` with ``probe_frac`` if
+either probes; else, for ``slow_start_ms`` after a node came back from half-open or turned warm
+(weights loaded) after the first tick, ``half_open`` with ``probe_frac = share x (min_frac +
+(1 - min_frac) x elapsed / slow_start_ms)``, ``share = 1 / serving nodes`` (the engine gives a
+half-open node exactly ``probe_frac`` of the pool's traffic: that is the routing-weight ramp);
+else ``closed``.
+
+Caps: a new latency ejection is enforced only while the pool's open nodes stay within
+``floor(max_ejected_frac x nodes)`` (most severe first, severity = the node's largest ratio to its
+pool median); beyond it the breaker is "detected", not enforced. Panic threshold: when fewer than
+``panic_threshold`` of the serving nodes are neither open nor outliers, the latency breakers of
+the pool are all published as detected, not enforced: a pool-wide slowdown is overload, and
+ejecting would pile the load on fewer nodes. Error ejections are capped by the engine's envelope.
+
+Inputs: per node ``tbt_p50_ms``, ``tbt_p99_ms``, ``ttft_p99_ms`` (node telemetry over its last
+interval), ``ttft_mean_ms_w`` and ``consecutive_failures`` (router outcomes), ``node_timeouts_w``,
+``weights_state``, ``draining``, ``stale``; ``ctx.now_ms``.
+
+Parameters (defaults, bounds; the reasoning behind each):
+
+- ``ratio`` 3.0 (1.5-100) and ``k`` 3.0 (0-20): healthy replicas of one pool under balanced load
+  differ in step time by their batch's KV reads (tens of percent) and in first-token time by their
+  prompt mix (within ~2x over a window); degraded GPUs run 2-10x slower. 3x the median and three
+  scaled MADs (Leys et al. 2013, "Detecting outliers: do not use standard deviation around the
+  mean, use absolute deviation around the median", which recommends 2.5-3) catch the bad ones
+  without ejecting the busy ones; a 2x degradation goes unseen, by design.
+- ``tbt_floor_ms`` 10 (0-10 000), ``ttft_floor_ms`` 100 (0-600 000): a node must also be this much
+  slower in absolute terms; 10 ms of step time or 100 ms of first-token time is small against SLOs
+  of 50-100 ms TBT and 0.8-5 s TTFT, so ratios over tiny numbers (an idle llama-8b) do not trip.
+- ``min_hosts`` 3 (2-1000): a median of fewer nodes says nothing about which one is odd.
+- ``memory_ms`` 20 000 (0-600 000), ``min_samples`` 2 (1-1000): a slow node reports a step time
+  every few seconds; 20 s gathers a few, and has expired by the time a 30 s ejection ends, so a
+  probe is judged on fresh figures.
+- ``detect_ticks`` 10 (1-100): ten one-second ticks in a row, longer than the longest prefill a
+  healthy node does (a 100k-token prompt, about twelve 8192-token iterations), far shorter than a
+  degradation; the routing section's speed scorer moves traffic off the node meanwhile.
+- ``base_ejection_ms`` 30 000, ``max_ejection_ms`` 300 000: Envoy's outlier-detection defaults
+  (30 s base, 300 s cap), doubled per repeat ejection.
+- ``probe_frac`` 0.05 (0-0.5), ``probe_min_ms`` 10 000, ``probe_max_ms`` 60 000: a few calls for a
+  window's worth of evidence; a node that got no verdict in a minute returns on the ramp.
+- ``slow_start_ms`` 20 000 (0-600 000), ``slow_start_min_frac`` 0.25 (0-1): a returning or newly
+  warm node starts at a quarter of its fair share and reaches it in 20 s, long enough for a few
+  telemetry intervals to show a relapse before it carries a full share, short enough not to waste a
+  freshly loaded node during a burst (a cold start already took minutes).
+- ``max_ejected_frac`` 0.34 (0-1): at most a third of a pool ejected for latency, so the rest
+  carries at most 1.5x its load.
+- ``panic_threshold`` 0.5 (0-1): Envoy's ``healthy_panic_threshold`` default.
+- ``error_threshold`` 5 (1-1000), ``error_forgive_after_ms`` 300 000, ``forgive_after_ms`` 300 000:
+  the consecutive-errors machine's parameters (Envoy's consecutive-5xx default of 5).
+
+Trade-offs: latency detection needs peers: it is off in pools with fewer than ``min_hosts``
+reporting nodes, and it cannot see a slowdown shared by most of the pool (that is load, handled by
+routing, admission and autoscaling). Detection takes ``detect_ticks`` plus the figures' arrival
+(10-20 s); a node slow for less goes unejected. Slow start delays a new node's full share by 20 s.
+
+Failure mode: a healthy node that prefills back-to-back very long prompts for longer than
+``detect_ticks`` can be flagged; it keeps its in-flight work and is probed back in. A half-open node
+that gets no probe calls returns after ``probe_max_ms`` and is caught again by detection (with a
+longer backoff). If most nodes' telemetry goes stale the reference median is missing and the
+latency machine holds its state; error ejection goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.breaker.consecutive_errors import ConsecutiveErrorsParams, NodeBreaker, step
+from fleetloop.policies.registry import register
+from fleetloop.schemas.decisions import BreakerDecision, BreakerStateName
+
+MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
+TBT_SIGNALS: tuple[str, ...] = ("tbt_p50_ms", "tbt_p99_ms")
+TTFT_SIGNALS: tuple[str, ...] = ("ttft_mean_ms_w", "ttft_p99_ms")
+SIGNALS: tuple[str, ...] = (*TBT_SIGNALS, *TTFT_SIGNALS)
+
+
+class LatencyOutlierParams(Params):
+    ratio: float = Field(default=3.0, ge=1.5, le=100.0)
+    k: float = Field(default=3.0, ge=0.0, le=20.0)
+    tbt_floor_ms: float = Field(default=10.0, ge=0.0, le=10_000.0)
+    ttft_floor_ms: float = Field(default=100.0, ge=0.0, le=600_000.0)
+    min_hosts: int = Field(default=3, ge=2, le=1000)
+    memory_ms: int = Field(default=20_000, ge=0, le=600_000)
+    min_samples: int = Field(default=2, ge=1, le=1000)
+    detect_ticks: int = Field(default=10, ge=1, le=100)
+    base_ejection_ms: int = Field(default=30_000, ge=100, le=3_600_000)
+    max_ejection_ms: int = Field(default=300_000, ge=100, le=86_400_000)
+    probe_frac: float = Field(default=0.05, ge=0.0, le=0.5)
+    probe_min_ms: int = Field(default=10_000, ge=0, le=3_600_000)
+    probe_max_ms: int = Field(default=60_000, ge=0, le=3_600_000)
+    slow_start_ms: int = Field(default=20_000, ge=0, le=600_000)
+    slow_start_min_frac: float = Field(default=0.25, ge=0.0, le=1.0)
+    max_ejected_frac: float = Field(default=0.34, ge=0.0, le=1.0)
+    panic_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    forgive_after_ms: int = Field(default=300_000, ge=0)
+    error_threshold: int = Field(default=5, ge=1, le=1000)
+    error_forgive_after_ms: int = Field(default=300_000, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.max_ejection_ms < self.base_ejection_ms:
+            raise ValueError("max_ejection_ms cannot be smaller than base_ejection_ms")
+        if self.probe_max_ms < self.probe_min_ms:
+            raise ValueError("probe_max_ms cannot be smaller than probe_min_ms")
+        return self
+
+    def errors(self) -> ConsecutiveErrorsParams:
+        """The consecutive-errors machine's parameters (same backoff and probe share)."""
+        return ConsecutiveErrorsParams(
+            threshold=self.error_threshold,
+            base_ejection_ms=self.base_ejection_ms,
+            max_ejection_ms=self.max_ejection_ms,
+            probe_frac=self.probe_frac,
+            forgive_after_ms=self.error_forgive_after_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    err: NodeBreaker = field(default_factory=NodeBreaker)
+    lat: BreakerStateName = "closed"
+    lat_since_ms: int = 0
+    lat_ejections: int = 0
+    flagged_ticks: int = 0
+    ramp_from_ms: int | None = None
+    was_warm: bool = False
+    # (ts_ms, tbt_p50, tbt_p99, ttft_mean_w, ttft_p99) per tick with any figure, within memory_ms
+    obs: tuple[tuple[int, float | None, float | None, float | None, float | None], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    started: bool = False
+    nodes: Mapping[str, NodeState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A node's latency against its pool: each family flagged, clear or without data."""
+
+    tbt: str  # "flagged" | "clear" | "nodata"
+    ttft: str
+    severity: float  # the largest ratio of a signal to its pool median (0 without data)
+
+    @property
+    def outlier(self) -> bool:
+        return self.tbt == "flagged" and self.ttft != "clear"
+
+    @property
+    def relapse(self) -> bool:
+        """Slow while probing: an outlier, or first tokens far slower with no step figures."""
+        return self.outlier or (self.ttft == "flagged" and self.tbt == "nodata")
+
+    @property
+    def clean(self) -> bool:
+        fams = (self.tbt, self.ttft)
+        return "flagged" not in fams and "clear" in fams
+
+
+def serving(node: NodeView) -> bool:
+    return node.warm and not node.stale
+
+
+def _value(node: NodeView, signal: str) -> float | None:
+    v: float | None = getattr(node, signal)
+    return v if v is not None and math.isfinite(v) and v >= 0 else None
+
+
+def remember(ns: NodeState, node: NodeView, now: int, params: LatencyOutlierParams) -> NodeState:
+    """Add this tick's figures to the node's memory and forget those older than ``memory_ms``."""
+    vals = tuple(_value(node, s) if serving(node) else None for s in SIGNALS)
+    kept = [o for o in ns.obs if now - o[0] < params.memory_ms and o[0] < now]
+    if any(v is not None for v in vals):
+        kept.append((now, vals[0], vals[1], vals[2], vals[3]))
+    return replace(ns, obs=tuple(kept))
+
+
+def aggregate(ns: NodeState, min_samples: int) -> dict[str, float]:
+    """Signal -> the median of the node's remembered figures, for signals with enough of them."""
+    out: dict[str, float] = {}
+    for i, s in enumerate(SIGNALS):
+        xs = sorted(v for o in ns.obs if (v := o[i + 1]) is not None)
+        if len(xs) >= min_samples:
+            out[s] = statistics.median(xs)
+    return out
+
+
+def reference(values: list[float], min_hosts: int) -> tuple[float, float] | None:
+    """``(median, MAD)`` over the pool's nodes, or None with fewer than ``min_hosts`` figures."""
+    xs = sorted(values)
+    if len(xs) < min_hosts:
+        return None
+    m = statistics.median(xs)
+    return m, statistics.median(sorted(abs(x - m) for x in xs))
+
+
+def judge(
+    node: NodeView,
+    agg: Mapping[str, float],
+    refs: Mapping[str, tuple[float, float] | None],
+    params: LatencyOutlierParams,
+) -> Verdict:
+    severity = 0.0
+
+    def family(signals: tuple[str, ...], floor: float, values: Mapping[str, float] = agg) -> str:
+        nonlocal severity
+        status = "nodata"
+        for s in signals:
+            ref = refs.get(s)
+            x = values.get(s)
+            if ref is None or x is None:
+                continue
+            m, mad = ref
+            if m > 0:
+                severity = max(severity, x / m)
+            if x >= params.ratio * m and x >= m + params.k * MAD_SCALE * mad and x - m >= floor:
+                return "flagged"
+            status = "clear"
+        return status
+
+    tbt = family(TBT_SIGNALS, params.tbt_floor_ms)
+    if tbt == "flagged":
+        # A fresh step time that is fine clears the node at once: the remembered median outlives
+        # the episode (a long prefill) that raised it.
+        now_figures = {sig: v for sig in TBT_SIGNALS if (v := _value(node, sig)) is not None}
+        if now_figures and family(TBT_SIGNALS, params.tbt_floor_ms, now_figures) == "clear":
+            tbt = "clear"
+    ttft = family(TTFT_SIGNALS, params.ttft_floor_ms)
+    if ttft == "nodata" and node.ttft_mean_ms_w is None and node.node_timeouts_w > 0:
+        ttft = "flagged"  # calls went in, no first token came out, the node timed them out
+    return Verdict(tbt, ttft, severity)
+
+
+def backoff_ms(params: LatencyOutlierParams, ejections: int) -> int:
+    return int(min(params.base_ejection_ms * 2 ** max(0, ejections - 1), params.max_ejection_ms))
+
+
+def _latency_step(
+    ns: NodeState, v: Verdict, now: int, params: LatencyOutlierParams
+) -> tuple[NodeState, str, bool]:
+    """One transition of the latency machine. Returns (state, reason, wants_to_open)."""
+    if ns.lat == "open":
+        if now - ns.lat_since_ms >= backoff_ms(params, ns.lat_ejections):
+            return replace(ns, lat="half_open", lat_since_ms=now, flagged_ticks=0), "latency-probe", False
+        return ns, "latency-ejected", False
+    if ns.lat == "half_open":
+        if v.relapse:
+            return ns, "latency-probe-failed", True
+        elapsed = now - ns.lat_since_ms
+        if (v.clean and elapsed >= params.probe_min_ms) or elapsed >= params.probe_max_ms:
+            back = replace(ns, lat="closed", lat_since_ms=now, flagged_ticks=0, ramp_from_ms=now)
+            return back, "latency-probe-succeeded", False
+        return ns, "latency-probing", False
+    # closed
+    flagged = ns.flagged_ticks + 1 if v.outlier else 0
+    ns = replace(ns, flagged_ticks=flagged)
+    if flagged >= params.detect_ticks:
+        return ns, "latency-outlier", True
+    if ns.lat_ejections and now - ns.lat_since_ms >= params.forgive_after_ms:
+        return replace(ns, lat_ejections=0), "forgiven", False
+    return ns, ("latency-suspect" if flagged else "healthy"), False
+
+
+@register("breaker", "latency-outlier")
+class LatencyOutlier:
+    Params = LatencyOutlierParams
+
+    def initial_state(self) -> State:
+        return State()
+
+    def decide(
+        self, snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
+    ) -> PolicyResult[State]:
+        now = ctx.now_ms
+        pool = snap.pool_nodes(ctx.pool_id)
+        err_params = params.errors()
+        remembered: dict[str, NodeState] = {}
+        aggs: dict[str, dict[str, float]] = {}
+        for n in pool:
+            prev = state.nodes.get(n.node_id)
+            ns = prev if prev is not None else NodeState(was_warm=n.warm and not state.started)
+            remembered[n.node_id] = ns = remember(ns, n, now, params)
+            aggs[n.node_id] = aggregate(ns, params.min_samples) if serving(n) else {}
+        refs = {s: reference([a[s] for a in aggs.values() if s in a], params.min_hosts) for s in SIGNALS}
+
+        stepped: dict[str, NodeState] = {}
+        reasons: dict[str, str] = {}
+        verdicts: dict[str, Verdict] = {}
+        wants: list[tuple[float, str]] = []
+        for n in pool:
+            ns = remembered[n.node_id]
+            err, err_reason = step(ns.err, n.consecutive_failures, now, err_params)
+            ns = replace(ns, err=err)
+            if state.started and n.warm and not ns.was_warm:
+                ns = replace(ns, ramp_from_ms=now)  # weights just loaded: slow start
+            ns = replace(ns, was_warm=n.warm)
+            v = judge(n, aggs[n.node_id], refs, params) if serving(n) else Verdict("nodata", "nodata", 0.0)
+            verdicts[n.node_id] = v
+            ns, lat_reason, want = _latency_step(ns, v, now, params)
+            if want:
+                wants.append((-v.severity, n.node_id))
+            stepped[n.node_id] = ns
+            reasons[n.node_id] = (
+                err_reason if err.state != "closed" or err_reason != "healthy" else lat_reason
+            )
+
+        # Cap on the share ejected for latency, most severe first.
+        cap = math.floor(params.max_ejected_frac * len(pool) + 1e-9)
+        open_now = sum(1 for ns in stepped.values() if ns.lat == "open" or ns.err.state == "open")
+        over_cap: set[str] = set()
+        for _, node_id in sorted(wants):
+            ns = stepped[node_id]
+            if open_now + 1 <= cap:
+                stepped[node_id] = replace(
+                    ns, lat="open", lat_since_ms=now, lat_ejections=ns.lat_ejections + 1, flagged_ticks=0
+                )
+                open_now += 1 if ns.err.state != "open" else 0
+            else:
+                over_cap.add(node_id)
+                reasons[node_id] = f"{reasons[node_id]}:max-ejected"
+
+        # Panic threshold: too few healthy nodes left means the slowness is the pool's, not a node's.
+        live = [n.node_id for n in pool if serving(n)]
+        healthy = [
+            i
+            for i in live
+            if stepped[i].lat != "open"
+            and stepped[i].err.state != "open"
+            and i not in over_cap
+            and not verdicts[i].outlier
+        ]
+        panic = bool(live) and len(healthy) < params.panic_threshold * len(live)
+        share = 1.0 / max(1, len(live))
+
+        decisions: list[BreakerDecision] = []
+        new_nodes: dict[str, NodeState] = {}
+        for n in pool:
+            ns = stepped[n.node_id]
+            if ns.ramp_from_ms is not None and now - ns.ramp_from_ms >= params.slow_start_ms:
+                ns = replace(ns, ramp_from_ms=None)
+            new_nodes[n.node_id] = ns
+            decisions.append(
+                self._decision(
+                    n, ns, verdicts[n.node_id], reasons[n.node_id], params,
+                    now=now, share=share, over_cap=n.node_id in over_cap, panic=panic, pool_id=ctx.pool_id,
+                )
+            )  # fmt: skip
+        diagnostics = {
+            "latency_open": float(sum(1 for ns in new_nodes.values() if ns.lat == "open")),
+            "error_open": float(sum(1 for ns in new_nodes.values() if ns.err.state == "open")),
+            "outliers": float(sum(1 for v in verdicts.values() if v.outlier)),
+            "panic": float(panic),
+        }
+        # Nodes of other pools keep their state (the engine keys state by pool, so there are none).
+        return PolicyResult(
+            decisions=tuple(decisions), state=State(started=True, nodes=new_nodes), diagnostics=diagnostics
+        )
+
+    @staticmethod
+    def _decision(
+        n: NodeView,
+        ns: NodeState,
+        v: Verdict,
+        reason: str,
+        params: LatencyOutlierParams,
+        *,
+        now: int,
+        share: float,
+        over_cap: bool,
+        panic: bool,
+        pool_id: str,
+    ) -> BreakerDecision:
+        inputs = {
+            "consecutive_failures": float(n.consecutive_failures),
+            "severity": r6(v.severity),
+            "latency_ejections": float(ns.lat_ejections),
+        }
+        ejections = ns.lat_ejections + ns.err.ejections
+        base = {
+            "entity": f"node/{n.node_id}",
+            "pool_id": pool_id,
+            "node_id": n.node_id,
+            "ejections": ejections,
+            "inputs": inputs,
+        }
+        err_open = ns.err.state == "open"
+        lat_open = ns.lat == "open"
+        if err_open or lat_open:
+            untils = []
+            if err_open:
+                untils.append(ns.err.since_ms + backoff_ms(params, ns.err.ejections))
+            if lat_open:
+                untils.append(ns.lat_since_ms + backoff_ms(params, ns.lat_ejections))
+            enforced = err_open or not panic
+            return BreakerDecision(
+                **base,
+                state="open",
+                until_ms=max(untils),
+                enforced=enforced,
+                reason=reason if enforced else f"{reason}:panic",
+            )
+        if over_cap:
+            return BreakerDecision(**base, state="open", enforced=False, reason=reason)
+        if ns.err.state == "half_open" or ns.lat == "half_open":
+            return BreakerDecision(**base, state="half_open", probe_frac=r6(params.probe_frac), reason=reason)
+        if ns.ramp_from_ms is not None and n.warm:
+            elapsed = max(0, now - ns.ramp_from_ms)
+            frac = params.slow_start_min_frac + (1.0 - params.slow_start_min_frac) * (
+                elapsed / max(1, params.slow_start_ms)
+            )
+            inputs["slow_start_frac"] = r6(frac)
+            return BreakerDecision(
+                **base, state="half_open", probe_frac=r6(min(0.5, share * frac)), reason="slow-start"
+            )
+        return BreakerDecision(**base, state="closed", reason=reason)

@@ -1,0 +1,317 @@
+"""cache-aware: score every node on load, memory, speed and warmth; pin a task to the node holding its
+prefix; give priority 0 the nodes furthest from saturation; name the pools to spill over to.
+
+What it does: each tick, for the tick's pool, it scores every node with six scorers, each
+normalized to [0, 1] (1 = best), combines them with weights given as parameters (llm-d style:
+scorers normalized, the weighting applied here, in one place, not by each scorer), turns the
+combined score into traffic shares, publishes a hot-prefix map (prefix digest -> nodes that hold
+it, best first) that the router honours before its weighted pick, per-priority weights, and the
+ordered pools to spill over to when a call would otherwise be shed.
+
+Formula, for each node ``i`` of the pool (``serving_i`` = warm, not draining, telemetry not stale)::
+
+    s_queue   = 1 / (1 + queue_depth / queue_scale)
+    s_running = 1 / (1 + running_requests / running_scale)
+    s_tokens  = 1 / (1 + queued_prompt_tokens / max_batch_tokens)
+    s_kv      = 1 - kv_cache_used_frac
+    s_hbm     = hbm_free_gib / max_j(hbm_free_gib)                  (j over the pool's serving nodes)
+    s_speed   = min(1, median_j(step_j) / step_i)   step = median tbt_p50_ms over speed_memory_ms
+                                                     (1 when no figure yet)
+    S_i       = sum_k w_k s_k / sum_k w_k                             if serving_i, else 0
+    weight_i  = S_i ** alpha / sum_j S_j ** alpha
+    by_priority[p]: nodes with S_i < min_score_by_priority[p] get 0 (unless that zeroes every node);
+                    the rest weight S_i ** alpha_by_priority.get(p, alpha), normalized
+    prefix_affinity[d] = nodes listing digest d in hot_prefixes with S_i >= affinity_keep_frac * max S,
+                    s_speed >= affinity_min_speed and no failure since their last ok call,
+                    sorted by S_i descending (node id breaks ties)
+    headroom(pool) = mean S_i over its serving nodes
+    spill_to       = other pools with a serving node and headroom >= spill_min_headroom, by
+                     headroom descending (pool id breaks ties)
+
+``serving_i`` also needs telemetry younger than ``silent_after_ms``. A stale node scores 0 (stale
+telemetry counts as saturated; when every warm node is stale they share evenly and the engine,
+which zeroes stale nodes, fails open); a node that is not warm or is draining scores 0 (warm
+weights are a gate: a cold or loading node cannot serve). ``alpha`` turns score gaps
+into share gaps: with alpha 4 a node at half the score of another gets 1/16 of its share, which
+moves traffic away from a filling node within one tick without sending everything to one node.
+
+Inputs: per node ``age_ms``, ``consecutive_failures``, ``queue_depth``, ``running_requests``,
+``queued_prompt_tokens``, ``max_batch_tokens``, ``kv_cache_used_frac``, ``hbm_free_gib``,
+``tbt_p50_ms``, ``hot_prefixes``, ``weights_state``, ``draining``, ``stale``; the pools' node
+lists (for spill-over headroom).
+
+Parameters (defaults, bounds; the reasoning behind each):
+
+- ``w_queue`` 2.0, ``w_running`` 1.0, ``w_tokens`` 1.0, ``w_kv`` 1.0, ``w_hbm`` 0.25, ``w_speed``
+  2.0 (each 0-100, at least one > 0): a waiting queue means the node is saturated (continuous
+  batching admits everything until KV or ``max_num_seqs`` binds), so it weighs most together with
+  a slow GPU; running requests and queued prompt tokens are the in-flight work a new call's prefill
+  shares its iterations with; KV headroom predicts preemptions; HBM free (which includes the
+  evictable prefix cache) weighs little so it does not fight prefix affinity.
+- ``queue_scale`` 4 (>0, <=10 000): four waiting requests halve ``s_queue``.
+- ``running_scale`` 16 (>0, <=10 000): sixteen sequences in flight halve ``s_running``; around
+  there the prefill chunks of concurrent arrivals start to share iterations, each of which costs a
+  large fraction of a second at the default 8192-token budget.
+- ``s_tokens`` needs no parameter: one iteration's worth (``max_batch_tokens``) of queued prompt
+  tokens halves it, since each such iteration delays a new call's first token by one iteration.
+- ``alpha`` 4.0 (0.5-16), ``alpha_by_priority`` {"0": 6.0}, ``min_score_by_priority`` {"0": 0.5}
+  (each score 0-1): priority 0 (the latency class) concentrates harder on good nodes and avoids
+  the nodes scoring under 0.5, i.e. nearest saturation; other classes use the pool weights.
+- ``affinity_keep_frac`` 0.5 (0-1): a holder keeps its prefix's calls while its score is at least
+  half the best node's; below that the call takes the weighted pick and re-prefills elsewhere (a
+  repeated 3 000-token prefix costs ~0.2 s of an H100x4 for llama-70b, less than queueing behind a
+  saturated node).
+- ``affinity_min_speed`` 0.5 (0-1): a holder stepping at less than half its pool's median speed (a
+  degraded GPU, before the breaker ejects it) loses its prefixes' calls; so does a holder whose last
+  call failed (a crashed node), so retries do not follow the prefix into the same hole.
+- ``speed_memory_ms`` 20 000 (0-600 000): telemetry carries a step time only when an iteration ended
+  in the interval; the median of the last 20 s is a steadier speed figure than the last report.
+- ``silent_after_ms`` 3 000 (0-600 000): three missed one-second reports and the node scores 0,
+  before the engine's stale threshold (5 s) zeroes it: a crashed node answers every call with an
+  error until then.
+- ``spill_min_headroom`` 0.5 (0-1): only pools whose average node is at least half free are offered
+  as spill targets, so overflow does not topple the next pool.
+
+Trade-offs: prefix affinity saves prefill compute and TTFT on every call after a task's first, but
+pins a task to one node; the keep fraction releases it when that node fills. Weights are refreshed
+once a tick from one-second telemetry: within a tick the router's weighted pick spreads calls, it
+does not chase the least loaded node per call (that would herd). Spill-over only acts when the
+admission section would shed a call on the preferred pool; which models are acceptable is the
+router's to check per call.
+
+Failure mode: scores lag load by up to one tick plus one telemetry interval; a burst within that
+time lands by the old weights. A node whose ``hot_prefixes`` is stale keeps attracting affinity
+calls only while it still scores well; a node that stops reporting is zeroed (stale) by this
+algorithm and the engine. If every warm node is stale they share evenly and the engine fails open.
+State: the remembered step times, per node, pruned to ``speed_memory_ms`` every tick.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.registry import register
+from fleetloop.schemas.decisions import RoutingDecision
+
+COMPONENTS: tuple[str, ...] = ("queue", "running", "tokens", "kv", "hbm", "speed")
+
+
+class CacheAwareParams(Params):
+    w_queue: float = Field(default=2.0, ge=0.0, le=100.0)
+    w_running: float = Field(default=1.0, ge=0.0, le=100.0)
+    w_tokens: float = Field(default=1.0, ge=0.0, le=100.0)
+    w_kv: float = Field(default=1.0, ge=0.0, le=100.0)
+    w_hbm: float = Field(default=0.25, ge=0.0, le=100.0)
+    w_speed: float = Field(default=2.0, ge=0.0, le=100.0)
+    queue_scale: float = Field(default=4.0, gt=0.0, le=10_000.0)
+    running_scale: float = Field(default=16.0, gt=0.0, le=10_000.0)
+    alpha: float = Field(default=4.0, ge=0.5, le=16.0)
+    alpha_by_priority: dict[str, float] = Field(default_factory=lambda: {"0": 6.0})
+    min_score_by_priority: dict[str, float] = Field(default_factory=lambda: {"0": 0.5})
+    affinity_keep_frac: float = Field(default=0.5, ge=0.0, le=1.0)
+    affinity_min_speed: float = Field(default=0.5, ge=0.0, le=1.0)
+    speed_memory_ms: int = Field(default=20_000, ge=0, le=600_000)
+    silent_after_ms: int = Field(default=3_000, ge=0, le=600_000)
+    spill_min_headroom: float = Field(default=0.5, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if sum(self.component_weights().values()) <= 0:
+            raise ValueError("at least one scorer weight (w_*) must be > 0")
+        for name, table, lo, hi in (
+            ("alpha_by_priority", self.alpha_by_priority, 0.5, 16.0),
+            ("min_score_by_priority", self.min_score_by_priority, 0.0, 1.0),
+        ):
+            for key, value in table.items():
+                if not key.isdigit():
+                    raise ValueError(f"{name}: priority keys are non-negative integers, got {key!r}")
+                if not lo <= value <= hi:
+                    raise ValueError(f"{name}[{key}]: {value} is outside [{lo}, {hi}]")
+        return self
+
+    def component_weights(self) -> dict[str, float]:
+        return {
+            "queue": self.w_queue,
+            "running": self.w_running,
+            "tokens": self.w_tokens,
+            "kv": self.w_kv,
+            "hbm": self.w_hbm,
+            "speed": self.w_speed,
+        }
+
+
+# node id -> the (ts_ms, tbt_p50_ms) figures seen within ``speed_memory_ms``, oldest first
+State = Mapping[str, tuple[tuple[int, float], ...]]
+
+
+def serving(node: NodeView, silent_after_ms: int | None = None) -> bool:
+    """Warm, not draining, not stale and, given ``silent_after_ms``, heard from within it."""
+    fresh = silent_after_ms is None or node.age_ms <= silent_after_ms
+    return node.warm and not node.stale and fresh
+
+
+def remember(
+    state: State, snap: FleetSnapshot, params: CacheAwareParams
+) -> dict[str, tuple[tuple[int, float], ...]]:
+    """Every serving node's step-time figures within ``speed_memory_ms`` (a node reports one only
+    when an iteration ends in the interval, and a long decode run is one iteration to the books)."""
+    now = snap.now_ms
+    out: dict[str, tuple[tuple[int, float], ...]] = {}
+    for node_id, n in snap.nodes.items():
+        kept = [o for o in state.get(node_id, ()) if 0 < now - o[0] < params.speed_memory_ms]
+        if serving(n) and n.tbt_p50_ms is not None and n.tbt_p50_ms > 0:
+            kept.append((now, float(n.tbt_p50_ms)))
+        if kept:
+            out[node_id] = tuple(kept)
+    return out
+
+
+def step_ms(memory: State, node_id: str) -> float | None:
+    """The median remembered step time of a node, or None."""
+    xs = sorted(v for _, v in memory.get(node_id, ()))
+    return statistics.median(xs) if xs else None
+
+
+def components(
+    node: NodeView, pool: tuple[NodeView, ...], params: CacheAwareParams, memory: State | None = None
+) -> dict[str, float]:
+    """The six normalized scorers of one node, each in [0, 1] (1 = best), against its pool."""
+    memory = memory or {}
+    live = [n for n in pool if serving(n)]
+    hbm_max = max((n.hbm_free_gib for n in live), default=0.0)
+    tbts = sorted(t for n in live if (t := step_ms(memory, n.node_id)) is not None)
+    tbt_median = statistics.median(tbts) if tbts else None
+    own = step_ms(memory, node.node_id)
+    speed = min(1.0, tbt_median / own) if tbt_median is not None and own is not None else 1.0
+    batch = max(1, node.max_batch_tokens)
+    return {
+        "queue": 1.0 / (1.0 + max(0, node.queue_depth) / params.queue_scale),
+        "running": 1.0 / (1.0 + max(0, node.running_requests) / params.running_scale),
+        "tokens": 1.0 / (1.0 + max(0, node.queued_prompt_tokens) / batch),
+        "kv": min(1.0, max(0.0, 1.0 - node.kv_cache_used_frac)),
+        "hbm": min(1.0, max(0.0, node.hbm_free_gib / hbm_max)) if hbm_max > 0 else 1.0,
+        "speed": speed,
+    }
+
+
+def combine(parts: Mapping[str, float], params: CacheAwareParams) -> float:
+    """The weighted mean of the scorers: in [0, 1] when every scorer is."""
+    weights = params.component_weights()
+    total = sum(weights.values())
+    return sum(weights[k] * parts[k] for k in COMPONENTS) / total
+
+
+def pool_scores(
+    snap: FleetSnapshot, pool_id: str, params: CacheAwareParams, memory: State | None = None
+) -> dict[str, float]:
+    """Node id -> combined score S_i for the pool's nodes; 0 for nodes that cannot serve."""
+    pool = snap.pool_nodes(pool_id)
+    return {
+        n.node_id: (
+            combine(components(n, pool, params, memory), params)
+            if serving(n, params.silent_after_ms)
+            else 0.0
+        )
+        for n in pool
+    }
+
+
+def shares(scores: Mapping[str, float], alpha: float) -> dict[str, float]:
+    powered = {k: (v**alpha if v > 0 else 0.0) for k, v in sorted(scores.items())}
+    total = sum(powered.values())
+    return {k: (r6(v / total) if total > 0 else 0.0) for k, v in powered.items()}
+
+
+def headroom(scores: Mapping[str, float], snap: FleetSnapshot, pool_id: str) -> float | None:
+    """Mean score over the pool's serving nodes; None when none can serve."""
+    live = [scores[n.node_id] for n in snap.pool_nodes(pool_id) if scores[n.node_id] > 0]
+    return sum(live) / len(live) if live else None
+
+
+@register("routing", "cache-aware")
+class CacheAware:
+    Params = CacheAwareParams
+
+    def initial_state(self) -> State:
+        return {}
+
+    def decide(
+        self, snap: FleetSnapshot, params: CacheAwareParams, state: State, ctx: PolicyContext
+    ) -> PolicyResult[State]:
+        pool = snap.pool_nodes(ctx.pool_id)
+        memory = remember(state, snap, params)
+        scores = pool_scores(snap, ctx.pool_id, params, memory)
+        weights = shares(scores, params.alpha)
+        best = max(scores.values(), default=0.0)
+        reason = "cache-aware"
+        if best <= 0:
+            # Every warm node is stale (saturated): even shares over them; the engine zeroes stale
+            # nodes and fails open, so the router still has somewhere to send calls.
+            warm = [n.node_id for n in pool if n.warm]
+            weights = {n.node_id: (r6(1.0 / len(warm)) if n.node_id in warm else 0.0) for n in pool}
+            reason = "all-stale" if warm else "no-warm-node"
+
+        by_priority: dict[str, dict[str, float]] = {}
+        for cls in sorted(set(params.alpha_by_priority) | set(params.min_score_by_priority), key=int):
+            floor = params.min_score_by_priority.get(cls, 0.0)
+            kept = {k: v for k, v in scores.items() if v >= floor and v > 0}
+            if not kept:
+                kept = dict(scores)
+            cls_weights = shares(kept, params.alpha_by_priority.get(cls, params.alpha))
+            if sum(cls_weights.values()) > 0:
+                by_priority[cls] = {n: cls_weights.get(n, 0.0) for n in sorted(scores)}
+
+        holders: dict[str, list[str]] = {}
+        keep_at = params.affinity_keep_frac * best
+        for n in pool:
+            s = scores[n.node_id]
+            if n.consecutive_failures > 0:
+                continue  # its last call failed: a retry takes the weighted pick, not the same node
+            if (
+                s <= 0
+                or s < keep_at
+                or components(n, pool, params, memory)["speed"] < params.affinity_min_speed
+            ):
+                continue
+            for digest in n.hot_prefixes:
+                holders.setdefault(digest, []).append(n.node_id)
+        affinity = {
+            d: tuple(sorted(ids, key=lambda i: (-scores[i], i))) for d, ids in sorted(holders.items())
+        }
+
+        own = headroom(scores, snap, ctx.pool_id)
+        spill: list[tuple[float, str]] = []
+        for other in sorted(snap.pools):
+            if other == ctx.pool_id:
+                continue
+            h = headroom(pool_scores(snap, other, params, memory), snap, other)
+            if h is not None and h >= params.spill_min_headroom:
+                spill.append((-h, other))
+        spill_to = tuple(p for _, p in sorted(spill))
+
+        n_serving = sum(1 for n in pool if serving(n))
+        decision = RoutingDecision(
+            entity=f"pool/{ctx.pool_id}",
+            pool_id=ctx.pool_id,
+            weights=weights,
+            reason=reason,
+            inputs={
+                "nodes": float(len(pool)),
+                "serving_nodes": float(n_serving),
+                "stale_nodes": float(sum(1 for n in pool if n.stale)),
+                "best_score": r6(best),
+                "headroom": r6(own) if own is not None else 0.0,
+                "hot_prefixes": float(len(affinity)),
+                "spill_pools": float(len(spill_to)),
+            },
+            by_priority=by_priority,
+            prefix_affinity=affinity,
+            spill_to=spill_to,
+        )
+        diagnostics = {"headroom": r6(own) if own is not None else 0.0, "hot_prefixes": float(len(affinity))}
+        return PolicyResult(decisions=(decision,), state=memory, diagnostics=diagnostics)

@@ -1,0 +1,266 @@
+"""slo-predictive: decision tables and properties for the SLO- and trend-driven autoscaler."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from fleetloop.policies.autoscale.predictive import (
+    SloPredictive,
+    SloPredictiveParams,
+    SloPredictiveState,
+    drain_order,
+    trend_slope,
+)
+from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyResult
+from fleetloop.schemas.decisions import AutoscaleDecision
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from tests.policies.snapshots import NOW_MS, ctx, node, nodes, snapshot
+
+ALGO = SloPredictive()
+
+
+def pool_snap(
+    node_views: list[NodeView], *, now_ms: int = NOW_MS, ttft_p50: float | None = 200.0, **pool: Any
+) -> FleetSnapshot:
+    fields: dict[str, Any] = {
+        "requests_w": 200,
+        "ttft_p50_ms_w": ttft_p50,
+        "prompt_tokens_rate_per_s": 8000.0,
+        "output_tokens_rate_per_s": 2000.0,
+    }
+    fields.update(pool)
+    return snapshot(node_views, now_ms=now_ms, pool_fields={"p": fields})
+
+
+def decide(
+    snap: FleetSnapshot, state: SloPredictiveState | None = None, **params: Any
+) -> tuple[AutoscaleDecision, PolicyResult[SloPredictiveState]]:
+    params.setdefault("headroom", 0.8)  # targets of 1600 ms TTFT and 80 ms TBT in the tables below
+    result = ALGO.decide(snap, SloPredictiveParams(**params), state or ALGO.initial_state(), ctx(snap))
+    (d,) = result.decisions
+    assert isinstance(d, AutoscaleDecision)
+    return d, result
+
+
+def settled(**fields: Any) -> SloPredictiveState:
+    """A controller that has run for a while, with no history that holds it back."""
+    base: dict[str, Any] = {
+        "demand": ((NOW_MS - 60_000, 10_000.0),),
+        "last_desired": 4,
+        "failed_tasks": 0,
+    }
+    base.update(fields)
+    return SloPredictiveState(**base)
+
+
+def loaded(count: int, running: int, kv: float = 0.1, **fields: Any) -> list[NodeView]:
+    return nodes(count, running_requests=running, kv_cache_used_frac=kv, **fields)
+
+
+# -- decision table ----------------------------------------------------------------------------------
+
+
+def test_holds_within_tolerance() -> None:
+    # P = effective TBT 1000 * 4 * 32 / 2000 = 64 ms against 0.8 * 100 = 80 ms -> 0.8; 4 * 0.8 = 3.2.
+    # With the targets at SLO / 0.8 * 0.8: need 3.2 vs 4 -> scale down; with tolerance 0.25, hold.
+    snap = pool_snap(loaded(4, 32))
+    d, _ = decide(snap, settled(), tolerance=0.25)
+    assert (d.desired_nodes, d.reason) == (4, "within-tolerance")
+
+
+def test_scales_up_on_effective_tbt() -> None:
+    # 4 nodes x 80 running / 2000 tok/s out = 160 ms per token: P = 2 -> need 8.
+    snap = pool_snap(loaded(4, 80))
+    d, _ = decide(snap, settled())
+    assert d.desired_nodes == 8
+    assert d.reason == "scale-up"
+    assert d.inputs["pressure_tbt"] == pytest.approx(2.0)
+    assert d.drain == ()
+
+
+def test_scales_up_on_kv_pressure() -> None:
+    snap = pool_snap(loaded(4, 1, kv=0.96))
+    d, _ = decide(snap, settled())
+    assert d.inputs["pressure_kv"] == pytest.approx(1.2)
+    assert d.desired_nodes == 5
+
+
+def test_scales_up_on_ttft_median() -> None:
+    snap = pool_snap(loaded(4, 1), ttft_p50=3200.0)  # 3200 / (0.8 * 2000) = 2
+    d, _ = decide(snap, settled())
+    assert d.desired_nodes == 8
+
+
+def test_one_node_piling_up_requests_does_not_set_the_pool_pressure() -> None:
+    snap = pool_snap([*loaded(3, 20), node("slow", running_requests=400)])
+    d, _ = decide(snap, settled())
+    assert d.inputs["pressure_tbt"] == pytest.approx(1000 * 4 * 20 / 2000 / 80)
+
+
+def test_queue_pressure_only_when_every_node_waits() -> None:
+    few = pool_snap([*loaded(3, 10), node("n9", running_requests=10, queue_depth=2)])
+    d_few, _ = decide(few, settled())
+    assert d_few.inputs["pressure_queue"] == 0.0
+    all_wait = pool_snap(loaded(4, 10, queue_depth=10))  # (40 + 40) / 40 = 2
+    d_all, _ = decide(all_wait, settled())
+    assert d_all.inputs["pressure_queue"] == pytest.approx(2.0)
+    assert d_all.desired_nodes == 8
+
+
+def test_cold_nodes_count_as_arriving_capacity() -> None:
+    # Pressure 2 on 4 warm nodes needs 8; 4 cold ones are already on their way: nothing to add.
+    snap = pool_snap([*loaded(4, 80), *nodes(4, prefix="c", weights_state="cold")])
+    d, _ = decide(snap, settled())
+    assert d.current_nodes == 8
+    assert d.inputs["arriving_nodes"] == 4.0
+    assert d.desired_nodes == 8
+
+
+def test_trend_leads_by_the_cold_start() -> None:
+    # Demand rising 50 tok/s per s for 120 s, P = 1 on 4 warm nodes: one cold start (120 s) ahead
+    # the demand is 6000 + 6000 -> twice today's -> 8 nodes.
+    t0 = NOW_MS - 120_000
+    history = tuple((t0 + i * 1000, 6000.0 * (i / 120.0) if i else 1.0) for i in range(120))
+    snap = pool_snap(
+        loaded(4, 40), prompt_tokens_rate_per_s=4000.0, output_tokens_rate_per_s=2000.0
+    )  # 1000 * 160 / 2000 = 80 ms -> P = 1
+    d, _ = decide(snap, settled(demand=history))
+    assert d.inputs["projected_tok_s"] == pytest.approx(12000.0, rel=0.05)
+    assert d.reason == "scale-up-trend"
+    assert d.desired_nodes == 8
+    flat = tuple((t, 6000.0) for t, _ in history)
+    d_flat, _ = decide(snap, settled(demand=flat))
+    assert d_flat.desired_nodes == 4
+
+
+def test_a_step_is_not_a_trend() -> None:
+    step = [(NOW_MS - 120_000 + i * 1000, 1000.0 if i < 60 else 3000.0) for i in range(121)]
+    assert trend_slope(step, 10_000) == 0.0
+    ramp = [(NOW_MS - 120_000 + i * 1000, 1000.0 + 20.0 * i) for i in range(121)]
+    assert trend_slope(ramp, 10_000) == pytest.approx(20.0)
+    assert trend_slope(ramp[:20], 10_000) == 0.0  # under three independent windows: no fit
+
+
+def test_no_trend_before_a_whole_horizon_was_seen() -> None:
+    history = tuple((NOW_MS - 30_000 + i * 1000, 100.0 * i) for i in range(30))
+    snap = pool_snap(loaded(4, 40), prompt_tokens_rate_per_s=1000.0, output_tokens_rate_per_s=2000.0)
+    d, _ = decide(snap, settled(demand=history))
+    assert d.inputs["projected_tok_s"] == d.inputs["demand_tok_s"]
+
+
+def test_scale_down_is_stabilized_by_the_down_window() -> None:
+    snap = pool_snap(loaded(8, 4))  # P = 0.2: need 1.6
+    recent_high = ((NOW_MS - 60_000, 8),)
+    d, _ = decide(snap, settled(last_desired=8, recs=recent_high), down_window_s=120)
+    assert (d.desired_nodes, d.reason) == (8, "scale-down-stabilized")
+    d_old, _ = decide(snap, settled(last_desired=8, recs=((NOW_MS - 200_000, 8),)), down_window_s=120)
+    assert d_old.desired_nodes == 6  # 25% of 8 per step
+
+
+def test_scale_down_is_rate_limited_and_drains() -> None:
+    idle = loaded(7, 2)
+    snap = pool_snap([*idle, node("n7", running_requests=0), node("z", weights_state="loading")])
+    d, result = decide(snap, settled(last_desired=9), down_window_s=0)
+    assert d.current_nodes == 9
+    assert d.desired_nodes == 7  # floor(0.25 * 9) = 2 per step
+    assert d.drain == ("z", "n7")  # the loading node first, then the idlest warm one
+    again, _ = decide(
+        snapshot(list(snap.nodes.values()), now_ms=NOW_MS + 10_000, pool_fields={"p": {}}),
+        result.state,
+        down_window_s=0,
+    )
+    assert again.reason == "scale-down-rate-limited"
+    assert again.current_nodes == 7  # the drained nodes are not counted while they wind down
+
+
+def test_scale_down_held_while_tasks_fail() -> None:
+    snap = replace(pool_snap(loaded(8, 4)), ledger=replace(pool_snap([]).ledger, tasks_failed=3))
+    d, _ = decide(snap, settled(last_desired=8), down_window_s=0)
+    assert (d.desired_nodes, d.reason) == (8, "scale-down-held-tasks-failing")
+
+
+def test_an_idle_pool_goes_to_its_floor_and_bounds_apply() -> None:
+    snap = pool_snap(nodes(10), prompt_tokens_rate_per_s=0.0, output_tokens_rate_per_s=0.0, ttft_p50=None)
+    d, _ = decide(snap, settled(last_desired=10), down_window_s=0, down_step_frac=1.0, min_nodes=3)
+    assert (d.desired_nodes, d.reason) == (3, "at-min-nodes")
+    capped, _ = decide(pool_snap(loaded(4, 400)), settled(), pools={"p": {"min_nodes": 1, "max_nodes": 6}})
+    assert (capped.desired_nodes, capped.reason) == (6, "at-max-nodes")
+
+
+def test_first_tick_records_the_current_size_before_scaling_down() -> None:
+    d, _ = decide(pool_snap(loaded(8, 2)))
+    assert d.desired_nodes == 8  # HPA's recordInitialRecommendation: no instant scale-down
+
+
+def test_learns_capacity_and_cold_start() -> None:
+    t0 = NOW_MS
+    state = settled(not_warm_since=(("c0", t0 - 90_000),))
+    snap = pool_snap([*loaded(4, 40), node("c0")])  # c0 is warm now, 90 s after it was first seen cold
+    _, result = decide(snap, state)
+    assert result.state.cold_start_s == pytest.approx(90.0)
+    # 10 000 tok/s over 5 warm nodes; median running 40, so P = 1000 * 5 * 40 / 2000 / 80 = 1.25
+    # -> 1600 tok/s per node at target
+    assert result.state.capacity_tok_s == pytest.approx(1600.0)
+
+
+def test_params_reject_inverted_bounds() -> None:
+    with pytest.raises(ValidationError):
+        SloPredictiveParams(min_nodes=5, max_nodes=2)
+    with pytest.raises(ValidationError):
+        SloPredictiveParams(pools={"p": {"min_nodes": 4, "max_nodes": 3}})
+
+
+def test_drain_order() -> None:
+    order = drain_order(
+        [
+            node("a", running_requests=5),
+            node("b", running_requests=1),
+            node("c", weights_state="loading"),
+            node("d", weights_state="cold"),
+            node("e", running_requests=1),
+        ]
+    )
+    assert [n.node_id for n in order] == ["d", "c", "e", "b", "a"]
+
+
+# -- properties --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=12),
+    st.integers(min_value=0, max_value=300),
+    st.floats(min_value=0.0, max_value=1.0),
+    st.integers(min_value=0, max_value=3),
+    st.integers(min_value=1, max_value=20),
+)
+def test_property_targets_within_bounds(count: int, running: int, kv: float, lo: int, span: int) -> None:
+    hi = lo + span
+    snap = pool_snap(loaded(count, running, kv=kv))
+    d, _ = decide(snap, settled(last_desired=count), min_nodes=lo, max_nodes=hi)
+    assert lo <= d.desired_nodes <= hi
+    assert len(d.drain) == max(0, d.current_nodes - d.desired_nodes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=10), st.integers(min_value=0, max_value=200), st.integers(1, 200))
+def test_property_monotonic_in_load(count: int, running: int, more: int) -> None:
+    state = settled(last_desired=count)
+    low, _ = decide(pool_snap(loaded(count, running)), state, down_window_s=0)
+    high, _ = decide(pool_snap(loaded(count, running + more)), state, down_window_s=0)
+    assert high.desired_nodes >= low.desired_nodes
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(min_value=1, max_value=10), st.integers(min_value=0, max_value=200))
+def test_property_idempotent_for_the_same_tick(count: int, running: int) -> None:
+    snap = pool_snap(loaded(count, running))
+    state = settled(last_desired=count)
+    a, ra = decide(snap, state)
+    b, rb = decide(snap, state)
+    assert a == b
+    assert ra.state == rb.state
