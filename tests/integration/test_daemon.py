@@ -53,7 +53,7 @@ async def test_failing_node_is_ejected_within_three_ticks(kafka_env: Any) -> Non
     first = next(d for d in state if d.body.kind == "routing" and d.tick_id == 1)
     assert first.body.weights["p/2"] > 0  # type: ignore[union-attr]
     assert opened[0].body.reason == "consecutive-failures"
-    assert opened[0].policy.name == "default"
+    assert opened[0].policy.name == "foundation"
     assert opened[0].input_offsets, "decisions must say which input offsets they were computed from"
 
 

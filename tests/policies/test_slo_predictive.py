@@ -95,6 +95,20 @@ def test_scales_up_on_ttft_median() -> None:
     assert d.desired_nodes == 8
 
 
+def test_spare_nodes_add_redundancy_to_a_serving_pool_only() -> None:
+    # Same load as above (need 8); N+1 asks for one more. An idle pool gets no spare: it has no
+    # traffic to protect, so it still goes to its floor.
+    snap = pool_snap(loaded(4, 80))
+    d, _ = decide(snap, settled(), spare_nodes=1)
+    assert d.desired_nodes == 9
+    assert d.inputs["need_nodes"] == pytest.approx(9.0)
+    idle = pool_snap(nodes(10), prompt_tokens_rate_per_s=0.0, output_tokens_rate_per_s=0.0, ttft_p50=None)
+    d, _ = decide(
+        idle, settled(last_desired=10), down_window_s=0, down_step_frac=1.0, min_nodes=3, spare_nodes=2
+    )
+    assert d.desired_nodes == 3
+
+
 def test_one_node_piling_up_requests_does_not_set_the_pool_pressure() -> None:
     snap = pool_snap([*loaded(3, 20), node("slow", running_requests=400)])
     d, _ = decide(snap, settled())

@@ -147,7 +147,9 @@ async def _replay(
                     continue  # the daemon dead-lettered it too: it never reached the model
             inputs[f"{logical}:{partition}"] = rows
     if what_if is not None:
-        return replay_ticks(ticks, inputs, what_if, from_ms=from_ms, to_ms=to_ms), what_if, "what-if"
+        # The recorded policy itself, given as a file, is an exact replay, not a what-if.
+        mode = "exact" if what_if.stamp.hash == ticks[0].policy_hash else "what-if"
+        return replay_ticks(ticks, inputs, what_if, from_ms=from_ms, to_ms=to_ms), what_if, mode
     recorded = _recorded_policy(ticks[0].policy_hash, [r for rs in policies.values() for r in rs])
     return replay_ticks(ticks, inputs, recorded, from_ms=from_ms, to_ms=to_ms), recorded, "exact"
 

@@ -41,7 +41,7 @@ cold or loading ones ``A`` (arriving)::
              errors (one independent sample per telemetry window); then the smaller of the two.
              A step or a start-up ramp that has levelled off is not a trend.
     D_proj = D + slope * lead
-    need   = max(n_w * P, (D + B) / C) * max(1, D_proj / D)
+    need   = max(n_w * P, (D + B) / C) * max(1, D_proj / D)  (+ spare_nodes when need > 0)
     raw    = current                        if |need / current - 1| <= tolerance
            = ceil(need)                     otherwise            (current = |W| + |A|)
     desired = min(max(current, min(raw over up window)), max(raw over down window))
@@ -76,7 +76,9 @@ window, so one noisy tick does not buy a node), ``down_window_s`` None (= the le
 ``down_step_frac`` 0.25 and ``down_period_s`` 30 (a step is observed for three 10 s windows before
 the next, so the learned capacity is re-checked at the new size), ``capacity_halflife_s`` 60
 (1-3600), ``min_requests`` 20 (0-100000), ``min_nodes`` 1, ``max_nodes`` 1000, ``pools`` per-pool
-``{min_nodes, max_nodes}`` overrides.
+``{min_nodes, max_nodes}`` overrides, ``spare_nodes`` 0 (0-100: N+k redundancy for a pool that
+serves traffic; a lost node is replaced only after a cold start, so a pool sized to demand alone
+breaches its SLO, and loses tasks, for that long after every host loss or ejection).
 
 Trade-offs: token throughput is a truer capacity signal for LLM serving than GPU utilization (a
 GPU is "busy" decoding a batch of one), and the SLO ratios make it model- and GPU-agnostic with no
@@ -128,6 +130,7 @@ class SloPredictiveParams(Params):
     down_period_s: float = Field(default=30.0, ge=0.0, le=3600.0)
     capacity_halflife_s: float = Field(default=60.0, ge=1.0, le=3600.0)
     min_requests: int = Field(default=20, ge=0, le=100_000)
+    spare_nodes: int = Field(default=0, ge=0, le=100)
     min_nodes: int = Field(default=1, ge=0, le=100_000)
     max_nodes: int = Field(default=1000, ge=1, le=100_000)
     pools: dict[str, PoolBounds] = Field(default_factory=dict)
@@ -341,6 +344,8 @@ class SloPredictive:
         level = len(warm) * p_now
         by_capacity = (demand + backlog) / capacity if capacity else 0.0
         need = max(level, by_capacity) * growth
+        if need > 0:
+            need += params.spare_nodes  # N+k: survive losing k nodes while replacements warm up
 
         inputs: dict[str, float] = {
             "warm_nodes": float(len(warm)),
