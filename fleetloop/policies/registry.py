@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from fleetloop.policies.base import Algorithm, Params
 from fleetloop.schemas.decisions import PolicyStamp
+from fleetloop.schemas.errors import one_line
 from fleetloop.schemas.policy import SECTIONS, Mode, PolicyDocument
 
 T = TypeVar("T")
@@ -70,13 +71,6 @@ class CompiledPolicy:
         return self.document.spec.tick_ms
 
 
-def _format_error(prefix: str, exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    loc = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{loc}: {first['msg']}{more}"
-
-
 def document_hash(document: PolicyDocument) -> str:
     canonical = orjson.dumps(document.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()[:16]
@@ -94,14 +88,14 @@ def compile_policy(document: PolicyDocument) -> CompiledPolicy:
         try:
             params = cls.Params.model_validate(ref.params)
         except ValidationError as exc:
-            raise PolicyError(_format_error(f"spec.{section}.params", exc)) from None
+            raise PolicyError(one_line(exc, f"spec.{section}.params")) from None
         sections[section] = Section(algorithm=cls(), params=params, mode=ref.mode or document.spec.mode)
     try:
         from fleetloop.policies.envelope import Envelope
 
         Envelope.model_validate(document.spec.envelope)
     except ValidationError as exc:
-        raise PolicyError(_format_error("spec.envelope", exc)) from None
+        raise PolicyError(one_line(exc, "spec.envelope")) from None
     stamp = PolicyStamp(
         name=document.metadata.name,
         version=document.metadata.version,
@@ -115,7 +109,7 @@ def parse_document(data: Any, source: str = "<document>") -> PolicyDocument:
     try:
         return PolicyDocument.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError(f"{source}: {_format_error('', exc)}") from None
+        raise PolicyError(f"{source}: {one_line(exc)}") from None
 
 
 def load_policy(path: str | Path) -> CompiledPolicy:

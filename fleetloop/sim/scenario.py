@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetloop.schemas.errors import one_line
 from fleetloop.sim.catalog import GPUS, MODELS
 
 Ident = str
@@ -210,37 +211,13 @@ class Scenario(_Strict):
         return next(t.priority for t in self.tenants if t.id == tenant_id)
 
 
-def _loc(parts: tuple[int | str, ...]) -> str:
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        else:
-            out += f".{p}" if out else p
-    return out
-
-
-def _one_line(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    msg = str(first["msg"])
-    msg = msg.removeprefix("Value error, ")
-    loc = _loc(tuple(first["loc"]))
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field"
-    elif first["type"] == "missing":
-        msg = "field required"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    text = f"{loc}: {msg}" if loc else msg
-    return " ".join((text + more).split())
-
-
 def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: a scenario is a mapping, got {type(data).__name__}")
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(f"{source}: {_one_line(exc)}") from None
+        raise ScenarioError(f"{source}: {one_line(exc)}") from None
 
 
 def load_scenario(path: str | Path) -> Scenario:

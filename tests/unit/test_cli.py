@@ -68,7 +68,7 @@ def test_validate_the_shipped_default_policy(
             "unknown-param.yaml",
             "alpha: 2.0",
             "alhpa: 2.0",
-            "spec.routing.params.alhpa: Extra inputs are not permitted",
+            "spec.routing.params.alhpa: unknown field",
         ),
         (
             "bad-envelope.yaml",

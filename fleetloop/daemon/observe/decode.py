@@ -15,6 +15,8 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from fleetloop.schemas.errors import one_line
+
 M = TypeVar("M", bound=BaseModel)
 
 MAX_REASON = 500
@@ -53,10 +55,7 @@ class _RecordLike:  # structural: aiokafka's ConsumerRecord has these attributes
 
 def reason_of(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "<record>"
-        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        text = f"{err['type']}: {loc}: {err['msg']}{more}"
+        text = one_line(exc, with_type=True)
     else:
         text = f"{type(exc).__name__}: {exc}"
     return text[:MAX_REASON]
