@@ -9,7 +9,8 @@ Algorithms propose; the engine disposes. Whatever an algorithm returns, the engi
   pool's non-draining nodes instead (panic threshold; routers never eject every node);
 - limits an autoscale target to ``max_scale_step`` nodes away from the current count per tick
   (pool bounds are the autoscale algorithm's and the GPU workers' to enforce);
-- never sheds priority ``protected_priority`` and better below ``min_queue_threshold``.
+- never sheds priority ``protected_priority`` and better below ``min_queue_threshold``, whether
+  the limit is on queue depth or on outstanding work (queued + running).
 
 Inputs: the algorithms' decisions and the snapshot. Defaults below. Failure mode: the envelope
 can only make a decision more conservative; a bug here shows as too little action, never as a

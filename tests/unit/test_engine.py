@@ -442,3 +442,21 @@ def test_other_pools_state_is_kept() -> None:
         == (first.state.algorithms[("breaker", "consecutive-errors", "p")])
     )
     assert ("breaker", "consecutive-errors", "q") in other.state.algorithms
+
+
+def test_outstanding_work_limits_get_the_same_floor() -> None:
+    from fleetloop.daemon.decide.engine import _shape_admission
+    from fleetloop.policies.envelope import Envelope
+
+    d = AdmissionDecision(
+        entity="pool/p",
+        pool_id="p",
+        reason="test",
+        max_queue_depth={"0": 0, "1": 0},
+        max_outstanding={"0": 0, "1": 0, "2": 7},
+        new_task_max_outstanding={"0": 1, "1": 0},
+    )
+    shaped = _shape_admission(d, Envelope(protected_priority=0, min_queue_threshold=4))
+    assert shaped.max_outstanding == {"0": 4, "1": 0, "2": 7}
+    assert shaped.new_task_max_outstanding == {"0": 4, "1": 0}
+    assert shaped.max_queue_depth == {"0": 4, "1": 0}

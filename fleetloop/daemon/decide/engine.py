@@ -147,6 +147,8 @@ def _shape_admission(d: AdmissionDecision, env: Envelope) -> AdmissionDecision:
         update={
             "max_queue_depth": floor(d.max_queue_depth),
             "new_task_max_queue_depth": floor(d.new_task_max_queue_depth),
+            "max_outstanding": floor(d.max_outstanding),
+            "new_task_max_outstanding": floor(d.new_task_max_outstanding),
         }
     )
 
