@@ -7,8 +7,16 @@
   given median and ``sigma = ln(max / median) / 3.09`` (so ``max`` is the 99.9th percentile),
   clipped to ``[1, max]``. The task's shared prefix (``shared_prefix_tokens``, one digest per task)
   is the first ``min(shared_prefix_tokens, prompt - 1)`` tokens of every call.
-- **Timeout**: ``timeout_s`` bounds the wait for the first token (a streaming client's read timeout);
-  once tokens flow the call runs to completion unless the task deadline passes.
+- **Timeout**: for a streaming client (``stream: true``, the default) ``timeout_s`` bounds the wait
+  for the first token (a read timeout); once tokens flow the call runs to completion unless the task
+  deadline passes, and a client that gives up closes the stream, which aborts the request on the
+  engine. A non-streaming client (``stream: false``: agent tool calls and structured output, which
+  wait for the whole answer) bounds the whole call, and the engine cannot see it leave: the request
+  runs on to completion as an **orphan**, its GPU time counted as waste, while the client's retry
+  adds a second copy of the work. That is the work amplification behind retry storms, and it is
+  what vLLM users see with non-streaming calls (awslabs/agentcore-rl-toolkit#46 switched to
+  streaming "so that vLLM can detect client disconnects and abort orphaned requests";
+  vllm-project/vllm#9428, #54947 report generation continuing after the client closed).
 - **Retries**: a failed attempt (error, timeout, shed) is retried up to ``max_retries`` times after
   "full jitter" exponential backoff, ``U(0, min(backoff_max_s, backoff_s x 2^attempt))`` (AWS
   Architecture Blog, "Exponential Backoff and Jitter", 2015), if the router's retry budget lets it

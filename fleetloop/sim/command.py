@@ -91,6 +91,11 @@ def _print_table(result: RunResult, data: dict[str, Any]) -> None:
             "requests sent / retries / shed / errors / timeouts",
             f"{req['sent']} / {req['retries']} / {req['shed']} / {req['errors']} / {req['timeouts']}",
         ),
+        ("orphans (ran on after a non-streaming client left)", str(req.get("orphaned", 0))),
+        (
+            "failed tasks by cause",
+            ", ".join(f"{k} {v}" for k, v in tasks.get("failed_by", {}).items()) or "none",
+        ),
         (
             "node-hours (peak nodes)",
             f"{data['nodes']['node_hours']:.2f} ({data['nodes']['peak_provisioned']})",
@@ -198,6 +203,8 @@ def _compare(args: argparse.Namespace, scenario: Any, policies: list[tuple[str, 
         ("TTFT p99 ms", lambda d: _fmt(d["latency"]["ttft_p99_ms"], ".0f")),
         ("priority-0 success", lambda d: _fmt(d["by_priority"].get("0", {}).get("success_rate"), ".2%")),
         ("retries / shed", lambda d: f"{d['requests']['retries']} / {d['requests']['shed']}"),
+        ("timeouts / orphans", lambda d: f"{d['requests']['timeouts']} / {d['requests'].get('orphaned', 0)}"),
+        ("tasks failed", lambda d: str(d["tasks"]["failed"])),
     ]
     for name, f in rows:
         t.add_row(name, *(f(r.data) for r in runs))

@@ -148,6 +148,8 @@ class FleetSim:
         self.tasks_active: dict[int, Task] = {}
         self._task_seq = 0
         self._rid = 0
+        self.orphans = 0  # requests that ran on after their non-streaming client left
+        self.failed_by: dict[str, int] = {}  # "<cause>:<last attempt's outcome>" -> failed tasks
         self._priority = {t.id: t.priority for t in scenario.tenants}
         self._spikes: list[_Spike] = []
         self._arrival_version = [0] * n_w
@@ -437,15 +439,25 @@ class FleetSim:
         task = att.task
         node = self.nodes.get(att.node_id) if att.node_id else None
         if self.now >= task.deadline_t - 1e-9:
-            if node is not None and att.req is not None:
-                node.cancel(att.req, self.now)
+            self._give_up(att, node)
             self._failed(att, "timeout", final=True)
-        elif att.ttft_s is not None:
+        elif att.ttft_s is not None and task.spec.client.stream:
             self._push(task.deadline_t, _P_CLIENT, self._timer, (att,))  # streaming: only the deadline now
         else:
-            if node is not None and att.req is not None:
-                node.cancel(att.req, self.now)
+            self._give_up(att, node)
             self._failed(att, "timeout")
+
+    def _give_up(self, att: Attempt, node: Node | None) -> None:
+        """The client stops waiting. A streaming client's disconnect aborts the request on the engine;
+        a non-streaming client's does not (the engine cannot see it), so the request runs on."""
+        if node is None or att.req is None:
+            return
+        if att.task.spec.client.stream:
+            node.cancel(att.req, self.now)
+        elif att.req.state not in ("done", "new") and not att.req.orphaned:
+            att.req.reported_cost = node.cost_so_far(att.req)
+            att.req.orphaned = True
+            self.orphans += 1
 
     # NodeListener
     def on_first_token(self, req: Req, t: float) -> None:
@@ -459,12 +471,21 @@ class FleetSim:
         assert isinstance(att, Attempt)
         if not att.done:
             self._ok(att)
+        elif req.orphaned:
+            self._settle_orphan(att, req)
 
     def on_lost(self, req: Req, t: float) -> None:
         att = req.owner
         assert isinstance(att, Attempt)
         if not att.done:
             self._failed(att, "error")
+        elif req.orphaned:
+            self._settle_orphan(att, req)
+
+    def _settle_orphan(self, att: Attempt, req: Req) -> None:
+        extra = req.cost - req.reported_cost
+        if extra > 0:
+            self.acct.waste(att.task.priority, extra)
 
     def on_waste(self, req: Req, usd: float) -> None:
         att = req.owner
@@ -533,16 +554,25 @@ class FleetSim:
         req = att.req
         cost = 0.0
         if req is not None:
-            cost = req.reported_cost if req.cancelled else req.cost
+            cost = req.reported_cost if (req.cancelled or req.orphaned) else req.cost
         retry_at: float | None = None
         client = task.spec.client
-        if not final and att.attempt < client.max_retries:
-            t = self.now + backoff_s(self._rng_backoff, client.backoff_s, client.backoff_max_s, att.attempt)
-            if t < task.deadline_t and self.router.allow_retry(att.pool_id, task.tenant_id):
-                retry_at = t
+        cause = "deadline"
+        if not final:
+            cause = "retries_exhausted"
+            if att.attempt < client.max_retries:
+                wait = backoff_s(self._rng_backoff, client.backoff_s, client.backoff_max_s, att.attempt)
+                t = self.now + wait
+                if t >= task.deadline_t:
+                    cause = "deadline"
+                elif not self.router.allow_retry(att.pool_id, task.tenant_id):
+                    cause = "retry_budget"
+                else:
+                    retry_at = t
         outcome = kind if (kind == "shed" or retry_at is None) else "retry"
         self._emit(att, outcome, cost, None if retry_at is not None else "failed", kind)
         if retry_at is None:
+            self.failed_by[f"{cause}:{kind}"] = self.failed_by.get(f"{cause}:{kind}", 0) + 1
             self._finish_task(task, succeeded=False)
         else:
             self._push(retry_at, _P_CLIENT, self._send, (task, att.attempt + 1))
@@ -622,6 +652,7 @@ class FleetSim:
             "retries": float(a.retries),
             "errors": float(a.errors),
             "timeouts": float(a.timeouts),
+            "orphaned": float(self.orphans),
             "tasks_succeeded": float(succeeded),
             "tasks_failed": float(failed),
         }
@@ -673,6 +704,8 @@ class FleetSim:
                 6,
             ),
         }
+        summary["tasks"]["failed_by"] = dict(sorted(self.failed_by.items()))
+        summary["requests"]["orphaned"] = self.orphans
         summary["faults"] = [
             {"t_s": round(t, 3), "kind": k, "nodes": list(ids)} for t, k, ids in self.fault_log
         ]

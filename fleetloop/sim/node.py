@@ -82,6 +82,7 @@ class Req:
     cost: float = 0.0
     reported_cost: float = 0.0
     cancelled: bool = False
+    orphaned: bool = False  # the client left but the engine was not told: it runs on, as waste
 
 
 @dataclass(slots=True)

@@ -31,14 +31,14 @@ class Run:
 
 def _buckets(rows: list[dict[str, float]]) -> dict[str, list[float]]:
     keys: tuple[str, ...] = ("t_min", "ttft_p99_ms", "tasks_succeeded", "tasks_failed", "cost_rate_usd_per_h")
-    keys += ("provisioned", "warm", "breakers_open", "shed", "retries")
+    keys += ("provisioned", "warm", "breakers_open", "shed", "retries", "ok", "timeouts", "orphaned")
     out: dict[str, list[float]] = {k: [] for k in keys}
     for i in range(0, len(rows), BUCKET_S):
         chunk = rows[i : i + BUCKET_S]
         out["t_min"].append(chunk[-1]["t_s"] / 60.0)
         out["ttft_p99_ms"].append(max(r["ttft_p99_ms"] for r in chunk))
-        for k in ("tasks_succeeded", "tasks_failed", "shed", "retries"):
-            out[k].append(sum(r[k] for r in chunk))
+        for k in ("tasks_succeeded", "tasks_failed", "shed", "retries", "ok", "timeouts", "orphaned"):
+            out[k].append(sum(r.get(k, 0.0) for r in chunk))
         for k in ("cost_rate_usd_per_h", "provisioned", "warm", "breakers_open"):
             out[k].append(chunk[-1][k])
     return out
@@ -71,6 +71,7 @@ def write_report(directory: str | Path, scenario: Scenario, runs: Sequence[Run])
             ax.axhline(scenario.slo.ttft_ms, color="tab:red", linestyle="--", linewidth=1, label="SLO")
         if log:
             ax.set_yscale("symlog")
+            ax.set_ylim(bottom=0)
         ax.set_ylabel(ylabel)
         ax.set_xlabel("virtual time (min); dotted lines: faults")
         if ax.get_legend_handles_labels()[0]:
@@ -102,6 +103,13 @@ def write_report(directory: str | Path, scenario: Scenario, runs: Sequence[Run])
         [("breakers_open", " breakers", "-"), ("retries", " retries", "--"), ("shed", " shed", ":")],
         log=True,
     )
+    panel(
+        "storm.png",
+        "Calls answered (solid) and timed out at the client (dashed)",
+        f"calls / {BUCKET_S} s",
+        [("ok", " answered", "-"), ("timeouts", " timed out", "--")],
+        log=True,
+    )
     page = _page(scenario, runs, panels)
     (out / "index.html").write_text(page)
     return out / "index.html"
@@ -116,6 +124,11 @@ def _summary_rows(runs: Sequence[Run]) -> str:
         ("total / wasted cost", lambda d: f"${d['cost']['total_usd']:.2f} / ${d['cost']['wasted_usd']:.2f}"),
         ("TTFT p50 / p99", lambda d: f"{d['latency']['ttft_p50_ms']} / {d['latency']['ttft_p99_ms']} ms"),
         ("retries / shed", lambda d: f"{d['requests']['retries']} / {d['requests']['shed']}"),
+        (
+            "timeouts / orphans",
+            lambda d: f"{d['requests']['timeouts']} / {d['requests'].get('orphaned', 0)}",
+        ),
+        ("failed tasks by cause", lambda d: _causes(d["tasks"].get("failed_by", {}))),
         ("priority-0 success", lambda d: _pct(d["by_priority"].get("0", {}).get("success_rate"))),
     ]
     body = "\n".join(
@@ -125,6 +138,10 @@ def _summary_rows(runs: Sequence[Run]) -> str:
         for name, f in metrics
     )
     return f"<table><tr><th></th>{head}</tr>\n{body}</table>"
+
+
+def _causes(failed_by: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in failed_by.items()) or "none"
 
 
 def _pct(x: float | None) -> str:

@@ -97,6 +97,9 @@ class Client(_Strict):
     max_retries: int = Field(default=3, ge=0, le=20)
     backoff_s: float = Field(default=0.5, gt=0.0, le=60.0)  # extension: base of exponential backoff
     backoff_max_s: float = Field(default=20.0, gt=0.0, le=600.0)  # extension: backoff cap
+    # extension: false = a non-streaming call: the timeout bounds the whole call, and the engine never
+    # learns that the client left (the request runs on as an orphan).
+    stream: bool = True
 
 
 Kind = Literal["chatbot", "copilot", "research", "autonomous"]

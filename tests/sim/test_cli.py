@@ -53,8 +53,10 @@ def test_table_and_report(scenario_file: Path, tmp_path: Path, capsys: pytest.Ca
     assert main(["sim", "--scenario", str(scenario_file), "--report", str(report)]) == 0
     out = capsys.readouterr().out
     assert "cost per successful task" in out
-    assert (report / "index.html").read_text().count("<img") == 5
-    for png in ("ttft.png", "tasks.png", "cost.png", "nodes.png", "control.png"):
+    assert "failed tasks by cause" in out
+    assert "orphans" in out
+    assert (report / "index.html").read_text().count("<img") == 6
+    for png in ("ttft.png", "tasks.png", "cost.png", "nodes.png", "control.png", "storm.png"):
         assert (report / png).read_bytes()[:4] == b"\x89PNG"
 
 

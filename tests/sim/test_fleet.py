@@ -135,3 +135,60 @@ def test_crash_loses_in_flight_work_and_clients_retry() -> None:
     assert len(lost) == in_flight
     assert not sim.pool_nodes("small")
     assert all(o.cost_usd > 0 for o in lost if o.attempt == 0)
+
+
+def _long_calls(stream: bool) -> Scenario:
+    """One L40S serving 8B calls of ~1,500 output tokens (~20 s each) to a client that waits 5 s."""
+    d = small_scenario_dict()
+    d["pools"] = [{**d["pools"][1], "nodes": 1, "min_nodes": 1, "max_nodes": 1}]
+    d["tenants"] = [{"id": "free", "priority": 2}]
+    chat = d["workload"][1]
+    chat.update(rate_per_s=0.5, output_tokens={"median": 1500, "max": 1600}, deadline_s=80)
+    chat["client"] = {"timeout_s": 5, "max_retries": 2, "stream": stream}
+    d["workload"] = [chat]
+    d["faults"] = []
+    d["duration_s"] = 60
+    return parse_scenario(d, "long-calls")
+
+
+def _drain(sc: Scenario) -> FleetSim:
+    sim = FleetSim(sc, 3, start_ms=EPOCH_MS)
+    t = EPOCH_MS
+    while not sim.done and t < EPOCH_MS + 600_000:
+        t += 1000
+        sim.advance_to(t)
+    return sim
+
+
+def test_a_streaming_client_that_gives_up_aborts_its_request() -> None:
+    sim = _drain(_long_calls(stream=True))
+    req = sim.report().summary["requests"]
+    assert req["orphaned"] == 0
+    # Calls that got their first token within 5 s stream on to the end: some succeed.
+    assert req["ok"] > 0
+
+
+def test_a_non_streaming_client_leaves_an_orphan_that_runs_on_as_waste() -> None:
+    sc = _long_calls(stream=False)
+    sim = FleetSim(sc, 3, start_ms=EPOCH_MS)
+    # The first call arrives, starts decoding, and its client gives up 5 s later (a 20 s call):
+    # the request keeps the node busy after the timeout, next to the client's retry.
+    t = EPOCH_MS
+    while sim.orphans == 0 and t < EPOCH_MS + 60_000:
+        t += 500
+        sim.advance_to(t)
+    assert sim.orphans >= 1
+    node = sim.pool_nodes("small")[0]
+    assert node.running + node.queue_depth >= 2  # the orphan and the retry
+    while not sim.done and t < EPOCH_MS + 600_000:
+        t += 1000
+        sim.advance_to(t)
+    s = sim.report().summary
+    # Every call outlasts its 5 s timeout: every attempt times out and runs on as an orphan.
+    assert s["requests"]["ok"] == 0
+    assert s["requests"]["orphaned"] == s["requests"]["timeouts"] > 0
+    assert s["tasks"]["succeeded"] == 0
+    assert s["tasks"]["failed_by"] == {"retries_exhausted:timeout": s["tasks"]["failed"]}
+    # The orphans' GPU time is waste, and more of it than the streaming client's.
+    streaming = _drain(_long_calls(stream=True)).report().summary
+    assert s["cost"]["wasted_usd"] > streaming["cost"]["wasted_usd"]
