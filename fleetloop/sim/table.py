@@ -96,6 +96,11 @@ def run_one(job: tuple[str, str, str]) -> dict[str, Any]:
         "wasted_usd": data["cost"]["wasted_usd"],
         "ttft_p99_ms": data["latency"]["ttft_p99_ms"],
         "p0_success_rate": p0["success_rate"] if p0 else None,
+        "tasks_failed": data["tasks"]["failed"],
+        "failed_by": data["tasks"].get("failed_by", {}),
+        "retries": data["requests"]["retries"],
+        "timeouts": data["requests"]["timeouts"],
+        "orphaned": data["requests"].get("orphaned", 0),
         "virtual_s": data["sim"]["virtual_s"],
         "wall_s": data["sim"]["wall_s"],
         "speedup": data["sim"]["speedup"],
@@ -181,8 +186,36 @@ def targets(rows: list[dict[str, Any]]) -> tuple[str, bool]:
             ok = ok and x >= 3
             verdict = "met" if x >= 3 else "NOT met"
             lines.append(f"- {s}: TTFT p99 none / default = **{x:.2f}x** (target >= 3x: {verdict})")
+    for s in [s for s in scenarios if "cascade" in s]:
+        line, met = _storm(t, s)
+        ok = ok and met
+        lines.append(line)
     lines.append(f"- every target met: **{'yes' if ok else 'no'}**")
     return "\n".join(lines) + "\n", ok
+
+
+def timed_out(row: dict[str, Any]) -> int:
+    """Tasks lost to the storm: failed with a timed-out call (past its retries or its deadline)."""
+    return sum(n for cause, n in row.get("failed_by", {}).items() if cause.endswith(":timeout"))
+
+
+def _storm(t: dict[tuple[str, str], dict[str, Any]], s: str) -> tuple[str, bool]:
+    """The cascade target: classic loses tasks to the timeout-and-retry storm, fleetloop does not.
+    Met when classic loses at least 1% of its tasks to timed-out calls and default at most a tenth
+    of classic's count and at most 0.1% of its tasks."""
+    c, d = t.get((s, "classic")), t.get((s, "default"))
+    if c is None or d is None:
+        return f"- {s}: classic or default missing", False
+    lc, ld = timed_out(c), timed_out(d)
+    sc, sd = max(1, c["tasks_started"]), max(1, d["tasks_started"])
+    met = lc >= 0.01 * sc and ld <= 0.1 * lc and ld <= 0.001 * sd
+    return (
+        f"- {s}: tasks lost to timed-out calls, classic **{lc}** ({lc / sc:.2%}; {c['retries']} retries, "
+        f"{c['timeouts']} timeouts, {c['orphaned']} orphans) vs default **{ld}** ({ld / sd:.2%}; "
+        f"{d['retries']} retries, {d['timeouts']} timeouts, {d['orphaned']} orphans) "
+        f"(target: classic >= 1%, default <= a tenth of classic and <= 0.1%: {'met' if met else 'NOT met'})",
+        met,
+    )
 
 
 def ablation_markdown(rows: list[dict[str, Any]]) -> str:

@@ -1,0 +1,63 @@
+"""The side-by-side table's target checks (issue 4), on hand-made rows: met and not met."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetloop.sim.table import targets, timed_out
+
+
+def _row(scenario: str, policy: str, usd: float, **kw: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "scenario": scenario,
+        "policy": policy,
+        "success_rate": 0.99,
+        "p0_success_rate": 1.0,
+        "per_successful_task_usd": usd,
+        "ttft_p99_ms": 1000.0,
+        "tasks_started": 1000,
+        "failed_by": {},
+        "retries": 0,
+        "timeouts": 0,
+        "orphaned": 0,
+    }
+    row.update(kw)
+    return row
+
+
+def _rows(default_storm: dict[str, int], classic_storm: dict[str, int]) -> list[dict[str, Any]]:
+    return [
+        _row("steady", "classic", 1.0),
+        _row("steady", "default", 0.5),
+        _row("cascade-x", "classic", 1.0, failed_by=classic_storm),
+        _row("cascade-x", "default", 0.5, failed_by=default_storm),
+    ]
+
+
+def test_timed_out_counts_tasks_whose_last_call_timed_out() -> None:
+    row = {"failed_by": {"deadline:timeout": 4, "retries_exhausted:timeout": 1, "retries_exhausted:shed": 7}}
+    assert timed_out(row) == 5
+
+
+def test_cascade_target_met_when_classic_loses_tasks_to_timeouts_and_default_does_not() -> None:
+    text, ok = targets(_rows({"deadline:timeout": 1}, {"deadline:timeout": 30}))
+    assert ok
+    assert "classic **30** (3.00%" in text
+    assert "default **1** (0.10%" in text
+    assert ": met)" in text
+
+
+def test_cascade_target_not_met_when_classic_holds_or_default_loses_as_many() -> None:
+    _, ok = targets(_rows({}, {"deadline:timeout": 5}))  # classic loses 0.5%: no storm to win
+    assert not ok
+    text, ok = targets(_rows({"retries_exhausted:timeout": 10}, {"deadline:timeout": 40}))
+    assert not ok
+    assert "NOT met" in text
+
+
+def test_cost_target_fails_over_two_percent_above_classic() -> None:
+    rows = _rows({}, {"deadline:timeout": 30})
+    rows[1]["per_successful_task_usd"] = 1.03
+    text, ok = targets(rows)
+    assert not ok
+    assert "(over 1.02)" in text
