@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, builtin_policy, load_policy
+from fleetloop.sim.report import causes_text
 from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import ScenarioError, load_scenario
 
@@ -94,7 +95,7 @@ def _print_table(result: RunResult, data: dict[str, Any]) -> None:
         ("orphans (ran on after a non-streaming client left)", str(req.get("orphaned", 0))),
         (
             "failed tasks by cause",
-            ", ".join(f"{k} {v}" for k, v in tasks.get("failed_by", {}).items()) or "none",
+            causes_text(tasks.get("failed_by", {})),
         ),
         (
             "node-hours (peak nodes)",

@@ -454,9 +454,7 @@ class FleetSim:
             return
         if att.task.spec.client.stream:
             node.cancel(att.req, self.now)
-        elif att.req.state not in ("done", "new") and not att.req.orphaned:
-            att.req.reported_cost = node.cost_so_far(att.req)
-            att.req.orphaned = True
+        elif node.abandon(att.req):
             self.orphans += 1
 
     # NodeListener
@@ -471,21 +469,12 @@ class FleetSim:
         assert isinstance(att, Attempt)
         if not att.done:
             self._ok(att)
-        elif req.orphaned:
-            self._settle_orphan(att, req)
 
     def on_lost(self, req: Req, t: float) -> None:
         att = req.owner
         assert isinstance(att, Attempt)
         if not att.done:
             self._failed(att, "error")
-        elif req.orphaned:
-            self._settle_orphan(att, req)
-
-    def _settle_orphan(self, att: Attempt, req: Req) -> None:
-        extra = req.cost - req.reported_cost
-        if extra > 0:
-            self.acct.waste(att.task.priority, extra)
 
     def on_waste(self, req: Req, usd: float) -> None:
         att = req.owner

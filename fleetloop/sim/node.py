@@ -237,6 +237,15 @@ class Node:
         elif self.run.kind == "decode":
             self._truncate(now)
 
+    def abandon(self, req: Req) -> bool:
+        """The client left without the engine being told (a non-streaming call): the request runs
+        on, and what it costs from here is settled as waste. False if it had already ended."""
+        if req.state in ("done", "new") or req.cancelled or req.orphaned:
+            return False
+        req.reported_cost = self.cost_so_far(req)
+        req.orphaned = True
+        return True
+
     def set_degrade(self, factor: float, now: float) -> None:
         self.degrade = factor
         if self.run is not None and self.run.kind == "decode":
@@ -258,6 +267,7 @@ class Node:
                 r.cost += self.acc - r.join_acc
             r.state = "done"
             self.stats.errors += 1
+            self._settle_abandoned(r)
             self.listener.on_lost(r, now)
         self.waiting.clear()
         self.queued_tokens = 0
@@ -594,7 +604,11 @@ class Node:
             if r in self.prefilling:
                 self.prefilling.remove(r)
         r.state = "done"
-        if r.cancelled:
+        self._settle_abandoned(r)
+
+    def _settle_abandoned(self, r: Req) -> None:
+        """A request its client left (cancelled or orphaned): what it cost after that is waste."""
+        if r.cancelled or r.orphaned:
             extra = r.cost - r.reported_cost
             if extra > 0:
                 self.listener.on_waste(r, extra)

@@ -128,7 +128,7 @@ def _summary_rows(runs: Sequence[Run]) -> str:
             "timeouts / orphans",
             lambda d: f"{d['requests']['timeouts']} / {d['requests'].get('orphaned', 0)}",
         ),
-        ("failed tasks by cause", lambda d: _causes(d["tasks"].get("failed_by", {}))),
+        ("failed tasks by cause", lambda d: causes_text(d["tasks"].get("failed_by", {}))),
         ("priority-0 success", lambda d: _pct(d["by_priority"].get("0", {}).get("success_rate"))),
     ]
     body = "\n".join(
@@ -140,7 +140,8 @@ def _summary_rows(runs: Sequence[Run]) -> str:
     return f"<table><tr><th></th>{head}</tr>\n{body}</table>"
 
 
-def _causes(failed_by: dict[str, int]) -> str:
+def causes_text(failed_by: dict[str, int]) -> str:
+    """``failed_by`` in one line: ``deadline:timeout 4, retries_exhausted:timeout 1`` (or ``none``)."""
     return ", ".join(f"{k} {v}" for k, v in failed_by.items()) or "none"
 
 

@@ -17,6 +17,7 @@ import pytest
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.sim.runner import run
 from fleetloop.sim.scenario import load_scenario
+from fleetloop.sim.table import timed_out
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 pytestmark = pytest.mark.slow
@@ -55,7 +56,7 @@ def test_prefix_affinity_cuts_ttft_p99_against_none() -> None:
 
 
 def _lost_to_timeouts(o: dict[str, Any]) -> int:
-    return sum(n for cause, n in o["tasks"]["failed_by"].items() if cause.endswith(":timeout"))
+    return timed_out({"failed_by": o["tasks"]["failed_by"]})
 
 
 def test_cascade_classic_loses_tasks_to_the_storm_and_default_does_not() -> None:
