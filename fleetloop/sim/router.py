@@ -6,9 +6,15 @@ dropped). It never asks the control plane anything per call (fleetloop is not in
 
 Per call, in order:
 
-1. **Pools**: the pools serving the workload's preferred model, then the pool's ``spill_to`` pools
-   (when they serve an acceptable model) if the call would be shed; if no pool of that chain has a
-   routable node, the pools of the next acceptable model (model fallback).
+1. **Pools**: every pool serving the workload's preferred model takes a share of its calls: the
+   primary pool of a call is picked by smooth weighted round robin (nginx's algorithm, no random
+   draw) over those pools, each weighted by its routable capacity, i.e. the number of nodes its
+   newest routing decision publishes with weight > 0 (that are routable; the warm live nodes when it
+   fails static) times the node's decode bandwidth (HBM bytes/s achieved, the resource a decode step
+   is bound by), so an H100 pool and an A100 pool of one model split traffic by what they can serve.
+   Then the primary's ``spill_to`` pools (when they serve an acceptable model) if the call would be
+   shed; if no pool of that chain has a routable node, the pools of the next acceptable model
+   (model fallback).
 2. **Nodes**: those with weight > 0 in ``by_priority[p]`` (else ``weights``), not draining, and not
    behind an enforced open breaker. A node that crashed stays routable until the control plane
    zeroes it: calls to it fail at once, as connection errors would.
@@ -74,6 +80,7 @@ class Router:
         self.outstanding: dict[str, int] = {}
         self.members: dict[str, list[Node]] = {}  # pool -> nodes known to discovery (sorted by id)
         self.nodes: dict[str, Node] = {}
+        self.pool_credit: dict[str, float] = {}  # smooth weighted round robin across a model's pools
 
     # -- desired state ----------------------------------------------------------------------------
 
@@ -141,6 +148,33 @@ class Router:
                 continue
             out.append((node, w))
         return out
+
+    def _capacity(self, pool_id: str, priority: int, now: float) -> float:
+        """Routable capacity of a pool: routable nodes by its published weights x decode bandwidth."""
+        eligible = self._eligible(pool_id, priority, now)
+        if eligible is None:
+            nodes = [n for n in self.members.get(pool_id, ()) if n.alive and n.warm and not n.draining]
+        else:
+            nodes = [n for n, _ in eligible]
+        return sum(n.spec.bytes_per_s for n in nodes)
+
+    def _primary(self, pools: tuple[str, ...], priority: int, now: float) -> str:
+        """The pool that takes this call among the pools of one model (see the module docstring)."""
+        if len(pools) == 1:
+            return pools[0]
+        shares = [(p, self._capacity(p, priority, now)) for p in pools]
+        total = sum(c for _, c in shares)
+        if total <= 0.0:
+            return pools[0]
+        credit = self.pool_credit
+        best, best_credit = pools[0], -1e300
+        for p, c in shares:
+            v = credit.get(p, 0.0) + c / total
+            credit[p] = v
+            if v > best_credit:
+                best, best_credit = p, v
+        credit[best] -= 1.0
+        return best
 
     def _plain(self, pool_id: str) -> Node | None:
         live = [n for n in self.members.get(pool_id, ()) if n.alive and n.warm and not n.draining]
@@ -231,7 +265,10 @@ class Router:
                     candidates.append(p)
         if not candidates:
             return Route("", None, "no-pool")
-        primary = candidates[0]
+        first = next((self.pools_by_model[m] for m in models if self.pools_by_model.get(m)), ())
+        primary = self._primary(first, priority, now)
+        candidates.remove(primary)
+        candidates.insert(0, primary)
         st = self.pools.get(primary)
         spill = st.routing.spill_to if st is not None and st.routing is not None else ()
         chain = [primary] + [p for p in spill if p in candidates and p != primary]
