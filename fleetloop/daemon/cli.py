@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetloop.sim import command as sim_command
 
     sim_command.register(sub)
+    # The edges: runtime adapters and the emulated fleet.
+    from fleetloop.edges.scrape import command as scrape_command
+
+    scrape_command.register(sub)
     return parser
 
 

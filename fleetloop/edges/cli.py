@@ -1,0 +1,40 @@
+"""What the edge commands share: their one-line user error and the broker arguments.
+
+(The daemon's ``cli_common`` imports the policy registry; edges may not, so they keep their own.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from functools import wraps
+
+
+class EdgeUsageError(Exception):
+    """A problem the user can fix: printed as one line on stderr, exit code 2."""
+
+
+def bootstrap_arg(p: argparse.ArgumentParser, *, required: bool) -> None:
+    p.add_argument(
+        "--bootstrap-servers", required=required, metavar="HOST:PORT", help="Kafka bootstrap servers"
+    )
+    p.add_argument(
+        "--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)"
+    )
+
+
+def one_line_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn an :class:`EdgeUsageError` into one line on stderr and exit code 2."""
+
+    @wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        try:
+            return handler(args)
+        except EdgeUsageError as exc:
+            sys.stderr.write(f"{exc}\n")
+            return 2
+
+    return run

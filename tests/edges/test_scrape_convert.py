@@ -1,0 +1,275 @@
+"""Fixture tests of the runtime adapters: every runtime and release, a counter reset, a renamed metric.
+
+The fixtures (tests/edges/fixtures/<runtime>-<release>.<n>.prom) are three scrapes of one engine:
+a baseline, one second later, and after the engine restarted. Their headers cite where the metric
+definitions were read.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from fleetloop.edges.scrape.convert import (
+    Converter,
+    ExpositionError,
+    NodeIdentity,
+    bucket_quantile,
+    parse_exposition,
+)
+from fleetloop.edges.scrape.runtimes import RELEASES, detect
+from fleetloop.schemas.telemetry import NodeTelemetry
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TTFT_NEW_S = [0.05, 0.07, 0.2, 0.3, 0.6, 1.2]  # what the engine saw between scrape 1 and 2
+
+# fixture -> (runtime, release version, expected counters over scrape 1 -> 2)
+CASES = {
+    "vllm-0.33.0": (
+        "vllm",
+        "0.33.0 (V1)",
+        {
+            "requests_completed": 5,
+            "timeouts": 1,
+            "errors": 1,
+            "preemptions": 1,
+            "prefix_cache_hit_frac": 0.75,
+        },
+    ),
+    "vllm-0.8.5": (
+        "vllm",
+        "0.8.5 (V1, before the renames)",
+        {
+            "requests_completed": 5,
+            "timeouts": 1,
+            "errors": 0,
+            "preemptions": 1,
+            "prefix_cache_hit_frac": 0.75,
+        },
+    ),
+    "vllm-0.6.6": (
+        "vllm",
+        "0.6.6 (V0)",
+        {
+            "requests_completed": 5,
+            "timeouts": 0,
+            "errors": 0,
+            "preemptions": 1,
+            "prefix_cache_hit_frac": 0.35,
+        },
+    ),
+    "sglang-0.5.23": (
+        "sglang",
+        "0.5.23",
+        {
+            "requests_completed": 6,
+            "timeouts": 1,
+            "errors": 0,
+            "preemptions": 1,
+            "prefix_cache_hit_frac": 0.35,
+        },
+    ),
+    "trtllm-serve": (
+        "trtllm",
+        "trtllm-serve (TensorRT-LLM 1.2)",
+        {
+            "requests_completed": 5,
+            "timeouts": 0,
+            "errors": 1,
+            "preemptions": 0,
+            "prefix_cache_hit_frac": 0.35,
+        },
+    ),
+    "trtllm-triton": (
+        "trtllm",
+        "Triton tensorrtllm_backend",
+        {"requests_completed": 5, "timeouts": 0, "errors": 1, "preemptions": 0, "prefix_cache_hit_frac": 0.0},
+    ),
+    "dynamo-1.6.1": (
+        "dynamo",
+        "1.6.1",
+        {
+            "requests_completed": 5,
+            "timeouts": 0,
+            "errors": 1,
+            "preemptions": 0,
+            "prefix_cache_hit_frac": 0.35,
+        },
+    ),
+}
+
+
+def _scrape(name: str, n: int) -> str:
+    return (FIXTURES / f"{name}.{n}.prom").read_text()
+
+
+def _converter(runtime: str) -> Converter:
+    return Converter(
+        runtime, NodeIdentity(node_id="p/n0", pool_id="p", gpu_type="H100", usd_per_h=2.5, kv_gib=40.0)
+    )
+
+
+def _run(name: str, runtime: str, texts: list[str]) -> list[NodeTelemetry | None]:
+    conv = _converter(runtime)
+    return [
+        conv.update(parse_exposition(t), ts_ms=1_000_000 + 1000 * i, mono_ms=5_000 + 1000 * i)
+        for i, t in enumerate(texts)
+    ]
+
+
+def test_every_release_has_a_fixture_with_a_cited_source() -> None:
+    versions = {(rt, v) for rt, v, _ in CASES.values()}
+    for runtime, releases in RELEASES.items():
+        for r in releases:
+            assert (runtime, r.version) in versions, f"no fixture for {runtime} {r.version}"
+    for name in CASES:
+        head = _scrape(name, 1).splitlines()[:3]
+        assert head[0].startswith("# fixture: ")
+        assert head[1].startswith("# metric definitions read from: ")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fixture_converts(name: str) -> None:
+    runtime, version, expected = CASES[name]
+    first, second, third = _run(name, runtime, [_scrape(name, 1), _scrape(name, 2), _scrape(name, 3)])
+    assert first is None, "the first scrape is a baseline: it publishes no rate it cannot know"
+    assert second is not None
+    assert third is not None
+    assert detect(runtime, parse_exposition(_scrape(name, 2)).names()).version == version
+    # gauges as they are
+    assert second.running_requests == 5
+    assert second.queue_depth == 2
+    assert second.kv_cache_used_frac == pytest.approx(0.42)
+    assert second.hbm_free_gib == pytest.approx(40.0 * 0.58, abs=1e-3)
+    # counters: the increase over the interval
+    assert second.prompt_tokens == 1500
+    assert second.output_tokens == 800
+    for field, want in expected.items():
+        assert getattr(second, field) == pytest.approx(want), field
+    assert second.interval_ms == 1000
+    assert second.ts_ms == 1_001_000
+    # TTFT: the true quantile lies in the bucket found, so the estimate is within that bucket
+    truth_p50 = sorted(TTFT_NEW_S)[2] * 1000  # 200..300 ms: the middle pair
+    assert second.ttft_p50_ms is not None
+    assert second.ttft_p99_ms is not None
+    assert abs(second.ttft_p50_ms - truth_p50) <= 500.0
+    assert second.ttft_p50_ms <= second.ttft_p99_ms
+    if runtime != "trtllm" or "serve" in version:
+        assert second.tbt_p50_ms is not None
+        assert second.tbt_p99_ms is not None
+        assert second.tbt_p50_ms < 30.0 < second.tbt_p99_ms  # 90 tokens at 20 ms, 10 at 200 ms
+    # the restart: counters went down; nothing negative, the new process' counts are the increase
+    assert third.prompt_tokens == 300
+    assert third.output_tokens == 100
+    assert third.requests_completed >= 0
+    assert third.errors >= 0
+    assert third.preemptions >= 0
+    assert third.ttft_p50_ms is not None
+    assert third.ttft_p50_ms <= 100.0 + 1e-6
+
+
+def test_vllm_v1_exact_quantiles_and_model_label() -> None:
+    _, second, _ = _run("vllm-0.33.0", "vllm", [_scrape("vllm-0.33.0", n) for n in (1, 2, 3)])
+    assert second is not None
+    # rank 3 of 6 falls in (0.08, 0.25] holding 1 request above 2 below: 0.08 + 0.17 x 1/1
+    assert second.ttft_p50_ms == pytest.approx(250.0)
+    # rank 5.94 in (1.0, 2.5] holding the 6th: 1.0 + 1.5 x 0.94 (truth 1.2 s: within the 1.5 s bucket)
+    assert second.ttft_p99_ms == pytest.approx(2410.0)
+    # 90 of 100 tokens at 20 ms: rank 50 in (0.01, 0.025]: 0.01 + 0.015 x 50 / 90
+    assert second.tbt_p50_ms == pytest.approx(18.333, abs=1e-3)
+    assert second.tbt_p99_ms == pytest.approx(195.0)
+    assert second.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert second.gpu_type == "H100"
+    assert second.cost_rate_usd_per_h == 2.5
+
+
+def test_renamed_metrics_read_the_same_field() -> None:
+    """vLLM V0 -> V1 renames: kv_cache_usage_perc / gpu_cache_usage_perc feed the same field."""
+    new = parse_exposition(_scrape("vllm-0.33.0", 2))
+    old = parse_exposition(_scrape("vllm-0.8.5", 2))
+    assert "vllm:kv_cache_usage_perc" in new.samples
+    assert "vllm:kv_cache_usage_perc" not in old.samples
+    assert "vllm:gpu_cache_usage_perc" in old.samples
+    assert "vllm:inter_token_latency_seconds_bucket" in new.samples
+    assert "vllm:time_per_output_token_seconds_bucket" in old.samples
+    a = _run("x", "vllm", [_scrape("vllm-0.33.0", 1), _scrape("vllm-0.33.0", 2)])[1]
+    b = _run("x", "vllm", [_scrape("vllm-0.8.5", 1), _scrape("vllm-0.8.5", 2)])[1]
+    assert a is not None
+    assert b is not None
+    assert a.kv_cache_used_frac == b.kv_cache_used_frac == pytest.approx(0.42)
+    assert a.tbt_p99_ms == b.tbt_p99_ms
+    assert a.prefix_cache_hit_frac == b.prefix_cache_hit_frac == pytest.approx(0.75)
+
+
+def test_counter_reset_without_a_process_start_gauge() -> None:
+    """A counter that went down is a reset even when nothing else says the engine restarted."""
+    strip = lambda t: "\n".join(ln for ln in t.splitlines() if "process_start" not in ln) + "\n"  # noqa: E731
+    conv = _converter("vllm")
+    texts = [strip(_scrape("vllm-0.33.0", n)) for n in (1, 2, 3)]
+    recs = [
+        conv.update(parse_exposition(t), ts_ms=10 + i, mono_ms=1000 * (i + 1)) for i, t in enumerate(texts)
+    ]
+    third = recs[2]
+    assert third is not None
+    assert third.prompt_tokens == 300
+    assert third.output_tokens == 100
+    assert third.requests_completed == 2
+    assert conv.resets > 0
+
+
+def test_bad_exposition_is_an_error_not_a_crash() -> None:
+    for bad in (
+        "vllm:num_requests_running{engine=0 3\n",
+        "<html>502 Bad Gateway</html>\n",
+        "\x00\x01",
+        "a b c\n",
+    ):
+        with pytest.raises(ExpositionError):
+            parse_exposition(bad)
+    # what parses but makes no sense (a bucket bound that is no number) is skipped, not fatal
+    conv = _converter("vllm")
+    odd = parse_exposition('vllm:time_to_first_token_seconds_bucket{le="a"} 1\n')
+    assert conv.update(odd, ts_ms=1, mono_ms=1000) is None
+    rec = conv.update(odd, ts_ms=2, mono_ms=2000)
+    assert rec is not None
+    assert rec.ttft_p50_ms is None
+
+
+def test_hostile_values_stay_in_bounds() -> None:
+    text = (
+        "vllm:num_requests_running -3\nvllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 7.5\n"
+        "vllm:prompt_tokens_total +Inf\nvllm:generation_tokens_total 1e300\n"
+    )
+    conv = _converter("vllm")
+    assert conv.update(parse_exposition(text), ts_ms=1, mono_ms=1000) is None
+    rec = conv.update(parse_exposition(text), ts_ms=2, mono_ms=2000)
+    assert rec is not None
+    assert rec.running_requests == 0
+    assert rec.queue_depth == 0
+    assert rec.kv_cache_used_frac == 1.0
+    assert rec.prompt_tokens == 0
+    assert rec.output_tokens == 0
+
+
+def test_bucket_quantile_bounds() -> None:
+    assert bucket_quantile(0.5, []) is None
+    assert bucket_quantile(0.5, [(1.0, 0.0), (math.inf, 0.0)]) is None
+    # everything above the last finite bound: the bound is a lower bound of the truth
+    assert bucket_quantile(0.99, [(1.0, 0.0), (2.0, 0.0), (math.inf, 10.0)]) == 2.0
+    assert bucket_quantile(0.5, [(1.0, 10.0), (math.inf, 10.0)]) == pytest.approx(0.5)
+
+
+def test_long_gap_rebaselines() -> None:
+    conv = _converter("vllm")
+    t1, t2 = parse_exposition(_scrape("vllm-0.33.0", 1)), parse_exposition(_scrape("vllm-0.33.0", 2))
+    assert conv.update(t1, ts_ms=1, mono_ms=1000) is None
+    assert conv.update(t2, ts_ms=2, mono_ms=1000 + 700_000) is None  # > 600 s: a new baseline
+
+
+def test_readme_carries_the_generated_tables() -> None:
+    from fleetloop.edges.scrape.runtimes import RUNTIMES, field_table
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for runtime in RUNTIMES:
+        assert field_table(runtime) in readme, f"README's {runtime} table drifted: regenerate it"
