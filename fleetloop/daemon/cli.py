@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetloop.daemon import commands
 
     commands.register(sub)
+    # Benchmarks (`fleetloop bench ...`): they drive the runtime and generated fleets.
+    from fleetloop.bench import command as bench_command
+
+    bench_command.register(sub)
     # The simulator's commands (the composition root is the one place that may import sim).
     from fleetloop.sim import command as sim_command
 

@@ -13,3 +13,8 @@ def monotonic_s() -> float:
 def wall_ms() -> int:
     """Wall-clock time in epoch milliseconds: the producer's event time (``ts_ms``)."""
     return time.time_ns() // 1_000_000
+
+
+def cpu_s() -> float:
+    """CPU seconds this process has used: what benchmarks report beside wall time on a shared machine."""
+    return time.process_time()

@@ -42,6 +42,7 @@ from fleetloop.daemon.decide.engine import Engine, envelope_of
 from fleetloop.daemon.model.fleet import FleetModel, snapshot
 from fleetloop.daemon.observability import logger, meter, tracer
 from fleetloop.daemon.observe.decode import DeadLetter, decode_batch, reason_of
+from fleetloop.policies.base import FleetSnapshot
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import Decision
@@ -372,10 +373,15 @@ class Daemon:
             return out
         env = envelope_of(self.engine.policy)
         offsets = self.input_offsets()
+        # One snapshot per tick time, shared by every pool ticking at it: the model does not change
+        # while a batch's ticks are decided, so a per-pool snapshot would be the same one rebuilt.
+        snaps: dict[int, FleetSnapshot] = {}
         for tick, tp, offset in sorted(ticks, key=lambda x: (x[0].ts_ms, x[0].pool_id, x[0].tick_id)):
-            snap = snapshot(
-                self.model, tick.ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms
-            )
+            snap = snaps.get(tick.ts_ms)
+            if snap is None:
+                snap = snaps[tick.ts_ms] = snapshot(
+                    self.model, tick.ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms
+                )
             if tick.pool_id not in snap.pools:
                 self.stats.ticks_no_data += 1  # a pool this instance has no data on: nothing to decide from
                 continue

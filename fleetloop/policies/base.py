@@ -139,12 +139,20 @@ class FleetSnapshot:
     pools: Mapping[str, PoolView]
     tenants: Mapping[str, TenantView]
     ledger: LedgerView
+    # Figures derived from this snapshot alone, computed once and shared by every pool's tick
+    # (e.g. the pools' spill-over headroom). Only pure functions of the snapshot may fill it.
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def pool_nodes(self, pool_id: str) -> tuple[NodeView, ...]:
-        """The pool's nodes, sorted by node id."""
-        pool = self.pools.get(pool_id)
-        ids = pool.node_ids if pool is not None else ()
-        return tuple(self.nodes[i] for i in ids if i in self.nodes)
+        """The pool's nodes, sorted by node id (built once per pool and snapshot)."""
+        key = ("pool_nodes", pool_id)
+        found: tuple[NodeView, ...] | None = self.memo.get(key)
+        if found is None:
+            pool = self.pools.get(pool_id)
+            ids = pool.node_ids if pool is not None else ()
+            nodes = self.nodes
+            found = self.memo[key] = tuple(nodes[i] for i in ids if i in nodes)
+        return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pydantic import TypeAdapter
 
 from fleetloop.policies.base import FleetSnapshot, PolicyContext, r6
 from fleetloop.policies.envelope import Envelope
 from fleetloop.policies.registry import CompiledPolicy
+from fleetloop.schemas.base import NonNegInt
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import (
     AdmissionDecision,
@@ -45,6 +47,10 @@ class EngineState:
     algorithms: Mapping[tuple[str, str, str], Any] = field(default_factory=dict)  # (section, name, pool)
 
 
+_EMPTY = EngineState()
+_OFFSETS: TypeAdapter[dict[str, int]] = TypeAdapter(dict[str, NonNegInt])
+
+
 @dataclass(frozen=True, slots=True)
 class TickResult:
     decisions: tuple[Decision, ...]
@@ -52,8 +58,18 @@ class TickResult:
     diagnostics: Mapping[str, float]
 
 
+_ENVELOPES: dict[str, Envelope] = {}
+
+
 def envelope_of(policy: CompiledPolicy) -> Envelope:
-    return Envelope.model_validate(policy.document.spec.envelope)
+    """The policy's envelope, validated once per document (keyed by its content hash)."""
+    env = _ENVELOPES.get(policy.stamp.hash)
+    if env is None:
+        env = Envelope.model_validate(policy.document.spec.envelope)
+        if len(_ENVELOPES) >= 64:
+            _ENVELOPES.clear()
+        _ENVELOPES[policy.stamp.hash] = env
+    return env
 
 
 def _cap_ejections(
@@ -219,18 +235,18 @@ def decide(
             produced = [_shape_autoscale(d, env) if isinstance(d, AutoscaleDecision) else d for d in produced]
         bodies.extend((sec.mode, d) for d in produced)
     offsets = dict(sorted((input_offsets or {}).items()))
+    # Every part of the envelope is validated once per tick (the stamps, the offsets) or already was
+    # (the tick, each body), so the per-decision wrapper is assembled without validating it again.
+    stamps = {
+        mode: PolicyStamp(
+            name=policy.stamp.name, version=policy.stamp.version, hash=policy.stamp.hash, mode=mode
+        )
+        for mode in sorted({mode for mode, _ in bodies})
+    }
+    offsets = _OFFSETS.validate_python(offsets)
     decisions = tuple(
-        Decision(
-            ts_ms=tick.ts_ms,
-            tick_id=tick.tick_id,
-            policy=PolicyStamp(
-                name=policy.stamp.name,
-                version=policy.stamp.version,
-                hash=policy.stamp.hash,
-                mode=mode,
-            ),
-            input_offsets=offsets,
-            body=body,
+        Decision.model_construct(
+            ts_ms=tick.ts_ms, tick_id=tick.tick_id, policy=stamps[mode], input_offsets=offsets, body=body
         )
         for mode, body in bodies
     )
@@ -242,11 +258,22 @@ def decide(
 
 
 class Engine:
-    """A convenience holder for ``(policy, state)`` around :func:`decide`; still no I/O."""
+    """A convenience holder for ``(policy, state)`` around :func:`decide`; still no I/O.
+
+    State is kept per pool: a pool's tick reads and replaces only its own algorithms' states, so a
+    whole-fleet tick costs the sum of its pools, not pools squared."""
 
     def __init__(self, policy: CompiledPolicy) -> None:
         self.policy = policy
-        self.state = EngineState()
+        self.pools: dict[str, EngineState] = {}
+
+    @property
+    def state(self) -> EngineState:
+        """Every pool's states in one :class:`EngineState` (for inspection; ``tick`` does not use it)."""
+        merged: dict[tuple[str, str, str], Any] = {}
+        for pool_id in sorted(self.pools):
+            merged.update(self.pools[pool_id].algorithms)
+        return EngineState(merged)
 
     @property
     def envelope(self) -> Envelope:
@@ -258,6 +285,6 @@ class Engine:
     def tick(
         self, snap: FleetSnapshot, tick: Tick, input_offsets: Mapping[str, int] | None = None
     ) -> TickResult:
-        result = decide(snap, self.policy, self.state, tick, input_offsets)
-        self.state = result.state
+        result = decide(snap, self.policy, self.pools.get(tick.pool_id, _EMPTY), tick, input_offsets)
+        self.pools[tick.pool_id] = result.state
         return result

@@ -60,9 +60,13 @@ class Window:
         hi = now_ms // BUCKET_MS
         lo = hi - max(1, window_ms // BUCKET_MS)
         out = [0.0] * self.width
-        for b in sorted(self.buckets):
-            if lo < b <= hi:
-                for i, v in enumerate(self.buckets[b]):
+        buckets = self.buckets
+        # Visit the window's buckets in ascending order (the sum is order-dependent in floating
+        # point), looking each up, rather than sorting every retained bucket.
+        for b in range(lo + 1, hi + 1) if hi - lo <= len(buckets) else sorted(buckets):
+            row = buckets.get(b)
+            if row is not None and lo < b <= hi:
+                for i, v in enumerate(row):
                     out[i] += v
         return out
 

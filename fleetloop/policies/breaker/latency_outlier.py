@@ -101,10 +101,9 @@ latency machine holds its state; error ejection goes on.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Self
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 from pydantic import Field, model_validator
 
@@ -173,6 +172,27 @@ class NodeState:
     obs: tuple[tuple[int, float | None, float | None, float | None, float | None], ...] = ()
 
 
+def _with(ns: NodeState, **kw: Any) -> NodeState:
+    """``dataclasses.replace`` for the hot path (it runs for every node on every tick)."""
+    return NodeState(
+        kw.get("err", ns.err),
+        kw.get("lat", ns.lat),
+        kw.get("lat_since_ms", ns.lat_since_ms),
+        kw.get("lat_ejections", ns.lat_ejections),
+        kw.get("flagged_ticks", ns.flagged_ticks),
+        kw.get("ramp_from_ms", ns.ramp_from_ms),
+        kw.get("was_warm", ns.was_warm),
+        kw.get("obs", ns.obs),
+    )
+
+
+def median_sorted(xs: list[float]) -> float:
+    """``statistics.median`` of an already sorted, non-empty list (same arithmetic, less overhead)."""
+    n = len(xs)
+    mid = n // 2
+    return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
 @dataclass(frozen=True, slots=True)
 class State:
     started: bool = False
@@ -217,7 +237,7 @@ def remember(ns: NodeState, node: NodeView, now: int, params: LatencyOutlierPara
     kept = [o for o in ns.obs if now - o[0] < params.memory_ms and o[0] < now]
     if any(v is not None for v in vals):
         kept.append((now, vals[0], vals[1], vals[2], vals[3]))
-    return replace(ns, obs=tuple(kept))
+    return _with(ns, obs=tuple(kept))
 
 
 def aggregate(ns: NodeState, min_samples: int) -> dict[str, float]:
@@ -225,8 +245,8 @@ def aggregate(ns: NodeState, min_samples: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for i, s in enumerate(SIGNALS):
         xs = sorted(v for o in ns.obs if (v := o[i + 1]) is not None)
-        if len(xs) >= min_samples:
-            out[s] = statistics.median(xs)
+        if xs and len(xs) >= min_samples:
+            out[s] = median_sorted(xs)
     return out
 
 
@@ -235,8 +255,8 @@ def reference(values: list[float], min_hosts: int) -> tuple[float, float] | None
     xs = sorted(values)
     if len(xs) < min_hosts:
         return None
-    m = statistics.median(xs)
-    return m, statistics.median(sorted(abs(x - m) for x in xs))
+    m = median_sorted(xs)
+    return m, median_sorted(sorted(abs(x - m) for x in xs))
 
 
 def judge(
@@ -286,23 +306,23 @@ def _latency_step(
     """One transition of the latency machine. Returns (state, reason, wants_to_open)."""
     if ns.lat == "open":
         if now - ns.lat_since_ms >= backoff_ms(params, ns.lat_ejections):
-            return replace(ns, lat="half_open", lat_since_ms=now, flagged_ticks=0), "latency-probe", False
+            return _with(ns, lat="half_open", lat_since_ms=now, flagged_ticks=0), "latency-probe", False
         return ns, "latency-ejected", False
     if ns.lat == "half_open":
         if v.relapse:
             return ns, "latency-probe-failed", True
         elapsed = now - ns.lat_since_ms
         if (v.clean and elapsed >= params.probe_min_ms) or elapsed >= params.probe_max_ms:
-            back = replace(ns, lat="closed", lat_since_ms=now, flagged_ticks=0, ramp_from_ms=now)
+            back = _with(ns, lat="closed", lat_since_ms=now, flagged_ticks=0, ramp_from_ms=now)
             return back, "latency-probe-succeeded", False
         return ns, "latency-probing", False
     # closed
     flagged = ns.flagged_ticks + 1 if v.outlier else 0
-    ns = replace(ns, flagged_ticks=flagged)
+    ns = _with(ns, flagged_ticks=flagged)
     if flagged >= params.detect_ticks:
         return ns, "latency-outlier", True
     if ns.lat_ejections and now - ns.lat_since_ms >= params.forgive_after_ms:
-        return replace(ns, lat_ejections=0), "forgiven", False
+        return _with(ns, lat_ejections=0), "forgiven", False
     return ns, ("latency-suspect" if flagged else "healthy"), False
 
 
@@ -335,10 +355,9 @@ class LatencyOutlier:
         for n in pool:
             ns = remembered[n.node_id]
             err, err_reason = step(ns.err, n.consecutive_failures, now, err_params)
-            ns = replace(ns, err=err)
-            if state.started and n.warm and not ns.was_warm:
-                ns = replace(ns, ramp_from_ms=now)  # weights just loaded: slow start
-            ns = replace(ns, was_warm=n.warm)
+            # weights just loaded: slow start
+            ramp = now if state.started and n.warm and not ns.was_warm else ns.ramp_from_ms
+            ns = _with(ns, err=err, ramp_from_ms=ramp, was_warm=n.warm)
             v = judge(n, aggs[n.node_id], refs, params) if serving(n) else Verdict("nodata", "nodata", 0.0)
             verdicts[n.node_id] = v
             ns, lat_reason, want = _latency_step(ns, v, now, params)
@@ -356,7 +375,7 @@ class LatencyOutlier:
         for _, node_id in sorted(wants):
             ns = stepped[node_id]
             if open_now + 1 <= cap:
-                stepped[node_id] = replace(
+                stepped[node_id] = _with(
                     ns, lat="open", lat_since_ms=now, lat_ejections=ns.lat_ejections + 1, flagged_ticks=0
                 )
                 open_now += 1 if ns.err.state != "open" else 0
@@ -382,7 +401,7 @@ class LatencyOutlier:
         for n in pool:
             ns = stepped[n.node_id]
             if ns.ramp_from_ms is not None and now - ns.ramp_from_ms >= params.slow_start_ms:
-                ns = replace(ns, ramp_from_ms=None)
+                ns = _with(ns, ramp_from_ms=None)
             new_nodes[n.node_id] = ns
             decisions.append(
                 self._decision(

@@ -26,7 +26,9 @@ Formula, for each node ``i`` of the pool (``serving_i`` = warm, not draining, te
                     sorted by S_i descending (node id breaks ties)
     headroom(pool) = mean S_i over its serving nodes
     spill_to       = other pools with a serving node and headroom >= spill_min_headroom, by
-                     headroom descending (pool id breaks ties)
+                     headroom descending (pool id breaks ties); another pool's headroom is taken
+                     from the snapshot alone (its nodes' newest step times stand in for the
+                     remembered medians, which are that pool's own state), once per snapshot
 
 ``serving_i`` also needs telemetry younger than ``silent_after_ms``. A stale node scores 0 (stale
 telemetry counts as saturated; when every warm node is stale they share evenly and the engine,
@@ -90,6 +92,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Self
 
 from pydantic import Field, model_validator
@@ -156,18 +159,21 @@ def serving(node: NodeView, silent_after_ms: int | None = None) -> bool:
 
 
 def remember(
-    state: State, snap: FleetSnapshot, params: CacheAwareParams
+    state: State, snap: FleetSnapshot, params: CacheAwareParams, pool: tuple[NodeView, ...] | None = None
 ) -> dict[str, tuple[tuple[int, float], ...]]:
     """Every serving node's step-time figures within ``speed_memory_ms`` (a node reports one only
-    when an iteration ends in the interval, and a long decode run is one iteration to the books)."""
+    when an iteration ends in the interval, and a long decode run is one iteration to the books).
+
+    With ``pool`` (as the algorithm calls it) only that pool's nodes are remembered: a pool's state
+    holds its own nodes, never the whole fleet's."""
     now = snap.now_ms
     out: dict[str, tuple[tuple[int, float], ...]] = {}
-    for node_id, n in snap.nodes.items():
-        kept = [o for o in state.get(node_id, ()) if 0 < now - o[0] < params.speed_memory_ms]
+    for n in pool if pool is not None else snap.nodes.values():
+        kept = [o for o in state.get(n.node_id, ()) if 0 < now - o[0] < params.speed_memory_ms]
         if serving(n) and n.tbt_p50_ms is not None and n.tbt_p50_ms > 0:
             kept.append((now, float(n.tbt_p50_ms)))
         if kept:
-            out[node_id] = tuple(kept)
+            out[n.node_id] = tuple(kept)
     return out
 
 
@@ -177,18 +183,28 @@ def step_ms(memory: State, node_id: str) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def components(
-    node: NodeView, pool: tuple[NodeView, ...], params: CacheAwareParams, memory: State | None = None
-) -> dict[str, float]:
-    """The six normalized scorers of one node, each in [0, 1] (1 = best), against its pool."""
-    memory = memory or {}
+@dataclass(frozen=True, slots=True)
+class _PoolFigures:
+    """What every node's scorers share within one pool and tick: computed once, not per node."""
+
+    hbm_max: float
+    tbt_median: float | None
+    steps: Mapping[str, float | None]
+
+
+def _pool_figures(pool: tuple[NodeView, ...], steps: Mapping[str, float | None]) -> _PoolFigures:
     live = [n for n in pool if serving(n)]
     hbm_max = max((n.hbm_free_gib for n in live), default=0.0)
-    tbts = sorted(t for n in live if (t := step_ms(memory, n.node_id)) is not None)
-    tbt_median = statistics.median(tbts) if tbts else None
-    own = step_ms(memory, node.node_id)
+    tbts = sorted(t for n in live if (t := steps.get(n.node_id)) is not None)
+    return _PoolFigures(hbm_max, statistics.median(tbts) if tbts else None, steps)
+
+
+def _components(node: NodeView, fig: _PoolFigures, params: CacheAwareParams) -> dict[str, float]:
+    own = fig.steps.get(node.node_id)
+    tbt_median = fig.tbt_median
     speed = min(1.0, tbt_median / own) if tbt_median is not None and own is not None else 1.0
     batch = max(1, node.max_batch_tokens)
+    hbm_max = fig.hbm_max
     return {
         "queue": 1.0 / (1.0 + max(0, node.queue_depth) / params.queue_scale),
         "running": 1.0 / (1.0 + max(0, node.running_requests) / params.running_scale),
@@ -199,6 +215,15 @@ def components(
     }
 
 
+def components(
+    node: NodeView, pool: tuple[NodeView, ...], params: CacheAwareParams, memory: State | None = None
+) -> dict[str, float]:
+    """The six normalized scorers of one node, each in [0, 1] (1 = best), against its pool."""
+    memory = memory or {}
+    steps = {n.node_id: step_ms(memory, n.node_id) for n in (*pool, node)}
+    return _components(node, _pool_figures(pool, steps), params)
+
+
 def combine(parts: Mapping[str, float], params: CacheAwareParams) -> float:
     """The weighted mean of the scorers: in [0, 1] when every scorer is."""
     weights = params.component_weights()
@@ -206,19 +231,27 @@ def combine(parts: Mapping[str, float], params: CacheAwareParams) -> float:
     return sum(weights[k] * parts[k] for k in COMPONENTS) / total
 
 
+def _scored(
+    pool: tuple[NodeView, ...], params: CacheAwareParams, steps: Mapping[str, float | None]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(node id -> combined score S_i, 0 for nodes that cannot serve; node id -> s_speed)."""
+    fig = _pool_figures(pool, steps)
+    scores: dict[str, float] = {}
+    speeds: dict[str, float] = {}
+    for n in pool:
+        parts = _components(n, fig, params)
+        speeds[n.node_id] = parts["speed"]
+        scores[n.node_id] = combine(parts, params) if serving(n, params.silent_after_ms) else 0.0
+    return scores, speeds
+
+
 def pool_scores(
     snap: FleetSnapshot, pool_id: str, params: CacheAwareParams, memory: State | None = None
 ) -> dict[str, float]:
     """Node id -> combined score S_i for the pool's nodes; 0 for nodes that cannot serve."""
     pool = snap.pool_nodes(pool_id)
-    return {
-        n.node_id: (
-            combine(components(n, pool, params, memory), params)
-            if serving(n, params.silent_after_ms)
-            else 0.0
-        )
-        for n in pool
-    }
+    memory = memory or {}
+    return _scored(pool, params, {n.node_id: step_ms(memory, n.node_id) for n in pool})[0]
 
 
 def shares(scores: Mapping[str, float], alpha: float) -> dict[str, float]:
@@ -233,6 +266,33 @@ def headroom(scores: Mapping[str, float], snap: FleetSnapshot, pool_id: str) -> 
     return sum(live) / len(live) if live else None
 
 
+def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str, float | None]:
+    """Pool id -> headroom for every pool, from this snapshot alone, computed once per snapshot.
+
+    A pool's step time here is each node's newest ``tbt_p50_ms`` (one figure, not the remembered
+    median, which is the pool's own policy state): spill-over ranks other pools on what the
+    snapshot says of them, so every pool's tick shares one pass over the fleet."""
+    # Keyed by identity (params hold dicts, so they do not hash); the params object is kept in the
+    # memo beside the figures, so its id cannot be reused for another while the snapshot lives.
+    key = ("cache-aware.fleet_headroom", id(params))
+    memo = snap.memo.get(key)
+    found: Mapping[str, float | None] | None = memo[1] if memo is not None and memo[0] is params else None
+    if found is None:
+        out: dict[str, float | None] = {}
+        for pool_id in sorted(snap.pools):
+            pool = snap.pool_nodes(pool_id)
+            steps = {
+                n.node_id: float(n.tbt_p50_ms)
+                if serving(n) and n.tbt_p50_ms is not None and n.tbt_p50_ms > 0
+                else None
+                for n in pool
+            }
+            out[pool_id] = headroom(_scored(pool, params, steps)[0], snap, pool_id)
+        snap.memo[key] = (params, out)
+        found = out
+    return found
+
+
 @register("routing", "cache-aware")
 class CacheAware:
     Params = CacheAwareParams
@@ -244,8 +304,8 @@ class CacheAware:
         self, snap: FleetSnapshot, params: CacheAwareParams, state: State, ctx: PolicyContext
     ) -> PolicyResult[State]:
         pool = snap.pool_nodes(ctx.pool_id)
-        memory = remember(state, snap, params)
-        scores = pool_scores(snap, ctx.pool_id, params, memory)
+        memory = remember(state, snap, params, pool)
+        scores, speeds = _scored(pool, params, {n.node_id: step_ms(memory, n.node_id) for n in pool})
         weights = shares(scores, params.alpha)
         best = max(scores.values(), default=0.0)
         reason = "cache-aware"
@@ -272,11 +332,7 @@ class CacheAware:
             s = scores[n.node_id]
             if n.consecutive_failures > 0:
                 continue  # its last call failed: a retry takes the weighted pick, not the same node
-            if (
-                s <= 0
-                or s < keep_at
-                or components(n, pool, params, memory)["speed"] < params.affinity_min_speed
-            ):
+            if s <= 0 or s < keep_at or speeds[n.node_id] < params.affinity_min_speed:
                 continue
             for digest in n.hot_prefixes:
                 holders.setdefault(digest, []).append(n.node_id)
@@ -286,10 +342,9 @@ class CacheAware:
 
         own = headroom(scores, snap, ctx.pool_id)
         spill: list[tuple[float, str]] = []
-        for other in sorted(snap.pools):
+        for other, h in fleet_headroom(snap, params).items():
             if other == ctx.pool_id:
                 continue
-            h = headroom(pool_scores(snap, other, params, memory), snap, other)
             if h is not None and h >= params.spill_min_headroom:
                 spill.append((-h, other))
         spill_to = tuple(p for _, p in sorted(spill))

@@ -1,0 +1,14 @@
+"""``fleetloop bench <name>``: registers the ``bench`` group and one subcommand per bench module."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("bench", help="benchmarks that print figures (ratios from the same run)")
+    sub = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
+    # Each bench module registers one subcommand. Keep this list sorted.
+    from fleetloop.bench import decide
+
+    decide.register(sub)

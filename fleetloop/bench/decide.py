@@ -1,0 +1,290 @@
+"""``fleetloop bench decide``: how long one whole-fleet decision tick takes, and what it holds.
+
+``fleetloop bench decide [--nodes 1000,10000,100000] [--ticks 20] [--policy FILE] [--workflows N]
+[--profile FILE] [--json]``
+
+For each fleet size it generates a fleet (:mod:`fleetloop.bench.fleetgen`: pools of 16-64 nodes,
+five GPU types, four models, four regions, a few degraded nodes), folds one telemetry report per node
+and about one router outcome per node every second through the real model, and times one whole-fleet
+tick the way the daemon runs it: one snapshot at the tick's event time, shared by every pool, then
+the engine's decision for every pool in order. ``--warmup`` seconds run first (untimed) so the
+policies' memories are as full as in a running daemon. It prints p50/p99 per size, the growth
+exponent of p50 against N (a log-log fit: 1 is linear), the time to fold one second of input, and
+the RSS the model and policy state added. With ``--workflows N`` it then opens N workflows in the
+ledger at the largest size of at most 10,000 nodes and measures RSS and ticks again (the ledger's
+worst case: every task still open).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import pstats
+import sys
+from typing import Any
+
+import orjson
+
+from fleetloop.bench.common import growth_exponent, pct, progress, rss_mib
+from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
+from fleetloop.daemon import clock
+from fleetloop.daemon.cli_common import UsageError, policy_from
+from fleetloop.daemon.decide.engine import Engine, envelope_of
+from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.policies.registry import CompiledPolicy
+from fleetloop.schemas.control import Tick
+
+TARGET_P99_MS_AT_10K = 50.0
+TARGET_RSS_MIB = 1024.0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "decide",
+        help="time one whole-fleet decision tick at several fleet sizes",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument(
+        "--nodes", default="1000,10000", metavar="N,N,...", help="fleet sizes (default 1000,10000)"
+    )
+    p.add_argument("--ticks", type=int, default=20, help="timed ticks per size (>= 20 for a p99; default 20)")
+    p.add_argument("--warmup", type=int, default=12, help="untimed seconds first (default 12)")
+    p.add_argument("--policy", metavar="FILE", help="policy document (default: policies/default.yaml)")
+    p.add_argument(
+        "--workflows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then open N workflows at the size nearest 10,000 and measure again (e.g. 1000000)",
+    )
+    p.add_argument("--profile", metavar="FILE", help="write a cProfile summary of the largest size's ticks")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=handle)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"fleetloop bench decide: --nodes: not a list of integers: {text!r}") from None
+    if not sizes or any(n < 16 or n > 1_000_000 for n in sizes):
+        raise UsageError("fleetloop bench decide: --nodes: each size must be within 16..1000000")
+    return sorted(set(sizes))
+
+
+def fleet_tick(model: FleetModel, engine: Engine, ts_ms: int, pools: list[str]) -> int:
+    """One tick for every pool, as the daemon decides a batch of ticks: one shared snapshot."""
+    policy = engine.policy
+    env = envelope_of(policy)
+    snap = snapshot(model, ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms)
+    tick_id = ts_ms // policy.tick_ms
+    n = 0
+    for pool in pools:
+        n += len(engine.tick(snap, Tick(ts_ms=ts_ms, tick_id=tick_id, pool_id=pool)).decisions)
+    return n
+
+
+def run_size(
+    n_nodes: int,
+    *,
+    policy: CompiledPolicy,
+    ticks: int,
+    warmup: int,
+    workflows: int = 0,
+    profile: cProfile.Profile | None = None,
+) -> dict[str, Any]:
+    gc.collect()
+    rss0 = rss_mib()
+    fleet = make_fleet(n_nodes)
+    pools = sorted(fleet.pool_ids)
+    model = FleetModel()
+    engine = Engine(policy)
+    ts = BASE_TS_MS
+    tick_ms: list[float] = []
+    tick_cpu_ms: list[float] = []
+    fold_ms: list[float] = []
+    decisions = 0
+    for k in range(warmup + ticks):
+        ts += policy.tick_ms
+        tel = list(telemetry_at(fleet, ts))
+        out = list(outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2))
+        c0 = clock.cpu_s()
+        for t in tel:
+            model.fold_telemetry(t)
+        for o in out:
+            model.fold_outcome(o)
+        c1, t1 = clock.cpu_s(), clock.monotonic_s()
+        timed = k >= warmup
+        if timed and profile is not None:
+            profile.enable()
+        decisions = fleet_tick(model, engine, ts, pools)
+        c2, t2 = clock.cpu_s(), clock.monotonic_s()
+        if timed and profile is not None:
+            profile.disable()
+        if timed:
+            fold_ms.append((c1 - c0) * 1000.0)
+            tick_ms.append((t2 - t1) * 1000.0)
+            tick_cpu_ms.append((c2 - c1) * 1000.0)
+        if k % 5 == 0 or timed:
+            progress(f"  {n_nodes:,} nodes: tick {k + 1}/{warmup + ticks} ({(t2 - t1) * 1000.0:,.1f} ms)")
+    del tel, out
+    gc.collect()
+    row: dict[str, Any] = {
+        "nodes": n_nodes,
+        "pools": len(pools),
+        "ticks": ticks,
+        "tick_p50_ms": round(pct(tick_ms, 50), 2),
+        "tick_p99_ms": round(pct(tick_ms, 99), 2),
+        "tick_cpu_p50_ms": round(pct(tick_cpu_ms, 50), 2),
+        "tick_cpu_p99_ms": round(pct(tick_cpu_ms, 99), 2),
+        "per_pool_cpu_p50_ms": round(pct(tick_cpu_ms, 50) / len(pools), 3),
+        "fold_1s_cpu_p50_ms": round(pct(fold_ms, 50), 2),
+        "decisions_per_tick": decisions,
+        "rss_added_mib": round(rss_mib() - rss0, 1),
+    }
+    if workflows:
+        row["workflows"] = _with_workflows(fleet, model, engine, pools, ts=ts, n=workflows, ticks=ticks)
+    return row
+
+
+def _with_workflows(
+    fleet: Any, model: FleetModel, engine: Engine, pools: list[str], *, ts: int, n: int, ticks: int
+) -> dict[str, Any]:
+    """Open ``n`` workflows (one call each, none finished), then tick again and measure RSS."""
+    gc.collect()
+    rss0 = rss_mib()
+    opened = 0
+    per_s = max(1, n // 10)
+    while opened < n:
+        chunk = min(per_s, n - opened)
+        ts += engine.policy.tick_ms
+        for t in telemetry_at(fleet, ts):
+            model.fold_telemetry(t)
+        per_node = chunk / fleet.n_nodes
+        for o in outcomes_at(fleet, ts, per_node, workflow_base=10**9 + opened, open_only=True):
+            model.fold_outcome(o)
+        opened = len(model.ledger.active)
+        progress(f"  {fleet.n_nodes:,} nodes: {opened:,} open workflows")
+        if per_node < 1e-9:
+            break
+    gc.collect()
+    times: list[float] = []
+    cpu: list[float] = []
+    for _ in range(ticks):
+        ts += engine.policy.tick_ms
+        for t in telemetry_at(fleet, ts):
+            model.fold_telemetry(t)
+        c0, t0 = clock.cpu_s(), clock.monotonic_s()
+        fleet_tick(model, engine, ts, pools)
+        times.append((clock.monotonic_s() - t0) * 1000.0)
+        cpu.append((clock.cpu_s() - c0) * 1000.0)
+    return {
+        "open_workflows": len(model.ledger.active),
+        "rss_added_mib": round(rss_mib() - rss0, 1),
+        "rss_total_mib": round(rss_mib(), 1),
+        "tick_p50_ms": round(pct(times, 50), 2),
+        "tick_p99_ms": round(pct(times, 99), 2),
+        "tick_cpu_p50_ms": round(pct(cpu, 50), 2),
+        "tick_cpu_p99_ms": round(pct(cpu, 99), 2),
+    }
+
+
+def handle(args: argparse.Namespace) -> int:
+    sizes = _sizes(args.nodes)
+    if args.ticks < 1 or args.warmup < 0:
+        raise UsageError("fleetloop bench decide: --ticks must be >= 1 and --warmup >= 0")
+    if args.workflows < 0 or args.workflows > 10_000_000:
+        raise UsageError("fleetloop bench decide: --workflows must be within 0..10000000")
+    policy = policy_from(args.policy)
+    wf_size = max((n for n in sizes if n <= 10_000), default=sizes[0]) if args.workflows else None
+    rows: list[dict[str, Any]] = []
+    profile = cProfile.Profile() if args.profile else None
+    for n in sizes:
+        progress(f"fleetloop bench decide: {n:,} nodes")
+        rows.append(
+            run_size(
+                n,
+                policy=policy,
+                ticks=args.ticks,
+                warmup=args.warmup,
+                workflows=args.workflows if n == wf_size else 0,
+                profile=profile if n == sizes[-1] else None,
+            )
+        )
+    exponent = growth_exponent([r["nodes"] for r in rows], [r["tick_cpu_p50_ms"] for r in rows])
+    at10k = next((r for r in rows if r["nodes"] == 10_000), None)
+    wf = next((r["workflows"] for r in rows if "workflows" in r), None)
+    result: dict[str, Any] = {
+        "bench": "decide",
+        "policy": f"{policy.stamp.name} v{policy.stamp.version}",
+        "python": sys.version.split()[0],
+        "sizes": rows,
+        "growth_exponent": round(exponent, 3) if exponent is not None else None,
+        "targets": {
+            "p99_ms_at_10k": TARGET_P99_MS_AT_10K,
+            # Judged on CPU time: on a shared machine wall time also counts other processes' turns.
+            "p99_at_10k_met": at10k["tick_cpu_p99_ms"] < TARGET_P99_MS_AT_10K if at10k else None,
+            "growth_at_most_linear": exponent <= 1.15 if exponent is not None else None,
+            "rss_mib_10k_1m_workflows": TARGET_RSS_MIB,
+            "rss_met": wf["rss_total_mib"] < TARGET_RSS_MIB if wf else None,
+        },
+    }
+    if profile is not None:
+        buf = io.StringIO()
+        stats = pstats.Stats(profile, stream=buf)
+        stats.sort_stats("cumulative").print_stats(30)
+        stats.sort_stats("tottime").print_stats(30)
+        with open(args.profile, "w", encoding="utf-8") as f:
+            f.write(buf.getvalue())
+    if args.json:
+        sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        _print(result)
+    return 0
+
+
+def _print(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"whole-fleet decision tick, ms ({result['policy']})")
+    cols = (
+        "nodes",
+        "pools",
+        "wall p50",
+        "wall p99",
+        "CPU p50",
+        "CPU p99",
+        "CPU/pool",
+        "fold 1 s",
+        "RSS +MiB",
+    )
+    for col in cols:
+        t.add_column(col, justify="right")
+    for r in result["sizes"]:
+        t.add_row(
+            f"{r['nodes']:,}",
+            str(r["pools"]),
+            f"{r['tick_p50_ms']:,.1f}",
+            f"{r['tick_p99_ms']:,.1f}",
+            f"{r['tick_cpu_p50_ms']:,.1f}",
+            f"{r['tick_cpu_p99_ms']:,.1f}",
+            f"{r['per_pool_cpu_p50_ms']:.3f}",
+            f"{r['fold_1s_cpu_p50_ms']:,.1f}",
+            f"{r['rss_added_mib']:,.0f}",
+        )
+    console = Console()
+    console.print(t)
+    console.print(f"growth exponent of p50 against nodes (log-log): {result['growth_exponent']}")
+    for r in result["sizes"]:
+        if "workflows" in r:
+            w = r["workflows"]
+            console.print(
+                f"{r['nodes']:,} nodes + {w['open_workflows']:,} open workflows: tick CPU p50"
+                f" {w['tick_cpu_p50_ms']} ms, p99 {w['tick_cpu_p99_ms']} ms,"
+                f" RSS {w['rss_total_mib']:,.0f} MiB"
+                f" (+{w['rss_added_mib']:,.0f} MiB for the workflows)"
+            )
+    console.print(f"targets: {result['targets']}")

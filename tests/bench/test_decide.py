@@ -1,0 +1,81 @@
+"""``fleetloop bench decide`` and the decide path it measures: per-pool state, one shared snapshot."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from fleetloop.bench.decide import fleet_tick
+from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
+from fleetloop.daemon.cli import main
+from fleetloop.daemon.decide.engine import Engine
+from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.policies.registry import builtin_policy
+from fleetloop.schemas.control import Tick
+
+
+def test_generated_fleet_has_pools_of_16_to_64_and_several_gpu_types() -> None:
+    fleet = make_fleet(2000)
+    sizes = [len(p.node_ids) for p in fleet.pools]
+    assert sum(sizes) == 2000
+    assert all(16 <= s <= 64 for s in sizes[:-1])
+    assert len({p.gpu_type for p in fleet.pools}) >= 4
+    assert len({p.pool_id.split("-")[0] for p in fleet.pools}) >= 3  # regions
+    # Deterministic per seed.
+    assert [p.pool_id for p in make_fleet(2000).pools] == [p.pool_id for p in fleet.pools]
+
+
+def _model_and_engine(n_nodes: int, seconds: int) -> tuple[FleetModel, Engine, list[str], int]:
+    fleet = make_fleet(n_nodes)
+    model = FleetModel()
+    engine = Engine(builtin_policy("default"))
+    pools = sorted(fleet.pool_ids)
+    ts = BASE_TS_MS
+    for k in range(seconds):
+        ts += 1000
+        for t in telemetry_at(fleet, ts):
+            model.fold_telemetry(t)
+        for o in outcomes_at(fleet, ts, workflow_base=k * 10_000):
+            model.fold_outcome(o)
+        fleet_tick(model, engine, ts, pools)
+    return model, engine, pools, ts
+
+
+def test_each_pool_state_holds_only_its_own_nodes() -> None:
+    model, engine, pools, _ = _model_and_engine(300, 3)
+    for pool_id in pools:
+        own = set(snapshot(model, model.watermark_ms).pools[pool_id].node_ids)
+        for (section, _, pool), state in engine.pools[pool_id].algorithms.items():
+            assert pool == pool_id
+            if section == "routing":  # cache-aware's speed memory: node id -> figures
+                assert set(state) <= own
+                assert state  # and it did remember something
+
+
+def test_shared_snapshot_gives_the_same_decisions_as_one_snapshot_per_pool() -> None:
+    model, _, pools, ts = _model_and_engine(200, 3)
+    policy = builtin_policy("default")
+    shared, separate = Engine(policy), Engine(policy)
+    ts += 1000
+    snap = snapshot(model, ts)
+    for pool in pools:
+        tick = Tick(ts_ms=ts, tick_id=ts // 1000, pool_id=pool)
+        a = shared.tick(snap, tick)
+        b = separate.tick(snapshot(model, ts), tick)
+        assert [d.model_dump_json() for d in a.decisions] == [d.model_dump_json() for d in b.decisions]
+
+
+def test_bench_decide_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "decide", "--nodes", "64,128", "--ticks", "2", "--warmup", "1", "--json"]) == 0
+    out = orjson.loads(capsys.readouterr().out)
+    assert [r["nodes"] for r in out["sizes"]] == [64, 128]
+    for r in out["sizes"]:
+        assert r["tick_cpu_p50_ms"] > 0
+        assert r["decisions_per_tick"] > r["nodes"]  # a breaker decision per node, plus the pools'
+    assert isinstance(out["growth_exponent"], float)
+
+
+def test_bench_decide_refuses_a_bad_size_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "decide", "--nodes", "ten"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--nodes" in err
