@@ -1,0 +1,179 @@
+"""A shard: the fleet model and policy state of one partition index of the pool-keyed topics.
+
+Telemetry, request outcomes and ticks are keyed by pool on topics with the same partition count,
+so partition ``p`` of each holds the same pools. The daemon keeps one :class:`Shard` per partition
+index it owns and decides a pool's tick from its shard alone. That makes a decision a function of
+one shard's records only, never of which other partitions the instance happens to own: two
+instances decide exactly what one would, a partition that moves keeps its history (through a
+checkpoint, :mod:`fleetloop.daemon.checkpoint`), and a partition an instance keeps across a
+rebalance is not re-read.
+
+The cut. A tick is decided from exactly the input records before its *cut* (one offset per input
+topic of the shard). Records read but not yet cut stay pending, unfolded. The daemon's ticker writes
+the cut into the tick record (header ``fleetloop.cut``): the longest prefix of the records it has
+read whose broker timestamps are at or before the tick's boundary. A tick from elsewhere without a
+cut gets the same rule from its own record timestamp, once the inputs show a record after it or
+have been read to their end (documented limit: a record that reaches the broker later than the
+tick it precedes can land in a different tick after a restart). So a decision depends on the
+topics' contents, not on how they were fetched: the same ticks over the same records give the
+same bytes in one batch or in a thousand, before or after a restart, in the daemon or in replay.
+
+No I/O and no clock here: the runtime feeds records and ticks in, publishes what comes out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleetloop.daemon.decide.engine import EngineState, decide, envelope_of
+from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.policies.registry import CompiledPolicy
+from fleetloop.schemas.control import Tick
+from fleetloop.schemas.decisions import Decision
+from fleetloop.schemas.requests import RequestOutcome
+from fleetloop.schemas.telemetry import NodeTelemetry
+from fleetloop.schemas.topics import REQUESTS, TELEMETRY
+
+INPUTS: tuple[str, ...] = (TELEMETRY, REQUESTS)
+
+Item = NodeTelemetry | RequestOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One input record as the shard keeps it until a cut folds it (``item`` None: dead-lettered)."""
+
+    offset: int
+    timestamp_ms: int
+    item: Item | None
+
+
+class Shard:
+    """Model + policy state of partition ``partition``, with the offsets they reflect."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.model = FleetModel()
+        self.state = EngineState()
+        self.folded: dict[str, int] = dict.fromkeys(INPUTS, 0)  # next input offset not folded
+        self.ticks_at = 0  # next ticks offset not yet decided (or skipped)
+        self.last_tick: dict[str, tuple[int, int]] = {}  # pool -> (tick id, ts_ms) decided or skipped
+        self.pending: dict[str, deque[Row]] = {k: deque() for k in INPUTS}
+        self.read: dict[str, int] = dict(self.folded)  # next input offset not yet read
+        self.pending_pools: set[str] = set()
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def start_at(self, folded: Mapping[str, int], ticks_at: int) -> None:
+        """Position a fresh shard (no checkpoint): its history starts at these offsets."""
+        self.folded = {k: int(folded[k]) for k in INPUTS}
+        self.read = dict(self.folded)
+        self.ticks_at = ticks_at
+
+    def add(self, logical: str, rows: Iterable[Row]) -> int:
+        """Append records read from ``logical`` in offset order; returns how many were new."""
+        queue = self.pending[logical]
+        n = 0
+        for row in rows:
+            if row.offset < self.read[logical]:
+                continue  # already read (a re-fetch after a seek)
+            queue.append(row)
+            self.read[logical] = row.offset + 1
+            if row.item is not None:
+                self.pending_pools.add(row.item.pool_id)
+            n += 1
+        return n
+
+    def cut_by_time(self, ts_ms: int) -> dict[str, int]:
+        """The longest prefix of read records with broker timestamps at or before ``ts_ms``."""
+        cut: dict[str, int] = {}
+        for logical in INPUTS:
+            upto = self.folded[logical]
+            for row in self.pending[logical]:
+                if row.timestamp_ms > ts_ms:
+                    break
+                upto = row.offset + 1
+            cut[logical] = upto
+        return cut
+
+    def seen_after(self, logical: str, ts_ms: int) -> bool:
+        """True when a read record of ``logical`` has a broker timestamp after ``ts_ms``."""
+        return any(row.timestamp_ms > ts_ms for row in self.pending[logical])
+
+    def pools(self) -> list[str]:
+        return sorted(set(self.model.pools) | self.pending_pools | set(self.last_tick))
+
+    # -- ticks ----------------------------------------------------------------------------------
+
+    def _fold_to(self, cut: Mapping[str, int]) -> None:
+        model = self.model
+        for logical in INPUTS:
+            upto = int(cut.get(logical, self.folded[logical]))
+            queue = self.pending[logical]
+            while queue and queue[0].offset < upto:
+                item = queue.popleft().item
+                if isinstance(item, NodeTelemetry):
+                    model.fold_telemetry(item)
+                elif isinstance(item, RequestOutcome):
+                    model.fold_outcome(item)
+            # Never behind what was folded; never past what was read (a cut beyond the data).
+            self.folded[logical] = max(self.folded[logical], min(upto, self.read[logical]))
+
+    def input_offsets(self) -> dict[str, int]:
+        return {f"{logical}:{self.partition}": self.folded[logical] for logical in INPUTS}
+
+    def decide(self, tick: Tick, cut: Mapping[str, int], policy: CompiledPolicy) -> tuple[Decision, ...] | None:
+        """Fold up to ``cut`` and decide ``tick``. None for a tick already decided (a duplicate);
+        an empty tuple when the shard has no data on the tick's pool."""
+        last = self.last_tick.get(tick.pool_id)
+        if last is not None and tick.tick_id <= last[0]:
+            return None
+        self._fold_to(cut)
+        self.last_tick[tick.pool_id] = (tick.tick_id, tick.ts_ms)
+        env = envelope_of(policy)
+        snap = snapshot(self.model, tick.ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms)
+        if tick.pool_id not in snap.pools:
+            return ()
+        result = decide(snap, policy, self.state, tick, self.input_offsets())
+        self.state = result.state
+        return result.decisions
+
+    def skip(self, tick: Tick) -> bool:
+        """Record a tick published as skipped (an outage longer than the catch-up); False if old."""
+        last = self.last_tick.get(tick.pool_id)
+        if last is not None and tick.tick_id <= last[0]:
+            return False
+        self.last_tick[tick.pool_id] = (tick.tick_id, tick.ts_ms)
+        return True
+
+    # -- checkpoint -----------------------------------------------------------------------------
+
+    def checkpoint_value(self) -> dict[str, Any]:
+        """What a checkpoint holds: everything but the pending records (re-read from ``folded``)."""
+        return {
+            "partition": self.partition,
+            "model": self.model,
+            "state": self.state,
+            "folded": dict(self.folded),
+            "ticks_at": self.ticks_at,
+            "last_tick": {pool: list(v) for pool, v in sorted(self.last_tick.items())},
+        }
+
+    @classmethod
+    def from_checkpoint(cls, value: Any) -> Shard:
+        from fleetloop.daemon.checkpoint import CheckpointError
+
+        try:
+            shard = cls(int(value["partition"]))
+            model, state = value["model"], value["state"]
+            if not isinstance(model, FleetModel) or not isinstance(state, EngineState):
+                raise CheckpointError("checkpoint does not hold a fleet model and an engine state")
+            shard.model, shard.state = model, state
+            shard.start_at(value["folded"], int(value["ticks_at"]))
+            shard.last_tick = {str(p): (int(v[0]), int(v[1])) for p, v in value["last_tick"].items()}
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CheckpointError(f"checkpoint is malformed: {type(exc).__name__}: {exc}") from None
+        return shard
