@@ -197,16 +197,24 @@ def to_chunks(group: str, partition: int, seq: int, blob: bytes) -> list[Chunk]:
     return [
         Chunk(
             key=f"{group}/{partition}/{slot}/{i}".encode(),
-            value=orjson.dumps({"seq": seq, "i": i, "n": len(parts), "crc": zlib.crc32(blob)})
-            + b"\n"
-            + part,
+            value=orjson.dumps({"seq": seq, "i": i, "n": len(parts), "crc": zlib.crc32(blob)}) + b"\n" + part,
         )
         for i, part in enumerate(parts)
     ]
 
 
-def newest_complete(group: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> dict[int, bytes]:
-    """From (key, value) records in log order: partition -> the newest checkpoint blob that is whole."""
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What control.checkpoint holds for one partition: the newest whole checkpoint, and the
+    highest sequence number written (a new owner writes above it, even over a torn slot)."""
+
+    seq: int
+    blob: bytes | None
+    max_seq: int
+
+
+def scan(group: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> dict[int, Found]:
+    """From (key, value) records in log order: per partition, the newest checkpoint that is whole."""
     latest: dict[tuple[int, int, int], tuple[int, int, int, bytes]] = {}
     prefix = f"{group}/"
     for key, value in records:
@@ -222,7 +230,10 @@ def newest_complete(group: str, records: Iterable[tuple[bytes | None, bytes | No
             latest[(partition, slot, i)] = (int(meta["seq"]), int(meta["n"]), int(meta["crc"]), data)
         except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
             continue  # not ours or damaged: ignored, the other slot may still be whole
-    out: dict[int, tuple[int, bytes]] = {}
+    out: dict[int, Found] = {}
+    for (partition, _, _), (seq, _, _, _) in latest.items():
+        prev = out.get(partition)
+        out[partition] = Found(0, None, max(seq, prev.max_seq if prev else 0))
     for partition, slot in sorted({(p, s) for p, s, _ in latest}):
         first = latest.get((partition, slot, 0))
         if first is None:
@@ -234,6 +245,12 @@ def newest_complete(group: str, records: Iterable[tuple[bytes | None, bytes | No
         blob = b"".join(p[3] for p in parts if p is not None)
         if zlib.crc32(blob) != crc:
             continue
-        if partition not in out or out[partition][0] < seq:
-            out[partition] = (seq, blob)
-    return {p: blob for p, (_, blob) in out.items()}
+        found = out[partition]
+        if found.blob is None or found.seq < seq:
+            out[partition] = Found(seq, blob, found.max_seq)
+    return out
+
+
+def newest_complete(group: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> dict[int, bytes]:
+    """Partition -> the newest whole checkpoint blob."""
+    return {p: f.blob for p, f in scan(group, records).items() if f.blob is not None}

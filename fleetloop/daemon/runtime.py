@@ -4,20 +4,43 @@ One loop, one batch at a time::
 
     records  = consumer.getmany()                 # telemetry, request outcomes, ticks (by pool)
     decoded  = decode_batch(...)                  # bad records -> fleet.deadletter, with the reason
-    model    = apply(model, good records)         # pure reducer
-    for tick in ticks (event-time order):         # ticks are events: a replay sees the same ones
-        result = decide(snapshot(model, tick.ts_ms), policy, state, tick, input offsets)
+    shard.add(records)                            # pending, per partition index (daemon/shard.py)
+    for tick in ticks (offset order, per shard):  # ticks are events: a replay sees the same ones
+        fold the shard's pending records up to the tick's cut; decide(snapshot, policy, state)
     publish(decisions); wait for acks             # control.decisions always, control.state if enforced
-    commit(input offsets)                         # only now: at least once, duplicates harmless
+    every few seconds: checkpoint each changed shard to control.checkpoint; wait for acks
+    commit(offsets)                               # only now: at least once, duplicates harmless
 
-Start-up and rebalance: for every partition it is given, the daemon seeks back up to
-``warmup_records`` before its committed offset and folds that history (running the ticks in it
-through the policies too, without publishing), so a restarted daemon decides from the same kind of
-model and breaker states it had, and resumes publishing exactly at the committed offset. A fresh
-consumer group treats everything already on the topic as history.
+Shards. One :class:`~fleetloop.daemon.shard.Shard` per partition index of the pool-keyed topics:
+its own fleet model and policy state, and the offsets they reflect. A tick is decided from its
+shard alone and from exactly the records before its cut, so decisions depend on the topics'
+contents, not on batching, on which instance owns what, or on restarts.
 
-The ticker publishes one Tick per owned pool every ``tick_ms`` of wall time; ``tick_id`` is
-``ts_ms // tick_ms``, so a restarted or second ticker produces the same ids, not new ones.
+Restarts and rebalances are exact. A shard's state is checkpointed (every ``checkpoint_interval_s``,
+when its partitions are revoked and at shutdown) with the offsets and last tick it reflects
+(:mod:`fleetloop.daemon.checkpoint` explains why a checkpoint and not a re-read of recent history).
+A newly assigned partition restores its newest complete checkpoint and reads on from the
+checkpoint's offsets: the ticks between the checkpoint and the group's committed offset are decided
+again to rebuild the state and not republished; later ones are published (a crash between publish
+and commit republishes the same bytes). A partition the instance already owned keeps its shard and
+its read position across a rebalance: nothing is read twice. A consumer group without a checkpoint
+(its first start) reads up to ``warmup_records`` of history before its committed offset as an
+approximate warm-up; that is the only approximate start.
+
+An emptied broker (the embedded broker keeps topics in memory; a restart re-creates them empty) is
+detected at assignment when a checkpoint or committed offset lies beyond a partition's end: the
+daemon logs one line and starts that shard clean from the beginning of what the broker has.
+
+The ticker publishes, for each pool of each shard it owns and has caught up on, one Tick per
+``tick_ms`` boundary of wall time (``tick_id = ts_ms // tick_ms``), with the cut in the header
+``fleetloop.cut``. It continues from the last tick on ``control.ticks`` for that pool, so after an
+outage (of this daemon, of the instance that owned the partition, or of the broker) the missed
+boundaries are published late and decided from the recorded inputs (each cut: the records the
+broker had stamped by that boundary), never silently skipped. More than ``catchup_max_ticks`` missed
+boundaries of one pool are published as one tick record marked ``fleetloop.skipped`` (with the
+reason and the first skipped tick id), counted and logged, and the newest ``catchup_max_ticks``
+are decided.
+
 Policy documents arrive on ``control.policy``; a valid one with the followed name and a higher
 version replaces the active policy between batches; an invalid one is refused (logged and
 dead-lettered) and the active one stays in force.
@@ -36,24 +59,27 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.structs import OffsetAndMetadata
 
-from fleetloop.daemon import clock
+from fleetloop.daemon import checkpoint, clock, faults
 from fleetloop.daemon.act.publish import Publisher
-from fleetloop.daemon.decide.engine import Engine, envelope_of
-from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.daemon.decide.engine import Engine
 from fleetloop.daemon.observability import logger, meter, tracer
 from fleetloop.daemon.observe.decode import DeadLetter, decode_batch, reason_of
-from fleetloop.policies.base import FleetSnapshot
+from fleetloop.daemon.shard import INPUTS, Row, Shard
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
-from fleetloop.schemas.topics import POLICY, REQUESTS, TELEMETRY, TICKS, topic_name
+from fleetloop.schemas.topics import CHECKPOINT, POLICY, REQUESTS, TELEMETRY, TICKS, topic_name
 
 log = logger("fleetloop.daemon")
 _events_in = meter.create_counter("fleetloop.events_in", description="records consumed")
 _dead = meter.create_counter("fleetloop.dead_letters", description="records sent to the dead-letter topic")
 _decisions = meter.create_counter("fleetloop.decisions", description="decisions published")
+
+CUT_HEADER = "fleetloop.cut"
+SKIPPED_HEADER = "fleetloop.skipped"
+SKIPPED_FROM_HEADER = "fleetloop.skipped_from"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +93,10 @@ class DaemonConfig:
     run_ticker: bool = True
     idempotence: bool = True
     max_batch: int = 5000
-    warmup_records: int = 10_000
-    max_tick_hold_s: float = 2.0  # decide a tick at the latest this long after it arrived
+    warmup_records: int = 10_000  # history read by a group without a checkpoint (its first start)
+    max_tick_hold_s: float = 2.0  # a tick without a cut waits at most this long for its inputs
+    checkpoint_interval_s: float = 5.0  # checkpoint a changed shard at most this often
+    catchup_max_ticks: int = 600  # missed boundaries decided after an outage, per pool; older: skipped
 
 
 @dataclass(slots=True)
@@ -78,15 +106,22 @@ class DaemonStats:
     outcomes_in: int = 0
     ticks_in: int = 0
     ticks_decided: int = 0
-    ticks_warmup: int = 0
+    ticks_restored: int = 0  # decided again after a restore to rebuild state, not republished
     ticks_no_data: int = 0
     ticks_forced: int = 0
+    ticks_duplicate: int = 0
+    ticks_skipped: int = 0  # boundaries published as skipped (an outage beyond the catch-up)
+    ticks_caught_up: int = 0  # missed boundaries this instance's ticker published late
     dead_letters: int = 0
     decisions_published: int = 0
     breaker_opens: int = 0
     policies_applied: int = 0
     policies_refused: int = 0
     commits: int = 0
+    checkpoints_written: int = 0
+    checkpoint_bytes: int = 0
+    shards_restored: int = 0
+    shards_started_clean: int = 0
     last_decision_ts_ms: int = 0
     last_refusal: str = ""
     breaker_open_nodes: set[str] = field(default_factory=set)
@@ -97,9 +132,11 @@ OnDecisions = Callable[[Sequence[Decision]], None]
 
 @dataclass(frozen=True, slots=True)
 class _HeldTick:
-    tick: Tick
-    tp: TopicPartition
     offset: int
+    tick: Tick | None  # None: a dead-lettered tick record (its offset still has to be passed)
+    timestamp_ms: int
+    cut: dict[str, int] | None
+    skipped: str | None
     since_s: float
 
 
@@ -108,10 +145,17 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.daemon = daemon
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        self.daemon._owned.difference_update(revoked)
+        await self.daemon._on_revoked(sorted(revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         await self.daemon._on_assigned(sorted(assigned))
+
+
+def _header(record: Any, name: str) -> bytes | None:
+    for k, v in record.headers or ():
+        if k == name:
+            return bytes(v)
+    return None
 
 
 class Daemon:
@@ -119,8 +163,7 @@ class Daemon:
 
     def __init__(self, config: DaemonConfig, on_decisions: OnDecisions | None = None) -> None:
         self.config = config
-        self.engine = Engine(config.policy)
-        self.model = FleetModel()
+        self.engine = Engine(config.policy)  # holds the active policy; state lives in the shards
         self.stats = DaemonStats()
         self._on_decisions = on_decisions
         p = config.prefix
@@ -129,18 +172,28 @@ class Daemon:
             topic_name(p, REQUESTS): REQUESTS,
             topic_name(p, TICKS): TICKS,
         }
+        self._physical = {logical: physical for physical, logical in self._topics.items()}
         self._policy_topic = topic_name(p, POLICY)
-        self._resume_at: dict[TopicPartition, int] = {}
-        self._positions: dict[TopicPartition, int] = {}
+        self._checkpoint_topic = topic_name(p, CHECKPOINT)
+        self.shards: dict[int, Shard] = {}
+        self._held: dict[int, list[_HeldTick]] = {}
+        self._publish_from: dict[int, int] = {}  # ticks offset from which decisions are published
+        self._catchup: dict[int, dict[str, int]] = {}  # end offsets at assignment, until caught up
+        self._ticked: dict[tuple[int, str], int] = {}  # (shard, pool) -> last boundary published
+        self._ticks_read: dict[int, int] = {}  # next ticks offset read, per shard
+        self._ckpt_seq: dict[int, int] = {}
+        self._ckpt_at: dict[int, float] = {}
+        self._dirty: set[int] = set()
         self._owned: set[TopicPartition] = set()
-        self._unverified: set[TopicPartition] = set()  # assigned, first fetch not yet checked
-        self._pool_partition: dict[str, int] = {}
-        self._watermark: dict[TopicPartition, int] = {}  # newest event time folded, per input partition
-        self._held: list[_HeldTick] = []
+        self._expect: dict[TopicPartition, int] = {}  # first fetch after a seek must start here
         self._pending_policy: CompiledPolicy | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
         self._publisher: Publisher | None = None
         self.ready = asyncio.Event()
+
+    def _tp(self, logical: str, partition: int) -> TopicPartition:
+        return TopicPartition(self._physical[logical], partition)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -152,6 +205,7 @@ class Daemon:
             acks="all",
             enable_idempotence=cfg.idempotence,
             linger_ms=5,
+            max_request_size=2 * checkpoint.CHUNK_BYTES,
         )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=cfg.bootstrap_servers,
@@ -177,6 +231,7 @@ class Daemon:
             try:
                 await policy_consumer.start()
                 self._consumer = consumer
+                self._producer = producer
                 self._publisher = Publisher(producer, cfg.prefix)
                 consumer.subscribe(sorted(self._topics), listener=_Rebalance(self))
                 policy_consumer.assign([TopicPartition(self._policy_topic, 0)])
@@ -193,6 +248,7 @@ class Daemon:
                     hash=cfg.policy.stamp.hash,
                 )
                 await self._loop(consumer, stop)
+                await self._checkpoint(force=True)
             finally:
                 stop.set()
                 for t in tasks:
@@ -211,37 +267,160 @@ class Daemon:
         return {
             "events_in": s.events_in,
             "ticks_decided": s.ticks_decided,
+            "ticks_restored": s.ticks_restored,
+            "ticks_caught_up": s.ticks_caught_up,
+            "ticks_skipped": s.ticks_skipped,
             "decisions_published": s.decisions_published,
             "dead_letters": s.dead_letters,
             "breaker_opens": s.breaker_opens,
             "commits": s.commits,
+            "checkpoints_written": s.checkpoints_written,
         }
+
+    # -- assignment -----------------------------------------------------------------------------
+
+    async def _on_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        """Checkpoint every shard now, so whoever gets a partition next starts from here. The shards
+        stay in memory: a partition assigned back to this instance goes on without a re-read."""
+        self._owned.difference_update(revoked)
+        if self._producer is not None and self.shards:
+            try:
+                await self._checkpoint(force=True)
+            except Exception as exc:  # the next owner falls back to an older checkpoint
+                log.warning("checkpoint at revoke failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _read_checkpoints(self) -> dict[int, checkpoint.Found]:
+        cfg = self.config
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cfg.bootstrap_servers,
+            client_id=f"{cfg.client_id}-restore",
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=4 * checkpoint.CHUNK_BYTES,
+        )
+        await consumer.start()
+        try:
+            tp = TopicPartition(self._checkpoint_topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            end = (await consumer.end_offsets([tp]))[tp]
+            records: list[tuple[bytes | None, bytes | None]] = []
+            while await consumer.position(tp) < end:
+                batch = await consumer.getmany(tp, timeout_ms=500)
+                records.extend((r.key, r.value) for r in batch.get(tp, ()))
+                end = max(end, consumer.highwater(tp) or 0)
+            return checkpoint.scan(cfg.group_id, records)
+        finally:
+            await consumer.stop()
 
     async def _on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         consumer = self._consumer
         assert consumer is not None
-        if not assigned:
+        parts = sorted({tp.partition for tp in assigned if tp.topic in self._topics})
+        for gone in sorted(set(self.shards) - set(parts)):
+            self._forget(gone)
+        self._owned = set(assigned)
+        if not parts:
             self.ready.set()
             return
-        begin = await consumer.beginning_offsets(list(assigned))
-        end = await consumer.end_offsets(list(assigned))
-        for tp in assigned:
-            committed = await consumer.committed(tp)
-            resume = committed if committed is not None else end[tp]
-            start = max(begin[tp], resume - self.config.warmup_records)
-            self._resume_at[tp] = resume
-            self._positions[tp] = start
-            consumer.seek(tp, start)
-        self._owned.update(assigned)
-        self._unverified.update(assigned)
+        new = [p for p in parts if p not in self.shards]
+        tps = [self._tp(logical, p) for p in parts for logical in (*INPUTS, TICKS)]
+        begin = await consumer.beginning_offsets(tps)
+        end = await consumer.end_offsets(tps)
+        found = await self._read_checkpoints() if new else {}
+        for p in parts:
+            shard = self.shards.get(p)
+            if shard is not None:  # kept across the rebalance: go on where we were
+                for logical in INPUTS:
+                    self._seek(self._tp(logical, p), shard.read[logical])
+                self._seek(self._tp(TICKS, p), self._ticks_read[p])
+                continue
+            await self._restore(p, found.get(p), begin, end)
         log.info(
             "partitions assigned",
-            partitions={
-                f"{tp.topic}:{tp.partition}": f"{self._positions[tp]}..{self._resume_at[tp]}"
-                for tp in assigned
+            shards={
+                str(p): {
+                    "inputs": {k: self.shards[p].folded[k] for k in INPUTS},
+                    "ticks": self.shards[p].ticks_at,
+                    "publish_from": self._publish_from[p],
+                    "kept": p not in new,
+                }
+                for p in parts
             },
         )
         self.ready.set()
+
+    def _forget(self, p: int) -> None:
+        self.shards.pop(p, None)
+        self._held.pop(p, None)
+        self._publish_from.pop(p, None)
+        self._catchup.pop(p, None)
+        self._ticks_read.pop(p, None)
+        self._dirty.discard(p)
+        for key in [k for k in self._ticked if k[0] == p]:
+            del self._ticked[key]
+
+    def _seek(self, tp: TopicPartition, offset: int) -> None:
+        assert self._consumer is not None
+        self._consumer.seek(tp, offset)
+        self._expect[tp] = offset
+
+    async def _restore(
+        self,
+        p: int,
+        found: checkpoint.Found | None,
+        begin: Mapping[TopicPartition, int],
+        end: Mapping[TopicPartition, int],
+    ) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        ticks_tp = self._tp(TICKS, p)
+        committed_ticks = await consumer.committed(ticks_tp)
+        shard: Shard | None = None
+        if found is not None:
+            self._ckpt_seq[p] = max(self._ckpt_seq.get(p, 0), found.max_seq)
+        if found is not None and found.blob is not None:
+            try:
+                shard = Shard.from_checkpoint(checkpoint.decode(found.blob))
+            except checkpoint.CheckpointError as exc:
+                log.warning("checkpoint unusable; starting the shard without it", partition=p, error=str(exc))
+        emptied = False
+        if shard is not None:
+            marks = {**{logical: shard.folded[logical] for logical in INPUTS}, TICKS: shard.ticks_at}
+            emptied = any(marks[k] > end[self._tp(k, p)] for k in marks)
+        if committed_ticks is not None and committed_ticks > end[ticks_tp]:
+            emptied = True
+        if emptied:
+            log.warning(
+                "the broker has less data than this group's checkpoint and commits (emptied or "
+                "re-created topics, e.g. a restarted in-memory broker): starting clean",
+                partition=p,
+            )
+            shard, committed_ticks = None, None
+            self.stats.shards_started_clean += 1
+            self._publish_from[p] = begin[ticks_tp]
+        if shard is None:
+            shard = Shard(p)
+            start = {}
+            for logical in (*INPUTS, TICKS):
+                tp = self._tp(logical, p)
+                resume = end[tp] if emptied else (await consumer.committed(tp))
+                if resume is None:
+                    resume = end[tp]
+                start[logical] = begin[tp] if emptied else max(begin[tp], resume - self.config.warmup_records)
+            shard.start_at(start, start[TICKS])
+            if not emptied:
+                self._publish_from[p] = committed_ticks if committed_ticks is not None else end[ticks_tp]
+        else:
+            self.stats.shards_restored += 1
+            self._publish_from[p] = committed_ticks if committed_ticks is not None else shard.ticks_at
+        self.shards[p] = shard
+        self._held[p] = []
+        self._ticks_read[p] = shard.ticks_at
+        self._catchup[p] = {logical: end[self._tp(logical, p)] for logical in (*INPUTS, TICKS)}
+        self._ckpt_at[p] = clock.monotonic_s()
+        for logical in INPUTS:
+            self._seek(self._tp(logical, p), shard.folded[logical])
+        self._seek(ticks_tp, shard.ticks_at)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -251,57 +430,46 @@ class Daemon:
             if self._pending_policy is not None:
                 self.engine.set_policy(self._pending_policy)
                 self._pending_policy = None
-            if batch or self._held:
+            if batch or any(self._held.values()):
                 await self.process(batch)
+            elif self._dirty:
+                await self._checkpoint()
 
     async def process(self, batch: Mapping[TopicPartition, Sequence[Any]]) -> list[Decision]:
-        """Fold one batch, decide on its ticks, publish, then commit. Returns what was published."""
+        """Read one batch into the shards, decide the ticks that are ready, publish, checkpoint, commit."""
         assert self._publisher is not None
         dead: list[DeadLetter] = []
-        model = self.model
         with tracer.start_as_current_span("fleetloop.batch") as span:
             n = 0
             for tp in sorted(batch, key=lambda t: (t.topic, t.partition)):
                 records = batch[tp]
-                if not records or tp not in self._owned:
-                    # Fetched while the assignment callback was still seeking: the seek re-reads them.
+                shard = self.shards.get(tp.partition)
+                if not records or tp not in self._owned or shard is None:
+                    continue  # fetched while the assignment callback was still seeking
+                expect = self._expect.pop(tp, None)
+                if expect is not None and records[0].offset > expect:
+                    # The client's own start position (the committed offset) landed after ours.
+                    self._seek(tp, expect)
                     continue
-                if tp in self._unverified:
-                    # The client's own start position (the committed offset) can land after our
-                    # warm-up seek; the first fetch after an assignment must start where we sought.
-                    self._unverified.discard(tp)
-                    if records[0].offset != self._positions[tp]:
-                        assert self._consumer is not None
-                        self._consumer.seek(tp, self._positions[tp])
-                        continue
                 n += len(records)
                 logical = self._topics[tp.topic]
-                if logical == TELEMETRY:
-                    tel = decode_batch(NodeTelemetry, records)
-                    for t in tel.items:
-                        model.fold_telemetry(t)
-                        self._pool_partition[t.pool_id] = tp.partition
-                    if tel.items:
-                        self._watermark[tp] = max(self._watermark.get(tp, 0), *(t.ts_ms for t in tel.items))
-                    self.stats.telemetry_in += len(tel.items)
-                    dead.extend(tel.dead)
-                elif logical == REQUESTS:
-                    out = decode_batch(RequestOutcome, records)
-                    for o in out.items:
-                        model.fold_outcome(o)
-                    if out.items:
-                        self._watermark[tp] = max(self._watermark.get(tp, 0), *(o.ts_ms for o in out.items))
-                    self.stats.outcomes_in += len(out.items)
-                    dead.extend(out.dead)
-                else:
-                    tk = decode_batch(Tick, records)
-                    now_s = clock.monotonic_s()
-                    self._held.extend(
-                        _HeldTick(t, tp, off, now_s) for t, off in zip(tk.items, tk.offsets, strict=True)
+                if logical in INPUTS:
+                    decoded = (
+                        decode_batch(NodeTelemetry, records)
+                        if logical == TELEMETRY
+                        else decode_batch(RequestOutcome, records)
                     )
-                    self.stats.ticks_in += len(tk.items)
-                    dead.extend(tk.dead)
-                self._positions[tp] = records[-1].offset + 1
+                    good: dict[int, NodeTelemetry | RequestOutcome] = dict(
+                        zip(decoded.offsets, decoded.items, strict=True)
+                    )
+                    shard.add(logical, (Row(r.offset, r.timestamp, good.get(r.offset)) for r in records))
+                    if logical == TELEMETRY:
+                        self.stats.telemetry_in += len(decoded.items)
+                    else:
+                        self.stats.outcomes_in += len(decoded.items)
+                    dead.extend(decoded.dead)
+                else:
+                    dead.extend(self._read_ticks(tp.partition, records))
             self.stats.events_in += n
             _events_in.add(n)
             span.set_attribute("records", n)
@@ -311,118 +479,193 @@ class Daemon:
                 _dead.add(len(dead))
                 for d in dead:
                     log.warning("dead letter", source=f"{d.topic}:{d.partition}:{d.offset}", reason=d.reason)
-            decisions = self._decide(self._ready_ticks())
+            if n:
+                faults.reach("mid-batch")
+            decisions = self._decide_ready()
             if decisions:
                 await self._publisher.publish(decisions)
                 self.stats.decisions_published += len(decisions)
                 _decisions.add(len(decisions))
                 if self._on_decisions is not None:
                     self._on_decisions(decisions)
-            await self._commit(batch)
+                faults.reach("after-publish")
+            if await self._checkpoint():
+                faults.reach("after-checkpoint")
+            await self._commit()
         return decisions
 
-    def _caught_up(self, tick: Tick) -> bool:
-        """True when every owned input partition has been read to its end or past ``tick.ts_ms``."""
+    def _read_ticks(self, p: int, records: Sequence[Any]) -> list[DeadLetter]:
+        held = self._held[p]
+        decoded = decode_batch(Tick, records)
+        good = dict(zip(decoded.offsets, decoded.items, strict=True))
+        now_s = clock.monotonic_s()
+        for r in records:
+            if r.offset < self._ticks_read[p]:
+                continue
+            cut: dict[str, int] | None = None
+            raw_cut = _header(r, CUT_HEADER)
+            if raw_cut is not None:
+                with contextlib.suppress(orjson.JSONDecodeError, TypeError, ValueError):
+                    parsed = orjson.loads(raw_cut)
+                    cut = {k: int(parsed[k]) for k in INPUTS}
+            skipped = _header(r, SKIPPED_HEADER)
+            held.append(
+                _HeldTick(
+                    r.offset,
+                    good.get(r.offset),
+                    r.timestamp,
+                    cut,
+                    skipped.decode(errors="replace") if skipped is not None else None,
+                    now_s,
+                )
+            )
+            self._ticks_read[p] = r.offset + 1
+        self.stats.ticks_in += len(decoded.items)
+        return decoded.dead
+
+    def _cut_of(self, p: int, h: _HeldTick) -> dict[str, int] | None:
+        """The cut of a held tick, or None while its inputs are not read far enough to know it."""
+        shard = self.shards[p]
         consumer = self._consumer
         assert consumer is not None
-        for tp in self._owned:
-            if self._topics.get(tp.topic) not in (TELEMETRY, REQUESTS):
+        if h.cut is not None:
+            for logical in INPUTS:
+                if shard.read[logical] < h.cut[logical]:
+                    highwater = consumer.highwater(self._tp(logical, p))
+                    if highwater is None or highwater > shard.read[logical]:
+                        return None  # not read yet
+            return h.cut
+        # A tick without a cut (from another ticker): its record time closes the prefix once each
+        # input shows a later record, or is read to its end, or the tick waited max_tick_hold_s.
+        for logical in INPUTS:
+            if shard.seen_after(logical, h.timestamp_ms):
                 continue
-            if self._watermark.get(tp, -1) >= tick.ts_ms:
+            highwater = consumer.highwater(self._tp(logical, p))
+            if highwater is not None and shard.read[logical] >= highwater:
                 continue
-            highwater = consumer.highwater(tp)
-            if highwater is None or self._positions.get(tp, 0) < highwater:
-                return False
-        return True
-
-    def _ready_ticks(self) -> list[tuple[Tick, TopicPartition, int]]:
-        """Release held ticks whose inputs have caught up (or that waited ``max_tick_hold_s``).
-
-        Cross-topic order within a batch is up to the broker and client: a tick can arrive before
-        the telemetry it should see. Holding it until the inputs catch up keeps decisions from
-        being made on a model that is behind, without ever waiting on a silent pool for long.
-        """
-        if not self._held:
-            return []
-        now_s = clock.monotonic_s()
-        ready: list[tuple[Tick, TopicPartition, int]] = []
-        still: list[_HeldTick] = []
-        for h in sorted(self._held, key=lambda h: (h.tick.ts_ms, h.tick.pool_id, h.tick.tick_id)):
-            if still and still[-1].tp == h.tp:
-                still.append(h)  # keep order within a ticks partition
-            elif self._caught_up(h.tick):
-                ready.append((h.tick, h.tp, h.offset))
-            elif now_s - h.since_s >= self.config.max_tick_hold_s:
+            if clock.monotonic_s() - h.since_s >= self.config.max_tick_hold_s:
                 self.stats.ticks_forced += 1
-                ready.append((h.tick, h.tp, h.offset))
-            else:
-                still.append(h)
-        self._held = still
-        return ready
+                break
+            return None
+        return shard.cut_by_time(h.timestamp_ms)
 
-    def input_offsets(self) -> dict[str, int]:
-        return {
-            f"{self._topics[tp.topic]}:{tp.partition}": pos
-            for tp, pos in sorted(self._positions.items(), key=lambda kv: (kv[0].topic, kv[0].partition))
-            if self._topics.get(tp.topic) in (TELEMETRY, REQUESTS)
-        }
-
-    def _decide(self, ticks: list[tuple[Tick, TopicPartition, int]]) -> list[Decision]:
+    def _decide_ready(self) -> list[Decision]:
         out: list[Decision] = []
-        if not ticks:
-            return out
-        env = envelope_of(self.engine.policy)
-        offsets = self.input_offsets()
-        # One snapshot per tick time, shared by every pool ticking at it: the model does not change
-        # while a batch's ticks are decided, so a per-pool snapshot would be the same one rebuilt.
-        snaps: dict[int, FleetSnapshot] = {}
-        for tick, tp, offset in sorted(ticks, key=lambda x: (x[0].ts_ms, x[0].pool_id, x[0].tick_id)):
-            snap = snaps.get(tick.ts_ms)
-            if snap is None:
-                snap = snaps[tick.ts_ms] = snapshot(
-                    self.model, tick.ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms
-                )
-            if tick.pool_id not in snap.pools:
-                self.stats.ticks_no_data += 1  # a pool this instance has no data on: nothing to decide from
-                continue
-            result = self.engine.tick(snap, tick, offsets)
-            if offset < self._resume_at.get(tp, 0):
-                self.stats.ticks_warmup += 1  # history: rebuilds policy state, already published
-                continue
-            self.stats.ticks_decided += 1
-            self.stats.last_decision_ts_ms = tick.ts_ms
-            for d in result.decisions:
-                body = d.body
-                if body.kind == "breaker":
-                    if body.state == "open" and body.enforced:
-                        if body.node_id not in self.stats.breaker_open_nodes:
-                            self.stats.breaker_opens += 1
-                            self.stats.breaker_open_nodes.add(body.node_id)
-                            log.info("breaker opened", node=body.node_id, reason=body.reason, **body.inputs)
-                    elif body.state == "closed":
-                        self.stats.breaker_open_nodes.discard(body.node_id)
-            out.extend(result.decisions)
+        policy = self.engine.policy
+        for p in sorted(self._held):
+            shard = self.shards[p]
+            held = self._held[p]
+            while held:
+                h = held[0]
+                if h.tick is not None and h.skipped is None:
+                    cut = self._cut_of(p, h)
+                    if cut is None:
+                        break  # ticks of one partition are decided in order
+                    decided = shard.decide(h.tick, cut, policy)
+                    if decided is None:
+                        self.stats.ticks_duplicate += 1
+                    elif not decided:
+                        self.stats.ticks_no_data += 1
+                    elif h.offset < self._publish_from[p]:
+                        self.stats.ticks_restored += 1
+                    else:
+                        self._account(decided)
+                        out.extend(decided)
+                elif h.tick is not None and shard.skip(h.tick):
+                    self.stats.ticks_skipped += 1
+                    log.warning(
+                        "ticks skipped",
+                        pool=h.tick.pool_id,
+                        through_tick=h.tick.tick_id,
+                        reason=h.skipped,
+                    )
+                held.pop(0)
+                shard.ticks_at = h.offset + 1
+                self._dirty.add(p)
         return out
 
-    async def _commit(self, batch: Mapping[TopicPartition, Sequence[Any]]) -> None:
+    def _account(self, decided: Sequence[Decision]) -> None:
+        self.stats.ticks_decided += 1
+        self.stats.last_decision_ts_ms = decided[0].ts_ms
+        for d in decided:
+            body = d.body
+            if body.kind == "breaker":
+                if body.state == "open" and body.enforced:
+                    if body.node_id not in self.stats.breaker_open_nodes:
+                        self.stats.breaker_opens += 1
+                        self.stats.breaker_open_nodes.add(body.node_id)
+                        log.info("breaker opened", node=body.node_id, reason=body.reason, **body.inputs)
+                elif body.state == "closed":
+                    self.stats.breaker_open_nodes.discard(body.node_id)
+
+    def input_offsets(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in sorted(self.shards):
+            out.update(self.shards[p].input_offsets())
+        return dict(sorted(out.items()))
+
+    async def _checkpoint(self, *, force: bool = False) -> bool:
+        """Write each changed shard's state (every ``checkpoint_interval_s``, or now when forced)."""
+        producer = self._producer
+        if producer is None:
+            return False
+        now_s = clock.monotonic_s()
+        due = [
+            p
+            for p in sorted(self._dirty)
+            if p in self.shards
+            and (force or now_s - self._ckpt_at.get(p, 0.0) >= self.config.checkpoint_interval_s)
+        ]
+        if not due:
+            return False
+        futures = []
+        for p in due:
+            blob = checkpoint.encode(self.shards[p].checkpoint_value())
+            seq = self._ckpt_seq.get(p, 0) + 1
+            self._ckpt_seq[p] = seq
+            futures.extend(
+                [
+                    await producer.send(self._checkpoint_topic, value=chunk.value, key=chunk.key)
+                    for chunk in checkpoint.to_chunks(self.config.group_id, p, seq, blob)
+                ]
+            )
+            self.stats.checkpoint_bytes = len(blob)
+        await asyncio.gather(*futures)
+        for p in due:
+            self._dirty.discard(p)
+            self._ckpt_at[p] = now_s
+        self.stats.checkpoints_written += len(due)
+        return True
+
+    async def _commit(self) -> None:
         consumer = self._consumer
         assert consumer is not None
-        # A ticks partition is committed only up to its oldest tick still held back.
-        held_at: dict[TopicPartition, int] = {}
-        for h in self._held:
-            held_at[h.tp] = min(held_at.get(h.tp, h.offset), h.offset)
-        offsets = {
-            tp: OffsetAndMetadata(held_at.get(tp, self._positions[tp]), "")
-            for tp in batch
-            if tp in self._owned
-            and tp in self._positions
-            and held_at.get(tp, self._positions[tp]) >= self._resume_at.get(tp, 0)
-        }
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for p, shard in sorted(self.shards.items()):
+            for logical in INPUTS:
+                tp = self._tp(logical, p)
+                if tp in self._owned:
+                    offsets[tp] = OffsetAndMetadata(shard.folded[logical], "")
+            tp = self._tp(TICKS, p)
+            # Ticks are committed once past where publishing starts (not back into restored history).
+            if tp in self._owned and shard.ticks_at >= self._publish_from[p]:
+                offsets[tp] = OffsetAndMetadata(shard.ticks_at, "")
         if offsets:
             await consumer.commit(offsets)
             self.stats.commits += 1
 
     # -- side tasks -----------------------------------------------------------------------------
+
+    def _caught_up(self, p: int) -> bool:
+        """True once a shard has read and decided what was on its partitions when it was assigned."""
+        target = self._catchup.get(p)
+        if target is None:
+            return True
+        shard = self.shards[p]
+        if shard.ticks_at < target[TICKS] or any(shard.read[k] < target[k] for k in INPUTS):
+            return False
+        del self._catchup[p]
+        return True
 
     async def _ticker(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
         topic = topic_name(self.config.prefix, TICKS)
@@ -433,15 +676,58 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=(boundary - now) / 1000.0)
                 return
-            owned = {tp.partition for tp in self._owned if self._topics.get(tp.topic) == TICKS}
-            pools = sorted(p for p, part in self._pool_partition.items() if part in owned)
-            futures = []
-            for pool in pools:
-                tick = Tick(ts_ms=boundary, tick_id=boundary // tick_ms, pool_id=pool)
-                value = orjson.dumps(tick.model_dump(mode="json"))
-                futures.append(await producer.send(topic, value=value, key=pool.encode()))
-            if futures:
-                await asyncio.gather(*futures)
+            try:
+                await self._publish_ticks(producer, topic, boundary, tick_ms)
+            except Exception as exc:  # the broker is away: the next round publishes what was missed
+                log.warning("ticker could not publish; will catch up", error=f"{type(exc).__name__}: {exc}")
+
+    async def _publish_ticks(self, producer: AIOKafkaProducer, topic: str, now_b: int, tick_ms: int) -> None:
+        limit = self.config.catchup_max_ticks
+        futures = []
+        sent: dict[tuple[int, str], int] = {}
+        for p in sorted(self.shards):
+            if self._tp(TICKS, p) not in self._owned or not self._caught_up(p):
+                continue
+            shard = self.shards[p]
+            for pool in shard.pools():
+                last = max(self._ticked.get((p, pool), -1), shard.last_tick.get(pool, (0, -1))[1])
+                first = (last // tick_ms + 1) * tick_ms if last >= 0 else now_b
+                boundaries = list(range(first, now_b + 1, tick_ms))
+                if not boundaries:
+                    continue
+                if len(boundaries) > limit:
+                    skipped, boundaries = boundaries[:-limit], boundaries[-limit:]
+                    end = skipped[-1]
+                    reason = f"outage: {len(skipped)} ticks missed, beyond the catch-up of {limit}"
+                    marker = Tick(ts_ms=end, tick_id=end // tick_ms, pool_id=pool)
+                    futures.append(
+                        await producer.send(
+                            topic,
+                            key=pool.encode(),
+                            value=orjson.dumps(marker.model_dump()),
+                            headers=[
+                                (SKIPPED_HEADER, reason.encode()),
+                                (SKIPPED_FROM_HEADER, str(skipped[0] // tick_ms).encode()),
+                            ],
+                        )
+                    )
+                if len(boundaries) > 1:
+                    self.stats.ticks_caught_up += len(boundaries) - 1
+                for b in boundaries:
+                    cut = shard.cut_by_time(b)
+                    value = orjson.dumps(Tick(ts_ms=b, tick_id=b // tick_ms, pool_id=pool).model_dump())
+                    futures.append(
+                        await producer.send(
+                            topic,
+                            key=pool.encode(),
+                            value=value,
+                            headers=[(CUT_HEADER, orjson.dumps(cut, option=orjson.OPT_SORT_KEYS))],
+                        )
+                    )
+                sent[(p, pool)] = boundaries[-1]
+        if futures:
+            await asyncio.gather(*futures)
+        self._ticked.update(sent)
 
     async def _follow_policies(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         follow = self.config.follow_policy or self.config.policy.stamp.name

@@ -30,6 +30,7 @@ from typing import Any
 
 from fleetloop.daemon.decide.engine import EngineState, decide, envelope_of
 from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.policies.base import FleetSnapshot
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import Decision
@@ -38,6 +39,7 @@ from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY
 
 INPUTS: tuple[str, ...] = (TELEMETRY, REQUESTS)
+_EMPTY = EngineState()
 
 Item = NodeTelemetry | RequestOutcome
 
@@ -57,13 +59,14 @@ class Shard:
     def __init__(self, partition: int) -> None:
         self.partition = partition
         self.model = FleetModel()
-        self.state = EngineState()
+        self.states: dict[str, EngineState] = {}  # per pool: a pool's tick touches only its own
         self.folded: dict[str, int] = dict.fromkeys(INPUTS, 0)  # next input offset not folded
         self.ticks_at = 0  # next ticks offset not yet decided (or skipped)
         self.last_tick: dict[str, tuple[int, int]] = {}  # pool -> (tick id, ts_ms) decided or skipped
         self.pending: dict[str, deque[Row]] = {k: deque() for k in INPUTS}
         self.read: dict[str, int] = dict(self.folded)  # next input offset not yet read
         self.pending_pools: set[str] = set()
+        self._snap: tuple[tuple[int, int, int, tuple[int, ...]], FleetSnapshot] | None = None
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -125,7 +128,9 @@ class Shard:
     def input_offsets(self) -> dict[str, int]:
         return {f"{logical}:{self.partition}": self.folded[logical] for logical in INPUTS}
 
-    def decide(self, tick: Tick, cut: Mapping[str, int], policy: CompiledPolicy) -> tuple[Decision, ...] | None:
+    def decide(
+        self, tick: Tick, cut: Mapping[str, int], policy: CompiledPolicy
+    ) -> tuple[Decision, ...] | None:
         """Fold up to ``cut`` and decide ``tick``. None for a tick already decided (a duplicate);
         an empty tuple when the shard has no data on the tick's pool."""
         last = self.last_tick.get(tick.pool_id)
@@ -134,11 +139,19 @@ class Shard:
         self._fold_to(cut)
         self.last_tick[tick.pool_id] = (tick.tick_id, tick.ts_ms)
         env = envelope_of(policy)
-        snap = snapshot(self.model, tick.ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms)
+        # Pools of one shard ticking at one boundary share a cut: one snapshot serves them all.
+        key = (tick.ts_ms, env.window_ms, env.stale_after_ms, tuple(self.folded.values()))
+        if self._snap is None or self._snap[0] != key:
+            snap = snapshot(
+                self.model, tick.ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms
+            )
+            self._snap = (key, snap)
+        snap = self._snap[1]
         if tick.pool_id not in snap.pools:
             return ()
-        result = decide(snap, policy, self.state, tick, self.input_offsets())
-        self.state = result.state
+        state = self.states.get(tick.pool_id, _EMPTY)
+        result = decide(snap, policy, state, tick, self.input_offsets())
+        self.states[tick.pool_id] = result.state
         return result.decisions
 
     def skip(self, tick: Tick) -> bool:
@@ -156,7 +169,7 @@ class Shard:
         return {
             "partition": self.partition,
             "model": self.model,
-            "state": self.state,
+            "states": {pool: self.states[pool] for pool in sorted(self.states)},
             "folded": dict(self.folded),
             "ticks_at": self.ticks_at,
             "last_tick": {pool: list(v) for pool, v in sorted(self.last_tick.items())},
@@ -168,10 +181,12 @@ class Shard:
 
         try:
             shard = cls(int(value["partition"]))
-            model, state = value["model"], value["state"]
-            if not isinstance(model, FleetModel) or not isinstance(state, EngineState):
-                raise CheckpointError("checkpoint does not hold a fleet model and an engine state")
-            shard.model, shard.state = model, state
+            model, states = value["model"], value["states"]
+            if not isinstance(model, FleetModel) or not all(
+                isinstance(s, EngineState) for s in states.values()
+            ):
+                raise CheckpointError("checkpoint does not hold a fleet model and engine states")
+            shard.model, shard.states = model, {str(p): s for p, s in states.items()}
             shard.start_at(value["folded"], int(value["ticks_at"]))
             shard.last_tick = {str(p): (int(v[0]), int(v[1])) for p, v in value["last_tick"].items()}
         except (KeyError, TypeError, ValueError, IndexError) as exc:

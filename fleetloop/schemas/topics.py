@@ -36,6 +36,7 @@ POLICY = "control.policy"
 DECISIONS = "control.decisions"
 STATE = "control.state"
 DEADLETTER = "fleet.deadletter"
+CHECKPOINT = "control.checkpoint"
 
 TOPICS: dict[str, TopicSpec] = {
     spec.logical: spec
@@ -47,6 +48,9 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(DECISIONS, "entity", Decision, "delete", 1, "fleetloop", "audit, replay"),
         TopicSpec(STATE, "entity", Decision, "compact", 1, "fleetloop", "routers, GPU workers"),
         TopicSpec(DEADLETTER, "original key", None, "delete", 1, "fleetloop", "operators"),
+        TopicSpec(
+            CHECKPOINT, "group/partition/slot/chunk", None, "compact", 1, "fleetloop", "fleetloop (restore)"
+        ),
     )
 }
 

@@ -3,9 +3,9 @@ decides, and a shard's decisions do not depend on how its input is split into ba
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.daemon.checkpoint import (
@@ -14,6 +14,7 @@ from fleetloop.daemon.checkpoint import (
     decode,
     encode,
     newest_complete,
+    scan,
     to_chunks,
 )
 from fleetloop.daemon.shard import INPUTS, Row, Shard
@@ -22,7 +23,6 @@ from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from tests.support.records import outcome, telemetry
 
 NODES = [f"p/{i}" for i in range(6)]
@@ -33,23 +33,23 @@ def stream(seconds: int = 90, seed: int = 3) -> tuple[dict[str, list[Row]], list
     """Telemetry and outcomes of one pool with a node that goes bad and recovers, plus ticks.
 
     Broker timestamps equal event times here; each tick's cut is what arrived by its boundary."""
-    rng = random.Random(seed)
+    rng = np.random.default_rng(seed)
     rows: dict[str, list[Row]] = {TELEMETRY: [], REQUESTS: []}
     ticks: list[tuple[Tick, int]] = []
     n = 0
     for s in range(seconds):
         base = T0 + s * 1000
         for i, node in enumerate(NODES):
-            q = rng.randint(0, 8) + (30 if node == "p/5" and 20 <= s < 50 else 0)
+            q = int(rng.integers(0, 8 + 1)) + (30 if node == "p/5" and 20 <= s < 50 else 0)
             rows[TELEMETRY].append(
                 Row(len(rows[TELEMETRY]), base + 10 + i, telemetry(node, ts_ms=base + 10 + i, queue_depth=q))
             )
-        for _ in range(rng.randint(15, 30)):
-            node = rng.choice(NODES)
+        for _ in range(int(rng.integers(15, 30 + 1))):
+            node = NODES[int(rng.integers(len(NODES)))]
             bad = node == "p/5" and 20 <= s < 50 and rng.random() < 0.8
-            ts = base + rng.randint(0, 999)
+            ts = base + int(rng.integers(0, 999 + 1))
             kind = "error" if bad else ("timeout" if rng.random() < 0.02 else "ok")
-            wf = rng.randint(0, 40)
+            wf = int(rng.integers(0, 40 + 1))
             rows[REQUESTS].append(
                 Row(
                     len(rows[REQUESTS]),
@@ -168,7 +168,7 @@ def test_duplicate_and_old_ticks_are_not_decided_twice() -> None:
 
 def test_checkpoint_chunks_reassemble_and_a_torn_slot_falls_back_to_the_other() -> None:
     blob_a = encode({"x": list(range(10))})
-    blob_b = bytes(random.Random(1).randbytes(CHUNK_BYTES * 2 + 17))
+    blob_b = np.random.default_rng(1).bytes(CHUNK_BYTES * 2 + 17)
     records = [(c.key, c.value) for c in to_chunks("g", 3, 1, blob_a)]
     full_b = [(c.key, c.value) for c in to_chunks("g", 3, 2, blob_b)]
     assert len(full_b) == 3
@@ -176,12 +176,15 @@ def test_checkpoint_chunks_reassemble_and_a_torn_slot_falls_back_to_the_other() 
     # A crash after the first chunk of seq 4 (slot 0 again) tore slot 0: slot 1 (seq 1) is whole.
     torn = [(c.key, c.value) for c in to_chunks("g", 3, 4, blob_b)][:1]
     assert newest_complete("g", [*records, *full_b, *torn]) == {3: blob_a}
+    # ...and the next writer numbers above the torn one, so its checkpoint is the newest.
+    assert scan("g", [*records, *full_b, *torn])[3].max_seq == 4
     assert newest_complete("other", [*records, *full_b]) == {}
 
 
 def test_a_forged_checkpoint_cannot_name_a_class_outside_fleetloop() -> None:
-    import orjson
     import zlib
+
+    import orjson
 
     forged = zlib.compress(orjson.dumps({"format": 1, "v": {"$o": "os:system", "f": {}}}))
     with pytest.raises(CheckpointError, match="not a fleetloop state class"):

@@ -150,24 +150,26 @@ async def _replay(
         # The recorded policy itself, given as a file, is an exact replay, not a what-if.
         mode = "exact" if what_if.stamp.hash == ticks[0].policy_hash else "what-if"
         return replay_ticks(ticks, inputs, what_if, from_ms=from_ms, to_ms=to_ms), what_if, mode
-    recorded = _recorded_policy(ticks[0].policy_hash, [r for rs in policies.values() for r in rs])
-    return replay_ticks(ticks, inputs, recorded, from_ms=from_ms, to_ms=to_ms), recorded, "exact"
+    known = _known_policies([r for rs in policies.values() for r in rs])
+    for rt in ticks:
+        if rt.policy_hash not in known:
+            raise UsageError(
+                f"fleetloop replay: the recorded policy (hash {rt.policy_hash}, tick {rt.tick.tick_id}) "
+                "is neither built in nor on control.policy; pass it with --policy FILE"
+            )
+    last = known[ticks[-1].policy_hash]
+    return replay_ticks(ticks, inputs, known, from_ms=from_ms, to_ms=to_ms), last, "exact"
 
 
-def _recorded_policy(policy_hash: str, records: list[Any]) -> CompiledPolicy:
+def _known_policies(records: list[Any]) -> dict[str, CompiledPolicy]:
+    """Every policy a recorded decision can be stamped with: built-in ones and control.policy's."""
     candidates = [builtin_policy(name) for name in ("default", "none", "classic")]
     for r in records:
         try:
             candidates.append(compile_policy(parse_document(json.loads(r.value))))
         except (PolicyError, ValueError):
             continue
-    for c in candidates:
-        if c.stamp.hash == policy_hash:
-            return c
-    raise UsageError(
-        f"fleetloop replay: the recorded policy (hash {policy_hash}) is neither built in nor on "
-        "control.policy; pass it with --policy FILE"
-    )
+    return {c.stamp.hash: c for c in candidates}
 
 
 def _as_json(r: ReplayReport, policy: CompiledPolicy, mode: str) -> dict[str, Any]:

@@ -1,17 +1,20 @@
 """Replay: recompute recorded decisions from recorded inputs, exactly (pure; the I/O is in command.py).
 
-Every published decision carries the tick and the input offsets it was computed from. Replay walks
-the recorded ticks in order; before each, it folds every input partition up to the recorded offset
-(never past it), then runs the engine on that tick. With the recorded policy the result must be
-the same bytes as the recorded decisions: the model folds commutatively across partitions and in
-offset order within one, and the engine is a pure function, so any difference is a bug or a
-change in code. With another policy (``--policy``) the same cut points give a what-if: what that
-policy would have decided, tick by tick, from exactly the same information.
+Every published decision carries the tick and the cut it was computed from: the input offsets of
+its shard (one partition index of the pool-keyed topics, :mod:`fleetloop.daemon.shard`). Replay
+walks the recorded ticks in order with one shard per partition; before each, it folds that shard's
+partitions up to the recorded offsets (never past them), then decides the tick with the policy
+the decision is stamped with (so a window spanning a policy change follows it). With the recorded
+policies the result must be the same bytes as the recorded decisions: a shard's state is a function
+of its records and ticks only, so restarts, rebalances and how the daemon batched its reads leave
+no trace. A tick recorded twice (republished after a crash between publish and commit) is the same
+bytes twice and is replayed once. With another policy (``--policy``) the same cut points give a
+what-if: what that policy would have decided, tick by tick, from exactly the same information.
 
 Ticks before ``from_ms`` are replayed to rebuild the model and policy state but not compared.
-Limits: replay starts its model from the first record it is given; a live daemon that started
-later than that (or restarted and warmed up from fewer records) saw a shorter history, so the
-first ticks after such a start can differ until windows and breaker backoffs have turned over.
+Limits: replay starts its shards from the first record it is given; a daemon whose consumer group
+started on topics that already held history (its first start, without a checkpoint) warmed up from
+``warmup_records`` of it, so its first ticks can differ from a replay from the beginning.
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.decide.engine import Engine, envelope_of
-from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.daemon.shard import Row, Shard
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import Decision
@@ -95,51 +97,67 @@ def _is_open(d: Decision) -> bool:
     )
 
 
+def _partition_of(offsets: Mapping[str, int]) -> int:
+    parts = {int(k.rsplit(":", 1)[1]) for k in offsets if logical_inputs(k)}
+    return parts.pop() if len(parts) == 1 else -1
+
+
 def replay_ticks(
     ticks: Sequence[RecordedTick],
     inputs: Mapping[str, Sequence[tuple[int, NodeTelemetry | RequestOutcome]]],
-    policy: CompiledPolicy,
+    policy: CompiledPolicy | Mapping[str, CompiledPolicy],
     *,
     from_ms: int = 0,
     to_ms: int | None = None,
 ) -> ReplayReport:
-    """Replay ``ticks`` over ``inputs`` ('logical-topic:partition' -> [(offset, record)] in offset order)."""
-    model = FleetModel()
-    engine = Engine(policy)
-    env = envelope_of(policy)
-    cursors = dict.fromkeys(inputs, 0)
+    """Replay ``ticks`` over ``inputs`` ('logical-topic:partition' -> [(offset, record)] in offset order).
+
+    ``policy``: one policy for every tick (a what-if), or the recorded policies by hash (each tick
+    is decided with the policy its decisions are stamped with)."""
+    shards: dict[int, Shard] = {}
     report = ReplayReport()
+    seen: set[tuple[int, str, tuple[tuple[str, int], ...]]] = set()
+    cursors: dict[str, int] = {}
     for rt in ticks:
         if to_ms is not None and rt.tick.ts_ms > to_ms:
             break
+        key = (rt.tick.tick_id, rt.tick.pool_id, tuple(sorted(rt.input_offsets.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        p = _partition_of(rt.input_offsets)
+        shard = shards.get(p)
+        if shard is None:
+            shard = shards[p] = Shard(p)
+        cut: dict[str, int] = {}
         for part, upto in sorted(rt.input_offsets.items()):
+            logical = part.rsplit(":", 1)[0]
             records = inputs.get(part, ())
-            i = cursors.get(part, 0)
-            while i < len(records) and records[i][0] < upto:
-                rec = records[i][1]
-                if isinstance(rec, NodeTelemetry):
-                    model.fold_telemetry(rec)
-                else:
-                    model.fold_outcome(rec)
-                i += 1
-            cursors[part] = i
-        snap = snapshot(model, rt.tick.ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms)
-        result = engine.tick(snap, rt.tick, rt.input_offsets)
+            i = j = cursors.get(part, 0)
+            while j < len(records) and records[j][0] < upto:
+                j += 1
+            shard.add(logical, (Row(off, 0, rec) for off, rec in records[i:j]))
+            cursors[part] = j
+            cut[logical] = upto
+        chosen = policy if isinstance(policy, CompiledPolicy) else policy.get(rt.policy_hash)
+        if chosen is None:
+            raise KeyError(rt.policy_hash)
+        produced_ds = shard.decide(rt.tick, cut, chosen) or ()
         report.ticks_replayed += 1
         if rt.tick.ts_ms < from_ms:
             continue
         report.ticks_compared += 1
         recorded = {d.key: decision_bytes(d) for d in rt.decisions}
-        produced = {d.key: decision_bytes(d) for d in result.decisions}
-        report.breaker_opens_recorded += sum(1 for d in rt.decisions if _is_open(d))
-        report.breaker_opens_replayed += sum(1 for d in result.decisions if _is_open(d))
-        for key in sorted(set(recorded) | set(produced)):
-            kind = key.split("/", 1)[0]
-            if key not in produced:
+        produced = {d.key: decision_bytes(d) for d in produced_ds}
+        report.breaker_opens_recorded += sum(1 for d in recorded_unique(rt.decisions) if _is_open(d))
+        report.breaker_opens_replayed += sum(1 for d in produced_ds if _is_open(d))
+        for k in sorted(set(recorded) | set(produced)):
+            kind = k.split("/", 1)[0]
+            if k not in produced:
                 report.missing += 1
-            elif key not in recorded:
+            elif k not in recorded:
                 report.extra += 1
-            elif recorded[key] == produced[key]:
+            elif recorded[k] == produced[k]:
                 report.identical += 1
                 report.decisions_compared += 1
                 continue
@@ -150,11 +168,16 @@ def replay_ticks(
             if report.first_difference is None:
                 report.first_difference = {
                     "tick_id": str(rt.tick.tick_id),
-                    "key": key,
-                    "recorded": recorded.get(key, b"").decode(),
-                    "replayed": produced.get(key, b"").decode(),
+                    "key": k,
+                    "recorded": recorded.get(k, b"").decode(),
+                    "replayed": produced.get(k, b"").decode(),
                 }
     return report
+
+
+def recorded_unique(decisions: Sequence[Decision]) -> list[Decision]:
+    """One decision per key (a tick republished after a crash holds each decision twice)."""
+    return list({d.key: d for d in decisions}.values())
 
 
 def logical_inputs(partition_key: str) -> bool:
