@@ -41,6 +41,13 @@ def register(sub: Any) -> None:
     run.add_argument(
         "--create-topics", action="store_true", help="create any missing topic of the registry first"
     )
+    run.add_argument(
+        "--checkpoint-interval-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="checkpoint each changed shard to control.checkpoint at most this often (default 5)",
+    )
     run.add_argument("--log-format", choices=("console", "json"), default="console")
     run.set_defaults(handler=cmd_run)
 
@@ -72,6 +79,8 @@ def register(sub: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from fleetloop.daemon import observability
 
+    if not 0.05 <= args.checkpoint_interval_s <= 3600:
+        raise UsageError("fleetloop run: --checkpoint-interval-s must be between 0.05 and 3600")
     observability.configure(fmt=args.log_format)
     policy = policy_from(args.policy)
     return asyncio.run(_run(args, policy))
@@ -99,6 +108,7 @@ async def _run(args: argparse.Namespace, policy: CompiledPolicy) -> int:
             group_id=args.group_id,
             run_ticker=not args.no_ticker,
             idempotence=idempotence,
+            checkpoint_interval_s=args.checkpoint_interval_s,
         )
     )
     stop = asyncio.Event()
