@@ -57,6 +57,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from fleetloop.daemon import checkpoint, clock, faults
@@ -148,7 +149,11 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.daemon._on_revoked(sorted(revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self.daemon._on_assigned(sorted(assigned))
+        try:
+            await self.daemon._on_assigned(sorted(assigned))
+        except (KafkaError, OSError) as exc:  # the loop restores once the broker answers again
+            log.warning("assignment failed; will restore", error=f"{type(exc).__name__}: {exc}"[:300])
+            self.daemon._restore_needed = True
 
 
 def _header(record: Any, name: str) -> bytes | None:
@@ -186,6 +191,7 @@ class Daemon:
         self._dirty: set[int] = set()
         self._owned: set[TopicPartition] = set()
         self._expect: dict[TopicPartition, int] = {}  # first fetch after a seek must start here
+        self._restore_needed = False
         self._pending_policy: CompiledPolicy | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -323,18 +329,45 @@ class Daemon:
             self.ready.set()
             return
         new = [p for p in parts if p not in self.shards]
+        emptied: set[int] = set()
         tps = [self._tp(logical, p) for p in parts for logical in (*INPUTS, TICKS)]
         begin = await consumer.beginning_offsets(tps)
         end = await consumer.end_offsets(tps)
         found = await self._read_checkpoints() if new else {}
         for p in parts:
             shard = self.shards.get(p)
+            if shard is not None and (
+                any(shard.read[k] > end[self._tp(k, p)] for k in INPUTS)
+                or self._ticks_read[p] > end[self._tp(TICKS, p)]
+            ):
+                emptied.add(p)
+                self._forget(p)
+                shard = None
+                new.append(p)
+                found = found or await self._read_checkpoints()
             if shard is not None:  # kept across the rebalance: go on where we were
                 for logical in INPUTS:
                     self._seek(self._tp(logical, p), shard.read[logical])
                 self._seek(self._tp(TICKS, p), self._ticks_read[p])
                 continue
-            await self._restore(p, found.get(p), begin, end)
+            if await self._restore(p, found.get(p), begin, end):
+                emptied.add(p)
+        if emptied:
+            self.stats.shards_started_clean += len(emptied)
+            log.warning(
+                "the broker has less data than this group had read, checkpointed or committed "
+                "(emptied or re-created topics, e.g. a restarted in-memory broker): starting clean",
+                partitions=sorted(emptied),
+            )
+            # Supersede whatever stale checkpoint the emptied broker holds now (one written at a
+            # revoke after it came back), so the next assignment does not start clean again.
+            self._dirty.update(emptied)
+            try:
+                await self._checkpoint(force=True)
+            except (KafkaError, OSError) as exc:
+                log.warning(
+                    "checkpoint after a clean start failed", error=f"{type(exc).__name__}: {exc}"[:300]
+                )
         log.info(
             "partitions assigned",
             shards={
@@ -370,7 +403,8 @@ class Daemon:
         found: checkpoint.Found | None,
         begin: Mapping[TopicPartition, int],
         end: Mapping[TopicPartition, int],
-    ) -> None:
+    ) -> bool:
+        """Restore shard ``p`` from its checkpoint; True when the broker turned out emptied."""
         consumer = self._consumer
         assert consumer is not None
         ticks_tp = self._tp(TICKS, p)
@@ -390,13 +424,7 @@ class Daemon:
         if committed_ticks is not None and committed_ticks > end[ticks_tp]:
             emptied = True
         if emptied:
-            log.warning(
-                "the broker has less data than this group's checkpoint and commits (emptied or "
-                "re-created topics, e.g. a restarted in-memory broker): starting clean",
-                partition=p,
-            )
             shard, committed_ticks = None, None
-            self.stats.shards_started_clean += 1
             self._publish_from[p] = begin[ticks_tp]
         if shard is None:
             shard = Shard(p)
@@ -421,19 +449,44 @@ class Daemon:
         for logical in INPUTS:
             self._seek(self._tp(logical, p), shard.folded[logical])
         self._seek(ticks_tp, shard.ticks_at)
+        return emptied
 
     # -- the loop -------------------------------------------------------------------------------
 
     async def _loop(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=200, max_records=self.config.max_batch)
-            if self._pending_policy is not None:
-                self.engine.set_policy(self._pending_policy)
-                self._pending_policy = None
-            if batch or any(self._held.values()):
-                await self.process(batch)
-            elif self._dirty:
-                await self._checkpoint()
+            try:
+                if self._restore_needed:
+                    await self._restore_assignment()
+                batch = await consumer.getmany(timeout_ms=200, max_records=self.config.max_batch)
+                if self._pending_policy is not None:
+                    self.engine.set_policy(self._pending_policy)
+                    self._pending_policy = None
+                if batch or any(self._held.values()):
+                    await self.process(batch)
+                elif self._dirty:
+                    await self._checkpoint()
+            except (KafkaError, OSError) as exc:
+                # The broker went away mid-batch (or came back empty). What was decided but not
+                # acknowledged is not committed: start again from the checkpoints, which decides
+                # exactly those ticks again and publishes them.
+                log.warning(
+                    "broker error; resuming from the last checkpoint",
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
+                self._restore_needed = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+    async def _restore_assignment(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        for p in sorted(self.shards):
+            self._forget(p)
+        self._restore_needed = False
+        assigned = sorted(consumer.assignment())
+        if assigned:
+            await self._on_assigned(assigned)
 
     async def process(self, batch: Mapping[TopicPartition, Sequence[Any]]) -> list[Decision]:
         """Read one batch into the shards, decide the ticks that are ready, publish, checkpoint, commit."""

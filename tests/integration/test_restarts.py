@@ -392,3 +392,72 @@ async def test_two_instances_one_killed_the_survivor_takes_over_exactly(
     )
     v = await compare_with_an_uninterrupted_run(kafka_env, policy)
     _assert_exact(v)
+
+
+async def test_a_broker_outage_is_decided_on_recovery_from_the_recorded_inputs(
+    kafka_env: Any, broker: Any, tmp_path: Path
+) -> None:
+    """The broker process is paused (SIGSTOP: unreachable, same data afterwards) while the daemon
+    and the fleet run; the ticks of the outage are published late and decided exactly."""
+    policy_path, policy = _policy(tmp_path)
+    log = tmp_path / "daemon.log"
+    pid = broker._proc.pid  # the session's broker: paused, never stopped, and resumed in `finally`
+    async with feeding(kafka_env):
+        proc = Proc(kafka_env, policy_path, log)
+        await proc.assigned()
+        await asyncio.sleep(3)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(6)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await asyncio.sleep(12)
+    await asyncio.sleep(1.5)
+    assert await proc.stop() == 0, log.read_text()[-3000:]
+    summary = proc.summary()
+    assert summary.get("ticks_caught_up", 0) > 0, summary
+    v = await compare_with_an_uninterrupted_run(kafka_env, policy)
+    _assert_exact(v)
+
+
+async def test_an_outage_longer_than_the_catch_up_is_published_as_skipped_with_its_reason(
+    kafka_env: Any, tmp_path: Path
+) -> None:
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+
+    _, policy = _policy(tmp_path)
+
+    def config() -> DaemonConfig:
+        return DaemonConfig(
+            bootstrap_servers=kafka_env.bootstrap_servers,
+            policy=policy,
+            prefix=kafka_env.prefix,
+            group_id=kafka_env.group("skips"),
+            idempotence=kafka_env.broker.capabilities.idempotent_producer,
+            catchup_max_ticks=2,
+        )
+
+    async def run_for(seconds: float) -> Daemon:
+        daemon = Daemon(config())
+        stop = asyncio.Event()
+        task = asyncio.create_task(daemon.run(stop))
+        await asyncio.wait_for(daemon.ready.wait(), 60)
+        await asyncio.sleep(seconds)
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        return daemon
+
+    async with feeding(kafka_env):
+        await run_for(3)
+        await asyncio.sleep(4)  # 8 boundaries of 500 ms missed: 2 are caught up, the rest skipped
+        second = await run_for(3)
+    assert second.stats.ticks_skipped >= 1
+    ticks = await _read(kafka_env, TICKS)
+    skipped = [
+        (dict(r.headers or ()), Tick.model_validate_json(r.value)) for rs in ticks.values() for r in rs
+    ]
+    marks = [(h, t) for h, t in skipped if SKIPPED_HEADER in h]
+    assert marks, "no tick record marked skipped"
+    headers, tick = marks[0]
+    assert b"beyond the catch-up of 2" in headers[SKIPPED_HEADER]
+    assert int(headers["fleetloop.skipped_from"]) < tick.tick_id
