@@ -34,14 +34,18 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.structs import OffsetAndMetadata
 
 from fleetloop.daemon import clock
 from fleetloop.daemon.act.publish import Publisher
 from fleetloop.daemon.decide.engine import Engine, envelope_of
 from fleetloop.daemon.model.fleet import FleetModel, snapshot
-from fleetloop.daemon.observability import logger, meter, tracer
+from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import DeadLetter, decode_batch, reason_of
+from fleetloop.daemon.service import metrics
+from fleetloop.daemon.service.health import Health, one_line, supervise
+from fleetloop.daemon.service.security import Bootstrap, connect, shown
 from fleetloop.policies.base import FleetSnapshot
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Tick
@@ -51,14 +55,19 @@ from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import POLICY, REQUESTS, TELEMETRY, TICKS, topic_name
 
 log = logger("fleetloop.daemon")
-_events_in = meter.create_counter("fleetloop.events_in", description="records consumed")
-_dead = meter.create_counter("fleetloop.dead_letters", description="records sent to the dead-letter topic")
-_decisions = meter.create_counter("fleetloop.decisions", description="decisions published")
+BROKER_WATCH_S = 2.0  # how often the broker watch asks for metadata (connection state, /readyz)
+RETRY_MAX_S = 5.0  # longest backoff between retries of a Kafka operation while the broker is away
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, (KafkaConnectionError, KafkaTimeoutError)) or (
+        isinstance(exc, KafkaError) and exc.retriable
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
-    bootstrap_servers: str
+    bootstrap_servers: Bootstrap  # a host:port list, or a KafkaConnection with TLS / SASL settings
     policy: CompiledPolicy
     prefix: str = ""
     group_id: str = "fleetloop"
@@ -141,20 +150,22 @@ class Daemon:
         self._consumer: AIOKafkaConsumer | None = None
         self._publisher: Publisher | None = None
         self.ready = asyncio.Event()
+        self.health = Health(policy_loaded=True)
+        self._stop: asyncio.Event | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
         producer = AIOKafkaProducer(
-            bootstrap_servers=cfg.bootstrap_servers,
+            **connect(cfg.bootstrap_servers),
             client_id=f"{cfg.client_id}-producer",
             acks="all",
             enable_idempotence=cfg.idempotence,
             linger_ms=5,
         )
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=cfg.bootstrap_servers,
+            **connect(cfg.bootstrap_servers),
             client_id=cfg.client_id,
             group_id=cfg.group_id,
             enable_auto_commit=False,
@@ -166,12 +177,13 @@ class Daemon:
             heartbeat_interval_ms=1000,
         )
         policy_consumer = AIOKafkaConsumer(
-            bootstrap_servers=cfg.bootstrap_servers,
+            **connect(cfg.bootstrap_servers),
             client_id=f"{cfg.client_id}-policy",
             enable_auto_commit=False,
         )
+        self._stop = stop
+        metrics.register(self)
         await producer.start()
-        tasks: list[asyncio.Task[None]] = []
         try:
             await consumer.start()
             try:
@@ -181,29 +193,31 @@ class Daemon:
                 consumer.subscribe(sorted(self._topics), listener=_Rebalance(self))
                 policy_consumer.assign([TopicPartition(self._policy_topic, 0)])
                 await policy_consumer.seek_to_beginning()
-                tasks.append(asyncio.create_task(self._follow_policies(policy_consumer, stop), name="policy"))
+                self.health.connected = True
+                jobs = {
+                    "consumer": lambda: self._loop(consumer, stop),
+                    "policy": lambda: self._follow_policies(policy_consumer, stop),
+                    "broker-watch": lambda: self._watch_broker(consumer, stop),
+                }
                 if cfg.run_ticker:
-                    tasks.append(asyncio.create_task(self._ticker(producer, stop), name="ticker"))
+                    jobs["ticker"] = lambda: self._ticker(producer, stop)
                 log.info(
                     "daemon started",
-                    bootstrap=cfg.bootstrap_servers,
+                    bootstrap=shown(cfg.bootstrap_servers),
                     prefix=cfg.prefix,
                     policy=cfg.policy.stamp.name,
                     version=cfg.policy.stamp.version,
                     hash=cfg.policy.stamp.hash,
                 )
-                await self._loop(consumer, stop)
+                # Every task is supervised: the first to die stops the daemon and is raised (TaskDied).
+                await supervise(self.health, jobs, stop)
             finally:
                 stop.set()
-                for t in tasks:
-                    t.cancel()
-                for t in tasks:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
                 await policy_consumer.stop()
                 await consumer.stop()
         finally:
             await producer.stop()
+            metrics.unregister(self)
             log.info("daemon stopped", **self.summary())
 
     def summary(self) -> dict[str, int]:
@@ -276,6 +290,7 @@ class Daemon:
                         continue
                 n += len(records)
                 logical = self._topics[tp.topic]
+                metrics.events_consumed.add(len(records), {"topic": logical})
                 if logical == TELEMETRY:
                     tel = decode_batch(NodeTelemetry, records)
                     for t in tel.items:
@@ -303,22 +318,31 @@ class Daemon:
                     dead.extend(tk.dead)
                 self._positions[tp] = records[-1].offset + 1
             self.stats.events_in += n
-            _events_in.add(n)
             span.set_attribute("records", n)
             if dead:
-                await self._publisher.dead_letter(dead)
+                publisher = self._publisher
+                await self._retrying("dead-letter", lambda: publisher.dead_letter(dead))
                 self.stats.dead_letters += len(dead)
-                _dead.add(len(dead))
                 for d in dead:
-                    log.warning("dead letter", source=f"{d.topic}:{d.partition}:{d.offset}", reason=d.reason)
+                    kind = metrics.reason_kind(d.reason)
+                    metrics.dead_letters.add(1, {"reason": kind})
+                    # One line per reason kind per window, with a count: never one line per record.
+                    log.warning(
+                        "dead letter",
+                        source=f"{d.topic}:{d.partition}:{d.offset}",
+                        reason=d.reason,
+                        ratelimit_key=kind,
+                    )
             decisions = self._decide(self._ready_ticks())
             if decisions:
-                await self._publisher.publish(decisions)
+                publisher = self._publisher
+                await self._retrying("publish", lambda: publisher.publish(decisions))
                 self.stats.decisions_published += len(decisions)
-                _decisions.add(len(decisions))
+                for dec in decisions:
+                    metrics.decisions.add(1, {"kind": dec.body.kind, "reason": dec.body.reason})
                 if self._on_decisions is not None:
                     self._on_decisions(decisions)
-            await self._commit(batch)
+            await self._retrying("commit", lambda: self._commit(batch))
         return decisions
 
     def _caught_up(self, tick: Tick) -> bool:
@@ -354,6 +378,7 @@ class Daemon:
                 ready.append((h.tick, h.tp, h.offset))
             elif now_s - h.since_s >= self.config.max_tick_hold_s:
                 self.stats.ticks_forced += 1
+                metrics.ticks.add(1, {"outcome": "forced"})
                 ready.append((h.tick, h.tp, h.offset))
             else:
                 still.append(h)
@@ -384,12 +409,17 @@ class Daemon:
                 )
             if tick.pool_id not in snap.pools:
                 self.stats.ticks_no_data += 1  # a pool this instance has no data on: nothing to decide from
+                metrics.ticks.add(1, {"outcome": "skipped"})
                 continue
+            started_s = clock.monotonic_s()
             result = self.engine.tick(snap, tick, offsets)
+            metrics.tick_duration.record(clock.monotonic_s() - started_s)
             if offset < self._resume_at.get(tp, 0):
                 self.stats.ticks_warmup += 1  # history: rebuilds policy state, already published
+                metrics.ticks.add(1, {"outcome": "warmup"})
                 continue
             self.stats.ticks_decided += 1
+            metrics.ticks.add(1, {"outcome": "decided"})
             self.stats.last_decision_ts_ms = tick.ts_ms
             for d in result.decisions:
                 body = d.body
@@ -426,22 +456,119 @@ class Daemon:
 
     async def _ticker(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
         topic = topic_name(self.config.prefix, TICKS)
+        last = 0
         while not stop.is_set():
             tick_ms = self.engine.policy.tick_ms
             now = clock.wall_ms()
             boundary = (now // tick_ms + 1) * tick_ms
+            if last and boundary - last > tick_ms:
+                # Boundaries passed while a send waited on an unreachable broker: missed, not late.
+                metrics.ticks.add((boundary - last) // tick_ms - 1, {"outcome": "missed"})
+            last = boundary
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=(boundary - now) / 1000.0)
                 return
-            owned = {tp.partition for tp in self._owned if self._topics.get(tp.topic) == TICKS}
-            pools = sorted(p for p, part in self._pool_partition.items() if part in owned)
-            futures = []
-            for pool in pools:
-                tick = Tick(ts_ms=boundary, tick_id=boundary // tick_ms, pool_id=pool)
-                value = orjson.dumps(tick.model_dump(mode="json"))
-                futures.append(await producer.send(topic, value=value, key=pool.encode()))
-            if futures:
-                await asyncio.gather(*futures)
+            try:
+                await self._send_ticks(producer, topic, boundary, tick_ms)
+            except KafkaError as exc:
+                if not _transient(exc):
+                    raise
+                self._broker_trouble("tick", exc)
+                metrics.ticks.add(1, {"outcome": "missed"})
+
+    async def _send_ticks(self, producer: AIOKafkaProducer, topic: str, boundary: int, tick_ms: int) -> None:
+        owned = {tp.partition for tp in self._owned if self._topics.get(tp.topic) == TICKS}
+        pools = sorted(p for p, part in self._pool_partition.items() if part in owned)
+        futures = []
+        for pool in pools:
+            tick = Tick(ts_ms=boundary, tick_id=boundary // tick_ms, pool_id=pool)
+            value = orjson.dumps(tick.model_dump(mode="json"))
+            futures.append(await producer.send(topic, value=value, key=pool.encode()))
+        if futures:
+            await asyncio.gather(*futures)
+
+    # -- service: broker watch, retries, metric sources -----------------------------------------
+
+    def _broker_trouble(self, operation: str, exc: BaseException) -> None:
+        self.health.connected = False
+        self.health.connection_error = one_line(exc)
+        metrics.broker_errors.add(1, {"operation": operation})
+        log.warning("broker unavailable; retrying", operation=operation, error=one_line(exc))
+
+    async def _retrying(self, operation: str, op: Callable[[], Any]) -> Any:
+        """``await op()``, retried with backoff while the broker is away (transient errors only).
+
+        The batch waits: nothing is committed before what was computed from it is acknowledged,
+        and publishing the same decisions again is harmless (desired state keyed by entity).
+        """
+        delay_s = 0.1
+        while True:
+            try:
+                return await op()
+            except KafkaError as exc:
+                stop = self._stop
+                if not _transient(exc) or (stop is not None and stop.is_set()):
+                    raise
+                self._broker_trouble(operation, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait() if stop else asyncio.sleep(delay_s), delay_s)
+                delay_s = min(delay_s * 2, RETRY_MAX_S)
+
+    async def _watch_broker(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        """Ask the broker for metadata every ``BROKER_WATCH_S``: the connection state of /readyz."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(consumer.topics(), timeout=max(BROKER_WATCH_S * 2, 5.0))
+            except (KafkaError, TimeoutError) as exc:
+                if self.health.connected or not self.health.connection_error:
+                    self._broker_trouble(
+                        "metadata", exc if isinstance(exc, KafkaError) else KafkaTimeoutError()
+                    )
+                self.health.connected = False
+            else:
+                if not self.health.connected:
+                    log.info("broker reachable", bootstrap=shown(self.config.bootstrap_servers))
+                self.health.connected = True
+                self.health.connection_error = ""
+            self._refresh_health()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=BROKER_WATCH_S)
+
+    def _refresh_health(self) -> None:
+        h = self.health
+        h.assigned = len(self._owned)
+        h.assigned_once = h.assigned_once or self.ready.is_set()
+        h.warm = self.ready.is_set() and all(
+            self._positions.get(tp, 0) >= self._resume_at.get(tp, 0) for tp in self._owned
+        )
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        out: dict[tuple[str, int], int] = {}
+        for tp in sorted(self._owned, key=lambda t: (t.topic, t.partition)):
+            high = consumer.highwater(tp)
+            if high is not None:
+                out[(self._topics.get(tp.topic, tp.topic), tp.partition)] = max(
+                    0, high - self._positions.get(tp, 0)
+                )
+        return out
+
+    def model_sizes(self) -> dict[str, int]:
+        m = self.model
+        return {"pools": len(m.pools), "nodes": len(m.nodes), "open_workflows": len(m.ledger.active)}
+
+    def policy_in_force(self) -> tuple[str, int, str]:
+        s = self.engine.policy.stamp
+        return s.name, s.version, s.hash
+
+    def broker_connected(self) -> bool:
+        return self.health.connected
+
+    def is_ready(self) -> bool:
+        self._refresh_health()
+        return self.health.ready()[0]
 
     async def _follow_policies(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         follow = self.config.follow_policy or self.config.policy.stamp.name
