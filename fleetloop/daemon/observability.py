@@ -240,7 +240,7 @@ def configure(level: str = "info", fmt: str = "console", *, stream: IO[str] | No
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
-            _add_name_processor,
+            _logger_field,
             limiter,
             stamp,
             renderer,
@@ -265,9 +265,9 @@ class _QueueLoggerFactory:
         return _QueueLogger(self._writer)
 
 
-def _add_name_processor(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> Any:
-    name = event_dict.pop("_logger_name", None)
-    if name and "logger" not in event_dict:
+def _logger_field(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> Any:
+    name = event_dict.pop("logger_name", None)
+    if name is not None and "logger" not in event_dict:
         event_dict["logger"] = name
     return event_dict
 
@@ -328,7 +328,7 @@ def setup_telemetry() -> None:
 
 
 def logger(name: str) -> Any:
-    return structlog.get_logger(name, _logger_name=name)
+    return structlog.get_logger(name, logger_name=name)
 
 
 tracer = trace.get_tracer("fleetloop")

@@ -93,11 +93,13 @@ async def supervise(
     stop: asyncio.Event,
     *,
     on_death: Callable[[TaskDied], None] | None = None,
+    grace_s: float = 30.0,
 ) -> None:
     """Run ``jobs`` as named tasks until ``stop``; the first to die stops the rest and is raised.
 
     A job returning while ``stop`` is unset counts as dying too: every job is meant to run until
-    the daemon stops.
+    the daemon stops. On a clean stop the jobs get ``grace_s`` to return by themselves (finishing
+    the batch in hand) before they are cancelled.
     """
     tasks: dict[str, asyncio.Task[None]] = {
         name: asyncio.create_task(job(), name=name) for name, job in jobs.items()
@@ -127,6 +129,10 @@ async def supervise(
         stop.set()
         stopper.cancel()
         everything: list[asyncio.Task[Any]] = [*tasks.values(), stopper]
+        if died is None and tasks:
+            # A clean stop: every job watches ``stop``; let each finish what it is doing (the
+            # consumer loop publishes and commits its batch) before anything is cancelled.
+            await asyncio.wait(tasks.values(), timeout=grace_s)
         for t in everything:
             t.cancel()
         for t in everything:
