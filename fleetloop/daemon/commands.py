@@ -15,7 +15,15 @@ from typing import Any
 
 import orjson
 
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, policy_from, quiet_client_logs
+from fleetloop.daemon.cli_common import (
+    UsageError,
+    bootstrap_arg,
+    connection_from,
+    log_args,
+    policy_from,
+    quiet_client_logs,
+)
+from fleetloop.daemon.service.security import Bootstrap, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
 
 
@@ -48,7 +56,26 @@ def register(sub: Any) -> None:
         metavar="S",
         help="checkpoint each changed shard to control.checkpoint at most this often (default 5)",
     )
-    run.add_argument("--log-format", choices=("console", "json"), default="console")
+    run.add_argument(
+        "--wait-for-topics",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for missing topics (default 0: exit 2 at once naming them)",
+    )
+    run.add_argument(
+        "--http-port",
+        type=int,
+        metavar="PORT",
+        help="serve /healthz, /readyz and /metrics on this port (default: no HTTP server)",
+    )
+    run.add_argument(
+        "--http-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the HTTP server binds (default 127.0.0.1: loopback only)",
+    )
+    log_args(run)
     run.set_defaults(handler=cmd_run)
 
     pol = sub.add_parser("policy", help="validate, apply or diff policy documents")
@@ -81,28 +108,111 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if not 0.05 <= args.checkpoint_interval_s <= 3600:
         raise UsageError("fleetloop run: --checkpoint-interval-s must be between 0.05 and 3600")
-    observability.configure(fmt=args.log_format)
+    if args.http_port is not None and not 0 <= args.http_port <= 65535:
+        raise UsageError(f"fleetloop run: --http-port {args.http_port} is not a port (0..65535)")
+    if args.wait_for_topics < 0:
+        raise UsageError("fleetloop run: --wait-for-topics must be >= 0")
+    conn = connection_from(args)
     policy = policy_from(args.policy)
-    return asyncio.run(_run(args, policy))
+    observability.configure(level=args.log_level, fmt=args.log_format)
+    observability.setup_telemetry()
+    try:
+        return asyncio.run(_run(args, policy, conn))
+    except UsageError as exc:
+        if args.log_format != "json":
+            raise
+        # Under --log-format json even the last word is one JSON line.
+        observability.logger("fleetloop.run").error(str(exc), exit_code=2)
+        return 2
+    finally:
+        observability.shutdown()
 
 
-async def _run(args: argparse.Namespace, policy: CompiledPolicy) -> int:
+async def _wait_for_topics(conn: Bootstrap, prefix: str, wait_s: float) -> None:
+    """Exit 2 naming the missing topics, or wait up to ``wait_s`` for them (logged, bounded)."""
+    from fleetloop.daemon import clock
+    from fleetloop.daemon.brokers.admin import missing_topics
+    from fleetloop.daemon.observability import logger
+
+    log = logger("fleetloop.run")
+    started = clock.monotonic_s()
+    while True:
+        missing = await missing_topics(conn, prefix)
+        if not missing:
+            return
+        waited = clock.monotonic_s() - started
+        if waited >= wait_s:
+            after = f" after waiting {wait_s:g} s" if wait_s else ""
+            raise UsageError(
+                f"fleetloop run: topics missing at {shown(conn)}{after}: {', '.join(missing)} "
+                "(create them with --create-topics, or wait with --wait-for-topics SECONDS)"
+            )
+        log.warning(
+            "topics missing; waiting",
+            missing=missing,
+            waited_s=round(waited, 1),
+            wait_for_topics_s=wait_s,
+            ratelimit_key="topics",
+        )
+        await asyncio.sleep(min(1.0, wait_s - waited))
+
+
+async def _run(args: argparse.Namespace, policy: CompiledPolicy, conn: Bootstrap) -> int:
+    from fleetloop.daemon.observability import logger
+    from fleetloop.daemon.runtime import Daemon
+
+    log = logger("fleetloop.run")
+    holder: list[Daemon] = []
+    server = None
+    if args.http_port is not None:
+        from fleetloop.daemon.service.http import HttpServer, make_app
+
+        server = HttpServer(
+            make_app(lambda: holder[0].health if holder else None), host=args.http_host, port=args.http_port
+        )
+        try:
+            await server.start()
+        except OSError as exc:
+            raise UsageError(
+                f"fleetloop run: cannot serve HTTP on {args.http_host}:{args.http_port}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        log.info(
+            "http serving",
+            url=f"http://{args.http_host}:{server.port}/",
+            endpoints="/healthz /readyz /metrics",
+        )
+    try:
+        return await _run_daemon(args, policy, conn, holder)
+    finally:
+        if server is not None:
+            await server.stop()
+
+
+async def _run_daemon(
+    args: argparse.Namespace, policy: CompiledPolicy, conn: Bootstrap, holder: list[Any]
+) -> int:
     from fleetloop.daemon.brokers import ensure_topics, probe_capabilities
+    from fleetloop.daemon.observability import logger
     from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from fleetloop.daemon.service.health import TaskDied, one_line
 
+    log = logger("fleetloop.run")
     try:
         if args.create_topics:
-            await ensure_topics(args.bootstrap_servers, args.topic_prefix)
+            await ensure_topics(conn, args.topic_prefix)
+        else:
+            await _wait_for_topics(conn, args.topic_prefix, args.wait_for_topics)
         idempotence = args.idempotence == "on"
         if args.idempotence == "auto":
-            idempotence = (await probe_capabilities(args.bootstrap_servers)).idempotent_producer
+            idempotence = (await probe_capabilities(conn)).idempotent_producer
+    except UsageError:
+        raise
     except Exception as exc:
-        raise UsageError(
-            f"cannot reach Kafka at {args.bootstrap_servers}: {type(exc).__name__}: {exc}"
-        ) from None
+        raise UsageError(f"fleetloop run: cannot reach Kafka at {shown(conn)}: {one_line(exc)}") from None
     daemon = Daemon(
         DaemonConfig(
-            bootstrap_servers=args.bootstrap_servers,
+            bootstrap_servers=conn,
             policy=policy,
             prefix=args.topic_prefix,
             group_id=args.group_id,
@@ -111,12 +221,18 @@ async def _run(args: argparse.Namespace, policy: CompiledPolicy) -> int:
             checkpoint_interval_s=args.checkpoint_interval_s,
         )
     )
+    holder.append(daemon)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await daemon.run(stop)
+    try:
+        await daemon.run(stop)
+    except TaskDied as died:
+        # One line that names the task and why; a non-zero exit so a supervisor restarts us.
+        log.error("task died; exiting", task=died.task, reason=died.reason, exit_code=1)
+        return 1
     return 0
 
 

@@ -57,14 +57,17 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.structs import OffsetAndMetadata
 
 from fleetloop.daemon import checkpoint, clock, faults
 from fleetloop.daemon.act.publish import Publisher
 from fleetloop.daemon.decide.engine import Engine
-from fleetloop.daemon.observability import logger, meter, tracer
+from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import DeadLetter, decode_batch, reason_of
+from fleetloop.daemon.service import metrics
+from fleetloop.daemon.service.health import Health, one_line, supervise
+from fleetloop.daemon.service.security import Bootstrap, connect, shown
 from fleetloop.daemon.shard import INPUTS, Row, Shard
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Tick
@@ -74,9 +77,15 @@ from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import CHECKPOINT, POLICY, REQUESTS, TELEMETRY, TICKS, topic_name
 
 log = logger("fleetloop.daemon")
-_events_in = meter.create_counter("fleetloop.events_in", description="records consumed")
-_dead = meter.create_counter("fleetloop.dead_letters", description="records sent to the dead-letter topic")
-_decisions = meter.create_counter("fleetloop.decisions", description="decisions published")
+BROKER_WATCH_S = 2.0  # how often the broker watch asks for metadata (connection state, /readyz)
+RETRY_MAX_S = 5.0  # longest backoff between retries of a Kafka operation while the broker is away
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, (KafkaConnectionError, KafkaTimeoutError)) or (
+        isinstance(exc, KafkaError) and exc.retriable
+    )
+
 
 CUT_HEADER = "fleetloop.cut"
 SKIPPED_HEADER = "fleetloop.skipped"
@@ -85,7 +94,7 @@ SKIPPED_FROM_HEADER = "fleetloop.skipped_from"
 
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
-    bootstrap_servers: str
+    bootstrap_servers: Bootstrap  # a host:port list, or a KafkaConnection with TLS / SASL settings
     policy: CompiledPolicy
     prefix: str = ""
     group_id: str = "fleetloop"
@@ -197,6 +206,8 @@ class Daemon:
         self._producer: AIOKafkaProducer | None = None
         self._publisher: Publisher | None = None
         self.ready = asyncio.Event()
+        self.health = Health(policy_loaded=True)
+        self._stop: asyncio.Event | None = None
 
     def _tp(self, logical: str, partition: int) -> TopicPartition:
         return TopicPartition(self._physical[logical], partition)
@@ -206,7 +217,7 @@ class Daemon:
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
         producer = AIOKafkaProducer(
-            bootstrap_servers=cfg.bootstrap_servers,
+            **connect(cfg.bootstrap_servers),
             client_id=f"{cfg.client_id}-producer",
             acks="all",
             enable_idempotence=cfg.idempotence,
@@ -214,7 +225,7 @@ class Daemon:
             max_request_size=2 * checkpoint.CHUNK_BYTES,
         )
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=cfg.bootstrap_servers,
+            **connect(cfg.bootstrap_servers),
             client_id=cfg.client_id,
             group_id=cfg.group_id,
             enable_auto_commit=False,
@@ -226,12 +237,13 @@ class Daemon:
             heartbeat_interval_ms=1000,
         )
         policy_consumer = AIOKafkaConsumer(
-            bootstrap_servers=cfg.bootstrap_servers,
+            **connect(cfg.bootstrap_servers),
             client_id=f"{cfg.client_id}-policy",
             enable_auto_commit=False,
         )
+        self._stop = stop
+        metrics.register(self)
         await producer.start()
-        tasks: list[asyncio.Task[None]] = []
         try:
             await consumer.start()
             try:
@@ -242,30 +254,33 @@ class Daemon:
                 consumer.subscribe(sorted(self._topics), listener=_Rebalance(self))
                 policy_consumer.assign([TopicPartition(self._policy_topic, 0)])
                 await policy_consumer.seek_to_beginning()
-                tasks.append(asyncio.create_task(self._follow_policies(policy_consumer, stop), name="policy"))
+                self.health.connected = True
+                jobs = {
+                    "consumer": lambda: self._loop(consumer, stop),
+                    "policy": lambda: self._follow_policies(policy_consumer, stop),
+                    "broker-watch": lambda: self._watch_broker(consumer, stop),
+                }
                 if cfg.run_ticker:
-                    tasks.append(asyncio.create_task(self._ticker(producer, stop), name="ticker"))
+                    jobs["ticker"] = lambda: self._ticker(producer, stop)
                 log.info(
                     "daemon started",
-                    bootstrap=cfg.bootstrap_servers,
+                    bootstrap=shown(cfg.bootstrap_servers),
                     prefix=cfg.prefix,
                     policy=cfg.policy.stamp.name,
                     version=cfg.policy.stamp.version,
                     hash=cfg.policy.stamp.hash,
                 )
-                await self._loop(consumer, stop)
+                # Every task is supervised: the first to die stops the daemon and is raised (TaskDied).
+                await supervise(self.health, jobs, stop)
+                # A clean stop leaves a checkpoint of where it stopped: the next start reads nothing twice.
                 await self._checkpoint(force=True)
             finally:
                 stop.set()
-                for t in tasks:
-                    t.cancel()
-                for t in tasks:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
                 await policy_consumer.stop()
                 await consumer.stop()
         finally:
             await producer.stop()
+            metrics.unregister(self)
             log.info("daemon stopped", **self.summary())
 
     def summary(self) -> dict[str, int]:
@@ -298,7 +313,7 @@ class Daemon:
     async def _read_checkpoints(self) -> dict[int, checkpoint.Found]:
         cfg = self.config
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=cfg.bootstrap_servers,
+            **connect(cfg.bootstrap_servers),
             client_id=f"{cfg.client_id}-restore",
             enable_auto_commit=False,
             max_partition_fetch_bytes=4 * checkpoint.CHUNK_BYTES,
@@ -506,6 +521,7 @@ class Daemon:
                     continue
                 n += len(records)
                 logical = self._topics[tp.topic]
+                metrics.events_consumed.add(len(records), {"topic": logical})
                 if logical in INPUTS:
                     decoded = (
                         decode_batch(NodeTelemetry, records)
@@ -524,27 +540,36 @@ class Daemon:
                 else:
                     dead.extend(self._read_ticks(tp.partition, records))
             self.stats.events_in += n
-            _events_in.add(n)
             span.set_attribute("records", n)
             if dead:
-                await self._publisher.dead_letter(dead)
+                publisher = self._publisher
+                await self._retrying("dead-letter", lambda: publisher.dead_letter(dead))
                 self.stats.dead_letters += len(dead)
-                _dead.add(len(dead))
                 for d in dead:
-                    log.warning("dead letter", source=f"{d.topic}:{d.partition}:{d.offset}", reason=d.reason)
+                    kind = metrics.reason_kind(d.reason)
+                    metrics.dead_letters.add(1, {"reason": kind})
+                    # One line per reason kind per window, with a count: never one line per record.
+                    log.warning(
+                        "dead letter",
+                        source=f"{d.topic}:{d.partition}:{d.offset}",
+                        reason=d.reason,
+                        ratelimit_key=kind,
+                    )
             if n:
                 faults.reach("mid-batch")
             decisions = self._decide_ready()
             if decisions:
-                await self._publisher.publish(decisions)
+                publisher = self._publisher
+                await self._retrying("publish", lambda: publisher.publish(decisions))
                 self.stats.decisions_published += len(decisions)
-                _decisions.add(len(decisions))
+                for dec in decisions:
+                    metrics.decisions.add(1, {"kind": dec.body.kind, "reason": dec.body.reason})
                 if self._on_decisions is not None:
                     self._on_decisions(decisions)
                 faults.reach("after-publish")
-            if await self._checkpoint():
+            if await self._retrying("checkpoint", self._checkpoint):
                 faults.reach("after-checkpoint")
-            await self._commit()
+            await self._retrying("commit", self._commit)
         return decisions
 
     def _read_ticks(self, p: int, records: Sequence[Any]) -> list[DeadLetter]:
@@ -598,6 +623,7 @@ class Daemon:
                 continue
             if clock.monotonic_s() - h.since_s >= self.config.max_tick_hold_s:
                 self.stats.ticks_forced += 1
+                metrics.ticks.add(1, {"outcome": "forced"})
                 break
             return None
         return shard.cut_by_time(h.timestamp_ms)
@@ -614,18 +640,25 @@ class Daemon:
                     cut = self._cut_of(p, h)
                     if cut is None:
                         break  # ticks of one partition are decided in order
+                    started_s = clock.monotonic_s()
                     decided = shard.decide(h.tick, cut, policy)
                     if decided is None:
                         self.stats.ticks_duplicate += 1
+                        metrics.ticks.add(1, {"outcome": "duplicate"})
                     elif not decided:
-                        self.stats.ticks_no_data += 1
+                        self.stats.ticks_no_data += 1  # no data on this pool in its shard
+                        metrics.ticks.add(1, {"outcome": "skipped"})
                     elif h.offset < self._publish_from[p]:
-                        self.stats.ticks_restored += 1
+                        self.stats.ticks_restored += 1  # rebuilds state after a restore; published before
+                        metrics.ticks.add(1, {"outcome": "warmup"})
                     else:
+                        metrics.tick_duration.record(clock.monotonic_s() - started_s)
+                        metrics.ticks.add(1, {"outcome": "decided"})
                         self._account(decided)
                         out.extend(decided)
                 elif h.tick is not None and shard.skip(h.tick):
                     self.stats.ticks_skipped += 1
+                    metrics.ticks.add(1, {"outcome": "missed"})
                     log.warning(
                         "ticks skipped",
                         pool=h.tick.pool_id,
@@ -731,8 +764,8 @@ class Daemon:
                 return
             try:
                 await self._publish_ticks(producer, topic, boundary, tick_ms)
-            except Exception as exc:  # the broker is away: the next round publishes what was missed
-                log.warning("ticker could not publish; will catch up", error=f"{type(exc).__name__}: {exc}")
+            except (KafkaError, OSError) as exc:  # the broker is away: the next round catches up
+                self._broker_trouble("tick", exc)
 
     async def _publish_ticks(self, producer: AIOKafkaProducer, topic: str, now_b: int, tick_ms: int) -> None:
         limit = self.config.catchup_max_ticks
@@ -781,6 +814,98 @@ class Daemon:
         if futures:
             await asyncio.gather(*futures)
         self._ticked.update(sent)
+
+    # -- service: broker watch, retries, metric sources -----------------------------------------
+
+    def _broker_trouble(self, operation: str, exc: BaseException) -> None:
+        self.health.connected = False
+        self.health.connection_error = one_line(exc)
+        metrics.broker_errors.add(1, {"operation": operation})
+        log.warning("broker unavailable; retrying", operation=operation, error=one_line(exc))
+
+    async def _retrying(self, operation: str, op: Callable[[], Any]) -> Any:
+        """``await op()``, retried with backoff while the broker is away (transient errors only).
+
+        The batch waits: nothing is committed before what was computed from it is acknowledged,
+        and publishing the same decisions again is harmless (desired state keyed by entity). A
+        non-transient error reaches the loop, which resumes from the checkpoints.
+        """
+        delay_s = 0.1
+        while True:
+            try:
+                return await op()
+            except KafkaError as exc:
+                stop = self._stop
+                if not _transient(exc) or (stop is not None and stop.is_set()):
+                    raise
+                self._broker_trouble(operation, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait() if stop else asyncio.sleep(delay_s), delay_s)
+                delay_s = min(delay_s * 2, RETRY_MAX_S)
+
+    async def _watch_broker(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        """Ask the broker for metadata every ``BROKER_WATCH_S``: the connection state of /readyz."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(consumer.topics(), timeout=max(BROKER_WATCH_S * 2, 5.0))
+            except (KafkaError, TimeoutError) as exc:
+                if self.health.connected or not self.health.connection_error:
+                    self._broker_trouble(
+                        "metadata", exc if isinstance(exc, KafkaError) else KafkaTimeoutError()
+                    )
+                self.health.connected = False
+            else:
+                if not self.health.connected:
+                    log.info("broker reachable", bootstrap=shown(self.config.bootstrap_servers))
+                self.health.connected = True
+                self.health.connection_error = ""
+            self._refresh_health()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=BROKER_WATCH_S)
+
+    def _refresh_health(self) -> None:
+        h = self.health
+        h.assigned = len(self._owned)
+        h.assigned_once = h.assigned_once or self.ready.is_set()
+        # Warm: every shard has read and decided what was on its partitions when it was assigned.
+        h.warm = self.ready.is_set() and all(self._caught_up(p) for p in sorted(self.shards))
+
+    def _position(self, tp: TopicPartition) -> int:
+        shard = self.shards.get(tp.partition)
+        logical = self._topics.get(tp.topic)
+        if shard is None or logical is None:
+            return 0
+        return self._ticks_read.get(tp.partition, 0) if logical == TICKS else shard.read[logical]
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        out: dict[tuple[str, int], int] = {}
+        for tp in sorted(self._owned, key=lambda t: (t.topic, t.partition)):
+            high = consumer.highwater(tp)
+            if high is not None:
+                out[(self._topics.get(tp.topic, tp.topic), tp.partition)] = max(0, high - self._position(tp))
+        return out
+
+    def model_sizes(self) -> dict[str, int]:
+        models = [self.shards[p].model for p in sorted(self.shards)]
+        return {
+            "pools": sum(len(m.pools) for m in models),
+            "nodes": sum(len(m.nodes) for m in models),
+            "open_workflows": sum(len(m.ledger.active) for m in models),
+        }
+
+    def policy_in_force(self) -> tuple[str, int, str]:
+        s = self.engine.policy.stamp
+        return s.name, s.version, s.hash
+
+    def broker_connected(self) -> bool:
+        return self.health.connected
+
+    def is_ready(self) -> bool:
+        self._refresh_health()
+        return self.health.ready()[0]
 
     async def _follow_policies(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         follow = self.config.follow_policy or self.config.policy.stamp.name

@@ -13,6 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from fleetloop.daemon.brokers.base import BrokerCapabilities
 from fleetloop.daemon.clock import wall_ms
+from fleetloop.daemon.service.security import Bootstrap, connect
 from fleetloop.schemas.topics import TOPICS, topic_name
 
 TOPIC_ALREADY_EXISTS: Final = 36
@@ -65,14 +66,14 @@ async def create_topics(admin: Any, topics: list[NewTopic], *, timeout_s: float 
 
 
 async def ensure_topics(
-    bootstrap_servers: str, prefix: str, *, partitions_override: dict[str, int] | None = None
+    bootstrap_servers: Bootstrap, prefix: str, *, partitions_override: dict[str, int] | None = None
 ) -> None:
     """Create every topic of the registry under ``prefix`` with its partitions and ``cleanup.policy``.
 
     Replication factor 1; topics that already exist are left as they are.
     """
     topics = registry_topics(prefix, partitions_override)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=30_000)
     await admin.start()
     try:
         await create_topics(admin, topics)
@@ -81,14 +82,16 @@ async def ensure_topics(
     await wait_servable(bootstrap_servers, topics)
 
 
-async def wait_servable(bootstrap_servers: str, topics: list[NewTopic], *, timeout_s: float = 30.0) -> None:
+async def wait_servable(
+    bootstrap_servers: Bootstrap, topics: list[NewTopic], *, timeout_s: float = 30.0
+) -> None:
     """Wait until every partition answers ListOffsets.
 
     Apache Kafka lists a new partition's leader in metadata a moment before that leader serves it
     (NotLeaderOrFollower in between); aiokafka retries ListOffsets through that window.
     """
     partitions = [TopicPartition(str(t.name), p) for t in topics for p in range(int(t.num_partitions))]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**connect(bootstrap_servers), enable_auto_commit=False)
     try:
         async with asyncio.timeout(timeout_s):
             await consumer.start()
@@ -97,9 +100,20 @@ async def wait_servable(bootstrap_servers: str, topics: list[NewTopic], *, timeo
         await consumer.stop()
 
 
-async def delete_topics(bootstrap_servers: str, prefix: str) -> None:
+async def missing_topics(bootstrap_servers: Bootstrap, prefix: str) -> list[str]:
+    """The registry topics under ``prefix`` the broker does not have (sorted physical names)."""
+    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+    finally:
+        await admin.close()
+    return sorted({topic_name(prefix, logical) for logical in TOPICS} - existing)
+
+
+async def delete_topics(bootstrap_servers: Bootstrap, prefix: str) -> None:
     """Delete every registry topic under ``prefix`` (missing ones are fine): tests clean up with it."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=30_000)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -110,8 +124,8 @@ async def delete_topics(bootstrap_servers: str, prefix: str) -> None:
         await admin.close()
 
 
-async def _supports_idempotence(bootstrap_servers: str, topic: str) -> bool:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, enable_idempotence=True, acks="all")
+async def _supports_idempotence(bootstrap_servers: Bootstrap, topic: str) -> bool:
+    producer = AIOKafkaProducer(**connect(bootstrap_servers), enable_idempotence=True, acks="all")
     try:
         async with asyncio.timeout(15):
             await producer.start()  # InitProducerId happens here
@@ -124,7 +138,7 @@ async def _supports_idempotence(bootstrap_servers: str, topic: str) -> bool:
     return True
 
 
-async def _supports_offsets_for_times(bootstrap_servers: str, topic: str) -> bool:
+async def _supports_offsets_for_times(bootstrap_servers: Bootstrap, topic: str) -> bool:
     """Two records at known times; ListOffsets must find the second by time, and nothing past it.
 
     Fails on Tansu (it searches append time) and on a broker that overwrites record timestamps
@@ -132,8 +146,8 @@ async def _supports_offsets_for_times(bootstrap_servers: str, topic: str) -> boo
     """
     first_ms = wall_ms() - 60_000  # recent: inside any message.timestamp.{before,after}.max.ms
     partition = TopicPartition(topic, 0)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    producer = AIOKafkaProducer(**connect(bootstrap_servers), acks="all")
+    consumer = AIOKafkaConsumer(**connect(bootstrap_servers), enable_auto_commit=False)
     try:
         async with asyncio.timeout(15):
             await producer.start()
@@ -159,7 +173,7 @@ async def _supports_offsets_for_times(bootstrap_servers: str, topic: str) -> boo
 
 
 async def probe_capabilities(
-    bootstrap_servers: str, *, scratch_topic: str | None = None
+    bootstrap_servers: Bootstrap, *, scratch_topic: str | None = None
 ) -> BrokerCapabilities:
     """What a user-supplied broker of unknown kind can do, found by trying it on a scratch topic.
 
@@ -167,7 +181,7 @@ async def probe_capabilities(
     records, and deletes it again.
     """
     topic = scratch_topic or f"fleetloop-probe-{uuid.uuid4().hex[:12]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=15_000)
+    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=15_000)
     await admin.start()
     try:
         await create_topics(admin, [NewTopic(topic, 1, REPLICATION_FACTOR)], timeout_s=15)

@@ -1,0 +1,176 @@
+"""``fleetloop run`` as operators run it, on both brokers: probes, metrics, JSON logs, failing loudly.
+
+The daemon runs as a real child process (``tests.support.service``); the tests read its HTTP face
+and its stderr, and feed it records through the broker like serving nodes and routers would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fleetloop.daemon.brokers import free_port
+from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.daemon.service.health import TaskDied
+from fleetloop.daemon.service.http import HttpServer, make_app
+from fleetloop.schemas.topics import REQUESTS, TELEMETRY, TICKS
+from tests.support.kafka import producer, send
+from tests.support.policies import FOUNDATION_YAML, foundation
+from tests.support.records import outcome, telemetry, tick
+from tests.support.service import FLEETLOOP, fleetloop_run, total
+
+NODES = ("p/0", "p/1", "p/2")
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    parsed = []
+    for ln in lines:
+        try:
+            parsed.append(orjson.loads(ln))
+        except orjson.JSONDecodeError:
+            raise AssertionError(f"not a JSON line under --log-format json: {ln!r}") from None
+    return parsed
+
+
+async def test_probes_and_metrics_of_a_running_daemon(kafka_env: Any, tmp_path: Path) -> None:
+    args = [
+        "--bootstrap-servers",
+        kafka_env.bootstrap_servers,
+        "--topic-prefix",
+        kafka_env.prefix,
+        "--group-id",
+        kafka_env.group("svc"),
+        "--policy",
+        str(FOUNDATION_YAML),
+        "--no-ticker",
+        "--log-format",
+        "json",
+    ]
+    async with fleetloop_run(args, tmp_path, port=free_port()) as svc:
+        ready = await svc.wait_status("/readyz", 200)
+        checks = ready.json()["checks"]
+        assert checks == {
+            "connected": True,
+            "model_warm": True,
+            "partitions_assigned": True,
+            "policy_loaded": True,
+            "tasks_alive": True,
+        }
+        live = (await svc.get("/healthz")).json()
+        assert live["ok"] is True
+        assert set(live["tasks"]) == {"consumer", "policy", "broker-watch"}
+        async with producer(kafka_env) as p:
+            await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=1000) for n in NODES])
+            await send(
+                p, kafka_env, REQUESTS, [outcome(n, "ok", ts_ms=1100, n=i) for i, n in enumerate(NODES)]
+            )
+            await send(p, kafka_env, TELEMETRY, [b"{not json", b"{}", b"{not json either"])
+            await send(p, kafka_env, TICKS, [tick(1), tick(2)])
+        async with asyncio.timeout(60):
+            while True:
+                m = await svc.metrics()
+                decided = total(m, "fleetloop_ticks_total", outcome="decided")
+                if decided >= 2 and total(m, "fleetloop_decisions_total", kind="routing") >= 2:
+                    break
+                await asyncio.sleep(0.3)
+        assert total(m, "fleetloop_events_consumed_total", topic="fleet.telemetry") == 6
+        assert total(m, "fleetloop_events_consumed_total", topic="fleet.requests") == 3
+        assert total(m, "fleetloop_events_consumed_total", topic="control.ticks") == 2
+        assert total(m, "fleetloop_dead_letters_total", reason="json_invalid") == 2
+        assert total(m, "fleetloop_dead_letters_total", reason="missing") == 1
+        assert total(m, "fleetloop_decisions_total", kind="routing") >= 2
+        assert all(lbl["reason"] for lbl, _ in m["fleetloop_decisions_total"])
+        assert total(m, "fleetloop_tick_duration_seconds_count") >= 2
+        assert total(m, "fleetloop_policy_info", name="foundation") == 1
+        assert total(m, "fleetloop_broker_connected") == 1
+        assert total(m, "fleetloop_ready") == 1
+        assert total(m, "fleetloop_model_nodes") == 3
+        assert total(m, "fleetloop_model_pools") == 1
+        assert total(m, "fleetloop_model_open_workflows") >= 0
+        lags = m["fleetloop_consumer_lag"]
+        assert {lbl["topic"] for lbl, _ in lags} == {"fleet.telemetry", "fleet.requests", "control.ticks"}
+        assert all(v == 0 for _, v in lags)
+    assert svc.proc.returncode == 0
+    lines = _json_lines(svc.stderr())
+    events = [ln["event"] for ln in lines]
+    assert "daemon started" in events
+    assert "daemon stopped" in events
+    # Three bad records, two reason kinds: one line per kind, not one per record.
+    assert events.count("dead letter") == 2
+
+
+async def test_missing_topics_exit_2_with_one_line(kafka_env: Any, tmp_path: Path) -> None:
+    prefix = f"absent-{uuid.uuid4().hex[:8]}"
+    base = [FLEETLOOP, "run", "--bootstrap-servers", kafka_env.bootstrap_servers, "--topic-prefix", prefix]
+    done = await asyncio.to_thread(subprocess.run, base, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "topics missing" in lines[0]
+    assert f"{prefix}.fleet.telemetry" in lines[0]
+    assert "--create-topics" in lines[0]
+    # With a bounded wait: logged (JSON), then the same verdict, after the wait and not much later.
+    waited = await asyncio.to_thread(
+        subprocess.run,
+        [*base, "--wait-for-topics", "3", "--log-format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert waited.returncode == 2
+    parsed = _json_lines(waited.stderr)
+    assert parsed[0]["event"] == "topics missing; waiting"
+    assert "after waiting 3 s" in parsed[-1]["event"]
+    assert len(parsed) <= 4, waited.stderr  # rate-limited: not one line per poll
+
+
+async def test_a_dying_task_fails_healthz_and_stops_the_daemon(
+    kafka_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection: the policy follower raises once the daemon runs; nothing else is faked."""
+    gate = asyncio.Event()
+
+    async def broken_follower(self: Daemon, consumer: Any, stop: asyncio.Event) -> None:
+        await gate.wait()
+        raise RuntimeError("policy topic unreadable (injected)")
+
+    monkeypatch.setattr(Daemon, "_follow_policies", broken_follower)
+    daemon = Daemon(
+        DaemonConfig(
+            bootstrap_servers=kafka_env.bootstrap_servers,
+            policy=foundation(),
+            prefix=kafka_env.prefix,
+            group_id=kafka_env.group("dies"),
+            run_ticker=False,
+            idempotence=kafka_env.broker.capabilities.idempotent_producer,
+        )
+    )
+    seen: list[tuple[int, dict[str, Any]]] = []
+    async with HttpServer(make_app(lambda: daemon.health), port=0) as server:
+        import httpx
+
+        stop = asyncio.Event()
+        run = asyncio.create_task(daemon.run(stop))
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+            async with asyncio.timeout(60):
+                while (r := await client.get("/healthz")).status_code != 200:
+                    await asyncio.sleep(0.1)
+            gate.set()
+            with pytest.raises(TaskDied) as died:
+                await asyncio.wait_for(run, 60)
+            r = await client.get("/healthz")
+            seen.append((r.status_code, r.json()))
+    assert died.value.task == "policy"
+    assert "RuntimeError: policy topic unreadable (injected)" in died.value.reason
+    status, body = seen[0]
+    assert status == 503
+    assert body["tasks"]["policy"].startswith("dead: RuntimeError")
+    with contextlib.suppress(Exception):
+        stop.set()
