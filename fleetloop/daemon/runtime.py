@@ -347,14 +347,16 @@ class Daemon:
         emptied: set[int] = set()
         tps = [self._tp(logical, p) for p in parts for logical in (*INPUTS, TICKS)]
         begin = await consumer.beginning_offsets(tps)
-        end = await consumer.end_offsets(tps)
+        end = await self._end_offsets(tps)
         found = await self._read_checkpoints() if new else {}
+        if any(self._beyond(p, end) for p in parts):
+            # The embedded broker's ListOffsets can lag what it has acknowledged: ask again before
+            # calling the broker emptied.
+            await asyncio.sleep(1.0)
+            end = await self._end_offsets(tps)
         for p in parts:
             shard = self.shards.get(p)
-            if shard is not None and (
-                any(shard.read[k] > end[self._tp(k, p)] for k in INPUTS)
-                or self._ticks_read[p] > end[self._tp(TICKS, p)]
-            ):
+            if shard is not None and self._beyond(p, end):
                 emptied.add(p)
                 self._forget(p)
                 shard = None
@@ -397,6 +399,20 @@ class Daemon:
         )
         self.ready.set()
 
+    async def _end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        consumer = self._consumer
+        assert consumer is not None
+        end = await consumer.end_offsets(list(tps))
+        return {tp: max(end[tp], consumer.highwater(tp) or 0) for tp in tps}
+
+    def _beyond(self, p: int, end: Mapping[TopicPartition, int]) -> bool:
+        """Whether shard ``p``, kept in memory, has read past the partitions' ends."""
+        shard = self.shards.get(p)
+        if shard is None:
+            return False
+        marks = {**shard.read, TICKS: self._ticks_read.get(p, 0)}
+        return any(marks[k] > end[self._tp(k, p)] for k in marks)
+
     def _forget(self, p: int) -> None:
         self.shards.pop(p, None)
         self._held.pop(p, None)
@@ -438,6 +454,13 @@ class Daemon:
             emptied = any(marks[k] > end[self._tp(k, p)] for k in marks)
         if committed_ticks is not None and committed_ticks > end[ticks_tp]:
             emptied = True
+        if emptied:  # the embedded broker's ListOffsets can lag: look again before believing it
+            await asyncio.sleep(1.0)
+            end = {**end, **await self._end_offsets([self._tp(k, p) for k in (*INPUTS, TICKS)])}
+            marks = {**(dict(shard.folded) if shard else {}), TICKS: shard.ticks_at if shard else 0}
+            emptied = any(marks[k] > end[self._tp(k, p)] for k in marks) or (
+                committed_ticks is not None and committed_ticks > end[ticks_tp]
+            )
         if emptied:
             shard, committed_ticks = None, None
             self._publish_from[p] = begin[ticks_tp]
