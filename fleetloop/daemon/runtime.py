@@ -201,6 +201,7 @@ class Daemon:
         self._owned: set[TopicPartition] = set()
         self._expect: dict[TopicPartition, int] = {}  # first fetch after a seek must start here
         self._restore_needed = False
+        self._emptied_hint: set[int] = set()  # shards found beyond the broker's ends at a restore
         self._pending_policy: CompiledPolicy | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -454,7 +455,10 @@ class Daemon:
             emptied = any(marks[k] > end[self._tp(k, p)] for k in marks)
         if committed_ticks is not None and committed_ticks > end[ticks_tp]:
             emptied = True
-        if emptied:  # the embedded broker's ListOffsets can lag: look again before believing it
+        if p in self._emptied_hint:
+            self._emptied_hint.discard(p)
+            emptied = True  # measured against fresh end offsets already
+        elif emptied:  # the embedded broker's ListOffsets can lag: look again before believing it
             await asyncio.sleep(1.0)
             end = {**end, **await self._end_offsets([self._tp(k, p) for k in (*INPUTS, TICKS)])}
             marks = {**(dict(shard.folded) if shard else {}), TICKS: shard.ticks_at if shard else 0}
@@ -517,12 +521,17 @@ class Daemon:
                     await asyncio.wait_for(stop.wait(), timeout=1.0)
 
     async def _restore_assignment(self) -> None:
+        """Forget every shard and restore the current assignment from the checkpoints (after a
+        broker error, or when the client had to reset a position: the broker lost records)."""
         consumer = self._consumer
         assert consumer is not None
+        assigned = sorted(tp for tp in consumer.assignment() if tp.topic in self._topics)
+        if assigned:
+            end = await self._end_offsets(assigned)
+            self._emptied_hint = {p for p in self.shards if self._beyond(p, end)}
         for p in sorted(self.shards):
             self._forget(p)
         self._restore_needed = False
-        assigned = sorted(consumer.assignment())
         if assigned:
             await self._on_assigned(assigned)
 
@@ -542,6 +551,11 @@ class Daemon:
                     # The client's own start position (the committed offset) landed after ours.
                     self._seek(tp, expect)
                     continue
+                if expect is None and records[0].offset < self._position(tp):
+                    # The client reset its position by itself (offset out of range): the broker
+                    # lost records this shard had read. Restore decides how to go on.
+                    self._restore_needed = True
+                    return []
                 n += len(records)
                 logical = self._topics[tp.topic]
                 metrics.events_consumed.add(len(records), {"topic": logical})
