@@ -17,8 +17,8 @@ from fleetloop.policies.admission.slo_aware import (
     pressure,
     queue_limits,
 )
-from fleetloop.schemas.decisions import AdmissionDecision
 from fleetloop.router import Router
+from fleetloop.schemas.decisions import AdmissionDecision
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError

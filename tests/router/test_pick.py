@@ -32,9 +32,14 @@ def routing(pool: str, weights: dict[str, float], tick: int = 1, **kw: Any) -> D
 
 
 def breaker(node: str, state: str = "open", *, enforced: bool = True, tick: int = 1) -> Decision:
-    pool = node.split("/")[0]
+    pool = node.split("/", maxsplit=1)[0]
     body = BreakerDecision(
-        entity=node, reason="r", pool_id=pool, node_id=node, state=state, enforced=enforced  # type: ignore[arg-type]
+        entity=node,
+        reason="r",
+        pool_id=pool,
+        node_id=node,
+        state=state,
+        enforced=enforced,  # type: ignore[arg-type]
     )
     return env(body, tick)
 
@@ -84,6 +89,9 @@ class World:
         return f"{r.reason}:{r.node.node_id}" if r.node is not None else f"{r.reason}:{r.pool_id}"
 
 
+AFF1 = {"d": ("p/1",)}
+AFF10 = {"d": ("p/1", "p/0")}
+
 # -- decision tables ------------------------------------------------------------------------------
 
 
@@ -100,9 +108,14 @@ class World:
         ([routing("p", {"p/0": 1.0}), breaker("p/0", enforced=False)], 0, None, "primary:p/0"),
         ([routing("p", {"p/0": 1.0}), breaker("p/0", "half_open")], 0, None, "primary:p/0"),
         # prefix affinity: the first holder that is eligible
-        ([routing("p", {"p/0": 0.5, "p/1": 0.5, "p/2": 0.0}, prefix_affinity={"d": ("p/1",)})], 0, "d", "primary:p/1"),
-        ([routing("p", {"p/0": 0.5, "p/1": 0.5}, prefix_affinity={"d": ("p/1", "p/0")}), breaker("p/1")], 0, "d", "primary:p/0"),
-        ([routing("p", {"p/0": 1.0, "p/1": 0.0}, prefix_affinity={"d": ("p/1", "p/0")})], 0, "d", "primary:p/0"),
+        ([routing("p", {"p/0": 0.5, "p/1": 0.5, "p/2": 0.0}, prefix_affinity=AFF1)], 0, "d", "primary:p/1"),
+        (
+            [routing("p", {"p/0": 0.5, "p/1": 0.5}, prefix_affinity=AFF10), breaker("p/1")],
+            0,
+            "d",
+            "primary:p/0",
+        ),
+        ([routing("p", {"p/0": 1.0, "p/1": 0.0}, prefix_affinity=AFF10)], 0, "d", "primary:p/0"),
         # a fresh decision whose every weighted node is ejected: plain round robin over the healthy rest
         ([routing("p", {"p/0": 1.0}), breaker("p/0")], 0, None, "primary:p/1"),
         # shed by queue depth; a later call of a task is judged by max_queue_depth only
@@ -110,7 +123,12 @@ class World:
         ([routing("p", {"p/0": 1.0}), admission("p", max_queue_depth={"1": 5})], 0, None, "primary:p/0"),
         # stale (older tick) decisions are dropped; shadow ones never act
         ([routing("p", {"p/1": 1.0}, tick=5), routing("p", {"p/0": 1.0}, tick=4)], 0, None, "primary:p/1"),
-        ([routing("p", {"p/1": 1.0}), env(routing("p", {"p/0": 1.0}, tick=9).body, 9, SHADOW)], 0, None, "primary:p/1"),
+        (
+            [routing("p", {"p/1": 1.0}), env(routing("p", {"p/0": 1.0}).body, 9, SHADOW)],
+            0,
+            None,
+            "primary:p/1",
+        ),
     ],
 )
 def test_pick_table(decisions: list[Decision], priority: int, digest: str | None, expected: str) -> None:
@@ -145,7 +163,9 @@ def test_first_call_of_a_task_has_its_own_limits() -> None:
     w.eps["p/0"].running = 10
     w.apply(
         routing("p", {"p/0": 1.0}),
-        admission("p", max_queue_depth={"2": 8}, new_task_max_queue_depth={"2": 2}, max_outstanding={"2": 20}),
+        admission(
+            "p", max_queue_depth={"2": 8}, new_task_max_queue_depth={"2": 2}, max_outstanding={"2": 20}
+        ),
     )
     assert w.pick(2, new_task=True) == "shed:p"
     assert w.pick(2, new_task=False) == "primary:p/0"
