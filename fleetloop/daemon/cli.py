@@ -29,8 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetloop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     # Each module registers its subcommand(s). Keep this list sorted.
+    from fleetloop.actuate.haproxy import command as haproxy_command
     from fleetloop.daemon import commands
 
+    haproxy_command.register(sub)
     commands.register(sub)
     # Benchmarks (`fleetloop bench ...`): they drive the runtime and generated fleets.
     from fleetloop.bench import command as bench_command

@@ -196,3 +196,19 @@ class StateFollower:
             ep.draining = t.draining
         if changed:
             self.sink.fleet_changed()
+
+
+class StateOnly:
+    """A sink that only keeps desired state (for actuators, which pick nothing per call)."""
+
+    def __init__(self, fail_static_s: float = 30.0) -> None:
+        from fleetloop.router.state import DesiredState
+
+        self.state = DesiredState()
+        self.fail_static_s = fail_static_s
+
+    def apply(self, decisions: Sequence[Decision], now_s: float) -> list[Decision]:
+        return [d for d in decisions if self.state.accept(d, now_s)]
+
+    def fleet_changed(self) -> None:
+        return None
