@@ -29,8 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetloop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     # Each module registers its subcommand(s). Keep this list sorted.
-    from fleetloop.actuate.haproxy import command as haproxy_command
     from fleetloop.daemon import commands
+
+    from fleetloop.daemon import commands
+    from fleetloop.edges.actuate.haproxy import command as haproxy_command
 
     haproxy_command.register(sub)
     commands.register(sub)
@@ -43,8 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim_command.register(sub)
     # The edges: runtime adapters and the emulated fleet.
+    from fleetloop.edges.actuate.haproxy import command as haproxy_command
     from fleetloop.edges.scrape import command as scrape_command
 
+    haproxy_command.register(sub)
     scrape_command.register(sub)
     return parser
 

@@ -23,8 +23,8 @@ import httpx
 import orjson
 import pytest
 from aiohttp import web
-from fleetloop.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
-from fleetloop.actuate.haproxy.runtime_api import RuntimeApi
+from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
+from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi
 from fleetloop.router import clock
 from fleetloop.schemas import RequestOutcome
 from fleetloop.schemas.decisions import (

@@ -1,13 +1,13 @@
-"""The state -> HAProxy mapping, row by row (fleetloop/actuate/haproxy/mapping.py), and log parsing."""
+"""The state -> HAProxy mapping, row by row (fleetloop/edges/actuate/haproxy/mapping.py), and log parsing."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from fleetloop.actuate.haproxy.actuator import BackendMapError, load_backend_map
-from fleetloop.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET, LogParser
-from fleetloop.actuate.haproxy.mapping import (
+from fleetloop.edges.actuate.haproxy.actuator import BackendMapError, load_backend_map
+from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET, LogParser
+from fleetloop.edges.actuate.haproxy.mapping import (
     UNMAPPED,
     BackendMap,
     Observed,
@@ -20,7 +20,7 @@ from fleetloop.actuate.haproxy.mapping import (
     scale_weight,
     targets,
 )
-from fleetloop.actuate.haproxy.runtime_api import parse_address
+from fleetloop.edges.actuate.haproxy.runtime_api import parse_address
 from fleetloop.router.state import DesiredState
 from fleetloop.schemas.decisions import AdmissionDecision, AutoscaleDecision
 from tests.router.test_pick import admission, breaker, env, routing

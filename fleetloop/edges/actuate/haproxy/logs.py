@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fleetloop.actuate.haproxy.mapping import PoolMap, Slot
+from fleetloop.edges.actuate.haproxy.mapping import PoolMap, Slot
 from fleetloop.schemas.requests import RequestOutcome
 
 HEADERS = ("request", "attempt", "workflow", "step", "tenant", "priority", "budget-ms", "prefix")

@@ -1,7 +1,7 @@
 """The HAProxy actuator's loop: follow control.state, reconcile HAProxy to it, report drift.
 
 Every ``period_s`` (and at once when new desired state arrives) it computes each declared server's
-target (:func:`~fleetloop.actuate.haproxy.mapping.targets`), reads HAProxy's state (``show servers
+target (:func:`~fleetloop.edges.actuate.haproxy.mapping.targets`), reads HAProxy's state (``show servers
 state``, and ``show stat`` for maxconn), and sends the commands that close the gap in one exchange.
 A difference on a server whose target did not change since the actuator last asserted it is drift
 (a reload, someone's manual change): it is re-asserted and logged as ``drift``; a difference from a
@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from fleetloop.actuate.haproxy.mapping import (
+from fleetloop.edges.actuate.haproxy.mapping import (
     BackendMap,
     Change,
     Observed,
@@ -32,10 +32,10 @@ from fleetloop.actuate.haproxy.mapping import (
     plan,
     targets,
 )
-from fleetloop.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError
+from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError
 from fleetloop.router.state import DesiredState
 
-log = logging.getLogger("fleetloop.actuate.haproxy")
+log = logging.getLogger("fleetloop.edges.actuate.haproxy")
 
 
 class BackendMapError(ValueError):

@@ -23,11 +23,12 @@ from typing import Any
 
 import orjson
 
-from fleetloop.actuate.haproxy.actuator import BackendMapError, HaproxyActuator, load_backend_map
-from fleetloop.actuate.haproxy.logs import LogParser, listen_udp
-from fleetloop.actuate.haproxy.mapping import BackendMap
-from fleetloop.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError, parse_address
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, quiet_client_logs
+from fleetloop.edges.actuate.haproxy.actuator import BackendMapError, HaproxyActuator, load_backend_map
+from fleetloop.edges.actuate.haproxy.logs import LogParser, listen_udp
+from fleetloop.edges.actuate.haproxy.mapping import BackendMap
+from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError, parse_address
+from fleetloop.edges.cli import EdgeUsageError as UsageError
+from fleetloop.edges.cli import bootstrap_arg, one_line_errors
 from fleetloop.router import clock
 
 
@@ -72,6 +73,7 @@ def _listen(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
+@one_line_errors
 def handle(args: argparse.Namespace) -> int:
     try:
         parse_address(args.runtime_api)
@@ -88,7 +90,6 @@ def handle(args: argparse.Namespace) -> int:
     except BackendMapError as exc:
         raise UsageError(str(exc)) from None
     listen = _listen(args.log_listen) if args.log_listen else None
-    quiet_client_logs()
     listener = _setup_logging()
     try:
         return asyncio.run(_main(args, bmap, listen))
@@ -161,7 +162,7 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        logging.getLogger("fleetloop.actuate.haproxy").info(
+        logging.getLogger("fleetloop.edges.actuate.haproxy").info(
             "following control.state (%d decisions held); reconciling %s every %.2f s",
             sink.state.accepted,
             args.runtime_api,
