@@ -31,10 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
     # Each module registers its subcommand(s). Keep this list sorted.
     from fleetloop.daemon import commands
 
-    from fleetloop.daemon import commands
-    from fleetloop.edges.actuate.haproxy import command as haproxy_command
-
-    haproxy_command.register(sub)
     commands.register(sub)
     # Benchmarks (`fleetloop bench ...`): they drive the runtime and generated fleets.
     from fleetloop.bench import command as bench_command
