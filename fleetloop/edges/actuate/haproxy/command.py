@@ -35,6 +35,9 @@ from fleetloop.router import clock
 def register(sub: Any) -> None:
     act = sub.add_parser("actuate", help="apply fleetloop's desired state to a real router")
     act_sub = act.add_subparsers(dest="actuate_command", required=True, parser_class=type(act))
+    from fleetloop.edges.actuate.vllm_router import command as vllm_router_command
+
+    vllm_router_command.register(act_sub)
     p = act_sub.add_parser(
         "haproxy", help="control.state -> HAProxy runtime API; HAProxy log -> fleet.requests"
     )
