@@ -100,6 +100,32 @@ def handle(args: argparse.Namespace) -> int:
         listener.stop()
 
 
+async def _report(parser: LogParser, publisher: Any, lag_ms: list[int], stop: asyncio.Event) -> None:
+    """Every 10 s, when anything changed: what the log receiver did (so silence is visible too)."""
+    log = logging.getLogger("fleetloop.actuate.haproxy")
+    last = None
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 10.0)
+        st, ps = parser.stats, publisher.stats if publisher is not None else None
+        now = (st.lines, st.outcomes, st.malformed, ps.sent if ps else 0, ps.dropped if ps else 0)
+        if now != last:
+            log.info(
+                "log: %d lines, %d outcomes, %d malformed%s; published %d, dropped %d, failed %d; "
+                "max log lag %d ms",
+                st.lines,
+                st.outcomes,
+                st.malformed,
+                f" (last: {st.last_error})" if st.malformed else "",
+                ps.sent if ps else 0,
+                ps.dropped if ps else 0,
+                ps.failed if ps else 0,
+                lag_ms[0],
+            )
+            last = now
+            lag_ms[0] = 0
+
+
 async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, int] | None) -> int:
     from aiokafka.errors import KafkaError
 
@@ -125,6 +151,7 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
     publisher: OutcomePublisher | None = None
     transport: asyncio.DatagramTransport | None = None
     parser = LogParser(bmap.by_server(), args.default_priority)
+    lag_ms = [0]
     try:
         if args.once:
             done = await act.reconcile()
@@ -158,6 +185,7 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
             def on_line(line: str) -> None:
                 o = parser.parse(line)
                 if o is not None:
+                    lag_ms[0] = max(lag_ms[0], clock.wall_ms() - o.ts_ms)
                     pub.publish(o)
 
             transport = await listen_udp(listen[0], listen[1], on_line)
@@ -171,7 +199,9 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
             args.runtime_api,
             args.period_s,
         )
+        reporter = asyncio.create_task(_report(parser, publisher, lag_ms, stop))
         await act.run(stop)
+        await reporter
         return 0
     finally:
         if transport is not None:
