@@ -112,11 +112,13 @@ class StateFollower:
             raise
 
     async def _partitions(self, topic: str) -> list[int]:
+        """The topic's partitions, from a fresh metadata fetch (the consumer's own cache only knows
+        topics it already tracks; Apache Kafka and Tansu differ in what a first fetch returns)."""
         for _ in range(50):
-            parts = self._consumer.partitions_for_topic(topic)
+            cluster = await self._consumer._client.fetch_all_metadata()
+            parts = cluster.partitions_for_topic(topic)
             if parts:
                 return sorted(parts)
-            await self._consumer.topics()  # refreshes metadata
             await asyncio.sleep(0.1)
         raise RuntimeError(f"topic {topic!r} does not exist on the broker")
 

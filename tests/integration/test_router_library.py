@@ -77,7 +77,8 @@ async def test_follower_catches_up_then_follows_and_survives_bad_records(kafka_e
             await send(
                 p, kafka_env, STATE, [_state(_routing({"p/2": 1.0}), 8, now_ms)], key=b"routing/pool/p"
             )
-            await _until(lambda: router.state.ejected("p/0") and follower.stats.last_tick_id == 8)
+            st = router.state
+            await _until(lambda: st.ejected("p/0") and st.held.get("routing/pool/p") == 8)
             assert {_pick(router) for _ in range(20)} == {"p/2"}
             # endpoint load follows fleet.telemetry (the shed thresholds read it)
             await send(p, kafka_env, TELEMETRY, [telemetry("p/2", queue_depth=9, running_requests=4)])
