@@ -306,3 +306,83 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
         assert sample.latency_budget_ms == 5000
         assert {r.key for r in records} == {b"chat"}
         print(f"\nbreaker -> traffic off chat/0 in {moved_after_s * 1000:.0f} ms; slow start shares {got}")
+
+
+async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
+    kafka_env: Any, tmp_path: Path
+) -> None:
+    """At the scale users run: 1,000 slots in one backend (more than one runtime-API line holds)."""
+    if shutil.which("haproxy") is None:
+        pytest.fail("haproxy is not installed (.ci/run installs it from Debian: apt-get install haproxy)")
+    n = 1000
+    servers = "\n".join(f"    server s{i} 127.0.0.1:{20000 + i} weight 100" for i in range(n))
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(
+        f"global\n    stats socket {tmp_path}/admin.sock mode 600 level admin\n"
+        "defaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
+        f"frontend fe\n    bind 127.0.0.1:{_free_port()}\n    default_backend big\nbackend big\n{servers}\n"
+    )
+    bmap = tmp_path / "backends.yaml"
+    bmap.write_text(
+        "pools:\n  big:\n    backend: big\n    model: m\n    servers:\n"
+        + "".join(f"      big/{i}: s{i}\n" for i in range(n))
+    )
+    weights = {f"big/{i}": float(1 + i % 7) for i in range(n - 10)}  # the last 10 slots: not members
+    hap = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stderr=subprocess.DEVNULL)
+    try:
+        api = RuntimeApi(f"unix:{tmp_path}/admin.sock")
+        for _ in range(100):
+            if (tmp_path / "admin.sock").exists():
+                break
+            await asyncio.sleep(0.05)
+        async with producer(kafka_env) as prod:
+            body = RoutingDecision(entity="pool/big", reason="r", pool_id="big", weights=weights)
+            key, value = _decision(body, 1)
+            await prod.send(kafka_env.topic(STATE), key=key, value=value)
+            br = BreakerDecision(entity="big/3", reason="r", pool_id="big", node_id="big/3", state="open")
+            key, value = _decision(br, 1)
+            await prod.send(kafka_env.topic(STATE), key=key, value=value)
+            await prod.flush()
+
+        def once() -> dict[str, Any]:
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "fleetloop.daemon.cli",
+                    "actuate",
+                    "haproxy",
+                    "--runtime-api",
+                    f"unix:{tmp_path}/admin.sock",
+                    "--backend-map",
+                    str(bmap),
+                    "--bootstrap-servers",
+                    kafka_env.bootstrap_servers,
+                    "--topic-prefix",
+                    kafka_env.prefix,
+                    "--once",
+                    "--json",
+                ],
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+            assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+            return dict(orjson.loads(proc.stdout))
+
+        first = once()
+        assert first["decisions"] == 2
+        state = await api.run(["show servers state big"])
+        rows = {r.split()[3]: r.split() for r in state.splitlines() if r[:1].isdigit() and len(r.split()) > 8}
+        assert len(rows) == n
+        assert rows["s6"][7] == "256"  # weight 7 of max 7
+        assert rows["s0"][7] == str(round(256 / 7))
+        assert int(rows["s3"][6]) & 1  # breaker open: maint
+        assert all(int(rows[f"s{i}"][6]) & 1 for i in range(n - 10, n))  # not members: maint
+        # someone resets a weight by hand: the next pass finds exactly that one difference
+        await api.run(["set server big/s6 weight 1"])
+        second = once()
+        assert [(c["server"], c["field"], c["was"]) for c in second["changes"]] == [("big/s6", "weight", "1")]
+    finally:
+        hap.terminate()
+        hap.wait(10)

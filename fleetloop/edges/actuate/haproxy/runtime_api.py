@@ -12,6 +12,10 @@ import ipaddress
 from collections.abc import Sequence
 
 READ_LIMIT = 16 * 1024 * 1024
+# A batch of commands goes out in exchanges of at most this many bytes per line, so one exchange
+# never depends on how much of a line HAProxy's buffers (tune.bufsize) take (HAProxy 2.6 was seen
+# to take a 36 kB line; nothing promises it).
+MAX_LINE_BYTES = 8 * 1024
 
 
 class RuntimeApiError(Exception):
@@ -50,12 +54,25 @@ class RuntimeApi:
         return await asyncio.open_connection(host, int(port), limit=READ_LIMIT)
 
     async def run(self, commands: Sequence[str]) -> str:
-        """Send ``commands`` in one exchange; return HAProxy's whole answer."""
+        """Send ``commands`` (in as few exchanges as fit HAProxy's line buffer); return the answers."""
         if not commands:
             return ""
         for c in commands:
             if ";" in c or "\n" in c:
                 raise RuntimeApiError(f"refusing a command with ';' or a newline: {c!r}")
+        answers: list[str] = []
+        batch: list[str] = []
+        size = 0
+        for c in commands:
+            if batch and size + len(c) + 2 > MAX_LINE_BYTES:
+                answers.append(await self._exchange(batch))
+                batch, size = [], 0
+            batch.append(c)
+            size += len(c) + 2
+        answers.append(await self._exchange(batch))
+        return "".join(answers)
+
+    async def _exchange(self, commands: Sequence[str]) -> str:
         try:
             async with asyncio.timeout(self.timeout_s):
                 reader, writer = await self._open()
@@ -67,9 +84,8 @@ class RuntimeApi:
                     writer.close()
                     await writer.wait_closed()
         except (OSError, TimeoutError) as exc:
-            raise RuntimeApiError(
-                f"HAProxy runtime API at {self.addr}: {exc or type(exc).__name__}"
-            ) from None
+            why = str(exc) or type(exc).__name__
+            raise RuntimeApiError(f"HAProxy runtime API at {self.addr}: {why}") from None
         return data.decode(errors="replace")
 
     async def show_servers_state(self) -> str:
