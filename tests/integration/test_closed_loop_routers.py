@@ -172,6 +172,15 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                     stderr=subprocess.DEVNULL,
                 )
             )
+            async with httpx.AsyncClient(timeout=2.0) as probe:  # the actuators start once it answers
+                deadline = clock.monotonic_s() + 60
+                while clock.monotonic_s() < deadline:
+                    try:
+                        if (await probe.get(f"http://127.0.0.1:{vr_port}/health")).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    await asyncio.sleep(0.1)
             for name, extra in (
                 (
                     "haproxy",

@@ -190,6 +190,10 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
             await prod.flush()
             return clock.monotonic_s()
 
+        for _ in range(200):  # the actuator starts once HAProxy's runtime API socket is there
+            if (tmp_path / "admin.sock").exists():
+                break
+            await asyncio.sleep(0.05)
         # tick 1 before the actuator starts: it must catch up from the compacted topic
         await publish(1, routing({"chat/0": 0.5, "chat/1": 0.5}))
         with actuator_log.open("wb") as log_file:
