@@ -34,13 +34,9 @@ from typing import Any
 import numpy as np
 
 from fleetloop.schemas.decisions import (
-    AdmissionDecision,
     AutoscaleDecision,
     BatchingDecision,
-    BreakerDecision,
     Decision,
-    RetryBudgetDecision,
-    RoutingDecision,
 )
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
@@ -49,7 +45,7 @@ from fleetloop.sim.accounting import Accounting
 from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
 from fleetloop.sim.clients import Attempt, Task, backoff_s, draw_call, new_task, prefix_tokens
 from fleetloop.sim.node import IntervalStats, Node, Req
-from fleetloop.sim.router import Router
+from fleetloop.sim.router import SimRouter, sim_router
 from fleetloop.sim.scenario import Fault, Pool, Scenario
 
 TELEMETRY_S = 1.0
@@ -135,15 +131,12 @@ class FleetSim:
         pools_by_model: dict[str, tuple[str, ...]] = {}
         for p in sorted(scenario.pools, key=lambda p: p.id):
             pools_by_model[p.model] = (*pools_by_model.get(p.model, ()), p.id)
-        self.router = Router(pools_by_model, self._rng_router)
         self.nodes: dict[str, Node] = {}
         self._retired: list[Node] = []
         self._members: dict[str, list[Node]] = {p: [] for p in sorted(self.pools)}
-        self.router.members = self._members
-        self.router.nodes = self.nodes
+        self.router: SimRouter = sim_router(pools_by_model, self._rng_router, self._members, self.nodes)
         self._next_index: dict[str, int] = dict.fromkeys(self.pools, 0)
         self._max_batch: dict[str, int] = dict.fromkeys(self.pools, DEFAULT_MAX_BATCH_TOKENS)
-        self._held: dict[str, int] = {}
         self.acct = Accounting()
         self.tasks_active: dict[int, Task] = {}
         self._task_seq = 0
@@ -226,6 +219,7 @@ class FleetSim:
         )
         self.nodes[node.node_id] = node
         self._members[pool_id].append(node)
+        self.router.fleet_changed()
         if not warm:
             self._boot(node)
         return node
@@ -250,6 +244,7 @@ class FleetSim:
             members.remove(node)
         self.nodes.pop(node.node_id, None)
         self._retired.append(node)
+        self.router.fleet_changed()
 
     def pool_nodes(self, pool_id: str) -> Sequence[Node]:
         return tuple(self._members.get(pool_id, ()))
@@ -282,6 +277,7 @@ class FleetSim:
             victims.extend(rest)
             for n in victims[:k]:
                 n.draining = True
+                self.router.fleet_changed()
                 if n.idle:
                     self._remove(n)
 
@@ -295,25 +291,11 @@ class FleetSim:
     # -- desired state in ----------------------------------------------------------------------------
 
     def apply(self, decisions: Iterable[Decision]) -> None:
-        """Routers and GPU workers apply desired state: enforced decisions only, newest per key."""
-        for d in decisions:
-            if d.policy.mode != "enforce":
-                continue
-            key = d.key
-            held = self._held.get(key)
-            if held is not None and d.tick_id < held:
-                continue
-            self._held[key] = d.tick_id
+        """Routers and GPU workers apply desired state: enforced decisions only, newest per key
+        (the router library keeps that rule; the GPU workers act on what it accepted)."""
+        for d in self.router.apply(decisions, self.now):
             body = d.body
-            if isinstance(body, RoutingDecision):
-                self.router.set_routing(body, self.now)
-            elif isinstance(body, BreakerDecision):
-                self.router.set_breaker(body)
-            elif isinstance(body, AdmissionDecision):
-                self.router.set_admission(body)
-            elif isinstance(body, RetryBudgetDecision):
-                self.router.set_retry_budget(body)
-            elif isinstance(body, AutoscaleDecision):
+            if isinstance(body, AutoscaleDecision):
                 self._autoscale(body)
             elif isinstance(body, BatchingDecision):
                 self._batching(body)
@@ -411,8 +393,9 @@ class FleetSim:
         w = task.spec
         budget_s = max(0.0, min(w.client.timeout_s, task.deadline_t - now))
         budget_ms = int(budget_s * 1000.0)
-        route = self.router.route(
-            w.models, task.priority, task.prefix_digest, new_task=task.step == 0, budget_ms=budget_ms, now=now
+        new = task.step == 0
+        route = self.router.pick(
+            w.models, task.priority, task.prefix_digest, new_task=new, budget_ms=budget_ms, now_s=now
         )
         pool_id = route.pool_id or sorted(self.pools)[0]
         model = self.pools[pool_id].model if pool_id in self.pools else w.models[0]
@@ -422,7 +405,7 @@ class FleetSim:
         if node is None:
             self._failed(att, "shed")
             return
-        self.router.outstanding[node.node_id] = self.router.outstanding.get(node.node_id, 0) + 1
+        self.router.started(node.node_id)
         if not node.alive:
             self._failed(att, "error")  # a crashed node: connection refused
             return
@@ -484,7 +467,7 @@ class FleetSim:
     def _close(self, att: Attempt) -> None:
         att.done = True
         if att.node_id is not None:
-            self.router.outstanding[att.node_id] = self.router.outstanding.get(att.node_id, 1) - 1
+            self.router.finished(att.node_id)
 
     def _emit(
         self, att: Attempt, outcome: str, cost: float, task_outcome: str | None, kind: str = "ok"

@@ -17,8 +17,8 @@ from fleetloop.policies.admission.slo_aware import (
     pressure,
     queue_limits,
 )
+from fleetloop.router import Router
 from fleetloop.schemas.decisions import AdmissionDecision
-from fleetloop.sim.router import Router
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -136,12 +136,12 @@ def test_param_bounds() -> None:
         SloAwareParams(decrease=1.0)
 
 
-# -- the router applies the outstanding limits (fleetloop/sim/router.py, _admit) -------------------
+# -- the router applies the outstanding limits (fleetloop/router/pick.py, admit) --------------------
 
 
-def _router_with(d: AdmissionDecision) -> Router:
-    r = Router({}, np.random.default_rng(0))
-    r.set_admission(d)
+def _router_with(d: AdmissionDecision) -> Router[Any]:
+    r: Router[Any] = Router({}, np.random.default_rng(0))
+    r.state.pool(d.pool_id).admission = d
     return r
 
 
@@ -168,7 +168,7 @@ def test_router_sheds_on_outstanding_work(
         new_task_max_outstanding={"1": 32, "2": 16},
     )
     fake = SimpleNamespace(queue_depth=queue, running=running)
-    got = _router_with(d)._admit("p", fake, priority, new_task=new_task, budget_ms=10_000)  # type: ignore[arg-type]
+    got = _router_with(d).admit("p", fake, priority, new_task=new_task, budget_ms=10_000)  # type: ignore[arg-type]
     assert got is admitted
 
 
@@ -177,8 +177,8 @@ def test_router_continuing_limit_applies_when_published() -> None:
         entity="pool/p", pool_id="p", reason="r", max_queue_depth={}, max_outstanding={"2": 40}
     )
     r = _router_with(d)
-    assert r._admit("p", SimpleNamespace(queue_depth=0, running=39), 2, new_task=False, budget_ms=1)  # type: ignore[arg-type]
-    assert not r._admit("p", SimpleNamespace(queue_depth=2, running=38), 2, new_task=True, budget_ms=1)  # type: ignore[arg-type]
+    assert r.admit("p", SimpleNamespace(queue_depth=0, running=39), 2, new_task=False, budget_ms=1)  # type: ignore[arg-type]
+    assert not r.admit("p", SimpleNamespace(queue_depth=2, running=38), 2, new_task=True, budget_ms=1)  # type: ignore[arg-type]
 
 
 # -- properties ------------------------------------------------------------------------------------

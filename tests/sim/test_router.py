@@ -5,26 +5,38 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from fleetloop.schemas.decisions import RoutingDecision
+from fleetloop.schemas.decisions import Decision, PolicyStamp, RoutingDecision
 from fleetloop.sim.catalog import node_spec
-from fleetloop.sim.router import Router
+from fleetloop.sim.node import Node
+from fleetloop.sim.router import SimRouter, sim_router
 from tests.sim.physics import Loop
 
+STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
+_tick = [0]
 
-def _router(pools: dict[str, tuple[str, int]]) -> Router:
+
+def set_routing(r: SimRouter, body: RoutingDecision, now: float) -> None:
+    _tick[0] += 1
+    r.apply([Decision(ts_ms=1, tick_id=_tick[0], policy=STAMP, body=body)], now)
+
+
+def _router(pools: dict[str, tuple[str, int]]) -> SimRouter:
     """Pools ``id -> (gpu, nodes)`` all serving llama-8b, every node warm and routable."""
     by_model = {"llama-8b": tuple(sorted(pools))}
-    r = Router(by_model, np.random.default_rng(0))
+    nodes: dict[str, Node] = {}
+    all_members: dict[str, list[Node]] = {}
+    r = sim_router(by_model, np.random.default_rng(0), all_members, nodes)
     for pool_id, (gpu, n) in sorted(pools.items()):
         members = []
         for i in range(n):
             node = Loop(node_spec("llama-8b", gpu, 1)).node
             node.node_id, node.pool_id = f"{pool_id}/{i}", pool_id
-            r.nodes[node.node_id] = node
+            nodes[node.node_id] = node
             members.append(node)
-        r.members[pool_id] = members
+        all_members[pool_id] = members
         w = 1.0 / n
-        r.set_routing(
+        set_routing(
+            r,
             RoutingDecision(
                 entity=f"pool/{pool_id}", pool_id=pool_id, reason="r", weights={m.node_id: w for m in members}
             ),
@@ -33,10 +45,10 @@ def _router(pools: dict[str, tuple[str, int]]) -> Router:
     return r
 
 
-def _route(r: Router, calls: int) -> Counter[str]:
+def _route(r: SimRouter, calls: int) -> Counter[str]:
     got: Counter[str] = Counter()
     for _ in range(calls):
-        route = r.route(("llama-8b",), 1, None, new_task=True, budget_ms=10_000, now=1.0)
+        route = r.pick(("llama-8b",), 1, None, new_task=True, budget_ms=10_000, now_s=1.0)
         assert route.node is not None
         got[route.pool_id] += 1
     return got
@@ -55,8 +67,8 @@ def test_every_pool_of_the_model_takes_calls_by_routable_capacity() -> None:
 def test_pool_share_follows_the_published_weights() -> None:
     r = _router({"a": ("H100", 4), "b": ("H100", 4)})
     # Pool b publishes one node only (the other three at weight 0): it takes 1/5 of the calls.
-    r.set_routing(
-        RoutingDecision(entity="pool/b", pool_id="b", reason="r", weights={"b/0": 1.0, "b/1": 0.0}), 2.0
+    set_routing(
+        r, RoutingDecision(entity="pool/b", pool_id="b", reason="r", weights={"b/0": 1.0, "b/1": 0.0}), 2.0
     )
     got = _route(r, 5_000)
     assert abs(got["b"] - 1_000) <= 1
@@ -67,5 +79,6 @@ def test_a_pool_with_nothing_routable_takes_no_calls() -> None:
     r = _router({"a": ("H100", 2), "b": ("H100", 2)})
     for node in r.members["a"]:
         node.draining = True
+    r.fleet_changed()
     got = _route(r, 100)
     assert got == Counter({"b": 100})

@@ -1,0 +1,150 @@
+"""HAProxy's own log -> RequestOutcome: what each call did, as HAProxy saw it, for fleet.requests.
+
+HAProxy logs one line per request to a syslog target; the actuator listens on a loopback UDP port
+(``--log-listen 127.0.0.1:PORT``) and HAProxy points ``log 127.0.0.1:PORT len 4096 local0`` at it.
+The frontend copies fleetloop's request headers into variables and logs them with ``LOG_FORMAT``
+(``HAPROXY_FRONTEND_SNIPPET`` is the exact text to paste; the README shows it):
+
+| header | RequestOutcome field | when absent |
+|---|---|---|
+| ``x-fleetloop-request`` | ``request_id`` | HAProxy's unique id (``%ID``) |
+| ``x-fleetloop-attempt`` | ``attempt`` | 0 |
+| ``x-fleetloop-workflow`` (the task) | ``workflow_id`` | the request id |
+| ``x-fleetloop-step`` (the call) | ``step_index`` | 0 |
+| ``x-fleetloop-tenant`` | ``tenant_id`` | ``anonymous`` |
+| ``x-fleetloop-priority`` | ``priority`` | ``--default-priority`` (1) |
+| ``x-fleetloop-budget-ms`` | ``latency_budget_ms`` | 0 |
+| ``x-fleetloop-prefix`` | ``prefix_digest`` | none |
+
+From HAProxy itself: backend and server (-> pool and node through the backend map), status code,
+termination state, ``%Tr`` (time to the server's response headers: the time to first token of a
+streamed completion, an upper bound for a non-streamed one) and ``%Ta`` (end to end), accept time.
+Outcome: ``ok`` for 2xx/3xx; ``shed`` when HAProxy had no server or the request timed out in its
+queue (``<NOSRV>``, or termination ``sQ``/``SQ``); ``timeout`` for a server-side or client-side
+timeout (termination ``s*``/``c*``); ``error`` otherwise. Token counts and cost are not visible to a
+proxy: they are 0 here, and fleetloop takes tokens and cost rate from the nodes' telemetry.
+
+A line that does not parse, or does not make a valid RequestOutcome (a header value the schema
+refuses), is counted and dropped with its reason kept; it never stops the receiver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from fleetloop.edges.actuate.haproxy.mapping import PoolMap, Slot
+from fleetloop.schemas.requests import RequestOutcome
+
+HEADERS = ("request", "attempt", "workflow", "step", "tenant", "priority", "budget-ms", "prefix")
+_VARS = [h.replace("-", "_") for h in HEADERS]
+LOG_FORMAT = (
+    "fleetloop1 "
+    + " ".join(f"%{{+Q}}[var(txn.fl_{v})]" for v in _VARS)
+    + " %{+Q}ID %b %s %ST %Tr %Ta %tsc %Ts %ms"
+)
+HAPROXY_FRONTEND_SNIPPET = "\n".join(
+    [
+        f"    http-request set-var(txn.fl_{v}) req.hdr(x-fleetloop-{h})"
+        for v, h in zip(_VARS, HEADERS, strict=True)
+    ]
+    + ['    unique-id-format "%{+X}o%ci%cp%rt"', f'    log-format "{LOG_FORMAT}"']
+)
+
+
+@dataclass(slots=True)
+class LogStats:
+    lines: int = 0
+    outcomes: int = 0
+    malformed: int = 0
+    ignored: int = 0  # not a fleetloop log line (HAProxy's own notices)
+    last_error: str = ""
+
+
+def _int(v: str, default: int) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        return default
+
+
+class LogParser:
+    def __init__(self, by_server: Mapping[tuple[str, str], tuple[Slot, PoolMap]], default_priority: int = 1):
+        self.by_server = by_server
+        self.by_backend = {p.backend: p for _, p in by_server.values()}
+        self.default_priority = default_priority
+        self.stats = LogStats()
+
+    def parse(self, line: str) -> RequestOutcome | None:
+        self.stats.lines += 1
+        i = line.find("fleetloop1 ")
+        if i < 0:
+            self.stats.ignored += 1
+            return None
+        try:
+            f = shlex.split(line[i:])
+            if len(f) != 1 + len(HEADERS) + 9:
+                raise ValueError(f"{len(f)} fields")
+            h = {k: ("" if v == "-" else v) for k, v in zip(HEADERS, f[1 : 1 + len(HEADERS)], strict=True)}
+            uid, backend, server, status, tr, ta, tsc, ts_s, ms = f[1 + len(HEADERS) :]
+            pool = self.by_backend.get(backend)
+            if pool is None:
+                raise ValueError(f"backend {backend!r} is not in the backend map")
+            slot = self.by_server.get((backend, server))
+            st = _int(status, 0)
+            if server == "<NOSRV>" or tsc[:2] in ("sQ", "SQ") or slot is None:
+                outcome = "shed"
+            elif 200 <= st < 400 and tsc[:1] == "-":
+                outcome = "ok"
+            elif tsc[:1] in ("s", "c"):
+                outcome = "timeout"
+            else:
+                outcome = "error"
+            request_id = h["request"] or uid
+            tr_ms, ta_ms = _int(tr, -1), _int(ta, 0)
+            ro = RequestOutcome(
+                ts_ms=_int(ts_s, 0) * 1000 + _int(ms, 0) + max(0, ta_ms),
+                request_id=request_id,
+                attempt=_int(h["attempt"], 0),
+                workflow_id=h["workflow"] or request_id,
+                step_index=_int(h["step"], 0),
+                tenant_id=h["tenant"] or "anonymous",
+                priority=_int(h["priority"], self.default_priority),
+                latency_budget_ms=_int(h["budget-ms"], 0),
+                pool_id=pool.pool_id,
+                node_id=None if outcome == "shed" or slot is None else slot[0].node_id,
+                model=pool.model,
+                prompt_tokens=0,
+                prefix_digest=h["prefix"] or None,
+                ttft_ms=float(tr_ms) if outcome == "ok" and tr_ms >= 0 else None,
+                e2e_ms=float(max(0, ta_ms)),
+                outcome=outcome,
+            )
+        except (ValueError, ValidationError) as exc:
+            self.stats.malformed += 1
+            self.stats.last_error = str(exc).splitlines()[0][:300]
+            return None
+        self.stats.outcomes += 1
+        return ro
+
+
+class _Syslog(asyncio.DatagramProtocol):
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self.on_line = on_line
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        for line in data.decode(errors="replace").splitlines():
+            if line:
+                self.on_line(line)
+
+
+async def listen_udp(host: str, port: int, on_line: Callable[[str], None]) -> asyncio.DatagramTransport:
+    """Receive syslog datagrams on ``host:port`` (loopback); ``transport.close()`` to stop."""
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_datagram_endpoint(lambda: _Syslog(on_line), local_addr=(host, port))
+    return transport

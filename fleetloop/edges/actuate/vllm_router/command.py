@@ -1,0 +1,215 @@
+"""``fleetloop actuate vllm-router``: keep a vllm-router's worker list at fleetloop's desired membership.
+
+``fleetloop actuate vllm-router --url http://127.0.0.1:PORT --worker-map FILE --bootstrap-servers
+HOST:PORT [--period-s 0.5] [--fail-static-s 30]``
+
+It follows ``control.state``; every period (and at once when new state arrives) it reads
+``GET /list_workers``, adds the workers that should be in (``POST /add_worker?url=``, which makes
+vllm-router wait for the worker's health check) before removing the ones that should not
+(``POST /remove_worker?url=``), so the list never empties on the way. A difference on a worker whose
+target did not change since it was last asserted is drift (someone's manual change, a restart of
+the router): re-asserted and logged as ``drift``. Workers vllm-router lists that the map does not
+know are left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+
+from fleetloop.edges.actuate.vllm_router.mapping import (
+    WorkerMap,
+    WorkerMapError,
+    desired_workers,
+    load_worker_map,
+    plan,
+)
+from fleetloop.edges.cli import EdgeUsageError as UsageError
+from fleetloop.edges.cli import bootstrap_arg, one_line_errors
+from fleetloop.router import clock
+from fleetloop.router.state import DesiredState
+
+log = logging.getLogger("fleetloop.actuate.vllm_router")
+
+
+class VllmRouterError(Exception):
+    pass
+
+
+class VllmRouterApi:
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            r = await self._client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise VllmRouterError(f"vllm-router at {self.base_url}: {exc or type(exc).__name__}") from None
+        if r.status_code >= 400:
+            raise VllmRouterError(f"vllm-router {method} {path}: HTTP {r.status_code} {r.text[:200]}")
+        return r
+
+    async def list_workers(self) -> set[str]:
+        body = (await self._call("GET", "/list_workers")).json()
+        return {str(u) for u in body.get("urls", [])}
+
+    async def add_worker(self, url: str) -> None:
+        await self._call("POST", "/add_worker", params={"url": url})
+
+    async def remove_worker(self, url: str) -> None:
+        await self._call("POST", "/remove_worker", params={"url": url})
+
+
+@dataclass(slots=True)
+class Stats:
+    reconciles: int = 0
+    added: int = 0
+    removed: int = 0
+    drift: int = 0
+    errors: int = 0
+    last_error: str = ""
+
+
+class VllmRouterActuator:
+    def __init__(
+        self,
+        api: VllmRouterApi,
+        wmap: WorkerMap,
+        state: DesiredState,
+        *,
+        fail_static_s: float,
+        now: Callable[[], float],
+        period_s: float = 0.5,
+    ) -> None:
+        self.api, self.wmap, self.state = api, wmap, state
+        self.fail_static_s, self.now, self.period_s = fail_static_s, now, period_s
+        self.stats = Stats()
+        self.wake = asyncio.Event()
+        self._asserted: dict[str, bool] = {}
+
+    async def reconcile(self) -> list[tuple[str, str, str, str]]:
+        """One pass; returns (action, url, why, apply|drift) for each change made."""
+        want = desired_workers(self.state, self.wmap, self.now(), self.fail_static_s)
+        present = await self.api.list_workers()
+        steps = sorted(plan(want, present), key=lambda s: s[0] != "add")  # adds first
+        done = []
+        for action, url, why in steps:
+            kind = "drift" if self._asserted.get(url) == want[url][0] else "apply"
+            if action == "add":
+                await self.api.add_worker(url)
+                self.stats.added += 1
+            else:
+                await self.api.remove_worker(url)
+                self.stats.removed += 1
+            if kind == "drift":
+                self.stats.drift += 1
+                log.warning(
+                    "drift: %s was %s (want %s, %s); re-asserted",
+                    url,
+                    "absent" if action == "add" else "present",
+                    action,
+                    why,
+                )
+            else:
+                log.info("apply: %s %s (%s)", action, url, why)
+            done.append((action, url, why, kind))
+        self._asserted = {u: p for u, (p, _) in want.items()}
+        self.stats.reconciles += 1
+        return done
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.reconcile()
+            except VllmRouterError as exc:
+                self.stats.errors += 1
+                if str(exc) != self.stats.last_error:
+                    log.error("%s (retrying every %.1f s)", exc, self.period_s)
+                self.stats.last_error = str(exc)
+            self.wake.clear()
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
+            await asyncio.wait(waits, timeout=self.period_s, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+
+def register(act_sub: Any) -> None:
+    p = act_sub.add_parser("vllm-router", help="control.state -> vllm-router's worker list")
+    p.add_argument("--url", required=True, metavar="URL", help="vllm-router's base URL (loopback)")
+    p.add_argument("--worker-map", required=True, metavar="FILE", help="YAML: pool -> node id -> worker URL")
+    bootstrap_arg(p, required=True)
+    p.add_argument("--period-s", type=float, default=0.5, help="reconcile period (default 0.5, 0.05-60)")
+    p.add_argument("--fail-static-s", type=float, default=30.0, help="keep the last state this long (30)")
+    p.set_defaults(handler=handle)
+
+
+@one_line_errors
+def handle(args: argparse.Namespace) -> int:
+    host = urlparse(args.url).hostname or ""
+    if not args.url.startswith("http://") or host not in ("127.0.0.1", "localhost", "::1"):
+        raise UsageError(f"--url {args.url!r}: want http://127.0.0.1:PORT (loopback only)")
+    if not 0.05 <= args.period_s <= 60:
+        raise UsageError("--period-s must be in [0.05, 60]")
+    if not 0 < args.fail_static_s <= 3600:
+        raise UsageError("--fail-static-s must be in (0, 3600]")
+    try:
+        wmap = load_worker_map(args.worker_map)
+    except WorkerMapError as exc:
+        raise UsageError(str(exc)) from None
+    from fleetloop.edges.actuate.haproxy.command import _setup_logging
+
+    listener = _setup_logging()
+    try:
+        return asyncio.run(_main(args, wmap))
+    finally:
+        listener.stop()
+
+
+async def _main(args: argparse.Namespace, wmap: WorkerMap) -> int:
+    from aiokafka.errors import KafkaError
+
+    from fleetloop.router.follow import StateFollower, StateOnly
+
+    api = VllmRouterApi(args.url)
+    try:
+        await api.list_workers()
+    except VllmRouterError as exc:
+        await api.close()
+        raise UsageError(str(exc)) from None
+    sink = StateOnly(args.fail_static_s)
+    act = VllmRouterActuator(
+        api, wmap, sink.state, fail_static_s=args.fail_static_s, now=clock.monotonic_s, period_s=args.period_s
+    )
+    follower = StateFollower(
+        sink, args.bootstrap_servers, topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
+    )
+    try:
+        try:
+            await follower.start()
+        except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
+            raise UsageError(f"cannot follow control.state at {args.bootstrap_servers}: {exc}") from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("following control.state; reconciling %s every %.2f s", args.url, args.period_s)
+        await act.run(stop)
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            await follower.stop()
+        await api.close()

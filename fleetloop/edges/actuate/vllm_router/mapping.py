@@ -1,0 +1,119 @@
+"""Desired state -> vllm-router worker membership. Pure: no I/O, no clock (``now_s`` comes in).
+
+vllm-router balances over its workers by its own policy (cache_aware, power_of_two, round_robin,
+...); the only lever it exposes at runtime is the worker list. So, per mapped node:
+
+- in the pool's fresh routing with weight > 0, no enforced open breaker, not on autoscale's drain
+  list -> worker present;
+- breaker ``open`` (enforced), weight 0, absent from routing (not provisioned), or draining ->
+  worker removed;
+- breaker ``half_open`` with weight > 0 -> present, at a full share (vllm-router has no weights:
+  the probe and the slow-start ramp are not mapped);
+- no fresh routing for ``fail_static_s`` -> every mapped worker present (plain load balancing);
+- a pool whose every mapped worker would be removed -> every worker present (never eject all).
+
+Not mapped: weights (and so probe shares and slow start), ``by_priority``, ``prefix_affinity``
+(vllm-router's cache_aware policy does its own), ``spill_to``, shed thresholds, retry budgets
+(vllm-router has its own retries and circuit breaker, configured at start), batching caps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from fleetloop.router.state import DesiredState
+
+UNMAPPED: dict[str, str] = {
+    "routing.weights (values)": "no per-worker weight: a present worker takes its policy's share",
+    "breaker half_open / slow start": "a returning worker takes a full share at once",
+    "routing.by_priority": "no priority classes",
+    "routing.prefix_affinity": "its cache_aware policy keeps its own prefix tree",
+    "routing.spill_to": "one router serves one worker list",
+    "admission.*": "no shed thresholds per worker",
+    "retry_budget": "its own retries and breaker, set at start",
+    "batching.max_batch_tokens": "an engine setting",
+}
+
+
+class WorkerMapError(ValueError):
+    """A worker map the actuator cannot use (one line, for the CLI)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMap:
+    pools: Mapping[str, Mapping[str, str]]  # pool -> node id -> worker URL
+
+    def urls(self) -> set[str]:
+        return {u for nodes in self.pools.values() for u in nodes.values()}
+
+
+def load_worker_map(path: str | Path) -> WorkerMap:
+    """``pools: {chat: {chat/0: http://127.0.0.1:8001, chat/1: http://127.0.0.1:8002}}``."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise WorkerMapError(f"--worker-map {path}: {exc}".splitlines()[0]) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("pools"), dict) or not doc["pools"]:
+        raise WorkerMapError(f"--worker-map {path}: want a mapping with a non-empty 'pools' mapping")
+    pools: dict[str, dict[str, str]] = {}
+    seen: set[str] = set()
+    for pool_id, nodes in sorted(doc["pools"].items()):
+        if not isinstance(nodes, dict) or not nodes:
+            raise WorkerMapError(f"--worker-map {path}: pools.{pool_id}: want node id -> worker URL")
+        for node_id, url in nodes.items():
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise WorkerMapError(f"--worker-map {path}: pools.{pool_id}.{node_id}: want an http(s) URL")
+            if url in seen:
+                raise WorkerMapError(f"--worker-map {path}: {url} is mapped twice")
+            seen.add(url)
+        pools[str(pool_id)] = {str(n): str(u) for n, u in nodes.items()}
+    return WorkerMap(pools)
+
+
+def desired_workers(
+    state: DesiredState, wmap: WorkerMap, now_s: float, fail_static_s: float
+) -> dict[str, tuple[bool, str]]:
+    """worker URL -> (present?, why)."""
+    out: dict[str, tuple[bool, str]] = {}
+    for pool_id, nodes in sorted(wmap.pools.items()):
+        routing = state.routing_fresh(pool_id, now_s, fail_static_s)
+        if routing is None:
+            out.update(dict.fromkeys(nodes.values(), (True, "fail-static")))
+            continue
+        st = state.pools.get(pool_id)
+        drain = set(st.autoscale.drain) if st is not None and st.autoscale is not None else set()
+        pool_out: dict[str, tuple[bool, str]] = {}
+        for node_id, url in sorted(nodes.items()):
+            w = routing.weights.get(node_id)
+            if w is None:
+                pool_out[url] = (False, "not-a-member")
+            elif state.ejected(node_id):
+                pool_out[url] = (False, "breaker-open")
+            elif node_id in drain:
+                pool_out[url] = (False, "autoscale-drain")
+            elif w <= 0:
+                pool_out[url] = (False, "weight-zero")
+            else:
+                b = state.breakers.get(node_id)
+                half = b is not None and b.enforced and b.state == "half_open"
+                pool_out[url] = (True, "half-open" if half else "routing")
+        if not any(present for present, _ in pool_out.values()):
+            pool_out = dict.fromkeys(pool_out, (True, "never-eject-all"))
+        out.update(pool_out)
+    return out
+
+
+def plan(want: Mapping[str, tuple[bool, str]], present: set[str]) -> list[tuple[str, str, str]]:
+    """(``add`` | ``remove``, url, why) to move vllm-router from ``present`` to ``want``."""
+    steps: list[tuple[str, str, str]] = []
+    for url in sorted(want):
+        should, why = want[url]
+        if should and url not in present:
+            steps.append(("add", url, why))
+        elif not should and url in present:
+            steps.append(("remove", url, why))
+    return steps

@@ -1,0 +1,408 @@
+"""The per-call pick: a node for one model call from the newest desired state, in microseconds.
+
+A :class:`Router` holds a :class:`~fleetloop.router.state.DesiredState` and this router's own
+counters (round-robin credit, outstanding calls per node, retries spent against the budget). It
+never asks the control plane anything per call (fleetloop is not in the request path).
+
+Per call (:meth:`Router.pick`), in order:
+
+1. **Pools**: every pool serving the call's preferred model takes a share of its calls: the primary
+   pool of a call is picked by smooth weighted round robin (no random draw) over those pools, each
+   weighted by its routable capacity: the sum of ``capacity_of(node)`` over the nodes step 2 leaves
+   eligible (the live, warm, non-draining members when it fails static). ``capacity_of`` defaults
+   to 1 per node; the simulator passes a node's decode bandwidth, so an H100 pool and an A100 pool
+   of one model split traffic by what they can serve. Then the primary's ``spill_to`` pools (when
+   they serve an acceptable model) if the call would be shed; if no pool of that chain has a
+   routable node, the pools of the next acceptable model (model fallback).
+2. **Nodes**: those with weight > 0 in ``by_priority[p]`` (else ``weights``), known to the router,
+   not draining, and not behind an enforced open breaker. A node that crashed stays routable until
+   the control plane zeroes it: calls to it fail at once, as connection errors would.
+3. **Prefix affinity**: the first node of ``prefix_affinity[digest]`` among those nodes.
+4. **Picker**: ``weighted-random`` (by weight, seeded generator), ``round-robin`` (smooth weighted
+   round robin, nginx's algorithm: each node's credit grows by its weight, the richest is picked
+   and pays the total), ``least-request-p2c`` (two distinct nodes drawn uniformly, the one with
+   fewer of this router's outstanding calls wins, ties to the first: Envoy LEAST_REQUEST).
+5. **Admission**: shed when the node's queue depth is at or above ``max_queue_depth[p]``
+   (``new_task_max_queue_depth[p]`` for the first call of a task), when its outstanding work (queue
+   depth + running requests) is at or above ``max_outstanding[p]`` (``new_task_max_outstanding[p]``
+   for a first call), or when the call's remaining latency budget is below
+   ``reject_if_budget_below_ms``.
+
+Fail static: with no routing decision for a pool, or none newer than ``fail_static_s`` (default 30 s,
+bounds (0, 3600]), the router falls back to plain round robin over the pool's live, warm,
+non-draining members, ignoring every other held decision (all of it is as old). With a fresh
+decision that leaves no eligible node, it falls back the same way but skips nodes behind an enforced
+open breaker, unless that is every node: a router never ejects every node.
+Retries (:meth:`Router.allow_retry`): a retry is let through while this router's retries since the
+newest retry-budget decision are below ``retries_allowed_now`` (the tenant's decision first, then
+the pool's).
+
+Cost: steps 2-3 are derived once per (pool, priority) and cached until the desired state or the
+fleet changes (:meth:`Router.fleet_changed`, which the embedder calls when a node joins, leaves or
+starts draining); ``weighted-random`` is then a bisection, ``least-request-p2c`` two draws, and
+``round-robin`` one pass over the eligible nodes (``fleetloop bench router`` measures each).
+Failure mode: an embedder that changes membership without calling ``fleet_changed`` keeps routing
+by the old membership until the next routing or breaker decision arrives (within a tick).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+
+from fleetloop.router.state import DesiredState
+from fleetloop.schemas.decisions import Decision, RetryBudgetDecision, RoutingDecision
+
+FAIL_STATIC_S = 30.0
+
+
+class NodeLike(Protocol):
+    """What the router needs to know of a node. The simulator's nodes and :class:`Endpoint` fit."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def warm(self) -> bool: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+
+
+@dataclass(slots=True)
+class Endpoint:
+    """A node as a real router knows it: its address, and load figures the embedder keeps current
+    (from ``fleet.telemetry``, or from its own in-flight count; see ``StateFollower``)."""
+
+    node_id: str
+    pool_id: str
+    address: str = ""
+    alive: bool = True
+    warm: bool = True
+    draining: bool = False
+    queue_depth: int = 0
+    running: int = 0
+
+
+N = TypeVar("N", bound=NodeLike)
+
+
+@dataclass(frozen=True, slots=True)
+class Route(Generic[N]):
+    pool_id: str
+    node: N | None  # None: shed (or no node anywhere)
+    reason: str  # primary | spill | model-fallback | shed | no-node | no-pool
+
+
+@dataclass(slots=True)
+class _Eligible(Generic[N]):
+    key: tuple[int, int, int]  # (state version, fleet version, id of the weights table)
+    nodes: list[N]
+    weights: list[float]
+    cum: list[float]
+    total: float
+    by_id: dict[str, N]
+    capacity: float
+
+
+@dataclass(slots=True)
+class _PoolCounters:
+    budget_used: dict[str, int] = field(default_factory=dict)
+    rr_credit: dict[str, float] = field(default_factory=dict)
+    rr_plain: int = 0
+
+
+def _one(node: NodeLike) -> float:
+    return 1.0
+
+
+class Router(Generic[N]):
+    """One router's view: desired state plus its own counters. Not thread-safe (one per event loop)."""
+
+    def __init__(
+        self,
+        pools_by_model: Mapping[str, Sequence[str]],
+        rng: np.random.Generator,
+        *,
+        members: Mapping[str, Sequence[N]] | None = None,
+        nodes: Mapping[str, N] | None = None,
+        fail_static_s: float = FAIL_STATIC_S,
+        capacity_of: Callable[[N], float] | None = None,
+        cache: bool = True,
+    ) -> None:
+        if not 0.0 < fail_static_s <= 3600.0:
+            raise ValueError(f"fail_static_s must be in (0, 3600], got {fail_static_s}")
+        self.pools_by_model = pools_by_model
+        self.rng = rng
+        self.members: Mapping[str, Sequence[N]] = members if members is not None else {}
+        self.nodes: Mapping[str, N] = nodes if nodes is not None else {}
+        self.fail_static_s = fail_static_s
+        self.state = DesiredState()
+        self.outstanding: dict[str, int] = {}
+        self._counters: dict[str, _PoolCounters] = {}
+        self._eligible: dict[tuple[str, int], _Eligible[N]] = {}
+        self._fleet_version = 0
+        self._cache = cache
+        self._chains: dict[tuple[str, ...], tuple[tuple[str, ...], list[str]]] = {}
+        self.capacity_of: Callable[[N], float] = capacity_of if capacity_of is not None else _one
+        self.pool_credit: dict[str, float] = {}  # smooth weighted round robin across a model's pools
+
+    # -- desired state ----------------------------------------------------------------------------
+
+    def apply(self, decisions: Iterable[Decision], now_s: float) -> list[Decision]:
+        """Take in decisions (any order, duplicates welcome); return those accepted, in order."""
+        out: list[Decision] = []
+        for d in decisions:
+            body = d.body
+            old = None
+            if isinstance(body, RoutingDecision):
+                st = self.state.pools.get(body.pool_id)
+                old = st.routing if st is not None else None
+            if not self.state.accept(d, now_s):
+                continue
+            out.append(d)
+            if isinstance(body, RoutingDecision):
+                if old is None or old.weights != body.weights:
+                    self._pool(body.pool_id).rr_credit = {}
+            elif isinstance(body, RetryBudgetDecision):
+                self._pool(body.pool_id).budget_used[body.tenant_id or ""] = 0
+        return out
+
+    def fleet_changed(self) -> None:
+        """Tell the router a node joined, left or started draining (drops derived caches)."""
+        self._fleet_version += 1
+
+    def open_breakers(self) -> int:
+        return self.state.open_breakers()
+
+    def _pool(self, pool_id: str) -> _PoolCounters:
+        c = self._counters.get(pool_id)
+        if c is None:
+            c = self._counters[pool_id] = _PoolCounters()
+        return c
+
+    # -- per call ---------------------------------------------------------------------------------
+
+    def started(self, node_id: str) -> None:
+        """A call went out to ``node_id`` (feeds least-request-p2c)."""
+        self.outstanding[node_id] = self.outstanding.get(node_id, 0) + 1
+
+    def finished(self, node_id: str) -> None:
+        self.outstanding[node_id] = self.outstanding.get(node_id, 1) - 1
+
+    def allow_retry(self, pool_id: str, tenant_id: str) -> bool:
+        """Spend one retry of the budget if one is left; True when the retry may go out."""
+        st = self.state.pools.get(pool_id)
+        if st is None:
+            return True
+        key = tenant_id if tenant_id in st.budgets else ""
+        d = st.budgets.get(key)
+        if d is None:
+            return True
+        used_by = self._pool(pool_id).budget_used
+        used = used_by.get(key, 0)
+        if used >= d.retries_allowed_now:
+            return False
+        used_by[key] = used + 1
+        return True
+
+    def _eligible_for(self, pool_id: str, priority: int, now_s: float) -> _Eligible[N] | None:
+        """Nodes with weight > 0 and their weights; None when the router must fail static."""
+        d = self.state.routing_fresh(pool_id, now_s, self.fail_static_s)
+        if d is None:
+            return None
+        weights = d.by_priority.get(str(priority)) or d.weights
+        key = (self.state.version, self._fleet_version, id(weights))
+        ck = (pool_id, priority)
+        hit = self._eligible.get(ck)
+        if hit is not None and hit.key == key and self._cache:
+            return hit
+        state = self.state
+        nodes_by_id = self.nodes
+        nodes: list[N] = []
+        ws: list[float] = []
+        for node_id in sorted(weights):
+            w = weights[node_id]
+            if w <= 0:
+                continue
+            node = nodes_by_id.get(node_id)
+            if node is None or node.draining or state.ejected(node_id):
+                continue
+            nodes.append(node)
+            ws.append(w)
+        cum: list[float] = []
+        acc = 0.0
+        for w in ws:
+            acc += w
+            cum.append(acc)
+        cap = self.capacity_of
+        el = _Eligible(
+            key, nodes, ws, cum, sum(ws), {n.node_id: n for n in nodes}, sum(cap(n) for n in nodes)
+        )
+        self._eligible[ck] = el
+        return el
+
+    def _plain(self, pool_id: str, *, honour_breakers: bool) -> N | None:
+        """Plain round robin over live, warm, non-draining members (and, while the state is fresh,
+        not ejected ones, unless every one is: a router never ejects every node)."""
+        live = [n for n in self.members.get(pool_id, ()) if n.alive and n.warm and not n.draining]
+        if honour_breakers and self.state.breakers:
+            healthy = [n for n in live if not self.state.ejected(n.node_id)]
+            live = healthy or live
+        if not live:
+            return None
+        c = self._pool(pool_id)
+        node = live[c.rr_plain % len(live)]
+        c.rr_plain += 1
+        return node
+
+    def pick_node(self, pool_id: str, priority: int, digest: str | None, now_s: float) -> N | None:
+        """A node of ``pool_id`` for a call of ``priority`` (steps 2-4), admission not applied."""
+        el = self._eligible_for(pool_id, priority, now_s)
+        if el is None:
+            return self._plain(pool_id, honour_breakers=False)
+        if not el.nodes:
+            return self._plain(pool_id, honour_breakers=True)
+        st = self.state.pools[pool_id]
+        d = st.routing
+        assert d is not None
+        if digest is not None:
+            holders = d.prefix_affinity.get(digest)
+            if holders:
+                ids = el.by_id
+                for h in holders:
+                    n = ids.get(h)
+                    if n is not None:
+                        return n
+        nodes = el.nodes
+        if len(nodes) == 1:
+            return nodes[0]
+        picker = d.picker
+        if picker == "round-robin":
+            credit = self._pool(pool_id).rr_credit
+            total = 0.0
+            best = nodes[0]
+            best_credit = -1e300
+            for node, w in zip(nodes, el.weights, strict=True):
+                c = credit.get(node.node_id, 0.0) + w
+                credit[node.node_id] = c
+                total += w
+                if c > best_credit:
+                    best, best_credit = node, c
+            credit[best.node_id] -= total
+            return best
+        if picker == "least-request-p2c":
+            i, j = self.rng.choice(len(nodes), size=2, replace=False)
+            a, b = nodes[int(i)], nodes[int(j)]
+            out = self.outstanding
+            return a if out.get(a.node_id, 0) <= out.get(b.node_id, 0) else b
+        # weighted-random
+        x = float(self.rng.random()) * el.total
+        k = bisect_right(el.cum, x)
+        return nodes[k] if k < len(nodes) else nodes[-1]
+
+    def admit(self, pool_id: str, node: N, priority: int, *, new_task: bool, budget_ms: float) -> bool:
+        """Step 5: False when the pool's shed thresholds reject this call on this node."""
+        st = self.state.pools.get(pool_id)
+        adm = st.admission if st is not None else None
+        if adm is None:
+            return True
+        key = str(priority)
+        limit = adm.new_task_max_queue_depth.get(key) if new_task else None
+        if limit is None:
+            limit = adm.max_queue_depth.get(key)
+        if limit is not None and node.queue_depth >= limit:
+            return False
+        cap = adm.new_task_max_outstanding.get(key) if new_task else None
+        if cap is None:
+            cap = adm.max_outstanding.get(key)
+        if cap is not None and node.queue_depth + node.running >= cap:
+            return False
+        return not (adm.reject_if_budget_below_ms and budget_ms < adm.reject_if_budget_below_ms)
+
+    def _candidates(self, models: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+        """(the preferred model's pools, every acceptable pool in preference order), cached."""
+        c = self._chains.get(models)
+        if c is None:
+            pools: list[str] = []
+            for m in models:
+                for p in self.pools_by_model.get(m, ()):
+                    if p not in pools:
+                        pools.append(p)
+            first = next((tuple(self.pools_by_model[m]) for m in models if self.pools_by_model.get(m)), ())
+            c = self._chains[models] = (first, pools)
+        return c
+
+    def _capacity(self, pool_id: str, priority: int, now_s: float) -> float:
+        el = self._eligible_for(pool_id, priority, now_s)
+        if el is not None:
+            return el.capacity
+        cap = self.capacity_of
+        return sum(cap(n) for n in self.members.get(pool_id, ()) if n.alive and n.warm and not n.draining)
+
+    def _primary(self, pools: tuple[str, ...], priority: int, now_s: float) -> str:
+        """The pool that takes this call among the pools of one model (step 1)."""
+        if len(pools) == 1:
+            return pools[0]
+        shares = [(p, self._capacity(p, priority, now_s)) for p in pools]
+        total = sum(c for _, c in shares)
+        if total <= 0.0:
+            return pools[0]
+        credit = self.pool_credit
+        best, best_credit = pools[0], -1e300
+        for p, c in shares:
+            v = credit.get(p, 0.0) + c / total
+            credit[p] = v
+            if v > best_credit:
+                best, best_credit = p, v
+        credit[best] -= 1.0
+        return best
+
+    def pick(
+        self,
+        models: tuple[str, ...],
+        priority: int,
+        digest: str | None,
+        *,
+        new_task: bool,
+        budget_ms: float,
+        now_s: float,
+    ) -> Route[N]:
+        """Steps 1-5 for one call: where it goes, or why it is shed (see the module docstring)."""
+        first, pools = self._candidates(models)
+        if not pools:
+            return Route("", None, "no-pool")
+        primary = self._primary(first, priority, now_s)
+        candidates = pools if primary == pools[0] else [primary, *(p for p in pools if p != primary)]
+        st = self.state.pools.get(primary)
+        spill = st.routing.spill_to if st is not None and st.routing is not None else ()
+        chain = [primary] + [p for p in spill if p in candidates and p != primary] if spill else [primary]
+        shed_pool: str | None = None
+        for pool_id in chain:
+            node = self.pick_node(pool_id, priority, digest, now_s)
+            if node is None:
+                continue
+            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
+                return Route(pool_id, node, "spill" if pool_id != primary else "primary")
+            if shed_pool is None:
+                shed_pool = pool_id
+        if shed_pool is not None:
+            return Route(shed_pool, None, "shed")
+        for pool_id in candidates:
+            if pool_id in chain:
+                continue
+            node = self.pick_node(pool_id, priority, digest, now_s)
+            if node is None:
+                continue
+            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
+                return Route(pool_id, node, "model-fallback")
+            return Route(pool_id, None, "shed")
+        return Route(primary, None, "no-node")

@@ -1,0 +1,232 @@
+"""``fleetloop actuate vllm-router`` with a real vllm-router (PyPI ``vllm-router``, its Rust binary)
+on loopback and a real broker: breaker and autoscale decisions add and remove workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from aiohttp import web
+from fleetloop.router import clock
+from fleetloop.schemas.decisions import (
+    AutoscaleDecision,
+    BreakerDecision,
+    Decision,
+    PolicyStamp,
+    RoutingDecision,
+)
+from fleetloop.schemas.topics import STATE
+from tests.support.kafka import producer
+
+STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
+VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def workers(n: int) -> AsyncIterator[list[str]]:
+    """OpenAI-style backends that say which node answered (they are backends, not a proxy)."""
+    runners, urls = [], []
+    for i in range(n):
+
+        async def complete(request: web.Request, node: str = f"chat/{i}") -> web.Response:
+            body = {
+                "id": "c",
+                "object": "text_completion",
+                "model": "m",
+                "choices": [{"text": node, "index": 0}],
+            }
+            return web.json_response(body)
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_route("*", "/{tail:.*}", complete)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = _free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        yield urls
+    finally:
+        for r in runners:
+            await r.cleanup()
+
+
+async def _until(pred: Any, timeout_s: float, what: str) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not await pred():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_router(
+    kafka_env: Any, tmp_path: Path
+) -> None:
+    if not VLLM_ROUTER.exists():
+        pytest.fail(f"vllm-router is not installed at {VLLM_ROUTER} (pip install -e '.[dev]' installs it)")
+    async with workers(3) as urls, producer(kafka_env) as prod:
+        wmap = tmp_path / "workers.yaml"
+        wmap.write_text("pools:\n  chat:\n" + "".join(f"    chat/{i}: {u}\n" for i, u in enumerate(urls)))
+        port = _free_port()
+        vr = subprocess.Popen(
+            [
+                str(VLLM_ROUTER),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--worker-urls",
+                urls[0],
+                "--policy",
+                "round_robin",
+                "--prometheus-port",
+                str(_free_port()),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        log_path = tmp_path / "actuator.log"
+        act: subprocess.Popen[bytes] | None = None
+        client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10.0)
+
+        async def listed() -> set[str]:
+            r = await client.get("/list_workers")
+            return set(r.json()["urls"])
+
+        async def publish(tick: int, *bodies: Any) -> float:
+            for b in bodies:
+                d = Decision(ts_ms=clock.wall_ms(), tick_id=tick, policy=STAMP, body=b)
+                await prod.send(
+                    kafka_env.topic(STATE), key=d.key.encode(), value=orjson.dumps(d.model_dump(mode="json"))
+                )
+            await prod.flush()
+            return clock.monotonic_s()
+
+        async def answered_by(n: int) -> set[str]:
+            got = set()
+            for _ in range(n):
+                r = await client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1})
+                if r.status_code == 200:
+                    got.add(r.json()["choices"][0]["text"])
+            return got
+
+        def routing(weights: dict[str, float]) -> RoutingDecision:
+            return RoutingDecision(entity="pool/chat", reason="r", pool_id="chat", weights=weights)
+
+        try:
+
+            async def up() -> bool:
+                try:
+                    return (await client.get("/health")).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            await _until(up, 60, "vllm-router to start")
+            await publish(1, routing({"chat/0": 0.5, "chat/1": 0.5}))  # chat/2 not provisioned yet
+            with log_path.open("wb") as log_file:
+                act = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "fleetloop.daemon.cli",
+                        "actuate",
+                        "vllm-router",
+                        "--url",
+                        f"http://127.0.0.1:{port}",
+                        "--worker-map",
+                        str(wmap),
+                        "--bootstrap-servers",
+                        kafka_env.bootstrap_servers,
+                        "--topic-prefix",
+                        kafka_env.prefix,
+                        "--period-s",
+                        "0.25",
+                    ],
+                    stderr=log_file,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+
+            async def members(want: set[str]) -> Any:
+                async def check() -> bool:
+                    return await listed() == want
+
+                return check
+
+            await _until(await members({urls[0], urls[1]}), 60, "chat/1 added")
+            assert await answered_by(6) == {"chat/0", "chat/1"}
+
+            # a breaker opens on chat/0: the worker leaves vllm-router within two ticks
+            t0 = await publish(
+                2,
+                BreakerDecision(entity="chat/0", reason="r", pool_id="chat", node_id="chat/0", state="open"),
+                routing({"chat/0": 0.0, "chat/1": 1.0}),
+            )
+            await _until(await members({urls[1]}), 2.0, "chat/0 removed")
+            removed_after_s = clock.monotonic_s() - t0
+            assert await answered_by(6) == {"chat/1"}
+
+            # autoscale: chat/2 provisioned (it appears in routing), chat/0 back after its breaker closes
+            await publish(
+                3,
+                BreakerDecision(
+                    entity="chat/0", reason="r", pool_id="chat", node_id="chat/0", state="closed"
+                ),
+                routing({"chat/0": 0.3, "chat/1": 0.4, "chat/2": 0.3}),
+            )
+            await _until(await members(set(urls)), 10, "chat/0 and chat/2 added")
+            assert await answered_by(9) == {"chat/0", "chat/1", "chat/2"}
+
+            # scale down: chat/1 on the drain list leaves
+            await publish(
+                4,
+                AutoscaleDecision(
+                    entity="pool/chat",
+                    reason="r",
+                    pool_id="chat",
+                    current_nodes=3,
+                    desired_nodes=2,
+                    drain=("chat/1",),
+                ),
+            )
+            await _until(await members({urls[0], urls[2]}), 10, "chat/1 drained")
+
+            # drift: someone adds chat/1 back by hand; the actuator removes it again and says so
+            await client.post("/add_worker", params={"url": urls[1]})
+            await _until(await members({urls[0], urls[2]}), 10, "drift undone")
+
+            async def drift_logged() -> bool:
+                return "drift:" in log_path.read_text()
+
+            await _until(drift_logged, 5, "drift line")
+        finally:
+            await client.aclose()
+            if act is not None:
+                act.terminate()
+                act.wait(10)
+            vr.terminate()
+            vr.wait(10)
+        assert act is not None
+        assert act.returncode == 0, log_path.read_text()[-2000:]
+        print(f"\nbreaker -> worker removed from vllm-router in {removed_after_s * 1000:.0f} ms")

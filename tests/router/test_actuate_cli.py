@@ -1,0 +1,44 @@
+"""``fleetloop actuate ...`` refuses bad input with one line and exit code 2, before touching anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fleetloop.daemon.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["haproxy", "--runtime-api", "10.1.2.3:9999", "--backend-map", "MAP"], "loopback"),
+        (["haproxy", "--runtime-api", "nonsense", "--backend-map", "MAP"], "unix:/path or HOST:PORT"),
+        (
+            ["haproxy", "--runtime-api", "/tmp/x.sock", "--backend-map", "MAP", "--period-s", "0"],
+            "--period-s",
+        ),
+        (["haproxy", "--runtime-api", "/tmp/x.sock", "--backend-map", "/nope.yaml"], "--backend-map"),
+        (
+            ["haproxy", "--runtime-api", "/tmp/x.sock", "--backend-map", "MAP", "--log-listen", "0.0.0.0:1"],
+            "loopback",
+        ),
+        (["haproxy", "--runtime-api", "/tmp/fleetloop-no-such.sock", "--backend-map", "MAP"], "runtime API"),
+        (["vllm-router", "--url", "http://10.0.0.1:1", "--worker-map", "MAP"], "loopback"),
+        (["vllm-router", "--url", "http://127.0.0.1:1", "--worker-map", "/nope.yaml"], "--worker-map"),
+        (["vllm-router", "--url", "http://127.0.0.1:1", "--worker-map", "WMAP"], "vllm-router at"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bmap = tmp_path / "b.yaml"
+    bmap.write_text("pools: {p: {backend: be, model: m, servers: {p/0: s0}}}")
+    wmap = tmp_path / "w.yaml"
+    wmap.write_text("pools: {p: {p/0: 'http://127.0.0.1:1'}}")
+    argv = [str(bmap) if a == "MAP" else str(wmap) if a == "WMAP" else a for a in argv]
+    code = main(["actuate", *argv, "--bootstrap-servers", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err

@@ -1,0 +1,368 @@
+"""The router library's pick against decision tables, and its properties (fleetloop/router/pick.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from fleetloop.router import Endpoint, Router
+from fleetloop.schemas.decisions import (
+    AdmissionDecision,
+    BreakerDecision,
+    Decision,
+    PolicyStamp,
+    RetryBudgetDecision,
+    RoutingDecision,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
+SHADOW = PolicyStamp(name="t", version=1, hash="0" * 16, mode="shadow")
+
+
+def env(body: Any, tick: int = 1, stamp: PolicyStamp = STAMP) -> Decision:
+    return Decision(ts_ms=1000 + tick, tick_id=tick, policy=stamp, body=body)
+
+
+def routing(pool: str, weights: dict[str, float], tick: int = 1, **kw: Any) -> Decision:
+    return env(RoutingDecision(entity=f"pool/{pool}", reason="r", pool_id=pool, weights=weights, **kw), tick)
+
+
+def breaker(node: str, state: str = "open", *, enforced: bool = True, tick: int = 1) -> Decision:
+    pool = node.split("/", maxsplit=1)[0]
+    body = BreakerDecision(
+        entity=node,
+        reason="r",
+        pool_id=pool,
+        node_id=node,
+        state=state,
+        enforced=enforced,  # type: ignore[arg-type]
+    )
+    return env(body, tick)
+
+
+def admission(pool: str, tick: int = 1, **kw: Any) -> Decision:
+    kw.setdefault("max_queue_depth", {})
+    return env(AdmissionDecision(entity=f"pool/{pool}", reason="r", pool_id=pool, **kw), tick)
+
+
+def budget(pool: str, allowed: int, tenant: str | None = None, tick: int = 1) -> Decision:
+    body = RetryBudgetDecision(
+        entity=f"pool/{pool}" + (f"/{tenant}" if tenant else ""),
+        reason="r",
+        pool_id=pool,
+        tenant_id=tenant,
+        retry_ratio=0.1,
+        min_retries_per_s=1.0,
+        retries_allowed_now=allowed,
+    )
+    return env(body, tick)
+
+
+class World:
+    """Endpoints in pools, and a router over them."""
+
+    def __init__(self, pools: dict[str, int], models: dict[str, list[str]] | None = None, seed: int = 0):
+        self.eps: dict[str, Endpoint] = {}
+        self.members: dict[str, list[Endpoint]] = {}
+        for pool, n in sorted(pools.items()):
+            self.members[pool] = []
+            for i in range(n):
+                ep = Endpoint(node_id=f"{pool}/{i}", pool_id=pool)
+                self.eps[ep.node_id] = ep
+                self.members[pool].append(ep)
+        by_model = {m: tuple(ps) for m, ps in (models or {"m": sorted(pools)}).items()}
+        self.router: Router[Endpoint] = Router(
+            by_model, np.random.default_rng(seed), members=self.members, nodes=self.eps
+        )
+
+    def apply(self, *ds: Decision, now: float = 0.0) -> list[Decision]:
+        return self.router.apply(ds, now)
+
+    def pick(self, priority: int = 0, digest: str | None = None, now: float = 1.0, **kw: Any) -> str:
+        kw.setdefault("new_task", False)
+        kw.setdefault("budget_ms", 10_000)
+        r = self.router.pick(tuple(kw.pop("models", ("m",))), priority, digest, now_s=now, **kw)
+        return f"{r.reason}:{r.node.node_id}" if r.node is not None else f"{r.reason}:{r.pool_id}"
+
+
+AFF1 = {"d": ("p/1",)}
+AFF10 = {"d": ("p/1", "p/0")}
+
+# -- decision tables ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("decisions", "priority", "digest", "expected"),
+    [
+        # only weighted nodes are picked
+        ([routing("p", {"p/0": 0.0, "p/1": 1.0, "p/2": 0.0})], 0, None, "primary:p/1"),
+        # by-priority weights win for their class, plain weights for the others
+        ([routing("p", {"p/0": 1.0}, by_priority={"2": {"p/2": 1.0}})], 2, None, "primary:p/2"),
+        ([routing("p", {"p/0": 1.0}, by_priority={"2": {"p/2": 1.0}})], 1, None, "primary:p/0"),
+        # an enforced open breaker ejects; a detected-only or half-open one does not
+        ([routing("p", {"p/0": 0.5, "p/1": 0.5}), breaker("p/0")], 0, None, "primary:p/1"),
+        ([routing("p", {"p/0": 1.0}), breaker("p/0", enforced=False)], 0, None, "primary:p/0"),
+        ([routing("p", {"p/0": 1.0}), breaker("p/0", "half_open")], 0, None, "primary:p/0"),
+        # prefix affinity: the first holder that is eligible
+        ([routing("p", {"p/0": 0.5, "p/1": 0.5, "p/2": 0.0}, prefix_affinity=AFF1)], 0, "d", "primary:p/1"),
+        (
+            [routing("p", {"p/0": 0.5, "p/1": 0.5}, prefix_affinity=AFF10), breaker("p/1")],
+            0,
+            "d",
+            "primary:p/0",
+        ),
+        ([routing("p", {"p/0": 1.0, "p/1": 0.0}, prefix_affinity=AFF10)], 0, "d", "primary:p/0"),
+        # a fresh decision whose every weighted node is ejected: plain round robin over the healthy rest
+        ([routing("p", {"p/0": 1.0}), breaker("p/0")], 0, None, "primary:p/1"),
+        # shed by queue depth; a later call of a task is judged by max_queue_depth only
+        ([routing("p", {"p/0": 1.0}), admission("p", max_queue_depth={"0": 5})], 0, None, "shed:p"),
+        ([routing("p", {"p/0": 1.0}), admission("p", max_queue_depth={"1": 5})], 0, None, "primary:p/0"),
+        # stale (older tick) decisions are dropped; shadow ones never act
+        ([routing("p", {"p/1": 1.0}, tick=5), routing("p", {"p/0": 1.0}, tick=4)], 0, None, "primary:p/1"),
+        (
+            [routing("p", {"p/1": 1.0}), env(routing("p", {"p/0": 1.0}).body, 9, SHADOW)],
+            0,
+            None,
+            "primary:p/1",
+        ),
+    ],
+)
+def test_pick_table(decisions: list[Decision], priority: int, digest: str | None, expected: str) -> None:
+    w = World({"p": 3})
+    w.eps["p/0"].queue_depth = 5
+    w.apply(*decisions)
+    assert w.pick(priority, digest) == expected
+
+
+def test_spill_over_and_model_fallback() -> None:
+    w = World({"a": 2, "b": 2, "c": 2}, models={"big": ["a"], "mid": ["b"], "small": ["c"]})
+    full = admission("a", max_queue_depth={"0": 1})
+    w.eps["a/0"].queue_depth = 3
+    w.apply(routing("a", {"a/0": 1.0}, spill_to=("b",)), routing("b", {"b/1": 1.0}), full)
+    assert w.pick(models=("big", "mid")) == "spill:b/1"
+    assert w.pick(models=("big",)) == "shed:a"  # spill only to pools serving an acceptable model
+    # without spill_to the call is shed in its own pool
+    w.apply(routing("a", {"a/0": 1.0}, tick=2))
+    assert w.pick(models=("big", "mid")) == "shed:a"
+    # no routable node in the preferred model's pools: the next model's pools
+    w.apply(routing("a", {"a/0": 1.0}, tick=3), breaker("a/0"), breaker("a/1"))
+    w.members["a"].clear()
+    w.members["b"].clear()
+    w.apply(routing("b", {}, tick=3))
+    w.router.fleet_changed()
+    assert w.pick(models=("big", "mid", "small")) == "model-fallback:c/0"
+
+
+def test_first_call_of_a_task_has_its_own_limits() -> None:
+    w = World({"p": 1})
+    w.eps["p/0"].queue_depth = 2
+    w.eps["p/0"].running = 10
+    w.apply(
+        routing("p", {"p/0": 1.0}),
+        admission(
+            "p", max_queue_depth={"2": 8}, new_task_max_queue_depth={"2": 2}, max_outstanding={"2": 20}
+        ),
+    )
+    assert w.pick(2, new_task=True) == "shed:p"
+    assert w.pick(2, new_task=False) == "primary:p/0"
+    w.eps["p/0"].running = 18
+    assert w.pick(2, new_task=False) == "shed:p"
+
+
+def test_budget_below_threshold_is_shed() -> None:
+    w = World({"p": 1})
+    w.apply(routing("p", {"p/0": 1.0}), admission("p", reject_if_budget_below_ms=500))
+    assert w.pick(budget_ms=499) == "shed:p"
+    assert w.pick(budget_ms=500) == "primary:p/0"
+
+
+def test_fail_static_then_plain_round_robin() -> None:
+    w = World({"p": 3})
+    w.apply(routing("p", {"p/2": 1.0}), breaker("p/0"), now=0.0)
+    assert [w.pick(now=29.0) for _ in range(3)] == ["primary:p/2"] * 3  # last known good state
+    # past the TTL: plain round robin over live, warm, non-draining members, every decision ignored
+    w.eps["p/1"].warm = False
+    assert [w.pick(now=31.0) for _ in range(4)] == ["primary:p/0", "primary:p/2"] * 2
+    # a fresh decision ends it
+    w.apply(routing("p", {"p/1": 1.0}, tick=2), now=40.0)
+    w.eps["p/1"].warm = True
+    assert w.pick(now=41.0) == "primary:p/1"
+
+
+def test_no_decision_ever_is_plain_round_robin() -> None:
+    w = World({"p": 2})
+    assert [w.pick() for _ in range(3)] == ["primary:p/0", "primary:p/1", "primary:p/0"]
+
+
+def test_draining_needs_fleet_changed_to_take_effect_before_the_next_decision() -> None:
+    w = World({"p": 2})
+    w.apply(routing("p", {"p/0": 1.0, "p/1": 1.0}, picker="round-robin"))
+    w.eps["p/0"].draining = True
+    w.router.fleet_changed()
+    assert {w.pick() for _ in range(4)} == {"primary:p/1"}
+
+
+def test_smooth_weighted_round_robin_is_nginx_sequence() -> None:
+    w = World({"p": 3})
+    w.apply(routing("p", {"p/0": 5.0, "p/1": 1.0, "p/2": 1.0}, picker="round-robin"))
+    seq = [w.pick().split("/")[1] for _ in range(7)]
+    assert seq == ["0", "0", "1", "0", "2", "0", "0"]
+
+
+def test_least_request_p2c_takes_the_less_loaded() -> None:
+    w = World({"p": 2})
+    w.apply(routing("p", {"p/0": 0.5, "p/1": 0.5}, picker="least-request-p2c"))
+    for _ in range(5):
+        w.router.started("p/0")
+    assert {w.pick() for _ in range(20)} == {"primary:p/1"}
+    for _ in range(10):
+        w.router.started("p/1")
+    assert {w.pick() for _ in range(20)} == {"primary:p/0"}
+
+
+def test_retry_budget_tenant_first_and_reset_by_each_decision() -> None:
+    w = World({"p": 1})
+    r = w.router
+    assert r.allow_retry("p", "t")  # no budget published: retries are not limited here
+    w.apply(budget("p", 2), budget("p", 0, tenant="gold"))
+    assert [r.allow_retry("p", "free") for _ in range(3)] == [True, True, False]
+    assert not r.allow_retry("p", "gold")
+    w.apply(budget("p", 1, tick=2))
+    assert [r.allow_retry("p", "free") for _ in range(2)] == [True, False]
+
+
+def test_apply_reports_what_it_accepted() -> None:
+    w = World({"p": 1})
+    a = routing("p", {"p/0": 1.0}, tick=3)
+    assert w.apply(a, routing("p", {"p/0": 1.0}, tick=2), a) == [a, a]
+    assert w.router.state.dropped_stale == 1
+
+
+def test_fail_static_bounds() -> None:
+    with pytest.raises(ValueError, match="fail_static_s"):
+        Router({}, np.random.default_rng(0), fail_static_s=0.0)
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+node_weights = st.lists(st.sampled_from([0.0, 0.01, 0.1, 0.5, 1.0, 3.0]), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    weights=node_weights,
+    ejected=st.sets(st.integers(0, 11)),
+    draining=st.sets(st.integers(0, 11)),
+    picker=st.sampled_from(["weighted-random", "round-robin", "least-request-p2c"]),
+    affinity=st.lists(st.integers(0, 11), max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_never_picks_an_ejected_node_while_a_healthy_one_exists(
+    weights: list[float], ejected: set[int], draining: set[int], picker: str, affinity: list[int], seed: int
+) -> None:
+    n = len(weights)
+    w = World({"p": n}, seed=seed)
+    for i in draining & set(range(n)):
+        w.eps[f"p/{i}"].draining = True
+    w.apply(
+        routing(
+            "p",
+            {f"p/{i}": x for i, x in enumerate(weights)},
+            picker=picker,
+            prefix_affinity={"d": tuple(f"p/{i}" for i in affinity)},
+        ),
+        *(breaker(f"p/{i}") for i in sorted(ejected) if i < n),
+    )
+    healthy = {f"p/{i}" for i in range(n) if i not in ejected and i not in draining}
+    for digest in (None, "d") * 10:
+        got = w.pick(digest=digest).split(":")[1]
+        if healthy:
+            assert got in healthy
+        else:
+            assert got in {f"p/{i}" for i in range(n) if i not in draining} or got == "p"
+
+
+@settings(max_examples=25, deadline=None)
+@given(weights=st.lists(st.floats(0.05, 10.0), min_size=2, max_size=8), seed=st.integers(0, 2**16))
+def test_weighted_random_follows_weights_within_sampling_error(weights: list[float], seed: int) -> None:
+    n, draws = len(weights), 4000
+    w = World({"p": n}, seed=seed)
+    w.apply(routing("p", {f"p/{i}": x for i, x in enumerate(weights)}))
+    counts = dict.fromkeys(range(n), 0)
+    for _ in range(draws):
+        counts[int(w.pick().split("/")[1])] += 1
+    total = sum(weights)
+    for i, x in enumerate(weights):
+        p = x / total
+        sigma = math.sqrt(draws * p * (1 - p))
+        assert abs(counts[i] - draws * p) <= 5 * sigma + 1, (i, counts[i], draws * p)
+
+
+@settings(max_examples=50, deadline=None)
+@given(weights=st.lists(st.integers(1, 9), min_size=2, max_size=8))
+def test_round_robin_gives_each_node_exactly_its_share_per_cycle(weights: list[int]) -> None:
+    w = World({"p": len(weights)})
+    w.apply(routing("p", {f"p/{i}": float(x) for i, x in enumerate(weights)}, picker="round-robin"))
+    counts = dict.fromkeys(range(len(weights)), 0)
+    for _ in range(sum(weights) * 3):
+        counts[int(w.pick().split("/")[1])] += 1
+    assert counts == {i: 3 * x for i, x in enumerate(weights)}
+
+
+def test_cached_and_uncached_picks_agree() -> None:
+    """The derived-state cache is an optimisation only: same seed, same picks, with or without it."""
+
+    def run(cache: bool) -> list[str]:
+        w = World({"p": 6}, seed=3)
+        w.router._cache = cache
+        out = []
+        for t in range(1, 40):
+            if t % 7 == 0:
+                w.apply(breaker(f"p/{t % 6}", "open" if t % 2 else "closed", tick=t))
+            if t % 5 == 0:
+                w.apply(routing("p", {f"p/{i}": float((i + t) % 4) for i in range(6)}, tick=t))
+            if t == 1:
+                w.apply(routing("p", {f"p/{i}": 1.0 for i in range(6)}))
+            out += [w.pick(priority=t % 3, digest=None) for _ in range(5)]
+        return out
+
+    assert run(True) == run(False)
+
+
+# -- pools of one model share its calls by routable capacity ----------------------------------------
+
+
+def _split(w: World, calls: int) -> dict[str, int]:
+    got: dict[str, int] = {}
+    for _ in range(calls):
+        pool = w.pick(new_task=True).split(":")[1].split("/")[0]
+        got[pool] = got.get(pool, 0) + 1
+    return got
+
+
+def test_pools_of_one_model_split_calls_by_routable_capacity() -> None:
+    w = World({"a": 2, "b": 2})
+    w.router.capacity_of = lambda e: 3.0 if e.pool_id == "b" else 1.0
+    w.apply(routing("a", {"a/0": 1.0, "a/1": 1.0}), routing("b", {"b/0": 1.0, "b/1": 1.0}))
+    assert _split(w, 4000) == {"a": 1000, "b": 3000}  # smooth weighted round robin: exact shares
+
+
+def test_pool_share_follows_the_published_weights_and_breakers() -> None:
+    w = World({"a": 4, "b": 4})
+    w.apply(
+        routing("a", {f"a/{i}": 1.0 for i in range(4)}),
+        routing("b", {"b/0": 1.0, "b/1": 1.0, "b/2": 0.0}),
+        breaker("b/1"),
+    )
+    assert _split(w, 5000) == {"a": 4000, "b": 1000}
+
+
+def test_a_pool_with_nothing_routable_takes_no_calls() -> None:
+    w = World({"a": 2, "b": 2})
+    for ep in w.members["a"]:
+        ep.draining = True
+    assert _split(w, 100) == {"b": 100}

@@ -1,0 +1,80 @@
+"""Desired state -> vllm-router membership, row by row (fleetloop/edges/actuate/vllm_router/mapping.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fleetloop.edges.actuate.vllm_router.mapping import (
+    UNMAPPED,
+    WorkerMap,
+    WorkerMapError,
+    desired_workers,
+    load_worker_map,
+    plan,
+)
+from fleetloop.router.state import DesiredState
+from fleetloop.schemas.decisions import AutoscaleDecision
+from tests.router.test_pick import breaker, env, routing
+
+ROOT = Path(__file__).resolve().parents[2]
+WMAP = WorkerMap({"p": {f"p/{i}": f"http://w{i}" for i in range(5)}})
+
+
+def _want(*decisions: object, now: float = 1.0) -> dict[str, tuple[bool, str]]:
+    st = DesiredState()
+    for d in decisions:
+        st.accept(d, 0.0)  # type: ignore[arg-type]
+    return desired_workers(st, WMAP, now, 30.0)
+
+
+def test_membership_rows() -> None:
+    drain = AutoscaleDecision(
+        entity="pool/p", reason="r", pool_id="p", current_nodes=4, desired_nodes=3, drain=("p/3",)
+    )
+    got = _want(
+        routing("p", {"p/0": 0.5, "p/1": 0.0, "p/2": 0.3, "p/3": 0.2}),
+        breaker("p/2", "open"),
+        breaker("p/0", "half_open"),
+        env(drain),
+    )
+    assert got == {
+        "http://w0": (True, "half-open"),
+        "http://w1": (False, "weight-zero"),
+        "http://w2": (False, "breaker-open"),
+        "http://w3": (False, "autoscale-drain"),
+        "http://w4": (False, "not-a-member"),
+    }
+
+
+def test_stale_state_keeps_every_worker_and_never_ejects_all() -> None:
+    assert {p for p, _ in _want(routing("p", {"p/0": 1.0}), now=31.0).values()} == {True}
+    got = _want(routing("p", {"p/0": 1.0}), breaker("p/0"))
+    assert set(got.values()) == {(True, "never-eject-all")}
+
+
+def test_plan_adds_and_removes_only_differences() -> None:
+    want = {"http://a": (True, "routing"), "http://b": (False, "breaker-open"), "http://c": (True, "routing")}
+    assert plan(want, {"http://a", "http://b", "http://x"}) == [
+        ("remove", "http://b", "breaker-open"),
+        ("add", "http://c", "routing"),
+    ]
+
+
+def test_worker_map_errors_are_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "w.yaml"
+    for text, msg in [
+        ("pools: {}", "non-empty"),
+        ("pools: {p: {p/0: ftp://x}}", "http"),
+        ("pools: {p: {p/0: 'http://a', p/1: 'http://a'}}", "mapped twice"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(WorkerMapError, match=msg) as exc:
+            load_worker_map(bad)
+        assert "\n" not in str(exc.value)
+
+
+def test_readme_lists_what_vllm_router_cannot_express() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name, why in UNMAPPED.items():
+        assert f"| `{name}` | {why} |" in readme, name
