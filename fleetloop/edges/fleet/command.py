@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -63,6 +64,11 @@ def register(sub: Any) -> None:
     p.add_argument("--scale", type=int, default=1, help="multiply node counts and arrival rates (default 1)")
     p.add_argument("--seed", type=int, help="seed (default: the scenario's)")
     p.add_argument("--no-agents", action="store_true", help="serve only; send no work")
+    p.add_argument(
+        "--no-outcomes",
+        action="store_true",
+        help="agents publish no request outcomes (fleetloop then sees only scraped telemetry)",
+    )
     p.add_argument("--nodes-file", metavar="PATH", help="write {node_id: base_url} JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of a table")
     p.set_defaults(handler=cmd_fleet)
@@ -184,7 +190,7 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
         background.append(asyncio.create_task(_probe(loop_lag, stop)))
         urls = fleet.urls()
         if args.nodes_file:
-            Path(args.nodes_file).write_text(json.dumps(urls, indent=1) + "\n")
+            _write_atomic(Path(args.nodes_file), urls)
         err.print(
             f"[bold]fleetloop fleet[/bold]: {scenario.name}, {len(urls)} node(s) on loopback "
             f"({min(urls.values(), default='-')} ...), {seconds:g} s"
@@ -194,7 +200,8 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
                 else ", open loop"
             )
         )
-        agents = None if args.no_agents else Agents(fleet, publish=outbox.put_nowait if producer else None)
+        publish = outbox.put_nowait if producer is not None and not args.no_outcomes else None
+        agents = None if args.no_agents else Agents(fleet, publish=publish)
         background.append(asyncio.create_task(_progress(fleet, agents, stop, err, loop_lag)))
         if agents is not None:
             work = asyncio.create_task(agents.run(seconds, args.drain_s))
@@ -220,7 +227,7 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
         await asyncio.gather(*background, return_exceptions=True)
         if args.nodes_file:
             with contextlib.suppress(OSError):
-                Path(args.nodes_file).write_text(json.dumps(fleet.all_urls(), indent=1) + "\n")
+                _write_atomic(Path(args.nodes_file), fleet.all_urls())
         await fleet.stop()
         if producer is not None:
             await producer.stop()
@@ -229,6 +236,7 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
         "seed": seed,
         "seconds": seconds,
         "scale": args.scale,
+        "start_wall_ms": fleet.start_wall_ms,
         "nodes": {"provisioned": len(fleet.live), "table": fleet.node_table()},
         "realtime_lag": {"node_events": fleet.lag_report(), "event_loop": loop_lag.report()},
         "decisions_applied": fleet.decisions_applied,
@@ -240,6 +248,13 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
     if agents is not None:
         out.update(agents.stats.summary())
     return out
+
+
+def _write_atomic(path: Path, urls: dict[str, str]) -> None:
+    """Readers polling for the file never see half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(urls, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 async def _send(producer: AIOKafkaProducer, topic: str, outbox: asyncio.Queue[RequestOutcome]) -> None:
