@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from fleetloop.daemon.cli import main
 
 
@@ -12,9 +11,12 @@ from fleetloop.daemon.cli import main
     [
         (["fleet", "--scenario", "/nonexistent.yaml"], "cannot read"),
         (["fleet", "--scenario", "scenarios/steady-chat.yaml", "--scale", "0"], "--scale"),
-        (["fleet", "--scenario", "scenarios/steady-chat.yaml", "--base-port", "70000"], "--base-port"),
-        (["scrape", "--runtime", "vllm", "--target", "ftp://x", "--pool", "p", "--bootstrap-servers", "b"], "http"),
-        (["scrape", "--runtime", "vllm", "--target", "a=h:1,a=h:2", "--pool", "p", "--bootstrap-servers", "b"],
+        (["fleet", "--scenario", "scenarios/steady-chat.yaml", "--base-port", "70000"],
+         "--base-port"),
+        (["scrape", "--runtime", "vllm", "--target", "ftp://x", "--pool", "p", "--bootstrap-servers", "b"],
+         "http"),
+        (["scrape", "--runtime", "vllm", "--target", "a=h:1,a=h:2", "--pool", "p", "--bootstrap-servers",
+          "b"],
          "same node"),
         (["scrape", "--runtime", "vllm", "--target", "h:1", "--pool", "bad pool", "--bootstrap-servers", "b"],
          "--pool"),
