@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from typing import Any
 
@@ -31,11 +32,13 @@ async def test_scrape_reads_emulated_nodes_onto_the_broker(kafka_env: Any) -> No
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fleetloop.daemon.cli", "scrape", "--runtime", "vllm", "--pool", "p",
             "--target", targets, "--bootstrap-servers", kafka_env.bootstrap_servers,
-            "--topic-prefix", kafka_env.prefix, "--interval-s", "0.5", "--duration-s", "8", "--json",
+            "--topic-prefix", kafka_env.prefix, "--interval-s", "0.5", "--duration-s", "120", "--json",
             "--gpu-type", "L40S",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        await asyncio.sleep(2.0)  # past the baseline scrape
+        async with asyncio.timeout(60):  # past every node's baseline scrape
+            while min(ln.scrapes for ln in fleet.live.values()) < 2:
+                await asyncio.sleep(0.05)
         for nid, url in fleet.urls().items():
             api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
             n = 3 if nid == "p/0" else 1
@@ -43,14 +46,20 @@ async def test_scrape_reads_emulated_nodes_onto_the_broker(kafka_env: Any) -> No
                 await api.chat.completions.create(
                     model="llama-8b", messages=[{"role": "user", "content": "x"}], max_tokens=10
                 )
+
+        def completed(rs: list[Any]) -> int:
+            return sum(NodeTelemetry.model_validate_json(r.value).requests_completed for r in rs)
+
+        recs = await read_all(kafka_env, "fleet.telemetry", until=lambda rs: completed(rs) >= 4, timeout_s=45)
+        proc.send_signal(signal.SIGTERM)  # the scraper stops cleanly and prints its report
         out, err = await asyncio.wait_for(proc.communicate(), 90)
     finally:
         await fleet.stop()
     assert proc.returncode == 0, err.decode()
     report = json.loads(out)
     assert all(t["release"] == "0.33.0 (V1)" for t in report["targets"])
-    recs = await read_all(kafka_env, "fleet.telemetry", timeout_s=30)
     tel = [NodeTelemetry.model_validate_json(r.value) for r in recs]
+    assert report["targets"][0]["published"] > 0, report
     done = {nid: sum(t.requests_completed for t in tel if t.node_id == nid) for nid in ("p/0", "p/1")}
     assert done == {"p/0": 3, "p/1": 1}
     assert sum(t.output_tokens for t in tel) == 40

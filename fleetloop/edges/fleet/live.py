@@ -77,6 +77,7 @@ class LiveNode:
     port: int = 0
     runner: web.AppRunner | None = None
     inflight: int = 0
+    scrapes: int = 0  # GET /metrics served
     state: str = "cold"  # cold | serving | draining | stopped
 
     @property

@@ -91,6 +91,7 @@ async def _models(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     fleet, ln = _ctx(request)
+    ln.scrapes += 1
     ln.metrics.fold(ln.node.take_stats(fleet.t()))
     return web.Response(body=ln.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
