@@ -197,9 +197,9 @@ class Agents:
         while True:
             now = fleet.t()
             budget_s = max(0.0, min(client.timeout_s, task.deadline_t - now))
-            route = fleet.router.route(
+            route = fleet.router.pick(
                 w.models, task.priority, task.prefix_digest,
-                new_task=task.step == 0, budget_ms=budget_s * 1000.0, now=now,
+                new_task=task.step == 0, budget_ms=budget_s * 1000.0, now_s=now,
             )  # fmt: skip
             pool_id = route.pool_id or sorted(fleet.pools)[0]
             model = fleet.pools[pool_id].model if pool_id in fleet.pools else w.models[0]
@@ -211,12 +211,11 @@ class Agents:
                 kind = "shed" if node is None else "timeout"
             else:
                 self.stats.sent += 1
-                out = fleet.router.outstanding
-                out[node.node_id] = out.get(node.node_id, 0) + 1
+                fleet.router.started(node.node_id)
                 try:
                     kind, ttft_ms, tokens = await self._http_call(task, node.node_id, model, budget_s)
                 finally:
-                    out[node.node_id] = out.get(node.node_id, 1) - 1
+                    fleet.router.finished(node.node_id)
             a = _Attempt(
                 pool_id=pool_id,
                 node_id=node.node_id if node is not None else None,

@@ -13,9 +13,9 @@ The worker manager lives here too: :meth:`LiveFleet.apply` takes desired state f
 held is dropped) and obeys autoscale targets (new nodes start cold: they listen only after the
 pool's ``cold_start_s``; surplus nodes drain: they refuse new calls with 503, finish what they
 hold, then close) and batching caps (``max_batch_tokens`` of every node of the pool). Routing,
-breaker, admission and retry-budget decisions go to the fleet's client-side router (the
-simulator's :class:`fleetloop.sim.router.Router`), which the emulated agents use to pick a node
-until a real router takes that place. When ``control.state`` goes quiet nothing changes (fail
+breaker, admission and retry-budget decisions go to the fleet's client-side router (the router
+library :mod:`fleetloop.router`, bound to the nodes by :func:`fleetloop.sim.router.sim_router`),
+which the emulated agents use to pick a node until a real router takes that place. When ``control.state`` goes quiet nothing changes (fail
 static); the router falls back to round robin after its own TTL.
 
 Faults (:meth:`LiveFleet.inject`, and the scenario's at their ``at_s``): ``degrade`` slows a live
@@ -49,18 +49,14 @@ from fleetloop.daemon import clock
 from fleetloop.edges.fleet.metrics import VllmMetrics
 from fleetloop.edges.fleet.server import Pending, build_app
 from fleetloop.schemas.decisions import (
-    AdmissionDecision,
     AutoscaleDecision,
     BatchingDecision,
-    BreakerDecision,
     Decision,
-    RetryBudgetDecision,
-    RoutingDecision,
 )
 from fleetloop.sim import faults as faults_mod
 from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
 from fleetloop.sim.node import Node, Req
-from fleetloop.sim.router import Router
+from fleetloop.sim.router import SimRouter, sim_router
 from fleetloop.sim.scenario import Fault, Pool, Scenario
 
 LOOPBACK = "127.0.0.1"
@@ -138,15 +134,12 @@ class LiveFleet:
         pools_by_model: dict[str, tuple[str, ...]] = {}
         for p in sorted(scenario.pools, key=lambda p: p.id):
             pools_by_model[p.model] = (*pools_by_model.get(p.model, ()), p.id)
-        self.router = Router(pools_by_model, self.rng_router)
         self.nodes: dict[str, Node] = {}
         self.live: dict[str, LiveNode] = {}
         self._members: dict[str, list[Node]] = {p: [] for p in sorted(self.pools)}
-        self.router.members = self._members
-        self.router.nodes = self.nodes
+        self.router: SimRouter = sim_router(pools_by_model, self.rng_router, self._members, self.nodes)
         self._next_index: dict[str, int] = dict.fromkeys(self.pools, 0)
         self._max_batch: dict[str, int] = dict.fromkeys(self.pools, DEFAULT_MAX_BATCH_TOKENS)
-        self._held: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.spike_factor: dict[str | None, float] = {}  # tenant (None: all) -> product of active spikes
         self.on_spike: Callable[[], None] | None = None  # the agents redraw their arrivals
@@ -239,6 +232,7 @@ class LiveFleet:
         self.nodes[node.node_id] = node
         self.live[node.node_id] = ln
         self._members[pool_id].append(node)
+        self.router.fleet_changed()
         if not warm:
             self._boot(ln)
         return ln
@@ -259,6 +253,7 @@ class LiveFleet:
             return
         node.set_weights_state(state, self.t())
         if state == "warm":
+            self.router.fleet_changed()
             self._spawn(self._listen(ln))
 
     async def _listen(self, ln: LiveNode) -> None:
@@ -329,26 +324,13 @@ class LiveFleet:
     # -- desired state in (the worker manager, and the agents' router) --------------------------------
 
     def apply(self, decisions: Iterable[Decision]) -> None:
-        """Enforced decisions only, newest per key (by tick id)."""
-        now = self.t()
-        for d in decisions:
-            if d.policy.mode != "enforce":
-                continue
-            held = self._held.get(d.key)
-            if held is not None and d.tick_id < held:
-                continue
-            self._held[d.key] = d.tick_id
+        """Enforced decisions only, newest per key (by tick id): the router library keeps that rule
+        and takes routing, breaker, admission and retry-budget state; the worker manager acts on
+        the autoscale and batching decisions it accepted."""
+        for d in self.router.apply(decisions, self.t()):
             self.decisions_applied += 1
             body = d.body
-            if isinstance(body, RoutingDecision):
-                self.router.set_routing(body, now)
-            elif isinstance(body, BreakerDecision):
-                self.router.set_breaker(body)
-            elif isinstance(body, AdmissionDecision):
-                self.router.set_admission(body)
-            elif isinstance(body, RetryBudgetDecision):
-                self.router.set_retry_budget(body)
-            elif isinstance(body, AutoscaleDecision):
+            if isinstance(body, AutoscaleDecision):
                 self._autoscale(body)
             elif isinstance(body, BatchingDecision):
                 self._batching(body)
@@ -376,6 +358,7 @@ class LiveFleet:
             ln = self.live[n.node_id]
             ln.state = "draining"
             self.maybe_retire(ln)
+        self.router.fleet_changed()
 
     def _batching(self, d: BatchingDecision) -> None:
         if d.pool_id not in self.pools or d.max_batch_tokens <= 0:
@@ -394,6 +377,7 @@ class LiveFleet:
         if node in members:
             members.remove(node)
         self.nodes.pop(node.node_id, None)
+        self.router.fleet_changed()
         self._spawn(self._close(ln))
 
     # -- faults (fleetloop.sim.faults.FaultTarget) -----------------------------------------------------
@@ -422,6 +406,7 @@ class LiveFleet:
             members = self._members[node.pool_id]
             if node in members:
                 members.remove(node)
+            self.router.fleet_changed()
             # Stays in self.nodes: the router keeps sending to it (connection refused) until the
             # control plane zeroes it.
 
