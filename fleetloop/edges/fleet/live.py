@@ -15,8 +15,9 @@ pool's ``cold_start_s``; surplus nodes drain: they refuse new calls with 503, fi
 hold, then close) and batching caps (``max_batch_tokens`` of every node of the pool). Routing,
 breaker, admission and retry-budget decisions go to the fleet's client-side router (the router
 library :mod:`fleetloop.router`, bound to the nodes by :func:`fleetloop.sim.router.sim_router`),
-which the emulated agents use to pick a node until a real router takes that place. When ``control.state`` goes quiet nothing changes (fail
-static); the router falls back to round robin after its own TTL.
+which the emulated agents use to pick a node until a real router takes that place. When
+``control.state`` goes quiet nothing changes (fail static); the router falls back to round robin
+after its own TTL.
 
 Faults (:meth:`LiveFleet.inject`, and the scenario's at their ``at_s``): ``degrade`` slows a live
 node's iterations, ``crash`` kills it (its server stops listening; clients get connection errors),
