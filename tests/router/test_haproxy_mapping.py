@@ -23,6 +23,8 @@ from fleetloop.edges.actuate.haproxy.mapping import (
 from fleetloop.edges.actuate.haproxy.runtime_api import parse_address
 from fleetloop.router.state import DesiredState
 from fleetloop.schemas.decisions import AdmissionDecision, AutoscaleDecision
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.router.test_pick import admission, breaker, env, routing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +49,15 @@ def test_weights_scale_to_haproxy_range_relative_to_the_heaviest() -> None:
     ]
     assert scale_weight(1e-9, 1.0) == 1
     assert scale_weight(0.0, 1.0) == 0
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1.7e308), min_size=1, max_size=50))
+def test_any_weights_the_schema_accepts_scale_into_haproxys_range(weights: list[float]) -> None:
+    max_w = max(weights)
+    got = [scale_weight(w, max_w) for w in weights]
+    assert all(0 <= g <= 256 for g in got)
+    assert all((g == 0) == (w <= 0) for g, w in zip(got, weights, strict=True))
+    assert got[weights.index(max_w)] == (256 if max_w > 0 else 0)
 
 
 def test_open_breaker_is_maint_half_open_is_ready_at_its_probe_weight() -> None:
