@@ -5,8 +5,9 @@
 [--json]``
 
 It starts a broker and the daemon (``fleetloop run``, its own process, as an operator runs it), then
-plays a generated fleet in real time: every node reports telemetry each second and routers report
-about ``--outcomes-per-node`` calls per node per second (the background load). Each trial picks a
+plays a generated fleet in real time: every node reports telemetry each second, each on its own
+phase (the load goes out in 50 ms slices), and routers report about ``--outcomes-per-node`` calls
+per node per second (the background load). Each trial picks a
 healthy node of another pool and reports it failing: five failed calls in a row (the default
 policy's breaker threshold) in one burst, whose last record is the trigger. A consumer on
 ``control.state`` notes when the enforced ``open`` breaker decision for that node arrives. The
@@ -93,18 +94,21 @@ class _Load:
         reserved = {node for _, node in self.targets}
         self.callable = [i for i, row in enumerate(self.rows) if row["node_id"] not in reserved]
 
-    def second(self, ts_ms: int) -> list[tuple[str, bytes, bytes]]:
+    def slice(self, k: int, slices: int, ts_ms: int) -> list[tuple[str, bytes, bytes]]:
+        """Slice ``k`` of ``slices`` of one second: every node reports once a second, each on its own
+        phase (node ``i`` in slice ``i % slices``), and calls are spread the same way."""
         out: list[tuple[str, bytes, bytes]] = []
         rng = self.fleet.rng
-        queue = rng.poisson(1.0, len(self.rows))
-        for row, q in zip(self.rows, queue.tolist(), strict=True):
+        rows = self.rows[k::slices]
+        queue = rng.poisson(1.0, len(rows))
+        for row, q in zip(rows, queue.tolist(), strict=True):
             row["ts_ms"] = ts_ms
             row["queue_depth"] = q
             out.append((TELEMETRY, row["pool_id"].encode(), orjson.dumps(row)))
-        n_calls = int(len(self.rows) * self.per_node)
+        n_calls = int(len(self.rows) * self.per_node / slices)
         picks = rng.integers(0, len(self.callable), n_calls).tolist()
-        for k in picks:
-            row = self.rows[self.callable[k]]
+        for j in picks:
+            row = self.rows[self.callable[j]]
             self.calls += 1
             value = {
                 "ts_ms": ts_ms,
@@ -125,6 +129,9 @@ class _Load:
             }
             out.append((REQUESTS, row["pool_id"].encode(), orjson.dumps(value)))
         return out
+
+
+SLICES = 20  # the load is produced in 50 ms slices, stamped with the wall time of each
 
 
 async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str) -> dict[str, Any]:
@@ -160,11 +167,13 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
 
     async def background() -> None:
         next_s = clock.monotonic_s()
+        k = 0
         while not stop.is_set():
-            records = load.second(clock.wall_ms())
-            futures = [await producer.send(names[t], value=v, key=k) for t, k, v in records]
+            records = load.slice(k % SLICES, SLICES, clock.wall_ms())
+            futures = [await producer.send(names[t], value=v, key=key) for t, key, v in records]
             await asyncio.gather(*futures)
-            next_s += 1.0
+            k += 1
+            next_s += 1.0 / SLICES
             lag_s.append(max(0.0, clock.monotonic_s() - next_s))
             await asyncio.sleep(max(0.0, next_s - clock.monotonic_s()))
 
@@ -219,6 +228,8 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         await producer.stop()
     target = tick_ms + 100.0
     p99 = pct(latencies, 99) if latencies else None
+    with open(log_path, "rb") as f:
+        log_tail = f.read()[-2000:].decode(errors="replace")
     return {
         "bench": "latency",
         "nodes": args.nodes,
@@ -233,6 +244,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         "load_generator_max_lag_s": round(max(lag_s), 3) if lag_s else None,
         "target_ms": target,
         "met": p99 is not None and missed == 0 and p99 <= target,
+        "daemon_log_tail": log_tail if missed else "",
     }
 
 
