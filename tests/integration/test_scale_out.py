@@ -107,9 +107,7 @@ async def test_pools_move_to_the_survivor_within_15_s_and_no_tick_is_decided_twi
             assert resumed == set(POOLS), (
                 f"pools never decided after the kill: {sorted(set(POOLS) - resumed)}"
             )
-            assert took_s <= RESUME_WITHIN_S + 2.0, (
-                f"every pool decided again only {took_s:.1f} s after the kill"
-            )
+            assert took_s <= RESUME_WITHIN_S, f"every pool decided again only {took_s:.1f} s after the kill"
 
         records = await read_all(kafka_env, DECISIONS, timeout_s=5.0)
         for pool, ticks in _routing_by_pool(records).items():
