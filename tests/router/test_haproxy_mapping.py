@@ -128,7 +128,7 @@ def test_parse_stat_maxconn() -> None:
 
 
 LINE = (
-    '<134>Nov 30 13:48:15 haproxy[1]: fleetloop1 "r-1" "2" "wf-9" "3" "gold" "0" "4000" "pfx1" '
+    '<134>Nov 30 13:48:15 haproxy[1]: fleetloop1 "r-1" "2" "wf-9" "3" "gold" "0" "4000" "pfx1" "900" '
     '"7F00" be s1 200 41 97 ---- 1796046492 112'
 )
 
@@ -151,13 +151,16 @@ def test_log_line_to_outcome(server: str, status: str, tsc: str, outcome: str, n
     assert (o.outcome, o.node_id) == (outcome, node)
     assert (o.request_id, o.attempt, o.workflow_id, o.step_index) == ("r-1", 2, "wf-9", 3)
     assert (o.tenant_id, o.priority, o.latency_budget_ms, o.prefix_digest) == ("gold", 0, 4000, "pfx1")
+    assert o.prompt_tokens == 900
     assert o.ts_ms == 1796046492112 + 97
     assert o.ttft_ms == (41.0 if outcome == "ok" else None)
 
 
 def test_log_lines_without_headers_and_bad_ones() -> None:
     parser = LogParser(BMAP.by_server(), default_priority=2)
-    o = parser.parse(LINE.replace('"r-1" "2" "wf-9" "3" "gold" "0" "4000" "pfx1"', '"" "" "" "" "" "" "" ""'))
+    o = parser.parse(
+        LINE.replace('"r-1" "2" "wf-9" "3" "gold" "0" "4000" "pfx1" "900"', '"" "" "" "" "" "" "" "" ""')
+    )
     assert o is not None
     assert (o.request_id, o.workflow_id, o.tenant_id, o.priority) == ("7F00", "7F00", "anonymous", 2)
     assert parser.parse("haproxy[1]: Proxy fe started.") is None
