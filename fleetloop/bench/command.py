@@ -9,8 +9,10 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="benchmarks that print figures (ratios from the same run)")
     sub = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     # Each bench module registers one subcommand. Keep this list sorted.
-    from fleetloop.bench import decide, ingest, router
+    from fleetloop.bench import decide, fleet, ingest, latency, router
 
     decide.register(sub)
+    fleet.register(sub)
     ingest.register(sub)
+    latency.register(sub)
     router.register(sub)

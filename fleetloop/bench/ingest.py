@@ -39,6 +39,7 @@ from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, teleme
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
 from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
+from fleetloop.daemon.observability import configure
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY, TOPICS, topic_name
@@ -251,6 +252,7 @@ def handle(args: argparse.Namespace) -> int:
     if not 16 <= args.nodes <= 100_000:
         raise UsageError("fleetloop bench ingest: --nodes must be within 16..100000")
     quiet_client_logs()
+    configure(level="warning")  # the daemon's own log lines go to stderr, and only problems
     kinds = ("tansu", "kafka") if args.broker == "both" else (args.broker,)
     faust = not args.no_faust
     if faust:

@@ -42,9 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim_command.register(sub)
     # The edges: runtime adapters and the emulated fleet.
     from fleetloop.edges.actuate.haproxy import command as haproxy_command
+    from fleetloop.edges.fleet import command as fleet_command
     from fleetloop.edges.scrape import command as scrape_command
 
     haproxy_command.register(sub)
+    fleet_command.register(sub)
     scrape_command.register(sub)
     return parser
 

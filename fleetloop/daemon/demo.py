@@ -100,12 +100,24 @@ def register(sub: Any) -> None:
     bootstrap_arg(p, required=False)
     p.add_argument("--policy", metavar="FILE", help="policy document (default: the built-in default)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
+    p.add_argument(
+        "--wire",
+        action="store_true",
+        help="every part its own process: daemon, HTTP fleet (fleetloop fleet), fleetloop scrape",
+    )
+    p.add_argument(
+        "--wire-telemetry-only",
+        action="store_true",
+        help="with --wire: agents publish no outcomes, so the daemon sees scraped vLLM metrics only",
+    )
     p.set_defaults(handler=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if not 10 <= args.seconds <= 3600:
         raise UsageError(f"fleetloop demo: --seconds must be between 10 and 3600, got {args.seconds}")
+    if args.wire or args.wire_telemetry_only:
+        return _cmd_wire(args)
     policy = policy_from(args.policy)
     from fleetloop.daemon import observability
 
@@ -121,6 +133,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         _print_summary(result)
     return 0 if result["tasks"]["succeeded"] > 0 else 1
+
+
+def _cmd_wire(args: argparse.Namespace) -> int:
+    from fleetloop.daemon.wire_demo import print_wire, run_wire
+
+    if args.policy:
+        raise UsageError("fleetloop demo: --wire runs the daemon with its default policy; drop --policy")
+    quiet_client_logs()
+    err = Console(stderr=True, highlight=False)
+    with _broker(args.bootstrap_servers, err) as (bootstrap, _kind, _idempotent):
+        result = asyncio.run(
+            run_wire(
+                demo_scenario(args.seconds),
+                bootstrap=bootstrap,
+                degraded_node=DEGRADED_NODE,
+                telemetry_only=args.wire_telemetry_only,
+                err=err,
+            )
+        )
+    if args.json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        print_wire(result)
+    tasks = (result["fleet"].get("tasks") or {}).get("succeeded") or 0
+    return 0 if tasks > 0 else 1
 
 
 @contextlib.contextmanager

@@ -136,8 +136,8 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                 n = next(seq)
                 t = clock.monotonic_s()
                 h = {
-                    "x-fleetloop-workflow": f"task-{n // 4}",
-                    "x-fleetloop-step": str(n % 4),
+                    "x-fleetloop-task": f"task-{n // 4}",
+                    "x-fleetloop-call": str(n % 4),
                     "x-fleetloop-tenant": "gold",
                     "x-fleetloop-priority": "0",
                     "x-fleetloop-request": f"r{n}",

@@ -139,8 +139,8 @@ async def _drive(fe_port: int, traffic: Traffic, stop: asyncio.Event) -> None:
             t = clock.monotonic_s()
             headers = {
                 "x-fleetloop-request": f"req-{n}",
-                "x-fleetloop-workflow": f"task-{n // 5}",
-                "x-fleetloop-step": str(n % 5),
+                "x-fleetloop-task": f"task-{n // 5}",
+                "x-fleetloop-call": str(n % 5),
                 "x-fleetloop-tenant": "gold",
                 "x-fleetloop-priority": "0",
                 "x-fleetloop-budget-ms": "5000",

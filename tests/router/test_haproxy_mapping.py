@@ -23,6 +23,8 @@ from fleetloop.edges.actuate.haproxy.mapping import (
 from fleetloop.edges.actuate.haproxy.runtime_api import parse_address
 from fleetloop.router.state import DesiredState
 from fleetloop.schemas.decisions import AdmissionDecision, AutoscaleDecision
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.router.test_pick import admission, breaker, env, routing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +49,15 @@ def test_weights_scale_to_haproxy_range_relative_to_the_heaviest() -> None:
     ]
     assert scale_weight(1e-9, 1.0) == 1
     assert scale_weight(0.0, 1.0) == 0
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1.7e308), min_size=1, max_size=50))
+def test_any_weights_the_schema_accepts_scale_into_haproxys_range(weights: list[float]) -> None:
+    max_w = max(weights)
+    got = [scale_weight(w, max_w) for w in weights]
+    assert all(0 <= g <= 256 for g in got)
+    assert all((g == 0) == (w <= 0) for g, w in zip(got, weights, strict=True))
+    assert got[weights.index(max_w)] == (256 if max_w > 0 else 0)
 
 
 def test_open_breaker_is_maint_half_open_is_ready_at_its_probe_weight() -> None:
@@ -117,7 +128,7 @@ def test_parse_stat_maxconn() -> None:
 
 
 LINE = (
-    '<134>Nov 30 13:48:15 haproxy[1]: fleetloop1 "r-1" "2" "wf-9" "3" "gold" "0" "4000" "pfx1" '
+    '<134>Nov 30 13:48:15 haproxy[1]: fleetloop1 "r-1" "2" "wf-9" "3" "gold" "0" "4000" "pfx1" "900" '
     '"7F00" be s1 200 41 97 ---- 1796046492 112'
 )
 
@@ -140,13 +151,16 @@ def test_log_line_to_outcome(server: str, status: str, tsc: str, outcome: str, n
     assert (o.outcome, o.node_id) == (outcome, node)
     assert (o.request_id, o.attempt, o.workflow_id, o.step_index) == ("r-1", 2, "wf-9", 3)
     assert (o.tenant_id, o.priority, o.latency_budget_ms, o.prefix_digest) == ("gold", 0, 4000, "pfx1")
+    assert o.prompt_tokens == 900
     assert o.ts_ms == 1796046492112 + 97
     assert o.ttft_ms == (41.0 if outcome == "ok" else None)
 
 
 def test_log_lines_without_headers_and_bad_ones() -> None:
     parser = LogParser(BMAP.by_server(), default_priority=2)
-    o = parser.parse(LINE.replace('"r-1" "2" "wf-9" "3" "gold" "0" "4000" "pfx1"', '"" "" "" "" "" "" "" ""'))
+    o = parser.parse(
+        LINE.replace('"r-1" "2" "wf-9" "3" "gold" "0" "4000" "pfx1" "900"', '"" "" "" "" "" "" "" "" ""')
+    )
     assert o is not None
     assert (o.request_id, o.workflow_id, o.tenant_id, o.priority) == ("7F00", "7F00", "anonymous", 2)
     assert parser.parse("haproxy[1]: Proxy fe started.") is None

@@ -98,3 +98,4 @@ def test_javascript_router_picks_what_the_library_picks() -> None:
         py.append(r.node.node_id if r.node is not None else None)
     assert js == py
     assert set(py) == {"chat/1", "chat/2", "chat/3"}  # chat/0 ejected, chat/10 weightless
+    assert len((ROOT / "examples" / "router-js" / "router.mjs").read_text().splitlines()) < 100  # README

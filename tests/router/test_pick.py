@@ -366,3 +366,14 @@ def test_a_pool_with_nothing_routable_takes_no_calls() -> None:
     for ep in w.members["a"]:
         ep.draining = True
     assert _split(w, 100) == {"b": 100}
+
+
+def test_the_simulators_router_is_this_library() -> None:
+    from pathlib import Path
+
+    from fleetloop.sim.fleet import FleetSim
+    from fleetloop.sim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    sim = FleetSim(load_scenario(root / "scenarios" / "steady-chat.yaml"), seed=1)
+    assert type(sim.router) is Router

@@ -78,3 +78,37 @@ def test_readme_lists_what_vllm_router_cannot_express() -> None:
     readme = (ROOT / "README.md").read_text()
     for name, why in UNMAPPED.items():
         assert f"| `{name}` | {why} |" in readme, name
+
+
+async def test_actuator_adds_before_it_removes_so_the_list_never_empties() -> None:
+    from fleetloop.edges.actuate.vllm_router.command import VllmRouterActuator
+
+    class Recorder:
+        """Stands in for vllm-router's HTTP API and keeps its worker list (calls in order)."""
+
+        def __init__(self) -> None:
+            self.workers = {"http://w0"}
+            self.calls: list[tuple[str, str, int]] = []
+
+        async def list_workers(self) -> set[str]:
+            return set(self.workers)
+
+        async def add_worker(self, url: str) -> None:
+            self.workers.add(url)
+            self.calls.append(("add", url, len(self.workers)))
+
+        async def remove_worker(self, url: str) -> None:
+            self.workers.discard(url)
+            self.calls.append(("remove", url, len(self.workers)))
+
+    st = DesiredState()
+    for d in (routing("p", {"p/0": 0.0, "p/1": 1.0}), breaker("p/0")):
+        st.accept(d, 0.0)
+    api = Recorder()
+    act = VllmRouterActuator(api, WMAP, st, fail_static_s=30.0, now=lambda: 1.0)  # type: ignore[arg-type]
+    done = await act.reconcile()
+    assert api.calls == [("add", "http://w1", 2), ("remove", "http://w0", 1)]
+    assert [k for *_, k in done] == ["apply", "apply"]
+    api.workers.add("http://w0")  # someone puts it back by hand
+    again = await act.reconcile()
+    assert [(a, u, k) for a, u, _, k in again] == [("remove", "http://w0", "drift")]

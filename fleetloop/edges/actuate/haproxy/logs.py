@@ -9,19 +9,20 @@ The frontend copies fleetloop's request headers into variables and logs them wit
 |---|---|---|
 | ``x-fleetloop-request`` | ``request_id`` | HAProxy's unique id (``%ID``) |
 | ``x-fleetloop-attempt`` | ``attempt`` | 0 |
-| ``x-fleetloop-workflow`` (the task) | ``workflow_id`` | the request id |
-| ``x-fleetloop-step`` (the call) | ``step_index`` | 0 |
+| ``x-fleetloop-task`` | ``workflow_id`` | the request id |
+| ``x-fleetloop-call`` (index in the task) | ``step_index`` | 0 |
 | ``x-fleetloop-tenant`` | ``tenant_id`` | ``anonymous`` |
 | ``x-fleetloop-priority`` | ``priority`` | ``--default-priority`` (1) |
 | ``x-fleetloop-budget-ms`` | ``latency_budget_ms`` | 0 |
 | ``x-fleetloop-prefix`` | ``prefix_digest`` | none |
+| ``x-fleetloop-prompt-tokens`` | ``prompt_tokens`` | 0 |
 
 From HAProxy itself: backend and server (-> pool and node through the backend map), status code,
 termination state, ``%Tr`` (time to the server's response headers: the time to first token of a
 streamed completion, an upper bound for a non-streamed one) and ``%Ta`` (end to end), accept time.
 Outcome: ``ok`` for 2xx/3xx; ``shed`` when HAProxy had no server or the request timed out in its
 queue (``<NOSRV>``, or termination ``sQ``/``SQ``); ``timeout`` for a server-side or client-side
-timeout (termination ``s*``/``c*``); ``error`` otherwise. Token counts and cost are not visible to a
+timeout (termination ``s*``/``c*``); ``error`` otherwise. Output tokens and cost are not visible to a
 proxy: they are 0 here, and fleetloop takes tokens and cost rate from the nodes' telemetry.
 
 A line that does not parse, or does not make a valid RequestOutcome (a header value the schema
@@ -41,7 +42,8 @@ from pydantic import ValidationError
 from fleetloop.edges.actuate.haproxy.mapping import PoolMap, Slot
 from fleetloop.schemas.requests import RequestOutcome
 
-HEADERS = ("request", "attempt", "workflow", "step", "tenant", "priority", "budget-ms", "prefix")
+# The header names the emulated fleet's agents send too (fleetloop/edges/fleet/agents.py).
+HEADERS = ("request", "attempt", "task", "call", "tenant", "priority", "budget-ms", "prefix", "prompt-tokens")
 _VARS = [h.replace("-", "_") for h in HEADERS]
 LOG_FORMAT = (
     "fleetloop1 "
@@ -111,15 +113,15 @@ class LogParser:
                 ts_ms=_int(ts_s, 0) * 1000 + _int(ms, 0) + max(0, ta_ms),
                 request_id=request_id,
                 attempt=_int(h["attempt"], 0),
-                workflow_id=h["workflow"] or request_id,
-                step_index=_int(h["step"], 0),
+                workflow_id=h["task"] or request_id,
+                step_index=_int(h["call"], 0),
                 tenant_id=h["tenant"] or "anonymous",
                 priority=_int(h["priority"], self.default_priority),
                 latency_budget_ms=_int(h["budget-ms"], 0),
                 pool_id=pool.pool_id,
                 node_id=None if outcome == "shed" or slot is None else slot[0].node_id,
                 model=pool.model,
-                prompt_tokens=0,
+                prompt_tokens=max(0, _int(h["prompt-tokens"], 0)),
                 prefix_digest=h["prefix"] or None,
                 ttft_ms=float(tr_ms) if outcome == "ok" and tr_ms >= 0 else None,
                 e2e_ms=float(max(0, ta_ms)),

@@ -105,7 +105,7 @@ class Observed:
 def scale_weight(w: float, max_w: float) -> int:
     if w <= 0 or max_w <= 0:
         return 0
-    return max(1, min(MAX_WEIGHT, round(MAX_WEIGHT * w / max_w)))
+    return max(1, min(MAX_WEIGHT, round(w / max_w * MAX_WEIGHT)))  # ratio first: no overflow at 1e308
 
 
 def _maxconn(state: DesiredState, pool_id: str) -> int:

@@ -1,0 +1,350 @@
+"""The scenario's agent clients, over real HTTP with the official ``openai`` SDK.
+
+Same workload model as the simulator's clients (:mod:`fleetloop.sim.clients`: Poisson task
+arrivals, sequential calls, lognormal sizes, full-jitter backoff), one seeded generator stream per
+workload. Per call the client asks the fleet's router for a node (the newest routing, breaker,
+admission and retry-budget state from ``control.state``), then calls that node's
+``/v1/chat/completions`` with ``AsyncOpenAI`` (``max_retries=0``: retries are the agent's own),
+carrying the task, call, tenant and priority in ``X-Fleetloop-*`` headers with the prompt's size
+and shared prefix.
+
+- **Streaming** call (``client.stream``, the default): ``timeout_s`` bounds the wait for the first
+  token; after it only the task deadline does. Giving up closes the stream, so the node sees the
+  disconnect and aborts the request.
+- **Non-streaming** call: ``timeout_s`` bounds the whole call; giving up drops the connection, which
+  the node cannot see: the request runs on as an orphan.
+- Connection refused or a 5xx is an ``error``; a router that places the call nowhere, ``shed``.
+  Each attempt's outcome goes to ``fleet.requests`` keyed by pool (the last call of a task says
+  whether the task succeeded). ``cost_usd`` is 0: a client cannot see GPU cost; fleetloop takes it
+  from the nodes' telemetry (``cost_rate_usd_per_h``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import openai
+from openai import AsyncOpenAI
+
+from fleetloop.edges.fleet.live import LiveFleet
+from fleetloop.edges.fleet.server import HDR_PREFIX, HDR_PREFIX_TOKENS, HDR_PROMPT_TOKENS
+from fleetloop.schemas.requests import RequestOutcome
+from fleetloop.sim.clients import Task, backoff_s, draw_call, new_task, prefix_tokens
+
+Publish = Callable[[RequestOutcome], None]
+
+
+@dataclass(slots=True)
+class AgentStats:
+    tasks_started: int = 0
+    tasks_succeeded: int = 0
+    tasks_failed: int = 0
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    shed: int = 0
+    retries: int = 0
+    ttft_ms: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        ttft = sorted(self.ttft_ms)
+
+        def pct(q: float) -> float | None:
+            return round(ttft[min(len(ttft) - 1, max(0, math.ceil(q * len(ttft)) - 1))], 1) if ttft else None
+
+        done = self.tasks_succeeded + self.tasks_failed
+        return {
+            "tasks": {
+                "started": self.tasks_started,
+                "succeeded": self.tasks_succeeded,
+                "failed": self.tasks_failed,
+                "success_rate": round(self.tasks_succeeded / done, 4) if done else None,
+            },
+            "requests": {
+                "sent": self.sent,
+                "ok": self.ok,
+                "errors": self.errors,
+                "timeouts": self.timeouts,
+                "shed": self.shed,
+                "retries": self.retries,
+            },
+            "latency": {"ttft_p50_ms": pct(0.5), "ttft_p99_ms": pct(0.99)},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    pool_id: str
+    node_id: str | None
+    model: str
+    ttft_ms: float | None
+    e2e_ms: float
+    tokens: int
+    budget_ms: int
+
+
+class Agents:
+    """Runs the scenario's workloads against ``fleet`` until ``duration_s``; tasks then finish."""
+
+    def __init__(self, fleet: LiveFleet, *, publish: Publish | None = None, rate_scale: float = 1.0) -> None:
+        self.fleet = fleet
+        self.scenario = fleet.scenario
+        self.publish = publish
+        self.rate_scale = rate_scale
+        self.stats = AgentStats()
+        n = len(self.scenario.workload)
+        streams = fleet.rng_agents.spawn(2 * n + 1)
+        self._rng_arrivals = [np.random.default_rng(streams[i]) for i in range(n)]
+        self._rng_tasks = [np.random.default_rng(streams[n + i]) for i in range(n)]
+        self._rng_backoff = np.random.default_rng(streams[2 * n])
+        self._priority = {t.id: t.priority for t in self.scenario.tenants}
+        self._seq = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake: list[asyncio.Event] = [asyncio.Event() for _ in range(n)]
+        self._http = openai.DefaultAsyncHttpxClient()  # the SDK's own pooled client, shared by every node
+        self._clients: dict[str, AsyncOpenAI] = {}
+        fleet.on_spike = self._respike
+
+    def _respike(self) -> None:
+        for ev in self._wake:
+            ev.set()
+
+    def _client(self, url: str) -> AsyncOpenAI:
+        c = self._clients.get(url)
+        if c is None:
+            c = AsyncOpenAI(base_url=f"{url}/v1", api_key="fleetloop", max_retries=0, http_client=self._http)
+            self._clients[url] = c
+        return c
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def run(self, duration_s: float, drain_s: float) -> None:
+        """Arrivals until ``duration_s`` (fleet time), then wait up to ``drain_s`` for tasks to end."""
+        arrivals = [asyncio.create_task(self._arrivals(i, duration_s)) for i in range(len(self._wake))]
+        try:
+            await asyncio.gather(*arrivals)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(drain_s):
+                    while self._tasks:
+                        await asyncio.wait(set(self._tasks))
+        finally:
+            for t in arrivals:
+                t.cancel()
+            for t in list(self._tasks):
+                t.cancel()
+            await asyncio.gather(*arrivals, *self._tasks, return_exceptions=True)
+            await self._http.aclose()
+
+    async def _arrivals(self, i: int, duration_s: float) -> None:
+        w = self.scenario.workload[i]
+        rng = self._rng_arrivals[i]
+        wake = self._wake[i]
+        fleet = self.fleet
+        while True:
+            rate = w.rate_per_s * self.rate_scale * fleet.rate_factor(w.tenant)
+            wait = float(rng.exponential(1.0 / rate))
+            due = fleet.t() + wait
+            if due >= duration_s:
+                wait = duration_s - fleet.t()
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, wait)):
+                    await wake.wait()
+                    continue  # the rate changed: redraw (memoryless)
+            if fleet.t() >= duration_s - 1e-6:
+                return
+            self._seq += 1
+            task = new_task(
+                self._seq,
+                workload_index=i,
+                w=w,
+                priority=self._priority[w.tenant],
+                now=fleet.t(),
+                rng=self._rng_tasks[i],
+            )
+            self.stats.tasks_started += 1
+            t = asyncio.create_task(self._task(task))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _task(self, task: Task) -> None:
+        ok = True
+        for step in range(task.calls):
+            task.step = step
+            draw_call(task, self._rng_tasks[task.workload])
+            if not await self._call(task, last=step + 1 >= task.calls):
+                ok = False
+                break
+        if ok:
+            self.stats.tasks_succeeded += 1
+        else:
+            self.stats.tasks_failed += 1
+
+    async def _call(self, task: Task, *, last: bool) -> bool:
+        fleet = self.fleet
+        w = task.spec
+        client = w.client
+        attempt = 0
+        while True:
+            now = fleet.t()
+            budget_s = max(0.0, min(client.timeout_s, task.deadline_t - now))
+            route = fleet.router.pick(
+                w.models, task.priority, task.prefix_digest,
+                new_task=task.step == 0, budget_ms=budget_s * 1000.0, now_s=now,
+            )  # fmt: skip
+            pool_id = route.pool_id or sorted(fleet.pools)[0]
+            model = fleet.pools[pool_id].model if pool_id in fleet.pools else w.models[0]
+            node = route.node
+            sent_t = fleet.t()
+            ttft_ms: float | None = None
+            tokens = 0
+            if node is None or budget_s <= 0:
+                kind = "shed" if node is None else "timeout"
+            else:
+                self.stats.sent += 1
+                fleet.router.started(node.node_id)
+                try:
+                    kind, ttft_ms, tokens = await self._http_call(task, node.node_id, model, budget_s)
+                finally:
+                    fleet.router.finished(node.node_id)
+            a = _Attempt(
+                pool_id=pool_id,
+                node_id=node.node_id if node is not None else None,
+                model=model,
+                ttft_ms=ttft_ms,
+                e2e_ms=(fleet.t() - sent_t) * 1000.0,
+                tokens=tokens,
+                budget_ms=int(budget_s * 1000.0),
+            )
+            if kind == "ok":
+                self.stats.ok += 1
+                if ttft_ms is not None:
+                    self.stats.ttft_ms.append(ttft_ms)
+                self._emit(task, attempt, a, "ok", last=last)
+                return True
+            self._count(kind)
+            final = fleet.t() >= task.deadline_t - 1e-9
+            retry_at: float | None = None
+            if not final and attempt < client.max_retries:
+                t = fleet.t() + backoff_s(self._rng_backoff, client.backoff_s, client.backoff_max_s, attempt)
+                if t < task.deadline_t and fleet.router.allow_retry(pool_id, task.tenant_id):
+                    retry_at = t
+            if retry_at is None:
+                self._emit(task, attempt, a, kind, last=True, failed=True)
+                return False
+            self.stats.retries += 1
+            outcome = "shed" if kind == "shed" else "retry"
+            self._emit(task, attempt, a, outcome, last=False)
+            await asyncio.sleep(max(0.0, retry_at - fleet.t()))
+            attempt += 1
+
+    def _count(self, kind: str) -> None:
+        if kind == "error":
+            self.stats.errors += 1
+        elif kind == "timeout":
+            self.stats.timeouts += 1
+        else:
+            self.stats.shed += 1
+
+    async def _http_call(
+        self, task: Task, node_id: str, model: str, budget_s: float
+    ) -> tuple[str, float | None, int]:
+        """One attempt over HTTP: (``ok`` | ``error`` | ``timeout``, TTFT ms, output tokens)."""
+        fleet = self.fleet
+        ln = fleet.live.get(node_id)
+        if ln is None or not ln.port:
+            return "error", None, 0
+        api = self._client(ln.url)
+        headers = {
+            "X-Fleetloop-Task": task.task_id,
+            "X-Fleetloop-Call": str(task.step),
+            "X-Fleetloop-Tenant": task.tenant_id,
+            "X-Fleetloop-Priority": str(task.priority),
+            HDR_PROMPT_TOKENS: str(task.prompt),
+        }
+        if task.prefix_digest is not None:
+            headers[HDR_PREFIX] = task.prefix_digest
+            headers[HDR_PREFIX_TOKENS] = str(prefix_tokens(task))
+        messages: list[Any] = [{"role": "user", "content": f"{task.task_id} call {task.step}"}]
+        start = fleet.t()
+        deadline_left = max(0.001, task.deadline_t - start)
+        try:
+            if not task.spec.client.stream:
+                async with asyncio.timeout(budget_s):
+                    resp = await api.chat.completions.create(
+                        model=model, messages=messages, max_tokens=task.output, stream=False,
+                        extra_headers=headers, timeout=deadline_left,
+                    )  # fmt: skip
+                return "ok", None, resp.usage.completion_tokens if resp.usage else task.output
+            ttft: float | None = None
+            tokens = 0
+            async with asyncio.timeout(budget_s) as cm:
+                stream = await api.chat.completions.create(
+                    model=model, messages=messages, max_tokens=task.output, stream=True,
+                    stream_options={"include_usage": True}, extra_headers=headers, timeout=deadline_left,
+                )  # fmt: skip
+                try:
+                    async for chunk in stream:
+                        if ttft is None and chunk.choices:
+                            ttft = (fleet.t() - start) * 1000.0
+                            loop = asyncio.get_running_loop()
+                            cm.reschedule(loop.time() + max(0.0, task.deadline_t - fleet.t()))
+                        if chunk.usage is not None:
+                            tokens = chunk.usage.completion_tokens
+                finally:
+                    await stream.close()  # a client that gives up closes the stream: the node aborts
+            return "ok", ttft, tokens
+        except (TimeoutError, openai.APITimeoutError):
+            return "timeout", None, 0
+        except openai.OpenAIError:  # refused, reset, 5xx, a stream the node broke off
+            return "error", None, 0
+
+    def _emit(
+        self, task: Task, attempt: int, a: _Attempt, outcome: str, *, last: bool, failed: bool = False
+    ) -> None:
+        if self.publish is None:
+            return
+        task_outcome = ("failed" if failed else "succeeded") if last and outcome != "retry" else None
+        pool_id, node_id, model, ttft_ms, e2e_ms, tokens = (
+            a.pool_id,
+            a.node_id if outcome != "shed" else None,
+            a.model,
+            a.ttft_ms,
+            a.e2e_ms,
+            a.tokens,
+        )
+        if outcome != "shed" and node_id is None:
+            return
+        self.publish(
+            RequestOutcome(
+                ts_ms=self.fleet.wall_ms(),
+                request_id=f"{task.task_id}.{task.step}",
+                attempt=min(attempt, 100),
+                workflow_id=task.task_id,
+                step_index=task.step,
+                tenant_id=task.tenant_id,
+                priority=task.priority,
+                latency_budget_ms=int(
+                    max(0.0, min(task.spec.client.timeout_s, task.deadline_t - task.start_t)) * 1000
+                ),
+                pool_id=pool_id,
+                node_id=node_id,
+                model=model,
+                prompt_tokens=task.prompt,
+                output_tokens=max(0, tokens),
+                prefix_digest=task.prefix_digest,
+                ttft_ms=round(ttft_ms, 3) if ttft_ms is not None else None,
+                e2e_ms=round(max(0.0, e2e_ms), 3),
+                outcome=outcome,
+                task_outcome=task_outcome,
+            )
+        )

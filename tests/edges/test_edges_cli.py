@@ -1,0 +1,47 @@
+"""Bad input to the edge commands: one line on stderr, exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+from fleetloop.daemon.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["fleet", "--scenario", "/nonexistent.yaml"], "cannot read"),
+        (["fleet", "--scenario", "scenarios/steady-chat.yaml", "--scale", "0"], "--scale"),
+        (["fleet", "--scenario", "scenarios/steady-chat.yaml", "--base-port", "70000"],
+         "--base-port"),
+        (["scrape", "--runtime", "vllm", "--target", "ftp://x", "--pool", "p", "--bootstrap-servers", "b"],
+         "http"),
+        (["scrape", "--runtime", "vllm", "--target", "a=h:1,a=h:2", "--pool", "p", "--bootstrap-servers",
+          "b"],
+         "same node"),
+        (["scrape", "--runtime", "vllm", "--target", "h:1", "--pool", "bad pool", "--bootstrap-servers", "b"],
+         "--pool"),
+        (["scrape", "--runtime", "vllm", "--target", "h:1", "--pool", "p", "--bootstrap-servers", "b",
+          "--interval-s", "0"], "--interval-s"),
+        (["scrape", "--runtime", "vllm", "--target", "h:1", "--pool", "p", "--bootstrap-servers",
+          "127.0.0.1:1", "--duration-s", "1"], "cannot use Kafka"),
+        (["scrape", "--runtime", "nope", "--target", "h:1", "--pool", "p", "--bootstrap-servers", "b"],
+         "invalid choice"),
+    ],
+)  # fmt: skip
+def test_one_line_errors(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+def test_scrape_targets_parse() -> None:
+    from fleetloop.edges.scrape.command import parse_targets
+
+    got = parse_targets("10.0.0.5:8000, n1=https://h/prom/metrics,http://h2:9/", "pool")
+    assert [(t.node_id, t.url) for t in got] == [
+        ("pool/10.0.0.5:8000", "http://10.0.0.5:8000/metrics"),
+        ("n1", "https://h/prom/metrics"),
+        ("pool/h2:9", "http://h2:9/metrics"),
+    ]

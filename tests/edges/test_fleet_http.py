@@ -1,0 +1,162 @@
+"""The official openai SDK against an emulated node over loopback HTTP.
+
+Streaming and not; a streaming client that disconnects aborts its request on the engine; a
+non-streaming one that gives up leaves an orphan that runs on; /metrics reads as vLLM 0.33 to the
+vLLM scraper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+from fleetloop.edges.fleet.live import LiveFleet
+from fleetloop.edges.scrape.convert import Converter, NodeIdentity, parse_exposition
+from fleetloop.sim.scenario import Scenario, parse_scenario
+
+
+def one_node(model: str = "llama-8b") -> Scenario:
+    return parse_scenario(
+        {
+            "name": "one-node",
+            "seed": 1,
+            "duration_s": 60,
+            "slo": {"ttft_ms": 2000, "tbt_ms": 100},
+            "pools": [{"id": "p", "model": model, "gpu": "L40S", "nodes": 1, "cold_start_s": 1}],
+            "tenants": [{"id": "t", "priority": 0}],
+            "workload": [
+                {
+                    "kind": "chatbot",
+                    "tenant": "t",
+                    "rate_per_s": 1.0,
+                    "calls": [1, 1],
+                    "prompt_tokens": {"median": 100, "max": 200},
+                    "output_tokens": {"median": 10, "max": 20},
+                    "models": [model],
+                    "deadline_s": 30,
+                    "client": {"timeout_s": 10},
+                }
+            ],
+        },
+        "<test>",
+    )
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[LiveFleet]:
+    f = LiveFleet(one_node(), seed=1)
+    await f.start()
+    try:
+        yield f
+    finally:
+        await f.stop()
+
+
+def _client(fleet: LiveFleet) -> openai.AsyncOpenAI:
+    url = fleet.urls()["p/0"]
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+
+
+async def _until(cond: object, timeout_s: float = 20.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not cond():  # type: ignore[operator]
+            await asyncio.sleep(0.02)
+
+
+async def test_non_streaming_chat_and_completions(fleet: LiveFleet) -> None:
+    api = _client(fleet)
+    resp = await api.chat.completions.create(
+        model="llama-8b", messages=[{"role": "user", "content": "hello"}], max_tokens=12
+    )
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage is not None
+    assert resp.usage.completion_tokens == 12
+    assert resp.choices[0].message.content is not None
+    assert resp.choices[0].message.content.count("tok") == 12
+    text = await api.completions.create(model="llama-8b", prompt="x" * 400, max_tokens=5)
+    assert text.usage is not None
+    assert text.usage.prompt_tokens == 100  # ~4 characters a token without the size header
+    assert text.usage.completion_tokens == 5
+    models = await api.models.list()
+    assert [m.id for m in models.data] == ["llama-8b"]
+    with pytest.raises(openai.NotFoundError):
+        await api.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+async def test_streaming_with_usage_chunk(fleet: LiveFleet) -> None:
+    api = _client(fleet)
+    stream = await api.chat.completions.create(
+        model="llama-8b",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"X-Fleetloop-Prompt-Tokens": "3000"},
+    )
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.count("tok") == 40
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == 3000
+    assert chunks[-1].usage.completion_tokens == 40
+
+
+async def test_streaming_disconnect_aborts_the_request(fleet: LiveFleet) -> None:
+    api = _client(fleet)
+    node = fleet.live["p/0"].node
+    stream = await api.chat.completions.create(
+        model="llama-8b", messages=[{"role": "user", "content": "x"}], max_tokens=20000, stream=True
+    )
+    async for _ in stream:
+        break  # the first token arrived: leave
+    await stream.close()
+    await _until(lambda: node.running == 0 and fleet.aborted == 1, 10.0)
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{fleet.urls()['p/0']}/metrics")).text
+    assert 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="llama-8b"} 1.0' in text
+
+
+async def test_non_streaming_give_up_leaves_an_orphan(fleet: LiveFleet) -> None:
+    api = _client(fleet)
+    node = fleet.live["p/0"].node
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5):
+            await api.chat.completions.create(
+                model="llama-8b", messages=[{"role": "user", "content": "x"}], max_tokens=600
+            )
+    await asyncio.sleep(0.3)
+    assert node.running == 1, "the engine cannot see a non-streaming client leave: the request runs on"
+    assert fleet.aborted == 0
+    await _until(lambda: node.running == 0, 30.0)
+    assert fleet.aborted == 0
+
+
+async def test_metrics_read_by_the_vllm_scraper(fleet: LiveFleet) -> None:
+    url = fleet.urls()["p/0"]
+    conv = Converter("vllm", NodeIdentity(node_id="p/0", pool_id="p"))
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"{url}/health")).status_code == 200
+        first = parse_exposition((await http.get(f"{url}/metrics")).text)
+        assert conv.update(first, ts_ms=1, mono_ms=1000) is None
+        api = _client(fleet)
+        for _ in range(3):
+            await api.chat.completions.create(
+                model="llama-8b", messages=[{"role": "user", "content": "x"}], max_tokens=8
+            )
+        second = parse_exposition((await http.get(f"{url}/metrics")).text)
+    rec = conv.update(second, ts_ms=2, mono_ms=2000)
+    assert conv.release is not None
+    assert conv.release.version == "0.33.0 (V1)"
+    assert rec is not None
+    assert rec.requests_completed == 3
+    assert rec.output_tokens == 24
+    assert rec.model == "llama-8b"
+    assert rec.ttft_p50_ms is not None
+    assert rec.tbt_p50_ms is not None
