@@ -42,7 +42,7 @@ from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.sim import faults as faults_mod
 from fleetloop.sim.accounting import Accounting
-from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec, sample_cold_start
+from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
 from fleetloop.sim.clients import Attempt, Task, backoff_s, draw_call, new_task, prefix_tokens
 from fleetloop.sim.node import IntervalStats, Node, Req
 from fleetloop.sim.router import SimRouter, sim_router
@@ -227,13 +227,7 @@ class FleetSim:
 
     def _boot(self, node: Node) -> None:
         node.boot += 1
-        pool = self.pools[node.pool_id]
-        if pool.cold_start_s is not None:
-            to_loading, to_warm = pool.cold_start_s / 2.0, pool.cold_start_s
-        else:
-            to_loading, to_warm = sample_cold_start(
-                self.specs[node.pool_id], self._rng_boot, cached=pool.cache == "cached"
-            )
+        to_loading, to_warm = self.pools[node.pool_id].boot_times(self._rng_boot)
         node.weights_state = "cold"
         self._push(self.now + to_loading, _P_NODE, self._weights, (node, node.boot, "loading"))
         self._push(self.now + to_warm, _P_NODE, self._weights, (node, node.boot, "warm"))

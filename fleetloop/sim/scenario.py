@@ -13,11 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetloop.schemas.errors import one_line
-from fleetloop.sim.catalog import GPUS, MODELS, node_spec
+from fleetloop.sim.catalog import GPUS, MODELS, node_spec, sample_cold_start
 
 Ident = str
 _IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$"  # no '/': node ids are '<pool>/<index>'
@@ -83,6 +84,14 @@ class Pool(_Strict):
     @property
     def hi_nodes(self) -> int:
         return self.max_nodes if self.max_nodes is not None else self.nodes
+
+    def boot_times(self, rng: np.random.Generator) -> tuple[float, float]:
+        """One boot of a node of this pool: (seconds until loading, seconds until warm). A fixed
+        ``cold_start_s`` splits in halves; otherwise one draw from the published phases."""
+        if self.cold_start_s is not None:
+            return self.cold_start_s / 2.0, self.cold_start_s
+        spec = node_spec(self.model, self.gpu, self.gpus_per_node, self.precision)
+        return sample_cold_start(spec, rng, cached=self.cache == "cached")
 
 
 class Tenant(_Strict):
