@@ -7,6 +7,8 @@ with two external metrics; the HPA computes a replica count per metric and takes
 :mod:`fleetloop.policies.autoscale.hpa` (stabilization, rate limits, bounds; those functions are
 reused from there unchanged).
 
+Formula, at each sync (``current`` = the target set at the previous sync):
+
 1. **Queue**: ``vllm:num_requests_waiting`` summed over the pool, ``AverageValue`` target
    ``waiting_per_node`` 5 (KEDA's default metric type for a trigger is AverageValue; threshold 5 is
    the vLLM production-stack KEDA tutorial's ScaledObject, docs.vllm.ai/projects/production-stack,
