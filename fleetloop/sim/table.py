@@ -15,6 +15,10 @@ engine-signal autoscaler a careful operator runs today; reported, not a pass/fai
 ``--ablation`` also runs the default policy with each lever turned off in turn (its section swapped
 for the no-control algorithm: round-robin, never, max-pending, unlimited, fixed, static-batching)
 and writes ``sim-ablation.md``: what each lever contributes.
+
+``--suite stress|shipped|all [--seeds N] [--only A,B]`` runs a suite over seeds instead (classic
+and default, ``N`` seeds per scenario, 5 by default) and checks issue 15's per-seed targets; see
+:mod:`fleetloop.sim.suite`. It writes ``sim-<suite>.md`` and ``.json`` beside the table.
 """
 
 from __future__ import annotations
@@ -36,7 +40,17 @@ from fleetloop.policies.registry import (
     load_policy,
 )
 from fleetloop.sim.runner import run
-from fleetloop.sim.scenario import load_scenario
+from fleetloop.sim.scenario import ScenarioError, load_scenario
+from fleetloop.sim.suite import (
+    SUITES,
+    progress_line,
+    run_jobs,
+    suite_ablation_markdown,
+    suite_files,
+    suite_jobs,
+    suite_markdown,
+    suite_targets,
+)
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 
@@ -82,16 +96,23 @@ def resolve(spec: str) -> CompiledPolicy:
     return load_policy(spec)
 
 
-def run_one(job: tuple[str, str, str]) -> dict[str, Any]:
-    scenario_path, label, spec = job
+def run_one(job: tuple[str, str, str] | tuple[str, str, str, int]) -> dict[str, Any]:
+    """One run: ``(scenario file, label, policy spec)``, optionally with a seed that overrides the
+    scenario's own."""
+    scenario_path, label, spec = job[0], job[1], job[2]
+    seed = job[3] if len(job) > 3 else None
     scenario = load_scenario(scenario_path)
     policy = resolve(spec)
-    result = run(scenario, policy)
+    result = run(scenario, policy, seed=seed)
     data = result.to_json(scenario_path)
     p0 = data["by_priority"].get("0")
     return {
         "scenario": data["scenario"],
         "policy": label,
+        "seed": data["seed"],
+        "tasks_succeeded": data["tasks"]["succeeded"],
+        "p0_tasks_started": p0["tasks_started"] if p0 else 0,
+        "p0_tasks_succeeded": p0["tasks_succeeded"] if p0 else 0,
         "success_rate": data["tasks"]["success_rate"],
         "tasks_started": data["tasks"]["started"],
         "per_successful_task_usd": data["cost"]["per_successful_task_usd"],
@@ -287,7 +308,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--ablation", action="store_true", help="also run default with each lever off")
+    ap.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        help="run a suite over seeds against issue 15's targets (writes sim-SUITE.md/.json)",
+    )
+    ap.add_argument("--seeds", type=int, default=5, help="seeds per scenario with --suite (default 5)")
+    ap.add_argument(
+        "--only", default="", help="with --suite: comma-separated scenario file stems to keep (development)"
+    )
     args = ap.parse_args(argv)
+    if args.suite:
+        return main_suite(args)
     files = sorted(Path(args.scenarios).glob("*.yaml"))
     if not files:
         sys.stderr.write(f"no scenario files in {args.scenarios}\n")
@@ -318,6 +350,40 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(orjson.dumps(payload).decode() + "\n")
     else:
         sys.stdout.write(md)
+    return 0
+
+
+def main_suite(args: argparse.Namespace) -> int:
+    """``--suite``: every scenario of the suite under classic and default over ``--seeds`` seeds."""
+    if args.seeds < 1:
+        sys.stderr.write("--seeds must be at least 1\n")
+        return 2
+    files = suite_files(args.suite)
+    if args.only:
+        keep = {x.strip() for x in args.only.split(",") if x.strip()}
+        files = [f for f in files if f.stem in keep]
+    if not files:
+        sys.stderr.write(f"no scenario files in suite {args.suite!r}\n")
+        return 2
+    policies = [("classic", "baseline:classic"), ("default", str(DEFAULT_POLICY))]
+    if args.ablation:
+        policies += [(f"no-{section}", f"ablate:{section}") for section in LEVER_OFF]
+    try:
+        jobs = suite_jobs(files, args.seeds, policies)
+    except ScenarioError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    rows = run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
+    md = suite_markdown(args.suite, rows, args.seeds)
+    if args.ablation:
+        md += "\n" + suite_ablation_markdown(rows, LEVER_OFF)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"sim-{args.suite}.md").write_text(md)
+    checks, met = suite_targets(rows)
+    payload = {"suite": args.suite, "seeds": args.seeds, "rows": rows, "checks": checks, "targets_met": met}
+    (out / f"sim-{args.suite}.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.write(orjson.dumps(payload).decode() + "\n" if args.json else md)
     return 0
 
 

@@ -209,6 +209,7 @@ def decide(
             pool_id=pool_id,
             rng=np.random.default_rng(seed),
             breakers=breakers,
+            slo=policy.slo,
         )
         result = sec.algorithm.decide(snap, sec.params, algo_state, ctx)
         new_states[key] = result.state
