@@ -74,13 +74,13 @@ window. Classes at or below ``protect_priority`` are never shed on outstanding w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 from pydantic import Field, model_validator
 
-from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.batching.tbt_feedback import pool_tbt_ms
 from fleetloop.policies.registry import register
+from fleetloop.policies.retry_budget.ratio import lost_calls
 from fleetloop.policies.slo import Slo
 from fleetloop.schemas.decisions import AdmissionDecision
 
@@ -121,12 +121,6 @@ def pressure(slo: Slo, ttft_p99_ms: float | None, tbt_ms: float | None) -> float
 
 def failure_frac(requests_w: int, failures_w: int) -> float:
     return failures_w / requests_w if requests_w > 0 else 0.0
-
-
-def lost_calls(nodes: Iterable[NodeView]) -> int:
-    """Calls that failed on nodes no longer serving (crashed: stale; reclaimed or restarting: not
-    warm): a correlated loss of the node, not of the load."""
-    return sum(n.failures_w for n in nodes if n.stale or n.weights_state != "warm")
 
 
 def next_level(

@@ -43,6 +43,14 @@ either probes; else, for ``slow_start_ms`` after a node came back from half-open
 half-open node exactly ``probe_frac`` of the pool's traffic: that is the routing-weight ramp);
 else ``closed``.
 
+Pool-wide failures: an error ejection (consecutive failures) is published as detected, not
+enforced (reason ``...:pool-wide``) while the median failure share of the pool's serving nodes is
+at least half the node's own (``POOL_WIDE_SHARE`` 0.5, the same "half the pool" reading as the
+panic threshold): when every node times out together (a slowdown shared by the pool, or overload)
+the failures are not the node's, and ejecting it piles its calls onto nodes failing the same way.
+A node failing alone (a black hole, a broken GPU) sits far above a median near zero and is ejected
+as before. The engine adds a capacity check on top (no ejection whose work the rest cannot carry).
+
 Caps: a new latency ejection is enforced only while the pool's open nodes stay within
 ``floor(max_ejected_frac x nodes)`` (most severe first, severity = the node's largest ratio to its
 pool median); beyond it the breaker is "detected", not enforced. Panic threshold: when fewer than
@@ -101,7 +109,7 @@ latency machine holds its state; error ejection goes on.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -113,6 +121,7 @@ from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BreakerDecision, BreakerStateName
 
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
+POOL_WIDE_SHARE = 0.5  # the median node failing at >= half this node's rate: the failure is the pool's
 TBT_SIGNALS: tuple[str, ...] = ("tbt_p50_ms", "tbt_p99_ms")
 TTFT_SIGNALS: tuple[str, ...] = ("ttft_mean_ms_w", "ttft_p99_ms")
 SIGNALS: tuple[str, ...] = (*TBT_SIGNALS, *TTFT_SIGNALS)
@@ -296,6 +305,26 @@ def judge(
     return Verdict(tbt, ttft, severity)
 
 
+def failure_share(n: NodeView) -> float:
+    return n.failures_w / n.requests_w if n.requests_w > 0 else 0.0
+
+
+def pool_failure_frac(pool: Sequence[NodeView]) -> float:
+    """The median failure share over the pool's serving nodes that took calls in the window."""
+    xs = sorted(failure_share(n) for n in pool if serving(n) and n.requests_w > 0)
+    return median_sorted(xs) if xs else 0.0
+
+
+def failing_with_pool(n: NodeView, pool_failing: float) -> bool:
+    """The node's failures are the pool's: the median serving node fails at least half as often.
+
+    A node that fails alone (a black hole, a bad GPU) sits far above a median near zero; when the
+    whole pool times out together (every node slowed, or overloaded), the median node fails about
+    as often as this one, and ejecting it would only move its calls onto nodes failing the same way.
+    """
+    return serving(n) and n.requests_w > 0 and pool_failing >= POOL_WIDE_SHARE * failure_share(n) > 0
+
+
 def backoff_ms(params: LatencyOutlierParams, ejections: int) -> int:
     return int(min(params.base_ejection_ms * 2 ** max(0, ejections - 1), params.max_ejection_ms))
 
@@ -395,6 +424,7 @@ class LatencyOutlier:
         ]
         panic = bool(live) and len(healthy) < params.panic_threshold * len(live)
         share = 1.0 / max(1, len(live))
+        pool_failing = pool_failure_frac(pool)
 
         decisions: list[BreakerDecision] = []
         new_nodes: dict[str, NodeState] = {}
@@ -407,6 +437,7 @@ class LatencyOutlier:
                 self._decision(
                     n, ns, verdicts[n.node_id], reasons[n.node_id], params,
                     now=now, share=share, over_cap=n.node_id in over_cap, panic=panic, pool_id=ctx.pool_id,
+                    shared=failing_with_pool(n, pool_failing),
                 )
             )  # fmt: skip
         diagnostics = {
@@ -414,6 +445,7 @@ class LatencyOutlier:
             "error_open": float(sum(1 for ns in new_nodes.values() if ns.err.state == "open")),
             "outliers": float(sum(1 for v in verdicts.values() if v.outlier)),
             "panic": float(panic),
+            "pool_failure_frac": r6(pool_failing),
         }
         # Nodes of other pools keep their state (the engine keys state by pool, so there are none).
         return PolicyResult(
@@ -433,6 +465,7 @@ class LatencyOutlier:
         over_cap: bool,
         panic: bool,
         pool_id: str,
+        shared: bool = False,
     ) -> BreakerDecision:
         inputs = {
             "consecutive_failures": float(n.consecutive_failures),
@@ -455,13 +488,14 @@ class LatencyOutlier:
                 untils.append(ns.err.since_ms + backoff_ms(params, ns.err.ejections))
             if lat_open:
                 untils.append(ns.lat_since_ms + backoff_ms(params, ns.lat_ejections))
-            enforced = err_open or not panic
+            enforced = (err_open and not shared) or (lat_open and not panic)
+            why = "pool-wide" if err_open and shared else "panic"
             return BreakerDecision(
                 **base,
                 state="open",
                 until_ms=max(untils),
                 enforced=enforced,
-                reason=reason if enforced else f"{reason}:panic",
+                reason=reason if enforced else f"{reason}:{why}",
             )
         if over_cap:
             return BreakerDecision(**base, state="open", enforced=False, reason=reason)
