@@ -317,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only", default="", help="with --suite: comma-separated scenario file stems to keep (development)"
     )
+    ap.add_argument(
+        "--policies",
+        default="classic,default",
+        help="with --suite: which of classic,default to run (development; targets need both)",
+    )
     args = ap.parse_args(argv)
     if args.suite:
         return main_suite(args)
@@ -365,7 +370,17 @@ def main_suite(args: argparse.Namespace) -> int:
     if not files:
         sys.stderr.write(f"no scenario files in suite {args.suite!r}\n")
         return 2
-    policies = [("classic", "baseline:classic"), ("default", str(DEFAULT_POLICY))]
+    wanted = {x.strip() for x in args.policies.split(",") if x.strip()}
+    if not wanted <= {"classic", "default"}:
+        sys.stderr.write(
+            f"--policies: unknown {sorted(wanted - {'classic', 'default'})} (known: classic, default)\n"
+        )
+        return 2
+    policies = [
+        (label, spec)
+        for label, spec in (("classic", "baseline:classic"), ("default", str(DEFAULT_POLICY)))
+        if label in wanted
+    ]
     if args.ablation:
         policies += [(f"no-{section}", f"ablate:{section}") for section in LEVER_OFF]
     try:

@@ -2,8 +2,8 @@
 
 Formula, over the engine's window ``W`` (seconds)::
 
-    storm   = floor(min_retries_per_s * W + retry_ratio * requests_w) - retries_w
-    allowed = storm + shed_w + lost_w,  clamped at >= 0                 (when exempt_shed_and_lost)
+    storm   = max(0, floor(min_retries_per_s * W + retry_ratio * requests_w) - retries_w)
+    allowed = storm + shed_w + lost_w                    (shed_w + lost_w only when exempt_shed_and_lost)
 
 published per pool (and per tenant seen in the window, with the tenant's own counts; the pool's
 ``lost_w`` is shared out by the tenant's share of requests), so a router drops a retry once the
@@ -13,7 +13,7 @@ calls that failed on nodes that left service (stale: crashed; not warm: reclaime
 
 A retry budget exists to break one feedback loop: failures caused by load, whose retries add load
 (the storm). Two kinds of failed call are not in that loop, and the budget grants their retries on
-top of the storm budget, one each:
+top of the storm budget, one each (a storm that overspent its own budget does not eat them):
 
 - **a shed call** never ran: it cost no GPU time, and its retry is admitted or shed again by the
   same admission thresholds. Refusing it as well turns one shed first call into a lost task while
@@ -63,8 +63,8 @@ class RatioParams(Params):
 
 def allowed(params: RatioParams, window_s: float, requests: int, retries: int, granted: int = 0) -> int:
     """The window's budget; ``granted`` retries (of shed and lost calls) come on top of it."""
-    storm = math.floor(params.min_retries_per_s * window_s + params.retry_ratio * requests) - retries
-    return max(0, storm + (granted if params.exempt_shed_and_lost else 0))
+    storm = max(0, math.floor(params.min_retries_per_s * window_s + params.retry_ratio * requests) - retries)
+    return storm + (max(0, granted) if params.exempt_shed_and_lost else 0)
 
 
 def lost_calls(nodes: Iterable[NodeView]) -> int:
