@@ -324,7 +324,8 @@ def test_capacity_loss_never_costs_priority_zero(
     bodies = [d.body for d in result.decisions]
     for b in bodies:
         if isinstance(b, AdmissionDecision):
-            assert "0" not in b.new_task_max_outstanding and "0" not in b.max_outstanding
+            assert "0" not in b.new_task_max_outstanding
+            assert "0" not in b.max_outstanding
             assert b.max_queue_depth.get("0", 10**9) >= 2
             assert b.reason != "slo-near"  # the lost calls are not distress
         if isinstance(b, RetryBudgetDecision) and b.tenant_id is None:
