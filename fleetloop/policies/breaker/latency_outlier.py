@@ -58,9 +58,10 @@ pool median); beyond it the breaker is "detected", not enforced. Panic threshold
 the pool are all published as detected, not enforced: a pool-wide slowdown is overload, and
 ejecting would pile the load on fewer nodes. Error ejections are capped by the engine's envelope.
 
-Inputs: per node ``tbt_p50_ms``, ``tbt_p99_ms``, ``ttft_p99_ms`` (node telemetry over its last
-interval), ``ttft_mean_ms_w`` and ``consecutive_failures`` (router outcomes), ``node_timeouts_w``,
-``weights_state``, ``draining``, ``stale``; ``ctx.now_ms``.
+Inputs: the SLO (``ctx.slo``, for the floors); per node ``tbt_p50_ms``, ``tbt_p99_ms``,
+``ttft_p99_ms`` (node telemetry over its last interval), ``ttft_mean_ms_w``, ``consecutive_failures``,
+``requests_w`` and ``failures_w`` (router outcomes), ``node_timeouts_w``, ``weights_state``,
+``draining``, ``stale``; ``ctx.now_ms``.
 
 Parameters (defaults, bounds; the reasoning behind each):
 
@@ -70,9 +71,11 @@ Parameters (defaults, bounds; the reasoning behind each):
   scaled MADs (Leys et al. 2013, "Detecting outliers: do not use standard deviation around the
   mean, use absolute deviation around the median", which recommends 2.5-3) catch the bad ones
   without ejecting the busy ones; a 2x degradation goes unseen, by design.
-- ``tbt_floor_ms`` 10 (0-10 000), ``ttft_floor_ms`` 100 (0-600 000): a node must also be this much
-  slower in absolute terms; 10 ms of step time or 100 ms of first-token time is small against SLOs
-  of 50-100 ms TBT and 0.8-5 s TTFT, so ratios over tiny numbers (an idle llama-8b) do not trip.
+- ``tbt_floor_frac`` 0.1 and ``ttft_floor_frac`` 0.05 (0-1) of the pool's SLO (``spec.slo``, the
+  strictest class among the calls it served; no copy here): a node must also be this much slower
+  in absolute terms; a tenth of the TBT SLO (10 ms of 100) or a twentieth of the TTFT SLO (100 ms
+  of 2 s) is small against what a call may take, so ratios over tiny numbers (an idle llama-8b)
+  do not trip, and a pool held to a looser SLO tolerates proportionally more.
 - ``min_hosts`` 3 (2-1000): a median of fewer nodes says nothing about which one is odd.
 - ``memory_ms`` 20 000 (0-600 000), ``min_samples`` 2 (1-1000): a slow node reports a step time
   every few seconds; 20 s gathers a few, and has expired by the time a 30 s ejection ends, so a
@@ -118,6 +121,7 @@ from pydantic import Field, model_validator
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.breaker.consecutive_errors import ConsecutiveErrorsParams, NodeBreaker, step
 from fleetloop.policies.registry import register
+from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.decisions import BreakerDecision, BreakerStateName
 
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
@@ -130,8 +134,8 @@ SIGNALS: tuple[str, ...] = (*TBT_SIGNALS, *TTFT_SIGNALS)
 class LatencyOutlierParams(Params):
     ratio: float = Field(default=3.0, ge=1.5, le=100.0)
     k: float = Field(default=3.0, ge=0.0, le=20.0)
-    tbt_floor_ms: float = Field(default=10.0, ge=0.0, le=10_000.0)
-    ttft_floor_ms: float = Field(default=100.0, ge=0.0, le=600_000.0)
+    tbt_floor_frac: float = Field(default=0.1, ge=0.0, le=1.0)
+    ttft_floor_frac: float = Field(default=0.05, ge=0.0, le=1.0)
     min_hosts: int = Field(default=3, ge=2, le=1000)
     memory_ms: int = Field(default=20_000, ge=0, le=600_000)
     min_samples: int = Field(default=2, ge=1, le=1000)
@@ -273,7 +277,10 @@ def judge(
     agg: Mapping[str, float],
     refs: Mapping[str, tuple[float, float] | None],
     params: LatencyOutlierParams,
+    slo: Slo = DEFAULT_BOOK.default,
 ) -> Verdict:
+    tbt_floor = params.tbt_floor_frac * slo.tbt_ms
+    ttft_floor = params.ttft_floor_frac * slo.ttft_ms
     severity = 0.0
 
     def family(signals: tuple[str, ...], floor: float, values: Mapping[str, float] = agg) -> str:
@@ -292,14 +299,14 @@ def judge(
             status = "clear"
         return status
 
-    tbt = family(TBT_SIGNALS, params.tbt_floor_ms)
+    tbt = family(TBT_SIGNALS, tbt_floor)
     if tbt == "flagged":
         # A fresh step time that is fine clears the node at once: the remembered median outlives
         # the episode (a long prefill) that raised it.
         now_figures = {sig: v for sig in TBT_SIGNALS if (v := _value(node, sig)) is not None}
-        if now_figures and family(TBT_SIGNALS, params.tbt_floor_ms, now_figures) == "clear":
+        if now_figures and family(TBT_SIGNALS, tbt_floor, now_figures) == "clear":
             tbt = "clear"
-    ttft = family(TTFT_SIGNALS, params.ttft_floor_ms)
+    ttft = family(TTFT_SIGNALS, ttft_floor)
     if ttft == "nodata" and node.ttft_mean_ms_w is None and node.node_timeouts_w > 0:
         ttft = "flagged"  # calls went in, no first token came out, the node timed them out
     return Verdict(tbt, ttft, severity)
@@ -376,6 +383,7 @@ class LatencyOutlier:
             remembered[n.node_id] = ns = remember(ns, n, now, params)
             aggs[n.node_id] = aggregate(ns, params.min_samples) if serving(n) else {}
         refs = {s: reference([a[s] for a in aggs.values() if s in a], params.min_hosts) for s in SIGNALS}
+        slo = ctx.pool_slo(snap)
 
         stepped: dict[str, NodeState] = {}
         reasons: dict[str, str] = {}
@@ -387,7 +395,11 @@ class LatencyOutlier:
             # weights just loaded: slow start
             ramp = now if state.started and n.warm and not ns.was_warm else ns.ramp_from_ms
             ns = _with(ns, err=err, ramp_from_ms=ramp, was_warm=n.warm)
-            v = judge(n, aggs[n.node_id], refs, params) if serving(n) else Verdict("nodata", "nodata", 0.0)
+            v = (
+                judge(n, aggs[n.node_id], refs, params, slo)
+                if serving(n)
+                else Verdict("nodata", "nodata", 0.0)
+            )
             verdicts[n.node_id] = v
             ns, lat_reason, want = _latency_step(ns, v, now, params)
             if want:
