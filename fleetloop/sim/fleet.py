@@ -538,7 +538,7 @@ class FleetSim:
                 t = self.now + wait
                 if t >= task.deadline_t:
                     cause = "deadline"
-                elif not self.router.allow_retry(att.pool_id, task.tenant_id):
+                elif not self.router.allow_retry(att.pool_id, task.tenant_id, kind):
                     cause = "retry_budget"
                 else:
                     retry_at = t

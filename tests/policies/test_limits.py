@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pytest
 from fleetloop.daemon.decide.engine import EngineState, decide
 from fleetloop.policies.admission.slo_aware import SloAware, SloAwareParams
@@ -23,6 +24,7 @@ from fleetloop.policies.breaker.latency_outlier import LatencyOutlier, LatencyOu
 from fleetloop.policies.registry import builtin_policy, compile_policy, parse_document
 from fleetloop.policies.retry_budget.ratio import Ratio, RatioParams
 from fleetloop.schemas import AdmissionDecision, AutoscaleDecision, BreakerDecision, RetryBudgetDecision, Tick
+from fleetloop.sim.router import Router
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.policies.snapshots import NOW_MS, ctx, node, snapshot, tenant
@@ -334,3 +336,36 @@ def test_capacity_loss_never_costs_priority_zero(
             assert not (b.enforced and b.state == "open")
         if isinstance(b, AutoscaleDecision):
             assert b.desired_nodes >= b.current_nodes
+
+
+@pytest.mark.parametrize(
+    ("exempt", "failed_as", "allowed_after_spent"),
+    [
+        (("error", "shed"), "shed", True),  # a shed call's retry: not a storm retry
+        (("error", "shed"), "error", True),  # a call its node dropped: replaced, not duplicated
+        (("error", "shed"), "timeout", False),  # a timed-out call's retry: the storm, budgeted
+        ((), "shed", False),  # Finagle's plain budget counts every retry
+    ],
+)
+def test_router_lets_exempt_retries_through_a_spent_budget(
+    exempt: tuple[str, ...], failed_as: str, allowed_after_spent: bool
+) -> None:
+    r = Router({}, np.random.default_rng(0))
+    r.set_retry_budget(
+        RetryBudgetDecision(
+            entity="pool/p",
+            pool_id="p",
+            reason="r",
+            retry_ratio=0.2,
+            min_retries_per_s=0.0,
+            retries_allowed_now=1,
+            exempt_retries_of=exempt,  # type: ignore[arg-type]
+        )
+    )
+    assert r.allow_retry("p", "t", "timeout")  # spends the only one
+    assert r.allow_retry("p", "t", failed_as) is allowed_after_spent
+
+
+def test_ratio_publishes_the_exemptions_unless_turned_off() -> None:
+    assert _budget({"requests_w": 10}).exempt_retries_of == ("error", "shed")
+    assert _budget({"requests_w": 10}, exempt_shed_and_lost=False).exempt_retries_of == ()

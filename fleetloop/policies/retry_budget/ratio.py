@@ -23,6 +23,13 @@ top of the storm budget, one each (a storm that overspent its own budget does no
   retries are bounded by the calls that were in flight (they do not feed themselves: the node is
   gone, the retry goes elsewhere), and refusing them loses tasks that a surviving node can serve.
 
+Both are told apart where the retry happens: the decision lists ``exempt_retries_of = (error,
+shed)`` and the router lets such a retry through without spending the count (a mass failure's
+retries come within a backoff of the failure, before any window that counts them could reach a
+tick). The window's grant (``shed_w + lost_w``) keeps those retries, once counted in ``retries_w``,
+from shrinking the storm budget. An ``error`` here is a call its node dropped (connection refused,
+node lost); a slow call is a ``timeout`` and stays budgeted.
+
 The storm part is unchanged: timeouts and errors on serving nodes, and retries of retries, are
 still capped at ``retry_ratio`` of the traffic.
 
@@ -51,7 +58,7 @@ from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
 from fleetloop.policies.registry import register
-from fleetloop.schemas.decisions import RetryBudgetDecision
+from fleetloop.schemas.decisions import RetryBudgetDecision, RetryExempt
 
 
 class RatioParams(Params):
@@ -94,6 +101,7 @@ class Ratio:
             "shed_w": float(shed),
             "lost_w": float(lost),
         }
+        exempt: tuple[RetryExempt, ...] = ("error", "shed") if params.exempt_shed_and_lost else ()
         decisions = [
             RetryBudgetDecision(
                 entity=f"pool/{ctx.pool_id}",
@@ -101,6 +109,7 @@ class Ratio:
                 retry_ratio=params.retry_ratio,
                 min_retries_per_s=params.min_retries_per_s,
                 retries_allowed_now=allowed(params, window_s, requests, retries, shed + lost),
+                exempt_retries_of=exempt,
                 reason="budget"
                 if shed + lost == 0 or not params.exempt_shed_and_lost
                 else "budget+shed-lost",
@@ -123,6 +132,7 @@ class Ratio:
                         retries_allowed_now=allowed(
                             params, window_s, t.requests_w, t.retries_w, t.shed_w + lost_t
                         ),
+                        exempt_retries_of=exempt,
                         reason="tenant-budget",
                         inputs={
                             "requests_w": float(t.requests_w),
