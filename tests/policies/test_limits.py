@@ -158,14 +158,16 @@ def _budget(
     ("pool", "lost_on", "exempt", "expected"),
     [
         ({"requests_w": 1000, "retries_w": 400}, None, True, 0),  # a storm: spent
-        ({"requests_w": 1000, "retries_w": 400, "shed_w": 150}, None, True, 150),  # shed calls get theirs
-        ({"requests_w": 1000, "retries_w": 400, "shed_w": 150}, None, False, 0),  # Finagle's plain budget
-        ({"requests_w": 1000, "retries_w": 100}, "cold", True, 200 + 120),  # reclaimed: lost calls
-        ({"requests_w": 1000, "retries_w": 100}, "stale", True, 200 + 120),  # crashed: lost calls
-        ({"requests_w": 1000, "retries_w": 100}, "warm", True, 200),  # failing on a serving node: a storm
+        ({"requests_w": 1000, "retries_w": 100}, None, True, 200),  # 100 + 20% of 1000 - 100
+        # 150 of the 250 retries were of shed calls (uncounted by the router): 50 counted
+        ({"requests_w": 1000, "retries_w": 250, "shed_w": 150}, None, True, 200),
+        ({"requests_w": 1000, "retries_w": 250, "shed_w": 150}, None, False, 50),  # Finagle's plain budget
+        ({"requests_w": 1000, "retries_w": 250}, "cold", True, 170),  # 120 were retries of reclaimed calls
+        ({"requests_w": 1000, "retries_w": 250}, "stale", True, 170),  # ... of crashed-node calls
+        ({"requests_w": 1000, "retries_w": 250}, "warm", True, 50),  # failing on a serving node: a storm
     ],
 )
-def test_shed_and_lost_calls_get_their_retry_on_top_of_the_storm_budget(
+def test_retries_of_shed_and_lost_calls_do_not_spend_the_storm_budget(
     pool: Mapping[str, Any], lost_on: str | None, exempt: bool, expected: int
 ) -> None:
     views = [node("a"), node("b")]
@@ -183,14 +185,14 @@ def test_shed_and_lost_calls_get_their_retry_on_top_of_the_storm_budget(
     assert d.retries_allowed_now == expected
 
 
-def test_tenant_budgets_get_their_shed_calls_and_a_share_of_the_lost_ones() -> None:
+def test_tenant_budgets_leave_out_their_shed_calls_and_a_share_of_the_lost_ones() -> None:
     views = [node("a"), node("c", requests_w=100, failures_w=100, weights_state="cold")]
     snap = snapshot(
         views,
-        pool_fields={"p": {"requests_w": 1000, "retries_w": 0}},
+        pool_fields={"p": {"requests_w": 1000, "retries_w": 300}},
         tenants=[
             tenant("gold", 0, requests_w=250, retries_w=150),
-            tenant("free", 2, requests_w=750, shed_w=40),
+            tenant("free", 2, requests_w=750, retries_w=150, shed_w=40),
         ],
     )
     out = {
@@ -198,7 +200,8 @@ def test_tenant_budgets_get_their_shed_calls_and_a_share_of_the_lost_ones() -> N
         for d in Ratio().decide(snap, RatioParams(), None, ctx(snap)).decisions
         if isinstance(d, RetryBudgetDecision)
     }
-    assert out == {None: 100 + 200 + 100, "gold": 100 + 50 - 150 + 25, "free": 100 + 150 + 40 + 75}
+    # pool: 100 + 200 - (300 - 100); gold: 100 + 50 - (150 - 25); free: 100 + 150 - (150 - 40 - 75)
+    assert out == {None: 100, "gold": 25, "free": 215}
 
 
 # -- mass preemption: admission does not shed for calls lost with their node ------------------------
@@ -289,8 +292,8 @@ def test_capacity_loss_never_costs_priority_zero(
 ) -> None:
     """Some nodes vanish (crash: stale; preemption: cold), every call on them failed, the nodes
     left are healthy. Then: admission never limits priority 0's calls and never tightens for the
-    lost calls, every lost call gets its retry, no serving node is ejected, and the autoscaler
-    does not give capacity back."""
+    lost calls, every lost call's retry goes past the budget, no serving node is ejected, and the
+    autoscaler does not give capacity back."""
     serving = [node(f"s{i:02d}", requests_w=50, ok_w=50, kv_cache_used_frac=kv) for i in range(n_serving)]
     lost = [
         node(
@@ -330,8 +333,8 @@ def test_capacity_loss_never_costs_priority_zero(
             assert "0" not in b.max_outstanding
             assert b.max_queue_depth.get("0", 10**9) >= 2
             assert b.reason != "slo-near"  # the lost calls are not distress
-        if isinstance(b, RetryBudgetDecision) and b.tenant_id is None:
-            assert b.retries_allowed_now >= lost_failures * n_lost
+        if isinstance(b, RetryBudgetDecision):
+            assert "error" in b.exempt_retries_of  # every lost call's retry goes, uncounted
         if isinstance(b, BreakerDecision) and b.node_id.startswith("s"):
             assert not (b.enforced and b.state == "open")
         if isinstance(b, AutoscaleDecision):

@@ -2,8 +2,9 @@
 
 Formula, over the engine's window ``W`` (seconds)::
 
-    storm   = max(0, floor(min_retries_per_s * W + retry_ratio * requests_w) - retries_w)
-    allowed = storm + shed_w + lost_w                    (shed_w + lost_w only when exempt_shed_and_lost)
+    counted = max(0, retries_w - shed_w - lost_w)      (retries_w when exempt_shed_and_lost is off)
+    allowed = max(0, floor(min_retries_per_s * W + retry_ratio * requests_w) - counted)
+    exempt_retries_of = (error, shed)                   (empty when exempt_shed_and_lost is off)
 
 published per pool (and per tenant seen in the window, with the tenant's own counts; the pool's
 ``lost_w`` is shared out by the tenant's share of requests), so a router drops a retry once the
@@ -12,8 +13,7 @@ those with ``attempt > 0``, ``shed_w`` the calls our own admission turned away, 
 calls that failed on nodes that left service (stale: crashed; not warm: reclaimed and reloading).
 
 A retry budget exists to break one feedback loop: failures caused by load, whose retries add load
-(the storm). Two kinds of failed call are not in that loop, and the budget grants their retries on
-top of the storm budget, one each (a storm that overspent its own budget does not eat them):
+(the storm). Two kinds of failed call are not in that loop:
 
 - **a shed call** never ran: it cost no GPU time, and its retry is admitted or shed again by the
   same admission thresholds. Refusing it as well turns one shed first call into a lost task while
@@ -23,15 +23,12 @@ top of the storm budget, one each (a storm that overspent its own budget does no
   retries are bounded by the calls that were in flight (they do not feed themselves: the node is
   gone, the retry goes elsewhere), and refusing them loses tasks that a surviving node can serve.
 
-Both are told apart where the retry happens: the decision lists ``exempt_retries_of = (error,
+They are told apart where the retry happens: the decision lists ``exempt_retries_of = (error,
 shed)`` and the router lets such a retry through without spending the count (a mass failure's
 retries come within a backoff of the failure, before any window that counts them could reach a
-tick). The window's grant (``shed_w + lost_w``) keeps those retries, once counted in ``retries_w``,
-from shrinking the storm budget. An ``error`` here is a call its node dropped (connection refused,
-node lost); a slow call is a ``timeout`` and stays budgeted.
-
-The storm part is unchanged: timeouts and errors on serving nodes, and retries of retries, are
-still capped at ``retry_ratio`` of the traffic.
+tick). An ``error`` is a call its node dropped (connection refused, node lost); a slow call is a
+``timeout`` and stays budgeted. The window's own count leaves those exempt retries out (about one
+per shed or lost call), so they do not shrink the budget left for the others either.
 
 Inputs: the pool's and tenants' request, retry and shed counts over the window; the pool's nodes
 (``failures_w``, ``stale``, ``weights_state``). Parameters (defaults, bounds): ``retry_ratio`` 0.2
@@ -68,10 +65,11 @@ class RatioParams(Params):
     exempt_shed_and_lost: bool = True
 
 
-def allowed(params: RatioParams, window_s: float, requests: int, retries: int, granted: int = 0) -> int:
-    """The window's budget; ``granted`` retries (of shed and lost calls) come on top of it."""
-    storm = max(0, math.floor(params.min_retries_per_s * window_s + params.retry_ratio * requests) - retries)
-    return storm + (max(0, granted) if params.exempt_shed_and_lost else 0)
+def allowed(params: RatioParams, window_s: float, requests: int, retries: int, exempt: int = 0) -> int:
+    """The window's budget for retries the router counts; ``exempt`` estimates the retries of shed
+    and lost calls among ``retries`` (the router lets those through uncounted)."""
+    counted = max(0, retries - max(0, exempt)) if params.exempt_shed_and_lost else retries
+    return max(0, math.floor(params.min_retries_per_s * window_s + params.retry_ratio * requests) - counted)
 
 
 def lost_calls(nodes: Iterable[NodeView]) -> int:
