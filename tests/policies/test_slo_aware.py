@@ -82,6 +82,23 @@ def test_queue_limits_are_the_static_queue_depth_ones() -> None:
     assert queue_limits(P) == ({"0": 64, "1": 32, "2": 16}, {"0": 48, "1": 24, "2": 12})
 
 
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [
+        (16.0, ({"0": 64, "1": 32, "2": 16}, {"0": 48, "1": 24, "2": 12})),  # distress: the static ones
+        (1.0, ({"0": 64, "1": 32, "2": 16}, {"0": 48, "1": 24, "2": 12})),  # never below them
+        (32.0, ({"0": 128, "1": 64, "2": 32}, {"0": 96, "1": 48, "2": 24})),
+        (256.0, ({"0": 1024, "1": 512, "2": 256}, {"0": 768, "1": 384, "2": 192})),  # calls succeed: 16x
+    ],
+)
+def test_queue_limits_open_with_the_level(
+    level: float, expected: tuple[dict[str, int], dict[str, int]]
+) -> None:
+    """A queue that drains before its calls time out costs latency, not tasks: the queue limits
+    are the static ones only under distress (issue 15, mass preemption)."""
+    assert queue_limits(P, level) == expected
+
+
 def _overloaded(failures: int, ttft_p99: float = 3000.0, ttft_p50: float = 900.0) -> Any:
     return snapshot(
         [node("a", tbt_p99_ms=50.0, queue_depth=1, running_requests=70), node("b", tbt_p99_ms=60.0)],
@@ -105,8 +122,9 @@ def test_decide_tightens_under_distress_and_publishes_everything() -> None:
     assert (d.entity, d.pool_id, d.reason) == ("pool/p", "p", "slo-near")
     assert d.new_task_max_outstanding == {"1": 358, "2": 179}
     assert d.max_outstanding == {}  # continuing calls are never shed on outstanding work
-    assert d.max_queue_depth == {"0": 64, "1": 32, "2": 16}
-    assert d.new_task_max_queue_depth == {"0": 48, "1": 24, "2": 12}
+    # Queue thresholds follow the level (issue 15): 179.2 / 16 = 11.2x the static ones.
+    assert d.max_queue_depth == {"0": 716, "1": 358, "2": 179}
+    assert d.new_task_max_queue_depth == {"0": 537, "1": 268, "2": 134}
     assert d.reject_if_budget_below_ms == 900
     assert res.state == 179.2
     assert d.inputs["slo_pressure"] == 2.0

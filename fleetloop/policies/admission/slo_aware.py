@@ -32,7 +32,7 @@ outstanding limit of the least important class, starting at ``max_level``::
 
     new_task_max_outstanding[p] = floor(L * class_spread ** (lowest - p))  for p > protect_priority
                                   (lowest = classes - 1; none for p <= protect_priority)
-    max_queue_depth[p]          = max(2, floor(queue_depth_p0 * 0.5 ** p))
+    max_queue_depth[p]          = max(2, floor(queue_depth_p0 * 0.5 ** p * L / min_level))
     new_task_max_queue_depth[p] = max(2, floor(max_queue_depth[p] * 0.75))
     reject_if_budget_below_ms   = floor(min(ttft_p50_w, reject_cap_ms))   (0 without data)
 
@@ -40,11 +40,14 @@ The failure gate is the KPI speaking: the fleet is paid per successful task, so 
 while calls still succeed does not justify losing a task; shedding starts when the miss turns into
 timeouts and errors (and retries, which add load), and the level climbs back as soon as calls
 succeed again, even if latency is still over the SLO (long prompts keep TTFT p99 high without any
-shedding curing it). The queue thresholds are the static
-``queue-depth`` ones: they act once a node is full, and the engine floors them for protected
-classes. The budget rule rejects a call whose remaining budget (the smaller of its client timeout
-and its task's deadline) is below the pool's median TTFT: it is more likely than not to fail anyway,
-and rejecting it at once spends no GPU time on it.
+shedding curing it). The queue thresholds follow the same gate: at ``min_level`` (distress) they
+are the static ``queue-depth`` ones, which act once a node is full, and they open in proportion to
+the level above it (16x at ``max_level``). A queue that drains before its calls time out costs
+latency, not tasks: after a capacity loss (half a pool reclaimed) the surviving nodes queue while
+every call still succeeds, and shedding new tasks there would lose them for nothing. The engine
+floors the thresholds for protected classes. The budget rule rejects a call whose remaining
+budget (the smaller of its client timeout and its task's deadline) is below the pool's median
+TTFT: it is more likely than not to fail anyway, and rejecting it at once spends no GPU time on it.
 
 Inputs: the pool's TTFT p50 and p99, request, failure and shed counts over the window; its nodes'
 newest TBT p99 (warm, fresh, not ejected by ``ctx.breakers``) and router-observed failures; the
@@ -148,11 +151,14 @@ def new_task_limits(params: SloAwareParams, level: float) -> dict[str, int]:
     }
 
 
-def queue_limits(params: SloAwareParams) -> tuple[dict[str, int], dict[str, int]]:
+def queue_limits(params: SloAwareParams, level: float | None = None) -> tuple[dict[str, int], dict[str, int]]:
+    """The queue-depth limits: the static ``queue-depth`` ones at ``min_level`` (distress), opened
+    in proportion to the level above it (``level / min_level``; the static ones without a level)."""
+    scale = 1.0 if level is None else max(1.0, level / params.min_level)
     running: dict[str, int] = {}
     new_task: dict[str, int] = {}
     for p in range(params.classes):
-        depth = max(MIN_QUEUE_DEPTH, math.floor(params.queue_depth_p0 * 0.5**p))
+        depth = max(MIN_QUEUE_DEPTH, math.floor(params.queue_depth_p0 * 0.5**p * scale + 1e-9))
         running[str(p)] = depth
         new_task[str(p)] = max(MIN_QUEUE_DEPTH, math.floor(depth * 0.75))
     return running, new_task
@@ -185,7 +191,7 @@ class SloAware:
         new_level, reason = next_level(params, level, x, failing)
         new_level = r6(new_level)
         new_task_outstanding = new_task_limits(params, new_level)
-        depth, new_task_depth = queue_limits(params)
+        depth, new_task_depth = queue_limits(params, new_level)
         reject_ms = math.floor(min(ttft_p50, params.reject_cap_ms)) if ttft_p50 is not None else 0
         inputs = {
             "level": new_level,
