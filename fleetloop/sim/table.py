@@ -318,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         "--only", default="", help="with --suite: comma-separated scenario file stems to keep (development)"
     )
     ap.add_argument(
+        "--levers",
+        default=",".join(LEVER_OFF),
+        help="with --suite --ablation: which levers to turn off one at a time (default: all six)",
+    )
+    ap.add_argument(
         "--policies",
         default="classic,default",
         help="with --suite: which of classic,default to run (development; targets need both)",
@@ -381,8 +386,14 @@ def main_suite(args: argparse.Namespace) -> int:
         for label, spec in (("classic", "baseline:classic"), ("default", str(DEFAULT_POLICY)))
         if label in wanted
     ]
+    levers = [x.strip() for x in args.levers.split(",") if x.strip()]
+    if not set(levers) <= set(LEVER_OFF):
+        sys.stderr.write(
+            f"--levers: unknown {sorted(set(levers) - set(LEVER_OFF))} (known: {', '.join(LEVER_OFF)})\n"
+        )
+        return 2
     if args.ablation:
-        policies += [(f"no-{section}", f"ablate:{section}") for section in LEVER_OFF]
+        policies += [(f"no-{section}", f"ablate:{section}") for section in levers]
     try:
         jobs = suite_jobs(files, args.seeds, policies)
     except ScenarioError as exc:
@@ -391,7 +402,7 @@ def main_suite(args: argparse.Namespace) -> int:
     rows = run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
     md = suite_markdown(args.suite, rows, args.seeds)
     if args.ablation:
-        md += "\n" + suite_ablation_markdown(rows, LEVER_OFF)
+        md += "\n" + suite_ablation_markdown(rows, levers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"sim-{args.suite}.md").write_text(md)

@@ -89,6 +89,8 @@ def _doc(section: str, params: dict[str, object]) -> dict[str, object]:
         ("admission", {"ttft_slo_ms": 1500}),
         ("batching", {"tbt_slo_ms": 80}),
         ("autoscale", {"ttft_ms": 2000}),
+        ("autoscale", {"tbt_ms": 100}),
+        ("breaker", {"tbt_floor_ms": 10}),
     ],
 )
 def test_no_algorithm_carries_its_own_slo(section: str, params: dict[str, object]) -> None:
