@@ -31,8 +31,7 @@ outstanding limit of the least important class, starting at ``max_level``::
     otherwise:                           L unchanged                        reason hold
 
     new_task_max_outstanding[p] = floor(L * class_spread ** (lowest - p))  for p > protect_priority
-                                  (lowest = classes - 1; none for p <= protect_priority,
-                                  none for any class while L = max_level)
+                                  (lowest = classes - 1; none for p <= protect_priority)
     max_queue_depth[p]          = max(2, floor(queue_depth_p0 * 0.5 ** p * L / min_level))
     new_task_max_queue_depth[p] = max(2, floor(max_queue_depth[p] * 0.75))
     reject_if_budget_below_ms   = floor(min(ttft_p50_w, reject_cap_ms))   (0 without data)
@@ -41,9 +40,7 @@ The failure gate is the KPI speaking: the fleet is paid per successful task, so 
 while calls still succeed does not justify losing a task; shedding starts when the miss turns into
 timeouts and errors (and retries, which add load), and the level climbs back as soon as calls
 succeed again, even if latency is still over the SLO (long prompts keep TTFT p99 high without any
-shedding curing it). At ``max_level`` (no distress since the level climbed back) no outstanding
-limit is published at all: a node past 256 outstanding only queues, and a queue that drains in
-time loses nothing. The queue thresholds follow the same gate: at ``min_level`` (distress) they
+shedding curing it). The queue thresholds follow the same gate: at ``min_level`` (distress) they
 are the static ``queue-depth`` ones, which act once a node is full, and they open in proportion to
 the level above it (16x at ``max_level``). A queue that drains before its calls time out costs
 latency, not tasks: after a capacity loss (half a pool reclaimed) the surviving nodes queue while
@@ -145,10 +142,7 @@ def next_level(
 
 
 def new_task_limits(params: SloAwareParams, level: float) -> dict[str, int]:
-    """``new_task_max_outstanding`` for the classes above ``protect_priority``; none at all while
-    the level rests at ``max_level`` (no distress seen since it climbed back: nothing to shed for)."""
-    if level >= params.max_level:
-        return {}
+    """``new_task_max_outstanding`` for the classes above ``protect_priority``."""
     lowest = params.classes - 1
     return {
         str(p): max(1, math.floor(level * params.class_spread ** (lowest - p) + 1e-9))
