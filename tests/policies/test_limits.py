@@ -23,8 +23,16 @@ from fleetloop.policies.base import FleetSnapshot, NodeView
 from fleetloop.policies.breaker.latency_outlier import LatencyOutlier, LatencyOutlierParams
 from fleetloop.policies.registry import builtin_policy, compile_policy, parse_document
 from fleetloop.policies.retry_budget.ratio import Ratio, RatioParams
-from fleetloop.schemas import AdmissionDecision, AutoscaleDecision, BreakerDecision, RetryBudgetDecision, Tick
-from fleetloop.sim.router import Router
+from fleetloop.router import Endpoint, Router
+from fleetloop.schemas import (
+    AdmissionDecision,
+    AutoscaleDecision,
+    BreakerDecision,
+    Decision,
+    PolicyStamp,
+    RetryBudgetDecision,
+    Tick,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.policies.snapshots import NOW_MS, ctx, node, snapshot, tenant
@@ -353,18 +361,18 @@ def test_capacity_loss_never_costs_priority_zero(
 def test_router_lets_exempt_retries_through_a_spent_budget(
     exempt: tuple[str, ...], failed_as: str, allowed_after_spent: bool
 ) -> None:
-    r = Router({}, np.random.default_rng(0))
-    r.set_retry_budget(
-        RetryBudgetDecision(
-            entity="pool/p",
-            pool_id="p",
-            reason="r",
-            retry_ratio=0.2,
-            min_retries_per_s=0.0,
-            retries_allowed_now=1,
-            exempt_retries_of=exempt,  # type: ignore[arg-type]
-        )
+    r: Router[Endpoint] = Router({}, np.random.default_rng(0), members={}, nodes={})
+    body = RetryBudgetDecision(
+        entity="pool/p",
+        pool_id="p",
+        reason="r",
+        retry_ratio=0.2,
+        min_retries_per_s=0.0,
+        retries_allowed_now=1,
+        exempt_retries_of=exempt,  # type: ignore[arg-type]
     )
+    stamp = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
+    r.apply([Decision(ts_ms=NOW_MS, tick_id=1, policy=stamp, body=body)], now_s=0.0)
     assert r.allow_retry("p", "t", "timeout")  # spends the only one
     assert r.allow_retry("p", "t", failed_as) is allowed_after_spent
 
