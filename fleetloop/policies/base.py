@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from fleetloop.policies.slo import DEFAULT_BOOK, Slo, SloBook
 from fleetloop.schemas.decisions import BreakerDecision, DecisionBody
 
 S = TypeVar("S")
@@ -102,6 +103,8 @@ class PoolView:
     ttft_p99_ms_w: float | None
     prompt_tokens_rate_per_s: float
     output_tokens_rate_per_s: float
+    # Calls routed to this pool over the window, by priority class (classes with calls only).
+    requests_by_priority_w: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +169,17 @@ class PolicyContext:
     rng: np.random.Generator
     # Breaker decisions already taken this tick (the engine runs the breaker first), by node id.
     breakers: Mapping[str, BreakerDecision] = field(default_factory=dict)
+    # The policy's SLO classes (``spec.slo``): the only source of latency objectives.
+    slo: SloBook = DEFAULT_BOOK
+
+    def pool_slo(self, snap: FleetSnapshot, pool_id: str | None = None) -> Slo:
+        """The SLO ``pool_id`` (this tick's pool by default) is judged by: the strictest among the
+        classes of the calls it served in the window (:meth:`SloBook.served`)."""
+        pid = self.pool_id if pool_id is None else pool_id
+        pool = snap.pools.get(pid)
+        if pool is None:
+            return self.slo.served({}, pool=pid)
+        return self.slo.served(pool.requests_by_priority_w, model=pool.model, pool=pid)
 
 
 @dataclass(frozen=True, slots=True)

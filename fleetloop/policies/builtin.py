@@ -2,7 +2,7 @@
 file plus one line here plus its decision-table test."""
 
 from fleetloop.policies.admission import max_pending, queue_depth, slo_aware  # noqa: F401
-from fleetloop.policies.autoscale import fixed, hpa, predictive  # noqa: F401 - registers slo-predictive
+from fleetloop.policies.autoscale import fixed, hpa, keda_engine, predictive  # noqa: F401 - registers slo-predictive
 from fleetloop.policies.batching import static, tbt_feedback  # noqa: F401
 from fleetloop.policies.breaker import consecutive_errors, envoy_outlier, latency_outlier, never  # noqa: F401
 from fleetloop.policies.retry_budget import ratio, unlimited
@@ -13,6 +13,7 @@ __all__ = [
     "envoy_outlier",
     "fixed",
     "hpa",
+    "keda_engine",
     "least_queue",
     "least_request",
     "max_pending",

@@ -4,7 +4,10 @@ Algorithms propose; the engine disposes. Whatever an algorithm returns, the engi
 
 - treats a node whose telemetry is older than ``stale_after_ms`` as saturated: weight 0;
 - never ejects more than ``max_ejected_frac`` of a pool (breakers beyond it are "detected", not
-  "enforced", and the node keeps its traffic), ejecting the worst offenders first;
+  "enforced", and the node keeps its traffic), ejecting the worst offenders first, and never an
+  ejection whose useful work the nodes left serving have no spare capacity for (a pool-wide
+  slowdown: ejecting would pile the same load on fewer, equally slow nodes); see
+  ``fleetloop.daemon.decide.engine._cap_ejections`` for the capacity estimate;
 - fails open: when every node of a pool would get weight 0, it spreads traffic evenly over the
   pool's non-draining nodes instead (panic threshold; routers never eject every node);
 - limits an autoscale target to ``max_scale_step`` nodes away from the current count per tick

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from fleetloop.policies.base import Algorithm, Params
+from fleetloop.policies.slo import DEFAULT_BOOK, SloBook
 from fleetloop.schemas.decisions import PolicyStamp
 from fleetloop.schemas.errors import one_line
 from fleetloop.schemas.policy import SECTIONS, Mode, PolicyDocument
@@ -65,6 +66,7 @@ class CompiledPolicy:
     document: PolicyDocument
     stamp: PolicyStamp
     sections: dict[str, Section]
+    slo: SloBook = DEFAULT_BOOK  # spec.slo, compiled once
 
     @property
     def tick_ms(self) -> int:
@@ -102,7 +104,9 @@ def compile_policy(document: PolicyDocument) -> CompiledPolicy:
         hash=document_hash(document),
         mode=document.spec.mode,
     )
-    return CompiledPolicy(document=document, stamp=stamp, sections=sections)
+    return CompiledPolicy(
+        document=document, stamp=stamp, sections=sections, slo=SloBook.from_spec(document.spec.slo)
+    )
 
 
 def parse_document(data: Any, source: str = "<document>") -> PolicyDocument:
@@ -134,7 +138,8 @@ BUILTIN_DIR = Path(__file__).parent
 
 
 def builtin_policy(name: str = "default") -> CompiledPolicy:
-    """A policy document shipped with fleetloop: ``default`` or a baseline (``none``, ``classic``)."""
+    """A policy document shipped with fleetloop: ``default`` or a baseline (``none``, ``classic``,
+    ``modern``)."""
     path = BUILTIN_DIR / f"{name}.yaml"
     if not path.exists():
         path = BUILTIN_DIR / "baselines" / f"{name}.yaml"

@@ -35,7 +35,8 @@ decision that leaves no eligible node, it falls back the same way but skips node
 open breaker, unless that is every node: a router never ejects every node.
 Retries (:meth:`Router.allow_retry`): a retry is let through while this router's retries since the
 newest retry-budget decision are below ``retries_allowed_now`` (the tenant's decision first, then
-the pool's).
+the pool's); the retry of an attempt whose outcome the decision lists in ``exempt_retries_of``
+(``shed``, ``error``) goes without spending it.
 
 Cost: steps 2-3 are derived once per (pool, priority) and cached until the desired state or the
 fleet changes (:meth:`Router.fleet_changed`, which the embedder calls when a node joins, leaves or
@@ -198,14 +199,18 @@ class Router(Generic[N]):
     def finished(self, node_id: str) -> None:
         self.outstanding[node_id] = self.outstanding.get(node_id, 1) - 1
 
-    def allow_retry(self, pool_id: str, tenant_id: str) -> bool:
-        """Spend one retry of the budget if one is left; True when the retry may go out."""
+    def allow_retry(self, pool_id: str, tenant_id: str, failed_as: str = "timeout") -> bool:
+        """Spend one retry of the budget if one is left; True when the retry may go out. The retry
+        of an attempt that ended as an outcome the budget exempts (``exempt_retries_of``) goes
+        without spending it."""
         st = self.state.pools.get(pool_id)
         if st is None:
             return True
         key = tenant_id if tenant_id in st.budgets else ""
         d = st.budgets.get(key)
         if d is None:
+            return True
+        if failed_as in d.exempt_retries_of:
             return True
         used_by = self._pool(pool_id).budget_used
         used = used_by.get(key, 0)

@@ -85,9 +85,17 @@ class AdmissionDecision(_Body):
     )
 
 
+RetryExempt = Literal["shed", "error"]
+
+
 class RetryBudgetDecision(_Body):
     """Retries allowed for a pool (and tenant, when set): at most ``retry_ratio`` x requests over
-    the window, plus ``min_retries_per_s`` so a quiet pool can still retry (Finagle RetryBudget)."""
+    the window, plus ``min_retries_per_s`` so a quiet pool can still retry (Finagle RetryBudget).
+
+    ``exempt_retries_of`` names failed-attempt outcomes whose retry the router lets through without
+    spending the budget: ``shed`` (the call never ran) and ``error`` (its node dropped it: a crash, a
+    preemption). Their original is gone, so the retry replaces work instead of adding a copy; the
+    budget keeps bounding retries of timed-out calls, the retry storm. Empty: every retry counts."""
 
     kind: Literal["retry_budget"] = "retry_budget"
     pool_id: Ident
@@ -95,6 +103,7 @@ class RetryBudgetDecision(_Body):
     retry_ratio: Fraction
     min_retries_per_s: NonNegFloat
     retries_allowed_now: NonNegInt
+    exempt_retries_of: tuple[RetryExempt, ...] = Field(default=(), max_length=2)
 
 
 class AutoscaleDecision(_Body):

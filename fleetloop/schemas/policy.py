@@ -7,9 +7,9 @@ unknown algorithm or a bad parameter is refused before the document can take eff
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fleetloop.schemas.base import Wire
 
@@ -25,6 +25,50 @@ class AlgorithmRef(Wire):
     mode: Mode | None = None  # per-section override of spec.mode
 
 
+class SloTarget(Wire):
+    """A latency objective: time to first token (a tail: p99) and time between tokens."""
+
+    ttft_ms: float = Field(ge=50.0, le=600_000.0, description="time to first token, p99, ms")
+    tbt_ms: float = Field(ge=5.0, le=60_000.0, description="time between output tokens, p99, ms")
+
+
+class SloClass(SloTarget):
+    """The SLO of one priority class, optionally only on one model's or one pool's calls."""
+
+    priority: int = Field(ge=0, le=9)
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    pool: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class SloSpec(Wire):
+    """``spec.slo``: the one place SLOs are written. Every algorithm that judges latency reads it
+    through the engine (``PolicyContext.slo``); none carries its own copy.
+
+    A call of priority ``p`` on pool ``P`` serving model ``M`` is held to the most specific class
+    that matches: pool and priority, then model and priority, then priority alone, then
+    ``default``."""
+
+    default: SloTarget = SloTarget(ttft_ms=2000.0, tbt_ms=100.0)
+    classes: tuple[SloClass, ...] = Field(default=(), max_length=1000)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Self:
+        seen: set[tuple[int, str | None, str | None]] = set()
+        for c in self.classes:
+            if c.model is not None and c.pool is not None:
+                raise ValueError(f"classes[priority={c.priority}]: give a model or a pool, not both")
+            key = (c.priority, c.model, c.pool)
+            if key in seen:
+                raise ValueError(
+                    f"classes: priority {c.priority}"
+                    + (f" model {c.model}" if c.model else "")
+                    + (f" pool {c.pool}" if c.pool else "")
+                    + " given twice"
+                )
+            seen.add(key)
+        return self
+
+
 class PolicySpec(Wire):
     mode: Mode = "enforce"
     tick_ms: int = Field(default=1000, ge=100, le=600_000)
@@ -34,6 +78,7 @@ class PolicySpec(Wire):
     retry_budget: AlgorithmRef
     autoscale: AlgorithmRef
     batching: AlgorithmRef = AlgorithmRef(type="static-batching")
+    slo: SloSpec = SloSpec()
     envelope: dict[str, Any] = Field(default_factory=dict)
 
 

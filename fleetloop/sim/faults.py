@@ -8,7 +8,7 @@
   once), billing stops, telemetry stops. The router keeps sending to a dead node until the control
   plane zeroes it (stale telemetry), and those calls fail at once.
 - ``preempt``: the host is reclaimed mid-decode: in-flight work is lost and the node comes back cold
-  (it reloads its weights over the pool's ``cold_start_s``, billed throughout).
+  (it reloads its weights over a fresh cold start, billed throughout).
 - ``load_spike``: task arrivals of every workload (or of one ``tenant``) run ``factor`` times faster
   for ``duration_s``.
 

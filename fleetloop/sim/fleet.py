@@ -19,8 +19,8 @@ priority and then an insertion counter, so the order is total and deterministic)
 records produced in ``(previous t, t_ms]``: telemetry every 1000 ms for every provisioned node
 (cold and loading ones too) and one RequestOutcome per call attempt, each list in ``ts_ms`` order.
 Randomness comes from one ``numpy.random.SeedSequence(seed)``, spawned into one stream per
-component (arrivals and call sizes per workload, backoff jitter, router picks, fault targets), so a
-change in one component's draws does not shift another's. No wall clock is read here.
+component (arrivals and call sizes per workload, backoff jitter, router picks, fault targets, cold
+starts), so a change in one component's draws does not shift another's. No wall clock is read here.
 """
 
 from __future__ import annotations
@@ -122,11 +122,12 @@ class FleetSim:
         self._rng_router = np.random.default_rng(streams[0])
         self._rng_backoff = np.random.default_rng(streams[1])
         self._rng_faults = np.random.default_rng(streams[2])
+        self._rng_boot = np.random.default_rng(streams[3])  # cold-start draws
         self._rng_arrivals = [np.random.default_rng(streams[4 + i]) for i in range(n_w)]
         self._rng_tasks = [np.random.default_rng(streams[4 + n_w + i]) for i in range(n_w)]
         self.pools: dict[str, Pool] = {p.id: p for p in scenario.pools}
         self.specs: dict[str, NodeSpec] = {
-            p.id: node_spec(p.model, p.gpu, p.gpus_per_node) for p in scenario.pools
+            p.id: node_spec(p.model, p.gpu, p.gpus_per_node, p.precision) for p in scenario.pools
         }
         pools_by_model: dict[str, tuple[str, ...]] = {}
         for p in sorted(scenario.pools, key=lambda p: p.id):
@@ -226,10 +227,10 @@ class FleetSim:
 
     def _boot(self, node: Node) -> None:
         node.boot += 1
-        cold = self.pools[node.pool_id].cold_start_s
+        to_loading, to_warm = self.pools[node.pool_id].boot_times(self._rng_boot)
         node.weights_state = "cold"
-        self._push(self.now + cold / 2.0, _P_NODE, self._weights, (node, node.boot, "loading"))
-        self._push(self.now + cold, _P_NODE, self._weights, (node, node.boot, "warm"))
+        self._push(self.now + to_loading, _P_NODE, self._weights, (node, node.boot, "loading"))
+        self._push(self.now + to_warm, _P_NODE, self._weights, (node, node.boot, "warm"))
 
     def _weights(self, node: Node, boot: int, state: str) -> None:
         if node.alive and node.boot == boot:
@@ -537,7 +538,7 @@ class FleetSim:
                 t = self.now + wait
                 if t >= task.deadline_t:
                     cause = "deadline"
-                elif not self.router.allow_retry(att.pool_id, task.tenant_id):
+                elif not self.router.allow_retry(att.pool_id, task.tenant_id, kind):
                     cause = "retry_budget"
                 else:
                     retry_at = t

@@ -1,25 +1,29 @@
 """A serving node: one model replica on one or more GPUs, with iteration-level continuous batching.
 
 Physics (per iteration, ``spec`` from :mod:`fleetloop.sim.catalog`; P params, L layers, d hidden,
-W weight bytes, kvb KV bytes per token, F achieved FLOP/s, BW achieved bytes/s, o per-step cost):
+W weight bytes, kvb KV bytes per token (both at the pool's precision), F achieved FLOP/s on large
+GEMMs, g(M) = M / (M + 64) the GEMM share a batch of M tokens gets, BW the weight-streaming and
+BWkv the paged-KV bandwidth, o(B, M, A) the iteration's fixed costs for B sequences, M tokens and A
+newly admitted requests: per step, per sequence, per request, and the tensor-parallel all-reduces
+of M tokens, :meth:`fleetloop.sim.catalog.NodeSpec.overhead_s`):
 
 - a **mixed iteration** (prefill chunks plus one token for each decoding request), capped at
   ``max_batch_tokens`` tokens, decode tokens first (vLLM's chunked-prefill scheduler)::
 
-      flops = 2 P (sum(chunk) + n_decode) + sum(2 L d (chunk x pos + chunk^2 / 2)) + 2 L d ctx_decode
-      bytes = W + kvb (ctx_decode + sum(pos + chunk))
-      t     = degrade x (max(flops / F, bytes / BW) + o)
+      flops = 2 P M / g(M) + 4 L d (sum(chunk x pos + chunk^2 / 2) + ctx_decode)
+      t     = degrade x (max(flops / F, W / BW + kvb (ctx_decode + sum(pos + chunk)) / BWkv) + o)
 
-  ``2 P`` FLOPs per token is the dense forward pass; the attention term is Kaplan et al. (2020),
-  "Scaling Laws for Neural Language Models", Table 1 (2 n_layer n_ctx d per token), with causal
-  masking averaging the context over the chunk;
+  ``2 P`` FLOPs per token is the dense forward pass; attention costs ``2 x 2 L d`` per query token
+  and context position (QK^T and AV, each a multiply-add over d), with causal masking averaging the
+  context over the chunk;
 - a **decode run** (no prefill pending): every step reads all weights and the batch's KV once, so
   step ``k`` of a run that starts with context ``C`` over ``B`` requests takes
-  ``degrade x (max((W + kvb (C + B k)) / BW, 2 P B / F) + o)``. Between events nothing changes but
-  the context, so a run of ``n`` steps is summed in closed form,
-  ``T(n) = degrade x (n (a + o) + b n (n - 1) / 2)`` with ``a`` the first step and ``b = kvb B / BW``,
-  and the node jumps to the next completion (or KV limit) in one event. An arrival, cancellation or
-  fault truncates the run at the step boundary after it (the quadratic is solved for the step).
+  ``degrade x (max(W / BW + kvb (C + B k) / BWkv, (2 P B / g(B) + 4 L d C) / F) + o)``. Between
+  events nothing changes but the context, so a run of ``n`` steps is summed in closed form,
+  ``T(n) = degrade x (n (a + o) + b n (n - 1) / 2)`` with ``a`` the first step and
+  ``b = kvb B / BWkv``, and the node jumps to the next completion (or KV limit) in one event. An
+  arrival, cancellation or fault truncates the run at the step boundary after it (the quadratic is
+  solved for the step).
 
 State: FCFS waiting queue; running requests up to ``MAX_NUM_SEQS``; KV capacity from HBM minus
 weights; a waiting request joins the batch when the iteration's token budget has room for its
@@ -27,9 +31,13 @@ first chunk and its prompt's KV fits (its cached prefix is shared), so ``queue_d
 not yet started, as in vLLM. When the
 growing KV would overflow, the newest decoding request is preempted (recompute: back to the head of
 the queue with prompt + generated tokens to prefill again), as vLLM does. Prefix cache: an LRU over
-prefix digests whose entries occupy free KV; a hit skips that prefill. Weights: cold -> loading ->
-warm over ``cold_start_s`` (half provisioning, half loading). Cost: the node's $/s for the
-iteration's time, split over the iteration's tokens; idle time is paid but not attributed.
+prefix digests whose entries occupy free KV; a hit skips that prefill. A request's prefix blocks
+are counted once: when the request that computed a prefix finishes its prefill, those blocks move
+from its own KV into the cache entry (shared from then on), and an entry that running requests
+use is pinned: eviction skips it until the last of them leaves. Weights: cold -> loading ->
+warm over a cold start the fleet draws (:func:`fleetloop.sim.catalog.sample_cold_start`). Cost:
+the node's $/s for the iteration's time, split over the iteration's tokens; idle time is paid but
+not attributed.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, MAX_NUM_SEQS, NodeSpec
+from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, MAX_NUM_SEQS, SEQ_OVERHEAD_S, NodeSpec
 
 HOT_PREFIXES = 16
 
@@ -138,6 +146,13 @@ class Node:
         self.listener = listener
         self._schedule = schedule
         self.max_batch_tokens = max_batch_tokens
+        self.max_num_seqs = MAX_NUM_SEQS  # the engine's cap on running requests
+        # Engine behaviour (vLLM by default): per-sequence CPU cost per iteration, and whether a
+        # request is admitted only when KV for its whole output is free too (TensorRT-LLM's
+        # GUARANTEED_NO_EVICT scheduler: no preemption) instead of optimistically (vLLM: preempt).
+        self.seq_overhead_s = SEQ_OVERHEAD_S
+        self.no_evict = False
+        self._sum_done_at = 0  # sum of done_at over decoding requests (outputs still to come)
         self.weights_state = "warm" if warm else "cold"
         self.alive = True
         self.draining = False
@@ -167,12 +182,13 @@ class Node:
         # constants of the physics
         m = spec.model
         self._two_p = 2.0 * m.params
-        self._attn = 2.0 * m.layers * m.hidden
-        self._w = m.weight_bytes
-        self._kvb = float(m.kv_bytes_per_token)
+        self._attn = spec.attn_flops_per_ctx
+        self._w = spec.weight_bytes
+        self._kvb = float(spec.kv_bytes_per_token)
         self._f = spec.flops
         self._bw = spec.bytes_per_s
-        self._o = spec.step_overhead_s
+        self._bw_kv = spec.kv_bytes_per_s
+        self._pins: dict[str, int] = {}  # prefix digest -> running requests that use its blocks
         self._usd_s = spec.usd_per_s
         self.capacity = spec.kv_capacity_tokens
 
@@ -273,11 +289,13 @@ class Node:
         self.queued_tokens = 0
         self.prefilling.clear()
         self.decoding.clear()
+        self._sum_done_at = 0
         self._done_heap.clear()
         self.ctx_decode = 0
         self.kv_used = 0
         self.cache.clear()
         self.cache_tokens = 0
+        self._pins.clear()
         self.run = None
         self.version += 1
         if keep_alive:
@@ -329,19 +347,19 @@ class Node:
             self._truncate(now)
 
     def _evict_cache(self, need: int, keep: str | None = None) -> None:
-        """Evict LRU prefixes until ``need`` more KV tokens fit (never ``keep``)."""
+        """Evict LRU prefixes until ``need`` more KV tokens fit (never ``keep``, never a pinned one)."""
         for digest in list(self.cache):
             if self.kv_used + self.cache_tokens + need <= self.capacity:
                 return
-            if digest == keep:
-                continue
+            if digest == keep or self._pins.get(digest, 0) > 0:
+                continue  # a prefix that running requests read is never evicted under them
             self.cache_tokens -= self.cache.pop(digest)
 
     def _admit(self, now: float) -> None:
         """Move waiting requests into the batch while this iteration's token budget has room for
         their first chunk (vLLM V1: decodes first, then waiting requests take what budget is left)."""
         budget = self.max_batch_tokens - len(self.decoding) - sum(r.prefill_left for r in self.prefilling)
-        while self.waiting and self.running < MAX_NUM_SEQS and budget > 0:
+        while self.waiting and self.running < self.max_num_seqs and budget > 0:
             r = self.waiting[0]
             cached = 0
             hit = False
@@ -352,6 +370,8 @@ class Node:
                     cached = min(entry, r.prefix_tokens, r.p_len - 1)
                     hit = cached > 0
             need = r.p_len - cached
+            if self.no_evict:  # reserve the whole output too, and what running requests will grow
+                need += r.out_left + self._reserved()
             if self.kv_used + self.cache_tokens + need > self.capacity:
                 self._evict_cache(need, keep=r.prefix_digest if hit else None)
             if self.kv_used + self.cache_tokens + need > self.capacity:
@@ -369,15 +389,22 @@ class Node:
             if hit and r.prefix_digest is not None:
                 self.stats.prefix_hits += 1
                 self.cache.move_to_end(r.prefix_digest)
+                self._pin(r.prefix_digest)
             r.cached = cached
             r.pos = cached
             r.prefill_left = r.p_len - cached
             r.state = "prefill"
             self._admit_seq += 1
             r.admitted_seq = self._admit_seq
-            self.kv_used += need
+            self.kv_used += r.p_len - cached
             self.prefilling.append(r)
             budget -= r.prefill_left
+
+    def _reserved(self) -> int:
+        """KV tokens running requests will still add (their outputs to come)."""
+        return (
+            self._sum_done_at - len(self.decoding) * self.counter + sum(r.out_left for r in self.prefilling)
+        )
 
     def _next_done(self) -> int | None:
         heap = self._done_heap
@@ -397,12 +424,14 @@ class Node:
         gen_since = self.counter - victim.join_counter
         victim.cost += self.acc - victim.join_acc
         del self.decoding[victim.rid]
+        self._sum_done_at -= victim.done_at
         ctx = victim.p_len + 1 + gen_since
         self.ctx_decode -= ctx
         self.kv_used -= ctx - victim.cached
         victim.generated += 1 + gen_since
         victim.out_left = victim.done_at - self.counter
         victim.p_len = ctx
+        self._unpin(victim)
         victim.cached = 0
         victim.state = "waiting"
         self.waiting.appendleft(victim)
@@ -438,9 +467,10 @@ class Node:
 
     def _start_mixed(self, now: float, n_dec: int, budget: int) -> None:
         chunks: list[tuple[Req, int]] = []
-        flops = self._two_p * n_dec + self._attn * self.ctx_decode
+        attn = self._attn * self.ctx_decode
         kv_read = float(self.ctx_decode)
         total = n_dec
+        admitted = 0
         for r in self.prefilling:
             if budget <= 0:
                 break
@@ -448,9 +478,15 @@ class Node:
             budget -= c
             chunks.append((r, c))
             total += c
-            flops += self._two_p * c + self._attn * (c * r.pos + c * c / 2.0)
+            if r.pos == r.cached:
+                admitted += 1  # its first chunk: the request enters the engine's batch now
+            attn += self._attn * (c * r.pos + c * c / 2.0)
             kv_read += r.pos + c
-        t = self.degrade * (max(flops / self._f, (self._w + self._kvb * kv_read) / self._bw) + self._o)
+        spec = self.spec
+        comp = (self._two_p * total / spec.gemm_share(total) + attn) / self._f
+        mem = self._w / self._bw + self._kvb * kv_read / self._bw_kv
+        o = spec.overhead_s(n_dec + len(chunks), total, admitted, self.seq_overhead_s)
+        t = self.degrade * (max(comp, mem) + o)
         self.run = _Run("mixed", now, now + t, batch=n_dec, chunks=chunks, tokens=total)
         self.version += 1
         self._schedule(now + t, self, self.version)
@@ -466,10 +502,17 @@ class Node:
             self._evict_cache(n_dec * steps)
             room = self.capacity - self.kv_used - self.cache_tokens
         steps = max(1, min(steps, room // n_dec))
-        mem = (self._w + self._kvb * self.ctx_decode) / self._bw
-        comp = (self._two_p * n_dec + self._attn * self.ctx_decode) / self._f
+        spec = self.spec
+        mem = self._w / self._bw + self._kvb * self.ctx_decode / self._bw_kv
+        comp = (self._two_p * n_dec / spec.gemm_share(n_dec) + self._attn * self.ctx_decode) / self._f
         run = _Run(
-            "decode", now, now, steps=steps, a=max(mem, comp), b=self._kvb * n_dec / self._bw, o=self._o
+            "decode",
+            now,
+            now,
+            steps=steps,
+            a=max(mem, comp),
+            b=self._kvb * n_dec / self._bw_kv,
+            o=spec.overhead_s(n_dec, n_dec, 0, self.seq_overhead_s),
         )
         run.degrade = self.degrade
         run.batch = n_dec
@@ -538,8 +581,8 @@ class Node:
             self.prefilling = [r for r in self.prefilling if id(r) not in ids]
         for r in finished_prefill:
             self.stats.output_tokens += 1
-            if r.prefix_digest is not None and r.prefix_tokens > 0 and r.generated == 0:
-                self._cache_insert(r.prefix_digest, min(r.prefix_tokens, r.p_len))
+            if r.prefix_digest is not None and r.prefix_tokens > 0 and r.generated == 0 and r.cached == 0:
+                self._cache_insert(r, min(r.prefix_tokens, r.p_len))
             r.out_left -= 1
             if r.cancelled:
                 self._remove_running(r, now)
@@ -550,6 +593,7 @@ class Node:
                 self.listener.on_first_token(r, now)
             if r.out_left <= 0:
                 self.kv_used -= r.p_len - r.cached
+                self._unpin(r)
                 r.generated += 1
                 r.state = "done"
                 self.stats.completed += 1
@@ -562,20 +606,37 @@ class Node:
             self.kv_used += 1
             self.ctx_decode += r.p_len + 1
             self.decoding[r.rid] = r
+            self._sum_done_at += r.done_at
             heapq.heappush(self._done_heap, (r.done_at, r.admitted_seq, r.rid))
 
-    def _cache_insert(self, digest: str, tokens: int) -> None:
-        old = self.cache.get(digest)
-        if old is not None:
+    def _cache_insert(self, r: Req, tokens: int) -> None:
+        """``r`` computed its prefix: its first ``tokens`` KV tokens become the shared cache entry
+        (moved from its own KV, so they are counted once) and ``r`` pins it while it runs. If
+        another request created the entry meanwhile, ``r`` keeps its own copy (as vLLM does for
+        blocks computed twice concurrently) and only refreshes the entry's recency."""
+        digest = r.prefix_digest
+        assert digest is not None
+        if digest in self.cache:
             self.cache.move_to_end(digest)
-            if tokens <= old:
-                return
-            self.cache_tokens -= old
+            return
         self.cache[digest] = tokens
         self.cache_tokens += tokens
-        self._evict_cache(0, keep=digest)
-        if self.kv_used + self.cache_tokens > self.capacity and digest in self.cache:
-            self.cache_tokens -= self.cache.pop(digest)
+        self.kv_used -= tokens
+        r.cached = tokens
+        self._pin(digest)
+
+    def _pin(self, digest: str) -> None:
+        self._pins[digest] = self._pins.get(digest, 0) + 1
+
+    def _unpin(self, r: Req) -> None:
+        digest = r.prefix_digest
+        if r.cached <= 0 or digest is None:
+            return
+        left = self._pins.get(digest, 0) - 1
+        if left > 0:
+            self._pins[digest] = left
+        else:
+            self._pins.pop(digest, None)
 
     def _complete_due(self, now: float) -> None:
         while True:
@@ -598,11 +659,14 @@ class Node:
             self.kv_used -= ctx - r.cached
             r.cost += self.acc - r.join_acc
             r.generated += 1 + gen_since
-            self.decoding.pop(r.rid, None)
+            if self.decoding.pop(r.rid, None) is not None:
+                self._sum_done_at -= r.done_at
         elif r.state == "prefill":
             self.kv_used -= r.p_len - r.cached
             if r in self.prefilling:
                 self.prefilling.remove(r)
+        if r.state in ("decode", "prefill"):
+            self._unpin(r)
         r.state = "done"
         self._settle_abandoned(r)
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetloop.schemas.errors import one_line
-from fleetloop.sim.catalog import GPUS, MODELS
+from fleetloop.sim.catalog import GPUS, MODELS, node_spec, sample_cold_start
 
 Ident = str
 _IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$"  # no '/': node ids are '<pool>/<index>'
@@ -43,8 +44,12 @@ class Pool(_Strict):
     nodes: int = Field(ge=0, le=1000)
     min_nodes: int = Field(default=0, ge=0, le=1000)
     max_nodes: int | None = Field(default=None, ge=0, le=1000)
-    cold_start_s: float = Field(default=60.0, ge=0.0, le=3600.0)
+    # extension: a fixed cold start in seconds; absent, each boot draws one from the published
+    # phase distribution (fleetloop.sim.catalog: init, download, load, compile, capture), per `cache`
+    cold_start_s: float | None = Field(default=None, ge=0.0, le=3600.0)
+    cache: Literal["cached", "uncached"] = "cached"  # extension: what a booting node finds on disk
     gpus_per_node: int | None = Field(default=None, ge=1, le=64)  # extension: tensor-parallel degree
+    precision: Literal["bf16", "fp8"] = "bf16"  # extension: weights and KV cache in 2 or 1 bytes
 
     @field_validator("gpu")
     @classmethod
@@ -67,11 +72,26 @@ class Pool(_Strict):
             raise ValueError(
                 f"needs min_nodes <= nodes <= max_nodes (got {self.min_nodes}, {self.nodes}, {hi})"
             )
+        spec = node_spec(self.model, self.gpu, self.gpus_per_node, self.precision)
+        if spec.kv_capacity_tokens < 1024:
+            raise ValueError(
+                f"{self.model} in {self.precision} does not fit {spec.gpus} x {self.gpu} with room for a "
+                f"KV cache (weights {spec.weight_bytes / 1e9:.0f} GB of {spec.hbm_bytes / 1e9:.0f} GB); "
+                "raise gpus_per_node or use precision: fp8"
+            )
         return self
 
     @property
     def hi_nodes(self) -> int:
         return self.max_nodes if self.max_nodes is not None else self.nodes
+
+    def boot_times(self, rng: np.random.Generator) -> tuple[float, float]:
+        """One boot of a node of this pool: (seconds until loading, seconds until warm). A fixed
+        ``cold_start_s`` splits in halves; otherwise one draw from the published phases."""
+        if self.cold_start_s is not None:
+            return self.cold_start_s / 2.0, self.cold_start_s
+        spec = node_spec(self.model, self.gpu, self.gpus_per_node, self.precision)
+        return sample_cold_start(spec, rng, cached=self.cache == "cached")
 
 
 class Tenant(_Strict):

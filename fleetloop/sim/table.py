@@ -1,18 +1,24 @@
 """The side-by-side table: every shipped scenario under every available policy.
 
-``python -m fleetloop.sim.table [--scenarios DIR] [--out DIR] [--json] [--workers N] [--ablation]`` runs each
-scenario under ``--baseline none``, ``--baseline classic`` (when this build ships it) and
-``--policy policies/default.yaml`` (two worker processes by default), prints the table (scenario x
-policy: task success rate, cost per successful task, wasted dollars, TTFT p99, priority-0 success)
-and writes it to ``OUT/sim-table.md`` and ``OUT/sim-table.json`` (``bench/results`` by default).
-Every run is deterministic (scenario seed), so the table changes only when the code does; the wall
-times and speed-ups are the only figures that vary between machines.
+``python -m fleetloop.sim.table [--scenarios DIR] [--out DIR] [--json] [--workers N] [--ablation]``
+runs each scenario under ``--baseline none``, ``--baseline classic``, ``--baseline modern`` (when
+this build ships them) and ``--policy policies/default.yaml`` (two worker processes by default),
+prints the table (scenario x policy: task success rate, cost per successful task, wasted dollars,
+TTFT p99, priority-0 success) and writes it to ``OUT/sim-table.md`` and ``OUT/sim-table.json``
+(``bench/results`` by default). Every run is deterministic (scenario seed), so the table changes
+only when the code does; the wall times and speed-ups are the only figures that vary between
+machines.
 
 Below the table it checks issue 4's targets (cost per successful task against classic, success and
-priority-0 success, the prefix-heavy TTFT against none). ``--ablation`` also runs the default policy
-with each lever turned off in turn (its section swapped for the no-control algorithm: round-robin,
-never, max-pending, unlimited, fixed, static-batching) and writes ``sim-ablation.md``: what each
-lever contributes.
+priority-0 success, the prefix-heavy TTFT against none) and reports default against ``modern`` (the
+engine-signal autoscaler a careful operator runs today; reported, not a pass/fail target).
+``--ablation`` also runs the default policy with each lever turned off in turn (its section swapped
+for the no-control algorithm: round-robin, never, max-pending, unlimited, fixed, static-batching)
+and writes ``sim-ablation.md``: what each lever contributes.
+
+``--suite stress|shipped|all [--seeds N] [--only A,B]`` runs a suite over seeds instead (classic
+and default, ``N`` seeds per scenario, 5 by default) and checks issue 15's per-seed targets; see
+:mod:`fleetloop.sim.suite`. It writes ``sim-<suite>.md`` and ``.json`` beside the table.
 """
 
 from __future__ import annotations
@@ -34,7 +40,17 @@ from fleetloop.policies.registry import (
     load_policy,
 )
 from fleetloop.sim.runner import run
-from fleetloop.sim.scenario import load_scenario
+from fleetloop.sim.scenario import ScenarioError, load_scenario
+from fleetloop.sim.suite import (
+    SUITES,
+    progress_line,
+    run_jobs,
+    suite_ablation_markdown,
+    suite_files,
+    suite_jobs,
+    suite_markdown,
+    suite_targets,
+)
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 
@@ -42,11 +58,12 @@ DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.
 def available_policies() -> list[tuple[str, str]]:
     """(label, spec) pairs: ``baseline:NAME`` or a policy file path."""
     out = [("none", "baseline:none")]
-    try:
-        builtin_policy("classic")
-        out.append(("classic", "baseline:classic"))
-    except PolicyError:
-        pass
+    for name in ("classic", "modern"):
+        try:
+            builtin_policy(name)
+            out.append((name, f"baseline:{name}"))
+        except PolicyError:
+            pass
     out.append(("default", str(DEFAULT_POLICY)))
     return out
 
@@ -79,16 +96,23 @@ def resolve(spec: str) -> CompiledPolicy:
     return load_policy(spec)
 
 
-def run_one(job: tuple[str, str, str]) -> dict[str, Any]:
-    scenario_path, label, spec = job
+def run_one(job: tuple[str, str, str] | tuple[str, str, str, int]) -> dict[str, Any]:
+    """One run: ``(scenario file, label, policy spec)``, optionally with a seed that overrides the
+    scenario's own."""
+    scenario_path, label, spec = job[0], job[1], job[2]
+    seed = job[3] if len(job) > 3 else None
     scenario = load_scenario(scenario_path)
     policy = resolve(spec)
-    result = run(scenario, policy)
+    result = run(scenario, policy, seed=seed)
     data = result.to_json(scenario_path)
     p0 = data["by_priority"].get("0")
     return {
         "scenario": data["scenario"],
         "policy": label,
+        "seed": data["seed"],
+        "tasks_succeeded": data["tasks"]["succeeded"],
+        "p0_tasks_started": p0["tasks_started"] if p0 else 0,
+        "p0_tasks_succeeded": p0["tasks_succeeded"] if p0 else 0,
         "success_rate": data["tasks"]["success_rate"],
         "tasks_started": data["tasks"]["started"],
         "per_successful_task_usd": data["cost"]["per_successful_task_usd"],
@@ -194,6 +218,35 @@ def targets(rows: list[dict[str, Any]]) -> tuple[str, bool]:
     return "\n".join(lines) + "\n", ok
 
 
+def against_modern(rows: list[dict[str, Any]]) -> str:
+    """Default against the ``modern`` baseline, per scenario (reported; no target is set)."""
+    t = _by(rows)
+    scenarios = sorted({r["scenario"] for r in rows})
+    if not all((s, "modern") in t and (s, "default") in t for s in scenarios):
+        return ""
+    lines = [
+        "",
+        "## Against modern (least-request + outlier detection + KEDA/HPA on queue and KV)",
+        "",
+        "| scenario | $/success vs modern | success vs modern | p0 vs modern | TTFT p99 modern / default |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    ratios = []
+    for s in scenarios:
+        d, m = t[(s, "default")], t[(s, "modern")]
+        ratio = (d["per_successful_task_usd"] or math.inf) / (m["per_successful_task_usd"] or math.inf)
+        ratios.append(ratio)
+        dp, mp = d["p0_success_rate"], m["p0_success_rate"]
+        ttft = f"{m['ttft_p99_ms'] / d['ttft_p99_ms']:.2f}x" if m["ttft_p99_ms"] and d["ttft_p99_ms"] else "-"
+        lines.append(
+            f"| {s} | {ratio:.3f} | {(d['success_rate'] or 0.0) - (m['success_rate'] or 0.0):+.2%} "
+            f"| {'-' if dp is None or mp is None else f'{dp - mp:+.2%}'} | {ttft} |"
+        )
+    lines.append("")
+    lines.append(f"- geometric mean of $/success vs modern: **{_f(_geomean(ratios), '.3f')}**")
+    return "\n".join(lines) + "\n"
+
+
 def timed_out(row: dict[str, Any]) -> int:
     """Tasks lost to the storm: failed with a timed-out call (past its retries or its deadline)."""
     return sum(n for cause, n in row.get("failed_by", {}).items() if cause.endswith(":timeout"))
@@ -255,7 +308,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--ablation", action="store_true", help="also run default with each lever off")
+    ap.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        help="run a suite over seeds against issue 15's targets (writes sim-SUITE.md/.json)",
+    )
+    ap.add_argument("--seeds", type=int, default=5, help="seeds per scenario with --suite (default 5)")
+    ap.add_argument(
+        "--only", default="", help="with --suite: comma-separated scenario file stems to keep (development)"
+    )
+    ap.add_argument(
+        "--levers",
+        default=",".join(LEVER_OFF),
+        help="with --suite --ablation: which levers to turn off one at a time (default: all six)",
+    )
+    ap.add_argument(
+        "--policies",
+        default="classic,default",
+        help="with --suite: which of classic,default to run (development; targets need both)",
+    )
     args = ap.parse_args(argv)
+    if args.suite:
+        return main_suite(args)
     files = sorted(Path(args.scenarios).glob("*.yaml"))
     if not files:
         sys.stderr.write(f"no scenario files in {args.scenarios}\n")
@@ -270,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in all_rows if r["policy"] in labels]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    md = markdown(rows) + targets(rows)[0]
+    md = markdown(rows) + targets(rows)[0] + against_modern(rows)
     if args.ablation:
         ab = ablation_markdown(all_rows)
         (out / "sim-ablation.md").write_text(ab)
@@ -286,6 +360,56 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(orjson.dumps(payload).decode() + "\n")
     else:
         sys.stdout.write(md)
+    return 0
+
+
+def main_suite(args: argparse.Namespace) -> int:
+    """``--suite``: every scenario of the suite under classic and default over ``--seeds`` seeds."""
+    if args.seeds < 1:
+        sys.stderr.write("--seeds must be at least 1\n")
+        return 2
+    files = suite_files(args.suite)
+    if args.only:
+        keep = {x.strip() for x in args.only.split(",") if x.strip()}
+        files = [f for f in files if f.stem in keep]
+    if not files:
+        sys.stderr.write(f"no scenario files in suite {args.suite!r}\n")
+        return 2
+    wanted = {x.strip() for x in args.policies.split(",") if x.strip()}
+    if not wanted <= {"classic", "default"}:
+        sys.stderr.write(
+            f"--policies: unknown {sorted(wanted - {'classic', 'default'})} (known: classic, default)\n"
+        )
+        return 2
+    policies = [
+        (label, spec)
+        for label, spec in (("classic", "baseline:classic"), ("default", str(DEFAULT_POLICY)))
+        if label in wanted
+    ]
+    levers = [x.strip() for x in args.levers.split(",") if x.strip()]
+    if not set(levers) <= set(LEVER_OFF):
+        sys.stderr.write(
+            f"--levers: unknown {sorted(set(levers) - set(LEVER_OFF))} (known: {', '.join(LEVER_OFF)})\n"
+        )
+        return 2
+    if args.ablation:
+        policies += [(f"no-{section}", f"ablate:{section}") for section in levers]
+    try:
+        jobs = suite_jobs(files, args.seeds, policies)
+    except ScenarioError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    rows = run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
+    md = suite_markdown(args.suite, rows, args.seeds)
+    if args.ablation:
+        md += "\n" + suite_ablation_markdown(rows, levers)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"sim-{args.suite}.md").write_text(md)
+    checks, met = suite_targets(rows)
+    payload = {"suite": args.suite, "seeds": args.seeds, "rows": rows, "checks": checks, "targets_met": met}
+    (out / f"sim-{args.suite}.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.write(orjson.dumps(payload).decode() + "\n" if args.json else md)
     return 0
 
 

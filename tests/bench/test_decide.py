@@ -79,3 +79,22 @@ def test_bench_decide_refuses_a_bad_size_in_one_line(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "--nodes" in err
+
+
+def test_a_whole_fleet_tick_scores_each_pool_twice_not_pools_squared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once for its own routing, once for the fleet's spill-over headroom (shared by every pool)."""
+    from fleetloop.policies.routing import cache_aware
+
+    calls = {"n": 0}
+    real = cache_aware._scored
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cache_aware, "_scored", counting)
+    for n_nodes in (200, 800):
+        model, engine, pools, ts = _model_and_engine(n_nodes, 1)
+        calls["n"] = 0
+        fleet_tick(model, engine, ts + 1000, pools)
+        assert calls["n"] == 2 * len(pools)

@@ -22,6 +22,7 @@ from fleetloop.policies.base import (
     PoolView,
     TenantView,
 )
+from fleetloop.policies.slo import DEFAULT_BOOK, SloBook
 from fleetloop.schemas.decisions import BreakerDecision
 
 POOL = "p"
@@ -158,6 +159,7 @@ def ctx(
     tick_ms: int = 1000,
     breakers: Mapping[str, BreakerDecision] | None = None,
     seed: int = 0,
+    slo: SloBook = DEFAULT_BOOK,
 ) -> PolicyContext:
     """A context at the snapshot's event time (or ``now_ms``), with a seeded generator."""
     now = now_ms if now_ms is not None else (snap.now_ms if snap is not None else NOW_MS)
@@ -168,6 +170,7 @@ def ctx(
         pool_id=pool_id,
         rng=np.random.default_rng([seed, tick_id]),
         breakers=dict(breakers or {}),
+        slo=slo,
     )
 
 

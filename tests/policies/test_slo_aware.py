@@ -17,6 +17,7 @@ from fleetloop.policies.admission.slo_aware import (
     pressure,
     queue_limits,
 )
+from fleetloop.policies.slo import Slo, SloBook
 from fleetloop.router import Router
 from fleetloop.schemas.decisions import AdmissionDecision
 from hypothesis import given
@@ -24,7 +25,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from tests.policies.snapshots import ctx, node, snapshot
 
-P = SloAwareParams()  # ttft slo 1500, tbt slo 80, tighten 0.9, relax 0.6, x0.7, +4, [16, 256]
+P = SloAwareParams()  # tighten 0.9, relax 0.6, x0.7, +4, [16, 256]
+# The SLO comes from the policy's classes (spec.slo) through the context, no longer from params.
+SLO = Slo(1500.0, 80.0)
+BOOK = SloBook(default=SLO)
 
 
 @pytest.mark.parametrize(
@@ -48,10 +52,10 @@ def test_next_level_table(level: float, x: float | None, failing: float, expecte
 
 
 def test_pressure_is_the_worse_of_ttft_and_tbt() -> None:
-    assert pressure(P, 3000.0, 40.0) == 2.0
-    assert pressure(P, 300.0, 120.0) == 1.5
-    assert pressure(P, None, 40.0) == 0.5
-    assert pressure(P, None, None) is None
+    assert pressure(SLO, 3000.0, 40.0) == 2.0
+    assert pressure(SLO, 300.0, 120.0) == 1.5
+    assert pressure(SLO, None, 40.0) == 0.5
+    assert pressure(SLO, None, None) is None
 
 
 def test_failure_frac_ignores_an_idle_window() -> None:
@@ -78,6 +82,23 @@ def test_queue_limits_are_the_static_queue_depth_ones() -> None:
     assert queue_limits(P) == ({"0": 64, "1": 32, "2": 16}, {"0": 48, "1": 24, "2": 12})
 
 
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [
+        (16.0, ({"0": 64, "1": 32, "2": 16}, {"0": 48, "1": 24, "2": 12})),  # distress: the static ones
+        (1.0, ({"0": 64, "1": 32, "2": 16}, {"0": 48, "1": 24, "2": 12})),  # never below them
+        (32.0, ({"0": 128, "1": 64, "2": 32}, {"0": 96, "1": 48, "2": 24})),
+        (256.0, ({"0": 1024, "1": 512, "2": 256}, {"0": 768, "1": 384, "2": 192})),  # calls succeed: 16x
+    ],
+)
+def test_queue_limits_open_with_the_level(
+    level: float, expected: tuple[dict[str, int], dict[str, int]]
+) -> None:
+    """A queue that drains before its calls time out costs latency, not tasks: the queue limits
+    are the static ones only under distress (issue 15, mass preemption)."""
+    assert queue_limits(P, level) == expected
+
+
 def _overloaded(failures: int, ttft_p99: float = 3000.0, ttft_p50: float = 900.0) -> Any:
     return snapshot(
         [node("a", tbt_p99_ms=50.0, queue_depth=1, running_requests=70), node("b", tbt_p99_ms=60.0)],
@@ -95,14 +116,15 @@ def _overloaded(failures: int, ttft_p99: float = 3000.0, ttft_p50: float = 900.0
 
 def test_decide_tightens_under_distress_and_publishes_everything() -> None:
     snap = _overloaded(failures=90)  # 90 / (1000 - 100) = 10% failing, pressure 2.0
-    res = SloAware().decide(snap, P, None, ctx(snap))
+    res = SloAware().decide(snap, P, None, ctx(snap, slo=BOOK))
     (d,) = res.decisions
     assert isinstance(d, AdmissionDecision)
     assert (d.entity, d.pool_id, d.reason) == ("pool/p", "p", "slo-near")
     assert d.new_task_max_outstanding == {"1": 358, "2": 179}
     assert d.max_outstanding == {}  # continuing calls are never shed on outstanding work
-    assert d.max_queue_depth == {"0": 64, "1": 32, "2": 16}
-    assert d.new_task_max_queue_depth == {"0": 48, "1": 24, "2": 12}
+    # Queue thresholds follow the level (issue 15): 179.2 / 16 = 11.2x the static ones.
+    assert d.max_queue_depth == {"0": 716, "1": 358, "2": 179}
+    assert d.new_task_max_queue_depth == {"0": 537, "1": 268, "2": 134}
     assert d.reject_if_budget_below_ms == 900
     assert res.state == 179.2
     assert d.inputs["slo_pressure"] == 2.0
@@ -112,7 +134,7 @@ def test_decide_tightens_under_distress_and_publishes_everything() -> None:
 
 def test_decide_does_not_shed_while_calls_succeed() -> None:
     snap = _overloaded(failures=9)  # 1% failing: latency is over the SLO but every task still runs
-    res = SloAware().decide(snap, P, None, ctx(snap))
+    res = SloAware().decide(snap, P, None, ctx(snap, slo=BOOK))
     (d,) = res.decisions
     assert d.reason == "calls-succeed"
     assert d.new_task_max_outstanding == {"1": 512, "2": 256}
@@ -120,10 +142,10 @@ def test_decide_does_not_shed_while_calls_succeed() -> None:
 
 def test_reject_budget_is_capped_and_off_without_data() -> None:
     snap = _overloaded(failures=0, ttft_p50=9000.0)
-    (d,) = SloAware().decide(snap, P, None, ctx(snap)).decisions
+    (d,) = SloAware().decide(snap, P, None, ctx(snap, slo=BOOK)).decisions
     assert d.reject_if_budget_below_ms == 2000
     quiet = snapshot([node("a")])
-    (q,) = SloAware().decide(quiet, P, None, ctx(quiet)).decisions
+    (q,) = SloAware().decide(quiet, P, None, ctx(quiet, slo=BOOK)).decisions
     assert (q.reject_if_budget_below_ms, q.reason) == (0, "no-data")
 
 
@@ -213,7 +235,7 @@ def test_more_important_classes_never_get_less_room(level: float, classes: int, 
 @given(st.floats(16.0, 256.0), st.integers(0, 500))
 def test_idempotent_for_the_same_tick(level: float, failures: int) -> None:
     snap = _overloaded(failures=failures)
-    a = SloAware().decide(snap, P, level, ctx(snap))
-    b = SloAware().decide(snap, P, level, ctx(snap))
+    a = SloAware().decide(snap, P, level, ctx(snap, slo=BOOK))
+    b = SloAware().decide(snap, P, level, ctx(snap, slo=BOOK))
     assert a.decisions == b.decisions
     assert a.state == b.state

@@ -9,13 +9,18 @@ from fleetloop.policies.batching.tbt_feedback import (
     next_cap,
     pool_tbt_ms,
 )
+from fleetloop.policies.slo import Slo, SloBook
 from fleetloop.schemas.decisions import BatchingDecision, BreakerDecision
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from tests.policies.snapshots import ctx, node, snapshot
 
-P = TbtFeedbackParams()  # slo 80 ms: tighten at >= 64 ms, relax at <= 40 ms
+P = TbtFeedbackParams()  # tighten at >= 0.8 x SLO, relax at <= 0.5 x SLO
+# The TBT SLO comes from the policy's classes (spec.slo) through the context, no longer from params:
+# 80 ms here, so tighten at >= 64 ms and relax at <= 40 ms.
+TBT_SLO = 80.0
+BOOK = SloBook(default=Slo(1500.0, TBT_SLO))
 
 
 @pytest.mark.parametrize(
@@ -35,7 +40,7 @@ P = TbtFeedbackParams()  # slo 80 ms: tighten at >= 64 ms, relax at <= 40 ms
     ],
 )
 def test_next_cap_table(cap: int, tbt: float | None, expected: tuple[int, str]) -> None:
-    assert next_cap(P, cap, tbt) == expected
+    assert next_cap(P, cap, tbt, TBT_SLO) == expected
 
 
 def test_pool_tbt_is_upper_median_of_warm_fresh_unejected_nodes() -> None:
@@ -67,7 +72,7 @@ def test_decide_walks_the_cap_down_then_up() -> None:
     state = algo.initial_state()
     caps = []
     for snap in [hot, hot, hot, cool, cool]:
-        res = algo.decide(snap, P, state, ctx(snap))
+        res = algo.decide(snap, P, state, ctx(snap, slo=BOOK))
         (d,) = res.decisions
         assert isinstance(d, BatchingDecision)
         assert d.pool_id == "p"
@@ -85,8 +90,13 @@ def test_decide_walks_the_cap_down_then_up() -> None:
 
 def test_decision_inputs_explain() -> None:
     snap = snapshot([node("a", tbt_p99_ms=72.0)])
-    (d,) = TbtFeedback().decide(snap, P, 4096, ctx(snap)).decisions
-    assert d.inputs == {"previous_max_batch_tokens": 4096.0, "tbt_p99_ms": 72.0, "tbt_pressure": 0.9}
+    (d,) = TbtFeedback().decide(snap, P, 4096, ctx(snap, slo=BOOK)).decisions
+    assert d.inputs == {
+        "previous_max_batch_tokens": 4096.0,
+        "tbt_slo_ms": 80.0,
+        "tbt_p99_ms": 72.0,
+        "tbt_pressure": 0.9,
+    }
 
 
 def test_param_bounds() -> None:
@@ -104,14 +114,14 @@ tbts = st.none() | st.floats(min_value=0.0, max_value=100_000.0, allow_nan=False
 
 @given(caps, tbts)
 def test_cap_always_within_bounds(cap: int, tbt: float | None) -> None:
-    new, _ = next_cap(P, cap, tbt)
+    new, _ = next_cap(P, cap, tbt, TBT_SLO)
     assert P.min_tokens <= new <= P.max_tokens
 
 
 @given(caps, st.floats(0.0, 10_000.0), st.floats(0.0, 10_000.0))
 def test_cap_monotone_non_increasing_in_tbt(cap: int, t1: float, t2: float) -> None:
     lo, hi = sorted((t1, t2))
-    assert next_cap(P, cap, hi)[0] <= next_cap(P, cap, lo)[0]
+    assert next_cap(P, cap, hi, TBT_SLO)[0] <= next_cap(P, cap, lo, TBT_SLO)[0]
 
 
 @given(st.integers(512, 8192), st.floats(0.0, 1000.0))

@@ -71,6 +71,13 @@ def test_bad_scenario_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureF
     assert "pools[0].gpu: unknown GPU 'H900'" in err
 
 
+def test_modern_baseline_runs(scenario_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "--scenario", str(scenario_file), "--baseline", "modern", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["policy"] == "baseline-modern"
+    assert data["tasks"]["started"] > 0
+
+
 def test_unknown_baseline_exit_2(scenario_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "--scenario", str(scenario_file), "--baseline", "fancy"]) == 2
     err = capsys.readouterr().err

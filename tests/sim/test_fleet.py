@@ -119,6 +119,34 @@ def test_autoscale_provisions_cold_and_respects_bounds_and_tick_order(tiny: Scen
     assert len([n for n in sim.pool_nodes("small") if not n.draining]) == 2
 
 
+def _warm_times(seed: int) -> list[float]:
+    d = small_scenario_dict()
+    for p in d["pools"]:
+        p.pop("cold_start_s")  # the published distribution
+    sc = parse_scenario(d, "tiny")
+    sim = FleetSim(sc, seed, start_ms=EPOCH_MS)
+    sim.advance_to(EPOCH_MS + 1000)
+    body = AutoscaleDecision(
+        entity="pool/small", reason="t", pool_id="small", current_nodes=3, desired_nodes=6
+    )
+    sim.apply([Decision(ts_ms=EPOCH_MS + 1000, tick_id=1, policy=_stamp("enforce"), body=body)])
+    warm_at: dict[str, float] = {}
+    for t in range(2, 400):
+        sim.advance_to(EPOCH_MS + t * 1000)
+        for n in sim.pool_nodes("small"):
+            if n.warm and n.node_id not in warm_at:
+                warm_at[n.node_id] = float(t)
+    return [warm_at[f"small/{i}"] for i in (3, 4, 5)]
+
+
+def test_cold_starts_are_drawn_per_boot_and_deterministic_per_seed() -> None:
+    a = _warm_times(5)
+    assert a == _warm_times(5)  # same seed, same cold starts
+    assert len(set(a)) > 1  # each boot draws its own
+    assert all(50 <= x <= 150 for x in a)  # cached 8B: ~82 s median (published), from t=1 s
+    assert a != _warm_times(6)
+
+
 def test_crash_loses_in_flight_work_and_clients_retry() -> None:
     d = small_scenario_dict()
     d["faults"] = [{"at_s": 30, "kind": "crash", "pool": "small", "count": 3}]

@@ -2,7 +2,7 @@
 
 The full table is ``python -m fleetloop.sim.table``; these four scenarios each carry one headline:
 cost (steady-chat), priority protection under overload, the prefix cache (TTFT vs none), and the
-cascade's timeout-and-retry storm (tasks lost by classic, not by fleetloop). The
+cascade's timeout-and-retry storm (classic loses about twice the tasks fleetloop does). The
 bounds sit well inside today's figures, so a change that loses one of the wins fails here, while
 ordinary retuning does not.
 """
@@ -35,21 +35,23 @@ def cost(s: str, p: str) -> float:
 
 
 def test_steady_load_costs_well_below_classic_and_none() -> None:
-    # Today about 0.30x classic and 0.57x none: the autoscaler gives back idle capacity.
+    # Today about 0.42x classic and 0.79x none: the autoscaler gives back idle capacity. (Before the
+    # issue-14 physics, 0.41x and 0.79x.)
     assert cost("steady-chat", "default") <= 0.6 * cost("steady-chat", "classic")
     assert cost("steady-chat", "default") <= 0.8 * cost("steady-chat", "none")
     assert outcome("steady-chat", "default")["tasks"]["success_rate"] >= 0.999
 
 
 def test_overload_protects_priority_zero_and_keeps_success() -> None:
-    # Today about 87% priority-0 success against classic's 36%, and more tasks succeed overall.
+    # Today about 94% priority-0 success against classic's 61%, and more tasks succeed overall.
     d, c = outcome("overload-mixed-priorities", "default"), outcome("overload-mixed-priorities", "classic")
     assert d["by_priority"]["0"]["success_rate"] >= c["by_priority"]["0"]["success_rate"] + 0.25
     assert d["tasks"]["success_rate"] >= c["tasks"]["success_rate"]
 
 
 def test_prefix_affinity_cuts_ttft_p99_against_none() -> None:
-    # Today about 11x: round robin recomputes the shared context on every call.
+    # Today about 6.8x (12x before the issue-14 physics, whose faster FP8-era prefill and per-request
+    # costs narrow the gap): round robin recomputes the shared context on every call.
     d, n = outcome("prefix-heavy-copilot", "default"), outcome("prefix-heavy-copilot", "none")
     assert n["latency"]["ttft_p99_ms"] >= 3 * d["latency"]["ttft_p99_ms"]
     assert d["tasks"]["success_rate"] >= outcome("prefix-heavy-copilot", "classic")["tasks"]["success_rate"]
@@ -59,12 +61,25 @@ def _lost_to_timeouts(o: dict[str, Any]) -> int:
     return timed_out({"failed_by": o["tasks"]["failed_by"]})
 
 
-def test_cascade_classic_loses_tasks_to_the_storm_and_default_does_not() -> None:
-    # Today classic loses 246 of ~8,000 tasks to timed-out calls (795 timeouts, each leaving an
-    # orphan), default 5 (26 timeouts); priority-0 success 89% against 99.8%.
+def test_cascade_classic_loses_more_tasks_to_the_storm_than_default() -> None:
+    # Today classic loses 321 of ~8,000 tasks to timed-out calls (871 timeouts, each leaving an
+    # orphan), default 152 (310 timeouts); priority-0 success 86% against 93%. Before the issue-14
+    # physics it was 245 against 5: with cold starts drawn from published timings (~270 s for a
+    # cached 70B TP4 node instead of a fixed 120 s) and decode that slows with batch size, the
+    # autoscaler's new nodes arrive after the load spike, so default loses tasks too. Still half of
+    # classic's, with a third of its orphans.
     d, c = outcome("cascade-degraded-gpu", "default"), outcome("cascade-degraded-gpu", "classic")
     started = c["tasks"]["started"]
     assert _lost_to_timeouts(c) >= 0.015 * started
-    assert _lost_to_timeouts(d) <= 0.1 * _lost_to_timeouts(c)
-    assert c["requests"]["orphaned"] >= 5 * max(1, d["requests"]["orphaned"])
+    assert _lost_to_timeouts(d) <= 0.6 * _lost_to_timeouts(c)
+    assert c["requests"]["orphaned"] >= 2 * max(1, d["requests"]["orphaned"])
     assert d["by_priority"]["0"]["success_rate"] >= c["by_priority"]["0"]["success_rate"] + 0.05
+
+
+def test_modern_lets_shared_context_pile_up_where_default_does_not() -> None:
+    # Today default succeeds on 99.9% of prefix-heavy tasks, modern on 51% (its KEDA/HPA adds
+    # nodes only after queues form, least-request ignores where the prefix is cached, and each new
+    # 70B node takes a ~270 s cold start), at a lower cost per successful task.
+    d, m = outcome("prefix-heavy-copilot", "default"), outcome("prefix-heavy-copilot", "modern")
+    assert d["tasks"]["success_rate"] >= m["tasks"]["success_rate"] + 0.2
+    assert cost("prefix-heavy-copilot", "default") <= cost("prefix-heavy-copilot", "modern")

@@ -35,6 +35,16 @@ def test_unknown_gpu_names_field_and_known_values(tmp_path: Path) -> None:
     assert msg.endswith("pools[0].gpu: unknown GPU 'H900' (known: A100, H100, H200, L40S, MI300X)")
 
 
+def test_a_model_that_does_not_fit_its_gpus_is_refused(tmp_path: Path) -> None:
+    d = small_scenario_dict()
+    d["pools"][0].update(model="llama-405b", gpu="H100")  # 812 GB of BF16 weights on 8 x 80 GB
+    msg = _error(tmp_path, d)
+    assert "pools[0]" in msg
+    assert "llama-405b in bf16 does not fit 8 x H100" in msg
+    d["pools"][0]["precision"] = "fp8"
+    load_scenario(_write(tmp_path, d))  # FP8 fits
+
+
 def test_unknown_field_is_refused(tmp_path: Path) -> None:
     d = small_scenario_dict()
     d["workload"][1]["client"]["timeout"] = 3

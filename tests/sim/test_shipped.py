@@ -13,13 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _policies() -> list[str]:
-    out = ["none", "default"]
-    try:
-        builtin_policy("classic")
-        out.insert(1, "classic")
-    except PolicyError:
-        pass
-    return out
+    out = ["none"]
+    for name in ("classic", "modern"):
+        try:
+            builtin_policy(name)
+            out.append(name)
+        except PolicyError:
+            pass
+    return [*out, "default"]
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetloop.sim.table import targets, timed_out
+from fleetloop.sim.table import against_modern, available_policies, targets, timed_out
 
 
 def _row(scenario: str, policy: str, usd: float, **kw: Any) -> dict[str, Any]:
@@ -61,3 +61,21 @@ def test_cost_target_fails_over_two_percent_above_classic() -> None:
     text, ok = targets(rows)
     assert not ok
     assert "(over 1.02)" in text
+
+
+def test_default_is_reported_against_modern_per_scenario() -> None:
+    rows = [
+        _row("steady", "modern", 0.8, success_rate=0.98, ttft_p99_ms=2000.0),
+        _row("steady", "default", 0.4),
+        _row("burst", "modern", 1.0),
+        _row("burst", "default", 1.0, success_rate=0.97, p0_success_rate=0.9),
+    ]
+    text = against_modern(rows)
+    assert "| steady | 0.500 | +1.00% | +0.00% | 2.00x |" in text
+    assert "| burst | 1.000 | -2.00% | -10.00% | 1.00x |" in text
+    assert "geometric mean of $/success vs modern: **0.707**" in text
+    assert against_modern(rows[1:]) == ""  # a scenario without a modern row: nothing to report
+
+
+def test_the_table_runs_every_baseline() -> None:
+    assert [label for label, _ in available_policies()] == ["none", "classic", "modern", "default"]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import TypeAdapter
 
-from fleetloop.policies.base import FleetSnapshot, PolicyContext, r6
+from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, r6
 from fleetloop.policies.envelope import Envelope
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.base import NonNegInt
@@ -75,21 +75,67 @@ def envelope_of(policy: CompiledPolicy) -> Envelope:
 def _cap_ejections(
     decisions: list[BreakerDecision], snap: FleetSnapshot, pool_id: str, env: Envelope
 ) -> list[BreakerDecision]:
-    """Enforce at most ``max_ejected_frac`` of the pool's nodes as open; the rest are 'detected'."""
-    n_nodes = len(snap.pool_nodes(pool_id))
-    cap = math.floor(env.max_ejected_frac * n_nodes + 1e-9)
+    """Enforce an ejection only while (1) the pool's open nodes stay within ``max_ejected_frac`` of
+    its nodes and (2) the nodes left serving can carry the work the ejected ones were doing; the
+    rest are 'detected', not enforced. Worst offenders (most consecutive failures) first.
+
+    Capacity (2), in healthy-node units over the pool's serving nodes (warm, fresh)::
+
+        speed_i  = min(1, median_j(tbt_p50_j) / tbt_p50_i)        (1 without a step time)
+        busy_i   = 1 if queue_depth_i > 0 else kv_cache_used_frac_i  (a queue means full)
+        useful_i = speed_i * busy_i * ok_w_i / requests_w_i          (work that succeeds there)
+        spare    = sum over serving nodes not ejected of speed_j * (1 - busy_j)
+
+    A candidate is enforced when its ``useful_i`` fits in what is left of ``spare``; a node that
+    is not serving (stale, cold, draining) carries nothing and only counts against the share cap.
+    A node that is slow or failing carries little useful work, so ejecting it costs little and is
+    allowed even into a busy pool; a pool-wide slowdown leaves no spare anywhere, so nothing is
+    ejected for it (ejecting would pile the same load on fewer, equally slow nodes)."""
+    nodes = {n.node_id: n for n in snap.pool_nodes(pool_id)}
+    cap = math.floor(env.max_ejected_frac * len(nodes) + 1e-9)
     open_ = [d for d in decisions if d.state == "open" and d.enforced]
-    if len(open_) <= cap:
+    if not open_:
         return decisions
 
     def severity(d: BreakerDecision) -> tuple[float, str]:
-        node = snap.nodes.get(d.node_id)
+        node = nodes.get(d.node_id)
         return (-(node.consecutive_failures if node else 0.0), d.node_id)
 
-    keep = {d.node_id for d in sorted(open_, key=severity)[:cap]}
+    serving = {i: n for i, n in nodes.items() if n.warm and not n.stale}
+    steps = sorted(n.tbt_p50_ms for n in serving.values() if n.tbt_p50_ms is not None and n.tbt_p50_ms > 0)
+    ref = steps[len(steps) // 2] if steps else None
+
+    def speed(n: NodeView) -> float:
+        return min(1.0, ref / n.tbt_p50_ms) if ref is not None and n.tbt_p50_ms else 1.0
+
+    def busy(n: NodeView) -> float:
+        return 1.0 if n.queue_depth > 0 else min(1.0, max(0.0, n.kv_cache_used_frac))
+
+    def useful(n: NodeView) -> float:
+        ok = n.ok_w / n.requests_w if n.requests_w > 0 else 1.0
+        return speed(n) * busy(n) * ok
+
+    candidates = {d.node_id for d in open_}
+    spare = sum(speed(n) * (1.0 - busy(n)) for i, n in serving.items() if i not in candidates)
+    keep: set[str] = set()
+    why: dict[str, str] = {}
+    for d in sorted(open_, key=severity):
+        if len(keep) >= cap:
+            why[d.node_id] = "max-ejected-cap"
+            continue
+        node = serving.get(d.node_id)
+        if node is not None:
+            moved = useful(node)
+            if moved > spare + 1e-9:
+                why[d.node_id] = "capacity-cap"
+                continue
+            spare -= moved
+        keep.add(d.node_id)
+    if not why:
+        return decisions
     return [
-        d.model_copy(update={"enforced": False, "reason": f"{d.reason}:max-ejected-cap"})
-        if d.state == "open" and d.enforced and d.node_id not in keep
+        d.model_copy(update={"enforced": False, "reason": f"{d.reason}:{why[d.node_id]}"})
+        if d.state == "open" and d.enforced and d.node_id in why
         else d
         for d in decisions
     ]
@@ -209,6 +255,7 @@ def decide(
             pool_id=pool_id,
             rng=np.random.default_rng(seed),
             breakers=breakers,
+            slo=policy.slo,
         )
         result = sec.algorithm.decide(snap, sec.params, algo_state, ctx)
         new_states[key] = result.state

@@ -59,10 +59,14 @@ class _Node:
     consecutive_failures: int = 0
 
 
+N_PRIORITIES = 10  # priority classes 0..9 (RequestOutcome.priority's bounds)
+
+
 @dataclass(slots=True)
 class _Pool:
     win: Window = field(default_factory=lambda: Window(7))
     ttft: Window = field(default_factory=lambda: Window(N_LAT_BINS))
+    by_priority: Window = field(default_factory=lambda: Window(N_PRIORITIES))  # calls per class
 
 
 @dataclass(slots=True)
@@ -177,6 +181,8 @@ class FleetModel:
         )  # fmt: skip
         if o.ttft_ms is not None:
             pool.ttft.add_at(b, lat_bin(o.ttft_ms), 1.0)
+        if not shed:  # the classes the pool served, not those it turned away
+            pool.by_priority.add_at(b, min(max(o.priority, 0), N_PRIORITIES - 1), 1.0)
         tenant = self.tenants.get(o.tenant_id)
         if tenant is None:
             tenant = self.tenants[o.tenant_id] = _Tenant(priority=o.priority)
@@ -226,6 +232,7 @@ class FleetModel:
         for pool in self.pools.values():
             pool.win.evict_before(horizon_bucket)
             pool.ttft.evict_before(horizon_bucket)
+            pool.by_priority.evict_before(horizon_bucket)
         for tenant in self.tenants.values():
             tenant.win.evict_before(horizon_bucket)
         now = self.watermark_ms
@@ -315,6 +322,7 @@ def snapshot(
         pool = model.pools[pool_id]
         w = pool.win.total(now_ms, window_ms)
         hist = pool.ttft.total(now_ms, window_ms)
+        prio = pool.by_priority.total(now_ms, window_ms)
         ids = tuple(by_pool.get(pool_id, ()))
         first = nodes[ids[0]] if ids else None
         pools[pool_id] = PoolView(
@@ -333,6 +341,7 @@ def snapshot(
             ttft_p99_ms_w=quantile_from_bins(hist, 0.99),
             prompt_tokens_rate_per_s=w[_P_PROMPT] / seconds,
             output_tokens_rate_per_s=w[_P_OUT] / seconds,
+            requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
         )
     tenants: dict[str, TenantView] = {}
     for tenant_id in sorted(model.tenants):

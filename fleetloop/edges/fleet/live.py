@@ -11,7 +11,7 @@ is run at the time it actually fires, and how late it was is the fleet's **real-
 The worker manager lives here too: :meth:`LiveFleet.apply` takes desired state from
 ``control.state`` (enforced decisions only; per key, a decision older by ``tick_id`` than the one
 held is dropped) and obeys autoscale targets (new nodes start cold: they listen only after the
-pool's ``cold_start_s``; surplus nodes drain: they refuse new calls with 503, finish what they
+pool's cold start, Pool.boot_times; surplus nodes drain: they refuse new calls with 503, finish what they
 hold, then close) and batching caps (``max_batch_tokens`` of every node of the pool). Routing,
 breaker, admission and retry-budget decisions go to the fleet's client-side router (the router
 library :mod:`fleetloop.router`, bound to the nodes by :func:`fleetloop.sim.router.sim_router`),
@@ -124,10 +124,11 @@ class LiveFleet:
         self.t0 = 0.0
         self.start_wall_ms = start_wall_ms if start_wall_ms is not None else clock.wall_ms()
         self.now = 0.0
-        streams = np.random.SeedSequence(seed).spawn(3)
+        streams = np.random.SeedSequence(seed).spawn(4)
         self.rng_router = np.random.default_rng(streams[0])
         self.rng_faults = np.random.default_rng(streams[1])
         self.rng_agents = streams[2]  # the agents spawn their own streams from it
+        self.rng_boot = np.random.default_rng(streams[3])  # cold-start draws (Pool.boot_times)
         self.pools: dict[str, Pool] = {p.id: p for p in scenario.pools}
         self.specs: dict[str, NodeSpec] = {
             p.id: node_spec(p.model, p.gpu, p.gpus_per_node) for p in scenario.pools
@@ -243,10 +244,10 @@ class LiveFleet:
         node.boot += 1
         node.weights_state = "cold"
         ln.state = "cold"
-        cold = self.pools[node.pool_id].cold_start_s
+        to_loading, to_warm = self.pools[node.pool_id].boot_times(self.rng_boot)
         now = self.t()
-        self._at(now + cold / 2.0, self._weights, ln, node.boot, "loading")
-        self._at(now + cold, self._weights, ln, node.boot, "warm")
+        self._at(now + to_loading, self._weights, ln, node.boot, "loading")
+        self._at(now + to_warm, self._weights, ln, node.boot, "warm")
 
     def _weights(self, ln: LiveNode, boot: int, state: str) -> None:
         node = ln.node

@@ -13,9 +13,15 @@ call throws that away, so later calls meet only the queue thresholds of a full n
 
 Formula, per pool and tick. The pressure is ``x = max(ttft_p99_w / ttft_slo_ms, tbt / tbt_slo_ms)``
 (``ttft_p99_w`` the pool's TTFT p99 over the window, ``tbt`` the upper median of the newest TBT p99
-of its warm, fresh, not-ejected nodes; a missing figure is left out) and the failing share is
-``f = failures_w / (requests_w - shed_w)`` (errors, timeouts, retried attempts; our own sheds are
-not counted, so shedding does not feed itself). The state is a level ``L``, the new-task
+of its warm, fresh, not-ejected nodes; a missing figure is left out; ``ttft_slo_ms``/``tbt_slo_ms``
+the SLO of the policy's classes, ``spec.slo``, for the calls the pool served in the window: the
+strictest class served binds, :mod:`fleetloop.policies.slo`) and the failing share is
+``f = (failures_w - lost_w) / (requests_w - shed_w)`` (errors, timeouts, retried attempts; our own
+sheds are not counted, so shedding does not feed itself; nor are ``lost_w``, the calls that failed
+on nodes that are no longer serving: crashed (stale), reclaimed or restarting (not warm). A node
+lost to a crash or a preemption drops its calls whatever admission does; shedding new tasks for
+it turns one correlated failure into more lost tasks, while the surviving nodes' own timeouts and
+errors still count). The state is a level ``L``, the new-task
 outstanding limit of the least important class, starting at ``max_level``::
 
     no latency figure:                   L unchanged                        reason no-data
@@ -26,7 +32,7 @@ outstanding limit of the least important class, starting at ``max_level``::
 
     new_task_max_outstanding[p] = floor(L * class_spread ** (lowest - p))  for p > protect_priority
                                   (lowest = classes - 1; none for p <= protect_priority)
-    max_queue_depth[p]          = max(2, floor(queue_depth_p0 * 0.5 ** p))
+    max_queue_depth[p]          = max(2, floor(queue_depth_p0 * 0.5 ** p * L / min_level))
     new_task_max_queue_depth[p] = max(2, floor(max_queue_depth[p] * 0.75))
     reject_if_budget_below_ms   = floor(min(ttft_p50_w, reject_cap_ms))   (0 without data)
 
@@ -34,17 +40,20 @@ The failure gate is the KPI speaking: the fleet is paid per successful task, so 
 while calls still succeed does not justify losing a task; shedding starts when the miss turns into
 timeouts and errors (and retries, which add load), and the level climbs back as soon as calls
 succeed again, even if latency is still over the SLO (long prompts keep TTFT p99 high without any
-shedding curing it). The queue thresholds are the static
-``queue-depth`` ones: they act once a node is full, and the engine floors them for protected
-classes. The budget rule rejects a call whose remaining budget (the smaller of its client timeout
-and its task's deadline) is below the pool's median TTFT: it is more likely than not to fail anyway,
-and rejecting it at once spends no GPU time on it.
+shedding curing it). The queue thresholds follow the same gate: at ``min_level`` (distress) they
+are the static ``queue-depth`` ones, which act once a node is full, and they open in proportion to
+the level above it (16x at ``max_level``). A queue that drains before its calls time out costs
+latency, not tasks: after a capacity loss (half a pool reclaimed) the surviving nodes queue while
+every call still succeeds, and shedding new tasks there would lose them for nothing. The engine
+floors the thresholds for protected classes. The budget rule rejects a call whose remaining
+budget (the smaller of its client timeout and its task's deadline) is below the pool's median
+TTFT: it is more likely than not to fail anyway, and rejecting it at once spends no GPU time on it.
 
 Inputs: the pool's TTFT p50 and p99, request, failure and shed counts over the window; its nodes'
-newest TBT p99 (warm, fresh, not ejected by ``ctx.breakers``). Parameters (defaults, bounds):
-``ttft_slo_ms`` 1500 (50-600 000) and ``tbt_slo_ms`` 80 (5-10 000), the interactive SLO the operator
-sets; ``tighten_at`` 0.9 (0.1-5), above the batching knob's 0.8 so the cheaper lever (smaller
-prefill chunks) acts first; ``relax_below`` 0.6 (0.05-5, below ``tighten_at``); ``decrease`` 0.7
+newest TBT p99 (warm, fresh, not ejected by ``ctx.breakers``) and router-observed failures; the
+SLO (``ctx.slo``; no copy here). Parameters (defaults, bounds): ``tighten_at`` 0.9 (0.1-5), above
+the batching knob's 0.8 so the cheaper lever (smaller prefill chunks) acts first; ``relax_below``
+0.6 (0.05-5, below ``tighten_at``); ``decrease`` 0.7
 (0.1-0.95, gentler than halving because a shed call can be a lost task); ``increase`` 4 (0.1-1000
 requests per tick); ``min_failure_frac`` 0.05 (0-1; below it client retries absorb the failures);
 ``min_level`` 16 (1-10 000): a node decoding fewer than ~16 sequences is far below the ridge point
@@ -74,14 +83,14 @@ from pydantic import Field, model_validator
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.batching.tbt_feedback import pool_tbt_ms
 from fleetloop.policies.registry import register
+from fleetloop.policies.retry_budget.ratio import lost_calls
+from fleetloop.policies.slo import Slo
 from fleetloop.schemas.decisions import AdmissionDecision
 
 MIN_QUEUE_DEPTH = 2
 
 
 class SloAwareParams(Params):
-    ttft_slo_ms: float = Field(default=1500.0, ge=50.0, le=600_000.0)
-    tbt_slo_ms: float = Field(default=80.0, ge=5.0, le=10_000.0)
     tighten_at: float = Field(default=0.9, ge=0.1, le=5.0)
     relax_below: float = Field(default=0.6, ge=0.05, le=5.0)
     decrease: float = Field(default=0.7, ge=0.1, le=0.95)
@@ -104,12 +113,12 @@ class SloAwareParams(Params):
         return self
 
 
-def pressure(params: SloAwareParams, ttft_p99_ms: float | None, tbt_ms: float | None) -> float | None:
+def pressure(slo: Slo, ttft_p99_ms: float | None, tbt_ms: float | None) -> float | None:
     parts = []
     if ttft_p99_ms is not None:
-        parts.append(ttft_p99_ms / params.ttft_slo_ms)
+        parts.append(ttft_p99_ms / slo.ttft_ms)
     if tbt_ms is not None:
-        parts.append(tbt_ms / params.tbt_slo_ms)
+        parts.append(tbt_ms / slo.tbt_ms)
     return max(parts) if parts else None
 
 
@@ -142,11 +151,14 @@ def new_task_limits(params: SloAwareParams, level: float) -> dict[str, int]:
     }
 
 
-def queue_limits(params: SloAwareParams) -> tuple[dict[str, int], dict[str, int]]:
+def queue_limits(params: SloAwareParams, level: float | None = None) -> tuple[dict[str, int], dict[str, int]]:
+    """The queue-depth limits: the static ``queue-depth`` ones at ``min_level`` (distress), opened
+    in proportion to the level above it (``level / min_level``; the static ones without a level)."""
+    scale = 1.0 if level is None else max(1.0, level / params.min_level)
     running: dict[str, int] = {}
     new_task: dict[str, int] = {}
     for p in range(params.classes):
-        depth = max(MIN_QUEUE_DEPTH, math.floor(params.queue_depth_p0 * 0.5**p))
+        depth = max(MIN_QUEUE_DEPTH, math.floor(params.queue_depth_p0 * 0.5**p * scale + 1e-9))
         running[str(p)] = depth
         new_task[str(p)] = max(MIN_QUEUE_DEPTH, math.floor(depth * 0.75))
     return running, new_task
@@ -167,21 +179,34 @@ class SloAware:
         ttft_p99 = pool.ttft_p99_ms_w if pool is not None else None
         ttft_p50 = pool.ttft_p50_ms_w if pool is not None else None
         tbt = pool_tbt_ms(snap, ctx)
-        x = pressure(params, ttft_p99, tbt)
-        failing = failure_frac(pool.requests_w - pool.shed_w, pool.failures_w) if pool is not None else 0.0
+        slo = ctx.pool_slo(snap)
+        x = pressure(slo, ttft_p99, tbt)
+        nodes = snap.pool_nodes(ctx.pool_id)
+        lost = lost_calls(nodes)
+        failing = (
+            failure_frac(pool.requests_w - pool.shed_w, max(0, pool.failures_w - lost))
+            if pool is not None
+            else 0.0
+        )
         new_level, reason = next_level(params, level, x, failing)
         new_level = r6(new_level)
         new_task_outstanding = new_task_limits(params, new_level)
-        depth, new_task_depth = queue_limits(params)
+        depth, new_task_depth = queue_limits(params, new_level)
         reject_ms = math.floor(min(ttft_p50, params.reject_cap_ms)) if ttft_p50 is not None else 0
-        inputs = {"level": new_level, "previous_level": r6(level), "failure_frac_w": r6(failing)}
+        inputs = {
+            "level": new_level,
+            "previous_level": r6(level),
+            "failure_frac_w": r6(failing),
+            "lost_calls_w": float(lost),
+            "ttft_slo_ms": r6(slo.ttft_ms),
+            "tbt_slo_ms": r6(slo.tbt_ms),
+        }
         if x is not None:
             inputs["slo_pressure"] = r6(x)
         if ttft_p99 is not None:
             inputs["ttft_p99_ms_w"] = r6(ttft_p99)
         if tbt is not None:
             inputs["tbt_p99_ms"] = r6(tbt)
-        nodes = snap.pool_nodes(ctx.pool_id)
         inputs["max_outstanding_seen"] = float(
             max((n.queue_depth + n.running_requests for n in nodes), default=0)
         )

@@ -14,9 +14,20 @@ Formula, per tick, over the pool's warm, fresh, non-draining nodes not behind an
 (``ctx.breakers``) ``W`` (``n_w = |W|``) and the
 cold or loading ones ``A`` (arriving)::
 
+    ttft_ms, tbt_ms = the SLO of the calls the pool served (``spec.slo`` via ``ctx.slo``: the
+                      strictest class served binds, :mod:`fleetloop.policies.slo`)
     target_ttft = headroom * ttft_ms          target_tbt = headroom * tbt_ms
+    prefill     = prefill_ms(model, gpu, gpus, mean uncached prompt)   (:mod:`..prefill`)
+                  mean uncached prompt = prompt_tokens_rate / request_rate x (1 - mean_W(prefix hit))
     P_kv   = mean_W(kv_cache_used_frac) / kv_target
-    P_ttft = ttft_p50_ms_w / target_ttft                (the pool's median, over the window)
+    P_ttft = max(0, ttft_p50_ms_w - prefill) / target_ttft   (the pool's median, over the window)
+
+  TTFT is a prefill's own compute time plus the wait before it (queue, batch contention).
+  Capacity fixes the wait only: a 30k-token llama-70b prompt takes its ~2.7 s on any idle H100
+  node, and a pool that read that as pressure would grow, idle, to its maximum. So only the part
+  above the predicted compute time counts, against the whole headroom of the SLO (capacity can
+  remove the wait, nothing else). When the GPU or model is unknown the prediction is 0 (every millisecond
+  counts as fixable, the conservative side).
     P_tbt  = EWMA(1000 * n_w * median_W(running) / output_tokens_rate_per_s) / target_tbt
              the effective time between tokens a running request sees, prefill stalls included
              (Little's law: requests in service / tokens out per second), smoothed over a window
@@ -58,21 +69,23 @@ argument, keeping an idle node for as long as it takes to get one back is within
 possible cost whatever the future load does.
 
 Inputs: per node ``weights_state``, ``draining``, ``stale``, ``kv_cache_used_frac``,
-``running_requests``, ``queue_depth``, ``queued_prompt_tokens``; per pool
-``prompt_tokens_rate_per_s``, ``output_tokens_rate_per_s``, ``ttft_p50_ms_w``, ``requests_w``;
+``running_requests``, ``queue_depth``, ``queued_prompt_tokens``, ``model``, ``gpu_type``,
+``gpu_count``, ``prefix_cache_hit_frac``; per pool ``prompt_tokens_rate_per_s``,
+``output_tokens_rate_per_s``, ``request_rate_per_s``, ``ttft_p50_ms_w``, ``requests_w``; the SLO
+(``ctx.slo``; no copy here);
 the snapshot's ``window_ms``; event time ``ctx.now_ms``. State: demand samples over the trend
 window, the learned capacity and cold start, the smoothed TBT, first-seen times of not-warm nodes,
 recent raw targets, the last target and scale-down time, and the nodes it asked to drain
 (excluded for one window, so a node removed before its telemetry says "draining" is not counted
 as capacity).
 
-Parameters (defaults, bounds): ``ttft_ms`` 2000 and ``tbt_ms`` 100 (the SLO, DESIGN.md's example;
->0), ``headroom`` 0.5 (0.1-1: the signals are medians and means while an SLO
+Parameters (defaults, bounds): ``headroom`` 0.5 (0.1-1: the signals are medians and means while an SLO
 bounds a tail; under load a p99 sits about twice the median, so medians aim at half the SLO), ``kv_target``
 0.8 (0.1-1: vLLM preempts when the KV cache is full, and running sequences keep growing by their
 output), ``cold_start_s`` 120 (0-3600: the lead until one is observed; a 70B model's weights take
-minutes to load), ``tolerance`` 0.1 (0-1, HPA's band), ``up_window_s`` 10 (0-600: one telemetry
-window, so one noisy tick does not buy a node), ``down_window_s`` None (= the lead; 0-3600),
+minutes to load), ``prefill_efficiency`` 0.5 (0.05-1: the share of dense peak a prefill reaches,
+:mod:`fleetloop.policies.prefill`), ``tolerance`` 0.1 (0-1, HPA's band), ``up_window_s`` 10 (0-600:
+one telemetry window, so one noisy tick does not buy a node), ``down_window_s`` None (= the lead; 0-3600),
 ``down_step_frac`` 0.25 and ``down_period_s`` 30 (a step is observed for three 10 s windows before
 the next, so the learned capacity is re-checked at the new size), ``capacity_halflife_s`` 60
 (1-3600), ``min_requests`` 20 (0-100000), ``min_nodes`` 1, ``max_nodes`` 1000, ``pools`` per-pool
@@ -103,8 +116,18 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.base import (
+    FleetSnapshot,
+    NodeView,
+    Params,
+    PolicyContext,
+    PolicyResult,
+    PoolView,
+    r6,
+)
+from fleetloop.policies.prefill import DEFAULT_EFFICIENCY, prefill_ms
 from fleetloop.policies.registry import register
+from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.decisions import AutoscaleDecision
 
 MIN_LEARN_PRESSURE = 0.05
@@ -118,10 +141,9 @@ class PoolBounds(Params):
 
 
 class SloPredictiveParams(Params):
-    ttft_ms: float = Field(default=2000.0, gt=0.0, le=600_000.0)
-    tbt_ms: float = Field(default=100.0, gt=0.0, le=60_000.0)
     headroom: float = Field(default=0.5, ge=0.1, le=1.0)
     kv_target: float = Field(default=0.8, ge=0.1, le=1.0)
+    prefill_efficiency: float = Field(default=DEFAULT_EFFICIENCY, ge=0.05, le=1.0)
     cold_start_s: float = Field(default=120.0, ge=0.0, le=3600.0)
     tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
     up_window_s: float = Field(default=10.0, ge=0.0, le=600.0)
@@ -237,11 +259,30 @@ class Pressure:
         return max(self.kv, self.ttft or 0.0, self.tbt or 0.0, self.queue)
 
 
-def pressure(
-    warm: Sequence[NodeView], ttft: float | None, tbt: float | None, params: SloPredictiveParams
+def predicted_prefill_ms(
+    pool: PoolView | None, warm: Sequence[NodeView], params: SloPredictiveParams
+) -> float:
+    """The compute time of the pool's mean uncached prompt on one of its warm nodes (0 unknown)."""
+    if pool is None or not warm or pool.request_rate_per_s <= 0:
+        return 0.0
+    hit = sum(n.prefix_cache_hit_frac for n in warm) / len(warm)
+    tokens = pool.prompt_tokens_rate_per_s / pool.request_rate_per_s * (1.0 - min(max(hit, 0.0), 1.0))
+    ref = warm[0]
+    ms = prefill_ms(ref.model, ref.gpu_type, ref.gpu_count, tokens, params.prefill_efficiency)
+    return ms if ms is not None else 0.0
+
+
+def pressure(  # noqa: PLR0917 - the signals, then the SLO and the prefill that shift them
+    warm: Sequence[NodeView],
+    ttft: float | None,
+    tbt: float | None,
+    params: SloPredictiveParams,
+    slo: Slo = DEFAULT_BOOK.default,
+    prefill: float = 0.0,
 ) -> Pressure:
     """How hard the warm nodes press against the SLO targets; 1.0 = at target. ``ttft`` is the
-    pool's windowed TTFT p50, ``tbt`` the smoothed effective time between tokens."""
+    pool's windowed TTFT p50, ``tbt`` the smoothed effective time between tokens, ``prefill`` the
+    predicted compute time of a prefill (subtracted from ``ttft``: capacity cannot remove it)."""
     kv = sum(n.kv_cache_used_frac for n in warm) / len(warm) / params.kv_target if warm else 0.0
     waiting = sum(n.queue_depth for n in warm)
     running = sum(n.running_requests for n in warm)
@@ -249,8 +290,8 @@ def pressure(
     return Pressure(
         queue=queue,
         kv=kv,
-        ttft=ttft / (params.headroom * params.ttft_ms) if ttft is not None else None,
-        tbt=tbt / (params.headroom * params.tbt_ms) if tbt is not None else None,
+        ttft=max(0.0, ttft - prefill) / (params.headroom * slo.ttft_ms) if ttft is not None else None,
+        tbt=tbt / (params.headroom * slo.tbt_ms) if tbt is not None else None,
     )
 
 
@@ -324,7 +365,9 @@ class SloPredictive:
             tbt = tbt_now if tbt is None else tbt + beta * (tbt_now - tbt)
         elif not warm:
             tbt = None
-        p = pressure(warm, pool.ttft_p50_ms_w if pool else None, tbt, params)
+        slo = ctx.pool_slo(snap)
+        prefill = predicted_prefill_ms(pool, warm, params)
+        p = pressure(warm, pool.ttft_p50_ms_w if pool else None, tbt, params, slo, prefill)
         p_now = p.value
         capacity = state.capacity_tok_s
         learnable = (
@@ -357,6 +400,9 @@ class SloPredictive:
             "projected_tok_s": r6(projected),
             "backlog_tok_s": r6(backlog),
             "lead_s": r6(lead_s),
+            "ttft_slo_ms": r6(slo.ttft_ms),
+            "tbt_slo_ms": r6(slo.tbt_ms),
+            "prefill_ms": r6(prefill),
         }
         if p.ttft is not None:
             inputs["pressure_ttft"] = r6(p.ttft)

@@ -12,7 +12,10 @@ tokens), hence the floor of 512. The price of a small cap is TTFT: a long prompt
 iterations, each also paying the decode batch, so the cap rises again when TBT has headroom.
 
 Formula, per pool and tick, with ``x = tbt / tbt_slo_ms`` where ``tbt`` is the median over the
-pool's warm, fresh, not-ejected nodes of their newest TBT p99::
+pool's warm, fresh, not-ejected nodes of their newest TBT p99 and ``tbt_slo_ms`` the TBT of the
+policy's SLO classes (``spec.slo``) for the calls the pool served in the window
+(:mod:`fleetloop.policies.slo`: the strictest class served binds, since every call on a node shares
+its step time)::
 
     x >= tighten_at:  cap = max(min_tokens, floor(cap * decrease))      reason tbt-near-slo
     x <= relax_below: cap = min(max_tokens, cap + increase_tokens)       reason tbt-headroom
@@ -22,10 +25,10 @@ The state is the cap; it starts at ``initial_tokens``. The median over nodes (th
 even count) keeps one degraded GPU, which the breaker handles, from shrinking the whole pool's cap.
 
 Inputs: the pool's nodes (weights state, draining, staleness, ``tbt_p99_ms``) and the breaker
-decisions already taken this tick (``ctx.breakers``). Parameters (defaults, bounds):
-``tbt_slo_ms`` 80 (5-10 000; the interactive TBT SLO, MLPerf-style TPOT limits sit at 40-200 ms),
-``tighten_at`` 0.8 (0.1-2), ``relax_below`` 0.5 (0.05-2, below ``tighten_at``), ``decrease`` 0.5
-(0.1-0.95, TCP-style halving), ``increase_tokens`` 512 (16-65 536 per tick), ``min_tokens`` 512
+decisions already taken this tick (``ctx.breakers``), the SLO (``ctx.slo``; no copy here).
+Parameters (defaults, bounds): ``tighten_at`` 0.8 (0.1-2), ``relax_below`` 0.5 (0.05-2, below
+``tighten_at``), ``decrease`` 0.5 (0.1-0.95, TCP-style halving), ``increase_tokens`` 512 (16-65 536
+per tick), ``min_tokens`` 512
 (256-1 048 576; above every catalog GPU's ridge point and at least twice vLLM's default
 ``max_num_seqs`` of 256, so prefill always fits beside a full decode batch), ``max_tokens`` 8192
 (vLLM V1's chunked-prefill default), ``initial_tokens`` 2048 (vLLM's long-standing chunked-prefill
@@ -51,7 +54,6 @@ from fleetloop.schemas.decisions import BatchingDecision
 
 
 class TbtFeedbackParams(Params):
-    tbt_slo_ms: float = Field(default=80.0, ge=5.0, le=10_000.0)
     tighten_at: float = Field(default=0.8, ge=0.1, le=2.0)
     relax_below: float = Field(default=0.5, ge=0.05, le=2.0)
     decrease: float = Field(default=0.5, ge=0.1, le=0.95)
@@ -85,11 +87,11 @@ def pool_tbt_ms(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
     return values[len(values) // 2]
 
 
-def next_cap(params: TbtFeedbackParams, cap: int, tbt_ms: float | None) -> tuple[int, str]:
+def next_cap(params: TbtFeedbackParams, cap: int, tbt_ms: float | None, tbt_slo_ms: float) -> tuple[int, str]:
     cap = min(max(cap, params.min_tokens), params.max_tokens)
     if tbt_ms is None:
         return cap, "no-data"
-    x = tbt_ms / params.tbt_slo_ms
+    x = tbt_ms / tbt_slo_ms
     if x >= params.tighten_at:
         return max(params.min_tokens, math.floor(cap * params.decrease)), "tbt-near-slo"
     if x <= params.relax_below:
@@ -109,11 +111,12 @@ class TbtFeedback:
     ) -> PolicyResult[int]:
         cap = params.initial_tokens if state is None else state
         tbt = pool_tbt_ms(snap, ctx)
-        new_cap, reason = next_cap(params, cap, tbt)
-        inputs = {"previous_max_batch_tokens": float(cap)}
+        slo = ctx.pool_slo(snap)
+        new_cap, reason = next_cap(params, cap, tbt, slo.tbt_ms)
+        inputs = {"previous_max_batch_tokens": float(cap), "tbt_slo_ms": r6(slo.tbt_ms)}
         if tbt is not None:
             inputs["tbt_p99_ms"] = r6(tbt)
-            inputs["tbt_pressure"] = r6(tbt / params.tbt_slo_ms)
+            inputs["tbt_pressure"] = r6(tbt / slo.tbt_ms)
         decision = BatchingDecision(
             entity=f"pool/{ctx.pool_id}",
             pool_id=ctx.pool_id,

@@ -43,6 +43,14 @@ either probes; else, for ``slow_start_ms`` after a node came back from half-open
 half-open node exactly ``probe_frac`` of the pool's traffic: that is the routing-weight ramp);
 else ``closed``.
 
+Pool-wide failures: an error ejection (consecutive failures) is published as detected, not
+enforced (reason ``...:pool-wide``) while the median failure share of the pool's serving nodes is
+at least half the node's own (``POOL_WIDE_SHARE`` 0.5, the same "half the pool" reading as the
+panic threshold): when every node times out together (a slowdown shared by the pool, or overload)
+the failures are not the node's, and ejecting it piles its calls onto nodes failing the same way.
+A node failing alone (a black hole, a broken GPU) sits far above a median near zero and is ejected
+as before. The engine adds a capacity check on top (no ejection whose work the rest cannot carry).
+
 Caps: a new latency ejection is enforced only while the pool's open nodes stay within
 ``floor(max_ejected_frac x nodes)`` (most severe first, severity = the node's largest ratio to its
 pool median); beyond it the breaker is "detected", not enforced. Panic threshold: when fewer than
@@ -50,9 +58,10 @@ pool median); beyond it the breaker is "detected", not enforced. Panic threshold
 the pool are all published as detected, not enforced: a pool-wide slowdown is overload, and
 ejecting would pile the load on fewer nodes. Error ejections are capped by the engine's envelope.
 
-Inputs: per node ``tbt_p50_ms``, ``tbt_p99_ms``, ``ttft_p99_ms`` (node telemetry over its last
-interval), ``ttft_mean_ms_w`` and ``consecutive_failures`` (router outcomes), ``node_timeouts_w``,
-``weights_state``, ``draining``, ``stale``; ``ctx.now_ms``.
+Inputs: the SLO (``ctx.slo``, for the floors); per node ``tbt_p50_ms``, ``tbt_p99_ms``,
+``ttft_p99_ms`` (node telemetry over its last interval), ``ttft_mean_ms_w``, ``consecutive_failures``,
+``requests_w`` and ``failures_w`` (router outcomes), ``node_timeouts_w``, ``weights_state``,
+``draining``, ``stale``; ``ctx.now_ms``.
 
 Parameters (defaults, bounds; the reasoning behind each):
 
@@ -62,9 +71,11 @@ Parameters (defaults, bounds; the reasoning behind each):
   scaled MADs (Leys et al. 2013, "Detecting outliers: do not use standard deviation around the
   mean, use absolute deviation around the median", which recommends 2.5-3) catch the bad ones
   without ejecting the busy ones; a 2x degradation goes unseen, by design.
-- ``tbt_floor_ms`` 10 (0-10 000), ``ttft_floor_ms`` 100 (0-600 000): a node must also be this much
-  slower in absolute terms; 10 ms of step time or 100 ms of first-token time is small against SLOs
-  of 50-100 ms TBT and 0.8-5 s TTFT, so ratios over tiny numbers (an idle llama-8b) do not trip.
+- ``tbt_floor_frac`` 0.1 and ``ttft_floor_frac`` 0.05 (0-1) of the pool's SLO (``spec.slo``, the
+  strictest class among the calls it served; no copy here): a node must also be this much slower
+  in absolute terms; a tenth of the TBT SLO (10 ms of 100) or a twentieth of the TTFT SLO (100 ms
+  of 2 s) is small against what a call may take, so ratios over tiny numbers (an idle llama-8b)
+  do not trip, and a pool held to a looser SLO tolerates proportionally more.
 - ``min_hosts`` 3 (2-1000): a median of fewer nodes says nothing about which one is odd.
 - ``memory_ms`` 20 000 (0-600 000), ``min_samples`` 2 (1-1000): a slow node reports a step time
   every few seconds; 20 s gathers a few, and has expired by the time a 30 s ejection ends, so a
@@ -101,7 +112,7 @@ latency machine holds its state; error ejection goes on.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -110,9 +121,11 @@ from pydantic import Field, model_validator
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.breaker.consecutive_errors import ConsecutiveErrorsParams, NodeBreaker, step
 from fleetloop.policies.registry import register
+from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.decisions import BreakerDecision, BreakerStateName
 
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
+POOL_WIDE_SHARE = 0.5  # the median node failing at >= half this node's rate: the failure is the pool's
 TBT_SIGNALS: tuple[str, ...] = ("tbt_p50_ms", "tbt_p99_ms")
 TTFT_SIGNALS: tuple[str, ...] = ("ttft_mean_ms_w", "ttft_p99_ms")
 SIGNALS: tuple[str, ...] = (*TBT_SIGNALS, *TTFT_SIGNALS)
@@ -121,8 +134,8 @@ SIGNALS: tuple[str, ...] = (*TBT_SIGNALS, *TTFT_SIGNALS)
 class LatencyOutlierParams(Params):
     ratio: float = Field(default=3.0, ge=1.5, le=100.0)
     k: float = Field(default=3.0, ge=0.0, le=20.0)
-    tbt_floor_ms: float = Field(default=10.0, ge=0.0, le=10_000.0)
-    ttft_floor_ms: float = Field(default=100.0, ge=0.0, le=600_000.0)
+    tbt_floor_frac: float = Field(default=0.1, ge=0.0, le=1.0)
+    ttft_floor_frac: float = Field(default=0.05, ge=0.0, le=1.0)
     min_hosts: int = Field(default=3, ge=2, le=1000)
     memory_ms: int = Field(default=20_000, ge=0, le=600_000)
     min_samples: int = Field(default=2, ge=1, le=1000)
@@ -264,7 +277,10 @@ def judge(
     agg: Mapping[str, float],
     refs: Mapping[str, tuple[float, float] | None],
     params: LatencyOutlierParams,
+    slo: Slo = DEFAULT_BOOK.default,
 ) -> Verdict:
+    tbt_floor = params.tbt_floor_frac * slo.tbt_ms
+    ttft_floor = params.ttft_floor_frac * slo.ttft_ms
     severity = 0.0
 
     def family(signals: tuple[str, ...], floor: float, values: Mapping[str, float] = agg) -> str:
@@ -283,17 +299,37 @@ def judge(
             status = "clear"
         return status
 
-    tbt = family(TBT_SIGNALS, params.tbt_floor_ms)
+    tbt = family(TBT_SIGNALS, tbt_floor)
     if tbt == "flagged":
         # A fresh step time that is fine clears the node at once: the remembered median outlives
         # the episode (a long prefill) that raised it.
         now_figures = {sig: v for sig in TBT_SIGNALS if (v := _value(node, sig)) is not None}
-        if now_figures and family(TBT_SIGNALS, params.tbt_floor_ms, now_figures) == "clear":
+        if now_figures and family(TBT_SIGNALS, tbt_floor, now_figures) == "clear":
             tbt = "clear"
-    ttft = family(TTFT_SIGNALS, params.ttft_floor_ms)
+    ttft = family(TTFT_SIGNALS, ttft_floor)
     if ttft == "nodata" and node.ttft_mean_ms_w is None and node.node_timeouts_w > 0:
         ttft = "flagged"  # calls went in, no first token came out, the node timed them out
     return Verdict(tbt, ttft, severity)
+
+
+def failure_share(n: NodeView) -> float:
+    return n.failures_w / n.requests_w if n.requests_w > 0 else 0.0
+
+
+def pool_failure_frac(pool: Sequence[NodeView]) -> float:
+    """The median failure share over the pool's serving nodes that took calls in the window."""
+    xs = sorted(failure_share(n) for n in pool if serving(n) and n.requests_w > 0)
+    return median_sorted(xs) if xs else 0.0
+
+
+def failing_with_pool(n: NodeView, pool_failing: float) -> bool:
+    """The node's failures are the pool's: the median serving node fails at least half as often.
+
+    A node that fails alone (a black hole, a bad GPU) sits far above a median near zero; when the
+    whole pool times out together (every node slowed, or overloaded), the median node fails about
+    as often as this one, and ejecting it would only move its calls onto nodes failing the same way.
+    """
+    return serving(n) and n.requests_w > 0 and pool_failing >= POOL_WIDE_SHARE * failure_share(n) > 0
 
 
 def backoff_ms(params: LatencyOutlierParams, ejections: int) -> int:
@@ -347,6 +383,7 @@ class LatencyOutlier:
             remembered[n.node_id] = ns = remember(ns, n, now, params)
             aggs[n.node_id] = aggregate(ns, params.min_samples) if serving(n) else {}
         refs = {s: reference([a[s] for a in aggs.values() if s in a], params.min_hosts) for s in SIGNALS}
+        slo = ctx.pool_slo(snap)
 
         stepped: dict[str, NodeState] = {}
         reasons: dict[str, str] = {}
@@ -358,7 +395,11 @@ class LatencyOutlier:
             # weights just loaded: slow start
             ramp = now if state.started and n.warm and not ns.was_warm else ns.ramp_from_ms
             ns = _with(ns, err=err, ramp_from_ms=ramp, was_warm=n.warm)
-            v = judge(n, aggs[n.node_id], refs, params) if serving(n) else Verdict("nodata", "nodata", 0.0)
+            v = (
+                judge(n, aggs[n.node_id], refs, params, slo)
+                if serving(n)
+                else Verdict("nodata", "nodata", 0.0)
+            )
             verdicts[n.node_id] = v
             ns, lat_reason, want = _latency_step(ns, v, now, params)
             if want:
@@ -395,6 +436,7 @@ class LatencyOutlier:
         ]
         panic = bool(live) and len(healthy) < params.panic_threshold * len(live)
         share = 1.0 / max(1, len(live))
+        pool_failing = pool_failure_frac(pool)
 
         decisions: list[BreakerDecision] = []
         new_nodes: dict[str, NodeState] = {}
@@ -407,6 +449,7 @@ class LatencyOutlier:
                 self._decision(
                     n, ns, verdicts[n.node_id], reasons[n.node_id], params,
                     now=now, share=share, over_cap=n.node_id in over_cap, panic=panic, pool_id=ctx.pool_id,
+                    shared=failing_with_pool(n, pool_failing),
                 )
             )  # fmt: skip
         diagnostics = {
@@ -414,6 +457,7 @@ class LatencyOutlier:
             "error_open": float(sum(1 for ns in new_nodes.values() if ns.err.state == "open")),
             "outliers": float(sum(1 for v in verdicts.values() if v.outlier)),
             "panic": float(panic),
+            "pool_failure_frac": r6(pool_failing),
         }
         # Nodes of other pools keep their state (the engine keys state by pool, so there are none).
         return PolicyResult(
@@ -433,6 +477,7 @@ class LatencyOutlier:
         over_cap: bool,
         panic: bool,
         pool_id: str,
+        shared: bool = False,
     ) -> BreakerDecision:
         inputs = {
             "consecutive_failures": float(n.consecutive_failures),
@@ -455,13 +500,14 @@ class LatencyOutlier:
                 untils.append(ns.err.since_ms + backoff_ms(params, ns.err.ejections))
             if lat_open:
                 untils.append(ns.lat_since_ms + backoff_ms(params, ns.lat_ejections))
-            enforced = err_open or not panic
+            enforced = (err_open and not shared) or (lat_open and not panic)
+            why = "pool-wide" if err_open and shared else "panic"
             return BreakerDecision(
                 **base,
                 state="open",
                 until_ms=max(untils),
                 enforced=enforced,
-                reason=reason if enforced else f"{reason}:panic",
+                reason=reason if enforced else f"{reason}:{why}",
             )
         if over_cap:
             return BreakerDecision(**base, state="open", enforced=False, reason=reason)

@@ -1,0 +1,215 @@
+"""keda-engine: KEDA/KServe-style autoscaling on the engine's own queue and KV signals (``modern``).
+
+What a careful operator runs today instead of HPA on GPU utilization: a KEDA ``ScaledObject`` with
+two Prometheus triggers on the serving engine's metrics, which KEDA turns into one Kubernetes HPA
+with two external metrics; the HPA computes a replica count per metric and takes the largest
+(``HorizontalController.computeReplicasForMetrics``), then applies the same default ``behavior`` as
+:mod:`fleetloop.policies.autoscale.hpa` (stabilization, rate limits, bounds; those functions are
+reused from there unchanged).
+
+Formula, at each sync (``current`` = the target set at the previous sync):
+
+1. **Queue**: ``vllm:num_requests_waiting`` summed over the pool, ``AverageValue`` target
+   ``waiting_per_node`` 5 (KEDA's default metric type for a trigger is AverageValue; threshold 5 is
+   the vLLM production-stack KEDA tutorial's ScaledObject, docs.vllm.ai/projects/production-stack,
+   "Autoscaling with KEDA"). Kubernetes ``GetExternalPerPodMetricReplicas``
+   (``replica_calculator.go``)::
+
+       usage_ratio = total_waiting / (waiting_per_node x current)
+       desired_q   = current if |usage_ratio - 1| <= tolerance else ceil(total_waiting / waiting_per_node)
+
+2. **KV cache**: ``vllm:kv_cache_usage_perc`` averaged over the ready nodes, ``Value`` target
+   ``kv_target`` 0.8 (KServe's LLM autoscaling guide names waiting requests and KV-cache usage as the
+   two signals, kserve.github.io "Autoscale InferenceService with LLM metrics"; 0.8 keeps a fifth of
+   the cache for growth before vLLM starts preempting, our choice, stated as such).
+   ``GetExternalMetricReplicas``::
+
+       usage_ratio = avg_kv / kv_target
+       desired_kv  = current if |usage_ratio - 1| <= tolerance else ceil(usage_ratio x ready)
+
+   ``desired = max(desired_q, desired_kv)``, then stabilized and rate limited as HPA does with its
+   default behavior (scale up at once by max(100%, 4 pods) per 15 s; scale down to the highest
+   recommendation of the last 300 s, by at most 100% per 15 s), within ``[min_replicas,
+   max_replicas]``, every ``sync_period_ms`` 15 000 (KEDA's tutorial polls every 15 s, HPA syncs
+   every 15 s).
+
+Inputs: per node ``queue_depth`` (num_requests_waiting), ``kv_cache_used_frac``, ``weights_state``,
+``draining``, ``stale``; event time. State: :class:`fleetloop.policies.autoscale.hpa.HpaState`.
+
+Parameters (defaults, bounds): ``waiting_per_node`` 5 (0.1-10 000), ``kv_target`` 0.8 (0.05-1),
+``tolerance`` 0.1 (0-1), ``sync_period_ms`` 15 000 (1-600 000), ``min_replicas`` 1 (0-100 000),
+``max_replicas`` 1000, ``pools`` per-pool bounds, ``scale_up`` / ``scale_down`` HPA rules (defaults
+as Kubernetes documents them).
+
+Trade-offs: the engine's signals move with real load (a busy GPU reads 100% whether or not it
+keeps up; a queue and a full KV cache do not lie), so it neither runs at quota like ``classic`` nor
+waits for a saturation signal that never comes. But it is still reactive: it adds nodes only once
+the queue has formed or the cache has filled, and each takes a full cold start; it knows nothing of
+SLOs, priorities, tasks or cost, and the 300 s stabilization holds idle nodes after a burst.
+
+Failure mode: with no ready node reporting fresh metrics it keeps the current target (HPA's
+``FailedGetExternalMetric``); cold and loading nodes report no metrics, so during a cold start the
+ready nodes' queue (a sum) still drives scale-up while the KV average counts only them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from fleetloop.policies.autoscale.hpa import (
+    DEFAULT_SCALE_DOWN,
+    DEFAULT_SCALE_UP,
+    Hpa,
+    HpaState,
+    PoolBounds,
+    ScalingRules,
+    limit_rate,
+    stabilize,
+)
+from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
+from fleetloop.policies.registry import register
+
+
+class KedaEngineParams(Params):
+    waiting_per_node: float = Field(default=5.0, ge=0.1, le=10_000.0)
+    kv_target: float = Field(default=0.8, ge=0.05, le=1.0)
+    tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
+    sync_period_ms: int = Field(default=15_000, ge=1, le=600_000)
+    min_replicas: int = Field(default=1, ge=0, le=100_000)
+    max_replicas: int = Field(default=1000, ge=1, le=100_000)
+    pools: dict[str, PoolBounds] = Field(default_factory=dict)
+    scale_up: ScalingRules = DEFAULT_SCALE_UP
+    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        for name, lo, hi in [("", self.min_replicas, self.max_replicas)] + [
+            (f"pools.{p}.", b.min_replicas, b.max_replicas) for p, b in sorted(self.pools.items())
+        ]:
+            if lo > hi:
+                raise ValueError(f"{name}min_replicas ({lo}) is above {name}max_replicas ({hi})")
+        return self
+
+    def bounds(self, pool_id: str) -> tuple[int, int]:
+        b = self.pools.get(pool_id)
+        return (b.min_replicas, b.max_replicas) if b is not None else (self.min_replicas, self.max_replicas)
+
+
+def _within(ratio: float, tolerance: float) -> bool:
+    return abs(ratio - 1.0) <= tolerance
+
+
+def metric_replicas(
+    nodes: tuple[NodeView, ...] | list[NodeView], current: int, params: KedaEngineParams
+) -> tuple[int | None, dict[str, float]]:
+    """Both metrics' replica counts and the larger; None when no ready node has fresh metrics."""
+    ready = [n for n in nodes if not n.draining and n.weights_state == "warm" and not n.stale]
+    if not ready:
+        return None, {"ready_nodes": 0.0}
+    waiting = float(sum(n.queue_depth for n in ready))
+    kv = sum(n.kv_cache_used_frac for n in ready) / len(ready)
+    q_ratio = waiting / (params.waiting_per_node * current) if current > 0 else math.inf
+    q_desired = (
+        current if _within(q_ratio, params.tolerance) else math.ceil(waiting / params.waiting_per_node)
+    )
+    kv_ratio = kv / params.kv_target
+    kv_desired = current if _within(kv_ratio, params.tolerance) else math.ceil(kv_ratio * len(ready))
+    inputs = {
+        "ready_nodes": float(len(ready)),
+        "waiting_total": waiting,
+        "kv_used_avg": kv,
+        "desired_by_queue": float(q_desired),
+        "desired_by_kv": float(kv_desired),
+    }
+    return max(q_desired, kv_desired), inputs
+
+
+@register("autoscale", "keda-engine")
+class KedaEngine:
+    Params = KedaEngineParams
+
+    def initial_state(self) -> HpaState:
+        return HpaState()
+
+    def decide(
+        self, snap: FleetSnapshot, params: KedaEngineParams, state: HpaState, ctx: PolicyContext
+    ) -> PolicyResult[HpaState]:
+        now = ctx.now_ms
+        nodes = snap.pool_nodes(ctx.pool_id)
+        active = [n for n in nodes if not n.draining]
+        if state.last_sync_ms is not None and now - state.last_sync_ms < params.sync_period_ms:
+            desired = state.last_desired if state.last_desired is not None else len(active)
+            hold = {
+                "spec_replicas": float(desired),
+                "next_sync_ms": float(state.last_sync_ms + params.sync_period_ms),
+            }
+            return PolicyResult(
+                decisions=(Hpa._decision(ctx, active, desired, "between-syncs", hold),), state=state
+            )
+        if state.last_desired is None and not active:
+            return PolicyResult(decisions=(Hpa._decision(ctx, active, 0, "no-nodes-yet", {}),), state=state)
+        current = state.last_desired if state.last_desired is not None else len(active)
+        lo, hi = params.bounds(ctx.pool_id)
+        recs = state.recommendations if state.recommendations is not None else ((now, current),)
+        inputs: dict[str, float] = {"spec_replicas": float(current)}
+        if current > hi:
+            desired, reason = hi, "above-max-replicas"
+        elif current < lo:
+            desired, reason = lo, "below-min-replicas"
+        else:
+            wanted, more = metric_replicas(nodes, current, params)
+            inputs.update(more)
+            if wanted is None:
+                desired, reason = current, "no-metrics"
+            else:
+                stabilized, recs = stabilize(
+                    recs,
+                    wanted,
+                    current,
+                    now_ms=now,
+                    up_window_ms=params.scale_up.stabilization_window_s * 1000,
+                    down_window_ms=params.scale_down.stabilization_window_s * 1000,
+                )
+                inputs["stabilized"] = float(stabilized)
+                desired, condition = limit_rate(
+                    current,
+                    stabilized,
+                    min_replicas=lo,
+                    max_replicas=hi,
+                    up=state.scale_up_events,
+                    down=state.scale_down_events,
+                    up_rules=params.scale_up,
+                    down_rules=params.scale_down,
+                    now_ms=now,
+                )
+                if condition != "DesiredWithinRange":
+                    reason = "".join(f"-{c.lower()}" if c.isupper() else c for c in condition).lstrip("-")
+                elif stabilized != wanted:
+                    reason = "scale-up-stabilized" if wanted > current else "scale-down-stabilized"
+                else:
+                    reason = (
+                        "scale-up" if desired > current else "scale-down" if desired < current else "steady"
+                    )
+        up_events, down_events = state.scale_up_events, state.scale_down_events
+        if desired != current:
+            horizon = max(
+                (p.period_s for p in (*params.scale_up.policies, *params.scale_down.policies)), default=0
+            )
+            cutoff = now - horizon * 1000
+            up_events = tuple(e for e in up_events if e[0] > cutoff)
+            down_events = tuple(e for e in down_events if e[0] > cutoff)
+            if desired > current:
+                up_events = (*up_events, (now, desired - current))
+            else:
+                down_events = (*down_events, (now, current - desired))
+        new_state = HpaState(
+            last_sync_ms=now,
+            last_desired=desired,
+            recommendations=recs,
+            scale_up_events=up_events,
+            scale_down_events=down_events,
+        )
+        return PolicyResult(decisions=(Hpa._decision(ctx, active, desired, reason, inputs),), state=new_state)

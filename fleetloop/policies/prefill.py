@@ -1,0 +1,63 @@
+"""What a prompt's prefill costs on a node by itself: the part of TTFT no amount of capacity removes.
+
+A prefill of ``n`` uncached prompt tokens is one forward pass over them, compute bound (a large
+GEMM); its floor is its FLOPs over the node's achieved FLOP/s::
+
+    flops(n)  = 2 * params * n                 (weights: one multiply-add per parameter per token)
+              + 2 * layers * hidden * n**2     (causal attention: QK^T and AV over the half-triangle)
+    seconds   = flops(n) / (gpu_count * peak_bf16_flops * efficiency)
+
+A queue in front of it, or a batch it shares, only adds to that. Adding nodes shortens the queue,
+not the pass: a 30k-token llama-70b prompt takes ~2.7 s on four H100s at half of peak, idle or not.
+
+Inputs: the model name and GPU type a node reports, its ``gpu_count``, and the prompt size.
+Data (public datasheets and model cards, peak dense BF16 tensor FLOP/s per GPU): A100 312e12,
+H100 989e12, H200 989e12, L40S 362e12, MI300X 1307.4e12; Llama 3.1 8B: 8.03e9 parameters, 32
+layers, hidden 4096; Llama 3.1 70B: 70.6e9, 80 layers, hidden 8192. ``efficiency`` 0.5 by
+default: serving engines reach about half of dense peak in prefill (attention, norms and sampling
+are not GEMMs); a lower value predicts longer prefills and so treats more latency as unfixable.
+
+Failure mode: an unknown GPU or model gives no prediction (``None``): the caller must then treat
+all latency as fixable (today's behaviour), never guess. A prediction from the pool's *mean* prompt
+overstates the median call's prefill when prompts are heavy-tailed (the mean of a lognormal sits
+``exp(sigma^2 / 2)`` above its median), which reads a little queueing as compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "A100": 312e12,
+    "H100": 989e12,
+    "H200": 989e12,
+    "L40S": 362e12,
+    "MI300X": 1307.4e12,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    params: float
+    layers: int
+    hidden: int
+
+
+MODEL_SHAPES: dict[str, ModelShape] = {
+    "llama-8b": ModelShape(8.03e9, 32, 4096),
+    "llama-70b": ModelShape(70.6e9, 80, 8192),
+}
+DEFAULT_EFFICIENCY = 0.5
+
+
+def prefill_ms(
+    model: str, gpu_type: str, gpu_count: int, prompt_tokens: float, efficiency: float = DEFAULT_EFFICIENCY
+) -> float | None:
+    """Milliseconds one node needs to prefill ``prompt_tokens`` on its own; None when unknown."""
+    shape = MODEL_SHAPES.get(model)
+    peak = PEAK_BF16_FLOPS.get(gpu_type)
+    if shape is None or peak is None or gpu_count < 1 or efficiency <= 0:
+        return None
+    n = max(0.0, prompt_tokens)
+    flops = 2.0 * shape.params * n + 2.0 * shape.layers * shape.hidden * n * n
+    return 1000.0 * flops / (gpu_count * peak * efficiency)

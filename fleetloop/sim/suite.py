@@ -1,0 +1,250 @@
+"""Suites over seeds: ``python -m fleetloop.sim.table --suite stress|shipped|all [--seeds N]``.
+
+A suite runs every scenario of its directory (``scenarios/`` for ``shipped``,
+``scenarios/stress/`` for ``stress``, both for ``all``) under ``classic`` and the default policy
+for ``N`` seeds each (5 by default: the scenario's own seed and the next four), and checks issue
+15's targets on every (scenario, seed) pair:
+
+- task success at least classic's, within one task: ``default succeeded >= classic succeeded - 1``
+  counted over the same arrivals (same scenario and seed, so the same tasks start);
+- priority-0 success likewise (``p0 succeeded >= classic's - 1``);
+- cost per successful task at most 1.02x classic's;
+- and, over every pair, the geometric mean of that cost ratio at most 0.7.
+
+Pairs are compared on task counts rather than rates so that "within one task" means one task at
+any scale. ``--ablation`` also runs the default policy with each lever off (see
+:data:`fleetloop.sim.table.LEVER_OFF`) over the same seeds and reports, per lever and scenario,
+the geometric-mean cost ratio against the full policy and the tasks gained or lost.
+
+The table goes to ``OUT/sim-<suite>.md`` and ``OUT/sim-<suite>.json``; ``--json`` prints the rows.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from fleetloop.sim.scenario import load_scenario
+
+SUITES: dict[str, tuple[str, ...]] = {
+    "shipped": ("scenarios",),
+    "stress": ("scenarios/stress",),
+    "all": ("scenarios", "scenarios/stress"),
+}
+COST_RATIO_MAX = 1.02
+GEOMEAN_MAX = 0.7
+TASK_SLACK = 1  # "within one task"
+
+Job = tuple[str, str, str, int]
+Key = tuple[str, int]
+
+
+def suite_files(suite: str, root: Path = Path()) -> list[Path]:
+    files: list[Path] = []
+    for d in SUITES[suite]:
+        files.extend(sorted((root / d).glob("*.yaml")))
+    return files
+
+
+def suite_jobs(
+    files: Iterable[Path], seeds: int, policies: list[tuple[str, str]], first_seed: int | None = None
+) -> list[Job]:
+    """(file, label, spec, seed) for every file, seed and policy: seeds are the scenario's own
+    seed (or ``first_seed``) and the ``seeds - 1`` that follow it."""
+    jobs: list[Job] = []
+    for f in files:
+        base = load_scenario(f).seed if first_seed is None else first_seed
+        for k in range(seeds):
+            jobs.extend((str(f), label, spec, base + k) for label, spec in policies)
+    return jobs
+
+
+def run_jobs(
+    jobs: list[Job],
+    workers: int,
+    run_one: Callable[[Job], dict[str, Any]],
+    progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every job on ``workers`` processes; rows come back in job order."""
+    rows: list[dict[str, Any] | None] = [None] * len(jobs)
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {pool.submit(run_one, job): i for i, job in enumerate(jobs)}
+        for done, fut in enumerate(as_completed(futures), start=1):
+            row = fut.result()
+            rows[futures[fut]] = row
+            if progress is not None:
+                progress(done, len(jobs), row)
+    return [r for r in rows if r is not None]
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _index(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
+    return {(r["scenario"], int(r["seed"]), r["policy"]): r for r in rows}
+
+
+def cost_ratio(d: dict[str, Any], c: dict[str, Any]) -> float:
+    du, cu = d["per_successful_task_usd"], c["per_successful_task_usd"]
+    if du is None:
+        return math.inf
+    if cu is None:  # classic succeeded at nothing: anything that succeeds is cheaper
+        return 0.0
+    return float(du) / float(cu)
+
+
+def check_pair(d: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+    """Issue 15's per-pair targets for one (scenario, seed): default row ``d`` vs classic ``c``."""
+    ratio = cost_ratio(d, c)
+    tasks = int(d["tasks_succeeded"]) - int(c["tasks_succeeded"])
+    p0 = int(d["p0_tasks_succeeded"]) - int(c["p0_tasks_succeeded"])
+    return {
+        "scenario": d["scenario"],
+        "seed": int(d["seed"]),
+        "cost_ratio": ratio,
+        "tasks_delta": tasks,
+        "p0_tasks_delta": p0,
+        "cost_ok": ratio <= COST_RATIO_MAX,
+        "tasks_ok": tasks >= -TASK_SLACK,
+        "p0_ok": p0 >= -TASK_SLACK,
+    }
+
+
+def suite_targets(rows: list[dict[str, Any]], policy: str = "default") -> tuple[list[dict[str, Any]], bool]:
+    """Every (scenario, seed) pair of ``policy`` against classic, and whether all targets are met
+    (including the geometric mean). A pair missing either row fails."""
+    t = _index(rows)
+    pairs = sorted({(s, seed) for s, seed, _ in t})
+    checks: list[dict[str, Any]] = []
+    ok = bool(pairs)
+    for s, seed in pairs:
+        d, c = t.get((s, seed, policy)), t.get((s, seed, "classic"))
+        if d is None or c is None:
+            ok = False
+            continue
+        chk = check_pair(d, c)
+        checks.append(chk)
+        ok = ok and chk["cost_ok"] and chk["tasks_ok"] and chk["p0_ok"]
+    g = _geomean([c["cost_ratio"] for c in checks])
+    return checks, ok and g is not None and g <= GEOMEAN_MAX
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2%}"
+
+
+def suite_markdown(suite: str, rows: list[dict[str, Any]], seeds: int) -> str:
+    checks, ok = suite_targets(rows)
+    t = _index(rows)
+    lines = [
+        f"# fleetloop sim: the {suite} suite over {seeds} seed{'s' if seeds != 1 else ''}",
+        "",
+        f"Generated by `python -m fleetloop.sim.table --suite {suite} --seeds {seeds}`. One row per",
+        "(scenario, seed): default against classic on the same arrivals. Targets (issue 15): tasks and",
+        f"priority-0 tasks succeeded at least classic's minus {TASK_SLACK}, cost per successful task at most",
+        f"{COST_RATIO_MAX}x classic's, geometric mean of that ratio at most {GEOMEAN_MAX}.",
+        "",
+        "| scenario | seed | success classic | success default | tasks +/- | p0 classic | p0 default "
+        "| p0 tasks +/- | $/success ratio | TTFT p99 classic / default ms | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for chk in checks:
+        s, seed = chk["scenario"], chk["seed"]
+        d, c = t[(s, seed, "default")], t[(s, seed, "classic")]
+        met = chk["cost_ok"] and chk["tasks_ok"] and chk["p0_ok"]
+        why = [
+            w
+            for w, good in (("cost", chk["cost_ok"]), ("tasks", chk["tasks_ok"]), ("p0", chk["p0_ok"]))
+            if not good
+        ]
+        lines.append(
+            f"| {s} | {seed} | {_pct(c['success_rate'])} | {_pct(d['success_rate'])} "
+            f"| {chk['tasks_delta']:+d} "
+            f"| {_pct(c['p0_success_rate'])} | {_pct(d['p0_success_rate'])} | {chk['p0_tasks_delta']:+d} "
+            f"| {chk['cost_ratio']:.3f} | {c['ttft_p99_ms'] or 0:.0f} / {d['ttft_p99_ms'] or 0:.0f} "
+            f"| {'yes' if met else 'NO: ' + ', '.join(why)} |"
+        )
+    lines.append("")
+    lines.append(
+        "| scenario | geomean $/success ratio | worst ratio | worst tasks +/- | worst p0 +/- | seeds met |"
+    )
+    lines.append("|---|---:|---:|---:|---:|---:|")
+    for s in sorted({c["scenario"] for c in checks}):
+        cs = [c for c in checks if c["scenario"] == s]
+        g = _geomean([c["cost_ratio"] for c in cs])
+        met = sum(1 for c in cs if c["cost_ok"] and c["tasks_ok"] and c["p0_ok"])
+        lines.append(
+            f"| {s} | {'-' if g is None else f'{g:.3f}'} | {max(c['cost_ratio'] for c in cs):.3f} "
+            f"| {min(c['tasks_delta'] for c in cs):+d} | {min(c['p0_tasks_delta'] for c in cs):+d} "
+            f"| {met}/{len(cs)} |"
+        )
+    g = _geomean([c["cost_ratio"] for c in checks])
+    lines.append("")
+    g_ok = g is not None and g <= GEOMEAN_MAX
+    lines.append(
+        f"- geometric mean of $/success vs classic over {len(checks)} runs: "
+        f"**{'-' if g is None else f'{g:.3f}'}**"
+        f" (target <= {GEOMEAN_MAX}: {'met' if g_ok else 'NOT met'})"
+    )
+    missed = [c for c in checks if not (c["cost_ok"] and c["tasks_ok"] and c["p0_ok"])]
+    lines.append(f"- (scenario, seed) pairs missing a target: **{len(missed)}** of {len(checks)}")
+    lines.append(f"- every target met: **{'yes' if ok else 'no'}**")
+    return "\n".join(lines) + "\n"
+
+
+def suite_ablation_markdown(rows: list[dict[str, Any]], levers: Iterable[str]) -> str:
+    """Per lever off: geometric-mean cost ratio against the full default policy (> 1: the lever
+    saves money) and the tasks it gains (+: the full policy succeeds at more tasks) per scenario,
+    summed over seeds."""
+    t = _index(rows)
+    scenarios = sorted({r["scenario"] for r in rows})
+    lines = [
+        "# What each lever contributes (over seeds)",
+        "",
+        "The default policy with one lever turned off (its section swapped for the no-control algorithm).",
+        "Each cell: geometric mean over seeds of cost per successful task, lever off / full default",
+        "(> 1: the lever saves money), and in brackets the tasks the lever wins, summed over seeds",
+        "(full default's successes minus the lever-off run's; negative: the lever loses tasks).",
+        "",
+        "| lever off | geomean | " + " | ".join(scenarios) + " |",
+        "|---|---:|" + "---:|" * len(scenarios),
+    ]
+    for lever in levers:
+        label = f"no-{lever}"
+        cells: list[str] = []
+        every: list[float] = []
+        for s in scenarios:
+            ratios: list[float] = []
+            won = 0
+            seen = False
+            for (sc, seed, pol), a in sorted(t.items()):
+                if sc != s or pol != label:
+                    continue
+                d = t.get((s, seed, "default"))
+                if d is None:
+                    continue
+                seen = True
+                ratio = cost_ratio(a, d)
+                if math.isfinite(ratio) and ratio > 0:
+                    ratios.append(ratio)
+                won += int(d["tasks_succeeded"]) - int(a["tasks_succeeded"])
+            g = _geomean(ratios)
+            every.extend(ratios)
+            cells.append(f"{g:.2f} ({won:+d})" if seen and g is not None else "-")
+        ge = _geomean(every)
+        lines.append(f"| {lever} | {'-' if ge is None else f'{ge:.3f}'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def progress_line(done: int, total: int, row: dict[str, Any]) -> None:
+    sys.stderr.write(
+        f"[{done}/{total}] {row['scenario']} seed {row['seed']} {row['policy']}: "
+        f"{_pct(row['success_rate'])} success, ${row['per_successful_task_usd'] or 0:.5f}/task, "
+        f"{row['wall_s']:.0f} s\n"
+    )

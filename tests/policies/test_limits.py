@@ -1,0 +1,382 @@
+"""Levers that know their limits (issue 15): decision tables for each new rule, and the property
+that no lever's decision costs priority 0 anything in a pure capacity-loss case.
+
+- pool-wide slowdown: the breaker does not enforce an error ejection the pool shares;
+- capacity-aware ejection cap: the engine enforces an ejection only when the nodes left can carry
+  the ejected node's useful work;
+- shed-then-retry: a shed call's retry is granted on top of the storm budget;
+- mass preemption: calls lost with their node are granted their retry and do not make admission
+  shed; the autoscaler discounts a long prefill's own compute time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+from fleetloop.daemon.decide.engine import EngineState, decide
+from fleetloop.policies.admission.slo_aware import SloAware, SloAwareParams
+from fleetloop.policies.autoscale.predictive import SloPredictive, SloPredictiveParams
+from fleetloop.policies.base import FleetSnapshot, NodeView
+from fleetloop.policies.breaker.latency_outlier import LatencyOutlier, LatencyOutlierParams
+from fleetloop.policies.registry import builtin_policy, compile_policy, parse_document
+from fleetloop.policies.retry_budget.ratio import Ratio, RatioParams
+from fleetloop.router import Endpoint, Router
+from fleetloop.schemas import (
+    AdmissionDecision,
+    AutoscaleDecision,
+    BreakerDecision,
+    Decision,
+    PolicyStamp,
+    RetryBudgetDecision,
+    Tick,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.policies.snapshots import NOW_MS, ctx, node, snapshot, tenant
+
+# -- pool-wide slowdown: the breaker ---------------------------------------------------------------
+
+
+def _breakers(views: list[NodeView]) -> dict[str, BreakerDecision]:
+    snap = snapshot(views)
+    res = LatencyOutlier().decide(snap, LatencyOutlierParams(), LatencyOutlier().initial_state(), ctx(snap))
+    return {d.node_id: d for d in res.decisions if isinstance(d, BreakerDecision)}
+
+
+@pytest.mark.parametrize(
+    ("others_failed", "enforced", "reason"),
+    [
+        (0, True, "consecutive-failures"),  # fails alone: a black hole, ejected
+        (1, True, "consecutive-failures"),  # peers fail at a tenth of its rate: still its own
+        (3, True, "consecutive-failures"),  # median 3/10 < half of 10/10
+        (5, False, "consecutive-failures:pool-wide"),  # median 5/10 >= half: the pool's failure
+        (8, False, "consecutive-failures:pool-wide"),  # every node times out together
+    ],
+)
+def test_error_ejection_is_not_enforced_when_the_pool_shares_the_failures(
+    others_failed: int, enforced: bool, reason: str
+) -> None:
+    views = [node("a", consecutive_failures=6, requests_w=10, failures_w=10)] + [
+        node(f"n{i}", requests_w=10, failures_w=others_failed) for i in range(3)
+    ]
+    d = _breakers(views)["a"]
+    assert (d.state, d.enforced, d.reason) == ("open", enforced, reason)
+
+
+def test_pool_wide_is_judged_on_serving_nodes_only() -> None:
+    # Two peers failing everything are crashed (stale): they do not make a's failures "shared".
+    views = [
+        node("a", consecutive_failures=6, requests_w=10, failures_w=10),
+        node("b", requests_w=10, failures_w=10, stale=True),
+        node("c", requests_w=10, failures_w=10, weights_state="cold"),
+        node("d", requests_w=10),
+        node("e", requests_w=10),
+    ]
+    assert _breakers(views)["a"].enforced
+
+
+# -- capacity-aware ejection cap: the engine -------------------------------------------------------
+
+
+def _policy(max_ejected_frac: float = 0.5) -> Any:
+    doc = builtin_policy().document.model_dump(mode="json")
+    doc["spec"]["breaker"] = {"type": "consecutive-errors"}
+    doc["spec"]["envelope"] = {**doc["spec"]["envelope"], "max_ejected_frac": max_ejected_frac}
+    return compile_policy(parse_document(doc, "test"))
+
+
+def _engine_breakers(views: list[NodeView], max_ejected_frac: float = 0.5) -> dict[str, BreakerDecision]:
+    snap = snapshot(views)
+    res = decide(snap, _policy(max_ejected_frac), EngineState(), Tick(ts_ms=NOW_MS, tick_id=1, pool_id="p"))
+    return {d.body.node_id: d.body for d in res.decisions if isinstance(d.body, BreakerDecision)}
+
+
+BAD = {"consecutive_failures": 6, "requests_w": 10}
+
+
+@pytest.mark.parametrize(
+    ("bad", "peers", "enforced", "reason"),
+    [
+        # Idle peers: plenty of spare, the share cap is the only limit.
+        ({"ok_w": 10, "failures_w": 0, "kv_cache_used_frac": 0.5}, {}, True, "consecutive-failures"),
+        # Every peer has a queue (full) and the candidate does useful work: nowhere to put it.
+        (
+            {"ok_w": 10, "queue_depth": 3},
+            {"queue_depth": 4, "requests_w": 10, "ok_w": 10},
+            False,
+            "consecutive-failures:capacity-cap",
+        ),
+        # The same full pool, but the candidate's calls all fail: it carries nothing, eject it.
+        ({"failures_w": 10, "queue_depth": 3}, {"queue_depth": 4}, True, "consecutive-failures"),
+        # A candidate 8x slower than its peers carries an eighth of a node: fits in 3 x 0.3 spare.
+        (
+            {"ok_w": 10, "queue_depth": 3, "tbt_p50_ms": 400.0},
+            {"kv_cache_used_frac": 0.7, "tbt_p50_ms": 50.0},
+            True,
+            "consecutive-failures",
+        ),
+        # A healthy-speed candidate that is fully busy needs a whole node of spare: 3 x 0.3 < 1.
+        (
+            {"ok_w": 10, "queue_depth": 3, "tbt_p50_ms": 50.0},
+            {"kv_cache_used_frac": 0.7, "tbt_p50_ms": 50.0},
+            False,
+            "consecutive-failures:capacity-cap",
+        ),
+        # A crashed (stale) candidate carries nothing whatever the pool's load.
+        ({"stale": True}, {"queue_depth": 4}, True, "consecutive-failures"),
+    ],
+)
+def test_capacity_aware_ejection_cap(
+    bad: Mapping[str, Any], peers: Mapping[str, Any], enforced: bool, reason: str
+) -> None:
+    views = [node("a", **{**BAD, **bad})] + [node(f"n{i}", **peers) for i in range(3)]
+    d = _engine_breakers(views)["a"]
+    assert (d.state, d.enforced, d.reason) == ("open", enforced, reason)
+
+
+def test_capacity_cap_takes_the_worst_first_and_stops_when_spare_runs_out() -> None:
+    # Two busy candidates of healthy speed; two peers with 0.5 spare each hold one node's work.
+    views = [
+        node("a", consecutive_failures=9, requests_w=10, ok_w=10, kv_cache_used_frac=1.0),
+        node("b", consecutive_failures=6, requests_w=10, ok_w=10, kv_cache_used_frac=1.0),
+        node("c", kv_cache_used_frac=0.5),
+        node("d", kv_cache_used_frac=0.5),
+    ]
+    got = _engine_breakers(views, max_ejected_frac=1.0)
+    assert (got["a"].enforced, got["b"].enforced) == (True, False)
+    assert got["b"].reason.endswith(":capacity-cap")
+
+
+# -- shed-then-retry and mass failures: the retry budget -------------------------------------------
+
+
+def _budget(
+    pool: Mapping[str, Any], views: list[NodeView] | None = None, **params: Any
+) -> RetryBudgetDecision:
+    snap = snapshot(views or [node("a")], pool_fields={"p": dict(pool)})
+    (d, *_) = Ratio().decide(snap, RatioParams(per_tenant=False, **params), None, ctx(snap)).decisions
+    assert isinstance(d, RetryBudgetDecision)
+    return d
+
+
+@pytest.mark.parametrize(
+    ("pool", "lost_on", "exempt", "expected"),
+    [
+        ({"requests_w": 1000, "retries_w": 400}, None, True, 0),  # a storm: spent
+        ({"requests_w": 1000, "retries_w": 100}, None, True, 200),  # 100 + 20% of 1000 - 100
+        # 150 of the 250 retries were of shed calls (uncounted by the router): 50 counted
+        ({"requests_w": 1000, "retries_w": 250, "shed_w": 150}, None, True, 200),
+        ({"requests_w": 1000, "retries_w": 250, "shed_w": 150}, None, False, 50),  # Finagle's plain budget
+        ({"requests_w": 1000, "retries_w": 250}, "cold", True, 170),  # 120 were retries of reclaimed calls
+        ({"requests_w": 1000, "retries_w": 250}, "stale", True, 170),  # ... of crashed-node calls
+        ({"requests_w": 1000, "retries_w": 250}, "warm", True, 50),  # failing on a serving node: a storm
+    ],
+)
+def test_retries_of_shed_and_lost_calls_do_not_spend_the_storm_budget(
+    pool: Mapping[str, Any], lost_on: str | None, exempt: bool, expected: int
+) -> None:
+    views = [node("a"), node("b")]
+    if lost_on is not None:
+        views.append(
+            node(
+                "c",
+                requests_w=120,
+                failures_w=120,
+                stale=lost_on == "stale",
+                weights_state=lost_on if lost_on != "stale" else "warm",
+            )
+        )
+    d = _budget(pool, views, exempt_shed_and_lost=exempt)
+    assert d.retries_allowed_now == expected
+
+
+def test_tenant_budgets_leave_out_their_shed_calls_and_a_share_of_the_lost_ones() -> None:
+    views = [node("a"), node("c", requests_w=100, failures_w=100, weights_state="cold")]
+    snap = snapshot(
+        views,
+        pool_fields={"p": {"requests_w": 1000, "retries_w": 300}},
+        tenants=[
+            tenant("gold", 0, requests_w=250, retries_w=150),
+            tenant("free", 2, requests_w=750, retries_w=150, shed_w=40),
+        ],
+    )
+    out = {
+        d.tenant_id: d.retries_allowed_now
+        for d in Ratio().decide(snap, RatioParams(), None, ctx(snap)).decisions
+        if isinstance(d, RetryBudgetDecision)
+    }
+    # pool: 100 + 200 - (300 - 100); gold: 100 + 50 - (150 - 25); free: 100 + 150 - (150 - 40 - 75)
+    assert out == {None: 100, "gold": 25, "free": 215}
+
+
+# -- mass preemption: admission does not shed for calls lost with their node ------------------------
+
+
+def _admission(views: list[NodeView], failures: int) -> AdmissionDecision:
+    snap = snapshot(
+        views,
+        pool_fields={"p": {"requests_w": 1000, "failures_w": failures, "ttft_p99_ms_w": 6000.0}},
+    )
+    (d,) = SloAware().decide(snap, SloAwareParams(), None, ctx(snap)).decisions
+    assert isinstance(d, AdmissionDecision)
+    return d
+
+
+def test_admission_does_not_tighten_for_calls_lost_with_their_nodes() -> None:
+    lost = [node(f"x{i}", requests_w=40, failures_w=40, weights_state="cold") for i in range(4)]
+    serving = [node(f"n{i}", requests_w=100, ok_w=100) for i in range(4)]
+    d = _admission(serving + lost, failures=160)  # every failure is on a reclaimed node
+    assert d.reason == "calls-succeed"
+    assert d.inputs["lost_calls_w"] == 160.0
+    # The same failures on serving nodes are distress: the level tightens.
+    timed_out = [node(f"n{i}", requests_w=100, failures_w=40) for i in range(4)]
+    assert _admission(timed_out, failures=160).reason == "slo-near"
+
+
+# -- the autoscaler: a long prefill's own compute time is not pressure -------------------------------
+
+
+def _autoscale(prompt_tokens: float, ttft_p50_ms: float) -> AutoscaleDecision:
+    views = [
+        node(f"n{i}", model="llama-70b", gpu_type="H100", gpu_count=4, running_requests=1 if i < 2 else 0)
+        for i in range(10)
+    ]
+    rate = 0.2  # calls per second: light load
+    snap = snapshot(
+        views,
+        pool_fields={
+            "p": {
+                "requests_w": 30,
+                "request_rate_per_s": rate,
+                "prompt_tokens_rate_per_s": rate * prompt_tokens,
+                "output_tokens_rate_per_s": rate * 300,
+                "ttft_p50_ms_w": ttft_p50_ms,
+            }
+        },
+    )
+    params = SloPredictiveParams(min_nodes=2, max_nodes=20)
+    (d,) = SloPredictive().decide(snap, params, SloPredictive().initial_state(), ctx(snap)).decisions
+    assert isinstance(d, AutoscaleDecision)
+    return d
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "ttft_p50_ms", "grows"),
+    [
+        (30_000, 3_000.0, False),  # ~2.7 s of it is the prefill itself: no node count removes it
+        (30_000, 4_000.0, True),  # 1.3 s of waiting above the prefill, past the 1 s target: queueing
+        (500, 3_000.0, True),  # a short prompt waiting 3 s is queueing
+    ],
+)
+def test_autoscale_separates_prefill_compute_from_queueing(
+    prompt_tokens: float, ttft_p50_ms: float, grows: bool
+) -> None:
+    d = _autoscale(prompt_tokens, ttft_p50_ms)
+    # The raw target, before stabilization (a first tick holds the count, as HPA's first sync).
+    assert (d.inputs["raw_desired"] > d.current_nodes) is grows
+    assert d.inputs["prefill_ms"] > (2000.0 if prompt_tokens > 10_000 else 0.0)
+
+
+# -- the property: a pure capacity loss costs priority 0 nothing through any lever -----------------
+
+
+DEFAULT = builtin_policy()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_serving=st.integers(3, 12),
+    n_lost=st.integers(1, 12),
+    how=st.sampled_from(["cold", "stale"]),
+    lost_failures=st.integers(1, 200),
+    kv=st.floats(0.0, 0.9),
+    ttft=st.floats(50.0, 20_000.0),
+)
+def test_capacity_loss_never_costs_priority_zero(
+    n_serving: int, n_lost: int, how: str, lost_failures: int, kv: float, ttft: float
+) -> None:
+    """Some nodes vanish (crash: stale; preemption: cold), every call on them failed, the nodes
+    left are healthy. Then: admission never limits priority 0's calls and never tightens for the
+    lost calls, every lost call's retry goes past the budget, no serving node is ejected, and the
+    autoscaler does not give capacity back."""
+    serving = [node(f"s{i:02d}", requests_w=50, ok_w=50, kv_cache_used_frac=kv) for i in range(n_serving)]
+    lost = [
+        node(
+            f"x{i:02d}",
+            requests_w=lost_failures,
+            failures_w=lost_failures,
+            consecutive_failures=lost_failures,
+            stale=how == "stale",
+            weights_state="cold" if how == "cold" else "warm",
+        )
+        for i in range(n_lost)
+    ]
+    requests = 50 * n_serving + lost_failures * n_lost
+    snap: FleetSnapshot = snapshot(
+        serving + lost,
+        pool_fields={
+            "p": {
+                "requests_w": requests,
+                "ok_w": 50 * n_serving,
+                "failures_w": lost_failures * n_lost,
+                "retries_w": requests // 4,
+                "ttft_p99_ms_w": ttft,
+                "ttft_p50_ms_w": ttft / 2,
+                "requests_by_priority_w": {0: requests // 2, 2: requests - requests // 2},
+            }
+        },
+        tenants=[
+            tenant("gold", 0, requests_w=requests // 2),
+            tenant("free", 2, requests_w=requests - requests // 2),
+        ],
+    )
+    result = decide(snap, DEFAULT, EngineState(), Tick(ts_ms=NOW_MS, tick_id=1, pool_id="p"))
+    bodies = [d.body for d in result.decisions]
+    for b in bodies:
+        if isinstance(b, AdmissionDecision):
+            assert "0" not in b.new_task_max_outstanding
+            assert "0" not in b.max_outstanding
+            assert b.max_queue_depth.get("0", 10**9) >= 2
+            assert b.reason != "slo-near"  # the lost calls are not distress
+        if isinstance(b, RetryBudgetDecision):
+            assert "error" in b.exempt_retries_of  # every lost call's retry goes, uncounted
+        if isinstance(b, BreakerDecision) and b.node_id.startswith("s"):
+            assert not (b.enforced and b.state == "open")
+        if isinstance(b, AutoscaleDecision):
+            assert b.desired_nodes >= b.current_nodes
+
+
+@pytest.mark.parametrize(
+    ("exempt", "failed_as", "allowed_after_spent"),
+    [
+        (("error", "shed"), "shed", True),  # a shed call's retry: not a storm retry
+        (("error", "shed"), "error", True),  # a call its node dropped: replaced, not duplicated
+        (("error", "shed"), "timeout", False),  # a timed-out call's retry: the storm, budgeted
+        ((), "shed", False),  # Finagle's plain budget counts every retry
+    ],
+)
+def test_router_lets_exempt_retries_through_a_spent_budget(
+    exempt: tuple[str, ...], failed_as: str, allowed_after_spent: bool
+) -> None:
+    r: Router[Endpoint] = Router({}, np.random.default_rng(0), members={}, nodes={})
+    body = RetryBudgetDecision(
+        entity="pool/p",
+        pool_id="p",
+        reason="r",
+        retry_ratio=0.2,
+        min_retries_per_s=0.0,
+        retries_allowed_now=1,
+        exempt_retries_of=exempt,  # type: ignore[arg-type]
+    )
+    stamp = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
+    r.apply([Decision(ts_ms=NOW_MS, tick_id=1, policy=stamp, body=body)], now_s=0.0)
+    assert r.allow_retry("p", "t", "timeout")  # spends the only one
+    assert r.allow_retry("p", "t", failed_as) is allowed_after_spent
+
+
+def test_ratio_publishes_the_exemptions_unless_turned_off() -> None:
+    assert _budget({"requests_w": 10}).exempt_retries_of == ("error", "shed")
+    assert _budget({"requests_w": 10}, exempt_shed_and_lost=False).exempt_retries_of == ()

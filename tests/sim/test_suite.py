@@ -1,0 +1,99 @@
+"""The suite targets (issue 15), on hand-made rows: per (scenario, seed) pair and in geometric mean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleetloop.sim.suite import (
+    suite_ablation_markdown,
+    suite_files,
+    suite_jobs,
+    suite_markdown,
+    suite_targets,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _row(scenario: str, seed: int, policy: str, usd: float, ok: int = 990, p0: int = 495) -> dict[str, Any]:
+    return {
+        "scenario": scenario,
+        "seed": seed,
+        "policy": policy,
+        "success_rate": ok / 1000,
+        "p0_success_rate": p0 / 500,
+        "tasks_started": 1000,
+        "tasks_succeeded": ok,
+        "p0_tasks_started": 500,
+        "p0_tasks_succeeded": p0,
+        "per_successful_task_usd": usd,
+        "ttft_p99_ms": 1000.0,
+        "wall_s": 1.0,
+    }
+
+
+def _pairs(**default: Any) -> list[dict[str, Any]]:
+    rows = []
+    for s in ("a", "b"):
+        for seed in (1, 2):
+            rows.append(_row(s, seed, "classic", 1.0))
+            rows.append(_row(s, seed, "default", 0.5))
+    rows[-1].update(default)
+    return rows
+
+
+def test_met_when_every_pair_is_within_one_task_and_cheap_enough() -> None:
+    checks, ok = suite_targets(_pairs(tasks_succeeded=989, p0_tasks_succeeded=494))  # one task fewer
+    assert ok
+    assert len(checks) == 4
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tasks_succeeded": 988},  # two tasks fewer than classic
+        {"p0_tasks_succeeded": 493},  # two priority-0 tasks fewer
+        {"per_successful_task_usd": 1.03},  # over 1.02x classic on one seed
+        {"per_successful_task_usd": None},  # nothing succeeded
+    ],
+)
+def test_one_bad_pair_fails_the_suite(change: dict[str, Any]) -> None:
+    _, ok = suite_targets(_pairs(**change))
+    assert not ok
+
+
+def test_geometric_mean_over_point_seven_fails() -> None:
+    rows = [_row("a", 1, "classic", 1.0), _row("a", 1, "default", 0.75)]
+    _, ok = suite_targets(rows)
+    assert not ok
+    rows[1]["per_successful_task_usd"] = 0.69
+    assert suite_targets(rows)[1]
+
+
+def test_a_missing_run_fails() -> None:
+    rows = _pairs()[:-1]
+    assert not suite_targets(rows)[1]
+
+
+def test_markdown_names_the_failing_pair_and_ablation_counts_tasks() -> None:
+    rows = _pairs(tasks_succeeded=900)
+    md = suite_markdown("stress", rows, 2)
+    assert "| b | 2 |" in md
+    assert "NO: tasks" in md
+    assert "every target met: **no**" in md
+    rows.append({**_row("a", 1, "no-breaker", 0.6), "tasks_succeeded": 980})
+    ab = suite_ablation_markdown(rows, ["breaker"])
+    assert "| breaker | 1.200 | 1.20 (+10) | - |" in ab
+
+
+def test_stress_suite_ships_the_issue_scenarios_and_five_more_with_descriptions() -> None:
+    files = suite_files("stress", ROOT)
+    names = {f.stem for f in files}
+    assert {"long-prompt-light-load", "mass-preempt-budget", "storm-poolwide-slowdown"} <= names
+    assert len(names) >= 8
+    for f in files:
+        assert "description:" in f.read_text()
+    jobs = suite_jobs(files[:1], 3, [("classic", "baseline:classic")])
+    assert [j[3] for j in jobs] == [jobs[0][3], jobs[0][3] + 1, jobs[0][3] + 2]
