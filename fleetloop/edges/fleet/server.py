@@ -1,7 +1,8 @@
 """One emulated node's HTTP server: what vLLM's OpenAI-compatible server speaks.
 
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: streaming (server-sent events: a role
-  chunk at the first token, content chunks as decode steps complete, a chunk with
+  chunk at the first token, content chunks as decode steps complete, at most one a second (vLLM
+  sends one a token; fewer chunks keep the emulated clients' parsing cheap), a chunk with
   ``finish_reason``, the usage chunk when ``stream_options.include_usage`` is set, ``[DONE]``) and
   not. The prompt's size is the ``X-Fleetloop-Prompt-Tokens`` header when a client sends it (the
   emulated fleet's agents do, to avoid shipping 100k tokens of text), else ~4 characters a token;
@@ -34,7 +35,8 @@ from fleetloop.sim.node import Req
 if TYPE_CHECKING:
     from fleetloop.edges.fleet.live import LiveFleet, LiveNode
 
-POLL_S = 0.1  # how often a waiting handler looks for a disconnected client and new tokens
+POLL_S = 0.25  # how often a waiting streaming handler looks for a disconnected client and new tokens
+CHUNK_EVERY_S = 1.0  # content chunks carry at most a second of tokens each (the clients parse fewer)
 MAX_TOKENS_DEFAULT = 16  # vLLM's default max_tokens for /v1/completions
 MAX_PROMPT_TOKENS = 10_000_000
 TOKEN_TEXT = " tok"  # noqa: S105 - the text of one generated token, not a secret
@@ -255,15 +257,17 @@ async def _stream(
         await resp.write(chunk("", role=True) if chat else chunk(""))
         await resp.write(chunk(TOKEN_TEXT))
         sent = 1
+        last_chunk_t = fleet.t()
         while not pending.done.done():
             await asyncio.wait((pending.done,), timeout=POLL_S)
             if _gone(request):
                 fleet.abort(ln, req)
                 return resp
             now_done = _progress(ln, req)
-            if now_done > sent:
+            if now_done > sent and fleet.t() - last_chunk_t >= CHUNK_EVERY_S:
                 await resp.write(chunk(TOKEN_TEXT * (now_done - sent)))
                 sent = now_done
+                last_chunk_t = fleet.t()
         if pending.done.result() != "finished":
             err = {"error": {"object": "error", "message": "the engine lost the request", "code": 500}}
             await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
