@@ -13,22 +13,19 @@ import signal
 import sys
 from typing import Any
 
-import orjson
-
 from fleetloop.daemon.cli_common import (
     UsageError,
     bootstrap_arg,
     connection_from,
     log_args,
     policy_from,
-    quiet_client_logs,
 )
 from fleetloop.daemon.service.security import Bootstrap, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
 
 
 def register(sub: Any) -> None:
-    from fleetloop.daemon import demo
+    from fleetloop.daemon import demo, lifecycle
     from fleetloop.daemon.replay import command as replay_command
 
     run = sub.add_parser("run", help="run the daemon (the sidecar control loop)")
@@ -78,7 +75,7 @@ def register(sub: Any) -> None:
     log_args(run)
     run.set_defaults(handler=cmd_run)
 
-    pol = sub.add_parser("policy", help="validate, apply or diff policy documents")
+    pol = sub.add_parser("policy", help="validate, apply, diff, roll back policy documents; status")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True, parser_class=type(pol))
     v = pol_sub.add_parser(
         "validate", help="check documents; exit 2 naming the first problem of each bad one"
@@ -86,10 +83,7 @@ def register(sub: Any) -> None:
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--json", action="store_true")
     v.set_defaults(handler=cmd_policy_validate)
-    a = pol_sub.add_parser("apply", help="validate and publish a document to control.policy")
-    a.add_argument("file", metavar="FILE")
-    bootstrap_arg(a, required=True)
-    a.set_defaults(handler=cmd_policy_apply)
+    lifecycle.register(pol_sub)
     d = pol_sub.add_parser("diff", help="what changes between two documents")
     d.add_argument("old", metavar="OLD")
     d.add_argument("new", metavar="NEW")
@@ -259,39 +253,6 @@ def cmd_policy_validate(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps({"files": results, "valid": len(results) - bad, "invalid": bad}) + "\n")
     return 2 if bad else 0
-
-
-def cmd_policy_apply(args: argparse.Namespace) -> int:
-    quiet_client_logs()
-    policy = load_policy(args.file)
-    asyncio.run(_apply(args, policy))
-    sys.stdout.write(
-        f"applied  {policy.stamp.name} v{policy.stamp.version}  hash {policy.stamp.hash}"
-        f"  -> {args.bootstrap_servers}\n"
-    )
-    return 0
-
-
-async def _apply(args: argparse.Namespace, policy: CompiledPolicy) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    from fleetloop.schemas.topics import POLICY, topic_name
-
-    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap_servers, acks="all")
-    try:
-        await producer.start()
-    except Exception as exc:
-        await producer.stop()
-        raise UsageError(
-            f"cannot reach Kafka at {args.bootstrap_servers}: {type(exc).__name__}: {exc}"
-        ) from None
-    try:
-        value = orjson.dumps(policy.document.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-        await producer.send_and_wait(
-            topic_name(args.topic_prefix, POLICY), value=value, key=policy.stamp.name.encode()
-        )
-    finally:
-        await producer.stop()
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:

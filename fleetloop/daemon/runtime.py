@@ -71,11 +71,19 @@ from fleetloop.daemon.service.health import Health, one_line, supervise
 from fleetloop.daemon.service.security import Bootstrap, connect, shown
 from fleetloop.daemon.shard import INPUTS, Row, Shard
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
-from fleetloop.schemas.control import Tick
+from fleetloop.schemas.control import Activation, ActivePolicy, Tick
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
-from fleetloop.schemas.topics import CHECKPOINT, POLICY, REQUESTS, TELEMETRY, TICKS, topic_name
+from fleetloop.schemas.topics import (
+    CHECKPOINT,
+    POLICY,
+    POLICY_ACTIVE,
+    REQUESTS,
+    TELEMETRY,
+    TICKS,
+    topic_name,
+)
 
 log = logger("fleetloop.daemon")
 BROKER_WATCH_S = 2.0  # how often the broker watch asks for metadata (connection state, /readyz)
@@ -221,6 +229,13 @@ class Daemon:
         self._restore_needed = False
         self._emptied_hint: set[int] = set()  # shards found beyond the broker's ends at a restore
         self._pending_policy: CompiledPolicy | None = None
+        self._pending_offset = -1
+        # Policies by the event time from which they decide, oldest first (the last one is active):
+        # a tick is decided under the policy active at its time, also when decided again after a
+        # restore, so a restart across a policy change stays exact.
+        self._activations: list[tuple[int, CompiledPolicy]] = [(0, config.policy)]
+        self._active_topic = topic_name(p, POLICY_ACTIVE)
+        self._considered = -1  # control.policy offset considered up to
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._publisher: Publisher | None = None
@@ -273,8 +288,13 @@ class Daemon:
                 self._producer = producer
                 self._publisher = Publisher(producer, cfg.prefix)
                 consumer.subscribe(sorted(self._topics), listener=_Rebalance(self))
-                policy_consumer.assign([TopicPartition(self._policy_topic, 0)])
-                await policy_consumer.seek_to_beginning()
+                policy_tp = TopicPartition(self._policy_topic, 0)
+                policy_consumer.assign([policy_tp])
+                await self._load_active(producer)
+                if self._considered >= 0:
+                    policy_consumer.seek(policy_tp, self._considered + 1)
+                else:
+                    await policy_consumer.seek_to_beginning()
                 self.health.connected = True
                 jobs = {
                     "consumer": lambda: self._loop(consumer, stop),
@@ -522,7 +542,7 @@ class Daemon:
                     await self._restore_assignment()
                 batch = await consumer.getmany(timeout_ms=200, max_records=self.config.max_batch)
                 if self._pending_policy is not None:
-                    self.engine.set_policy(self._pending_policy)
+                    await self._activate(self._pending_policy, self._pending_offset)
                     self._pending_policy = None
                 if batch or any(self._held.values()):
                     await self.process(batch)
@@ -676,18 +696,25 @@ class Daemon:
             if shard.seen_after(logical, h.timestamp_ms):
                 continue
             highwater = consumer.highwater(self._tp(logical, p))
-            if highwater is not None and shard.read[logical] >= highwater:
+            waited_s = clock.monotonic_s() - h.since_s
+            # Read to the end as of the last fetch, and that fetch came after the tick arrived.
+            if highwater is not None and shard.read[logical] >= highwater and waited_s >= 0.3:
                 continue
-            if clock.monotonic_s() - h.since_s >= self.config.max_tick_hold_s:
+            if waited_s >= self.config.max_tick_hold_s:
                 self.stats.ticks_forced += 1
                 metrics.ticks.add(1, {"outcome": "forced"})
                 break
             return None
         return shard.cut_by_time(h.timestamp_ms)
 
+    def _policy_at(self, ts_ms: int) -> CompiledPolicy:
+        for from_ts, policy in reversed(self._activations):
+            if from_ts <= ts_ms:
+                return policy
+        return self._activations[0][1]
+
     def _decide_ready(self) -> list[Decision]:
         out: list[Decision] = []
-        policy = self.engine.policy
         for p in sorted(self._held):
             shard = self.shards[p]
             held = self._held[p]
@@ -698,7 +725,7 @@ class Daemon:
                     if cut is None:
                         break  # ticks of one partition are decided in order
                     started_s = clock.monotonic_s()
-                    decided = shard.decide(h.tick, cut, policy)
+                    decided = shard.decide(h.tick, cut, self._policy_at(h.tick.ts_ms))
                     if decided is None:
                         self.stats.ticks_duplicate += 1
                         metrics.ticks.add(1, {"outcome": "duplicate"})
@@ -964,21 +991,128 @@ class Daemon:
         self._refresh_health()
         return self.health.ready()[0]
 
+    # -- policy lifecycle -----------------------------------------------------------------------
+
+    async def _read_active(self) -> ActivePolicy | None:
+        """This group's record on control.policy.active (the newest), if any."""
+        consumer = AIOKafkaConsumer(
+            **connect(self.config.bootstrap_servers),
+            client_id=f"{self.config.client_id}-active",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        try:
+            return await read_active(consumer, self._active_topic, self.config.group_id)
+        finally:
+            await consumer.stop()
+
+    async def _load_active(self, producer: AIOKafkaProducer) -> None:
+        """Resume the policy this group had activated; the initial policy only starts a new group
+        (or is activated like any newer version, when it is one)."""
+        self._producer = producer
+        record = await self._read_active()
+        initial = self.config.policy
+        if record is not None:
+            restored: list[tuple[int, CompiledPolicy]] = []
+            for a in record.history:
+                try:
+                    restored.append((a.from_ts_ms, compile_policy(a.document)))
+                except PolicyError as exc:
+                    log.warning("an activated policy no longer compiles; skipped", error=str(exc)[:300])
+            self._considered = record.considered_offset
+            self.stats.policies_refused = record.refused
+            self.stats.last_refusal = record.last_refusal
+            if restored:
+                self._activations = restored
+                self.engine.set_policy(restored[-1][1])
+                log.info(
+                    "policy resumed",
+                    name=record.name,
+                    version=record.version,
+                    hash=record.hash,
+                    from_tick=record.from_tick_id,
+                )
+            active = self.engine.policy.stamp
+            if initial.stamp.name == active.name and initial.stamp.version > active.version:
+                await self._activate(initial, self._considered)
+            return
+        await self._publish_active()
+
+    async def _activate(self, policy: CompiledPolicy, offset: int) -> None:
+        """Make ``policy`` decide every tick from the next boundary after any decided one."""
+        tick_ms = policy.tick_ms
+        decided = max((ts for s in self.shards.values() for _, ts in s.last_tick.values()), default=0)
+        start = max(clock.wall_ms(), decided + 1)
+        from_ts = -(-start // tick_ms) * tick_ms
+        self._activations = [*self._activations[-7:], (from_ts, policy)]
+        self.engine.set_policy(policy)
+        self._considered = max(self._considered, offset)
+        self.stats.policies_applied += 1
+        log.info(
+            "policy activated",
+            name=policy.stamp.name,
+            version=policy.stamp.version,
+            hash=policy.stamp.hash,
+            from_tick=from_ts // tick_ms,
+        )
+        await self._publish_active()
+
+    def active_record(self) -> ActivePolicy:
+        from_ts, policy = self._activations[-1]
+        return ActivePolicy(
+            group=self.config.group_id,
+            name=policy.stamp.name,
+            version=policy.stamp.version,
+            hash=policy.stamp.hash,
+            from_ts_ms=from_ts,
+            from_tick_id=from_ts // policy.tick_ms,
+            considered_offset=self._considered,
+            refused=self.stats.policies_refused,
+            last_refusal=self.stats.last_refusal[:500],
+            history=[Activation(from_ts_ms=t, document=p.document) for t, p in self._activations],
+        )
+
+    async def _publish_active(self) -> None:
+        producer = self._producer
+        if producer is None:
+            return
+        value = orjson.dumps(self.active_record().model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        key = self.config.group_id.encode()
+        await self._retrying(
+            "policy-active", lambda: producer.send_and_wait(self._active_topic, value=value, key=key)
+        )
+
     async def _follow_policies(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         follow = self.config.follow_policy or self.config.policy.stamp.name
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=500)
-            refused = [
-                letter
-                for records in batch.values()
-                for r in records
-                if (letter := self._consider_policy(r, follow)) is not None
-            ]
+            records = sorted((r for rs in batch.values() for r in rs), key=lambda r: r.offset)
+            if not records:
+                continue
+            refused = [letter for r in records if (letter := self._consider_policy(r, follow)) is not None]
             if refused and self._publisher is not None:
-                await self._publisher.dead_letter(refused, stage="policy")
+                await self._dead_letter_policies(self._publisher, refused)
+            if self._pending_policy is None:
+                # Everything up to here is decided (refused or ignored): a restart starts after it.
+                self._considered = max(self._considered, records[-1].offset)
+                await self._publish_active()
+            else:
+                self._pending_offset = max(self._pending_offset, records[-1].offset)
+
+    async def _dead_letter_policies(self, publisher: Publisher, letters: list[DeadLetter]) -> None:
+        await self._retrying("dead-letter", lambda: publisher.dead_letter(letters, stage="policy"))
+
+    def _refuse(self, record: Any, reason: str) -> DeadLetter:
+        self.stats.policies_refused += 1
+        self.stats.last_refusal = reason
+        log.error("policy refused; the active policy stays in force", reason=reason)
+        return DeadLetter(
+            record.topic, record.partition, record.offset, record.key, record.value, record.timestamp, reason
+        )
 
     def _consider_policy(self, record: Any, follow: str) -> DeadLetter | None:
-        """Take a valid newer policy for the next batch; return a dead letter for an invalid one."""
+        """Take a valid newer policy for the next batch; a dead letter (an event, counted once) for
+        an invalid one, an older version, or the active version with other content."""
         try:
             if not record.value:
                 raise PolicyError("empty policy record")
@@ -986,32 +1120,47 @@ class Daemon:
                 parse_document(orjson.loads(record.value), f"{record.topic}@{record.offset}")
             )
         except (PolicyError, orjson.JSONDecodeError) as exc:
-            reason = reason_of(exc) if not isinstance(exc, PolicyError) else str(exc)
-            self.stats.policies_refused += 1
-            self.stats.last_refusal = reason
-            log.error("policy refused; the active policy stays in force", reason=reason)
-            return DeadLetter(
-                record.topic,
-                record.partition,
-                record.offset,
-                record.key,
-                record.value,
-                record.timestamp,
-                reason,
-            )
+            return self._refuse(record, reason_of(exc) if not isinstance(exc, PolicyError) else str(exc))
         active = self._pending_policy or self.engine.policy
         if compiled.stamp.name != follow:
-            return None
+            return None  # another daemon group's policy on a shared topic
+        if compiled.stamp.hash == active.stamp.hash:
+            return None  # the active document itself (re-read, or re-published)
         if compiled.stamp.version <= active.stamp.version:
-            if compiled.stamp.hash != active.stamp.hash and compiled.stamp.version == active.stamp.version:
-                log.warning("policy ignored: same version, different content", version=compiled.stamp.version)
-            return None
+            return self._refuse(
+                record,
+                f"{compiled.stamp.name} v{compiled.stamp.version} is not newer than the active "
+                f"v{active.stamp.version} (hash {active.stamp.hash})",
+            )
         self._pending_policy = compiled
-        self.stats.policies_applied += 1
+        self._pending_offset = record.offset
         log.info(
-            "policy applied",
+            "policy accepted",
             name=compiled.stamp.name,
             version=compiled.stamp.version,
             hash=compiled.stamp.hash,
         )
+        return None
+
+
+async def read_active(consumer: AIOKafkaConsumer, topic: str, group: str) -> ActivePolicy | None:
+    """The newest ActivePolicy for ``group`` on ``topic`` (``consumer`` started, not subscribed)."""
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    await consumer.seek_to_beginning(tp)
+    end = (await consumer.end_offsets([tp]))[tp]
+    latest: bytes | None = None
+    key = group.encode()
+    while await consumer.position(tp) < end:
+        batch = await consumer.getmany(tp, timeout_ms=500)
+        for r in batch.get(tp, ()):
+            if r.key == key and r.value:
+                latest = r.value
+        end = max(end, consumer.highwater(tp) or 0)
+    if latest is None:
+        return None
+    try:
+        return ActivePolicy.model_validate_json(latest)
+    except ValueError:
+        log.warning("control.policy.active holds an unreadable record for this group; ignored")
         return None

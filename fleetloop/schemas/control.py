@@ -1,9 +1,13 @@
-"""Tick: the event that makes fleetloop decide. Ticks travel on ``control.ticks`` so a replay sees
-exactly the ticks the live run saw (STYLE.md, rule 3)."""
+"""Control records. Tick: the event that makes fleetloop decide; ticks travel on ``control.ticks``
+so a replay sees exactly the ticks the live run saw (STYLE.md, rule 3). ActivePolicy: the policy a
+daemon group activated, on ``control.policy.active``."""
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from fleetloop.schemas.base import EpochMs, Ident, NonNegInt, Wire
+from fleetloop.schemas.policy import PolicyDocument
 
 
 class Tick(Wire):
@@ -12,3 +16,29 @@ class Tick(Wire):
     ts_ms: EpochMs
     tick_id: NonNegInt
     pool_id: Ident
+
+
+class Activation(Wire):
+    """One policy document in force from event time ``from_ts_ms`` (ticks at or after it)."""
+
+    from_ts_ms: NonNegInt
+    document: PolicyDocument
+
+
+class ActivePolicy(Wire):
+    """What a consumer group's daemon runs, on the compacted ``control.policy.active`` (key: group).
+
+    Written when a document is activated and when one is refused, so a restart resumes the
+    activated document (not whatever ``control.policy`` holds last for the name) and does not
+    consider (and dead-letter) the same refused records again."""
+
+    group: str = Field(min_length=1, max_length=255)
+    name: str
+    version: int = Field(ge=1)
+    hash: str
+    from_ts_ms: NonNegInt
+    from_tick_id: NonNegInt
+    considered_offset: int = Field(ge=-1)  # control.policy offset considered up to (inclusive)
+    refused: NonNegInt = 0  # documents refused so far
+    last_refusal: str = ""
+    history: list[Activation] = Field(default_factory=list, max_length=16)  # oldest first, incl. active

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from fleetloop.schemas.control import Tick
+from fleetloop.schemas.control import ActivePolicy, Tick
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.requests import RequestOutcome
@@ -37,6 +37,7 @@ DECISIONS = "control.decisions"
 STATE = "control.state"
 DEADLETTER = "fleet.deadletter"
 CHECKPOINT = "control.checkpoint"
+POLICY_ACTIVE = "control.policy.active"
 
 TOPICS: dict[str, TopicSpec] = {
     spec.logical: spec
@@ -48,6 +49,9 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(DECISIONS, "entity", Decision, "delete", 1, "fleetloop", "audit, replay"),
         TopicSpec(STATE, "entity", Decision, "compact", 1, "fleetloop", "routers, GPU workers"),
         TopicSpec(DEADLETTER, "original key", None, "delete", 1, "fleetloop", "operators"),
+        TopicSpec(
+            POLICY_ACTIVE, "consumer group", ActivePolicy, "compact", 1, "fleetloop", "fleetloop policy"
+        ),
         TopicSpec(
             CHECKPOINT, "group/partition/slot/chunk", None, "compact", 1, "fleetloop", "fleetloop (restore)"
         ),

@@ -246,7 +246,19 @@ class Verdict:
     skipped: int = 0
 
 
-async def compare_with_an_uninterrupted_run(env: Any, policy: CompiledPolicy) -> Verdict:
+async def compare_with_an_uninterrupted_run(
+    env: Any, policy: CompiledPolicy | list[tuple[int, CompiledPolicy]]
+) -> Verdict:
+    """``policy``: one for the whole run, or activations (from event time, policy), oldest first."""
+    activations = [(0, policy)] if isinstance(policy, CompiledPolicy) else policy
+
+    def policy_at(ts: int) -> CompiledPolicy:
+        chosen = activations[0][1]
+        for from_ts, p in activations:
+            if from_ts <= ts:
+                chosen = p
+        return chosen
+
     ticks_by_part = await _read(env, TICKS)
     inputs = {logical: await _read(env, logical) for logical in INPUTS}
     decided = await _read(env, DECISIONS)
@@ -278,7 +290,7 @@ async def compare_with_an_uninterrupted_run(env: Any, policy: CompiledPolicy) ->
                         if shard.read[logical] <= x.offset < cut[logical]
                     ),
                 )
-            for d in shard.decide(tick, cut, policy) or ():
+            for d in shard.decide(tick, cut, policy_at(tick.ts_ms)) or ():
                 expected[(d.key, d.tick_id)] = decision_bytes(d)
             v.ticks += 1
     for pool, ids in sorted(seen_ids.items()):

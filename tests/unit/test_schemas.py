@@ -26,7 +26,7 @@ from fleetloop.schemas import (
     topic_name,
 )
 from fleetloop.schemas.export import EXPORTED, JSON_DIR, rendered
-from fleetloop.schemas.topics import CHECKPOINT, DEADLETTER, POLICY, STATE
+from fleetloop.schemas.topics import CHECKPOINT, DEADLETTER, POLICY, POLICY_ACTIVE, STATE
 from pydantic import BaseModel, ValidationError
 from tests.support.records import outcome, telemetry, tick
 
@@ -317,12 +317,12 @@ def test_every_topic_has_a_value_model_except_the_dead_letter_and_checkpoint_top
     assert all(issubclass(spec.value, BaseModel) for spec in TOPICS.values() if spec.value is not None)
 
 
-def test_compacted_topics_are_exactly_checkpoint_policy_and_state() -> None:
+def test_compacted_topics_are_exactly_checkpoint_policy_active_and_state() -> None:
     compacted = sorted(name for name, spec in TOPICS.items() if spec.cleanup == "compact")
-    assert compacted == sorted([CHECKPOINT, POLICY, STATE])
-    assert compacted == ["control.checkpoint", "control.policy", "control.state"]
+    assert compacted == sorted([CHECKPOINT, POLICY, POLICY_ACTIVE, STATE])
+    assert compacted == ["control.checkpoint", "control.policy", "control.policy.active", "control.state"]
 
 
 def test_topic_registry_keys_are_the_logical_names() -> None:
     assert all(name == spec.logical for name, spec in TOPICS.items())
-    assert len(TOPICS) == 8
+    assert len(TOPICS) == 9

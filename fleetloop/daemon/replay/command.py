@@ -28,7 +28,7 @@ from fleetloop.policies.registry import (
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
-from fleetloop.schemas.topics import DECISIONS, POLICY, REQUESTS, TELEMETRY, topic_name
+from fleetloop.schemas.topics import DECISIONS, POLICY, POLICY_ACTIVE, REQUESTS, TELEMETRY, topic_name
 
 
 def register(sub: Any) -> None:
@@ -122,6 +122,10 @@ async def _replay(
             for logical in (TELEMETRY, REQUESTS)
         }
         policies = await _read_topic(bootstrap, topic_name(prefix, POLICY))
+        try:
+            actives = await _read_topic(bootstrap, topic_name(prefix, POLICY_ACTIVE))
+        except UsageError:
+            actives = {}  # written by daemons since policy lifecycle; older deployments lack it
     except UsageError:
         raise
     except Exception as exc:  # one line for the user, whatever the client raised
@@ -150,7 +154,7 @@ async def _replay(
         # The recorded policy itself, given as a file, is an exact replay, not a what-if.
         mode = "exact" if what_if.stamp.hash == ticks[0].policy_hash else "what-if"
         return replay_ticks(ticks, inputs, what_if, from_ms=from_ms, to_ms=to_ms), what_if, mode
-    known = _known_policies([r for rs in policies.values() for r in rs])
+    known = _known_policies([r for rs in (*policies.values(), *actives.values()) for r in rs])
     for rt in ticks:
         if rt.policy_hash not in known:
             raise UsageError(
@@ -162,12 +166,16 @@ async def _replay(
 
 
 def _known_policies(records: list[Any]) -> dict[str, CompiledPolicy]:
-    """Every policy a recorded decision can be stamped with: built-in ones and control.policy's."""
+    """Every policy a recorded decision can be stamped with: built-in ones, control.policy's, and
+    those a daemon activated (control.policy.active keeps their documents, also a ``run --policy``
+    file's, after control.policy has compacted)."""
     candidates = [builtin_policy(name) for name in ("default", "none", "classic")]
     for r in records:
         try:
-            candidates.append(compile_policy(parse_document(json.loads(r.value))))
-        except (PolicyError, ValueError):
+            data = json.loads(r.value)
+            docs = [a["document"] for a in data["history"]] if "history" in data else [data]
+            candidates.extend(compile_policy(parse_document(d)) for d in docs)
+        except (PolicyError, ValueError, KeyError, TypeError):
             continue
     return {c.stamp.hash: c for c in candidates}
 

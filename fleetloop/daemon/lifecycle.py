@@ -1,0 +1,223 @@
+"""``fleetloop policy apply|status|rollback``: change what a running daemon group decides with.
+
+The daemon publishes the policy it *activated* (name, version, hash, the tick it decides from, and
+the last few activations' documents) to the compacted ``control.policy.active``, keyed by consumer
+group. These commands read that record first:
+
+- ``apply FILE`` refuses, with one line and exit 2, an invalid document, a version not newer than
+  the active one, or another name than the group runs (``--other-name`` publishes it anyway, for a
+  group that follows that name); otherwise it publishes to ``control.policy`` and waits (bounded,
+  ``--wait-s``) until the daemon reports the activation, then prints the tick it took effect
+  from. A daemon that refuses the document is reported with its reason (exit 1), as is silence.
+- ``status`` prints the active policy and its recent history.
+- ``rollback [--to VERSION]`` publishes an earlier document's content as a new version (active + 1),
+  so versions stay monotonic and the rollback is itself a recorded change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from fleetloop.daemon import clock
+from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
+from fleetloop.daemon.runtime import read_active
+from fleetloop.daemon.service.security import Bootstrap, connect, shown
+from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
+from fleetloop.schemas.control import ActivePolicy
+from fleetloop.schemas.policy import PolicyDocument
+from fleetloop.schemas.topics import POLICY, POLICY_ACTIVE, topic_name
+
+
+def register(pol_sub: Any) -> None:
+    a = pol_sub.add_parser(
+        "apply", help="publish a newer document to control.policy and wait until the daemon activates it"
+    )
+    a.add_argument("file", metavar="FILE")
+    _common(a)
+    a.add_argument(
+        "--other-name", action="store_true", help="publish a document of another name than the group runs"
+    )
+    a.set_defaults(handler=cmd_apply)
+    s = pol_sub.add_parser("status", help="the policy a daemon group has activated, and its history")
+    _common(s, wait=False)
+    s.set_defaults(handler=cmd_status)
+    r = pol_sub.add_parser("rollback", help="publish an earlier document's content as a new version")
+    r.add_argument(
+        "--to", type=int, metavar="VERSION", help="the version to go back to (default: the previous one)"
+    )
+    _common(r)
+    r.set_defaults(handler=cmd_rollback)
+
+
+def _common(p: argparse.ArgumentParser, *, wait: bool = True) -> None:
+    bootstrap_arg(p, required=True)
+    p.add_argument("--group-id", default="fleetloop", help="the daemon's consumer group (default fleetloop)")
+    if wait:
+        p.add_argument(
+            "--wait-s", type=float, default=30.0, metavar="S", help="wait this long for the activation"
+        )
+    p.add_argument("--json", action="store_true")
+
+
+async def _active(conn: Bootstrap, prefix: str, group: str) -> ActivePolicy | None:
+    consumer = AIOKafkaConsumer(**connect(conn), enable_auto_commit=False)
+    try:
+        await consumer.start()
+    except Exception as exc:
+        await consumer.stop()
+        raise UsageError(f"cannot reach Kafka at {shown(conn)}: {type(exc).__name__}: {exc}") from None
+    try:
+        return await read_active(consumer, topic_name(prefix, POLICY_ACTIVE), group)
+    finally:
+        await consumer.stop()
+
+
+def _check(policy: CompiledPolicy, active: ActivePolicy | None, other_name: bool, verb: str) -> None:
+    if active is None:
+        return
+    s = policy.stamp
+    if s.name != active.name and not other_name:
+        raise UsageError(
+            f"fleetloop policy {verb}: refused: group {active.group} runs {active.name!r}, this document "
+            f"is {s.name!r} (--other-name to publish it anyway)"
+        )
+    if s.name == active.name and s.version <= active.version:
+        raise UsageError(
+            f"fleetloop policy {verb}: refused: {s.name} v{s.version} is not newer than the active "
+            f"v{active.version} (hash {active.hash})"
+        )
+
+
+async def _publish_and_wait(
+    args: argparse.Namespace, conn: Bootstrap, policy: CompiledPolicy, before: ActivePolicy | None
+) -> tuple[int, dict[str, Any]]:
+    producer = AIOKafkaProducer(**connect(conn), acks="all")
+    try:
+        await producer.start()
+    except Exception as exc:
+        await producer.stop()
+        raise UsageError(f"cannot reach Kafka at {shown(conn)}: {type(exc).__name__}: {exc}") from None
+    try:
+        value = orjson.dumps(policy.document.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        meta = await producer.send_and_wait(
+            topic_name(args.topic_prefix, POLICY), value=value, key=policy.stamp.name.encode()
+        )
+    finally:
+        await producer.stop()
+    s = policy.stamp
+    out: dict[str, Any] = {
+        "name": s.name,
+        "version": s.version,
+        "hash": s.hash,
+        "offset": meta.offset,
+        "group": args.group_id,
+        "activated": False,
+    }
+    deadline = clock.monotonic_s() + args.wait_s
+    refused_before = before.refused if before is not None else 0
+    while clock.monotonic_s() < deadline:
+        active = await _active(conn, args.topic_prefix, args.group_id)
+        if active is not None and active.hash == s.hash:
+            out.update(activated=True, from_tick_id=active.from_tick_id, from_ts_ms=active.from_ts_ms)
+            return 0, out
+        if active is not None and active.considered_offset >= meta.offset and active.refused > refused_before:
+            out["refused"] = active.last_refusal
+            return 1, out
+        await asyncio.sleep(0.5)
+    out["error"] = f"not activated within {args.wait_s:g} s (is a daemon of group {args.group_id} running?)"
+    return 1, out
+
+
+def _report(code: int, out: dict[str, Any], as_json: bool, verb: str) -> int:
+    if as_json:
+        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+        return code
+    what = f"{out['name']} v{out['version']}  hash {out['hash']}"
+    if out.get("activated"):
+        sys.stdout.write(f"{verb}  {what}  active from tick {out['from_tick_id']} (group {out['group']})\n")
+    elif "refused" in out:
+        sys.stderr.write(f"fleetloop policy {verb}: the daemon refused {what}: {out['refused']}\n")
+    else:
+        where = f"at offset {out['offset']}"
+        sys.stderr.write(f"fleetloop policy {verb}: published {what} {where}; {out['error']}\n")
+    return code
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    quiet_client_logs()
+    policy = load_policy(args.file)  # an invalid document: PolicyError, one line, exit 2
+    _positive(args.wait_s)
+    conn = connection_from(args)
+
+    async def go() -> tuple[int, dict[str, Any]]:
+        before = await _active(conn, args.topic_prefix, args.group_id)
+        _check(policy, before, args.other_name, "apply")
+        return await _publish_and_wait(args, conn, policy, before)
+
+    code, out = asyncio.run(go())
+    return _report(code, out, args.json, "applied")
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    quiet_client_logs()
+    _positive(args.wait_s)
+    conn = connection_from(args)
+
+    async def go() -> tuple[int, dict[str, Any]]:
+        active = await _active(conn, args.topic_prefix, args.group_id)
+        if active is None:
+            raise UsageError(f"fleetloop policy rollback: group {args.group_id} has no active policy")
+        docs = [a.document for a in active.history if a.document.metadata.name == active.name]
+        earlier = [d for d in docs if d.metadata.version < active.version]
+        if args.to is not None:
+            earlier = [d for d in earlier if d.metadata.version == args.to]
+        if not earlier:
+            known = ", ".join(f"v{d.metadata.version}" for d in docs) or "none"
+            want = f"v{args.to}" if args.to is not None else "an earlier version"
+            raise UsageError(
+                f"fleetloop policy rollback: {want} is not among the recent activations ({known})"
+            )
+        old = earlier[-1]
+        data = old.model_dump(mode="json")
+        data["metadata"]["version"] = active.version + 1
+        data["metadata"]["description"] = f"rollback of v{active.version} to v{old.metadata.version}"
+        policy = compile_policy(PolicyDocument.model_validate(data))
+        return await _publish_and_wait(args, conn, policy, active)
+
+    code, out = asyncio.run(go())
+    return _report(code, out, args.json, "rolled back")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    quiet_client_logs()
+    conn = connection_from(args)
+    active = asyncio.run(_active(conn, args.topic_prefix, args.group_id))
+    if active is None:
+        raise UsageError(f"fleetloop policy status: group {args.group_id} has no active policy")
+    if args.json:
+        sys.stdout.write(active.model_dump_json() + "\n")
+        return 0
+    sys.stdout.write(
+        f"group {active.group}: {active.name} v{active.version}  hash {active.hash}  "
+        f"active from tick {active.from_tick_id}\n"
+        f"refused documents: {active.refused}"
+        + (f" (last: {active.last_refusal})" if active.last_refusal else "")
+        + "\nhistory (oldest first):\n"
+    )
+    for a in active.history:
+        p = compile_policy(a.document)
+        tick = a.from_ts_ms // p.tick_ms
+        sys.stdout.write(f"  v{p.stamp.version}  hash {p.stamp.hash}  from tick {tick}\n")
+    return 0
+
+
+def _positive(wait_s: float) -> None:
+    if not 0 < wait_s <= 3600:
+        raise UsageError("fleetloop policy: --wait-s must be in (0, 3600]")
