@@ -97,3 +97,12 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     multi = _bench("--scenario", str(ROOT / "scenarios" / "steady-chat.yaml"), timeout=60)
     assert multi.returncode == 2
     assert "one pool" in multi.stderr
+
+
+def test_the_stack_scenarios_load_with_one_pool_and_one_model() -> None:
+    from fleetloop.sim.scenario import load_scenario
+
+    for f in sorted((ROOT / "scenarios" / "stack").glob("*.yaml")):
+        s = load_scenario(f)
+        assert len(s.pools) == 1, f
+        assert len({m for w in s.workload for m in w.models}) == 1, f
