@@ -456,8 +456,9 @@ def plot_timelines(doc: dict[str, Any], path: Path) -> None:
     for r in doc["arms"]:
         tl = r["timeline"]
         t = tl["t"]
-        ok = [b - a for a, b in zip([0, *tl["ok_tasks"]], tl["ok_tasks"], strict=False)]
-        bad = [b - a for a, b in zip([0, *tl["failed_calls"]], tl["failed_calls"], strict=False)]
+        dt = [max(1e-3, b - a) for a, b in zip([0.0, *t], t, strict=False)]  # a late sample spans more
+        ok = [(b - a) / d for a, b, d in zip([0, *tl["ok_tasks"]], tl["ok_tasks"], dt, strict=False)]
+        bad = [(b - a) / d for a, b, d in zip([0, *tl["failed_calls"]], tl["failed_calls"], dt, strict=False)]
         axes[0].plot(t, ok, label=r["arm"])
         axes[1].plot(t, bad, label=r["arm"])
         axes[2].plot(t, [v if v is not None else float("nan") for v in tl["ttft_p50"]], label=r["arm"])
