@@ -9,10 +9,11 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="benchmarks that print figures (ratios from the same run)")
     sub = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     # Each bench module registers one subcommand. Keep this list sorted.
-    from fleetloop.bench import decide, fleet, ingest, latency, router
+    from fleetloop.bench import decide, fleet, ingest, latency, router, stack
 
     decide.register(sub)
     fleet.register(sub)
     ingest.register(sub)
     latency.register(sub)
     router.register(sub)
+    stack.register(sub)

@@ -160,3 +160,53 @@ async def test_metrics_read_by_the_vllm_scraper(fleet: LiveFleet) -> None:
     assert rec.model == "llama-8b"
     assert rec.ttft_p50_ms is not None
     assert rec.tbt_p50_ms is not None
+
+
+async def test_agents_send_every_call_to_one_router_url() -> None:
+    """``Agents(router_url=...)``: no node is picked by the agent; every attempt goes to the one URL
+    (as behind vllm-router or HAProxy) with the task headers, and the router's answers count."""
+    import json as _json
+
+    from aiohttp import web
+    from fleetloop.edges.fleet.agents import Agents
+
+    seen: list[dict[str, str]] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append({k.lower(): v for k, v in request.headers.items()} | {"model": body["model"]})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        base = {"id": "r", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
+        first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}}]}
+        usage = {
+            **base,
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+        for chunk in (first, usage):
+            await resp.write(f"data: {_json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    fleet = LiveFleet(one_node(), seed=3)
+    await fleet.start()
+    try:
+        agents = Agents(fleet, router_url=f"http://127.0.0.1:{port}/", rate_scale=10.0)
+        await agents.run(2.0, 10.0)
+    finally:
+        await fleet.stop()
+        await runner.cleanup()
+    s = agents.stats
+    assert s.tasks_started >= 5
+    assert len(seen) == s.sent == s.ok == s.tasks_succeeded == s.p0_succeeded
+    assert all(h["x-fleetloop-priority"] == "0" and h["x-fleetloop-task"] for h in seen)
+    assert {h["model"] for h in seen} == {"llama-8b"}
+    assert fleet.live["p/0"].node.counter == 0  # the node itself got nothing: the router answered

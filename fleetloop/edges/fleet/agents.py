@@ -13,6 +13,10 @@ and shared prefix.
   disconnect and aborts the request.
 - **Non-streaming** call: ``timeout_s`` bounds the whole call; giving up drops the connection, which
   the node cannot see: the request runs on as an orphan.
+- ``router_url``: every call goes to that one URL instead (a real router in front of the fleet:
+  vllm-router, HAProxy); the agent picks no node, asks no retry budget and publishes no outcome
+  (the router's own log is the outcome source); a prefix's digest leads the message text so a
+  router that hashes prompts (vllm-router ``cache_aware``) can see the shared prefix.
 - Connection refused or a 5xx is an ``error``; a router that places the call nowhere, ``shed``.
   Each attempt's outcome goes to ``fleet.requests`` keyed by pool (the last call of a task says
   whether the task succeeded). ``cost_usd`` is 0: a client cannot see GPU cost; fleetloop takes it
@@ -45,6 +49,8 @@ class AgentStats:
     tasks_started: int = 0
     tasks_succeeded: int = 0
     tasks_failed: int = 0
+    p0_succeeded: int = 0
+    p0_failed: int = 0
     sent: int = 0
     ok: int = 0
     errors: int = 0
@@ -60,12 +66,16 @@ class AgentStats:
             return round(ttft[min(len(ttft) - 1, max(0, math.ceil(q * len(ttft)) - 1))], 1) if ttft else None
 
         done = self.tasks_succeeded + self.tasks_failed
+        p0 = self.p0_succeeded + self.p0_failed
         return {
             "tasks": {
                 "started": self.tasks_started,
                 "succeeded": self.tasks_succeeded,
                 "failed": self.tasks_failed,
                 "success_rate": round(self.tasks_succeeded / done, 4) if done else None,
+                "p0_succeeded": self.p0_succeeded,
+                "p0_failed": self.p0_failed,
+                "p0_success_rate": round(self.p0_succeeded / p0, 4) if p0 else None,
             },
             "requests": {
                 "sent": self.sent,
@@ -93,8 +103,16 @@ class _Attempt:
 class Agents:
     """Runs the scenario's workloads against ``fleet`` until ``duration_s``; tasks then finish."""
 
-    def __init__(self, fleet: LiveFleet, *, publish: Publish | None = None, rate_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        fleet: LiveFleet,
+        *,
+        publish: Publish | None = None,
+        rate_scale: float = 1.0,
+        router_url: str | None = None,
+    ) -> None:
         self.fleet = fleet
+        self.router_url = router_url.rstrip("/") if router_url else None
         self.scenario = fleet.scenario
         self.publish = publish
         self.rate_scale = rate_scale
@@ -186,8 +204,10 @@ class Agents:
                 break
         if ok:
             self.stats.tasks_succeeded += 1
+            self.stats.p0_succeeded += task.priority == 0
         else:
             self.stats.tasks_failed += 1
+            self.stats.p0_failed += task.priority == 0
 
     async def _call(self, task: Task, *, last: bool) -> bool:
         fleet = self.fleet
@@ -197,6 +217,26 @@ class Agents:
         while True:
             now = fleet.t()
             budget_s = max(0.0, min(client.timeout_s, task.deadline_t - now))
+            if self.router_url is not None:
+                routed, routed_ttft = await self._routed_call(task, budget_s)
+                if routed == "ok":
+                    self.stats.ok += 1
+                    if routed_ttft is not None:
+                        self.stats.ttft_ms.append(routed_ttft)
+                    return True
+                self._count(routed)
+                if (
+                    fleet.t() < task.deadline_t - 1e-9
+                    and attempt < client.max_retries
+                    and (t := fleet.t() + backoff_s(
+                        self._rng_backoff, client.backoff_s, client.backoff_max_s, attempt
+                    )) < task.deadline_t
+                ):  # fmt: skip
+                    self.stats.retries += 1
+                    await asyncio.sleep(max(0.0, t - fleet.t()))
+                    attempt += 1
+                    continue
+                return False
             route = fleet.router.pick(
                 w.models, task.priority, task.prefix_digest,
                 new_task=task.step == 0, budget_ms=budget_s * 1000.0, now_s=now,
@@ -213,7 +253,7 @@ class Agents:
                 self.stats.sent += 1
                 fleet.router.started(node.node_id)
                 try:
-                    kind, ttft_ms, tokens = await self._http_call(task, node.node_id, model, budget_s)
+                    kind, ttft_ms, tokens = await self._node_call(task, node.node_id, model, budget_s)
                 finally:
                     fleet.router.finished(node.node_id)
             a = _Attempt(
@@ -247,6 +287,16 @@ class Agents:
             await asyncio.sleep(max(0.0, retry_at - fleet.t()))
             attempt += 1
 
+    async def _routed_call(self, task: Task, budget_s: float) -> tuple[str, float | None]:
+        """One attempt through the single router URL: the router, not the agent, picks the node (no
+        outcome is published: the router's own log is the outcome source, as HAProxy's is)."""
+        assert self.router_url is not None
+        if budget_s <= 0:
+            return "timeout", None
+        self.stats.sent += 1
+        kind, ttft, _ = await self._http_call(task, self.router_url, task.spec.models[0], budget_s)
+        return kind, ttft
+
     def _count(self, kind: str) -> None:
         if kind == "error":
             self.stats.errors += 1
@@ -255,15 +305,20 @@ class Agents:
         else:
             self.stats.shed += 1
 
-    async def _http_call(
+    async def _node_call(
         self, task: Task, node_id: str, model: str, budget_s: float
+    ) -> tuple[str, float | None, int]:
+        ln = self.fleet.live.get(node_id)
+        if ln is None or not ln.port:
+            return "error", None, 0
+        return await self._http_call(task, ln.url, model, budget_s)
+
+    async def _http_call(
+        self, task: Task, url: str, model: str, budget_s: float
     ) -> tuple[str, float | None, int]:
         """One attempt over HTTP: (``ok`` | ``error`` | ``timeout``, TTFT ms, output tokens)."""
         fleet = self.fleet
-        ln = fleet.live.get(node_id)
-        if ln is None or not ln.port:
-            return "error", None, 0
-        api = self._client(ln.url)
+        api = self._client(url)
         headers = {
             "X-Fleetloop-Task": task.task_id,
             "X-Fleetloop-Call": str(task.step),
@@ -274,7 +329,11 @@ class Agents:
         if task.prefix_digest is not None:
             headers[HDR_PREFIX] = task.prefix_digest
             headers[HDR_PREFIX_TOKENS] = str(prefix_tokens(task))
-        messages: list[Any] = [{"role": "user", "content": f"{task.task_id} call {task.step}"}]
+        text = f"{task.task_id} call {task.step}"
+        if self.router_url is not None and task.prefix_digest is not None:
+            # A router that hashes the prompt (vllm-router cache_aware) sees the shared prefix too.
+            text = f"context {task.prefix_digest} {text}"
+        messages: list[Any] = [{"role": "user", "content": text}]
         start = fleet.t()
         deadline_left = max(0.001, task.deadline_t - start)
         try:

@@ -179,7 +179,9 @@ class LiveFleet:
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, faults: bool = True) -> None:
+        """Provision and listen; ``faults=False`` leaves the scenario's faults to
+        :meth:`schedule_faults` (a harness that starts a router first counts from when load begins)."""
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
         self.start_wall_ms = clock.wall_ms()
@@ -187,8 +189,14 @@ class LiveFleet:
             for _ in range(self.pools[pool_id].nodes):
                 ln = self._provision(pool_id, warm=True)
                 await self._listen(ln)
+        if faults:
+            self.schedule_faults()
+
+    def schedule_faults(self) -> None:
+        """The scenario's faults at their ``at_s`` counted from now."""
+        now = self.t()
         for f in self.scenario.faults:
-            self._at(f.at_s, self.inject, f)
+            self._at(now + f.at_s, self.inject, f)
 
     async def stop(self) -> None:
         self._stopping = True

@@ -1,0 +1,108 @@
+"""``fleetloop bench stack`` smoke run: real emulated fleet, real vllm-router, real HAProxy, the openai
+SDK, short. Checks the table is written with sane figures, and that an arm in which no task succeeds
+fails the command (exit 1) instead of printing a table that looks like a result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fleetloop.bench.stack import haproxy_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = ROOT / "scenarios" / "stack" / "degraded-gpu-small.yaml"
+VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("haproxy") is None, reason="Debian's haproxy (.ci/run installs it)"),
+    pytest.mark.skipif(not VLLM_ROUTER.exists(), reason="vllm-router (the dev extra)"),
+]
+
+
+def _bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fleetloop.daemon.cli", "bench", "stack", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
+    r = _bench(
+        "--scenario", str(SCENARIO), "--seconds", "15", "--drain-s", "10",
+        "--arms", "vllm-p2c,haproxy-classic", "--out", str(tmp_path), "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    stem = tmp_path / "stack-degraded-gpu"
+    assert json.loads(Path(f"{stem}.json").read_text())["arms"] == doc["arms"]
+    md = Path(f"{stem}.md").read_text()
+    assert Path(f"{stem}.png").stat().st_size > 10_000
+    assert [a["arm"] for a in doc["arms"]] == ["vllm-p2c", "haproxy-classic"]
+    for arm in doc["arms"]:
+        assert f"| {arm['arm']} |" in md
+        t = arm["tasks"]
+        assert t["succeeded"] > 0
+        assert 0 < t["success_rate"] <= 1
+        assert t["p0_succeeded"] + t["p0_failed"] > 0
+        assert arm["requests"]["sent"] >= t["succeeded"]
+        assert 1.0 < arm["latency"]["ttft_p50_ms"] <= arm["latency"]["ttft_p99_ms"] < 60_000
+        assert 0 < arm["cost_per_successful_task_usd"] < 1.0
+        assert arm["realtime_lag"]["node_events"]["n"] > 0
+        assert arm["timeline"]["ok_tasks"][-1] == t["succeeded"]
+    # every router process of the run is gone
+    for arm in doc["arms"]:
+        cfg = Path(arm["logs"]) / "haproxy.cfg"
+        pids = subprocess.run(["pgrep", "-f", str(cfg)], capture_output=True, text=True, check=False)
+        assert not pids.stdout.strip(), pids.stdout
+
+
+def test_an_arm_with_no_successful_task_fails_the_run(tmp_path: Path) -> None:
+    """Every node crashes as load begins: HAProxy has nothing to send to, no task can succeed."""
+    doc = SCENARIO.read_text().split("faults:")[0]
+    doc += "faults:\n  - {at_s: 0, kind: crash, pool: chat-l40s, count: 4}\n"
+    scen = tmp_path / "dead.yaml"
+    scen.write_text(doc)
+    r = _bench("--scenario", str(scen), "--seconds", "6", "--drain-s", "5", "--arms", "haproxy-classic",
+               "--out", str(tmp_path / "out"), "--json")  # fmt: skip
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert "no successful task under haproxy-classic" in r.stderr
+    arm = json.loads(r.stdout)["arms"][0]
+    assert arm["tasks"]["succeeded"] == 0
+    assert arm["tasks"]["failed"] > 0
+
+
+def test_haproxy_config_has_health_checks_and_leastconn(tmp_path: Path) -> None:
+    cfg = haproxy_config(tmp_path, 8000, None, [("s0", "127.0.0.1:9000"), ("s1", "127.0.0.1:9001")])
+    assert "balance leastconn" in cfg
+    assert "option httpchk GET /health" in cfg
+    assert cfg.count("check inter 1s fall 2 rise 2") == 2
+    assert "log 127.0.0.1" not in cfg  # classic: no log for a control plane
+    assert "log 127.0.0.1:5140" in haproxy_config(tmp_path, 8000, 5140, [("s0", "127.0.0.1:9000")])
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
+    r = _bench("--scenario", str(SCENARIO), "--arms", "nginx", timeout=60)
+    assert r.returncode == 2
+    assert "unknown arm" in r.stderr
+    assert "Traceback" not in r.stderr
+    multi = _bench("--scenario", str(ROOT / "scenarios" / "steady-chat.yaml"), timeout=60)
+    assert multi.returncode == 2
+    assert "one pool" in multi.stderr
+
+
+def test_the_stack_scenarios_load_with_one_pool_and_one_model() -> None:
+    from fleetloop.sim.scenario import load_scenario
+
+    for f in sorted((ROOT / "scenarios" / "stack").glob("*.yaml")):
+        s = load_scenario(f)
+        assert len(s.pools) == 1, f
+        assert len({m for w in s.workload for m in w.models}) == 1, f
