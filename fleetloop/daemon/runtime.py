@@ -65,7 +65,7 @@ from fleetloop.daemon import checkpoint, clock, faults
 from fleetloop.daemon.act.publish import Publisher
 from fleetloop.daemon.decide.engine import Engine
 from fleetloop.daemon.observability import logger, tracer
-from fleetloop.daemon.observe.decode import DeadLetter, decode_batch, reason_of
+from fleetloop.daemon.observe.decode import DeadLetter, Door, dead_letter_of, decode_batch, reason_of
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, one_line, supervise
 from fleetloop.daemon.service.security import Bootstrap, connect, shown
@@ -120,6 +120,8 @@ class DaemonConfig:
     # default, 700, runs it every few dozen decoded records: ~25% of ingest CPU, measured by
     # ``fleetloop bench ingest``). 0 leaves the interpreter's settings alone.
     gc_gen0_threshold: int = 100_000
+    door: Door = field(default_factory=Door)  # record size, event-time window around the broker's
+    max_policy_version_step: int = 1000  # refuse a policy version further above the active one
 
 
 @dataclass(slots=True)
@@ -134,6 +136,9 @@ class DaemonStats:
     ticks_forced: int = 0
     ticks_duplicate: int = 0
     ticks_skipped: int = 0  # boundaries published as skipped (an outage beyond the catch-up)
+    ticks_failed: int = 0  # ticks whose decision raised: not decided, counted, the loop went on
+    last_tick_failure: str = ""
+    dead_letters_lost: int = 0  # dead letters the broker refused to take (counted, logged)
     ticks_caught_up: int = 0  # missed boundaries this instance's ticker published late
     dead_letters: int = 0
     decisions_published: int = 0
@@ -146,11 +151,13 @@ class DaemonStats:
     shards_restored: int = 0
     shards_started_clean: int = 0
     last_decision_ts_ms: int = 0
+    dead_by_reason: dict[str, int] = field(default_factory=dict)  # reason kind -> dead letters
     last_refusal: str = ""
     breaker_open_nodes: set[str] = field(default_factory=set)
 
 
 OnDecisions = Callable[[Sequence[Decision]], None]
+MAX_FETCH_BYTES = 2 * 1024 * 1024
 
 
 def tune_gc(gen0_threshold: int) -> None:
@@ -271,11 +278,18 @@ class Daemon:
             # Short sessions: the embedded broker completes a join in about half the session timeout.
             session_timeout_ms=6000,
             heartbeat_interval_ms=1000,
+            # Above any record the broker accepts (Kafka's default limit is 1 MiB): a record larger
+            # than the fetch size would stall the partition; fetched, the door refuses it.
+            max_partition_fetch_bytes=MAX_FETCH_BYTES,
+            # A fetch that the broker never answers (seen on the embedded broker under floods)
+            # stalls every partition until it times out: 15 s, not the client's default 40 s.
+            request_timeout_ms=15_000,
         )
         policy_consumer = AIOKafkaConsumer(
             **connect(cfg.bootstrap_servers),
             client_id=f"{cfg.client_id}-policy",
             enable_auto_commit=False,
+            max_partition_fetch_bytes=MAX_FETCH_BYTES,
         )
         self._stop = stop
         metrics.register(self)
@@ -601,9 +615,9 @@ class Daemon:
                 metrics.events_consumed.add(len(records), {"topic": logical})
                 if logical in INPUTS:
                     decoded = (
-                        decode_batch(NodeTelemetry, records)
+                        decode_batch(NodeTelemetry, records, self.config.door)
                         if logical == TELEMETRY
-                        else decode_batch(RequestOutcome, records)
+                        else decode_batch(RequestOutcome, records, self.config.door)
                     )
                     good: dict[int, NodeTelemetry | RequestOutcome] = dict(
                         zip(decoded.offsets, decoded.items, strict=True)
@@ -619,19 +633,7 @@ class Daemon:
             self.stats.events_in += n
             span.set_attribute("records", n)
             if dead:
-                publisher = self._publisher
-                await self._retrying("dead-letter", lambda: publisher.dead_letter(dead))
-                self.stats.dead_letters += len(dead)
-                for d in dead:
-                    kind = metrics.reason_kind(d.reason)
-                    metrics.dead_letters.add(1, {"reason": kind})
-                    # One line per reason kind per window, with a count: never one line per record.
-                    log.warning(
-                        "dead letter",
-                        source=f"{d.topic}:{d.partition}:{d.offset}",
-                        reason=d.reason,
-                        ratelimit_key=kind,
-                    )
+                await self._dead_letter(dead)
             if n:
                 faults.reach("mid-batch")
             decisions = self._decide_ready()
@@ -649,9 +651,36 @@ class Daemon:
             await self._retrying("commit", self._commit)
         return decisions
 
+    async def _dead_letter(self, dead: Sequence[DeadLetter]) -> None:
+        """Publish dead letters (bounded copies) and count them by reason; one log line per reason
+        kind per window (the logger's rate limit), never one per record."""
+        publisher = self._publisher
+        assert publisher is not None
+        failures: list[str] = await self._retrying("dead-letter", lambda: publisher.dead_letter(dead))
+        stats = self.stats
+        stats.dead_letters += len(dead)
+        for d in dead:
+            kind = metrics.reason_kind(d.reason)
+            stats.dead_by_reason[kind] = stats.dead_by_reason.get(kind, 0) + 1
+            metrics.dead_letters.add(1, {"reason": kind})
+            log.warning(
+                "dead letter",
+                source=f"{d.topic}:{d.partition}:{d.offset}",
+                reason=d.reason,
+                ratelimit_key=kind,
+            )
+        if failures:
+            stats.dead_letters_lost += len(failures)
+            log.error(
+                "dead letters not published (the records are committed past anyway)",
+                count=len(failures),
+                first=failures[0],
+                ratelimit_key="dead-letter-lost",
+            )
+
     def _read_ticks(self, p: int, records: Sequence[Any]) -> list[DeadLetter]:
         held = self._held[p]
-        decoded = decode_batch(Tick, records)
+        decoded = decode_batch(Tick, records, self.config.door)
         good = dict(zip(decoded.offsets, decoded.items, strict=True))
         now_s = clock.monotonic_s()
         for r in records:
@@ -725,7 +754,11 @@ class Daemon:
                     if cut is None:
                         break  # ticks of one partition are decided in order
                     started_s = clock.monotonic_s()
-                    decided = shard.decide(h.tick, cut, self._policy_at(h.tick.ts_ms))
+                    try:
+                        decided = shard.decide(h.tick, cut, self._policy_at(h.tick.ts_ms))
+                    except Exception as exc:  # one pool's bad tick must not stop the others' decisions
+                        self._tick_failed(h.tick, exc)
+                        decided = ()
                     if decided is None:
                         self.stats.ticks_duplicate += 1
                         metrics.ticks.add(1, {"outcome": "duplicate"})
@@ -753,6 +786,19 @@ class Daemon:
                 shard.ticks_at = h.offset + 1
                 self._dirty.add(p)
         return out
+
+    def _tick_failed(self, tick: Tick, exc: Exception) -> None:
+        """A tick whose decision raised: counted and logged (rate-limited per pool), not decided."""
+        self.stats.ticks_failed += 1
+        self.stats.last_tick_failure = f"pool {tick.pool_id} tick {tick.tick_id}: {reason_of(exc)}"
+        metrics.ticks.add(1, {"outcome": "failed"})
+        log.error(
+            "tick not decided: deciding raised; the loop goes on",
+            pool=tick.pool_id,
+            tick_id=tick.tick_id,
+            error=reason_of(exc),
+            ratelimit_key=f"tick-failed:{tick.pool_id}",
+        )
 
     def _account(self, decided: Sequence[Decision]) -> None:
         self.stats.ticks_decided += 1
@@ -1106,9 +1152,7 @@ class Daemon:
         self.stats.policies_refused += 1
         self.stats.last_refusal = reason
         log.error("policy refused; the active policy stays in force", reason=reason)
-        return DeadLetter(
-            record.topic, record.partition, record.offset, record.key, record.value, record.timestamp, reason
-        )
+        return dead_letter_of(record, reason)
 
     def _consider_policy(self, record: Any, follow: str) -> DeadLetter | None:
         """Take a valid newer policy for the next batch; a dead letter (an event, counted once) for
@@ -1116,16 +1160,28 @@ class Daemon:
         try:
             if not record.value:
                 raise PolicyError("empty policy record")
+            if len(record.value) > self.config.door.max_record_bytes:
+                raise PolicyError(
+                    f"record-too-large: {len(record.value)} bytes > {self.config.door.max_record_bytes}"
+                )
             compiled = compile_policy(
                 parse_document(orjson.loads(record.value), f"{record.topic}@{record.offset}")
             )
-        except (PolicyError, orjson.JSONDecodeError) as exc:
+        except Exception as exc:  # whatever the record holds, the active policy stays in force
             return self._refuse(record, reason_of(exc) if not isinstance(exc, PolicyError) else str(exc))
         active = self._pending_policy or self.engine.policy
         if compiled.stamp.name != follow:
             return None  # another daemon group's policy on a shared topic
         if compiled.stamp.hash == active.stamp.hash:
             return None  # the active document itself (re-read, or re-published)
+        step = self.config.max_policy_version_step
+        if compiled.stamp.version > active.stamp.version + step:
+            # A forged version 10**15 would lock the operator out of every later real version.
+            return self._refuse(
+                record,
+                f"policy-version-jump: version {compiled.stamp.version} is more than {step} above the "
+                f"active version {active.stamp.version}",
+            )
         if compiled.stamp.version <= active.stamp.version:
             return self._refuse(
                 record,

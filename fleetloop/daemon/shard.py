@@ -67,6 +67,7 @@ class Shard:
         self.read: dict[str, int] = dict(self.folded)  # next input offset not yet read
         self.pending_pools: set[str] = set()
         self._snap: tuple[tuple[int, int, int, tuple[int, ...]], FleetSnapshot] | None = None
+        self.fold_errors = 0  # records whose folding raised: skipped, counted
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -118,10 +119,13 @@ class Shard:
             queue = self.pending[logical]
             while queue and queue[0].offset < upto:
                 item = queue.popleft().item
-                if isinstance(item, NodeTelemetry):
-                    model.fold_telemetry(item)
-                elif isinstance(item, RequestOutcome):
-                    model.fold_outcome(item)
+                try:
+                    if isinstance(item, NodeTelemetry):
+                        model.fold_telemetry(item)  # a cap's refusal is counted in model.refused
+                    elif isinstance(item, RequestOutcome):
+                        model.fold_outcome(item)
+                except Exception:  # a record the model cannot take must not stop the loop
+                    self.fold_errors += 1
             # Never behind what was folded; never past what was read (a cut beyond the data).
             self.folded[logical] = max(self.folded[logical], min(upto, self.read[logical]))
 

@@ -31,9 +31,10 @@ P = TypeVar("P", bound=BaseModel)
 
 
 class Params(BaseModel):
-    """Base for every algorithm's parameters: frozen, strict about unknown keys."""
+    """Base for every algorithm's parameters: frozen, strict about unknown keys, finite numbers only
+    (a YAML ``.inf`` or ``.nan`` is refused like any other out-of-range value)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 @dataclass(frozen=True, slots=True)

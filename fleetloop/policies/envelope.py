@@ -11,7 +11,11 @@ Algorithms propose; the engine disposes. Whatever an algorithm returns, the engi
 - fails open: when every node of a pool would get weight 0, it spreads traffic evenly over the
   pool's non-draining nodes instead (panic threshold; routers never eject every node);
 - limits an autoscale target to ``max_scale_step`` nodes away from the current count per tick
-  (pool bounds are the autoscale algorithm's and the GPU workers' to enforce);
+  (pool bounds are the autoscale algorithm's and the GPU workers' to enforce), whatever target
+  an algorithm proposes;
+- freezes the autoscale target of a silent pool (no fresh telemetry from any of its nodes and no
+  router outcome in the window) at the last target it let out, never below the pool's serving
+  nodes: silence means fleetloop knows nothing, not that demand vanished;
 - never sheds priority ``protected_priority`` and better below ``min_queue_threshold``, whether
   the limit is on queue depth or on outstanding work (queued + running).
 
@@ -32,5 +36,5 @@ class Envelope(Params):
     stale_after_ms: int = Field(default=5_000, ge=500, le=600_000)
     max_ejected_frac: float = Field(default=0.5, ge=0.0, le=1.0)
     max_scale_step: int = Field(default=8, ge=1, le=1000)
-    min_queue_threshold: int = Field(default=2, ge=1)
+    min_queue_threshold: int = Field(default=2, ge=1, le=1_000_000)
     protected_priority: int = Field(default=0, ge=-1, le=9, description="-1: protect none")

@@ -1,15 +1,39 @@
-"""Base class for every wire model."""
+"""Base class for every wire model, and the bounded field types every model is built from.
+
+Every number on the wire is finite and within a physical range (issue #8, "bounds at the door"):
+a value outside it is refused at decode time, with its field named, and the record goes to the
+dead-letter topic. The bounds travel in the exported JSON Schema (``minimum`` / ``maximum``), so a
+producer in another language can check them before sending. They are generous on purpose (a
+64-GPU node, a week-long task, a trillion tokens), only ruling out values no fleet can produce,
+such as ``1e308`` dollars or ``10**400`` tokens, which would otherwise overflow arithmetic downstream.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# 2100-01-01T00:00:00Z. Event time beyond this is not a clock, it is a forgery or a unit error; the
+# daemon additionally accepts event time only within a window around the broker's record timestamp.
+MAX_EPOCH_MS: Final = 4_102_444_800_000
+MAX_COUNT: Final = 1_000_000_000  # events of one kind in one interval, sequence numbers, steps
+MAX_TOKENS: Final = 1_000_000_000_000  # tokens in one call or one interval
+MAX_DURATION_MS: Final = 604_800_000.0  # one week: latencies, budgets
+MAX_USD: Final = 1_000_000_000.0  # any sum of money on one record
+MAX_USD_PER_H: Final = 100_000.0  # what one node may cost per hour (a 64-GPU node is ~$300/h)
+MAX_GIB: Final = 1_000_000.0  # memory on one node
+MAX_TICK_ID: Final = 2**53  # exact in every JSON implementation
+MAX_FIGURE: Final = 1e15  # a decision's explanatory inputs (rates, sums, counts)
+
 # Event time: epoch milliseconds, stamped by the producer of the record.
-EpochMs = Annotated[int, Field(ge=0, description="event time, epoch milliseconds")]
-NonNegInt = Annotated[int, Field(ge=0)]
-NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+EpochMs = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS, description="event time, epoch milliseconds")]
+NonNegInt = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
+DurationMs = Annotated[float, Field(ge=0.0, le=MAX_DURATION_MS, allow_inf_nan=False)]
+Usd = Annotated[float, Field(ge=0.0, le=MAX_USD, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0.0, le=MAX_FIGURE, allow_inf_nan=False)]
+Figure = Annotated[float, Field(ge=-MAX_FIGURE, le=MAX_FIGURE, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Ident = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]*$")]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fleetloop.schemas.base import EpochMs, Ident, NonNegInt, Wire
+from fleetloop.schemas.base import MAX_TICK_ID, EpochMs, Ident, NonNegInt, Wire
 from fleetloop.schemas.policy import PolicyDocument
 
 
@@ -14,14 +14,14 @@ class Tick(Wire):
     """Decide for ``pool_id`` as of event time ``ts_ms``. ``tick_id`` increases by one per tick."""
 
     ts_ms: EpochMs
-    tick_id: NonNegInt
+    tick_id: int = Field(ge=0, le=MAX_TICK_ID)
     pool_id: Ident
 
 
 class Activation(Wire):
     """One policy document in force from event time ``from_ts_ms`` (ticks at or after it)."""
 
-    from_ts_ms: NonNegInt
+    from_ts_ms: EpochMs
     document: PolicyDocument
 
 
@@ -34,11 +34,11 @@ class ActivePolicy(Wire):
 
     group: str = Field(min_length=1, max_length=255)
     name: str
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=MAX_TICK_ID)
     hash: str
-    from_ts_ms: NonNegInt
-    from_tick_id: NonNegInt
-    considered_offset: int = Field(ge=-1)  # control.policy offset considered up to (inclusive)
+    from_ts_ms: EpochMs
+    from_tick_id: int = Field(ge=0, le=MAX_TICK_ID)
+    considered_offset: int = Field(ge=-1, le=2**63 - 1)  # control.policy offset considered up to (inclusive)
     refused: NonNegInt = 0  # documents refused so far
     last_refusal: str = ""
     history: list[Activation] = Field(default_factory=list, max_length=16)  # oldest first, incl. active

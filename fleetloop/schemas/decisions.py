@@ -12,17 +12,18 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from fleetloop.schemas.base import EpochMs, Fraction, Ident, NonNegFloat, NonNegInt, Wire
+from fleetloop.schemas.base import MAX_TICK_ID, EpochMs, Figure, Fraction, Ident, NonNegFloat, NonNegInt, Wire
 from fleetloop.schemas.policy import Mode
 
 BreakerStateName = Literal["closed", "open", "half_open"]
+Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a Kafka offset
 Picker = Literal["weighted-random", "round-robin", "least-request-p2c"]
 
 
 class _Body(Wire):
     entity: str = Field(min_length=1)
     reason: str = Field(min_length=1, description="kebab-case reason code")
-    inputs: dict[str, float] = Field(default_factory=dict, description="the figures that drove it")
+    inputs: dict[str, Figure] = Field(default_factory=dict, description="the figures that drove it")
 
 
 class RoutingDecision(_Body):
@@ -31,13 +32,13 @@ class RoutingDecision(_Body):
 
     kind: Literal["routing"] = "routing"
     pool_id: Ident
-    weights: dict[str, NonNegFloat]
+    weights: dict[str, Fraction]
     picker: Picker = Field(
         default="weighted-random",
         description="how the router picks per call among nodes with weight > 0: by weight, in turn, "
         "or the less loaded of two random picks by its own outstanding count (Envoy LEAST_REQUEST)",
     )
-    by_priority: dict[str, dict[str, NonNegFloat]] = Field(
+    by_priority: dict[str, dict[str, Fraction]] = Field(
         default_factory=dict, description="priority class -> weights, where it differs from `weights`"
     )
     prefix_affinity: dict[str, tuple[str, ...]] = Field(
@@ -138,7 +139,7 @@ DecisionKind = Literal["routing", "breaker", "admission", "retry_budget", "autos
 
 class PolicyStamp(Wire):
     name: str
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=MAX_TICK_ID)
     hash: str = Field(pattern=r"^[0-9a-f]{16}$", description="sha256 of the canonical document, 16 hex")
     mode: Mode
 
@@ -147,9 +148,9 @@ class Decision(Wire):
     """The envelope on ``control.decisions`` (every decision) and ``control.state`` (latest per key)."""
 
     ts_ms: EpochMs
-    tick_id: NonNegInt
+    tick_id: int = Field(ge=0, le=MAX_TICK_ID)
     policy: PolicyStamp
-    input_offsets: dict[str, NonNegInt] = Field(
+    input_offsets: dict[str, Offset] = Field(
         default_factory=dict, description="'topic:partition' -> next offset folded into the model"
     )
     body: DecisionBody

@@ -11,7 +11,7 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from fleetloop.schemas.base import Wire
+from fleetloop.schemas.base import MAX_TICK_ID, Wire
 
 Mode = Literal["enforce", "shadow"]
 SECTIONS: tuple[str, ...] = ("routing", "breaker", "admission", "retry_budget", "autoscale", "batching")
@@ -84,8 +84,8 @@ class PolicySpec(Wire):
 
 class PolicyMetadata(Wire):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$")
-    version: int = Field(ge=1)
-    description: str = ""
+    version: int = Field(ge=1, le=MAX_TICK_ID)
+    description: str = Field(default="", max_length=10_000)
 
 
 class PolicyDocument(Wire):

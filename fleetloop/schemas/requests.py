@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from fleetloop.schemas.base import EpochMs, Ident, NonNegFloat, NonNegInt, Wire
+from fleetloop.schemas.base import MAX_DURATION_MS, DurationMs, EpochMs, Ident, NonNegInt, Tokens, Usd, Wire
 
 Outcome = Literal["ok", "error", "timeout", "shed", "retry"]
 TaskOutcome = Literal["succeeded", "failed"]
@@ -26,21 +26,21 @@ class RequestOutcome(Wire):
     attempt: int = Field(default=0, ge=0, le=100)
     workflow_id: Ident
     step_index: NonNegInt
-    workflow_spend_usd: NonNegFloat = 0.0
+    workflow_spend_usd: Usd = 0.0
     tenant_id: Ident
     priority: int = Field(ge=0, le=9)
-    latency_budget_ms: NonNegInt
+    latency_budget_ms: int = Field(ge=0, le=int(MAX_DURATION_MS))
     pool_id: Ident
     node_id: Ident | None = None
     model: Ident
-    prompt_tokens: NonNegInt
-    cached_prompt_tokens: NonNegInt = 0
-    output_tokens: NonNegInt = 0
+    prompt_tokens: Tokens
+    cached_prompt_tokens: Tokens = 0
+    output_tokens: Tokens = 0
     prefix_digest: Ident | None = None
-    ttft_ms: NonNegFloat | None = None
-    e2e_ms: NonNegFloat
+    ttft_ms: DurationMs | None = None
+    e2e_ms: DurationMs
     outcome: Outcome
-    cost_usd: NonNegFloat = 0.0
+    cost_usd: Usd = 0.0
     task_outcome: TaskOutcome | None = None
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from fleetloop.daemon.observe.decode import Door
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas import Decision
@@ -17,8 +18,10 @@ from tests.support.records import to_bytes
 
 @contextlib.asynccontextmanager
 async def running_daemon(
-    env: Any, group: str = "daemon", policy: CompiledPolicy | None = None
+    env: Any, group: str = "daemon", policy: CompiledPolicy | None = None, door: Door | None = None
 ) -> AsyncIterator[Daemon]:
+    """A daemon in process. ``door`` defaults to the production bounds without the event-time
+    window: the tests' records carry synthetic event times (seconds after epoch 0)."""
     daemon = Daemon(
         DaemonConfig(
             bootstrap_servers=env.bootstrap_servers,
@@ -27,6 +30,7 @@ async def running_daemon(
             group_id=env.group(group),
             run_ticker=False,
             idempotence=env.broker.capabilities.idempotent_producer,
+            door=door or Door().without_window(),
         )
     )
     stop = asyncio.Event()

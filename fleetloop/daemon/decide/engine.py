@@ -45,6 +45,8 @@ class EngineState:
     change that swaps an algorithm starts it fresh while unchanged sections keep their state."""
 
     algorithms: Mapping[tuple[str, str, str], Any] = field(default_factory=dict)  # (section, name, pool)
+    # The last autoscale target the engine let out, per pool: what a silent pool is frozen at.
+    autoscale_held: Mapping[str, int] = field(default_factory=dict)
 
 
 _EMPTY = EngineState()
@@ -215,6 +217,36 @@ def _shape_admission(d: AdmissionDecision, env: Envelope) -> AdmissionDecision:
     )
 
 
+def pool_is_silent(snap: FleetSnapshot, pool_id: str) -> bool:
+    """No fresh telemetry from any node of the pool: fleetloop knows nothing about the pool's
+    capacity or demand right now (which is not the same as no demand). A pool with no node at all
+    but with router outcomes in the window is not silent: that is demand with no capacity."""
+    nodes = snap.pool_nodes(pool_id)
+    if not nodes:
+        pool = snap.pools.get(pool_id)
+        return pool is None or pool.requests_w == 0
+    return all(n.stale for n in nodes)
+
+
+def _freeze_autoscale(d: AutoscaleDecision, snap: FleetSnapshot, held: int | None) -> AutoscaleDecision:
+    """A silent pool keeps its last target, never below the nodes it has: silence is not 'no demand'."""
+    serving = sum(1 for n in snap.pool_nodes(d.pool_id) if not n.draining)
+    base = held if held is not None else max(d.desired_nodes, d.current_nodes)
+    frozen = max(base, serving)
+    if frozen == d.desired_nodes and not d.drain:
+        return d
+    inputs = dict(d.inputs)
+    inputs["proposed_nodes"] = float(d.desired_nodes)
+    return d.model_copy(
+        update={
+            "desired_nodes": frozen,
+            "drain": (),
+            "reason": f"{d.reason}:silent-pool-frozen",
+            "inputs": inputs,
+        }
+    )
+
+
 def _shape_autoscale(d: AutoscaleDecision, env: Envelope) -> AutoscaleDecision:
     lo = d.current_nodes - env.max_scale_step
     hi = d.current_nodes + env.max_scale_step
@@ -239,6 +271,7 @@ def decide(
     pool_id = tick.pool_id
     seed = [tick.tick_id, zlib.crc32(pool_id.encode())]
     new_states = dict(state.algorithms)
+    held = dict(state.autoscale_held)
     bodies: list[tuple[str, DecisionBody]] = []
     breakers: dict[str, BreakerDecision] = {}
     diagnostics: dict[str, float] = {}
@@ -279,7 +312,20 @@ def decide(
         elif section == "admission":
             produced = [_shape_admission(d, env) if isinstance(d, AdmissionDecision) else d for d in produced]
         elif section == "autoscale":
-            produced = [_shape_autoscale(d, env) if isinstance(d, AutoscaleDecision) else d for d in produced]
+            silent = pool_is_silent(snap, pool_id)
+            shaped_as: list[DecisionBody] = []
+            for d in produced:
+                if isinstance(d, AutoscaleDecision):
+                    # Frozen: no move at all (the held target already passed the step limit).
+                    d = (
+                        _freeze_autoscale(d, snap, held.get(d.pool_id))
+                        if silent
+                        else _shape_autoscale(d, env)
+                    )
+                    if sec.mode == "enforce":
+                        held[d.pool_id] = d.desired_nodes
+                shaped_as.append(d)
+            produced = shaped_as
         bodies.extend((sec.mode, d) for d in produced)
     offsets = dict(sorted((input_offsets or {}).items()))
     # Every part of the envelope is validated once per tick (the stamps, the offsets) or already was
@@ -301,7 +347,7 @@ def decide(
     live = {(s, policy.sections[s].algorithm.name) for s in ORDER}
     kept = {k: v for k, v in new_states.items() if (k[0], k[1]) in live}
     diagnostics["decisions"] = float(len(decisions))
-    return TickResult(decisions=decisions, state=EngineState(kept), diagnostics=diagnostics)
+    return TickResult(decisions=decisions, state=EngineState(kept, held), diagnostics=diagnostics)
 
 
 class Engine:

@@ -46,10 +46,23 @@ _T_REQ, _T_RETRY, _T_SHED = range(3)
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    retention_ms: int = 300_000  # keep this much event time behind the newest record
+    """Retention and the caps that keep the model's memory bounded whatever arrives.
+
+    The caps are sized for a 10,000-node fleet with room to spare: a real fleet that outgrows one
+    sees it in the ``refused`` counters (and in the dead letters of records that named a pool or
+    node beyond the cap), never as a slow or crashed daemon.
+    """
+
+    retention_ms: int = 300_000  # keep this much event time behind the pool's newest record
     forget_node_after_ms: int = 60_000  # a node silent this long leaves its pool
     finished_workflow_ttl_ms: int = 600_000  # remember finished tasks this long (late records)
     abandon_workflow_after_ms: int = 3_600_000  # a task silent this long counts as failed
+    max_pools: int = 512
+    max_nodes_per_pool: int = 4_096
+    max_tenants: int = 10_000
+    max_open_workflows: int = 500_000
+    max_finished_workflows: int = 200_000  # by count too, not only by ttl: ~100 B each
+    max_unplaced_nodes: int = 16_384  # node ids seen in outcomes before any telemetry of theirs
 
 
 @dataclass(slots=True)
@@ -67,6 +80,10 @@ class _Pool:
     win: Window = field(default_factory=lambda: Window(7))
     ttft: Window = field(default_factory=lambda: Window(N_LAT_BINS))
     by_priority: Window = field(default_factory=lambda: Window(N_PRIORITIES))  # calls per class
+    watermark_ms: int = -1  # newest event time of this pool's own records: its clock, nobody else's
+    evicted_to: int = -(2**62)  # buckets at or before this are gone
+    nodes: set[str] = field(default_factory=set)
+    full_checked_bucket: int = -1  # the node cap's eviction scan runs at most once per bucket
 
 
 @dataclass(slots=True)
@@ -76,9 +93,15 @@ class _Tenant:
 
 
 NANO = 1_000_000_000  # money is summed in integer nano-dollars: exact, so order-independent
+_MAX_NUSD = 10**18  # one record's money is bounded by the schema far below this; clamp anyway
 
 
 def nano_usd(usd: float) -> int:
+    """Dollars as integer nano-dollars, clamped to [0, 1e9 USD] (never OverflowError, NaN is 0)."""
+    if not usd > 0.0:  # also NaN
+        return 0
+    if usd >= _MAX_NUSD / NANO:
+        return _MAX_NUSD
     return round(usd * NANO)
 
 
@@ -104,17 +127,37 @@ class _Ledger:
     finished: dict[str, int] = field(default_factory=dict)  # workflow id -> finish ts_ms
 
 
+CAPPED = ("pools", "nodes", "tenants", "workflows", "unplaced_nodes")
+
+
 class FleetModel:
-    """Mutable state behind :func:`apply`; read it only through :func:`snapshot`."""
+    """Mutable state behind :func:`apply`; read it only through :func:`snapshot`.
+
+    Clocks: each pool has its own event-time watermark (the newest ``ts_ms`` of its own records),
+    which drives that pool's late-record rule and the eviction of its windows and nodes, so one
+    record stamped far ahead moves one pool's clock at most, never another's. Fleet-wide state
+    (tenants, the workflow ledger, outcomes on nodes without telemetry) follows the fleet clock,
+    the upper median of the pools' watermarks: one pool running ahead cannot move it (with three
+    pools or more), and one silent pool cannot stop it. A pool silent for the retention plus
+    ``forget_node_after_ms`` on the fleet clock is evicted.
+
+    Caps (:class:`ModelConfig`): a record that would add a pool or a node beyond its cap, when no
+    silent one can make room, is refused: ``fold_*`` returns the reason and nothing of it is
+    folded; beyond the tenant, open-workflow or unplaced-node caps the record is folded without
+    that part. ``refused`` and ``evicted`` count both, by kind.
+    """
 
     __slots__ = (
-        "_evicted_to",
+        "_fleet_evicted_to",
+        "_pools_full_checked_bucket",
         "config",
+        "evicted",
         "late_dropped",
         "ledger",
         "node_wins",
         "nodes",
         "pools",
+        "refused",
         "tenants",
         "watermark_ms",
     )
@@ -126,54 +169,122 @@ class FleetModel:
         self.pools: dict[str, _Pool] = {}
         self.tenants: dict[str, _Tenant] = {}
         self.ledger = _Ledger()
-        self.watermark_ms = 0
+        self.watermark_ms = 0  # the fleet clock
         self.late_dropped = 0
-        self._evicted_to = 0
+        self.refused: dict[str, int] = dict.fromkeys(CAPPED, 0)
+        self.evicted: dict[str, int] = dict.fromkeys((*CAPPED, "finished_workflows"), 0)
+        self._fleet_evicted_to = 0
+        self._pools_full_checked_bucket = -1
 
     # -- folding --------------------------------------------------------------------------------
 
-    def _admit(self, ts_ms: int) -> bool:
-        """Advance the watermark; False when the record is older than the retention."""
-        if ts_ms > self.watermark_ms:
-            self.watermark_ms = ts_ms
+    def _pool(self, pool_id: str, ts_ms: int) -> _Pool | None:
+        """The pool's state, created if there is room (evicting the silentest pool if one is silent)."""
+        pool = self.pools.get(pool_id)
+        if pool is not None:
+            return pool
+        cfg = self.config
+        if len(self.pools) >= cfg.max_pools:
+            bucket = ts_ms // BUCKET_MS
+            if bucket <= self._pools_full_checked_bucket:
+                self.refused["pools"] += 1
+                return None
+            self._pools_full_checked_bucket = bucket
+            oldest = min(self.pools, key=lambda p: (self.pools[p].watermark_ms, p))
+            if ts_ms - self.pools[oldest].watermark_ms <= cfg.forget_node_after_ms:
+                self.refused["pools"] += 1
+                return None
+            self._drop_pool(oldest)
+        pool = self.pools[pool_id] = _Pool()
+        return pool
+
+    def _drop_pool(self, pool_id: str) -> None:
+        pool = self.pools.pop(pool_id)
+        for node_id in sorted(pool.nodes):
+            self.nodes.pop(node_id, None)
+        self.evicted["pools"] += 1
+        self.evicted["nodes"] += len(pool.nodes)
+
+    def _admit(self, pool_id: str, pool: _Pool, ts_ms: int) -> bool:
+        """Advance the pool's clock; False when the record is older than the pool's retention."""
+        if ts_ms > pool.watermark_ms:
+            new_bucket = ts_ms // BUCKET_MS > pool.watermark_ms // BUCKET_MS
+            pool.watermark_ms = ts_ms
             horizon = (ts_ms - self.config.retention_ms) // BUCKET_MS
-            if horizon > self._evicted_to + 10:  # evict in steps of 10 buckets, not per record
-                self._evict(horizon)
-        elif ts_ms // BUCKET_MS <= self._evicted_to:
+            if horizon > pool.evicted_to + 10:  # evict in steps of 10 buckets, not per record
+                self._evict_pool(pool_id, pool, horizon)
+            if new_bucket:
+                self._advance_fleet_clock()  # at most once per bucket per pool
+        elif ts_ms // BUCKET_MS <= pool.evicted_to:
             self.late_dropped += 1
             return False
         return True
 
-    def fold_telemetry(self, t: NodeTelemetry) -> None:
+    def fold_telemetry(self, t: NodeTelemetry) -> str | None:
+        """Fold one telemetry record; returns why it was refused (a cap), or None."""
+        pool = self._pool(t.pool_id, t.ts_ms)
+        if pool is None:
+            return f"capacity: pool cap {self.config.max_pools} reached, no silent pool to evict"
+        if (
+            t.node_id not in self.nodes
+            and len(pool.nodes) >= self.config.max_nodes_per_pool
+            and not self._make_room(pool, t)
+        ):
+            self.refused["nodes"] += 1
+            return f"capacity: node cap {self.config.max_nodes_per_pool} of pool {t.pool_id} reached"
         ledger = self.ledger
         ledger.fleet_cost_nusd += nano_usd(t.cost_rate_usd_per_h * t.interval_ms / 3_600_000.0)
-        if not self._admit(t.ts_ms):
-            return
+        if not self._admit(t.pool_id, pool, t.ts_ms):
+            return None
         node = self.nodes.get(t.node_id)
         if node is None:
-            node = self.nodes[t.node_id] = _Node(telemetry=t, win=self.node_wins.pop(t.node_id, Window(8)))
+            win = self.node_wins.pop(t.node_id, None) or Window(8)
+            node = self.nodes[t.node_id] = _Node(telemetry=t, win=win)
+            pool.nodes.add(t.node_id)
         elif t.ts_ms >= node.telemetry.ts_ms:
+            if node.telemetry.pool_id != t.pool_id:
+                old = self.pools.get(node.telemetry.pool_id)
+                if old is not None:
+                    old.nodes.discard(t.node_id)
+                pool.nodes.add(t.node_id)
             node.telemetry = t
-        if t.pool_id not in self.pools:
-            self.pools[t.pool_id] = _Pool()
         if t.errors or t.timeouts or t.preemptions:
             b = t.ts_ms // BUCKET_MS
             node.win.add_at(b, _N_ERR, t.errors)
             node.win.add_at(b, _N_TO, t.timeouts)
             node.win.add_at(b, _N_PRE, t.preemptions)
+        return None
 
-    def fold_outcome(self, o: RequestOutcome) -> None:
+    def _make_room(self, pool: _Pool, t: NodeTelemetry) -> bool:
+        """Evict the pool's silentest node if it has been silent past ``forget_node_after_ms``."""
+        bucket = t.ts_ms // BUCKET_MS
+        if bucket <= pool.full_checked_bucket:
+            return False
+        pool.full_checked_bucket = bucket
+        nodes = self.nodes
+        oldest = min(
+            (n for n in pool.nodes if n in nodes), key=lambda n: (nodes[n].telemetry.ts_ms, n), default=None
+        )
+        if oldest is None or t.ts_ms - nodes[oldest].telemetry.ts_ms <= self.config.forget_node_after_ms:
+            return False
+        del nodes[oldest]
+        pool.nodes.discard(oldest)
+        self.evicted["nodes"] += 1
+        return True
+
+    def fold_outcome(self, o: RequestOutcome) -> str | None:
+        """Fold one request outcome; returns why it was refused (a cap), or None."""
+        pool = self._pool(o.pool_id, o.ts_ms)
+        if pool is None:
+            return f"capacity: pool cap {self.config.max_pools} reached, no silent pool to evict"
         self._fold_ledger(o)
-        if not self._admit(o.ts_ms):
-            return
+        if not self._admit(o.pool_id, pool, o.ts_ms):
+            return None
         b = o.ts_ms // BUCKET_MS
         outcome = o.outcome
         ok = outcome == "ok"
         failed = outcome in FAILED_OUTCOMES
         shed = outcome == "shed"
-        pool = self.pools.get(o.pool_id)
-        if pool is None:
-            pool = self.pools[o.pool_id] = _Pool()
         pool.win.add(
             b,
             (1.0, float(ok), float(failed), float(o.attempt > 0), float(shed),
@@ -185,21 +296,35 @@ class FleetModel:
             pool.by_priority.add_at(b, min(max(o.priority, 0), N_PRIORITIES - 1), 1.0)
         tenant = self.tenants.get(o.tenant_id)
         if tenant is None:
-            tenant = self.tenants[o.tenant_id] = _Tenant(priority=o.priority)
+            if len(self.tenants) < self.config.max_tenants:
+                tenant = self.tenants[o.tenant_id] = _Tenant(priority=o.priority)
+            else:
+                self.refused["tenants"] += 1
         elif o.priority < tenant.priority:
             tenant.priority = o.priority  # the tenant's most important class seen: order-independent
-        tenant.win.add(b, (1.0, float(o.attempt > 0), float(shed)))
+        if tenant is not None:
+            tenant.win.add(b, (1.0, float(o.attempt > 0), float(shed)))
         if o.node_id is None:
-            return
+            return None
         node = self.nodes.get(o.node_id)
-        win = node.win if node is not None else self.node_wins.setdefault(o.node_id, Window(8))
-        ttft = o.ttft_ms if o.ttft_ms is not None else 0.0
-        win.add(b, (1.0, float(ok), float(failed), ttft, float(o.ttft_ms is not None), 0.0, 0.0, 0.0))
+        if node is not None:
+            win: Window | None = node.win
+        else:
+            win = self.node_wins.get(o.node_id)
+            if win is None:
+                if len(self.node_wins) < self.config.max_unplaced_nodes:
+                    win = self.node_wins[o.node_id] = Window(8)
+                else:
+                    self.refused["unplaced_nodes"] += 1
+        if win is not None:
+            ttft = o.ttft_ms if o.ttft_ms is not None else 0.0
+            win.add(b, (1.0, float(ok), float(failed), ttft, float(o.ttft_ms is not None), 0.0, 0.0, 0.0))
         if node is not None:
             if ok:
                 node.consecutive_failures = 0
             elif failed:
                 node.consecutive_failures += 1
+        return None
 
     def _fold_ledger(self, o: RequestOutcome) -> None:
         ledger = self.ledger
@@ -207,6 +332,9 @@ class FleetModel:
         if wf is None:
             if o.workflow_id in ledger.finished:
                 return  # a late or duplicate record of a finished task
+            if len(ledger.active) >= self.config.max_open_workflows:
+                self.refused["workflows"] += 1
+                return
             wf = ledger.active[o.workflow_id] = _Workflow(o.tenant_id, o.priority, o.ts_ms, o.ts_ms)
             ledger.tasks_started += 1
         wf.last_ms = max(wf.last_ms, o.ts_ms)
@@ -216,45 +344,85 @@ class FleetModel:
         wf.spend_nusd += nano_usd(o.cost_usd)
         if o.task_outcome is not None:
             del ledger.active[o.workflow_id]
-            ledger.finished[o.workflow_id] = o.ts_ms
+            self._finish(o.workflow_id, o.ts_ms)
             if o.task_outcome == "succeeded":
                 ledger.tasks_succeeded += 1
             else:
                 ledger.tasks_failed += 1
                 ledger.spend_on_failed_nusd += wf.spend_nusd
 
-    def _evict(self, horizon_bucket: int) -> None:
-        self._evicted_to = horizon_bucket
-        for node in self.nodes.values():
-            node.win.evict_before(horizon_bucket)
-        for win in self.node_wins.values():
-            win.evict_before(horizon_bucket)
-        for pool in self.pools.values():
-            pool.win.evict_before(horizon_bucket)
-            pool.ttft.evict_before(horizon_bucket)
-            pool.by_priority.evict_before(horizon_bucket)
-        for tenant in self.tenants.values():
-            tenant.win.evict_before(horizon_bucket)
+    def _finish(self, wf_id: str, ts_ms: int) -> None:
+        finished = self.ledger.finished
+        finished[wf_id] = ts_ms
+        if len(finished) > self.config.max_finished_workflows:
+            del finished[next(iter(finished))]  # the longest-remembered one
+            self.evicted["finished_workflows"] += 1
+
+    def _evict_pool(self, pool_id: str, pool: _Pool, horizon_bucket: int) -> None:
+        """The pool's own clock moved on: drop its old buckets and its nodes silent too long."""
+        pool.evicted_to = horizon_bucket
+        pool.win.evict_before(horizon_bucket)
+        pool.ttft.evict_before(horizon_bucket)
+        pool.by_priority.evict_before(horizon_bucket)
+        now = pool.watermark_ms
+        forget = self.config.forget_node_after_ms
+        nodes = self.nodes
+        for node_id in sorted(pool.nodes):
+            node = nodes.get(node_id)
+            if node is None:
+                pool.nodes.discard(node_id)
+            elif now - node.telemetry.ts_ms > forget:
+                del nodes[node_id]
+                pool.nodes.discard(node_id)
+                self.evicted["nodes"] += 1
+            else:
+                node.win.evict_before(horizon_bucket)
+
+    def _advance_fleet_clock(self) -> None:
+        """Move the fleet clock to the upper median of the pools' clocks; evict fleet state behind it."""
+        pools = self.pools
+        if not pools:
+            return
+        marks = sorted(p.watermark_ms for p in pools.values())
+        now = marks[len(marks) // 2]
+        if now <= self.watermark_ms:
+            return
+        self.watermark_ms = now
+        horizon = (now - self.config.retention_ms) // BUCKET_MS
+        if horizon > self._fleet_evicted_to + 10:
+            self._evict_fleet(horizon)
+
+    def _evict_fleet(self, horizon_bucket: int) -> None:
+        self._fleet_evicted_to = horizon_bucket
+        for node_id in [n for n, win in self.node_wins.items() if not win.evict_before(horizon_bucket)]:
+            del self.node_wins[node_id]
+            self.evicted["unplaced_nodes"] += 1
+        for tenant_id in [t for t, v in self.tenants.items() if not v.win.evict_before(horizon_bucket)]:
+            del self.tenants[tenant_id]
+            self.evicted["tenants"] += 1
         now = self.watermark_ms
         cfg = self.config
         ledger = self.ledger
-        for node_id in sorted(
-            n for n, v in self.nodes.items() if now - v.telemetry.ts_ms > cfg.forget_node_after_ms
-        ):
-            del self.nodes[node_id]
+        # Pools silent for the retention plus the node horizon on the fleet clock: nothing of theirs
+        # is left in any window or snapshot, so their state goes.
+        silent_after = cfg.retention_ms + cfg.forget_node_after_ms
+        for pool_id in sorted(p for p, v in self.pools.items() if now - v.watermark_ms > silent_after):
+            self._drop_pool(pool_id)
         for wf_id in sorted(w for w, t in ledger.finished.items() if now - t > cfg.finished_workflow_ttl_ms):
             del ledger.finished[wf_id]
+            self.evicted["finished_workflows"] += 1
         for wf_id in sorted(
             w for w, v in ledger.active.items() if now - v.last_ms > cfg.abandon_workflow_after_ms
         ):
             wf = ledger.active.pop(wf_id)
-            ledger.finished[wf_id] = now
+            self._finish(wf_id, now)
             ledger.tasks_failed += 1
             ledger.spend_on_failed_nusd += wf.spend_nusd
 
 
 def apply(model: FleetModel, events: Iterable[NodeTelemetry | RequestOutcome]) -> FleetModel:
-    """Fold a batch of events into the model and return it."""
+    """Fold a batch of events into the model and return it (records refused by a cap are counted
+    in ``model.refused``)."""
     for e in events:
         if isinstance(e, NodeTelemetry):
             model.fold_telemetry(e)

@@ -70,9 +70,11 @@ class Window:
                     out[i] += v
         return out
 
-    def evict_before(self, bucket: int) -> None:
+    def evict_before(self, bucket: int) -> int:
+        """Drop buckets before ``bucket``; returns how many are left."""
         for b in [b for b in self.buckets if b < bucket]:
             del self.buckets[b]
+        return len(self.buckets)
 
 
 def quantile_from_bins(counts: list[float], q: float) -> float | None:

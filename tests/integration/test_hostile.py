@@ -1,0 +1,110 @@
+"""Hostile records against a live daemon on both brokers (issue #8): schema-valid overflow bait,
+numbers no fleet produces, NaN, a far-future record for an invented node, a ~1 MB record, 1,000
+invented pools. The daemon keeps deciding every tick of the real pool from the real nodes only,
+dead-letters the rest with a reason each, and commits past all of it.
+
+These run with the production door (event-time window on), so the real records carry wall-clock
+event times.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from fleetloop.daemon import clock
+from fleetloop.daemon.model import ModelConfig
+from fleetloop.daemon.observe.decode import Door
+from fleetloop.schemas import Tick
+from fleetloop.schemas.topics import DEADLETTER, DECISIONS, REQUESTS, TELEMETRY, TICKS
+from tests.support.kafka import decisions_of, producer, read_all, running_daemon, send, wait_decided
+from tests.support.records import outcome, telemetry, to_bytes
+
+NODES = ("p/0", "p/1", "p/2")
+
+
+def _raw(record: Any, **fields: Any) -> bytes:
+    data = record.model_dump(mode="json")
+    data.update(fields)
+    return json.dumps(data).encode()
+
+
+async def test_hostile_records_are_dead_lettered_and_the_real_pool_is_decided_every_tick(
+    kafka_env: Any,
+) -> None:
+    t0 = (clock.wall_ms() // 1000) * 1000
+    ticks = 6
+    hostile: list[tuple[bytes, bytes, str]] = [  # (key, value, topic)
+        (b"p", _raw(telemetry("p/0", ts_ms=t0), cost_rate_usd_per_h=1e308), TELEMETRY),
+        (b"p", _raw(outcome("p/0", ts_ms=t0), cost_usd=1e308), REQUESTS),
+        (b"p", _raw(outcome("p/0", ts_ms=t0, n=1), prompt_tokens=10**400), REQUESTS),
+        (
+            b"p",
+            to_bytes(telemetry("p/1", ts_ms=t0)).replace(b'"hbm_free_gib":20.0', b'"hbm_free_gib":NaN'),
+            TELEMETRY,
+        ),
+        (b"p", to_bytes(telemetry("p/evil", ts_ms=4_102_444_800_000, queue_depth=0)), TELEMETRY),
+        (b"p", to_bytes(telemetry("p/secs", ts_ms=t0 // 1000)), TELEMETRY),
+        (b"p", b"{" + b" " * 1_000_000 + b"}", TELEMETRY),
+        (b"p", to_bytes(Tick(ts_ms=4_102_444_800_000, tick_id=4_102_444_800, pool_id="p")), TICKS),
+    ]
+    invented = [
+        (f"inv-{i}".encode(), to_bytes(telemetry(f"inv-{i}/0", f"inv-{i}", ts_ms=t0)), TELEMETRY)
+        for i in range(1000)
+    ]
+    async with running_daemon(kafka_env, door=Door()) as daemon, producer(kafka_env) as p:
+        await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=t0) for n in NODES])
+        for key, value, logical in hostile + invented:
+            await p.send(kafka_env.topic(logical), value=value, key=key)
+        await p.flush()
+        for k in range(1, ticks + 1):
+            now = t0 + k * 1000
+            await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=now) for n in NODES])
+            await send(
+                p,
+                kafka_env,
+                REQUESTS,
+                [outcome(n, "ok", ts_ms=now + 1, n=k * 10 + i) for i, n in enumerate(NODES)],
+            )
+            await send(p, kafka_env, TICKS, [Tick(ts_ms=now + 500, tick_id=k, pool_id="p")])
+            await wait_decided(daemon, now + 500, timeout_s=60)
+        stats = daemon.stats
+        assert stats.ticks_decided == ticks, "every tick of the real pool decided"
+        assert stats.ticks_failed == 0
+        by_reason = dict(stats.dead_by_reason)
+        models = [shard.model for shard in daemon.shards.values()]
+        held_pools = sum(len(m.pools) for m in models)
+        refused_pools = sum(m.refused["pools"] for m in models)
+    assert by_reason.get("record-too-large") == 1
+    assert by_reason.get("event-time-out-of-window") == 3  # 2100 telemetry, seconds, 2100 tick
+    assert by_reason.get("less_than_equal", 0) >= 3  # 1e308 twice, 10**400
+    assert by_reason.get("json_invalid", 0) + by_reason.get("finite_number", 0) >= 1  # NaN
+    # Each partition's model holds at most its cap of pools; the rest were refused and counted.
+    assert held_pools <= len(models) * ModelConfig().max_pools
+    assert held_pools + refused_pools == 1001  # the invented pools and the real one
+    decided = decisions_of(await read_all(kafka_env, DECISIONS, until=lambda rs: len(rs) > 0))
+    routing = [d for d in decided if d.body.kind == "routing" and getattr(d.body, "pool_id", "") == "p"]
+    assert sorted(d.tick_id for d in routing) == list(range(1, ticks + 1))
+    for d in routing:
+        weights = d.body.weights  # type: ignore[union-attr]
+        assert {n for n, w in weights.items() if w > 0} == set(NODES), weights
+    letters = await read_all(kafka_env, DEADLETTER, until=lambda rs: len(rs) >= sum(by_reason.values()))
+    big = [r for r in letters if dict(r.headers).get("fleetloop.truncated")]
+    assert len(big) == 1
+    assert dict(big[0].headers)["fleetloop.truncated"] == b"1000002"
+    assert len(big[0].value) == 64 * 1024
+    # Everything was committed past: a restarted daemon would not read the poison again.
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka_env.bootstrap_servers, group_id=kafka_env.group("daemon")
+    )
+    await consumer.start()
+    try:
+        for logical in (TELEMETRY, REQUESTS):
+            parts = sorted(consumer.partitions_for_topic(kafka_env.topic(logical)) or {0, 1, 2, 3})
+            tps = [TopicPartition(kafka_env.topic(logical), i) for i in parts]
+            end = await consumer.end_offsets(tps)
+            for tp in tps:
+                assert (await consumer.committed(tp) or 0) == end[tp], f"{tp} not committed to its end"
+    finally:
+        await consumer.stop()
