@@ -9,11 +9,13 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="benchmarks that print figures (ratios from the same run)")
     sub = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     # Each bench module registers one subcommand. Keep this list sorted.
-    from fleetloop.bench import decide, fleet, ingest, latency, router, stack
+    from fleetloop.bench import decide, fleet, fuzz, ingest, latency, router, soak, stack
 
     decide.register(sub)
     fleet.register(sub)
+    fuzz.register(sub)
     ingest.register(sub)
     latency.register(sub)
     router.register(sub)
+    soak.register(sub)
     stack.register(sub)

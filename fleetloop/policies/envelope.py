@@ -16,6 +16,8 @@ Algorithms propose; the engine disposes. Whatever an algorithm returns, the engi
 - freezes the autoscale target of a silent pool (no fresh telemetry from any of its nodes and no
   router outcome in the window) at the last target it let out, never below the pool's serving
   nodes: silence means fleetloop knows nothing, not that demand vanished;
+- names at most ``max_spill_pools`` overflow pools in a routing decision (the first ones the
+  algorithm ranked), so a flood of pools serving the same model cannot fill routers' spill lists;
 - never sheds priority ``protected_priority`` and better below ``min_queue_threshold``, whether
   the limit is on queue depth or on outstanding work (queued + running).
 
@@ -38,3 +40,6 @@ class Envelope(Params):
     max_scale_step: int = Field(default=8, ge=1, le=1000)
     min_queue_threshold: int = Field(default=2, ge=1, le=1_000_000)
     protected_priority: int = Field(default=0, ge=-1, le=9, description="-1: protect none")
+    max_spill_pools: int = Field(
+        default=8, ge=0, le=64, description="overflow pools named per routing decision"
+    )

@@ -77,7 +77,8 @@ async def test_hostile_records_are_dead_lettered_and_the_real_pool_is_decided_ev
         held_pools = sum(len(m.pools) for m in models)
         refused_pools = sum(m.refused["pools"] for m in models)
     assert by_reason.get("record-too-large") == 1
-    assert by_reason.get("event-time-out-of-window") == 3  # 2100 telemetry, seconds, 2100 tick
+    assert by_reason.get("event-time-too-new") == 2  # 2100 telemetry, 2100 tick
+    assert by_reason.get("event-time-too-old") == 1  # seconds instead of milliseconds
     assert by_reason.get("less_than_equal", 0) >= 3  # 1e308 twice, 10**400
     assert by_reason.get("json_invalid", 0) + by_reason.get("finite_number", 0) >= 1  # NaN
     # Each partition's model holds at most its cap of pools; the rest were refused and counted.

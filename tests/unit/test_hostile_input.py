@@ -173,7 +173,8 @@ def test_event_time_is_accepted_only_within_the_window_around_the_broker_timesta
         out = decode_batch(type(record), [rec(to_bytes(record))], Door())
         assert (len(out.items), len(out.dead)) == ((1, 0) if accepted else (0, 1))
         if not accepted:
-            assert out.dead[0].reason.startswith("event-time-out-of-window: ")
+            kind = "event-time-too-old" if why == "before" else "event-time-too-new"
+            assert out.dead[0].reason.startswith(f"{kind}: ")
             assert f"s {why} the broker timestamp {NOW}" in out.dead[0].reason
 
 

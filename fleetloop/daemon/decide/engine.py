@@ -191,7 +191,13 @@ def _shape_routing(
         for cls, ws in d.by_priority.items()
     }
     return d.model_copy(
-        update={"weights": out, "reason": reason, "inputs": inputs, "by_priority": by_priority}
+        update={
+            "weights": out,
+            "reason": reason,
+            "inputs": inputs,
+            "by_priority": by_priority,
+            "spill_to": d.spill_to[: env.max_spill_pools],
+        }
     )
 
 

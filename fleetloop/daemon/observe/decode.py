@@ -13,7 +13,8 @@ The door (:class:`Door`) refuses, before and after decoding:
 - anything the model refuses: bad JSON, a wrong type, an unknown field, a number outside its
   physical range (the bounds live in the schema: ``fleetloop.schemas.base``);
 - a record whose event time (``ts_ms``) lies outside ``[broker timestamp - max_past_ms, broker
-  timestamp + max_future_ms]``, reason ``event-time-out-of-window``: one record stamped in the year
+  timestamp + max_future_ms]``, reason ``event-time-too-old`` or ``event-time-too-new``: one record
+  stamped in the year
   2100 (or in seconds instead of milliseconds) must not move any clock. The broker timestamp is
   the record's own (CreateTime, stamped by the producer's client, or LogAppendTime where the topic
   is configured so); records without one (-1) are not checked.
@@ -114,12 +115,12 @@ def out_of_window(ts_ms: int, broker_ts_ms: int, door: Door) -> str | None:
         return None
     if door.max_past_ms is not None and ts_ms < broker_ts_ms - door.max_past_ms:
         return (
-            f"event-time-out-of-window: ts_ms {ts_ms} is {(broker_ts_ms - ts_ms) / 1000:.0f} s before the "
+            f"event-time-too-old: ts_ms {ts_ms} is {(broker_ts_ms - ts_ms) / 1000:.0f} s before the "
             f"broker timestamp {broker_ts_ms} (at most {door.max_past_ms / 1000:.0f} s)"
         )
     if door.max_future_ms is not None and ts_ms > broker_ts_ms + door.max_future_ms:
         return (
-            f"event-time-out-of-window: ts_ms {ts_ms} is {(ts_ms - broker_ts_ms) / 1000:.0f} s after the "
+            f"event-time-too-new: ts_ms {ts_ms} is {(ts_ms - broker_ts_ms) / 1000:.0f} s after the "
             f"broker timestamp {broker_ts_ms} (at most {door.max_future_ms / 1000:.0f} s)"
         )
     return None
