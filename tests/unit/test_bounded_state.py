@@ -244,6 +244,8 @@ def test_a_flood_of_same_model_pools_fills_no_routing_decision_beyond_max_spill_
     records = [telemetry(f"p/{i}", ts_ms=T) for i in range(3)]
     records += [telemetry(f"x{i}/0", f"x{i}", T) for i in range(50)]  # valid pools serving the same model
     snap = snapshot(apply(FleetModel(), records), T + 500)
-    result = decide(snap, builtin_policy("default"), EngineState(), Tick(ts_ms=T + 500, tick_id=1, pool_id="p"))
+    result = decide(
+        snap, builtin_policy("default"), EngineState(), Tick(ts_ms=T + 500, tick_id=1, pool_id="p")
+    )
     (routing,) = [d.body for d in result.decisions if d.body.kind == "routing"]
     assert len(routing.spill_to) == 8  # type: ignore[union-attr]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,6 @@ from pydantic import TypeAdapter
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, r6
 from fleetloop.policies.envelope import Envelope
 from fleetloop.policies.registry import CompiledPolicy
-from fleetloop.schemas.base import NonNegInt
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import (
     AdmissionDecision,
@@ -30,6 +29,7 @@ from fleetloop.schemas.decisions import (
     BreakerDecision,
     Decision,
     DecisionBody,
+    Offset,
     PolicyStamp,
     RoutingDecision,
 )
@@ -50,7 +50,7 @@ class EngineState:
 
 
 _EMPTY = EngineState()
-_OFFSETS: TypeAdapter[dict[str, int]] = TypeAdapter(dict[str, NonNegInt])
+_OFFSETS: TypeAdapter[dict[str, int]] = TypeAdapter(dict[str, Offset])
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,9 +370,18 @@ class Engine:
     def state(self) -> EngineState:
         """Every pool's states in one :class:`EngineState` (for inspection; ``tick`` does not use it)."""
         merged: dict[tuple[str, str, str], Any] = {}
+        held: dict[str, int] = {}
         for pool_id in sorted(self.pools):
             merged.update(self.pools[pool_id].algorithms)
-        return EngineState(merged)
+            held.update(self.pools[pool_id].autoscale_held)
+        return EngineState(merged, held)
+
+    def retain(self, pools: Collection[str]) -> int:
+        """Forget the state of every pool not in ``pools`` (the model evicted it); returns how many."""
+        gone = [p for p in self.pools if p not in pools]
+        for p in gone:
+            del self.pools[p]
+        return len(gone)
 
     @property
     def envelope(self) -> Envelope:
