@@ -32,13 +32,13 @@ class RoutingDecision(_Body):
 
     kind: Literal["routing"] = "routing"
     pool_id: Ident
-    weights: dict[str, Fraction]
+    weights: dict[str, NonNegFloat]
     picker: Picker = Field(
         default="weighted-random",
         description="how the router picks per call among nodes with weight > 0: by weight, in turn, "
         "or the less loaded of two random picks by its own outstanding count (Envoy LEAST_REQUEST)",
     )
-    by_priority: dict[str, dict[str, Fraction]] = Field(
+    by_priority: dict[str, dict[str, NonNegFloat]] = Field(
         default_factory=dict, description="priority class -> weights, where it differs from `weights`"
     )
     prefix_affinity: dict[str, tuple[str, ...]] = Field(

@@ -65,6 +65,14 @@ def test_nodes_beyond_the_pool_cap_are_refused_and_a_silent_one_makes_room() -> 
     assert sorted(snapshot(model, T + 62_000).nodes) == ["n0", "n2", "n4"]
 
 
+def test_the_fleet_wide_node_cap_holds_across_pools() -> None:
+    model = FleetModel(ModelConfig(max_nodes=5))
+    refusals = [model.fold_telemetry(telemetry(f"n{i}", f"p{i % 3}", T)) for i in range(8)]
+    assert [r is None for r in refusals] == [True] * 5 + [False] * 3
+    assert refusals[-1] == "capacity: fleet node cap 5 reached"
+    assert len(model.nodes) == 5
+
+
 def test_a_flood_of_invented_node_ids_is_refused_in_bounded_time() -> None:
     model = FleetModel(ModelConfig(max_nodes_per_pool=100))
     apply(model, [telemetry(f"real/{i}", ts_ms=T) for i in range(3)])

@@ -57,8 +57,9 @@ class ModelConfig:
     forget_node_after_ms: int = 60_000  # a node silent this long leaves its pool
     finished_workflow_ttl_ms: int = 600_000  # remember finished tasks this long (late records)
     abandon_workflow_after_ms: int = 3_600_000  # a task silent this long counts as failed
-    max_pools: int = 512
-    max_nodes_per_pool: int = 4_096
+    max_pools: int = 256
+    max_nodes_per_pool: int = 2_048
+    max_nodes: int = 20_000  # across all pools
     max_tenants: int = 10_000
     max_open_workflows: int = 500_000
     max_finished_workflows: int = 200_000  # by count too, not only by ttl: ~100 B each
@@ -225,13 +226,13 @@ class FleetModel:
         pool = self._pool(t.pool_id, t.ts_ms)
         if pool is None:
             return f"capacity: pool cap {self.config.max_pools} reached, no silent pool to evict"
-        if (
-            t.node_id not in self.nodes
-            and len(pool.nodes) >= self.config.max_nodes_per_pool
-            and not self._make_room(pool, t)
-        ):
-            self.refused["nodes"] += 1
-            return f"capacity: node cap {self.config.max_nodes_per_pool} of pool {t.pool_id} reached"
+        if t.node_id not in self.nodes:
+            if len(pool.nodes) >= self.config.max_nodes_per_pool and not self._make_room(pool, t):
+                self.refused["nodes"] += 1
+                return f"capacity: node cap {self.config.max_nodes_per_pool} of pool {t.pool_id} reached"
+            if len(self.nodes) >= self.config.max_nodes:
+                self.refused["nodes"] += 1
+                return f"capacity: fleet node cap {self.config.max_nodes} reached"
         ledger = self.ledger
         ledger.fleet_cost_nusd += nano_usd(t.cost_rate_usd_per_h * t.interval_ms / 3_600_000.0)
         if not self._admit(t.pool_id, pool, t.ts_ms):
