@@ -20,8 +20,28 @@ from fleetloop.daemon.cli_common import (
     log_args,
     policy_from,
 )
+from fleetloop.daemon.observe.decode import Door
 from fleetloop.daemon.service.security import Bootstrap, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
+
+
+def door_from(window: str, max_record_bytes: int) -> Door:
+    """The door of ``fleetloop run``: ``--event-time-window PAST_S,FUTURE_S`` (or ``off``)."""
+    if not 1024 <= max_record_bytes <= 64 * 1024 * 1024:
+        raise UsageError(
+            f"fleetloop run: --max-record-bytes must be between 1024 and 67108864, got {max_record_bytes}"
+        )
+    if window.strip().lower() == "off":
+        return Door(max_record_bytes, None, None)
+    try:
+        past_s, future_s = (float(x) for x in window.split(","))
+    except ValueError:
+        raise UsageError(
+            f"fleetloop run: --event-time-window wants PAST_S,FUTURE_S (e.g. 600,30) or off, got {window!r}"
+        ) from None
+    if not (0 <= past_s <= 30 * 86_400 and 0 <= future_s <= 86_400):
+        raise UsageError("fleetloop run: --event-time-window: PAST_S 0..2592000, FUTURE_S 0..86400")
+    return Door(max_record_bytes, round(past_s * 1000), round(future_s * 1000))
 
 
 def register(sub: Any) -> None:
@@ -72,6 +92,20 @@ def register(sub: Any) -> None:
         metavar="HOST",
         help="address the HTTP server binds (default 127.0.0.1: loopback only)",
     )
+    run.add_argument(
+        "--event-time-window",
+        default="600,30",
+        metavar="PAST_S,FUTURE_S",
+        help="accept a record's event time only this far before / after its broker timestamp "
+        "(default 600,30; 'off' accepts any)",
+    )
+    run.add_argument(
+        "--max-record-bytes",
+        type=int,
+        default=Door().max_record_bytes,
+        metavar="N",
+        help=f"refuse input records larger than this (default {Door().max_record_bytes})",
+    )
     log_args(run)
     run.set_defaults(handler=cmd_run)
 
@@ -106,6 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"fleetloop run: --http-port {args.http_port} is not a port (0..65535)")
     if args.wait_for_topics < 0:
         raise UsageError("fleetloop run: --wait-for-topics must be >= 0")
+    args.door = door_from(args.event_time_window, args.max_record_bytes)
     conn = connection_from(args)
     policy = policy_from(args.policy)
     observability.configure(level=args.log_level, fmt=args.log_format)
@@ -213,6 +248,7 @@ async def _run_daemon(
             run_ticker=not args.no_ticker,
             idempotence=idempotence,
             checkpoint_interval_s=args.checkpoint_interval_s,
+            door=args.door,
         )
     )
     holder.append(daemon)

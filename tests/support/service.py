@@ -63,7 +63,12 @@ class RunningService:
 async def fleetloop_run(
     args: Sequence[str], tmp_path: Path, *, port: int, env: Mapping[str, str] | None = None
 ) -> AsyncIterator[RunningService]:
-    """``fleetloop run ARGS --http-port PORT``; SIGTERM and wait at the end (kills after 30 s)."""
+    """``fleetloop run ARGS --http-port PORT``; SIGTERM and wait at the end (kills after 30 s).
+
+    The event-time window is off unless ARGS set it: the tests' records carry synthetic event
+    times (seconds after epoch 0), far outside any window around the broker's timestamps."""
+    if not any(a.startswith("--event-time-window") for a in args):  # also "--event-time-window=..."
+        args = [*args, "--event-time-window", "off"]
     err = tmp_path / f"fleetloop-run-{port}.stderr"
     with err.open("w", encoding="utf-8") as f:
         proc = subprocess.Popen(

@@ -280,3 +280,34 @@ def test_orjson_refuses_what_the_decoder_refuses() -> None:
     assert d.value == value
     with pytest.raises(orjson.JSONDecodeError):
         orjson.loads(value)
+
+
+# -- fleetloop run's door flags --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--event-time-window", "ten"], "--event-time-window wants PAST_S,FUTURE_S"),
+        (["--event-time-window", "600"], "--event-time-window wants PAST_S,FUTURE_S"),
+        (["--event-time-window=-1,30"], "--event-time-window: PAST_S 0..2592000"),
+        (["--max-record-bytes", "10"], "--max-record-bytes must be between 1024"),
+    ],
+)
+def test_run_refuses_a_bad_door_flag_in_one_line(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetloop.daemon.cli import main
+
+    assert main(["run", "--bootstrap-servers", "127.0.0.1:1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_door_flags_make_the_door() -> None:
+    from fleetloop.daemon.commands import door_from
+
+    assert door_from("600,30", 131072) == Door()
+    assert door_from("off", 4096) == Door(4096, None, None)
+    assert door_from("3600,5", 131072) == Door(131072, 3_600_000, 5_000)
