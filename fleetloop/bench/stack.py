@@ -393,8 +393,8 @@ async def _arm(
     return {
         "arm": arm,
         **s,
-        "cost_usd": round(cost, 4),
-        "cost_per_successful_task_usd": round(cost / ok, 5) if ok else None,
+        "cost_usd": round(cost, 6),
+        "cost_per_successful_task_usd": round(cost / ok, 7) if ok else None,
         "wall_s": round(wall_s, 1),
         "realtime_lag": {"node_events": fleet.lag_report(), "event_loop": loop_lag.report()},
         "faults": [{**f, "t_s": round(f["t_s"] - t0, 1)} for f in fleet.fault_log],  # since load began
@@ -428,7 +428,7 @@ def table_markdown(doc: dict[str, Any]) -> str:
         done = t["succeeded"] + t["failed"]
         rows.append(
             f"| {r['arm']} | {t['succeeded']} / {done} | {_f(t['success_rate'], 3)} "
-            f"| {_f(t['p0_success_rate'], 3)} | {_f(r['cost_per_successful_task_usd'], 4)} "
+            f"| {_f(t['p0_success_rate'], 3)} | {_f(r['cost_per_successful_task_usd'], 6)} "
             f"| {_f(la['ttft_p50_ms'])} | {_f(la['ttft_p99_ms'])} "
             f"| {q['sent']} | {q['retries']} | {q['timeouts']} | {q['errors']} "
             f"| {_f(lag['node_events']['p99_ms'])} / {_f(lag['node_events']['max_ms'])} "
