@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import subprocess
 import uuid
 from pathlib import Path
@@ -174,3 +176,43 @@ async def test_a_dying_task_fails_healthz_and_stops_the_daemon(
     assert body["tasks"]["policy"].startswith("dead: RuntimeError")
     with contextlib.suppress(Exception):
         stop.set()
+
+
+async def test_broker_outage_readyz_false_meanwhile_then_recovers_quietly(
+    kafka_env: Any, broker: Any, tmp_path: Path
+) -> None:
+    """The broker stops answering (SIGSTOP) for 12 s: /readyz says so, /healthz stays up, logs stay few."""
+    args = [
+        "--bootstrap-servers",
+        kafka_env.bootstrap_servers,
+        "--topic-prefix",
+        kafka_env.prefix,
+        "--group-id",
+        kafka_env.group("outage"),
+        "--log-format",
+        "json",
+        "--idempotence",
+        "off",
+    ]
+    async with fleetloop_run(args, tmp_path, port=free_port()) as svc:
+        await svc.wait_status("/readyz", 200)
+        before = len(svc.stderr().splitlines())
+        proc = broker._proc
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            down = await svc.wait_status("/readyz", 503, timeout_s=30)
+            assert down.json()["checks"]["connected"] is False
+            assert (await svc.get("/healthz")).status_code == 200, "a broker outage is not a dead process"
+            m = await svc.metrics()
+            assert total(m, "fleetloop_broker_connected") == 0
+            await asyncio.sleep(12)
+            during = len(svc.stderr().splitlines()) - before
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        await svc.wait_status("/readyz", 200, timeout_s=90)
+        assert total(await svc.metrics(), "fleetloop_broker_connected") == 1
+    assert svc.proc.returncode == 0
+    text = svc.stderr()
+    assert "Traceback" not in text
+    _json_lines(text)
+    assert during <= 40, f"{during} log lines while the broker was away"
