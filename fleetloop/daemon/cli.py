@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from fleetloop import __version__
 from fleetloop.daemon.cli_common import UsageError
@@ -22,7 +22,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``FLEETLOOP_*`` variables in ``environ`` (default: the process's)
+    become the defaults of their flags (fleetloop.daemon.service.settings)."""
     parser = _Parser(
         prog="fleetloop", description="A streaming control plane for LLM inference fleets, on Kafka."
     )
@@ -48,10 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
     haproxy_command.register(sub)
     fleet_command.register(sub)
     scrape_command.register(sub)
+    # Every long flag also reads FLEETLOOP_<FLAG> from the environment (service/settings.py).
+    from fleetloop.daemon.service.settings import apply_env
+
+    apply_env(parser, environ)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from fleetloop.daemon.service.settings import EnvError
     from fleetloop.policies.registry import PolicyError
 
     try:
@@ -60,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except UsageError as exc:
         sys.stderr.write(f"{exc}\n")
+        return 2
+    except EnvError as exc:
+        sys.stderr.write(f"fleetloop: {exc}\n")
         return 2
     except PolicyError as exc:
         sys.stderr.write(f"fleetloop: policy refused: {exc}\n")

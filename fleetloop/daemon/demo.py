@@ -27,8 +27,15 @@ from rich.table import Table
 
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, probe_capabilities, start_broker
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, policy_from, quiet_client_logs
+from fleetloop.daemon.cli_common import (
+    UsageError,
+    bootstrap_arg,
+    connection_from,
+    policy_from,
+    quiet_client_logs,
+)
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.daemon.service.security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas import Decision
 from fleetloop.schemas.topics import REQUESTS, STATE, TELEMETRY, topic_name
@@ -124,7 +131,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     observability.configure(level="warning")
     quiet_client_logs()
     err = Console(stderr=True, highlight=False)
-    with _broker(args.bootstrap_servers, err) as (bootstrap, kind, idempotent):
+    external = connection_from(args) if args.bootstrap_servers else None
+    with _broker(external, err) as (bootstrap, kind, idempotent):
         result = asyncio.run(
             _demo(args, policy=policy, bootstrap=bootstrap, kind=kind, idempotent=idempotent, err=err)
         )
@@ -140,9 +148,15 @@ def _cmd_wire(args: argparse.Namespace) -> int:
 
     if args.policy:
         raise UsageError("fleetloop demo: --wire runs the daemon with its default policy; drop --policy")
+    if args.bootstrap_servers and not isinstance(connection_from(args), str):
+        raise UsageError(
+            "fleetloop demo: --wire starts its parts over PLAINTEXT only; drop the TLS/SASL flags "
+            "(or run `fleetloop run`, `fleet` and `scrape` yourself, each with them)"
+        )
     quiet_client_logs()
     err = Console(stderr=True, highlight=False)
     with _broker(args.bootstrap_servers, err) as (bootstrap, _kind, _idempotent):
+        assert isinstance(bootstrap, str)
         result = asyncio.run(
             run_wire(
                 demo_scenario(args.seconds),
@@ -161,7 +175,7 @@ def _cmd_wire(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _broker(bootstrap: str | None, err: Console) -> Iterator[tuple[str, str, bool | None]]:
+def _broker(bootstrap: Bootstrap | None, err: Console) -> Iterator[tuple[Bootstrap, str, bool | None]]:
     if bootstrap:
         yield bootstrap, "external", None
         return
@@ -180,7 +194,7 @@ async def _demo(
     args: argparse.Namespace,
     *,
     policy: CompiledPolicy,
-    bootstrap: str,
+    bootstrap: Bootstrap,
     kind: str,
     idempotent: bool | None,
     err: Console,
@@ -192,9 +206,9 @@ async def _demo(
             idempotent = (await probe_capabilities(bootstrap)).idempotent_producer
     except Exception as exc:  # one line for the user, whatever the client raised
         raise UsageError(
-            f"fleetloop demo: cannot use Kafka at {bootstrap}: {type(exc).__name__}: {exc}"
+            f"fleetloop demo: cannot use Kafka at {shown(bootstrap)}: {type(exc).__name__}: {exc}"
         ) from None
-    err.print(f"broker {kind} at {bootstrap}, topics under prefix [cyan]{prefix}[/cyan]")
+    err.print(f"broker {kind} at {shown(bootstrap)}, topics under prefix [cyan]{prefix}[/cyan]")
     daemon = Daemon(
         DaemonConfig(
             bootstrap_servers=bootstrap,
@@ -222,7 +236,7 @@ async def _demo(
     return {
         "scenario": "demo-degraded-gpu",
         "seconds": args.seconds,
-        "broker": {"kind": kind, "bootstrap_servers": bootstrap, "topic_prefix": prefix},
+        "broker": {"kind": kind, "bootstrap_servers": shown(bootstrap), "topic_prefix": prefix},
         "policy": {"name": policy.stamp.name, "version": policy.stamp.version, "hash": policy.stamp.hash},
         "tasks": s["tasks"],
         "cost": s["cost"],
@@ -241,12 +255,12 @@ async def _demo(
 
 
 async def _run_fleet(
-    seconds: int, bootstrap: str, prefix: str, daemon: Daemon, err: Console
+    seconds: int, bootstrap: Bootstrap, prefix: str, daemon: Daemon, err: Console
 ) -> dict[str, Any]:
     """Drive the simulated fleet in real time over Kafka until the work is done or time is up."""
     sim = FleetSim(demo_scenario(seconds), seed=7, start_ms=clock.wall_ms())
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    state = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    producer = AIOKafkaProducer(**connect(bootstrap), acks="all", linger_ms=5)
+    state = AIOKafkaConsumer(**connect(bootstrap), enable_auto_commit=False)
     await producer.start()
     await state.start()
     state.assign([TopicPartition(topic_name(prefix, STATE), 0)])

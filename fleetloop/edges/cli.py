@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 
+from fleetloop.daemon.service.security import Bootstrap, SecurityError, connection_from_args, security_args
+
 
 class EdgeUsageError(Exception):
     """A problem the user can fix: printed as one line on stderr, exit code 2."""
@@ -23,6 +25,15 @@ def bootstrap_arg(p: argparse.ArgumentParser, *, required: bool) -> None:
     p.add_argument(
         "--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)"
     )
+    security_args(p)
+
+
+def connection_from(args: argparse.Namespace) -> Bootstrap:
+    """The Kafka connection (TLS, SASL) the broker flags describe; a one-line error when incomplete."""
+    try:
+        return connection_from_args(args)
+    except SecurityError as exc:
+        raise EdgeUsageError(f"fleetloop: {exc}") from None
 
 
 def one_line_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

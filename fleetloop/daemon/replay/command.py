@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, quiet_client_logs
+from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.replay import ReplayReport, group_ticks, replay_ticks
+from fleetloop.daemon.service.security import Bootstrap, connect, shown
 from fleetloop.policies.registry import (
     CompiledPolicy,
     PolicyError,
@@ -77,9 +78,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _read_topic(bootstrap: str, topic: str) -> dict[int, list[Any]]:
+async def _read_topic(bootstrap: Bootstrap, topic: str) -> dict[int, list[Any]]:
     """Every record of ``topic`` up to its end offsets now, by partition, in offset order."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**connect(bootstrap))
     await admin.start()
     try:
         described = await admin.describe_topics([topic])
@@ -87,8 +88,8 @@ async def _read_topic(bootstrap: str, topic: str) -> dict[int, list[Any]]:
         await admin.close()
     partitions = [p["partition"] for t in described if t["error_code"] == 0 for p in t["partitions"]]
     if not partitions:
-        raise UsageError(f"fleetloop replay: topic {topic!r} does not exist at {bootstrap}")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        raise UsageError(f"fleetloop replay: topic {topic!r} does not exist at {shown(bootstrap)}")
+    consumer = AIOKafkaConsumer(**connect(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
@@ -114,7 +115,7 @@ async def _read_topic(bootstrap: str, topic: str) -> dict[int, list[Any]]:
 async def _replay(
     args: argparse.Namespace, what_if: CompiledPolicy | None, from_ms: int, to_ms: int | None
 ) -> tuple[ReplayReport, CompiledPolicy, str]:
-    bootstrap, prefix = args.bootstrap_servers, args.topic_prefix
+    bootstrap, prefix = connection_from(args), args.topic_prefix
     try:
         decided = await _read_topic(bootstrap, topic_name(prefix, DECISIONS))
         raw_inputs = {
@@ -130,7 +131,7 @@ async def _replay(
         raise
     except Exception as exc:  # one line for the user, whatever the client raised
         raise UsageError(
-            f"fleetloop replay: cannot read from {bootstrap}: {type(exc).__name__}: {exc}"
+            f"fleetloop replay: cannot read from {shown(bootstrap)}: {type(exc).__name__}: {exc}"
         ) from None
     decisions = [Decision.model_validate_json(r.value) for rs in decided.values() for r in rs if r.value]
     ticks = group_ticks(decisions)

@@ -19,6 +19,8 @@ line or an error. Credentials inside ``--bootstrap-servers`` are refused (one li
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import ssl
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ Protocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 Mechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 PROTOCOLS: Final[tuple[Protocol, ...]] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS: Final[tuple[Mechanism, ...]] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+PASSWORD_ENV: Final = "FLEETLOOP_SASL_PASSWORD"  # noqa: S105 - the variable's name, not a password
 _USERINFO = re.compile(r"(?:^|(?<=[,;\s/]))[^,;\s/@]*@")
 
 
@@ -214,3 +217,50 @@ def from_settings(
     if protocol == "PLAINTEXT":
         return conn.bootstrap_servers
     return conn
+
+
+def security_args(p: argparse.ArgumentParser) -> None:
+    """TLS and SASL flags every Kafka-using command takes (see fleetloop.daemon.service.security)."""
+    g = p.add_argument_group("Kafka security (TLS, SASL)")
+    g.add_argument(
+        "--security-protocol",
+        type=str.upper,
+        choices=PROTOCOLS,
+        default="PLAINTEXT",
+        help="how to talk to the brokers (default: PLAINTEXT)",
+    )
+    g.add_argument(
+        "--ssl-cafile", metavar="FILE", help="CA certificate(s) that signed the brokers' certificates"
+    )
+    g.add_argument("--ssl-certfile", metavar="FILE", help="client certificate (mutual TLS)")
+    g.add_argument("--ssl-keyfile", metavar="FILE", help="the client certificate's private key")
+    g.add_argument(
+        "--ssl-no-check-hostname",
+        action="store_true",
+        help="accept a broker certificate whose name does not match the address (not recommended)",
+    )
+    g.add_argument("--sasl-mechanism", type=str.upper, choices=MECHANISMS, help="SASL mechanism")
+    g.add_argument("--sasl-username", metavar="NAME", help="SASL user (the principal ACLs name)")
+    g.add_argument(
+        "--sasl-password-file",
+        metavar="FILE",
+        help=f"file holding the SASL password (or set {PASSWORD_ENV}; never a flag)",
+    )
+
+
+def connection_from_args(args: argparse.Namespace) -> Bootstrap:
+    """The connection :func:`security_args`' flags describe (:class:`SecurityError` when incomplete)."""
+    return from_settings(
+        args.bootstrap_servers,
+        security_protocol=args.security_protocol,
+        ssl_cafile=args.ssl_cafile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_check_hostname=not args.ssl_no_check_hostname,
+        sasl_mechanism=args.sasl_mechanism,
+        sasl_username=args.sasl_username,
+        sasl_password=(os.environ.get(PASSWORD_ENV) or None)
+        if str(args.security_protocol).startswith("SASL_")
+        else None,
+        sasl_password_file=args.sasl_password_file,
+    )

@@ -28,8 +28,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetloop.daemon import clock
+from fleetloop.daemon.service.security import connect, shown
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import bootstrap_arg, one_line_errors
+from fleetloop.edges.cli import bootstrap_arg, connection_from, one_line_errors
 from fleetloop.edges.scrape.convert import (
     ConversionError,
     Converter,
@@ -163,7 +164,8 @@ def cmd_scrape(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace, targets: list[Target]) -> list[TargetStats]:
     err = Console(stderr=True, highlight=False)
-    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap_servers, acks="all", linger_ms=5)
+    conn = connection_from(args)
+    producer = AIOKafkaProducer(**connect(conn), acks="all", linger_ms=5)
     try:
         async with asyncio.timeout(30):
             await producer.start()
@@ -171,7 +173,7 @@ async def _run(args: argparse.Namespace, targets: list[Target]) -> list[TargetSt
         with contextlib.suppress(Exception):
             await producer.stop()
         raise UsageError(
-            f"fleetloop scrape: cannot use Kafka at {args.bootstrap_servers}: {type(exc).__name__}: {exc}"
+            f"fleetloop scrape: cannot use Kafka at {shown(conn)}: {type(exc).__name__}: {exc}"
         ) from None
     topic = topic_name(args.topic_prefix, TELEMETRY)
     stats = [
