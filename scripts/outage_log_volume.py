@@ -98,7 +98,7 @@ def main() -> int:
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         asyncio.run(feed(broker.bootstrap_servers, 8.0))
-        bproc = broker._proc  # noqa: SLF001 - a measurement script reaching into the test broker
+        bproc = broker._proc
         assert bproc is not None
         t_down = time.monotonic()
         if args.mode == "pause":
@@ -111,7 +111,7 @@ def main() -> int:
             bproc.wait()
             time.sleep(args.outage_s)
             console = (broker.workdir / "logs" / "kafka.restart.out").open("wb")
-            broker._proc = subprocess.Popen(argv_b, cwd=cwd, stdout=console, stderr=subprocess.STDOUT)  # noqa: SLF001
+            broker._proc = subprocess.Popen(argv_b, cwd=cwd, stdout=console, stderr=subprocess.STDOUT)
         t_up = time.monotonic()
         time.sleep(args.after_s)
         proc.send_signal(signal.SIGTERM)

@@ -25,7 +25,7 @@ from fleetloop.schemas.topics import REQUESTS, TELEMETRY, TICKS
 from tests.support.kafka import producer, send
 from tests.support.policies import FOUNDATION_YAML, foundation
 from tests.support.records import outcome, telemetry, tick
-from tests.support.service import FLEETLOOP, fleetloop_run, total
+from tests.support.service import EXPORTED_METRICS, FLEETLOOP, fleetloop_run, total
 
 NODES = ("p/0", "p/1", "p/2")
 
@@ -96,6 +96,8 @@ async def test_probes_and_metrics_of_a_running_daemon(kafka_env: Any, tmp_path: 
         assert total(m, "fleetloop_model_nodes") == 3
         assert total(m, "fleetloop_model_pools") == 1
         assert total(m, "fleetloop_model_open_workflows") >= 0
+        # broker_errors appears once a Kafka operation was retried (the outage test sees it).
+        assert EXPORTED_METRICS - {"fleetloop_broker_errors_total"} <= set(m)
         lags = m["fleetloop_consumer_lag"]
         assert {lbl["topic"] for lbl, _ in lags} == {"fleet.telemetry", "fleet.requests", "control.ticks"}
         assert all(v == 0 for _, v in lags)
@@ -205,6 +207,7 @@ async def test_broker_outage_readyz_false_meanwhile_then_recovers_quietly(
             assert (await svc.get("/healthz")).status_code == 200, "a broker outage is not a dead process"
             m = await svc.metrics()
             assert total(m, "fleetloop_broker_connected") == 0
+            assert total(m, "fleetloop_broker_errors_total", operation="metadata") >= 1
             await asyncio.sleep(12)
             during = len(svc.stderr().splitlines()) - before
         finally:

@@ -93,3 +93,28 @@ async def fleetloop_run(
 
 def total(samples: Mapping[str, list[tuple[dict[str, str], float]]], metric: str, **labels: str) -> float:
     return sum(v for lbl, v in samples.get(metric, []) if all(lbl.get(k) == x for k, x in labels.items()))
+
+
+# What the daemon exports on /metrics (test_service checks each is there; the Grafana dashboard
+# may query only these: tests/unit/test_deploy.py).
+EXPORTED_METRICS = frozenset(
+    {
+        "fleetloop_events_consumed_total",
+        "fleetloop_dead_letters_total",
+        "fleetloop_decisions_total",
+        "fleetloop_ticks_total",
+        "fleetloop_tick_duration_seconds_bucket",
+        "fleetloop_tick_duration_seconds_count",
+        "fleetloop_tick_duration_seconds_sum",
+        "fleetloop_consumer_lag",
+        "fleetloop_policy_info",
+        "fleetloop_broker_connected",
+        "fleetloop_ready",
+        "fleetloop_model_pools",
+        "fleetloop_model_nodes",
+        "fleetloop_model_open_workflows",
+        "fleetloop_log_lines_dropped_total",
+        "fleetloop_log_lines_suppressed_total",
+        "fleetloop_broker_errors_total",
+    }
+)
