@@ -84,7 +84,7 @@ def register(sub: Any) -> None:
         "--http-port",
         type=int,
         metavar="PORT",
-        help="serve /healthz, /readyz and /metrics on this port (default: no HTTP server)",
+        help="serve /healthz, /readyz, /metrics and the live page / on this port (default: no HTTP server)",
     )
     run.add_argument(
         "--http-host",
@@ -189,15 +189,19 @@ async def _wait_for_topics(conn: Bootstrap, prefix: str, wait_s: float) -> None:
 async def _run(args: argparse.Namespace, policy: CompiledPolicy, conn: Bootstrap) -> int:
     from fleetloop.daemon.observability import logger
     from fleetloop.daemon.runtime import Daemon
+    from fleetloop.daemon.service.live import LiveView, add_routes
 
     log = logger("fleetloop.run")
     holder: list[Daemon] = []
+    view = LiveView()
     server = None
     if args.http_port is not None:
         from fleetloop.daemon.service.http import HttpServer, make_app
 
         server = HttpServer(
-            make_app(lambda: holder[0].health if holder else None), host=args.http_host, port=args.http_port
+            make_app(lambda: holder[0].health if holder else None, add_routes(view)),
+            host=args.http_host,
+            port=args.http_port,
         )
         try:
             await server.start()
@@ -209,17 +213,21 @@ async def _run(args: argparse.Namespace, policy: CompiledPolicy, conn: Bootstrap
         log.info(
             "http serving",
             url=f"http://{args.http_host}:{server.port}/",
-            endpoints="/healthz /readyz /metrics",
+            endpoints="/ /healthz /readyz /metrics",
         )
     try:
-        return await _run_daemon(args, policy, conn, holder)
+        return await _run_daemon(args, policy, conn, holder, view if server else None)
     finally:
         if server is not None:
             await server.stop()
 
 
 async def _run_daemon(
-    args: argparse.Namespace, policy: CompiledPolicy, conn: Bootstrap, holder: list[Any]
+    args: argparse.Namespace,
+    policy: CompiledPolicy,
+    conn: Bootstrap,
+    holder: list[Any],
+    view: Any = None,
 ) -> int:
     from fleetloop.daemon.brokers import ensure_topics, probe_capabilities
     from fleetloop.daemon.observability import logger
@@ -249,9 +257,14 @@ async def _run_daemon(
             idempotence=idempotence,
             checkpoint_interval_s=args.checkpoint_interval_s,
             door=args.door,
-        )
+        ),
+        on_decisions=view.record if view is not None else None,
     )
     holder.append(daemon)
+    if view is not None:
+        from fleetloop.daemon.service.live import ledger_of
+
+        view.ledger = ledger_of(daemon.model)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -35,6 +35,8 @@ from fleetloop.daemon.cli_common import (
     quiet_client_logs,
 )
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.daemon.service.http import HttpServer, make_app
+from fleetloop.daemon.service.live import LiveView, add_routes, ledger_of
 from fleetloop.daemon.service.security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas import Decision
@@ -117,6 +119,14 @@ def register(sub: Any) -> None:
         action="store_true",
         help="with --wire: agents publish no outcomes, so the daemon sees scraped vLLM metrics only",
     )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="port of the live page and probes on 127.0.0.1 (default 0: any free port; the URL is printed; "
+        "not with --wire)",
+    )
     p.set_defaults(handler=cmd_demo)
 
 
@@ -129,6 +139,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from fleetloop.daemon import observability
 
     observability.configure(level="warning")
+    observability.setup_telemetry()
     quiet_client_logs()
     err = Console(stderr=True, highlight=False)
     external = connection_from(args) if args.bootstrap_servers else None
@@ -209,6 +220,8 @@ async def _demo(
             f"fleetloop demo: cannot use Kafka at {shown(bootstrap)}: {type(exc).__name__}: {exc}"
         ) from None
     err.print(f"broker {kind} at {shown(bootstrap)}, topics under prefix [cyan]{prefix}[/cyan]")
+    holder: list[Daemon] = []
+    view = LiveView()
     daemon = Daemon(
         DaemonConfig(
             bootstrap_servers=bootstrap,
@@ -216,8 +229,20 @@ async def _demo(
             prefix=prefix,
             group_id=f"{prefix}-fleetloop",
             idempotence=idempotent,
-        )
+        ),
+        on_decisions=view.record,
     )
+    holder.append(daemon)
+    view.ledger = ledger_of(daemon.model)
+    server = HttpServer(make_app(lambda: daemon.health, add_routes(view)), port=args.http_port)
+    try:
+        await server.start()
+    except OSError as exc:
+        raise UsageError(
+            f"fleetloop demo: cannot serve the live page on 127.0.0.1:{args.http_port}: {exc.strerror or exc}"
+        ) from None
+    url = f"http://127.0.0.1:{server.port}/"
+    err.print(f"live page: [link={url}]{url}[/link]  (probes /healthz /readyz, metrics /metrics)")
     stop = asyncio.Event()
     daemon_task = asyncio.create_task(daemon.run(stop), name="daemon")
     try:
@@ -232,11 +257,13 @@ async def _demo(
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await daemon_task
+        await server.stop()
     s = fleet["summary"]
     return {
         "scenario": "demo-degraded-gpu",
         "seconds": args.seconds,
         "broker": {"kind": kind, "bootstrap_servers": shown(bootstrap), "topic_prefix": prefix},
+        "live_page": url,
         "policy": {"name": policy.stamp.name, "version": policy.stamp.version, "hash": policy.stamp.hash},
         "tasks": s["tasks"],
         "cost": s["cost"],

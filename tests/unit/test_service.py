@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
+from typing import Any
 
 import pytest
 import structlog
@@ -206,3 +207,41 @@ def test_dead_letter_reason_kinds_are_bounded_labels() -> None:
     assert reason_kind("json_invalid: Invalid JSON: EOF") == "json_invalid"
     assert reason_kind("missing: ts_ms: field required") == "missing"
     assert reason_kind("some free text with value 12345") == "other"
+
+
+# -- live page -----------------------------------------------------------------------------------
+
+
+def _decision(tick_id: int, node: str, weight: float) -> Any:
+    from fleetloop.schemas.decisions import Decision
+
+    return Decision.model_validate(
+        {
+            "ts_ms": tick_id * 1000,
+            "tick_id": tick_id,
+            "policy": {"name": "p", "version": 1, "hash": "0" * 16, "mode": "enforce"},
+            "body": {
+                "kind": "routing",
+                "entity": "pool-a",
+                "pool_id": "pool-a",
+                "reason": "least-queue",
+                "weights": {node: weight},
+            },
+        }
+    )
+
+
+def test_live_view_keeps_the_newest_per_entity_and_bounded_history() -> None:
+    from fleetloop.daemon.service.live import HISTORY, RECENT, LiveView
+
+    samples = iter(range(10_000))
+    view = LiveView(lambda: {"tasks_started": next(samples)})
+    for t in range(1, 1000):
+        view.record([_decision(t, f"n{t % 3}", 1.0)])
+    state = view.state()
+    assert len(state["routing"]) == 1
+    assert state["routing"][0]["tick_id"] == 999
+    assert len(state["recent"]) == RECENT
+    assert state["recent"][0]["tick_id"] == 999  # newest first
+    assert len(state["kpi"]) == min(999, HISTORY)
+    assert state["policy"]["name"] == "p"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any, Final
@@ -126,6 +127,10 @@ async def delete_topics(bootstrap_servers: Bootstrap, prefix: str) -> None:
 
 async def _supports_idempotence(bootstrap_servers: Bootstrap, topic: str) -> bool:
     producer = AIOKafkaProducer(**connect(bootstrap_servers), enable_idempotence=True, acks="all")
+    # The client logs the broker's refusal as an error; here a refusal is an answer, not a fault.
+    sender_log = logging.getLogger("aiokafka.producer.sender")
+    level = sender_log.level
+    sender_log.setLevel(logging.CRITICAL)
     try:
         async with asyncio.timeout(15):
             await producer.start()  # InitProducerId happens here
@@ -135,6 +140,7 @@ async def _supports_idempotence(bootstrap_servers: Bootstrap, topic: str) -> boo
     finally:
         with contextlib.suppress(Exception):
             await producer.stop()
+        sender_log.setLevel(level)
     return True
 
 
