@@ -219,3 +219,113 @@ async def test_broker_outage_readyz_false_meanwhile_then_recovers_quietly(
     assert "Traceback" not in text
     _json_lines(text)
     assert during <= 40, f"{during} log lines while the broker was away"
+
+
+async def test_otlp_export_only_when_the_endpoint_is_set(kafka_env: Any, tmp_path: Path) -> None:
+    """A real OTLP/HTTP receiver on loopback: traces and metrics arrive when the variable names it."""
+    from aiohttp import web
+
+    received: list[tuple[str, str, int]] = []
+
+    async def collect(request: web.Request) -> web.Response:
+        body = await request.read()
+        received.append((request.path, request.headers.get("Content-Type", ""), len(body)))
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/v1/metrics", collect)
+    app.router.add_post("/v1/traces", collect)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    args = [
+        "--bootstrap-servers",
+        kafka_env.bootstrap_servers,
+        "--topic-prefix",
+        kafka_env.prefix,
+        "--group-id",
+        kafka_env.group("otlp"),
+        "--no-ticker",
+        "--idempotence",
+        "off",
+    ]
+    try:
+        # Without the variable: the daemon runs, the receiver (also on the default port's path) hears nothing.
+        async with fleetloop_run(args, tmp_path, port=free_port()) as svc:
+            await svc.wait_status("/readyz", 200)
+            await asyncio.sleep(3)
+        assert received == []
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+            "OTEL_BSP_SCHEDULE_DELAY": "500",
+        }
+        async with fleetloop_run(args, tmp_path, port=free_port(), env=env) as svc:
+            await svc.wait_status("/readyz", 200)
+            async with producer(kafka_env) as p:
+                await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=1000) for n in NODES])
+                await send(p, kafka_env, TICKS, [tick(1)])
+            async with asyncio.timeout(60):
+                while not {"/v1/metrics", "/v1/traces"} <= {path for path, _, _ in received}:
+                    await asyncio.sleep(0.2)
+    finally:
+        await runner.cleanup()
+    assert all(ctype == "application/x-protobuf" and size > 0 for _, ctype, size in received)
+
+
+async def test_a_stuck_stderr_reader_does_not_stall_the_loop(kafka_env: Any, tmp_path: Path) -> None:
+    """stderr is a pipe nobody reads; 16k bad records and debug logs later, every tick is still decided."""
+    argv = [
+        FLEETLOOP,
+        "run",
+        "--bootstrap-servers",
+        kafka_env.bootstrap_servers,
+        "--topic-prefix",
+        kafka_env.prefix,
+        "--group-id",
+        kafka_env.group("stuck"),
+        "--policy",
+        str(FOUNDATION_YAML),
+        "--no-ticker",
+        "--idempotence",
+        "off",
+        "--log-format",
+        "json",
+        "--log-level",
+        "debug",
+        "--http-port",
+        str(port := free_port()),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # never read
+    try:
+        import httpx
+
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            async with asyncio.timeout(90):
+                while True:
+                    with contextlib.suppress(httpx.TransportError):
+                        if (await client.get("/readyz")).status_code == 200:
+                            break
+                    await asyncio.sleep(0.2)
+            async with producer(kafka_env) as p:
+                await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=1000) for n in NODES])
+                await send(p, kafka_env, TELEMETRY, [b"{bad %d" % i for i in range(16_000)])
+                for k in range(1, 21):
+                    await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=k * 1000) for n in NODES])
+                    await send(p, kafka_env, TICKS, [tick(k)])
+            from tests.support.service import RunningService
+
+            svc = RunningService(proc, port, tmp_path / "unused")  # type: ignore[arg-type]
+            async with asyncio.timeout(120):
+                while total(m := await svc.metrics(), "fleetloop_ticks_total", outcome="decided") < 20:
+                    await asyncio.sleep(0.5)
+            assert total(m, "fleetloop_dead_letters_total") == 16_000
+            assert (await client.get("/healthz")).status_code == 200
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(proc.wait, 30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
