@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from fleetloop.daemon.service.security import Bootstrap, SecurityError, connection_from_args, security_args
+from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args, security_args
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, load_policy
 
 

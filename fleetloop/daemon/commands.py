@@ -21,7 +21,7 @@ from fleetloop.daemon.cli_common import (
     policy_from,
 )
 from fleetloop.daemon.observe.decode import Door
-from fleetloop.daemon.service.security import Bootstrap, shown
+from fleetloop.kafka_security import Bootstrap, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
 
 

@@ -37,7 +37,7 @@ from fleetloop.daemon.cli_common import (
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.daemon.service.http import HttpServer, make_app
 from fleetloop.daemon.service.live import LiveView, add_routes, ledger_of
-from fleetloop.daemon.service.security import Bootstrap, connect, shown
+from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas import Decision
 from fleetloop.schemas.topics import REQUESTS, STATE, TELEMETRY, topic_name

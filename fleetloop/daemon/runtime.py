@@ -68,8 +68,8 @@ from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import DeadLetter, Door, dead_letter_of, decode_batch, reason_of
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, one_line, supervise
-from fleetloop.daemon.service.security import Bootstrap, connect, shown
 from fleetloop.daemon.shard import INPUTS, Row, Shard
+from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Activation, ActivePolicy, Tick
 from fleetloop.schemas.decisions import Decision

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 
-from fleetloop.daemon.service.security import Bootstrap, SecurityError, connection_from_args, security_args
+from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args, security_args
 
 
 class EdgeUsageError(Exception):

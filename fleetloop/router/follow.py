@@ -28,6 +28,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 
+from fleetloop.kafka_security import Bootstrap, connect
 from fleetloop.router import clock
 from fleetloop.router.pick import Endpoint
 from fleetloop.schemas.decisions import Decision
@@ -59,7 +60,7 @@ class StateFollower:
     def __init__(
         self,
         sink: StateSink,
-        bootstrap_servers: str,
+        bootstrap_servers: Bootstrap,
         *,
         topic_prefix: str = "",
         endpoints: Mapping[str, Endpoint] | None = None,
@@ -75,7 +76,7 @@ class StateFollower:
         self._tel_topic = topic_name(topic_prefix, TELEMETRY)
         self._poll_ms = poll_ms
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
+            **connect(bootstrap_servers),  # a host:port list, or a KafkaConnection (TLS, SASL)
             enable_auto_commit=False,
             group_id=None,
             **dict(consumer_options or {}),

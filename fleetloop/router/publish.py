@@ -19,6 +19,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from fleetloop.kafka_security import Bootstrap, connect
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.topics import REQUESTS, topic_name
 
@@ -37,7 +38,7 @@ class OutcomePublisher:
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        bootstrap_servers: Bootstrap,
         *,
         topic_prefix: str = "",
         max_pending: int = 10_000,
@@ -49,7 +50,7 @@ class OutcomePublisher:
         self.stats = PublisherStats()
         opts: dict[str, Any] = {"acks": "all", "linger_ms": 5}
         opts.update(producer_options or {})
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, **opts)
+        self._producer = AIOKafkaProducer(**connect(bootstrap_servers), **opts)
         self._queue: asyncio.Queue[RequestOutcome | None] = asyncio.Queue(max_pending)
         self._task: asyncio.Task[None] | None = None
 

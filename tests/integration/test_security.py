@@ -18,7 +18,7 @@ import pytest
 import yaml
 from fleetloop.daemon.brokers import free_port
 from fleetloop.daemon.brokers.admin import missing_topics
-from fleetloop.daemon.service.security import from_settings
+from fleetloop.kafka_security import from_settings
 from tests.support.policies import FOUNDATION_YAML
 from tests.support.secure_kafka import USERS, SecureKafka
 from tests.support.service import FLEETLOOP, fleetloop_run, total

@@ -12,7 +12,7 @@ import structlog
 from fleetloop.daemon.observability import QueueWriter, RateLimiter
 from fleetloop.daemon.service.health import Health, TaskDied, supervise
 from fleetloop.daemon.service.metrics import reason_kind
-from fleetloop.daemon.service.security import (
+from fleetloop.kafka_security import (
     KafkaConnection,
     Secret,
     SecurityError,

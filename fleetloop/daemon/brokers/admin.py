@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from fleetloop.daemon.brokers.base import BrokerCapabilities
 from fleetloop.daemon.clock import wall_ms
-from fleetloop.daemon.service.security import Bootstrap, connect
+from fleetloop.kafka_security import Bootstrap, connect
 from fleetloop.schemas.topics import TOPICS, topic_name
 
 TOPIC_ALREADY_EXISTS: Final = 36

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.replay import ReplayReport, group_ticks, replay_ticks
-from fleetloop.daemon.service.security import Bootstrap, connect, shown
+from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import (
     CompiledPolicy,
     PolicyError,

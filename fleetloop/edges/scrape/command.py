@@ -28,7 +28,6 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetloop.daemon import clock
-from fleetloop.daemon.service.security import connect, shown
 from fleetloop.edges.cli import EdgeUsageError as UsageError
 from fleetloop.edges.cli import bootstrap_arg, connection_from, one_line_errors
 from fleetloop.edges.scrape.convert import (
@@ -39,6 +38,7 @@ from fleetloop.edges.scrape.convert import (
     parse_exposition,
 )
 from fleetloop.edges.scrape.runtimes import RUNTIMES
+from fleetloop.kafka_security import connect, shown
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import TELEMETRY, topic_name
 

@@ -28,7 +28,8 @@ from fleetloop.edges.actuate.haproxy.logs import LogParser, listen_udp
 from fleetloop.edges.actuate.haproxy.mapping import BackendMap
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError, parse_address
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import bootstrap_arg, one_line_errors
+from fleetloop.edges.cli import bootstrap_arg, connection_from, one_line_errors
+from fleetloop.kafka_security import shown
 from fleetloop.router import clock
 
 
@@ -142,12 +143,12 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
         api, bmap, sink.state, fail_static_s=args.fail_static_s, now=clock.monotonic_s, period_s=args.period_s
     )
     follower = StateFollower(
-        sink, args.bootstrap_servers, topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
+        sink, connection_from(args), topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
     )
     try:
         await follower.start()
     except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
-        raise UsageError(f"cannot follow control.state at {args.bootstrap_servers}: {exc}") from None
+        raise UsageError(f"cannot follow control.state at {shown(connection_from(args))}: {exc}") from None
     publisher: OutcomePublisher | None = None
     transport: asyncio.DatagramTransport | None = None
     parser = LogParser(bmap.by_server(), args.default_priority)
@@ -178,7 +179,7 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
                 )
             return 0
         if listen is not None:
-            publisher = OutcomePublisher(args.bootstrap_servers, topic_prefix=args.topic_prefix)
+            publisher = OutcomePublisher(connection_from(args), topic_prefix=args.topic_prefix)
             await publisher.start()
             pub = publisher
 

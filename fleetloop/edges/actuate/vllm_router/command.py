@@ -34,7 +34,8 @@ from fleetloop.edges.actuate.vllm_router.mapping import (
     plan,
 )
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import bootstrap_arg, one_line_errors
+from fleetloop.edges.cli import bootstrap_arg, connection_from, one_line_errors
+from fleetloop.kafka_security import shown
 from fleetloop.router import clock
 from fleetloop.router.state import DesiredState
 
@@ -195,13 +196,15 @@ async def _main(args: argparse.Namespace, wmap: WorkerMap) -> int:
         api, wmap, sink.state, fail_static_s=args.fail_static_s, now=clock.monotonic_s, period_s=args.period_s
     )
     follower = StateFollower(
-        sink, args.bootstrap_servers, topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
+        sink, connection_from(args), topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
     )
     try:
         try:
             await follower.start()
         except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
-            raise UsageError(f"cannot follow control.state at {args.bootstrap_servers}: {exc}") from None
+            raise UsageError(
+                f"cannot follow control.state at {shown(connection_from(args))}: {exc}"
+            ) from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

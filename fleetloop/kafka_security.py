@@ -1,5 +1,8 @@
 """Kafka client security: one place that turns settings into aiokafka connection arguments.
 
+A top-level module (stdlib + aiokafka only), so the daemon, the CLI and every edge (scrapers,
+actuators, the router library) can share it without importing each other.
+
 Every Kafka client fleetloop makes (the daemon's consumers and producer, the CLI's admin and
 probe clients, edges such as scrapers and actuators) takes its connection from
 :func:`connect`: ``AIOKafkaConsumer(**connect(conn), ...)``. ``conn`` is a plain bootstrap string
@@ -220,7 +223,7 @@ def from_settings(
 
 
 def security_args(p: argparse.ArgumentParser) -> None:
-    """TLS and SASL flags every Kafka-using command takes (see fleetloop.daemon.service.security)."""
+    """TLS and SASL flags every Kafka-using command takes (see fleetloop.kafka_security)."""
     g = p.add_argument_group("Kafka security (TLS, SASL)")
     g.add_argument(
         "--security-protocol",
