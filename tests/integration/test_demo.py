@@ -40,3 +40,8 @@ def test_demo_closes_the_loop_and_opens_the_degraded_nodes_breaker(kafka_env: An
     assert result["cost"]["per_successful_task_usd"] > 0
     assert result["latency"]["ttft_p99_ms"] >= result["latency"]["ttft_p50_ms"] > 0
     assert result["broker"]["bootstrap_servers"] == kafka_env.bootstrap_servers
+    # While it ran, the demo served its live page and said where (stderr), and names it in --json.
+    url = result["live_page"]
+    assert url.startswith("http://127.0.0.1:")
+    assert url.endswith("/")
+    assert f"live page: {url}" in proc.stderr

@@ -35,8 +35,8 @@ def make_app(
 ) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         h = health()
-        if h is None:
-            return _json(False, {"reason": "daemon not started"})
+        if h is None:  # alive, still starting (topics, broker probe): not ready, but no restart either
+            return _json(True, {"state": "starting"})
         return _json(*h.live())
 
     async def readyz(_: web.Request) -> web.Response:

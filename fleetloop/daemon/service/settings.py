@@ -113,21 +113,17 @@ def _default(action: argparse.Action) -> str:
 
 def env_table(parser: argparse.ArgumentParser, commands: Sequence[str] = LONG_RUNNING) -> str:
     """A Markdown table of the variables of ``commands`` (one row per variable)."""
-    rows: dict[str, tuple[str, list[str], str, str]] = {}
+    # One row per variable, or one per meaning when commands give the same flag different ones.
+    rows: dict[tuple[str, str, str, str], list[str]] = {}
     for path, action in walk(parser):
         if not path or path[0] not in commands:
             continue
         opt = _long(action)
         assert opt is not None
-        var = env_name(opt)
         help_text = " ".join((action.help or "").split()).replace("|", "\\|")
-        if var in rows:
-            rows[var][1].append(" ".join(path))
-        else:
-            rows[var] = (opt, [" ".join(path)], _default(action), help_text)
+        rows.setdefault((env_name(opt), opt, _default(action), help_text), []).append(" ".join(path))
     lines = ["| variable | flag | commands | default | meaning |", "|---|---|---|---|---|"]
-    for var in sorted(rows):
-        opt, cmds, default, help_text = rows[var]
+    for (var, opt, default, help_text), cmds in sorted(rows.items()):
         lines.append(f"| `{var}` | `{opt}` | {', '.join(sorted(cmds))} | `{default}` | {help_text} |")
     for var, default, help_text in EXTRA:
         lines.append(f"| `{var}` | — | all | {default} | {help_text} |")
