@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 PREFIX: Final = "FLEETLOOP_"
-LONG_RUNNING: Final = ("run", "demo")  # the commands the README table covers
+LONG_RUNNING: Final = ("run", "demo", "scrape", "fleet", "actuate")  # the commands the README table covers
 SKIP: Final = frozenset({"--help", "--version"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off", ""})

@@ -36,9 +36,10 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetloop.daemon import clock
-from fleetloop.edges.cli import EdgeUsageError, bootstrap_arg, one_line_errors
+from fleetloop.edges.cli import EdgeUsageError, bootstrap_arg, connection_from, one_line_errors
 from fleetloop.edges.fleet.agents import Agents
 from fleetloop.edges.fleet.live import LiveFleet, _Lag
+from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.topics import REQUESTS, STATE, topic_name
@@ -123,9 +124,9 @@ async def _probe(lag: _Lag, stop: asyncio.Event) -> None:
 
 
 async def _follow_state(
-    fleet: LiveFleet, bootstrap: str, topic: str, stop: asyncio.Event, bad: list[int]
+    fleet: LiveFleet, bootstrap: Bootstrap, topic: str, stop: asyncio.Event, bad: list[int]
 ) -> None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**connect(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, 0)])
@@ -167,21 +168,20 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
         await fleet.stop()
         raise EdgeUsageError(f"fleetloop fleet: cannot listen: {exc}") from None
     try:
-        if args.bootstrap_servers:
-            producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap_servers, acks="all", linger_ms=5)
+        conn = connection_from(args) if args.bootstrap_servers else None
+        if conn is not None:
+            producer = AIOKafkaProducer(**connect(conn), acks="all", linger_ms=5)
             try:
                 async with asyncio.timeout(30):
                     await producer.start()
             except Exception as exc:
-                where = args.bootstrap_servers
+                where = shown(conn)
                 raise EdgeUsageError(
                     f"fleetloop fleet: cannot use Kafka at {where}: {type(exc).__name__}: {exc}"
                 ) from None
             background.append(
                 asyncio.create_task(
-                    _follow_state(
-                        fleet, args.bootstrap_servers, topic_name(args.topic_prefix, STATE), stop, bad_state
-                    )
+                    _follow_state(fleet, conn, topic_name(args.topic_prefix, STATE), stop, bad_state)
                 )
             )
             background.append(
@@ -195,7 +195,7 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
             f"[bold]fleetloop fleet[/bold]: {scenario.name}, {len(urls)} node(s) on loopback "
             f"({min(urls.values(), default='-')} ...), {seconds:g} s"
             + (
-                f", control.state and fleet.requests on {args.bootstrap_servers}"
+                f", control.state and fleet.requests on {shown(conn) if conn is not None else '-'}"
                 if producer
                 else ", open loop"
             )
