@@ -318,7 +318,10 @@ async def test_a_stuck_stderr_reader_does_not_stall_the_loop(kafka_env: Any, tmp
 
             svc = RunningService(proc, port, tmp_path / "unused")  # type: ignore[arg-type]
             async with asyncio.timeout(120):
-                while total(m := await svc.metrics(), "fleetloop_ticks_total", outcome="decided") < 20:
+                while (
+                    total(m := await svc.metrics(), "fleetloop_ticks_total", outcome="decided") < 20
+                    or total(m, "fleetloop_dead_letters_total") < 16_000
+                ):
                     await asyncio.sleep(0.5)
             assert total(m, "fleetloop_dead_letters_total") == 16_000
             assert (await client.get("/healthz")).status_code == 200
