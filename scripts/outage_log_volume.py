@@ -121,6 +121,8 @@ def main() -> int:
         after = [ln for t, ln in lines if t >= t_up]
         if args.show:
             sys.stdout.write(b"".join(during).decode(errors="replace"))
+            sys.stdout.write("--- after ---\n")
+            sys.stdout.write(b"".join(ln for t, ln in lines if t >= t_up).decode(errors="replace"))
         not_json = 0
         for _, ln in lines:
             try:

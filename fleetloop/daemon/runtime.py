@@ -58,7 +58,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from aiokafka.errors import CommitFailedError, KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.structs import OffsetAndMetadata
 
 from fleetloop.daemon import checkpoint, clock, faults
@@ -964,6 +964,15 @@ class Daemon:
         while True:
             try:
                 return await op()
+            except CommitFailedError as exc:
+                if operation != "commit":
+                    raise
+                # The group rebalanced while the broker was away: these partitions were handed out
+                # again, and whoever owns them now resumes from the last commit (at least once;
+                # decisions made again are the same desired state, harmless).
+                metrics.broker_errors.add(1, {"operation": operation})
+                log.warning("commit skipped: the group rebalanced", error=one_line(exc)[:200])
+                return None
             except KafkaError as exc:
                 stop = self._stop
                 if not _transient(exc) or (stop is not None and stop.is_set()):
