@@ -264,7 +264,7 @@ async def _run_daemon(
     if view is not None:
         from fleetloop.daemon.service.live import ledger_of
 
-        view.ledger = ledger_of(daemon.model)
+        view.ledger = ledger_of(daemon)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

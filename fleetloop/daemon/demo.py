@@ -233,7 +233,7 @@ async def _demo(
         on_decisions=view.record,
     )
     holder.append(daemon)
-    view.ledger = ledger_of(daemon.model)
+    view.ledger = ledger_of(daemon)
     server = HttpServer(make_app(lambda: daemon.health, add_routes(view)), port=args.http_port)
     try:
         await server.start()

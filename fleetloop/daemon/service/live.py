@@ -74,18 +74,19 @@ class LiveView:
         }
 
 
-def ledger_of(model: Any) -> Callable[[], dict[str, float]]:
-    """KPI figures from a FleetModel's ledger (read on the loop's thread, at record time)."""
+def ledger_of(daemon: Any) -> Callable[[], dict[str, float]]:
+    """KPI figures summed over the daemon's models (one per owned partition), read on the loop's thread."""
 
     def read() -> dict[str, float]:
-        led = model.ledger
-        succeeded = int(led.tasks_succeeded)
-        cost_usd = led.fleet_cost_nusd / 1e9
+        ledgers = [daemon.shards[p].model.ledger for p in sorted(daemon.shards)]
+        started = sum(int(led.tasks_started) for led in ledgers)
+        succeeded = sum(int(led.tasks_succeeded) for led in ledgers)
+        cost_usd = sum(led.fleet_cost_nusd for led in ledgers) / 1e9
         return {
-            "tasks_started": int(led.tasks_started),
+            "tasks_started": started,
             "tasks_succeeded": succeeded,
-            "tasks_failed": int(led.tasks_failed),
-            "success_rate": round(succeeded / led.tasks_started, 4) if led.tasks_started else 0.0,
+            "tasks_failed": sum(int(led.tasks_failed) for led in ledgers),
+            "success_rate": round(succeeded / started, 4) if started else 0.0,
             "fleet_cost_usd": round(cost_usd, 6),
             "cost_per_successful_task_usd": round(cost_usd / succeeded, 6) if succeeded else 0.0,
         }
