@@ -24,11 +24,13 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
 from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
 from fleetloop.daemon.runtime import read_active
-from fleetloop.daemon.service.security import Bootstrap, connect, shown
+from fleetloop.daemon.service.health import one_line
+from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
 from fleetloop.schemas.control import ActivePolicy
 from fleetloop.schemas.policy import PolicyDocument
@@ -104,11 +106,17 @@ async def _publish_and_wait(
     except Exception as exc:
         await producer.stop()
         raise UsageError(f"cannot reach Kafka at {shown(conn)}: {type(exc).__name__}: {exc}") from None
+    topic = topic_name(args.topic_prefix, POLICY)
     try:
         value = orjson.dumps(policy.document.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-        meta = await producer.send_and_wait(
-            topic_name(args.topic_prefix, POLICY), value=value, key=policy.stamp.name.encode()
-        )
+        meta = await producer.send_and_wait(topic, value=value, key=policy.stamp.name.encode())
+    except KafkaError as exc:
+        hint = ""
+        if isinstance(exc, TopicAuthorizationFailedError):
+            hint = " (this principal may not write it: see SECURITY.md, ACLs)"
+        raise UsageError(
+            f"fleetloop policy apply: cannot write {topic} at {shown(conn)}: {one_line(exc)}{hint}"
+        ) from None
     finally:
         await producer.stop()
     s = policy.stamp
