@@ -2,7 +2,7 @@
 
 Every name, label and unit below was read from the runtime's released source (the wheel from the
 package registry, ``pip download --no-deps``), except TensorRT-LLM, whose wheels live on
-pypi.nvidia.com (unreachable from here; the PyPI ``tensorrt-llm`` is a stub that downloads from
+NVIDIA's own package index (unreachable from here; the PyPI ``tensorrt-llm`` only redirects installs to
 there): its names come from the TensorRT-LLM and tensorrtllm_backend source on GitHub, cited per
 release. Names are *sample* names as prometheus_client's text parser reports them (a counter's always
 ends in ``_total``, which the parser adds when an exporter such as Triton's omits it; a histogram
@@ -180,7 +180,7 @@ RELEASES: dict[str, tuple[Release, ...]] = {
             "trtllm",
             "trtllm-serve (TensorRT-LLM 1.2)",
             "NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py (GitHub, commit 050f80d; the wheel "
-            "is only on pypi.nvidia.com)",
+            "is only on NVIDIA's own package index)",
             {
                 "running_requests": _s("trtllm_num_requests_running"),
                 "queue_depth": _s("trtllm_num_requests_waiting"),
