@@ -296,6 +296,9 @@ async def test_a_stuck_stderr_reader_does_not_stall_the_loop(kafka_env: Any, tmp
         "debug",
         "--http-port",
         str(port := free_port()),
+        # The records carry synthetic event times near epoch 0: open the door's event-time window.
+        "--event-time-window",
+        "off",
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # never read
     try:
