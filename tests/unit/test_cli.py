@@ -162,3 +162,20 @@ def test_sim_with_a_missing_scenario_is_one_line(
     out, err = capsys.readouterr()
     assert one_line(err) == "fleetloop sim: missing.yaml: cannot read (No such file or directory)"
     assert out == ""
+
+
+def test_replay_refuses_a_reversed_window_before_connecting(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--from`` after ``--to`` is an empty window: one line, exit 2 (no broker is asked)."""
+    code = main(
+        [
+            "replay",
+            "--bootstrap-servers",
+            "127.0.0.1:9",
+            "--from",
+            "2026-01-02T00:00:00Z",
+            "--to",
+            "2026-01-01T00:00:00Z",
+        ]
+    )
+    assert code == 2
+    assert "empty window" in one_line(capsys.readouterr().err)

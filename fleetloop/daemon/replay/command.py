@@ -67,8 +67,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     quiet_client_logs()
     from_ms = parse_time(args.from_, default=0) or 0
     to_ms = parse_time(args.to, default=None)
+    if to_ms is not None and to_ms < from_ms:
+        raise UsageError(f"fleetloop replay: --from {args.from_} is after --to {args.to}: an empty window")
     what_if = load_policy(args.policy) if args.policy else None
     report, policy, mode = asyncio.run(_replay(args, what_if, from_ms, to_ms))
+    if report.ticks_compared == 0:
+        raise UsageError(
+            f"fleetloop replay: no recorded tick between --from {args.from_} and --to {args.to} "
+            f"({report.ticks_replayed} ticks replayed before it): nothing to compare"
+        )
     if args.json:
         sys.stdout.write(json.dumps(_as_json(report, policy, mode)) + "\n")
     else:
@@ -154,7 +161,10 @@ async def _replay(
     if what_if is not None:
         # The recorded policy itself, given as a file, is an exact replay, not a what-if.
         mode = "exact" if what_if.stamp.hash == ticks[0].policy_hash else "what-if"
-        return replay_ticks(ticks, inputs, what_if, from_ms=from_ms, to_ms=to_ms), what_if, mode
+        report = replay_ticks(
+            ticks, inputs, what_if, from_ms=from_ms, to_ms=to_ms, compare_stamps=mode == "exact"
+        )
+        return report, what_if, mode
     known = _known_policies([r for rs in (*policies.values(), *actives.values()) for r in rs])
     for rt in ticks:
         if rt.policy_hash not in known:

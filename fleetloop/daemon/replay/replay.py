@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import orjson
+
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.daemon.shard import Row, Shard
 from fleetloop.policies.registry import CompiledPolicy
@@ -109,11 +111,15 @@ def replay_ticks(
     *,
     from_ms: int = 0,
     to_ms: int | None = None,
+    compare_stamps: bool = True,
 ) -> ReplayReport:
     """Replay ``ticks`` over ``inputs`` ('logical-topic:partition' -> [(offset, record)] in offset order).
 
     ``policy``: one policy for every tick (a what-if), or the recorded policies by hash (each tick
-    is decided with the policy its decisions are stamped with)."""
+    is decided with the policy its decisions are stamped with). ``compare_stamps=False`` (a
+    what-if) compares decisions without their policy stamp (name, version, hash, mode): a candidate
+    that only bumps the version then changes nothing, instead of every decision."""
+    as_bytes = decision_bytes if compare_stamps else unstamped_bytes
     shards: dict[int, Shard] = {}
     report = ReplayReport()
     seen: set[tuple[int, str, tuple[tuple[str, int], ...]]] = set()
@@ -147,8 +153,8 @@ def replay_ticks(
         if rt.tick.ts_ms < from_ms:
             continue
         report.ticks_compared += 1
-        recorded = {d.key: decision_bytes(d) for d in rt.decisions}
-        produced = {d.key: decision_bytes(d) for d in produced_ds}
+        recorded = {d.key: as_bytes(d) for d in rt.decisions}
+        produced = {d.key: as_bytes(d) for d in produced_ds}
         report.breaker_opens_recorded += sum(1 for d in recorded_unique(rt.decisions) if _is_open(d))
         report.breaker_opens_replayed += sum(1 for d in produced_ds if _is_open(d))
         for k in sorted(set(recorded) | set(produced)):
@@ -173,6 +179,11 @@ def replay_ticks(
                     "replayed": produced.get(k, b"").decode(),
                 }
     return report
+
+
+def unstamped_bytes(decision: Decision) -> bytes:
+    """A decision's bytes without its policy stamp: what it decided, not which policy said so."""
+    return orjson.dumps(decision.model_dump(mode="json", exclude={"policy"}), option=orjson.OPT_SORT_KEYS)
 
 
 def recorded_unique(decisions: Sequence[Decision]) -> list[Decision]:
