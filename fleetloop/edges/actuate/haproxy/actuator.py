@@ -16,7 +16,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -33,6 +32,7 @@ from fleetloop.edges.actuate.haproxy.mapping import (
     targets,
 )
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError
+from fleetloop.edges.actuate.loop import reconcile_forever
 from fleetloop.router.state import DesiredState
 
 log = logging.getLogger("fleetloop.edges.actuate.haproxy")
@@ -165,17 +165,17 @@ class HaproxyActuator:
         return done
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.reconcile()
-            except RuntimeApiError as exc:
-                self.stats.api_errors += 1
-                if str(exc) != self.stats.last_error:
-                    log.error("%s (retrying every %.1f s)", exc, self.period_s)
-                self.stats.last_error = str(exc)
-            self.wake.clear()
-            waits: list[Any] = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
-            await asyncio.wait(waits, timeout=self.period_s, return_when=asyncio.FIRST_COMPLETED)
-            for p in waits:
-                p.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        await reconcile_forever(
+            self.reconcile,
+            stop=stop,
+            wake=self.wake,
+            period_s=self.period_s,
+            target_error=RuntimeApiError,
+            on_error=self._failed,
+            last_error=lambda: self.stats.last_error,
+            log=log,
+        )
+
+    def _failed(self, message: str) -> None:
+        self.stats.api_errors += 1
+        self.stats.last_error = message

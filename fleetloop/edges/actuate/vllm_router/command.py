@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from fleetloop.edges.actuate.loop import reconcile_forever
 from fleetloop.edges.actuate.vllm_router.mapping import (
     WorkerMap,
     WorkerMapError,
@@ -132,20 +133,20 @@ class VllmRouterActuator:
         return done
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.reconcile()
-            except VllmRouterError as exc:
-                self.stats.errors += 1
-                if str(exc) != self.stats.last_error:
-                    log.error("%s (retrying every %.1f s)", exc, self.period_s)
-                self.stats.last_error = str(exc)
-            self.wake.clear()
-            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
-            await asyncio.wait(waits, timeout=self.period_s, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        await reconcile_forever(
+            self.reconcile,
+            stop=stop,
+            wake=self.wake,
+            period_s=self.period_s,
+            target_error=VllmRouterError,
+            on_error=self._failed,
+            last_error=lambda: self.stats.last_error,
+            log=log,
+        )
+
+    def _failed(self, message: str) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = message
 
 
 def register(act_sub: Any) -> None:
