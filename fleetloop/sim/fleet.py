@@ -106,6 +106,19 @@ class _Window:
     outcomes: list[RequestOutcome] = field(default_factory=list)
 
 
+def scale_in_victims(active: Sequence[Node], drain: Sequence[str], k: int) -> list[Node]:
+    """The ``k`` nodes a scale-in drains: the ones the decision names first (in its order), then
+    cold before warm, newest (highest index) first. The simulator and the live fleet emulator both
+    act on autoscale decisions with this one rule, so a policy sees the same fleet react in each."""
+    by_id = {n.node_id: n for n in active}
+    named = [by_id[i] for i in dict.fromkeys(drain) if i in by_id]
+    rest = sorted(
+        (n for n in active if n not in named),
+        key=lambda n: (n.warm, -int(n.node_id.rsplit("/", 1)[1])),
+    )
+    return [*named, *rest][: max(k, 0)]
+
+
 class FleetSim:
     """The simulated world. See the module docstring."""
 
@@ -264,19 +277,7 @@ class FleetSim:
             for _ in range(desired - len(active)):
                 self._provision(d.pool_id, warm=False)
         elif desired < len(active):
-            k = len(active) - desired
-            by_id = {n.node_id: n for n in active}
-            victims: list[Node] = []
-            for node_id in d.drain:
-                n = by_id.get(node_id)
-                if n is not None and n not in victims:
-                    victims.append(n)
-            rest = sorted(
-                (n for n in active if n not in victims),
-                key=lambda n: (n.warm, -int(n.node_id.rsplit("/", 1)[1])),
-            )
-            victims.extend(rest)
-            for n in victims[:k]:
+            for n in scale_in_victims(active, d.drain, len(active) - desired):
                 n.draining = True
                 self.router.fleet_changed()
                 if n.idle:

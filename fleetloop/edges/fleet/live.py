@@ -56,6 +56,7 @@ from fleetloop.schemas.decisions import (
 )
 from fleetloop.sim import faults as faults_mod
 from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
+from fleetloop.sim.fleet import scale_in_victims
 from fleetloop.sim.node import Node, Req
 from fleetloop.sim.router import SimRouter, sim_router
 from fleetloop.sim.scenario import Fault, Pool, Scenario
@@ -355,15 +356,10 @@ class LiveFleet:
             for _ in range(desired - len(active)):
                 self._provision(d.pool_id, warm=False)
             return
-        k = len(active) - desired
-        if k <= 0:
+        victims = scale_in_victims(active, d.drain, len(active) - desired)
+        if not victims:
             return
-        by_id = {n.node_id: n for n in active}
-        victims = [by_id[i] for i in dict.fromkeys(d.drain) if i in by_id]
-        rest = sorted(
-            (n for n in active if n not in victims), key=lambda n: (n.warm, -int(n.node_id.rsplit("/", 1)[1]))
-        )
-        for n in [*victims, *rest][:k]:
+        for n in victims:
             n.draining = True
             ln = self.live[n.node_id]
             ln.state = "draining"
