@@ -37,7 +37,6 @@ import logging
 import math
 import os
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -51,6 +50,7 @@ import yaml
 from rich.console import Console
 
 from fleetloop.daemon import clock
+from fleetloop.daemon.children import stop_child
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
 from fleetloop.edges.fleet.agents import Agents
@@ -238,16 +238,7 @@ async def _spawn(argv: list[str], logdir: Path, name: str) -> asyncio.subprocess
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+    await stop_child(proc, STOP_GRACE_S)
 
 
 async def _wait_http(url: str, procs: dict[str, asyncio.subprocess.Process], logdir: Path) -> None:

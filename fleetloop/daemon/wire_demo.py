@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 import tempfile
 import uuid
@@ -35,6 +34,7 @@ from rich.table import Table
 
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import ensure_topics
+from fleetloop.daemon.children import stop_child
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.schemas import Decision
 from fleetloop.schemas.topics import STATE, topic_name
@@ -60,16 +60,7 @@ async def _spawn(argv: list[str], logdir: Path, name: str) -> asyncio.subprocess
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+    await stop_child(proc, STOP_GRACE_S)
 
 
 async def run_wire(
