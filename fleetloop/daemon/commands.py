@@ -47,6 +47,7 @@ def door_from(window: str, max_record_bytes: int) -> Door:
 def register(sub: Any) -> None:
     from fleetloop.daemon import demo, lifecycle
     from fleetloop.daemon.replay import command as replay_command
+    from fleetloop.daemon.replay import compare_command
 
     run = sub.add_parser("run", help="run the daemon (the sidecar control loop)")
     bootstrap_arg(run, required=True)
@@ -118,6 +119,7 @@ def register(sub: Any) -> None:
     v.add_argument("--json", action="store_true")
     v.set_defaults(handler=cmd_policy_validate)
     lifecycle.register(pol_sub)
+    compare_command.register(pol_sub)
     d = pol_sub.add_parser("diff", help="what changes between two documents")
     d.add_argument("old", metavar="OLD")
     d.add_argument("new", metavar="NEW")

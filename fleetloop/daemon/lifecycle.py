@@ -12,6 +12,12 @@ group. These commands read that record first:
 - ``status`` prints the active policy and its recent history.
 - ``rollback [--to VERSION]`` publishes an earlier document's content as a new version (active + 1),
   so versions stay monotonic and the rollback is itself a recorded change.
+
+Shadow mode: ``apply`` of a document with ``spec.mode: shadow`` publishes it under the key
+``<name>/shadow``; the daemon runs it beside the enforcing policy (decisions on ``control.shadow``)
+instead of replacing it. It is held to the same rules against the shadow in force (a newer version,
+the group's name). ``status`` shows it; ``remove-shadow`` publishes a tombstone on that key and waits
+until the daemon stops running it. ``fleetloop policy compare`` reports how its decisions differ.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_fr
 from fleetloop.daemon.runtime import read_active
 from fleetloop.daemon.service.health import one_line
 from fleetloop.kafka_security import Bootstrap, connect, shown
-from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
+from fleetloop.policies.registry import CompiledPolicy, compile_policy, document_hash, load_policy
 from fleetloop.schemas.control import ActivePolicy
 from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.topics import POLICY, POLICY_ACTIVE, topic_name
@@ -56,6 +62,9 @@ def register(pol_sub: Any) -> None:
     )
     _common(r)
     r.set_defaults(handler=cmd_rollback)
+    rs = pol_sub.add_parser("remove-shadow", help="stop the shadow policy a daemon group runs")
+    _common(rs)
+    rs.set_defaults(handler=cmd_remove_shadow)
 
 
 def _common(p: argparse.ArgumentParser, *, wait: bool = True) -> None:
@@ -81,6 +90,10 @@ async def _active(conn: Bootstrap, prefix: str, group: str) -> ActivePolicy | No
         await consumer.stop()
 
 
+def _is_shadow(policy: CompiledPolicy) -> bool:
+    return policy.document.spec.mode == "shadow"
+
+
 def _check(policy: CompiledPolicy, active: ActivePolicy | None, other_name: bool, verb: str) -> None:
     if active is None:
         return
@@ -90,6 +103,14 @@ def _check(policy: CompiledPolicy, active: ActivePolicy | None, other_name: bool
             f"fleetloop policy {verb}: refused: group {active.group} runs {active.name!r}, this document "
             f"is {s.name!r} (--other-name to publish it anyway)"
         )
+    if _is_shadow(policy):
+        current = active.shadow_document
+        if s.name == active.name and current is not None and s.version <= current.metadata.version:
+            raise UsageError(
+                f"fleetloop policy {verb}: refused: shadow {s.name} v{s.version} is not newer than the "
+                f"shadow in force v{current.metadata.version} (hash {document_hash(current)})"
+            )
+        return
     if s.name == active.name and s.version <= active.version:
         raise UsageError(
             f"fleetloop policy {verb}: refused: {s.name} v{s.version} is not newer than the active "
@@ -107,9 +128,11 @@ async def _publish_and_wait(
         await producer.stop()
         raise UsageError(f"cannot reach Kafka at {shown(conn)}: {type(exc).__name__}: {exc}") from None
     topic = topic_name(args.topic_prefix, POLICY)
+    shadow = _is_shadow(policy)
+    key = f"{policy.stamp.name}/shadow" if shadow else policy.stamp.name
     try:
         value = orjson.dumps(policy.document.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-        meta = await producer.send_and_wait(topic, value=value, key=policy.stamp.name.encode())
+        meta = await producer.send_and_wait(topic, value=value, key=key.encode())
     except KafkaError as exc:
         hint = ""
         if isinstance(exc, TopicAuthorizationFailedError):
@@ -126,14 +149,21 @@ async def _publish_and_wait(
         "hash": s.hash,
         "offset": meta.offset,
         "group": args.group_id,
+        "mode": "shadow" if shadow else "enforce",
         "activated": False,
     }
     deadline = clock.monotonic_s() + args.wait_s
     refused_before = before.refused if before is not None else 0
     while clock.monotonic_s() < deadline:
         active = await _active(conn, args.topic_prefix, args.group_id)
-        if active is not None and active.hash == s.hash:
+        if active is not None and not shadow and active.hash == s.hash:
             out.update(activated=True, from_tick_id=active.from_tick_id, from_ts_ms=active.from_ts_ms)
+            return 0, out
+        current = active.shadow_document if active is not None else None
+        if active is not None and shadow and current is not None and document_hash(current) == s.hash:
+            from_ts = active.shadow[-1].from_ts_ms
+            tick_ms = active.history[-1].document.spec.tick_ms if active.history else policy.tick_ms
+            out.update(activated=True, from_tick_id=from_ts // tick_ms, from_ts_ms=from_ts)
             return 0, out
         if active is not None and active.considered_offset >= meta.offset and active.refused > refused_before:
             out["refused"] = active.last_refusal
@@ -148,6 +178,8 @@ def _report(code: int, out: dict[str, Any], as_json: bool, verb: str) -> int:
         sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
         return code
     what = f"{out['name']} v{out['version']}  hash {out['hash']}"
+    if out.get("mode") == "shadow":
+        what = f"shadow {what}"
     if out.get("activated"):
         sys.stdout.write(f"{verb}  {what}  active from tick {out['from_tick_id']} (group {out['group']})\n")
     elif "refused" in out:
@@ -203,6 +235,61 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return _report(code, out, args.json, "rolled back")
 
 
+def cmd_remove_shadow(args: argparse.Namespace) -> int:
+    quiet_client_logs()
+    _positive(args.wait_s)
+    conn = connection_from(args)
+
+    async def go() -> tuple[int, dict[str, Any]]:
+        active = await _active(conn, args.topic_prefix, args.group_id)
+        current = active.shadow_document if active is not None else None
+        if active is None or current is None:
+            raise UsageError(f"fleetloop policy remove-shadow: group {args.group_id} runs no shadow policy")
+        producer = AIOKafkaProducer(**connect(conn), acks="all")
+        try:
+            await producer.start()
+            topic = topic_name(args.topic_prefix, POLICY)
+            meta = await producer.send_and_wait(topic, value=None, key=f"{active.name}/shadow".encode())
+        except KafkaError as exc:
+            raise UsageError(
+                f"fleetloop policy remove-shadow: cannot write at {shown(conn)}: {one_line(exc)}"
+            ) from None
+        finally:
+            await producer.stop()
+        out: dict[str, Any] = {
+            "name": current.metadata.name,
+            "version": current.metadata.version,
+            "hash": document_hash(current),
+            "offset": meta.offset,
+            "group": args.group_id,
+            "removed": False,
+        }
+        deadline = clock.monotonic_s() + args.wait_s
+        while clock.monotonic_s() < deadline:
+            now = await _active(conn, args.topic_prefix, args.group_id)
+            if now is not None and now.shadow_document is None:
+                tick_ms = now.history[-1].document.spec.tick_ms if now.history else 1000
+                out.update(removed=True, from_tick_id=now.shadow[-1].from_ts_ms // tick_ms)
+                return 0, out
+            await asyncio.sleep(0.5)
+        out["error"] = f"not removed within {args.wait_s:g} s (is a daemon of group {args.group_id} running?)"
+        return 1, out
+
+    code, out = asyncio.run(go())
+    if args.json:
+        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    elif code == 0:
+        sys.stdout.write(
+            f"removed shadow {out['name']} v{out['version']}  hash {out['hash']}  "
+            f"from tick {out['from_tick_id']} (group {out['group']})\n"
+        )
+    else:
+        sys.stderr.write(
+            f"fleetloop policy remove-shadow: published at offset {out['offset']}; {out['error']}\n"
+        )
+    return code
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     quiet_client_logs()
     conn = connection_from(args)
@@ -215,7 +302,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     sys.stdout.write(
         f"group {active.group}: {active.name} v{active.version}  hash {active.hash}  "
         f"active from tick {active.from_tick_id}\n"
-        f"refused documents: {active.refused}"
+        + _shadow_line(active)
+        + f"refused documents: {active.refused}"
         + (f" (last: {active.last_refusal})" if active.last_refusal else "")
         + "\nhistory (oldest first):\n"
     )
@@ -224,6 +312,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         tick = a.from_ts_ms // p.tick_ms
         sys.stdout.write(f"  v{p.stamp.version}  hash {p.stamp.hash}  from tick {tick}\n")
     return 0
+
+
+def _shadow_line(active: ActivePolicy) -> str:
+    doc = active.shadow_document
+    if doc is None:
+        return "shadow: none\n"
+    tick_ms = active.history[-1].document.spec.tick_ms if active.history else doc.spec.tick_ms
+    return (
+        f"shadow: {doc.metadata.name} v{doc.metadata.version}  hash {document_hash(doc)}  "
+        f"from tick {active.shadow[-1].from_ts_ms // tick_ms}  (decisions on control.shadow)\n"
+    )
 
 
 def _positive(wait_s: float) -> None:

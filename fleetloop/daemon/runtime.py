@@ -44,6 +44,12 @@ are decided.
 Policy documents arrive on ``control.policy``; a valid one with the followed name and a higher
 version replaces the active policy between batches; an invalid one is refused (logged and
 dead-lettered) and the active one stays in force.
+
+A document with ``spec.mode: shadow`` (key ``<name>/shadow``) does not replace the enforcing
+policy: it runs beside it from the next tick boundary, on the same ticks and the same folded
+records, with its own policy state per pool (:meth:`Shard.decide_shadow`), and its decisions go to
+``control.shadow``. A tombstone on ``<name>/shadow`` removes it. The shadow in force is part of the
+record on ``control.policy.active``, so a restart resumes it like the enforcing policy.
 """
 
 from __future__ import annotations
@@ -68,10 +74,10 @@ from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import DeadLetter, Door, dead_letter_of, decode_batch, reason_of
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, one_line, supervise
-from fleetloop.daemon.shard import INPUTS, Row, Shard
+from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
-from fleetloop.schemas.control import Activation, ActivePolicy, Tick
+from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation, Tick
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
@@ -145,6 +151,8 @@ class DaemonStats:
     breaker_opens: int = 0
     policies_applied: int = 0
     policies_refused: int = 0
+    shadow_decisions: int = 0  # decisions of the shadow policy published to control.shadow
+    shadow_failed: int = 0  # ticks the shadow policy could not decide (the enforced ones were)
     commits: int = 0
     checkpoints_written: int = 0
     checkpoint_bytes: int = 0
@@ -241,6 +249,10 @@ class Daemon:
         # a tick is decided under the policy active at its time, also when decided again after a
         # restore, so a restart across a policy change stays exact.
         self._activations: list[tuple[int, CompiledPolicy]] = [(0, config.policy)]
+        # The shadow policy by the event time from which it decides (None: removed), oldest first.
+        self._shadows: list[tuple[int, Shadow | None]] = []
+        self._pending_shadow: tuple[Shadow | None] | None = None  # a 1-tuple: None inside removes
+        self._shadow_out: list[Decision] = []
         self._active_topic = topic_name(p, POLICY_ACTIVE)
         self._considered = -1  # control.policy offset considered up to
         self._consumer: AIOKafkaConsumer | None = None
@@ -558,6 +570,9 @@ class Daemon:
                 if self._pending_policy is not None:
                     await self._activate(self._pending_policy, self._pending_offset)
                     self._pending_policy = None
+                if self._pending_shadow is not None:
+                    await self._activate_shadow(self._pending_shadow[0], self._pending_offset)
+                    self._pending_shadow = None
                 if batch or any(self._held.values()):
                     await self.process(batch)
                 elif self._dirty:
@@ -637,10 +652,12 @@ class Daemon:
             if n:
                 faults.reach("mid-batch")
             decisions = self._decide_ready()
-            if decisions:
+            shadowed, self._shadow_out = self._shadow_out, []
+            if decisions or shadowed:
                 publisher = self._publisher
-                await self._retrying("publish", lambda: publisher.publish(decisions))
+                await self._retrying("publish", lambda: publisher.publish(decisions, shadowed))
                 self.stats.decisions_published += len(decisions)
+                self.stats.shadow_decisions += len(shadowed)
                 for dec in decisions:
                     metrics.decisions.add(1, {"kind": dec.body.kind, "reason": dec.body.reason})
                 if self._on_decisions is not None:
@@ -759,6 +776,7 @@ class Daemon:
                     except Exception as exc:  # one pool's bad tick must not stop the others' decisions
                         self._tick_failed(h.tick, exc)
                         decided = ()
+                    shadowed = self._decide_shadow(shard, h.tick) if decided else ()
                     if decided is None:
                         self.stats.ticks_duplicate += 1
                         metrics.ticks.add(1, {"outcome": "duplicate"})
@@ -773,6 +791,7 @@ class Daemon:
                         metrics.ticks.add(1, {"outcome": "decided"})
                         self._account(decided)
                         out.extend(decided)
+                        self._shadow_out.extend(shadowed)
                 elif h.tick is not None and shard.skip(h.tick):
                     self.stats.ticks_skipped += 1
                     metrics.ticks.add(1, {"outcome": "missed"})
@@ -786,6 +805,27 @@ class Daemon:
                 shard.ticks_at = h.offset + 1
                 self._dirty.add(p)
         return out
+
+    def _shadow_at(self, ts_ms: int) -> Shadow | None:
+        for from_ts, shadow in reversed(self._shadows):
+            if from_ts <= ts_ms:
+                return shadow
+        return None
+
+    def _decide_shadow(self, shard: Shard, tick: Tick) -> tuple[Decision, ...]:
+        """The shadow policy's decisions on a tick just decided; a failure costs only these."""
+        try:
+            return shard.decide_shadow(tick, self._shadow_at(tick.ts_ms))
+        except Exception as exc:
+            self.stats.shadow_failed += 1
+            log.error(
+                "shadow policy could not decide a tick; the enforced decisions stand",
+                pool=tick.pool_id,
+                tick_id=tick.tick_id,
+                error=reason_of(exc),
+                ratelimit_key=f"shadow-failed:{tick.pool_id}",
+            )
+            return ()
 
     def _tick_failed(self, tick: Tick, exc: Exception) -> None:
         """A tick whose decision raised: counted and logged (rate-limited per pool), not decided."""
@@ -1075,6 +1115,22 @@ class Daemon:
                 except PolicyError as exc:
                     log.warning("an activated policy no longer compiles; skipped", error=str(exc)[:300])
             self._considered = record.considered_offset
+            for sa in record.shadow:
+                try:
+                    doc = sa.document
+                    self._shadows.append((sa.from_ts_ms, Shadow.of(compile_policy(doc)) if doc else None))
+                except PolicyError as exc:
+                    log.warning("a shadow policy no longer compiles; skipped", error=str(exc)[:300])
+            if self._shadow_now() is not None:
+                s = self._shadows[-1]
+                assert s[1] is not None
+                log.info(
+                    "shadow policy resumed",
+                    name=s[1].stamp.name,
+                    version=s[1].stamp.version,
+                    hash=s[1].stamp.hash,
+                    from_tick=s[0] // self.engine.policy.tick_ms,
+                )
             self.stats.policies_refused = record.refused
             self.stats.last_refusal = record.last_refusal
             if restored:
@@ -1093,12 +1149,37 @@ class Daemon:
             return
         await self._publish_active()
 
+    def _next_boundary(self, tick_ms: int) -> int:
+        """The first tick boundary after now and after every tick already decided."""
+        decided = max((ts for s in self.shards.values() for _, ts in s.last_tick.values()), default=0)
+        start = max(clock.wall_ms(), decided + 1)
+        return -(-start // tick_ms) * tick_ms
+
+    def _shadow_now(self) -> Shadow | None:
+        return self._shadows[-1][1] if self._shadows else None
+
+    async def _activate_shadow(self, shadow: Shadow | None, offset: int) -> None:
+        """Run ``shadow`` beside the enforcing policy (None: stop) from the next tick boundary."""
+        tick_ms = self.engine.policy.tick_ms
+        from_ts = self._next_boundary(tick_ms)
+        self._shadows = [*self._shadows[-7:], (from_ts, shadow)]
+        self._considered = max(self._considered, offset)
+        if shadow is None:
+            log.info("shadow policy removed", from_tick=from_ts // tick_ms)
+        else:
+            log.info(
+                "shadow policy activated",
+                name=shadow.stamp.name,
+                version=shadow.stamp.version,
+                hash=shadow.stamp.hash,
+                from_tick=from_ts // tick_ms,
+            )
+        await self._publish_active()
+
     async def _activate(self, policy: CompiledPolicy, offset: int) -> None:
         """Make ``policy`` decide every tick from the next boundary after any decided one."""
         tick_ms = policy.tick_ms
-        decided = max((ts for s in self.shards.values() for _, ts in s.last_tick.values()), default=0)
-        start = max(clock.wall_ms(), decided + 1)
-        from_ts = -(-start // tick_ms) * tick_ms
+        from_ts = self._next_boundary(tick_ms)
         self._activations = [*self._activations[-7:], (from_ts, policy)]
         self.engine.set_policy(policy)
         self._considered = max(self._considered, offset)
@@ -1125,6 +1206,10 @@ class Daemon:
             refused=self.stats.policies_refused,
             last_refusal=self.stats.last_refusal[:500],
             history=[Activation(from_ts_ms=t, document=p.document) for t, p in self._activations],
+            shadow=[
+                ShadowActivation(from_ts_ms=t, document=s.policy.document if s is not None else None)
+                for t, s in self._shadows
+            ],
         )
 
     async def _publish_active(self) -> None:
@@ -1147,7 +1232,7 @@ class Daemon:
             refused = [letter for r in records if (letter := self._consider_policy(r, follow)) is not None]
             if refused and self._publisher is not None:
                 await self._dead_letter_policies(self._publisher, refused)
-            if self._pending_policy is None:
+            if self._pending_policy is None and self._pending_shadow is None:
                 # Everything up to here is decided (refused or ignored): a restart starts after it.
                 self._considered = max(self._considered, records[-1].offset)
                 await self._publish_active()
@@ -1165,7 +1250,15 @@ class Daemon:
 
     def _consider_policy(self, record: Any, follow: str) -> DeadLetter | None:
         """Take a valid newer policy for the next batch; a dead letter (an event, counted once) for
-        an invalid one, an older version, or the active version with other content."""
+        an invalid one, an older version, or the active version with other content. A shadow
+        document (``spec.mode: shadow``) is held to the same rules against the shadow in force."""
+        if record.key == f"{follow}/shadow".encode() and not record.value:
+            current = self._pending_shadow[0] if self._pending_shadow is not None else self._shadow_now()
+            if current is not None:
+                self._pending_shadow = (None,)
+                self._pending_offset = record.offset
+                log.info("shadow policy removal accepted", name=follow)
+            return None
         try:
             if not record.value:
                 raise PolicyError("empty policy record")
@@ -1181,6 +1274,8 @@ class Daemon:
         active = self._pending_policy or self.engine.policy
         if compiled.stamp.name != follow:
             return None  # another daemon group's policy on a shared topic
+        if compiled.document.spec.mode == "shadow":
+            return self._consider_shadow(record, compiled, active)
         if compiled.stamp.hash == active.stamp.hash:
             return None  # the active document itself (re-read, or re-published)
         step = self.config.max_policy_version_step
@@ -1201,6 +1296,40 @@ class Daemon:
         self._pending_offset = record.offset
         log.info(
             "policy accepted",
+            name=compiled.stamp.name,
+            version=compiled.stamp.version,
+            hash=compiled.stamp.hash,
+        )
+        return None
+
+    def _consider_shadow(
+        self, record: Any, compiled: CompiledPolicy, active: CompiledPolicy
+    ) -> DeadLetter | None:
+        current = self._pending_shadow[0] if self._pending_shadow is not None else self._shadow_now()
+        if current is not None and compiled.stamp.hash == current.stamp.hash:
+            return None  # the shadow in force itself
+        base = current.stamp.version if current is not None else active.stamp.version
+        step = self.config.max_policy_version_step
+        if compiled.stamp.version > base + step:
+            return self._refuse(
+                record,
+                f"policy-version-jump: shadow version {compiled.stamp.version} is more than {step} "
+                f"above version {base}",
+            )
+        if current is not None and compiled.stamp.version <= current.stamp.version:
+            return self._refuse(
+                record,
+                f"shadow {compiled.stamp.name} v{compiled.stamp.version} is not newer than the shadow "
+                f"in force v{current.stamp.version} (hash {current.stamp.hash})",
+            )
+        try:
+            shadow = Shadow.of(compiled)
+        except PolicyError as exc:
+            return self._refuse(record, str(exc))
+        self._pending_shadow = (shadow,)
+        self._pending_offset = record.offset
+        log.info(
+            "shadow policy accepted",
             name=compiled.stamp.name,
             version=compiled.stamp.version,
             hash=compiled.stamp.hash,

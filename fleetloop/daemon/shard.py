@@ -18,6 +18,11 @@ tick it precedes can land in a different tick after a restart). So a decision de
 topics' contents, not on how they were fetched: the same ticks over the same records give the
 same bytes in one batch or in a thousand, before or after a restart, in the daemon or in replay.
 
+Shadow. A shadow policy (a document with ``spec.mode: shadow``) decides the same tick right after
+the enforcing one, from the same folded records and the same snapshot inputs, with its own policy
+state per pool (``shadow_states``). It reads the model and never writes it, and the enforcing
+policy never sees its state, so the enforced decisions are the same bytes with or without a shadow.
+
 No I/O and no clock here: the runtime feeds records and ticks in, publishes what comes out.
 """
 
@@ -31,9 +36,10 @@ from typing import Any
 from fleetloop.daemon.decide.engine import EngineState, decide, envelope_of
 from fleetloop.daemon.model.fleet import FleetModel, snapshot
 from fleetloop.policies.base import FleetSnapshot
-from fleetloop.policies.registry import CompiledPolicy
+from fleetloop.policies.registry import CompiledPolicy, compile_policy
 from fleetloop.schemas.control import Tick
-from fleetloop.schemas.decisions import Decision
+from fleetloop.schemas.decisions import Decision, PolicyStamp
+from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY
@@ -42,6 +48,25 @@ INPUTS: tuple[str, ...] = (TELEMETRY, REQUESTS)
 _EMPTY = EngineState()
 
 Item = NodeTelemetry | RequestOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Shadow:
+    """A shadow policy ready to run: ``policy`` as applied (its stamp goes on every decision, with
+    mode ``shadow``), ``runner`` the same document compiled as if it enforced, so the shadow decides
+    what it would decide in charge (a breaker it trips counts against its own ejection cap, its
+    autoscale target is held like an enforced one) instead of only "detecting"."""
+
+    policy: CompiledPolicy
+    runner: CompiledPolicy
+    stamp: PolicyStamp
+
+    @classmethod
+    def of(cls, policy: CompiledPolicy) -> Shadow:
+        data = policy.document.model_dump(mode="json")
+        data["spec"]["mode"] = "enforce"
+        runner = compile_policy(PolicyDocument.model_validate(data))
+        return cls(policy, runner, policy.stamp.model_copy(update={"mode": "shadow"}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +85,14 @@ class Shard:
         self.partition = partition
         self.model = FleetModel()
         self.states: dict[str, EngineState] = {}  # per pool: a pool's tick touches only its own
+        self.shadow_states: dict[str, EngineState] = {}  # the shadow policy's, per pool: never shared
         self.folded: dict[str, int] = dict.fromkeys(INPUTS, 0)  # next input offset not folded
         self.ticks_at = 0  # next ticks offset not yet decided (or skipped)
         self.last_tick: dict[str, tuple[int, int]] = {}  # pool -> (tick id, ts_ms) decided or skipped
         self.pending: dict[str, deque[Row]] = {k: deque() for k in INPUTS}
         self.read: dict[str, int] = dict(self.folded)  # next input offset not yet read
         self.pending_pools: set[str] = set()
-        self._snap: tuple[tuple[int, int, int, tuple[int, ...]], FleetSnapshot] | None = None
+        self._snaps: dict[tuple[int, int, int, tuple[int, ...]], FleetSnapshot] = {}
         self.fold_errors = 0  # records whose folding raised: skipped, counted
 
     # -- input ----------------------------------------------------------------------------------
@@ -142,21 +168,42 @@ class Shard:
             return None
         self._fold_to(cut)
         self.last_tick[tick.pool_id] = (tick.tick_id, tick.ts_ms)
-        env = envelope_of(policy)
-        # Pools of one shard ticking at one boundary share a cut: one snapshot serves them all.
-        key = (tick.ts_ms, env.window_ms, env.stale_after_ms, tuple(self.folded.values()))
-        if self._snap is None or self._snap[0] != key:
-            snap = snapshot(
-                self.model, tick.ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms
-            )
-            self._snap = (key, snap)
-        snap = self._snap[1]
+        snap = self._snapshot(tick, policy)
         if tick.pool_id not in snap.pools:
             return ()
         state = self.states.get(tick.pool_id, _EMPTY)
         result = decide(snap, policy, state, tick, self.input_offsets())
         self.states[tick.pool_id] = result.state
         return result.decisions
+
+    def _snapshot(self, tick: Tick, policy: CompiledPolicy) -> FleetSnapshot:
+        env = envelope_of(policy)
+        # Pools of one shard ticking at one boundary share a cut: one snapshot serves them all (and
+        # the shadow policy, unless its envelope asks for another window).
+        key = (tick.ts_ms, env.window_ms, env.stale_after_ms, tuple(self.folded.values()))
+        snap = self._snaps.get(key)
+        if snap is None:
+            if any(k[0] != key[0] or k[3] != key[3] for k in self._snaps):
+                self._snaps.clear()
+            snap = snapshot(
+                self.model, tick.ts_ms, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms
+            )
+            self._snaps[key] = snap
+        return snap
+
+    def decide_shadow(self, tick: Tick, shadow: Shadow | None) -> tuple[Decision, ...]:
+        """Decide ``tick`` under the shadow policy, right after :meth:`decide` decided it (same cut,
+        nothing folded). Its own state per pool; ``None`` (no shadow at this tick) forgets it."""
+        if shadow is None:
+            self.shadow_states.pop(tick.pool_id, None)
+            return ()
+        snap = self._snapshot(tick, shadow.runner)
+        if tick.pool_id not in snap.pools:
+            return ()
+        state = self.shadow_states.get(tick.pool_id, _EMPTY)
+        result = decide(snap, shadow.runner, state, tick, self.input_offsets())
+        self.shadow_states[tick.pool_id] = result.state
+        return tuple(d.model_copy(update={"policy": shadow.stamp}) for d in result.decisions)
 
     def skip(self, tick: Tick) -> bool:
         """Record a tick published as skipped (an outage longer than the catch-up); False if old."""
@@ -174,6 +221,7 @@ class Shard:
             "partition": self.partition,
             "model": self.model,
             "states": {pool: self.states[pool] for pool in sorted(self.states)},
+            "shadow_states": {pool: self.shadow_states[pool] for pool in sorted(self.shadow_states)},
             "folded": dict(self.folded),
             "ticks_at": self.ticks_at,
             "last_tick": {pool: list(v) for pool, v in sorted(self.last_tick.items())},
@@ -191,6 +239,10 @@ class Shard:
             ):
                 raise CheckpointError("checkpoint does not hold a fleet model and engine states")
             shard.model, shard.states = model, {str(p): s for p, s in states.items()}
+            shadow_states = value.get("shadow_states", {})  # absent in checkpoints before shadow mode
+            if not all(isinstance(s, EngineState) for s in shadow_states.values()):
+                raise CheckpointError("checkpoint does not hold engine states for the shadow policy")
+            shard.shadow_states = {str(p): s for p, s in shadow_states.items()}
             shard.start_at(value["folded"], int(value["ticks_at"]))
             shard.last_tick = {str(p): (int(v[0]), int(v[1])) for p, v in value["last_tick"].items()}
         except (KeyError, TypeError, ValueError, IndexError) as exc:

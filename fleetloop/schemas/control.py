@@ -1,6 +1,6 @@
 """Control records. Tick: the event that makes fleetloop decide; ticks travel on ``control.ticks``
 so a replay sees exactly the ticks the live run saw (STYLE.md, rule 3). ActivePolicy: the policy a
-daemon group activated, on ``control.policy.active``."""
+daemon group activated (and the shadow policy it runs beside it), on ``control.policy.active``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ class Activation(Wire):
     document: PolicyDocument
 
 
+class ShadowActivation(Wire):
+    """A shadow document run beside the enforcing one from event time ``from_ts_ms`` (ticks at or
+    after it), its decisions on ``control.shadow``; ``document`` None: no shadow from then on."""
+
+    from_ts_ms: EpochMs
+    document: PolicyDocument | None = None
+
+
 class ActivePolicy(Wire):
     """What a consumer group's daemon runs, on the compacted ``control.policy.active`` (key: group).
 
@@ -42,3 +50,10 @@ class ActivePolicy(Wire):
     refused: NonNegInt = 0  # documents refused so far
     last_refusal: str = ""
     history: list[Activation] = Field(default_factory=list, max_length=16)  # oldest first, incl. active
+    # The shadow policy's changes, oldest first; the last is in force (its document None: removed).
+    shadow: list[ShadowActivation] = Field(default_factory=list, max_length=16)
+
+    @property
+    def shadow_document(self) -> PolicyDocument | None:
+        """The shadow document in force, if any."""
+        return self.shadow[-1].document if self.shadow else None

@@ -9,13 +9,20 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from fleetloop.schemas.control import Tick
+from fleetloop.schemas.control import ActivePolicy, Tick
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 
-EXPORTED: tuple[type[BaseModel], ...] = (NodeTelemetry, RequestOutcome, Tick, PolicyDocument, Decision)
+EXPORTED: tuple[type[BaseModel], ...] = (
+    NodeTelemetry,
+    RequestOutcome,
+    Tick,
+    PolicyDocument,
+    Decision,
+    ActivePolicy,
+)
 JSON_DIR = Path(__file__).parent / "json"
 
 

@@ -38,6 +38,7 @@ STATE = "control.state"
 DEADLETTER = "fleet.deadletter"
 CHECKPOINT = "control.checkpoint"
 POLICY_ACTIVE = "control.policy.active"
+SHADOW = "control.shadow"
 
 TOPICS: dict[str, TopicSpec] = {
     spec.logical: spec
@@ -48,6 +49,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(POLICY, "policy name", PolicyDocument, "compact", 1, "fleetloop policy apply", "fleetloop"),
         TopicSpec(DECISIONS, "entity", Decision, "delete", 1, "fleetloop", "audit, replay"),
         TopicSpec(STATE, "entity", Decision, "compact", 1, "fleetloop", "routers, GPU workers"),
+        TopicSpec(SHADOW, "entity", Decision, "delete", 1, "fleetloop", "fleetloop policy compare"),
         TopicSpec(DEADLETTER, "original key", None, "delete", 1, "fleetloop", "operators"),
         TopicSpec(
             POLICY_ACTIVE, "consumer group", ActivePolicy, "compact", 1, "fleetloop", "fleetloop policy"

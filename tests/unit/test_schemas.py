@@ -25,6 +25,7 @@ from fleetloop.schemas import (
     Tick,
     topic_name,
 )
+from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation
 from fleetloop.schemas.export import EXPORTED, JSON_DIR, rendered
 from fleetloop.schemas.topics import CHECKPOINT, DEADLETTER, POLICY, POLICY_ACTIVE, STATE
 from pydantic import BaseModel, ValidationError
@@ -106,6 +107,7 @@ def test_export_covers_every_top_level_record() -> None:
         "Tick",
         "PolicyDocument",
         "Decision",
+        "ActivePolicy",
     }
 
 
@@ -142,12 +144,46 @@ def test_every_exported_model_and_its_parts_are_frozen_and_forbid_extra_fields(
     assert loose == []
 
 
+def _active() -> ActivePolicy:
+    doc = builtin_policy("default").document
+    shadow_doc = doc.model_copy(
+        update={"spec": doc.spec.model_copy(update={"mode": "shadow"}), "metadata": doc.metadata}
+    )
+    return ActivePolicy(
+        group="fleetloop",
+        name="default",
+        version=doc.metadata.version,
+        hash="0123456789abcdef",
+        from_ts_ms=1_700_000_000_000,
+        from_tick_id=1_700_000_000,
+        considered_offset=4,
+        history=[Activation(from_ts_ms=1_700_000_000_000, document=doc)],
+        shadow=[
+            ShadowActivation(from_ts_ms=1_700_000_001_000, document=shadow_doc),
+            ShadowActivation(from_ts_ms=1_700_000_002_000, document=None),
+        ],
+    )
+
+
+def test_active_policy_names_the_shadow_in_force_or_none() -> None:
+    active = _active()
+    assert active.shadow_document is None  # the last change removed it
+    kept = active.model_copy(update={"shadow": active.shadow[:1]})
+    assert kept.shadow_document is not None
+    assert kept.shadow_document.spec.mode == "shadow"
+    # A record written before shadow mode (no "shadow" field) still reads.
+    old = active.model_dump(mode="json")
+    del old["shadow"]
+    assert ActivePolicy.model_validate(old).shadow == []
+
+
 def _valid_instance(model: type[BaseModel]) -> BaseModel:
     instances: dict[type[BaseModel], BaseModel] = {
         NodeTelemetry: telemetry("a"),
         RequestOutcome: outcome("a"),
         Tick: tick(3),
         Decision: decision(BODIES["routing"]),
+        ActivePolicy: _active(),
     }
     if model in instances:
         return instances[model]
@@ -325,4 +361,20 @@ def test_compacted_topics_are_exactly_checkpoint_policy_active_and_state() -> No
 
 def test_topic_registry_keys_are_the_logical_names() -> None:
     assert all(name == spec.logical for name, spec in TOPICS.items())
-    assert len(TOPICS) == 9
+    assert len(TOPICS) == 10
+    assert TOPICS["control.shadow"].cleanup == "delete"
+    assert TOPICS["control.shadow"].value is Decision
+
+
+def test_the_readme_topics_table_lists_every_registry_topic_with_its_cleanup() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## Topics", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        cells[0]: cells[-1]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| topic")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert rows == {name: spec.cleanup for name, spec in TOPICS.items()}

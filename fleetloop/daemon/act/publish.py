@@ -1,7 +1,9 @@
 """Publishing decisions and dead letters.
 
 Every decision goes to ``control.decisions`` (the audit log replay compares against); enforced
-ones also go to ``control.state`` (compacted: the newest desired state per key). Values are
+ones also go to ``control.state`` (compacted: the newest desired state per key). The decisions of a
+shadow policy (a document run beside the enforcing one) go to ``control.shadow`` only: routers never
+read it, and replay's log stays the enforcing policy's alone. Values are
 canonical JSON (sorted keys), so the same decision is the same bytes in a live run and a replay.
 ``publish`` returns only when the broker acknowledged every record (acks=all): the caller commits
 input offsets after that, never before (at-least-once; a duplicate decision is harmless).
@@ -24,7 +26,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from fleetloop.daemon.observe.decode import DeadLetter, digest
 from fleetloop.schemas.decisions import Decision
-from fleetloop.schemas.topics import DEADLETTER, DECISIONS, STATE, topic_name
+from fleetloop.schemas.topics import DEADLETTER, DECISIONS, SHADOW, STATE, topic_name
 
 
 def decision_bytes(decision: Decision) -> bytes:
@@ -71,14 +73,21 @@ class Publisher:
         self._producer = producer
         self._decisions = topic_name(prefix, DECISIONS)
         self._state = topic_name(prefix, STATE)
+        self._shadow = topic_name(prefix, SHADOW)
         self._deadletter = topic_name(prefix, DEADLETTER)
         self.decisions_published = 0
         self.state_published = 0
+        self.shadow_published = 0
         self.dead_letters = 0
 
-    async def publish(self, decisions: Sequence[Decision]) -> None:
-        """Send every decision (and enforced ones to the state topic); wait for all acks."""
-        futures = []
+    async def publish(self, decisions: Sequence[Decision], shadow: Sequence[Decision] = ()) -> None:
+        """Send every decision (and enforced ones to the state topic), and a shadow policy's
+        decisions to the shadow topic; wait for all acks."""
+        futures = [
+            await self._producer.send(self._shadow, value=decision_bytes(d), key=d.key.encode())
+            for d in shadow
+        ]
+        self.shadow_published += len(shadow)
         for d in decisions:
             key = d.key.encode()
             value = decision_bytes(d)

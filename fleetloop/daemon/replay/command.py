@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=cmd_replay)
 
 
-def parse_time(text: str, *, default: int | None) -> int | None:
+def parse_time(text: str, *, default: int | None, verb: str = "replay") -> int | None:
     """``beginning``/``end``, epoch milliseconds, or an ISO-8601 time with a zone."""
     if text in ("beginning", "end"):
         return default
@@ -56,10 +56,10 @@ def parse_time(text: str, *, default: int | None) -> int | None:
         dt = datetime.fromisoformat(text)
     except ValueError:
         raise UsageError(
-            f"fleetloop replay: cannot read time {text!r} (epoch ms, ISO-8601, beginning, end)"
+            f"fleetloop {verb}: cannot read time {text!r} (epoch ms, ISO-8601, beginning, end)"
         ) from None
     if dt.tzinfo is None:
-        raise UsageError(f"fleetloop replay: time {text!r} needs a zone, e.g. {text}Z or {text}+00:00")
+        raise UsageError(f"fleetloop {verb}: time {text!r} needs a zone, e.g. {text}Z or {text}+00:00")
     return int(dt.timestamp() * 1000)
 
 
@@ -85,7 +85,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _read_topic(bootstrap: Bootstrap, topic: str) -> dict[int, list[Any]]:
+async def read_topic(bootstrap: Bootstrap, topic: str) -> dict[int, list[Any]]:
     """Every record of ``topic`` up to its end offsets now, by partition, in offset order."""
     admin = AIOKafkaAdminClient(**connect(bootstrap))
     await admin.start()
@@ -124,14 +124,14 @@ async def _replay(
 ) -> tuple[ReplayReport, CompiledPolicy, str]:
     bootstrap, prefix = connection_from(args), args.topic_prefix
     try:
-        decided = await _read_topic(bootstrap, topic_name(prefix, DECISIONS))
+        decided = await read_topic(bootstrap, topic_name(prefix, DECISIONS))
         raw_inputs = {
-            logical: await _read_topic(bootstrap, topic_name(prefix, logical))
+            logical: await read_topic(bootstrap, topic_name(prefix, logical))
             for logical in (TELEMETRY, REQUESTS)
         }
-        policies = await _read_topic(bootstrap, topic_name(prefix, POLICY))
+        policies = await read_topic(bootstrap, topic_name(prefix, POLICY))
         try:
-            actives = await _read_topic(bootstrap, topic_name(prefix, POLICY_ACTIVE))
+            actives = await read_topic(bootstrap, topic_name(prefix, POLICY_ACTIVE))
         except UsageError:
             actives = {}  # written by daemons since policy lifecycle; older deployments lack it
     except UsageError:

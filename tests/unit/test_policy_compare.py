@@ -1,0 +1,92 @@
+"""``policy compare``'s arithmetic: pairs by tick, pool and key; distance per kind; stamps ignored."""
+
+from __future__ import annotations
+
+from fleetloop.daemon.replay.compare import compare, total_variation
+from fleetloop.schemas.decisions import (
+    AdmissionDecision,
+    AutoscaleDecision,
+    BreakerDecision,
+    Decision,
+    DecisionBody,
+    PolicyStamp,
+    RoutingDecision,
+)
+
+ENF = PolicyStamp(name="default", version=3, hash="a" * 16, mode="enforce")
+SHA = PolicyStamp(name="default", version=4, hash="b" * 16, mode="shadow")
+
+
+def dec(tick: int, body: DecisionBody, stamp: PolicyStamp, reason: str = "") -> Decision:
+    if reason:
+        body = body.model_copy(update={"reason": reason})
+    return Decision(ts_ms=tick * 1000, tick_id=tick, policy=stamp, body=body)
+
+
+def routing(**w: float) -> RoutingDecision:
+    return RoutingDecision(entity="pool/p", pool_id="p", weights=w, reason="score")
+
+
+def breaker(state: str) -> BreakerDecision:
+    return BreakerDecision(entity="p/1", pool_id="p", node_id="p/1", state=state, reason="r")  # type: ignore[arg-type]
+
+
+def autoscale(n: int) -> AutoscaleDecision:
+    return AutoscaleDecision(entity="pool/p", pool_id="p", current_nodes=4, desired_nodes=n, reason="r")
+
+
+def admission(q0: int, q1: int | None) -> AdmissionDecision:
+    table = {"0": q0} | ({"1": q1} if q1 is not None else {})
+    return AdmissionDecision(entity="pool/p", pool_id="p", max_queue_depth=table, reason="r")
+
+
+def test_total_variation() -> None:
+    assert total_variation({"a": 0.5, "b": 0.5}, {"a": 1.0}) == 0.5
+    assert total_variation({"a": 1.0}, {"b": 1.0}) == 1.0
+    assert total_variation({}, {}) == 0.0
+
+
+def test_distances_per_kind_and_entity_ignoring_stamps_reasons_and_unpaired_ticks() -> None:
+    enforced = [
+        dec(1, routing(a=0.5, b=0.5), ENF),
+        dec(1, breaker("closed"), ENF),
+        dec(1, autoscale(4), ENF),
+        dec(1, admission(10, 5), ENF),
+        dec(2, routing(a=0.5, b=0.5), ENF),
+        dec(2, breaker("open"), ENF),
+        dec(2, autoscale(4), ENF),
+        dec(2, admission(10, 5), ENF),
+        dec(3, routing(a=1.0), ENF),  # no shadow ran at tick 3: not compared
+    ]
+    shadow = [
+        dec(1, routing(a=0.8, b=0.2), SHA),  # TV 0.3
+        dec(1, breaker("open"), SHA),
+        dec(1, autoscale(7), SHA),
+        dec(1, admission(10, 5), SHA, reason="other-reason"),  # same thresholds: no difference
+        dec(2, routing(a=0.5, b=0.5), SHA, reason="other-reason"),  # same weights, other stamp
+        dec(2, breaker("open"), SHA),
+        dec(2, autoscale(2), SHA),
+        dec(2, admission(6, None), SHA),  # class 0: 10 -> 6; class 1 unlimited in the shadow
+    ]
+    c = compare(enforced, shadow)
+    assert (c.ticks_paired, c.ticks_enforced_only, c.ticks_shadow_only) == (2, 1, 0)
+    k = {kind: t.as_json() for kind, t in c.by_kind.items()}
+    assert k["routing"]["compared"] == 2
+    assert k["routing"]["differ"] == 1
+    assert abs(k["routing"]["distance_max"] - 0.3) < 1e-9
+    assert k["breaker"]["differ"] == 1
+    assert k["breaker"]["most_common"] == "closed->open"
+    assert k["autoscale"]["differ"] == 2
+    assert k["autoscale"]["distance_max"] == 3.0
+    assert k["autoscale"]["distance_mean"] == 2.5
+    assert k["admission"]["differ"] == 1
+    assert k["admission"]["distance_max"] == 5.0
+    assert c.shadow_policies == {("default", 4, "b" * 16)}
+    # The window keeps only tick 2.
+    w = compare(enforced, shadow, from_ms=2000, to_ms=2000)
+    assert w.ticks_paired == 1
+    assert w.by_kind["routing"].differ == 0
+    # The same decisions under another stamp: nothing differs.
+    same = compare(enforced, [d.model_copy(update={"policy": SHA}) for d in enforced])
+    assert sum(t.differ for t in same.by_kind.values()) == 0
+    assert same.ticks_paired == 3
