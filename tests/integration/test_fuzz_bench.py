@@ -13,7 +13,6 @@ import subprocess
 import sys
 from typing import Any
 
-import orjson
 from fleetloop.daemon.brokers import ProcessBroker
 
 
@@ -48,11 +47,7 @@ async def test_fuzz_short_form_no_crash_no_missed_tick_no_lost_dead_letter(broke
     decisions = result["decisions"]
     assert decisions["missing"] == 0
     assert decisions["extra"] == 0
-    # Known gap (issue 8): invented pools that pass the door can crowd a real pool's spill list.
-    # Whatever differs must be that and only that: routing decisions with the same weights.
-    first = decisions["first_difference"]
-    if decisions["different"]:
-        assert first["key"].startswith("routing/"), first["key"]
-        clean, hostile = orjson.loads(first["clean"])["body"], orjson.loads(first["hostile"])["body"]
-        assert clean["weights"] == hostile["weights"]
-        assert clean["by_priority"] == hostile["by_priority"]
+    # Spill lists rank only pools of the same model with calls completed on them (cache-aware), so
+    # invented pools cannot crowd a real pool's spill list: every decision is the clean run's.
+    assert decisions["different"] == 0, decisions["first_difference"]
+    assert decisions["differing"] == 0

@@ -137,14 +137,79 @@ def test_priority_zero_avoids_nodes_nearest_saturation() -> None:
 def test_spill_to_other_pools_with_headroom_best_first() -> None:
     views = [
         node("a", pool_id="p", queue_depth=30),
-        node("b", pool_id="q"),
-        node("c", pool_id="r", running_requests=16),
-        node("d", pool_id="s", queue_depth=100, running_requests=200, kv_cache_used_frac=1.0),
-        node("e", pool_id="t", weights_state="cold"),
+        node("b", pool_id="q", ok_w=3),
+        node("c", pool_id="r", running_requests=16, ok_w=3),
+        node("d", pool_id="s", queue_depth=100, running_requests=200, kv_cache_used_frac=1.0, ok_w=3),
+        node("e", pool_id="t", weights_state="cold", ok_w=3),
     ]
     d, _ = decide(views)
     assert d.spill_to == ("q", "r")
     assert d.inputs["spill_pools"] == 2.0
+
+
+def _spill(views: list[NodeView], models: dict[str, str] | None = None) -> tuple[str, ...]:
+    snap = snapshot(views, pool_fields={p: {"model": m} for p, m in (models or {}).items()})
+    result = CacheAware().decide(snap, CacheAwareParams(), {}, ctx(snap))
+    (d,) = result.decisions
+    assert isinstance(d, RoutingDecision)
+    return d.spill_to
+
+
+@pytest.mark.parametrize(
+    ("views", "models", "expected"),
+    [
+        # only pools of the deciding pool's model: q serves another model, r the same
+        (
+            [node("a", pool_id="p"), node("b", pool_id="q", ok_w=2), node("c", pool_id="r", ok_w=2)],
+            {"q": "qwen-72b"},
+            ("r",),
+        ),
+        # a pool no call completed on in the window (telemetry only) is never a target, however idle
+        (
+            [node("a", pool_id="p"), node("b", pool_id="q"), node("c", pool_id="r", ok_w=1, queue_depth=3)],
+            {},
+            ("r",),
+        ),
+        # a node with failed calls only is not proven either
+        ([node("a", pool_id="p"), node("b", pool_id="q", failures_w=5)], {}, ()),
+        # idle unproven nodes do not lift a real pool's rank: q's one proven node is busier than r's
+        (
+            [
+                node("a", pool_id="p"),
+                node("b", pool_id="q", ok_w=4, queue_depth=4),
+                *[node(f"q-inv{i}", pool_id="q") for i in range(20)],
+                node("c", pool_id="r", ok_w=4, queue_depth=2),
+            ],
+            {},
+            ("r", "q"),
+        ),
+        # a proven pool below spill_min_headroom (counted over its proven nodes) stays out
+        (
+            [
+                node("a", pool_id="p"),
+                node("b", pool_id="q", ok_w=4, queue_depth=100, running_requests=200, kv_cache_used_frac=1.0),
+                *[node(f"q-inv{i}", pool_id="q") for i in range(20)],
+            ],
+            {},
+            (),
+        ),
+    ],
+)
+def test_spill_same_model_and_proven_nodes_only(
+    views: list[NodeView], models: dict[str, str], expected: tuple[str, ...]
+) -> None:
+    assert _spill(views, models) == expected
+
+
+def test_spill_list_is_the_same_with_a_flood_of_invented_idle_pools() -> None:
+    """Issue 8's fuzz: invented pools (valid telemetry, same model, never served) used to rank first
+    and crowd the engine's 8-pool cap out of the real pools."""
+    real = [node("a", pool_id="p", queue_depth=8)] + [
+        node(f"r{i}", pool_id=f"real-{i}", ok_w=2, queue_depth=i % 3) for i in range(10)
+    ]
+    invented = [node(f"fp-{i}/0", pool_id=f"fp-{i}") for i in range(300)]
+    assert _spill(real + invented) == _spill(real)
+    assert len(_spill(real)) == 10
 
 
 def test_components_are_normalized() -> None:

@@ -249,11 +249,17 @@ def test_a_policy_record_that_is_anything_but_a_document_is_refused() -> None:
 
 
 def test_a_flood_of_same_model_pools_fills_no_routing_decision_beyond_max_spill_pools() -> None:
-    records = [telemetry(f"p/{i}", ts_ms=T) for i in range(3)]
+    records: list[Any] = [telemetry(f"p/{i}", ts_ms=T) for i in range(3)]
     records += [telemetry(f"x{i}/0", f"x{i}", T) for i in range(50)]  # valid pools serving the same model
-    snap = snapshot(apply(FleetModel(), records), T + 500)
-    result = decide(
-        snap, builtin_policy("default"), EngineState(), Tick(ts_ms=T + 500, tick_id=1, pool_id="p")
-    )
-    (routing,) = [d.body for d in result.decisions if d.body.kind == "routing"]
-    assert len(routing.spill_to) == 8  # type: ignore[union-attr]
+    served = [outcome(f"x{i}/0", pool=f"x{i}", ts_ms=T + 100) for i in range(50)]
+
+    def spill_to(recs: list[Any]) -> tuple[str, ...]:
+        snap = snapshot(apply(FleetModel(), recs), T + 500)
+        result = decide(
+            snap, builtin_policy("default"), EngineState(), Tick(ts_ms=T + 500, tick_id=1, pool_id="p")
+        )
+        (routing,) = [d.body for d in result.decisions if d.body.kind == "routing"]
+        return routing.spill_to  # type: ignore[union-attr,no-any-return]
+
+    assert len(spill_to(records + served)) == 8  # calls completed on them: real pools, capped at 8
+    assert spill_to(records) == ()  # telemetry alone never makes a spill target

@@ -25,10 +25,24 @@ Formula, for each node ``i`` of the pool (``serving_i`` = warm, not draining, te
                     s_speed >= affinity_min_speed and no failure since their last ok call,
                     sorted by S_i descending (node id breaks ties)
     headroom(pool) = mean S_i over its serving nodes
-    spill_to       = other pools with a serving node and headroom >= spill_min_headroom, by
-                     headroom descending (pool id breaks ties); another pool's headroom is taken
-                     from the snapshot alone (its nodes' newest step times stand in for the
-                     remembered medians, which are that pool's own state), once per snapshot
+    proven(pool)   = its serving nodes that completed at least one call ok in the window (ok_w > 0,
+                     router-observed outcomes, not the node's own telemetry)
+    spill_to       = other pools serving the same model as this pool (PoolView.model) with a proven
+                     node and spill_headroom >= spill_min_headroom, by spill_headroom descending
+                     (pool id breaks ties); spill_headroom = mean S_i over the pool's proven nodes.
+                     Another pool's scores are taken from the snapshot alone (its nodes' newest
+                     step times stand in for the remembered medians, which are that pool's own
+                     state), once per snapshot
+
+Spill-over rule, and why: a spilled call must be servable where it lands (same model), and the
+list is capped by the engine's envelope (``max_spill_pools``, 8), so whoever ranks first takes the
+overflow. Telemetry alone is cheap to invent (a misconfigured scraper, or anyone who can write to
+the telemetry topic): an invented pool or node reports itself idle and would rank first. Only
+nodes the router has actually completed calls on (``ok_w``) count towards a pool's spill ranking,
+so an unproven pool is never a spill target and unproven nodes in a real pool do not lift its
+rank. Cost: a pool that served nothing in the last window (new, or idle with no traffic) is not
+offered for spill until it serves a call; the router's own primary split across pools of a model
+gives it its first calls.
 
 ``serving_i`` also needs telemetry younger than ``silent_after_ms``. A stale node scores 0 (stale
 telemetry counts as saturated; when every warm node is stale they share evenly and the engine,
@@ -39,8 +53,8 @@ moves traffic away from a filling node within one tick without sending everythin
 
 Inputs: per node ``age_ms``, ``consecutive_failures``, ``queue_depth``, ``running_requests``,
 ``queued_prompt_tokens``, ``max_batch_tokens``, ``kv_cache_used_frac``, ``hbm_free_gib``,
-``tbt_p50_ms``, ``hot_prefixes``, ``weights_state``, ``draining``, ``stale``; the pools' node
-lists (for spill-over headroom).
+``tbt_p50_ms``, ``hot_prefixes``, ``weights_state``, ``draining``, ``stale``, ``ok_w``; the pools'
+node lists and models (for spill-over).
 
 Parameters (defaults, bounds; the reasoning behind each):
 
@@ -78,8 +92,9 @@ Trade-offs: prefix affinity saves prefill compute and TTFT on every call after a
 pins a task to one node; the keep fraction releases it when that node fills. Weights are refreshed
 once a tick from one-second telemetry: within a tick the router's weighted pick spreads calls, it
 does not chase the least loaded node per call (that would herd). Spill-over only acts when the
-admission section would shed a call on the preferred pool; which models are acceptable is the
-router's to check per call.
+admission section would shed a call on the preferred pool; it lists pools of the pool's own model
+only: a call that accepts other models reaches those only through the router's model fallback,
+when no pool of its own model has a routable node.
 
 Failure mode: scores lag load by up to one tick plus one telemetry interval; a burst within that
 time lands by the old weights. A node whose ``hot_prefixes`` is stale keeps attracting affinity
@@ -266,8 +281,15 @@ def headroom(scores: Mapping[str, float], snap: FleetSnapshot, pool_id: str) -> 
     return sum(live) / len(live) if live else None
 
 
+def proven(node: NodeView) -> bool:
+    """The router completed at least one call on this node in the window: it exists beyond its
+    own telemetry."""
+    return node.ok_w > 0
+
+
 def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str, float | None]:
-    """Pool id -> headroom for every pool, from this snapshot alone, computed once per snapshot.
+    """Pool id -> spill headroom for every pool (mean score over its proven serving nodes; None when
+    it has none), from this snapshot alone, computed once per snapshot.
 
     A pool's step time here is each node's newest ``tbt_p50_ms`` (one figure, not the remembered
     median, which is the pool's own policy state): spill-over ranks other pools on what the
@@ -287,7 +309,9 @@ def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str
                 else None
                 for n in pool
             }
-            out[pool_id] = headroom(_scored(pool, params, steps)[0], snap, pool_id)
+            scores = _scored(pool, params, steps)[0]
+            live = [scores[n.node_id] for n in pool if scores[n.node_id] > 0 and proven(n)]
+            out[pool_id] = sum(live) / len(live) if live else None
         snap.memo[key] = (params, out)
         found = out
     return found
@@ -341,9 +365,11 @@ class CacheAware:
         }
 
         own = headroom(scores, snap, ctx.pool_id)
+        own_pool = snap.pools.get(ctx.pool_id)
+        model = own_pool.model if own_pool is not None else ""
         spill: list[tuple[float, str]] = []
         for other, h in fleet_headroom(snap, params).items():
-            if other == ctx.pool_id:
+            if other == ctx.pool_id or not model or snap.pools[other].model != model:
                 continue
             if h is not None and h >= params.spill_min_headroom:
                 spill.append((-h, other))
