@@ -42,6 +42,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     from fleetloop.sim import command as sim_command
 
     sim_command.register(sub)
+    # What-if on a recorded window: reads the broker like replay, runs the simulator.
+    from fleetloop.whatif import command as whatif_command
+
+    whatif_command.register(sub)
     # The edges: runtime adapters and the emulated fleet.
     from fleetloop.edges.actuate.haproxy import command as haproxy_command
     from fleetloop.edges.fleet import command as fleet_command

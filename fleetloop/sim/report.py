@@ -44,7 +44,11 @@ def _buckets(rows: list[dict[str, float]]) -> dict[str, list[float]]:
     return out
 
 
-def write_report(directory: str | Path, scenario: Scenario, runs: Sequence[Run]) -> Path:
+def write_report(
+    directory: str | Path, scenario: Scenario, runs: Sequence[Run], *, preface_html: str = ""
+) -> Path:
+    """Write ``index.html`` and the PNG panels; ``preface_html`` (already escaped) goes above the
+    summary table (``fleetloop whatif`` puts its KPI and fidelity tables there)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,7 +114,7 @@ def write_report(directory: str | Path, scenario: Scenario, runs: Sequence[Run])
         [("ok", " answered", "-"), ("timeouts", " timed out", "--")],
         log=True,
     )
-    page = _page(scenario, runs, panels)
+    page = _page(scenario, runs, panels, preface_html)
     (out / "index.html").write_text(page)
     return out / "index.html"
 
@@ -153,7 +157,9 @@ def _usd(x: float | None) -> str:
     return "-" if x is None else f"${x:.5f}"
 
 
-def _page(scenario: Scenario, runs: Sequence[Run], panels: list[tuple[str, str]]) -> str:
+def _page(
+    scenario: Scenario, runs: Sequence[Run], panels: list[tuple[str, str]], preface_html: str = ""
+) -> str:
     title = f"fleetloop sim: {scenario.name} under {', '.join(r.label for r in runs)}"
     faults = "".join(
         f"<li>{f.at_s:.0f} s: {html.escape(f.kind)} {html.escape(f.node or f.pool or '')}</li>"
@@ -171,6 +177,7 @@ td{{text-align:right;padding-right:1.5em}}
 </head><body>
 <h1>{html.escape(title)}</h1>
 <p>{html.escape(scenario.description)}</p>
+{preface_html}
 <p>seed {scenario.seed}, {scenario.duration_s} s of arrivals, SLO TTFT {scenario.slo.ttft_ms} ms</p>
 {_summary_rows(runs)}
 <h3>faults</h3><ul>{faults or "<li>none</li>"}</ul>
