@@ -37,7 +37,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
-from fleetloop.daemon.replay.command import _known_policies, _read_topic, parse_time
+from fleetloop.daemon.replay.command import _known_policies, parse_time, read_topic
 from fleetloop.kafka_security import Bootstrap, shown
 from fleetloop.policies.registry import CompiledPolicy, load_policy
 from fleetloop.schemas.decisions import Decision
@@ -78,10 +78,7 @@ def register(sub: Any) -> None:
 
 
 def _time(text: str, *, default: int | None) -> int | None:
-    try:
-        return parse_time(text, default=default)
-    except UsageError as exc:
-        raise UsageError(str(exc).replace("fleetloop replay", PROG)) from None
+    return parse_time(text, default=default, verb="whatif")
 
 
 def _progress_line(msg: str) -> None:
@@ -178,7 +175,7 @@ async def _read(bootstrap: Bootstrap, prefix: str) -> _Recorded:
 
     async def read(logical: str, *, required: bool) -> list[Any]:
         try:
-            parts = await _read_topic(bootstrap, topic_name(prefix, logical))
+            parts = await read_topic(bootstrap, topic_name(prefix, logical))
         except UsageError as exc:
             if required:
                 raise UsageError(str(exc).replace("fleetloop replay", PROG)) from None
