@@ -28,7 +28,8 @@ Workload, one entry per tenant (its most common priority):
 Fleet, one pool per ``pool_id`` seen in telemetry inside the window:
 - ``model``, ``gpu`` mapped to the simulator's catalog by name (``NVIDIA-H100-80GB-HBM3`` -> H100,
   ``meta-llama/Llama-3.1-8B-Instruct`` -> llama-8b); an unknown one is a :class:`DeriveError`.
-  ``gpus_per_node`` only where it differs from the catalog's choice.
+  ``gpus_per_node`` only where it differs from the catalog's choice (and ``precision: fp8`` when
+  the model fits that many GPUs in FP8 only; the telemetry does not say).
 - ``nodes``: those reporting in the pool's first two intervals; ``min_nodes``/``max_nodes``: the
   fewest/most nodes reporting in any two-interval bucket of the window (the recorded autoscaler's
   range; bounds the candidate's autoscaler to it too).
@@ -36,7 +37,8 @@ Fleet, one pool per ``pool_id`` seen in telemetry inside the window:
 
 Faults (``at_s`` relative to ``from_ms``):
 - ``degrade``: a node whose TBT p50 (TTFT p50 where a pool reports no TBT) is >= 2.5x the median of
-  its pool's other nodes' reports within 5 intervals of it, for 3 of its reports in a row, until 3 in
+  its pool's other nodes' reports within 5 intervals of it (in pools of more than 32 nodes, of all
+  its nodes' reports: one median per interval), for 3 of its reports in a row, until 3 in
   a row under 1.5x (no reports, e.g. while its breaker is open, do not end it). ``factor`` = the
   lower quartile of the ratios over the episode: a slowed node that queues runs larger batches and
   its TBT grows past the slowdown itself, which its lightly loaded reports show. A one-node pool has
@@ -79,6 +81,7 @@ DEGRADE_ON = 2.5  # ratio to the pool's median that starts a degrade episode
 DEGRADE_OFF = 1.5  # ratio under which it ends
 SUSTAIN = 3  # reports in a row to start or end an episode
 PEER_SPAN = 5  # a report is compared with its pool's other nodes' reports this many intervals around it
+EXACT_PEERS = 32  # above this many nodes in a pool, the median includes the node's own reports
 CRASH_SILENT_INTERVALS = 3
 DEFAULT_SLO = {"ttft_ms": 2000, "tbt_ms": 100}
 
@@ -404,12 +407,13 @@ def _pools(
         t0, t_last = rs[0].ts_ms, rs[-1].ts_ms
         initial = sorted({r.node_id for r in rs if r.ts_ms < t0 + bucket})
         index[pool_id] = _node_index(pool_id, initial)
-        counts: list[int] = []
-        b = t0
-        while b + bucket <= t_last + 1:
-            counts.append(len({r.node_id for r in rs if b <= r.ts_ms < b + bucket}))
-            b += bucket
-        counts = counts or [len(initial)]
+        full = (t_last + 1 - t0) // bucket  # whole buckets only: a cut one would read as nodes lost
+        seen: dict[int, set[str]] = defaultdict(set)
+        for r in rs:
+            k = (r.ts_ms - t0) // bucket
+            if k < full:
+                seen[k].add(r.node_id)
+        counts = [len(seen.get(k, ())) for k in range(full)] or [len(initial)]
         nodes = len(initial)
         model = catalog_model(Counter(r.model for r in rs).most_common(1)[0][0])
         gpu = catalog_gpu(Counter(r.gpu_type for r in rs).most_common(1)[0][0])
@@ -424,6 +428,13 @@ def _pools(
         }
         if gpus != node_spec(model, gpu).gpus:
             entry["gpus_per_node"] = gpus
+            if (
+                node_spec(model, gpu, gpus).kv_capacity_tokens
+                < 1024
+                <= node_spec(model, gpu, gpus, "fp8").kv_capacity_tokens
+            ):
+                entry["precision"] = "fp8"
+                notes.append(f"pool {pool_id}: {model} fits {gpus} x {gpu} in fp8 only: precision fp8")
         boots = _boot_times(rs)
         if boots:
             entry["cold_start_s"] = round(float(np.median(boots)) / 1000.0, 1)
@@ -523,8 +534,15 @@ def _degrades(rs: Sequence[NodeTelemetry], interval: int) -> list[tuple[str, int
         buckets[b][r.node_id] = v
         stamp.setdefault(b, r.ts_ms - r.interval_ms)
     ratios: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    many = len({r.node_id for r in rs}) > EXACT_PEERS
     for b in sorted(buckets):
         near = [buckets.get(k, {}) for k in range(b - PEER_SPAN, b + PEER_SPAN + 1)]
+        if many:  # one median per interval: a node's own reports are a negligible share of it
+            span = np.fromiter((x for vals in near for x in vals.values()), dtype=np.float64)
+            ref = float(np.median(span))
+            for node, v in buckets[b].items():
+                ratios[node].append((stamp[b], v / ref))
+            continue
         for node, v in buckets[b].items():
             peers = [x for vals in near for n, x in vals.items() if n != node]
             if peers:

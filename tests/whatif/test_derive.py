@@ -341,3 +341,52 @@ def test_tasks_started_before_the_window_are_not_its_own_but_late_outcomes_of_it
     # fleet spend: 2 nodes x 3.6 $/h, from 5 s until the last outcome of its tasks (13 s): 8 reports each
     assert o.fleet_cost_usd == pytest.approx(2 * 8 * 0.001)
     assert o.cost_per_successful_task_usd is None
+
+
+def test_a_thousand_node_fleet_finds_its_one_slow_node_and_its_crash() -> None:
+    """At the scale users run: 1,000 nodes in 4 pools, one slowed 8x from 20 s, one crashed busy
+    at 30 s; every other node's TBT varies by +-20% (hostile to a fixed threshold)."""
+    pools = {
+        "a": ("llama-8b", "L40S"),
+        "b": ("llama-8b", "H100"),
+        "c": ("llama-70b", "H100"),
+        "d": ("qwen-7b", "A100"),
+    }
+    records = []
+    for i in range(1000):
+        pool = "abcd"[i % 4]
+        node = f"{pool}/{i // 4}"
+        model, gpu = pools[pool]
+        for t in range(1, 61):
+            if node == "c/7" and t > 30:
+                break
+            tbt = 20.0 * (0.8 + 0.4 * ((i * 7919 + t * 104729) % 1000) / 1000)
+            if node == "b/123" and t > 20:
+                tbt = 160.0
+            records.append(
+                NodeTelemetry.model_construct(
+                    **tel(node, t, pool=pool, model=model, gpu=gpu).model_dump()
+                    | {"tbt_p50_ms": tbt, "running_requests": 2}
+                )
+            )
+    tasks = [call("w", 0, 0.5, 1.0, task_outcome="succeeded", pool_id="a", node_id="a/0")]
+    d = derive(tasks, records, from_ms=T0, to_ms=T0 + 60_000)
+    assert sorted((p["id"], p["nodes"]) for p in d.document["pools"]) == [
+        ("a", 250),
+        ("b", 250),
+        ("c", 250),
+        ("d", 250),
+    ]
+    assert [(f["kind"], f["node"]) for f in d.document["faults"]] == [("degrade", "b/123"), ("crash", "c/7")]
+    slow = d.document["faults"][0]
+    assert slow["at_s"] == 20.0
+    assert slow["factor"] == pytest.approx(8.0, rel=0.25)
+
+
+def test_a_model_that_fits_its_reported_gpus_in_fp8_only_runs_in_fp8() -> None:
+    records = [
+        tel(n, t, model="llama-70b", gpu="H100", gpu_count=1) for t in range(1, 11) for n in ("p/0", "p/1")
+    ]
+    d = derive(one_task(model="llama-70b"), records, from_ms=T0, to_ms=T0 + 10_000)
+    (pool,) = d.document["pools"]
+    assert (pool["gpus_per_node"], pool.get("precision")) == (1, "fp8")
