@@ -10,7 +10,9 @@ other, on the same records:
 
 - **floor**: a bare aiokafka consumer, ``getmany`` and ``orjson.loads`` per record, nothing else;
 - **fleetloop**: the real daemon (:class:`fleetloop.daemon.runtime.Daemon`, its own consumer group):
-  decode and validate every record, dead-letter nothing, fold into the model, commit offsets;
+  decode and validate every record (into the wire models' msgspec twins), dead-letter nothing,
+  commit offsets, and fold what it has read into the shards' models every few milliseconds, as its
+  ticks would (no ticker runs: deciding is ``fleetloop bench decide``'s to measure);
 - **faust**: a faust-streaming app (:mod:`fleetloop.bench.faust_peer`, its own process) decoding
   into typed records and aggregating per pool.
 
@@ -133,6 +135,13 @@ async def _floor(bootstrap: str, prefix: str, total: int) -> dict[str, float]:
         await consumer.stop()
 
 
+def _fold(daemon: Daemon) -> None:
+    """Fold what the daemon has read, as its ticks would (the bench runs no ticker: it measures
+    decode + fold, not decisions; ``fleetloop bench decide`` measures those)."""
+    for shard in daemon.shards.values():
+        shard.fold_read()
+
+
 async def _fleetloop(bootstrap: str, prefix: str, total: int, idempotence: bool) -> dict[str, float]:
     config = DaemonConfig(
         bootstrap_servers=bootstrap,
@@ -155,6 +164,8 @@ async def _fleetloop(bootstrap: str, prefix: str, total: int, idempotence: bool)
             if task.done():
                 task.result()
             await asyncio.sleep(0.005)
+            _fold(daemon)
+        _fold(daemon)
         wall, cpu = clock.monotonic_s() - wall0, clock.cpu_s() - cpu0
         s = daemon.stats
         return {
@@ -164,6 +175,8 @@ async def _fleetloop(bootstrap: str, prefix: str, total: int, idempotence: bool)
             "dead_letters": s.dead_letters,
             "telemetry": s.telemetry_in,
             "outcomes": s.outcomes_in,
+            "folded": sum(sum(shard.folded.values()) for shard in daemon.shards.values()),
+            "fold_errors": sum(shard.fold_errors for shard in daemon.shards.values()),
         }
     finally:
         stop.set()

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 from pydantic import BaseModel
@@ -91,6 +92,8 @@ def _enc(o: Any) -> Any:
         return {"$a": o.dtype.str, "shape": list(o.shape), "v": _enc(o.ravel().tolist())}
     if isinstance(o, BaseModel):
         return {"$o": _name(t), "f": {k: _enc(getattr(o, k)) for k in t.model_fields}}
+    if isinstance(o, msgspec.Struct):  # decoded input records (fleetloop.schemas.fast)
+        return {"$o": _name(t), "f": {k: _enc(getattr(o, k)) for k in o.__struct_fields__}}
     if dataclasses.is_dataclass(o) or _name(t) in _PLAIN:
         return {"$o": _name(t), "f": {k: _enc(getattr(o, k)) for k in _fields(o) if hasattr(o, k)}}
     if isinstance(o, Mapping):  # e.g. MappingProxyType in a frozen state: kept as a dict
@@ -110,7 +113,7 @@ def _resolve(name: str) -> type:
         raise CheckpointError(f"class {name!r} does not exist in this fleetloop") from None
     if not isinstance(obj, type):
         raise CheckpointError(f"{name!r} is not a class")
-    if not (dataclasses.is_dataclass(obj) or issubclass(obj, BaseModel) or name in _PLAIN):
+    if not (dataclasses.is_dataclass(obj) or issubclass(obj, (BaseModel, msgspec.Struct)) or name in _PLAIN):
         raise CheckpointError(f"class {name!r} is not a state class")
     return obj
 
@@ -141,6 +144,13 @@ def _dec(o: Any) -> Any:
             if unknown:
                 raise CheckpointError(f"{o['$o']} has no fields {sorted(unknown)}")
             return cls.model_construct(**values)
+        if issubclass(cls, msgspec.Struct):
+            # Builds the struct from the values (checking their types and bounds); a struct twin
+            # has no code of its own (no __post_init__) to run.
+            try:
+                return msgspec.convert(values, cls)
+            except msgspec.ValidationError as exc:
+                raise CheckpointError(f"{o['$o']}: {exc}") from None
         obj = object.__new__(cls)
         expected = set(_fields_of_class(cls))
         if expected and set(values) != expected:

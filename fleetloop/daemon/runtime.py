@@ -71,7 +71,15 @@ from fleetloop.daemon import checkpoint, clock, faults
 from fleetloop.daemon.act.publish import Publisher
 from fleetloop.daemon.decide.engine import Engine
 from fleetloop.daemon.observability import logger, tracer
-from fleetloop.daemon.observe.decode import DeadLetter, Door, dead_letter_of, decode_batch, reason_of
+from fleetloop.daemon.observe.decode import (
+    DeadLetter,
+    Decoded,
+    Door,
+    dead_letter_of,
+    decode_batch,
+    decode_fast,
+    reason_of,
+)
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, one_line, supervise
 from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
@@ -79,8 +87,7 @@ from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation, Tick
 from fleetloop.schemas.decisions import Decision
-from fleetloop.schemas.requests import RequestOutcome
-from fleetloop.schemas.telemetry import NodeTelemetry
+from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, OutcomeRec, TelemetryRec
 from fleetloop.schemas.topics import (
     CHECKPOINT,
     POLICY,
@@ -629,15 +636,20 @@ class Daemon:
                 logical = self._topics[tp.topic]
                 metrics.events_consumed.add(len(records), {"topic": logical})
                 if logical in INPUTS:
-                    decoded = (
-                        decode_batch(NodeTelemetry, records, self.config.door)
+                    decoded: Decoded[TelemetryRec] | Decoded[OutcomeRec] = (
+                        decode_fast(TELEMETRY_TWIN, records, self.config.door)
                         if logical == TELEMETRY
-                        else decode_batch(RequestOutcome, records, self.config.door)
+                        else decode_fast(OUTCOME_TWIN, records, self.config.door)
                     )
-                    good: dict[int, NodeTelemetry | RequestOutcome] = dict(
-                        zip(decoded.offsets, decoded.items, strict=True)
-                    )
-                    shard.add(logical, (Row(r.offset, r.timestamp, good.get(r.offset)) for r in records))
+                    if not decoded.dead:  # the common case: every record decoded, in order
+                        items: Sequence[TelemetryRec | OutcomeRec] = decoded.items
+                        rows = zip(records, items, strict=True)
+                        shard.add(logical, [Row(r.offset, r.timestamp, it) for r, it in rows])
+                    else:
+                        good: dict[int, TelemetryRec | OutcomeRec] = dict(
+                            zip(decoded.offsets, decoded.items, strict=True)
+                        )
+                        shard.add(logical, [Row(r.offset, r.timestamp, good.get(r.offset)) for r in records])
                     if logical == TELEMETRY:
                         self.stats.telemetry_in += len(decoded.items)
                     else:

@@ -21,6 +21,8 @@ async def test_floor_and_daemon_read_every_record_and_fold_them_all(kafka_env: A
     floor, ours = _rates(row["floor"]), _rates(row["fleetloop"])
     assert floor["events"] == 3_000
     assert ours["dead_letters"] == 0
-    assert ours["telemetry"] + ours["outcomes"] == 3_000  # every record decoded and folded
+    assert ours["telemetry"] + ours["outcomes"] == 3_000  # every record decoded
+    assert ours["folded"] == 3_000  # and folded into a shard's model
+    assert ours["fold_errors"] == 0
     assert floor["events_per_cpu_s"] > 0
     assert ours["events_per_cpu_s"] > 0

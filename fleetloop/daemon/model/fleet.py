@@ -31,8 +31,12 @@ from dataclasses import dataclass, field
 
 from fleetloop.daemon.model.windows import BUCKET_MS, N_LAT_BINS, Window, lat_bin, quantile_from_bins
 from fleetloop.policies.base import FleetSnapshot, LedgerView, NodeView, PoolView, TenantView
+from fleetloop.schemas.fast import Outcome, OutcomeRec, Telemetry, TelemetryRec
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
+
+TELEMETRY_TYPES = (TelemetryRec, NodeTelemetry)
+OUTCOME_TYPES = (OutcomeRec, RequestOutcome)
 
 FAILED_OUTCOMES = frozenset({"error", "timeout", "retry"})
 
@@ -68,7 +72,7 @@ class ModelConfig:
 
 @dataclass(slots=True)
 class _Node:
-    telemetry: NodeTelemetry
+    telemetry: Telemetry
     win: Window = field(default_factory=lambda: Window(8))
     consecutive_failures: int = 0
 
@@ -221,42 +225,56 @@ class FleetModel:
             return False
         return True
 
-    def fold_telemetry(self, t: NodeTelemetry) -> str | None:
+    def fold(self, e: Telemetry | Outcome) -> str | None:
+        """Fold one record of either kind (a wire model or its twin); returns why it was refused."""
+        if isinstance(e, TELEMETRY_TYPES):
+            return self.fold_telemetry(e)
+        return self.fold_outcome(e)
+
+    def fold_telemetry(self, t: Telemetry) -> str | None:
         """Fold one telemetry record; returns why it was refused (a cap), or None."""
-        pool = self._pool(t.pool_id, t.ts_ms)
+        pool_id, node_id, ts = t.pool_id, t.node_id, t.ts_ms
+        pool = self.pools.get(pool_id)
         if pool is None:
-            return f"capacity: pool cap {self.config.max_pools} reached, no silent pool to evict"
-        if t.node_id not in self.nodes:
+            pool = self._pool(pool_id, ts)
+            if pool is None:
+                return f"capacity: pool cap {self.config.max_pools} reached, no silent pool to evict"
+        nodes = self.nodes
+        node = nodes.get(node_id)
+        if node is None:
             if len(pool.nodes) >= self.config.max_nodes_per_pool and not self._make_room(pool, t):
                 self.refused["nodes"] += 1
-                return f"capacity: node cap {self.config.max_nodes_per_pool} of pool {t.pool_id} reached"
-            if len(self.nodes) >= self.config.max_nodes:
+                return f"capacity: node cap {self.config.max_nodes_per_pool} of pool {pool_id} reached"
+            if len(nodes) >= self.config.max_nodes:
                 self.refused["nodes"] += 1
                 return f"capacity: fleet node cap {self.config.max_nodes} reached"
-        ledger = self.ledger
-        ledger.fleet_cost_nusd += nano_usd(t.cost_rate_usd_per_h * t.interval_ms / 3_600_000.0)
-        if not self._admit(t.pool_id, pool, t.ts_ms):
-            return None
-        node = self.nodes.get(t.node_id)
+        cost = t.cost_rate_usd_per_h * t.interval_ms / 3_600_000.0
+        if cost > 0.0:
+            self.ledger.fleet_cost_nusd += nano_usd(cost)
+        # The pool's clock (``_admit``), whose common case (not newer, not late) changes nothing.
+        if ts > pool.watermark_ms or ts // BUCKET_MS <= pool.evicted_to:
+            if not self._admit(pool_id, pool, ts):
+                return None
+            node = nodes.get(node_id)  # the pool's clock moved: this node may have been evicted
         if node is None:
-            win = self.node_wins.pop(t.node_id, None) or Window(8)
-            node = self.nodes[t.node_id] = _Node(telemetry=t, win=win)
-            pool.nodes.add(t.node_id)
-        elif t.ts_ms >= node.telemetry.ts_ms:
-            if node.telemetry.pool_id != t.pool_id:
+            win = self.node_wins.pop(node_id, None) or Window(8)
+            node = nodes[node_id] = _Node(telemetry=t, win=win)
+            pool.nodes.add(node_id)
+        elif ts >= node.telemetry.ts_ms:
+            if node.telemetry.pool_id != pool_id:
                 old = self.pools.get(node.telemetry.pool_id)
                 if old is not None:
-                    old.nodes.discard(t.node_id)
-                pool.nodes.add(t.node_id)
+                    old.nodes.discard(node_id)
+                pool.nodes.add(node_id)
             node.telemetry = t
         if t.errors or t.timeouts or t.preemptions:
-            b = t.ts_ms // BUCKET_MS
+            b = ts // BUCKET_MS
             node.win.add_at(b, _N_ERR, t.errors)
             node.win.add_at(b, _N_TO, t.timeouts)
             node.win.add_at(b, _N_PRE, t.preemptions)
         return None
 
-    def _make_room(self, pool: _Pool, t: NodeTelemetry) -> bool:
+    def _make_room(self, pool: _Pool, t: Telemetry) -> bool:
         """Evict the pool's silentest node if it has been silent past ``forget_node_after_ms``."""
         bucket = t.ts_ms // BUCKET_MS
         if bucket <= pool.full_checked_bucket:
@@ -273,26 +291,49 @@ class FleetModel:
         self.evicted["nodes"] += 1
         return True
 
-    def fold_outcome(self, o: RequestOutcome) -> str | None:
-        """Fold one request outcome; returns why it was refused (a cap), or None."""
-        pool = self._pool(o.pool_id, o.ts_ms)
+    def fold_outcome(self, o: Outcome) -> str | None:
+        """Fold one request outcome; returns why it was refused (a cap), or None.
+
+        The hot path of ingest: window rows are updated in place, column by column, rather than
+        through :meth:`Window.add` (the same sums: adding 0.0 to a count column is skipped, which
+        changes nothing, since those columns hold sums of non-negative integers)."""
+        pool_id, ts = o.pool_id, o.ts_ms
+        pool = self.pools.get(pool_id)
         if pool is None:
-            return f"capacity: pool cap {self.config.max_pools} reached, no silent pool to evict"
+            pool = self._pool(pool_id, ts)
+            if pool is None:
+                return f"capacity: pool cap {self.config.max_pools} reached, no silent pool to evict"
         self._fold_ledger(o)
-        if not self._admit(o.pool_id, pool, o.ts_ms):
+        if (ts > pool.watermark_ms or ts // BUCKET_MS <= pool.evicted_to) and not self._admit(
+            pool_id, pool, ts
+        ):
             return None
-        b = o.ts_ms // BUCKET_MS
+        b = ts // BUCKET_MS
         outcome = o.outcome
         ok = outcome == "ok"
         failed = outcome in FAILED_OUTCOMES
         shed = outcome == "shed"
-        pool.win.add(
-            b,
-            (1.0, float(ok), float(failed), float(o.attempt > 0), float(shed),
-             float(o.prompt_tokens), float(o.output_tokens)),
-        )  # fmt: skip
-        if o.ttft_ms is not None:
-            pool.ttft.add_at(b, lat_bin(o.ttft_ms), 1.0)
+        retry = o.attempt > 0
+        rows = pool.win.buckets
+        row = rows.get(b)
+        if row is None:
+            rows[b] = [1.0, float(ok), float(failed), float(retry), float(shed),
+                       float(o.prompt_tokens), float(o.output_tokens)]  # fmt: skip
+        else:
+            row[_P_REQ] += 1.0
+            if ok:
+                row[_P_OK] += 1.0
+            if failed:
+                row[_P_FAIL] += 1.0
+            if retry:
+                row[_P_RETRY] += 1.0
+            if shed:
+                row[_P_SHED] += 1.0
+            row[_P_PROMPT] += o.prompt_tokens
+            row[_P_OUT] += o.output_tokens
+        ttft_ms = o.ttft_ms
+        if ttft_ms is not None:
+            pool.ttft.add_at(b, lat_bin(ttft_ms), 1.0)
         if not shed:  # the classes the pool served, not those it turned away
             pool.by_priority.add_at(b, min(max(o.priority, 0), N_PRIORITIES - 1), 1.0)
         tenant = self.tenants.get(o.tenant_id)
@@ -304,22 +345,44 @@ class FleetModel:
         elif o.priority < tenant.priority:
             tenant.priority = o.priority  # the tenant's most important class seen: order-independent
         if tenant is not None:
-            tenant.win.add(b, (1.0, float(o.attempt > 0), float(shed)))
-        if o.node_id is None:
+            rows = tenant.win.buckets
+            row = rows.get(b)
+            if row is None:
+                rows[b] = [1.0, float(retry), float(shed)]
+            else:
+                row[_T_REQ] += 1.0
+                if retry:
+                    row[_T_RETRY] += 1.0
+                if shed:
+                    row[_T_SHED] += 1.0
+        node_id = o.node_id
+        if node_id is None:
             return None
-        node = self.nodes.get(o.node_id)
+        node = self.nodes.get(node_id)
         if node is not None:
             win: Window | None = node.win
         else:
-            win = self.node_wins.get(o.node_id)
+            win = self.node_wins.get(node_id)
             if win is None:
                 if len(self.node_wins) < self.config.max_unplaced_nodes:
-                    win = self.node_wins[o.node_id] = Window(8)
+                    win = self.node_wins[node_id] = Window(8)
                 else:
                     self.refused["unplaced_nodes"] += 1
         if win is not None:
-            ttft = o.ttft_ms if o.ttft_ms is not None else 0.0
-            win.add(b, (1.0, float(ok), float(failed), ttft, float(o.ttft_ms is not None), 0.0, 0.0, 0.0))
+            rows = win.buckets
+            row = rows.get(b)
+            ttft = ttft_ms if ttft_ms is not None else 0.0
+            if row is None:
+                rows[b] = [1.0, float(ok), float(failed), ttft, float(ttft_ms is not None), 0.0, 0.0, 0.0]
+            else:
+                row[_N_REQ] += 1.0
+                if ok:
+                    row[_N_OK] += 1.0
+                if failed:
+                    row[_N_FAIL] += 1.0
+                row[_N_TTFT_SUM] += ttft  # always added: keeps a -0.0 sum's sign as Window.add did
+                if ttft_ms is not None:
+                    row[_N_TTFT_N] += 1.0
         if node is not None:
             if ok:
                 node.consecutive_failures = 0
@@ -327,25 +390,29 @@ class FleetModel:
                 node.consecutive_failures += 1
         return None
 
-    def _fold_ledger(self, o: RequestOutcome) -> None:
+    def _fold_ledger(self, o: Outcome) -> None:
         ledger = self.ledger
-        wf = ledger.active.get(o.workflow_id)
+        wf_id = o.workflow_id
+        wf = ledger.active.get(wf_id)
         if wf is None:
-            if o.workflow_id in ledger.finished:
+            if wf_id in ledger.finished:
                 return  # a late or duplicate record of a finished task
             if len(ledger.active) >= self.config.max_open_workflows:
                 self.refused["workflows"] += 1
                 return
-            wf = ledger.active[o.workflow_id] = _Workflow(o.tenant_id, o.priority, o.ts_ms, o.ts_ms)
+            wf = ledger.active[wf_id] = _Workflow(o.tenant_id, o.priority, o.ts_ms, o.ts_ms)
             ledger.tasks_started += 1
-        wf.last_ms = max(wf.last_ms, o.ts_ms)
+        elif o.ts_ms > wf.last_ms:
+            wf.last_ms = o.ts_ms
         wf.attempts += 1
         if o.attempt == 0:
             wf.calls += 1
-        wf.spend_nusd += nano_usd(o.cost_usd)
+        cost = o.cost_usd
+        if cost > 0.0:
+            wf.spend_nusd += nano_usd(cost)
         if o.task_outcome is not None:
-            del ledger.active[o.workflow_id]
-            self._finish(o.workflow_id, o.ts_ms)
+            del ledger.active[wf_id]
+            self._finish(wf_id, o.ts_ms)
             if o.task_outcome == "succeeded":
                 ledger.tasks_succeeded += 1
             else:
@@ -421,14 +488,11 @@ class FleetModel:
             ledger.spend_on_failed_nusd += wf.spend_nusd
 
 
-def apply(model: FleetModel, events: Iterable[NodeTelemetry | RequestOutcome]) -> FleetModel:
+def apply(model: FleetModel, events: Iterable[Telemetry | Outcome]) -> FleetModel:
     """Fold a batch of events into the model and return it (records refused by a cap are counted
-    in ``model.refused``)."""
+    in ``model.refused``). Events are pydantic wire models or their msgspec twins, alike."""
     for e in events:
-        if isinstance(e, NodeTelemetry):
-            model.fold_telemetry(e)
-        else:
-            model.fold_outcome(e)
+        model.fold(e)
     return model
 
 
