@@ -1,7 +1,9 @@
-"""Suites over seeds: ``python -m fleetloop.sim.table --suite stress|shipped|all [--seeds N]``.
+"""Suites over seeds: ``python -m fleetloop.sim.table --suite stress|shipped|all|fleet [--seeds N]``.
 
 A suite runs every scenario of its directory (``scenarios/`` for ``shipped``,
-``scenarios/stress/`` for ``stress``, both for ``all``) under ``classic`` and the default policy
+``scenarios/stress/`` for ``stress``, both for ``all``, ``scenarios/fleet/`` for ``fleet``: 1,024
+nodes in 32 pools, ~2 CPU-minutes per run, so ``all`` leaves it out and it runs on its own, usually
+with ``--seeds 1 --policies classic,modern,default``) under ``classic`` and the default policy
 for ``N`` seeds each (5 by default: the scenario's own seed and the next four), and checks issue
 15's targets on every (scenario, seed) pair:
 
@@ -34,6 +36,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "shipped": ("scenarios",),
     "stress": ("scenarios/stress",),
     "all": ("scenarios", "scenarios/stress"),
+    "fleet": ("scenarios/fleet",),  # fleet scale: minutes of CPU per run, not part of "all"
 }
 COST_RATIO_MAX = 1.02
 GEOMEAN_MAX = 0.7

@@ -16,8 +16,9 @@ engine-signal autoscaler a careful operator runs today; reported, not a pass/fai
 for the no-control algorithm: round-robin, never, max-pending, unlimited, fixed, static-batching)
 and writes ``sim-ablation.md``: what each lever contributes.
 
-``--suite stress|shipped|all [--seeds N] [--only A,B]`` runs a suite over seeds instead (classic
-and default, ``N`` seeds per scenario, 5 by default) and checks issue 15's per-seed targets; see
+``--suite stress|shipped|all|fleet [--seeds N] [--only A,B]`` runs a suite over seeds instead
+(classic and default, ``N`` seeds per scenario, 5 by default; ``--policies`` may add ``modern``,
+reported against default per run) and checks issue 15's per-seed targets; see
 :mod:`fleetloop.sim.suite`. It writes ``sim-<suite>.md`` and ``.json`` beside the table.
 """
 
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--policies",
         default="classic,default",
-        help="with --suite: which of classic,default to run (development; targets need both)",
+        help="with --suite: which of classic,modern,default to run (targets need classic and default)",
     )
     args = ap.parse_args(argv)
     if args.suite:
@@ -363,6 +364,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def suite_against_modern(rows: list[dict[str, Any]]) -> str:
+    """Default against ``modern`` per (scenario, seed), when the suite ran both (reported, no target)."""
+    t = {(r["scenario"], r["seed"], r["policy"]): r for r in rows}
+    pairs = sorted({(s, seed) for s, seed, p in t if p == "modern" and (s, seed, "default") in t})
+    if not pairs:
+        return ""
+    lines = [
+        "",
+        "## Against modern (reported; no target)",
+        "",
+        "| scenario | seed | $/success default / modern | success default - modern | p0 default - modern "
+        "| TTFT p99 modern / default ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for s, seed in pairs:
+        d, m = t[(s, seed, "default")], t[(s, seed, "modern")]
+        ratio = (d["per_successful_task_usd"] or math.inf) / (m["per_successful_task_usd"] or math.inf)
+        dp, mp = d["p0_success_rate"], m["p0_success_rate"]
+        lines.append(
+            f"| {s} | {seed} | {ratio:.3f} | {(d['success_rate'] or 0.0) - (m['success_rate'] or 0.0):+.2%} "
+            f"| {'-' if dp is None or mp is None else f'{dp - mp:+.2%}'} "
+            f"| {_f(m['ttft_p99_ms'], '.0f')} / {_f(d['ttft_p99_ms'], '.0f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main_suite(args: argparse.Namespace) -> int:
     """``--suite``: every scenario of the suite under classic and default over ``--seeds`` seeds."""
     if args.seeds < 1:
@@ -376,16 +403,11 @@ def main_suite(args: argparse.Namespace) -> int:
         sys.stderr.write(f"no scenario files in suite {args.suite!r}\n")
         return 2
     wanted = {x.strip() for x in args.policies.split(",") if x.strip()}
-    if not wanted <= {"classic", "default"}:
-        sys.stderr.write(
-            f"--policies: unknown {sorted(wanted - {'classic', 'default'})} (known: classic, default)\n"
-        )
+    known = {"classic": "baseline:classic", "modern": "baseline:modern", "default": str(DEFAULT_POLICY)}
+    if not wanted <= set(known):
+        sys.stderr.write(f"--policies: unknown {sorted(wanted - set(known))} (known: {', '.join(known)})\n")
         return 2
-    policies = [
-        (label, spec)
-        for label, spec in (("classic", "baseline:classic"), ("default", str(DEFAULT_POLICY)))
-        if label in wanted
-    ]
+    policies = [(label, spec) for label, spec in known.items() if label in wanted]
     levers = [x.strip() for x in args.levers.split(",") if x.strip()]
     if not set(levers) <= set(LEVER_OFF):
         sys.stderr.write(
@@ -400,7 +422,7 @@ def main_suite(args: argparse.Namespace) -> int:
         sys.stderr.write(f"{exc}\n")
         return 2
     rows = run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
-    md = suite_markdown(args.suite, rows, args.seeds)
+    md = suite_markdown(args.suite, rows, args.seeds) + suite_against_modern(rows)
     if args.ablation:
         md += "\n" + suite_ablation_markdown(rows, levers)
     out = Path(args.out)

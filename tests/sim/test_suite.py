@@ -97,3 +97,27 @@ def test_stress_suite_ships_the_issue_scenarios_and_five_more_with_descriptions(
         assert "description:" in f.read_text()
     jobs = suite_jobs(files[:1], 3, [("classic", "baseline:classic")])
     assert [j[3] for j in jobs] == [jobs[0][3], jobs[0][3] + 1, jobs[0][3] + 2]
+
+
+def test_the_fleet_suite_runs_the_fleet_scale_scenarios_and_all_leaves_them_out() -> None:
+    from fleetloop.sim.scenario import load_scenario
+
+    fleet = suite_files("fleet", ROOT)
+    assert [f.stem for f in fleet] == ["fleet-1024"]
+    sc = load_scenario(fleet[0])
+    assert sum(p.nodes for p in sc.pools) >= 1000
+    assert len(sc.pools) >= 30
+    assert not set(suite_files("all", ROOT)) & set(fleet)  # minutes per run: on its own
+
+
+def test_modern_is_reported_against_default_per_run_and_unknown_policies_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fleetloop.sim.table import main, suite_against_modern
+
+    rows = [_row("f", 9, "classic", 1.0), _row("f", 9, "default", 0.5), _row("f", 9, "modern", 0.8, ok=980)]
+    md = suite_against_modern(rows)
+    assert "| f | 9 | 0.625 | +1.00% |" in md
+    assert suite_against_modern(rows[:2]) == ""
+    assert main(["--suite", "fleet", "--policies", "default,bogus"]) == 2
+    assert "known: classic, modern, default" in capsys.readouterr().err
