@@ -25,11 +25,11 @@ from fleetloop.kafka_security import Bootstrap, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
 
 
-def door_from(window: str, max_record_bytes: int) -> Door:
-    """The door of ``fleetloop run``: ``--event-time-window PAST_S,FUTURE_S`` (or ``off``)."""
+def door_from(window: str, max_record_bytes: int, verb: str = "run") -> Door:
+    """The door of ``fleetloop run`` (and replay): ``--event-time-window PAST_S,FUTURE_S`` (or ``off``)."""
     if not 1024 <= max_record_bytes <= 64 * 1024 * 1024:
         raise UsageError(
-            f"fleetloop run: --max-record-bytes must be between 1024 and 67108864, got {max_record_bytes}"
+            f"fleetloop {verb}: --max-record-bytes must be between 1024 and 67108864, got {max_record_bytes}"
         )
     if window.strip().lower() == "off":
         return Door(max_record_bytes, None, None)
@@ -37,10 +37,11 @@ def door_from(window: str, max_record_bytes: int) -> Door:
         past_s, future_s = (float(x) for x in window.split(","))
     except ValueError:
         raise UsageError(
-            f"fleetloop run: --event-time-window wants PAST_S,FUTURE_S (e.g. 600,30) or off, got {window!r}"
+            f"fleetloop {verb}: --event-time-window wants PAST_S,FUTURE_S (e.g. 600,30) or off, "
+            f"got {window!r}"
         ) from None
     if not (0 <= past_s <= 30 * 86_400 and 0 <= future_s <= 86_400):
-        raise UsageError("fleetloop run: --event-time-window: PAST_S 0..2592000, FUTURE_S 0..86400")
+        raise UsageError(f"fleetloop {verb}: --event-time-window: PAST_S 0..2592000, FUTURE_S 0..86400")
     return Door(max_record_bytes, round(past_s * 1000), round(future_s * 1000))
 
 

@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fleetloop.daemon import clock
 from fleetloop.daemon.cli import main
+from fleetloop.daemon.observe.decode import Door
+from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS
 from tests.support.kafka import producer, read_all, running_daemon, send, wait_decided
 from tests.support.policies import FOUNDATION_YAML
@@ -44,7 +47,16 @@ async def test_exact_replay_is_byte_identical_and_a_what_if_shows_the_difference
     published = await _record_an_incident(kafka_env)
     await read_all(kafka_env, DECISIONS, until=lambda rs: len(rs) >= published)
     capsys.readouterr()  # drop the daemon's log lines
-    args = ["replay", "--bootstrap-servers", kafka_env.bootstrap_servers, "--topic-prefix", kafka_env.prefix]
+    # The daemon ran without the event-time window (synthetic epoch times): so does the replay.
+    args = [
+        "replay",
+        "--bootstrap-servers",
+        kafka_env.bootstrap_servers,
+        "--topic-prefix",
+        kafka_env.prefix,
+        "--event-time-window",
+        "off",
+    ]
 
     # The pinned test policy is not built in: name it; its hash matches, so this is exact.
     code = await _in_thread(main, [*args, "--json", "--policy", str(FOUNDATION_YAML)])
@@ -75,3 +87,77 @@ async def _in_thread(fn: Any, argv: list[str]) -> int:
     import asyncio
 
     return int(await asyncio.to_thread(fn, argv))
+
+
+async def test_windows_by_offsets_and_by_a_group_and_the_daemons_door_applied_in_replay(
+    kafka_env: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real event times and the production door: a telemetry record stamped two minutes ahead of
+    its broker timestamp (a new node, p/9) is dead-lettered by the daemon; replay applies the same
+    door and is exact, and with the door off it folds p/9 and differs (so the check can fail)."""
+    t0 = (clock.wall_ms() // 1000 - 20) * 1000
+    group = "door"
+    async with running_daemon(kafka_env, group=group, door=Door()) as daemon, producer(kafka_env) as p:
+        for k in range(1, 11):
+            ts = t0 + k * 1000
+            await send(
+                p,
+                kafka_env,
+                TELEMETRY,
+                [telemetry(n, ts_ms=ts - 500, queue_depth=k % 3 + i) for i, n in enumerate(NODES)],
+            )
+            if k == 4:
+                await send(p, kafka_env, TELEMETRY, [telemetry("p/9", ts_ms=clock.wall_ms() + 120_000)])
+            await send(
+                p,
+                kafka_env,
+                REQUESTS,
+                [outcome(n, "ok", ts_ms=ts - 400 + i, n=k * 100 + i) for i, n in enumerate(NODES)],
+            )
+            await send(p, kafka_env, TICKS, [Tick(ts_ms=ts, tick_id=ts // 1000, pool_id="p")])
+            await wait_decided(daemon, ts)
+        assert daemon.stats.dead_by_reason.get("event-time-too-new") == 1, daemon.stats.dead_by_reason
+        published = daemon.stats.decisions_published
+    decided = await read_all(kafka_env, DECISIONS, until=lambda rs: len(rs) >= published)
+    capsys.readouterr()
+    args = ["replay", "--bootstrap-servers", kafka_env.bootstrap_servers, "--topic-prefix", kafka_env.prefix]
+    args += ["--policy", str(FOUNDATION_YAML), "--json"]
+
+    async def replay(*extra: str) -> tuple[int, dict[str, Any]]:
+        code = await _in_thread(main, [*args, *extra])
+        out, err = capsys.readouterr()
+        assert err == "", err  # --json: no progress lines
+        return code, json.loads(out)
+
+    code, whole = await replay()
+    assert code == 0, json.dumps(whole)[:3000]
+    assert whole["exact"] is True
+    assert whole["ticks_compared"] == 10
+    code, doorless = await replay("--event-time-window", "off")
+    assert code == 1, doorless
+    assert doorless["exact"] is False
+    assert doorless["changed_by_kind"].get("routing", 0) >= 1, doorless
+
+    # By input offsets: the ticks that folded request records 12..20 (3 per tick: ticks 5..7).
+    pool_part = next(k for k in json.loads(decided[0].value)["input_offsets"] if k.startswith(REQUESTS))
+    part_n = pool_part.rsplit(":", 1)[1]
+    code, part = await replay(
+        "--from", f"fleet.requests:{part_n}:12", "--to", f"{kafka_env.prefix}.fleet.requests:{part_n}:20"
+    )
+    assert code == 0, part
+    assert part["exact"] is True
+    assert part["ticks_compared"] == 3, part
+    # Up to what the daemon's group committed: everything it decided.
+    code, upto = await replay("--to", f"group:{kafka_env.group(group)}")
+    assert code == 0, upto
+    assert upto["ticks_compared"] == 10, upto
+    # By the decision log's own offsets: the ticks whose first decision lies in [0, 8].
+    per_tick = published // 10
+    code, logged = await replay("--to", f"control.decisions:0:{per_tick - 1}")
+    assert code == 0, logged
+    assert logged["ticks_compared"] == 1, logged
+    assert len(decided) == published
+    code = await _in_thread(main, [*args, "--to", "group:no-such-group"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "group:no-such-group has no committed offsets" in err

@@ -1,22 +1,35 @@
-"""``fleetloop replay``: read the recorded topics and replay them (see :mod:`.replay`)."""
+"""``fleetloop replay``: read the recorded topics and replay them (see :mod:`.replay`).
+
+The window's ends (``--from``, ``--to``) are a time, or offsets: ``TOPIC:PARTITION:OFFSET``
+(repeatable; ``fleet.telemetry``, ``fleet.requests`` or ``control.decisions``, with or without the
+topic prefix) or ``group:NAME``, a consumer group's committed offsets on the input topics (``--to
+group:fleetloop``: up to what the daemon group has decided and committed). Inputs pass the same door
+as in ``fleetloop run`` (record size, event-time window around the broker timestamp), so a record
+the daemon dead-lettered is not folded in replay either. Progress goes to stderr every few seconds
+on long windows (not with ``--json``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
-from fleetloop.daemon.replay.replay import ReplayReport, group_ticks, replay_ticks
+from fleetloop.daemon.observe.decode import Door, decode_batch
+from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_ticks
 from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import (
     CompiledPolicy,
@@ -31,19 +44,174 @@ from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import DECISIONS, POLICY, POLICY_ACTIVE, REQUESTS, TELEMETRY, topic_name
 
+WINDOW_HELP = (
+    "TIME (epoch ms, ISO-8601 with a zone, 'beginning', 'end'), or TOPIC:PARTITION:OFFSET "
+    "(repeatable; fleet.telemetry, fleet.requests or control.decisions), or group:NAME (a consumer "
+    "group's committed offsets on the input topics)"
+)
+OFFSET_TOPICS = (TELEMETRY, REQUESTS, DECISIONS)
+
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("replay", help="recompute recorded decisions from recorded inputs, or a what-if")
+    p = sub.add_parser(
+        "replay",
+        help="recompute recorded decisions from recorded inputs, or a what-if",
+        description="Replay the recorded ticks of a window and compare with the decision log. "
+        "A window end is " + WINDOW_HELP + ". --from TOPIC:P:O compares the ticks of partition P "
+        "that folded record O and later; --to TOPIC:P:O stops each partition's ticks after the last "
+        "that folded nothing beyond record O; --to group:fleetloop replays up to what the daemon "
+        "group committed. A reversed or empty window is an error (exit 2).",
+    )
     bootstrap_arg(p, required=True)
     p.add_argument(
-        "--from", dest="from_", default="beginning", metavar="TIME", help="compare ticks from here"
+        "--from",
+        dest="from_",
+        action="append",
+        metavar="WHEN",
+        help="compare ticks from here (default beginning): " + WINDOW_HELP,
     )
-    p.add_argument("--to", default="end", metavar="TIME", help="stop after ticks at this time")
+    p.add_argument(
+        "--to", action="append", metavar="WHEN", help="stop after ticks here (default end): " + WINDOW_HELP
+    )
     p.add_argument(
         "--policy", metavar="FILE", help="what-if: decide with this policy instead of the recorded one"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--event-time-window",
+        default="600,30",
+        metavar="PAST_S,FUTURE_S",
+        help="the daemon's door: inputs whose event time lies outside this window around their "
+        "broker timestamp are not folded, as the daemon dead-lettered them (default 600,30, as "
+        "fleetloop run; 'off' folds every record)",
+    )
+    p.add_argument(
+        "--max-record-bytes",
+        type=int,
+        default=Door().max_record_bytes,
+        metavar="N",
+        help=f"the daemon's record size bound (default {Door().max_record_bytes}, as fleetloop run)",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout; no progress lines")
     p.set_defaults(handler=cmd_replay)
+
+
+@dataclass(slots=True)
+class End:
+    """One end of the window as given: a time, and/or offsets and groups (resolved on the broker)."""
+
+    text: str
+    time_ms: int | None = None
+    offsets: dict[str, int] = field(default_factory=dict)  # 'logical:partition' -> offset
+    groups: list[str] = field(default_factory=list)
+
+
+_OFFSET = re.compile(r"^(?P<topic>[^:]+):(?P<partition>-?\d+):(?P<offset>-?\d+)$")
+
+
+def _looks_like_time(text: str) -> bool:
+    if text in ("beginning", "end") or text.isdigit():
+        return True
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_end(values: list[str] | str | None, side: str, prefix: str) -> End:
+    """Read ``--from``/``--to`` values: one time, or any number of offsets and ``group:NAME``."""
+    if values is None:
+        values = []
+    elif isinstance(values, str):  # FLEETLOOP_FROM from the environment
+        values = [v for v in values.split(",") if v]
+    end = End(" ".join(values) or ("beginning" if side == "from" else "end"))
+    times = 0
+    for raw in values:
+        text = raw.strip()
+        if text.startswith("group:"):
+            name = text[len("group:") :]
+            if not name:
+                raise UsageError(f"fleetloop replay: --{side} {raw!r}: group:NAME needs a group name")
+            end.groups.append(name)
+            continue
+        m = None if _looks_like_time(text) else _OFFSET.match(text)
+        if m is None:
+            if not _looks_like_time(text):
+                raise UsageError(
+                    f"fleetloop replay: --{side} {raw!r}: not a time, TOPIC:PARTITION:OFFSET or group:NAME"
+                )
+            times += 1
+            end.time_ms = parse_time(text, default=None)
+            continue
+        topic = m["topic"]
+        if prefix and topic.startswith(prefix + "."):
+            topic = topic[len(prefix) + 1 :]
+        if topic not in OFFSET_TOPICS:
+            raise UsageError(
+                f"fleetloop replay: --{side} {raw!r}: offsets name "
+                f"{', '.join(OFFSET_TOPICS)}, not {m['topic']!r}"
+            )
+        partition, offset = int(m["partition"]), int(m["offset"])
+        if partition < 0 or offset < 0:
+            raise UsageError(f"fleetloop replay: --{side} {raw!r}: partition and offset must be >= 0")
+        key = f"{topic}:{partition}"
+        if key in end.offsets:
+            raise UsageError(f"fleetloop replay: --{side} names {key} twice")
+        end.offsets[key] = offset
+    if times > 1 or (times and (end.offsets or end.groups)):
+        raise UsageError(
+            f"fleetloop replay: --{side}: give one time, or offsets and groups, not both ({end.text})"
+        )
+    return end
+
+
+def window_of(start: End, stop: End, committed: dict[str, dict[str, int]]) -> Window:
+    """The replay window of two resolved ends; ``committed``: group -> 'logical:p' -> next offset."""
+    from_cuts = {k: v for k, v in start.offsets.items() if not k.startswith(DECISIONS)}
+    to_cuts = {k: v for k, v in stop.offsets.items() if not k.startswith(DECISIONS)}
+    for g in start.groups:  # from the first record the group has not taken yet
+        for k, nxt in committed[g].items():
+            from_cuts[k] = max(from_cuts.get(k, 0), nxt)
+    for g in stop.groups:  # up to the last record the group has taken
+        for k, nxt in committed[g].items():
+            to_cuts[k] = min(to_cuts.get(k, nxt - 1), nxt - 1)
+    log_from = [v for k, v in start.offsets.items() if k.startswith(DECISIONS)]
+    log_to = [v for k, v in stop.offsets.items() if k.startswith(DECISIONS)]
+    window = Window(
+        from_ms=start.time_ms or 0,
+        to_ms=stop.time_ms,
+        from_cuts=from_cuts,
+        to_cuts=to_cuts,
+        from_log=max(log_from) if log_from else None,
+        to_log=min(log_to) if log_to else None,
+    )
+    why = window.reversed_()
+    if why is not None:
+        raise UsageError(f"fleetloop replay: --from {start.text} / --to {stop.text}: an empty window ({why})")
+    return window
+
+
+class Progress:
+    """A line on stderr every ``every_s`` seconds, once the work has taken that long (quiet runs
+    print nothing); off entirely with ``--json``."""
+
+    def __init__(self, enabled: bool, every_s: float = 2.0) -> None:
+        self.enabled = enabled
+        self.every_s = every_s
+        self._start = clock.monotonic_s()
+        self._last = self._start
+
+    def __call__(self, text: str) -> None:
+        if not self.enabled:
+            return
+        now = clock.monotonic_s()
+        if now - self._last >= self.every_s:
+            self._last = now
+            sys.stderr.write(f"fleetloop replay: {text} ({now - self._start:.0f} s)\n")
+            sys.stderr.flush()
+
+    def ticks(self, done: int, total: int) -> None:
+        self(f"{done:,} of {total:,} ticks replayed ({100 * done / max(total, 1):.0f}%)")
 
 
 def parse_time(text: str, *, default: int | None, verb: str = "replay") -> int | None:
@@ -64,16 +232,19 @@ def parse_time(text: str, *, default: int | None, verb: str = "replay") -> int |
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from fleetloop.daemon.commands import door_from  # the composition root imports this module
+
     quiet_client_logs()
-    from_ms = parse_time(args.from_, default=0) or 0
-    to_ms = parse_time(args.to, default=None)
-    if to_ms is not None and to_ms < from_ms:
-        raise UsageError(f"fleetloop replay: --from {args.from_} is after --to {args.to}: an empty window")
+    start = parse_end(args.from_, "from", args.topic_prefix)
+    stop = parse_end(args.to, "to", args.topic_prefix)
+    window_of(start, stop, {g: {} for g in (*start.groups, *stop.groups)})  # reversed times: no broker
+    args.door = door_from(args.event_time_window, args.max_record_bytes, verb="replay")
     what_if = load_policy(args.policy) if args.policy else None
-    report, policy, mode = asyncio.run(_replay(args, what_if, from_ms, to_ms))
+    progress = Progress(enabled=not args.json)
+    report, policy, mode = asyncio.run(_replay(args, what_if, start, stop, progress))
     if report.ticks_compared == 0:
         raise UsageError(
-            f"fleetloop replay: no recorded tick between --from {args.from_} and --to {args.to} "
+            f"fleetloop replay: no recorded tick between --from {start.text} and --to {stop.text} "
             f"({report.ticks_replayed} ticks replayed before it): nothing to compare"
         )
     if args.json:
@@ -85,7 +256,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-async def read_topic(bootstrap: Bootstrap, topic: str) -> dict[int, list[Any]]:
+async def read_topic(
+    bootstrap: Bootstrap, topic: str, progress: Callable[[str], None] | None = None
+) -> dict[int, list[Any]]:
     """Every record of ``topic`` up to its end offsets now, by partition, in offset order."""
     admin = AIOKafkaAdminClient(**connect(bootstrap))
     await admin.start()
@@ -113,20 +286,66 @@ async def read_topic(bootstrap: Bootstrap, topic: str) -> dict[int, list[Any]]:
                 end[tp] = max(end[tp], consumer.highwater(tp) or 0)
             if not [tp for tp in tps if await consumer.position(tp) < end[tp]]:
                 break
+            if progress is not None:
+                got = sum(len(v) for v in out.values())
+                progress(f"reading {topic}: {got:,} of about {sum(end.values()):,} records")
             batch = await consumer.getmany(timeout_ms=500)
         return out
     finally:
         await consumer.stop()
 
 
+_read_topic = read_topic  # the name other modules (whatif) imported before it was public
+
+
+async def _committed(bootstrap: Bootstrap, prefix: str, group: str) -> dict[str, int]:
+    """A consumer group's committed offsets on the input topics: 'logical:partition' -> next offset."""
+    physical = {topic_name(prefix, logical): logical for logical in (TELEMETRY, REQUESTS)}
+    admin = AIOKafkaAdminClient(**connect(bootstrap))
+    await admin.start()
+    try:
+        described = await admin.describe_topics(sorted(physical))
+    finally:
+        await admin.close()
+    tps = [
+        TopicPartition(t["topic"], p["partition"])
+        for t in described
+        if t["error_code"] == 0
+        for p in t["partitions"]
+    ]
+    # The group's committed offsets, asked as a member would (OffsetFetch, without joining it).
+    consumer = AIOKafkaConsumer(**connect(bootstrap), group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        out: dict[str, int] = {}
+        for tp in sorted(tps):
+            committed = await consumer.committed(tp)
+            if committed is not None and committed >= 0:
+                out[f"{physical[tp.topic]}:{tp.partition}"] = committed
+    finally:
+        await consumer.stop()
+    if not out:
+        raise UsageError(
+            f"fleetloop replay: group:{group} has no committed offsets on "
+            f"{', '.join(sorted(physical))} at {shown(bootstrap)}"
+        )
+    return out
+
+
 async def _replay(
-    args: argparse.Namespace, what_if: CompiledPolicy | None, from_ms: int, to_ms: int | None
+    args: argparse.Namespace,
+    what_if: CompiledPolicy | None,
+    start: End,
+    stop: End,
+    progress: Progress,
 ) -> tuple[ReplayReport, CompiledPolicy, str]:
     bootstrap, prefix = connection_from(args), args.topic_prefix
     try:
-        decided = await read_topic(bootstrap, topic_name(prefix, DECISIONS))
+        committed = {g: await _committed(bootstrap, prefix, g) for g in (*start.groups, *stop.groups)}
+        window = window_of(start, stop, committed)
+        decided = await read_topic(bootstrap, topic_name(prefix, DECISIONS), progress)
         raw_inputs = {
-            logical: await read_topic(bootstrap, topic_name(prefix, logical))
+            logical: await read_topic(bootstrap, topic_name(prefix, logical), progress)
             for logical in (TELEMETRY, REQUESTS)
         }
         policies = await read_topic(bootstrap, topic_name(prefix, POLICY))
@@ -140,29 +359,36 @@ async def _replay(
         raise UsageError(
             f"fleetloop replay: cannot read from {shown(bootstrap)}: {type(exc).__name__}: {exc}"
         ) from None
-    decisions = [Decision.model_validate_json(r.value) for rs in decided.values() for r in rs if r.value]
-    ticks = group_ticks(decisions)
+    log = [
+        (r.offset, Decision.model_validate_json(r.value)) for rs in decided.values() for r in rs if r.value
+    ]
+    ticks = group_ticks([d for _, d in log], [off for off, _ in log])
     if not ticks:
         raise UsageError(f"fleetloop replay: no recorded decisions on {topic_name(prefix, DECISIONS)}")
-    inputs: dict[str, list[tuple[int, NodeTelemetry | RequestOutcome]]] = {}
+    inputs: dict[str, list[tuple[int, NodeTelemetry | RequestOutcome | None]]] = {}
     models: dict[str, type[NodeTelemetry] | type[RequestOutcome]] = {
         TELEMETRY: NodeTelemetry,
         REQUESTS: RequestOutcome,
     }
     for logical, parts in raw_inputs.items():
         for partition, records in parts.items():
-            rows: list[tuple[int, NodeTelemetry | RequestOutcome]] = []
-            for r in records:
-                try:
-                    rows.append((r.offset, models[logical].model_validate_json(r.value or b"")))
-                except ValidationError:
-                    continue  # the daemon dead-lettered it too: it never reached the model
-            inputs[f"{logical}:{partition}"] = rows
+            # The daemon's door: what it dead-lettered (malformed, too large, event time outside the
+            # window around the broker timestamp) never reached its model, so it is not folded here.
+            # A refused record keeps its offset (item None), as in the daemon's shard: a cut past it
+            # reads the same input offsets.
+            decoded = decode_batch(models[logical], records, args.door)
+            good: dict[int, NodeTelemetry | RequestOutcome] = dict(
+                zip(decoded.offsets, decoded.items, strict=True)
+            )
+            inputs[f"{logical}:{partition}"] = [(r.offset, good.get(r.offset)) for r in records]
+    for key in sorted(set(window.from_cuts) | set(window.to_cuts)):
+        if key not in inputs:
+            raise UsageError(f"fleetloop replay: {key} is not a partition of the recorded inputs")
     if what_if is not None:
         # The recorded policy itself, given as a file, is an exact replay, not a what-if.
         mode = "exact" if what_if.stamp.hash == ticks[0].policy_hash else "what-if"
         report = replay_ticks(
-            ticks, inputs, what_if, from_ms=from_ms, to_ms=to_ms, compare_stamps=mode == "exact"
+            ticks, inputs, what_if, window=window, compare_stamps=mode == "exact", on_progress=progress.ticks
         )
         return report, what_if, mode
     known = _known_policies([r for rs in (*policies.values(), *actives.values()) for r in rs])
@@ -173,7 +399,7 @@ async def _replay(
                 "is neither built in nor on control.policy; pass it with --policy FILE"
             )
     last = known[ticks[-1].policy_hash]
-    return replay_ticks(ticks, inputs, known, from_ms=from_ms, to_ms=to_ms), last, "exact"
+    return replay_ticks(ticks, inputs, known, window=window, on_progress=progress.ticks), last, "exact"
 
 
 def _known_policies(records: list[Any]) -> dict[str, CompiledPolicy]:

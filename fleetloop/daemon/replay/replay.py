@@ -11,7 +11,10 @@ no trace. A tick recorded twice (republished after a crash between publish and c
 bytes twice and is replayed once. With another policy (``--policy``) the same cut points give a
 what-if: what that policy would have decided, tick by tick, from exactly the same information.
 
-Ticks before ``from_ms`` are replayed to rebuild the model and policy state but not compared.
+The window (:class:`Window`) is given by event time, by input offsets per partition (a tick is in
+it once its cut has passed the ``from`` offset, and until its cut passes the ``to`` offset), or by
+the decision log's own offsets. Ticks before the window are replayed to rebuild the model and
+policy state but not compared; ticks after it are not replayed.
 Limits: replay starts its shards from the first record it is given; a daemon whose consumer group
 started on topics that already held history (its first start, without a checkpoint) warmed up from
 ``warmup_records`` of it, so its first ticks can differ from a replay from the beginning.
@@ -19,7 +22,7 @@ started on topics that already held history (its first start, without a checkpoi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import orjson
@@ -42,6 +45,48 @@ class RecordedTick:
     input_offsets: Mapping[str, int]
     policy_hash: str
     decisions: tuple[Decision, ...]
+    log_offset: int = -1  # the offset of its first decision on control.decisions (-1: unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Which recorded ticks are compared. ``from_cuts`` / ``to_cuts``: 'logical-topic:partition' ->
+    a record's offset; a tick of that partition is compared once it has folded the ``from`` record
+    (its cut, the next offset not folded, is above it) and replayed while it has folded nothing
+    after the ``to`` record (its cut is at most that offset + 1). ``from_log`` / ``to_log``:
+    control.decisions offsets of a tick's first decision, inclusive."""
+
+    from_ms: int = 0
+    to_ms: int | None = None
+    from_cuts: Mapping[str, int] = field(default_factory=dict)
+    to_cuts: Mapping[str, int] = field(default_factory=dict)
+    from_log: int | None = None
+    to_log: int | None = None
+
+    def before(self, rt: RecordedTick) -> bool:
+        if rt.tick.ts_ms < self.from_ms:
+            return True
+        if any(k in rt.input_offsets and rt.input_offsets[k] <= v for k, v in self.from_cuts.items()):
+            return True
+        return self.from_log is not None and rt.log_offset < self.from_log
+
+    def after(self, rt: RecordedTick) -> bool:
+        if self.to_ms is not None and rt.tick.ts_ms > self.to_ms:
+            return True
+        if any(k in rt.input_offsets and rt.input_offsets[k] > v + 1 for k, v in self.to_cuts.items()):
+            return True
+        return self.to_log is not None and rt.log_offset > self.to_log
+
+    def reversed_(self) -> str | None:
+        """Why no tick can be in the window, when its bounds already say so; else None."""
+        if self.to_ms is not None and self.to_ms < self.from_ms:
+            return "from is after to"
+        for k in sorted(set(self.from_cuts) & set(self.to_cuts)):
+            if self.to_cuts[k] < self.from_cuts[k]:
+                return f"{k}: from offset {self.from_cuts[k]} is after to offset {self.to_cuts[k]}"
+        if self.from_log is not None and self.to_log is not None and self.to_log < self.from_log:
+            return f"control.decisions: from offset {self.from_log} is after to offset {self.to_log}"
+        return None
 
 
 @dataclass(slots=True)
@@ -63,16 +108,19 @@ class ReplayReport:
         return self.different == 0 and self.missing == 0 and self.extra == 0
 
 
-def group_ticks(decisions: Sequence[Decision]) -> list[RecordedTick]:
-    """Group a decision log (in log order) into ticks, keyed by (tick id, pool, offsets)."""
+def group_ticks(decisions: Sequence[Decision], offsets: Sequence[int] | None = None) -> list[RecordedTick]:
+    """Group a decision log (in log order) into ticks, keyed by (tick id, pool, offsets);
+    ``offsets``: each decision's offset on control.decisions, when known."""
     groups: dict[tuple[int, str, tuple[tuple[str, int], ...]], list[Decision]] = {}
     order: list[tuple[int, str, tuple[tuple[str, int], ...]]] = []
-    for d in decisions:
+    first_at: dict[tuple[int, str, tuple[tuple[str, int], ...]], int] = {}
+    for i, d in enumerate(decisions):
         pool = getattr(d.body, "pool_id", "")
         key = (d.tick_id, pool, tuple(sorted(d.input_offsets.items())))
         if key not in groups:
             groups[key] = []
             order.append(key)
+            first_at[key] = offsets[i] if offsets is not None else -1
         groups[key].append(d)
     out = []
     for key in order:
@@ -84,6 +132,7 @@ def group_ticks(decisions: Sequence[Decision]) -> list[RecordedTick]:
                 input_offsets=dict(key[2]),
                 policy_hash=first.policy.hash,
                 decisions=tuple(ds),
+                log_offset=first_at[key],
             )
         )
     return out
@@ -106,27 +155,36 @@ def _partition_of(offsets: Mapping[str, int]) -> int:
 
 def replay_ticks(
     ticks: Sequence[RecordedTick],
-    inputs: Mapping[str, Sequence[tuple[int, NodeTelemetry | RequestOutcome]]],
+    inputs: Mapping[str, Sequence[tuple[int, NodeTelemetry | RequestOutcome | None]]],
     policy: CompiledPolicy | Mapping[str, CompiledPolicy],
     *,
     from_ms: int = 0,
     to_ms: int | None = None,
     compare_stamps: bool = True,
+    window: Window | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> ReplayReport:
-    """Replay ``ticks`` over ``inputs`` ('logical-topic:partition' -> [(offset, record)] in offset order).
+    """Replay ``ticks`` over ``inputs`` ('logical-topic:partition' -> [(offset, record)] in offset
+    order; record None: refused at the door, its offset passed but nothing folded, as in the daemon).
 
     ``policy``: one policy for every tick (a what-if), or the recorded policies by hash (each tick
     is decided with the policy its decisions are stamped with). ``compare_stamps=False`` (a
     what-if) compares decisions without their policy stamp (name, version, hash, mode): a candidate
-    that only bumps the version then changes nothing, instead of every decision."""
+    that only bumps the version then changes nothing, instead of every decision. ``window``
+    (default: ``from_ms``..``to_ms``) picks the ticks compared; ``on_progress(done, total)`` is
+    called every few hundred ticks."""
+    if window is None:
+        window = Window(from_ms=from_ms, to_ms=to_ms)
     as_bytes = decision_bytes if compare_stamps else unstamped_bytes
     shards: dict[int, Shard] = {}
     report = ReplayReport()
     seen: set[tuple[int, str, tuple[tuple[str, int], ...]]] = set()
     cursors: dict[str, int] = {}
-    for rt in ticks:
-        if to_ms is not None and rt.tick.ts_ms > to_ms:
-            break
+    for n, rt in enumerate(ticks):
+        if on_progress is not None and n % 256 == 0:
+            on_progress(n, len(ticks))
+        if window.after(rt):
+            continue  # its shard's later ticks are after it too; other shards go on
         key = (rt.tick.tick_id, rt.tick.pool_id, tuple(sorted(rt.input_offsets.items())))
         if key in seen:
             continue
@@ -150,7 +208,7 @@ def replay_ticks(
             raise KeyError(rt.policy_hash)
         produced_ds = shard.decide(rt.tick, cut, chosen) or ()
         report.ticks_replayed += 1
-        if rt.tick.ts_ms < from_ms:
+        if window.before(rt):
             continue
         report.ticks_compared += 1
         recorded = {d.key: as_bytes(d) for d in rt.decisions}

@@ -69,7 +69,7 @@ def _convert(action: argparse.Action, var: str, raw: str) -> Any:
             raise EnvError(f"{var}={raw!r}: expected 1/true/yes/on or 0/false/no/off")
         on = low in _TRUE
         return on if isinstance(action, argparse._StoreTrueAction) else not on
-    if action.nargs not in (None, "?"):
+    if action.nargs not in (None, "?") or isinstance(action, argparse._AppendAction):
         items = [x for x in raw.split(",") if x]
         return [_one(action, var, x) for x in items]
     return _one(action, var, raw)
