@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from fleetloop.daemon.observe.decode import Door
 from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args, security_args
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, load_policy
 
@@ -55,3 +56,23 @@ def quiet_client_logs() -> None:
     import logging
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+def door_from(window: str, max_record_bytes: int, verb: str = "run") -> Door:
+    """The door of ``fleetloop run`` (and replay): ``--event-time-window PAST_S,FUTURE_S`` (or ``off``)."""
+    if not 1024 <= max_record_bytes <= 64 * 1024 * 1024:
+        raise UsageError(
+            f"fleetloop {verb}: --max-record-bytes must be between 1024 and 67108864, got {max_record_bytes}"
+        )
+    if window.strip().lower() == "off":
+        return Door(max_record_bytes, None, None)
+    try:
+        past_s, future_s = (float(x) for x in window.split(","))
+    except ValueError:
+        raise UsageError(
+            f"fleetloop {verb}: --event-time-window wants PAST_S,FUTURE_S (e.g. 600,30) or off, "
+            f"got {window!r}"
+        ) from None
+    if not (0 <= past_s <= 30 * 86_400 and 0 <= future_s <= 86_400):
+        raise UsageError(f"fleetloop {verb}: --event-time-window: PAST_S 0..2592000, FUTURE_S 0..86400")
+    return Door(max_record_bytes, round(past_s * 1000), round(future_s * 1000))

@@ -7,6 +7,11 @@ and thresholds the daemon publishes on ``control.state``, and publishes every ca
 A third of the way in, one GPU degrades (30x slower): its calls time out, its breaker opens and
 traffic moves to the healthy nodes. A malformed record is injected too, to show it land in the
 dead-letter topic while the loop goes on. The demo ends with a summary table (or ``--json``).
+
+``--verify-replay``: halfway through, the demo also publishes its policy again as a new version
+(a policy change the daemon activates from the next tick), and at the end replays its own window
+from the recorded topics, as ``fleetloop replay`` does, printing ``replay: N decisions, M differ``.
+M must be 0 (each tick replayed under the policy it was decided with); otherwise the exit code is 1.
 """
 
 from __future__ import annotations
@@ -34,13 +39,16 @@ from fleetloop.daemon.cli_common import (
     policy_from,
     quiet_client_logs,
 )
+from fleetloop.daemon.observe.decode import Door
+from fleetloop.daemon.replay.command import Progress, replay_topics
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.daemon.service.http import HttpServer, make_app
 from fleetloop.daemon.service.live import LiveView, add_routes, ledger_of
 from fleetloop.kafka_security import Bootstrap, connect, shown
-from fleetloop.policies.registry import CompiledPolicy
+from fleetloop.policies.registry import CompiledPolicy, compile_policy
 from fleetloop.schemas import Decision
-from fleetloop.schemas.topics import REQUESTS, STATE, TELEMETRY, topic_name
+from fleetloop.schemas.policy import PolicyDocument
+from fleetloop.schemas.topics import POLICY, REQUESTS, STATE, TELEMETRY, topic_name
 from fleetloop.sim.fleet import FleetSim
 from fleetloop.sim.scenario import Scenario, parse_scenario
 
@@ -120,6 +128,12 @@ def register(sub: Any) -> None:
         help="with --wire: agents publish no outcomes, so the daemon sees scraped vLLM metrics only",
     )
     p.add_argument(
+        "--verify-replay",
+        action="store_true",
+        help="apply a new policy version halfway, then replay the demo's own window and print "
+        "'replay: N decisions, M differ' (exit 1 unless M is 0)",
+    )
+    p.add_argument(
         "--http-port",
         type=int,
         default=0,
@@ -134,6 +148,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not 10 <= args.seconds <= 3600:
         raise UsageError(f"fleetloop demo: --seconds must be between 10 and 3600, got {args.seconds}")
     if args.wire or args.wire_telemetry_only:
+        if args.verify_replay:
+            raise UsageError("fleetloop demo: --verify-replay runs the in-process demo; drop --wire")
         return _cmd_wire(args)
     policy = policy_from(args.policy)
     from fleetloop.daemon import observability
@@ -151,7 +167,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(result) + "\n")
     else:
         _print_summary(result)
+    replayed = result.get("replay")
+    if replayed is not None and not args.json:
+        sys.stdout.write(f"replay: {replayed['decisions']} decisions, {replayed['differ']} differ\n")
+    if replayed is not None and (replayed["differ"] or not replayed["decisions"]):
+        return 1
     return 0 if result["tasks"]["succeeded"] > 0 else 1
+
+
+def bumped(policy: CompiledPolicy) -> CompiledPolicy:
+    """``policy`` again as the next version: what ``--verify-replay`` applies halfway."""
+    data = policy.document.model_dump(mode="json")
+    data["metadata"]["version"] = policy.stamp.version + 1
+    data["metadata"]["description"] = (
+        f"fleetloop demo --verify-replay: v{policy.stamp.version} again, applied halfway"
+    )
+    return compile_policy(PolicyDocument.model_validate(data))
 
 
 def _cmd_wire(args: argparse.Namespace) -> int:
@@ -252,13 +283,33 @@ async def _demo(
             f"daemon running: policy [bold]{policy.stamp.name}[/bold] v{policy.stamp.version} "
             f"(hash {policy.stamp.hash}), tick {policy.tick_ms} ms"
         )
-        fleet = await _run_fleet(args.seconds, bootstrap, prefix, daemon, err)
+        change = bumped(policy) if args.verify_replay else None
+        fleet = await _run_fleet(args.seconds, bootstrap, prefix, daemon, err, change=change)
     finally:
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await daemon_task
         await server.stop()
     s = fleet["summary"]
+    replay: dict[str, Any] | None = None
+    if args.verify_replay:
+        active = daemon.active_record()
+        err.print("replaying the demo's window from the recorded topics ...")
+        report, _, _ = await replay_topics(
+            bootstrap, prefix, Door(), progress=Progress(enabled=not args.json)
+        )
+        replay = {
+            "decisions": report.decisions_compared,
+            "differ": report.different + report.missing + report.extra,
+            "ticks": report.ticks_compared,
+            "ticks_by_policy": dict(sorted(report.ticks_by_policy.items())),
+            "policy_change": {
+                "to_version": active.version,
+                "hash": active.hash,
+                "from_tick_id": active.from_tick_id,
+            },
+            "first_difference": report.first_difference,
+        }
     return {
         "scenario": "demo-degraded-gpu",
         "seconds": args.seconds,
@@ -278,11 +329,18 @@ async def _demo(
         "events_in": daemon.stats.events_in,
         "degraded_node": DEGRADED_NODE,
         "weight_of_degraded_node_at_end": fleet["degraded_weight"],
+        **({"replay": replay} if replay is not None else {}),
     }
 
 
 async def _run_fleet(
-    seconds: int, bootstrap: Bootstrap, prefix: str, daemon: Daemon, err: Console
+    seconds: int,
+    bootstrap: Bootstrap,
+    prefix: str,
+    daemon: Daemon,
+    err: Console,
+    *,
+    change: CompiledPolicy | None = None,
 ) -> dict[str, Any]:
     """Drive the simulated fleet in real time over Kafka until the work is done or time is up."""
     sim = FleetSim(demo_scenario(seconds), seed=7, start_ms=clock.wall_ms())
@@ -320,6 +378,13 @@ async def _run_fleet(
                 err.print(
                     "[yellow]injected a malformed telemetry record[/yellow] (bound for the dead-letter topic)"
                 )
+                if change is not None:
+                    doc = orjson.dumps(change.document.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+                    await producer.send(topic_name(prefix, POLICY), value=doc, key=change.stamp.name.encode())
+                    err.print(
+                        f"[yellow]applied {change.stamp.name} v{change.stamp.version}[/yellow] "
+                        f"(hash {change.stamp.hash}) to control.policy: a policy change mid-run"
+                    )
             batch = await state.getmany(timeout_ms=0)
             decisions = [
                 Decision.model_validate_json(r.value) for rs in batch.values() for r in rs if r.value
@@ -412,6 +477,17 @@ def _print_summary(r: dict[str, Any]) -> None:
         ("records consumed by the daemon", r["events_in"]),
         ("policy", f"{r['policy']['name']} v{r['policy']['version']} ({r['policy']['hash']})"),
     ]
+    replay = r.get("replay")
+    if replay is not None:
+        change = replay["policy_change"]
+        per = ", ".join(str(n) for n in replay["ticks_by_policy"].values())
+        rows.append(
+            (
+                "policy change (--verify-replay)",
+                f"v{change['to_version']} ({change['hash']}) from tick {change['from_tick_id']}",
+            )
+        )
+        rows.append(("ticks replayed, per policy", f"{replay['ticks']} ({per})"))
     for k, v in rows:
         t.add_row(k, str(v))
     out.print(t)

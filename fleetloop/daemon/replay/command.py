@@ -27,7 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetloop.daemon import clock
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
+from fleetloop.daemon.cli_common import (
+    UsageError,
+    bootstrap_arg,
+    connection_from,
+    door_from,
+    quiet_client_logs,
+)
 from fleetloop.daemon.observe.decode import Door, decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_ticks
 from fleetloop.kafka_security import Bootstrap, connect, shown
@@ -232,8 +238,6 @@ def parse_time(text: str, *, default: int | None, verb: str = "replay") -> int |
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from fleetloop.daemon.commands import door_from  # the composition root imports this module
-
     quiet_client_logs()
     start = parse_end(args.from_, "from", args.topic_prefix)
     stop = parse_end(args.to, "to", args.topic_prefix)
@@ -339,7 +343,32 @@ async def _replay(
     stop: End,
     progress: Progress,
 ) -> tuple[ReplayReport, CompiledPolicy, str]:
-    bootstrap, prefix = connection_from(args), args.topic_prefix
+    return await replay_topics(
+        connection_from(args),
+        args.topic_prefix,
+        args.door,
+        what_if=what_if,
+        start=start,
+        stop=stop,
+        progress=progress,
+    )
+
+
+async def replay_topics(
+    bootstrap: Bootstrap,
+    prefix: str,
+    door: Door,
+    *,
+    what_if: CompiledPolicy | None = None,
+    start: End | None = None,
+    stop: End | None = None,
+    progress: Progress | None = None,
+) -> tuple[ReplayReport, CompiledPolicy, str]:
+    """Read the recorded topics under ``prefix`` and replay the window (the whole log by default):
+    (report, the policy of the last tick or the what-if's, "exact" or "what-if")."""
+    start = start or End("beginning")
+    stop = stop or End("end")
+    progress = progress or Progress(enabled=False)
     try:
         committed = {g: await _committed(bootstrap, prefix, g) for g in (*start.groups, *stop.groups)}
         window = window_of(start, stop, committed)
@@ -376,7 +405,7 @@ async def _replay(
             # window around the broker timestamp) never reached its model, so it is not folded here.
             # A refused record keeps its offset (item None), as in the daemon's shard: a cut past it
             # reads the same input offsets.
-            decoded = decode_batch(models[logical], records, args.door)
+            decoded = decode_batch(models[logical], records, door)
             good: dict[int, NodeTelemetry | RequestOutcome] = dict(
                 zip(decoded.offsets, decoded.items, strict=True)
             )
@@ -432,6 +461,7 @@ def _as_json(r: ReplayReport, policy: CompiledPolicy, mode: str) -> dict[str, An
         "changed_by_kind": dict(sorted(r.changed_by_kind.items())),
         "breaker_opens": {"recorded": r.breaker_opens_recorded, "replayed": r.breaker_opens_replayed},
         "first_difference": r.first_difference,
+        "ticks_by_policy": dict(sorted(r.ticks_by_policy.items())),
     }
 
 

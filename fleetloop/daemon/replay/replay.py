@@ -102,6 +102,7 @@ class ReplayReport:
     first_difference: dict[str, str] | None = None
     breaker_opens_recorded: int = 0
     breaker_opens_replayed: int = 0
+    ticks_by_policy: dict[str, int] = field(default_factory=dict)  # compared ticks per recorded hash
 
     @property
     def exact(self) -> bool:
@@ -211,6 +212,7 @@ def replay_ticks(
         if window.before(rt):
             continue
         report.ticks_compared += 1
+        report.ticks_by_policy[rt.policy_hash] = report.ticks_by_policy.get(rt.policy_hash, 0) + 1
         recorded = {d.key: as_bytes(d) for d in rt.decisions}
         produced = {d.key: as_bytes(d) for d in produced_ds}
         report.breaker_opens_recorded += sum(1 for d in recorded_unique(rt.decisions) if _is_open(d))
