@@ -299,9 +299,6 @@ async def read_topic(
         await consumer.stop()
 
 
-_read_topic = read_topic  # the name other modules (whatif) imported before it was public
-
-
 async def _committed(bootstrap: Bootstrap, prefix: str, group: str) -> dict[str, int]:
     """A consumer group's committed offsets on the input topics: 'logical:partition' -> next offset."""
     physical = {topic_name(prefix, logical): logical for logical in (TELEMETRY, REQUESTS)}
