@@ -6,7 +6,8 @@
 1. Reads ``fleet.requests`` and ``fleet.telemetry`` (the replay's topic reader, same connection and
    security flags), and the policy the window ran: the stamp most of its decisions on
    ``control.decisions`` carry, resolved through ``control.policy``, ``control.policy.active`` and
-   the built-in policies (``--recorded-policy FILE`` names it instead).
+   the built-in policies; with no decision in the window, the document every group had active at
+   its start on ``control.policy.active`` (``--recorded-policy FILE`` names it instead).
 2. Derives the window's workload, fleet and faults (:mod:`fleetloop.whatif.derive`, pure) and writes
    them as a scenario file (``--scenario-out``; default ``DIR/scenario.yaml`` with ``--report``, else
    ``whatif-scenario.yaml``), loaded back through the simulator's own loader.
@@ -29,6 +30,7 @@ import html
 import math
 import sys
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,8 +41,10 @@ from pydantic import BaseModel, ValidationError
 from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import _known_policies, parse_time, read_topic
 from fleetloop.kafka_security import Bootstrap, shown
-from fleetloop.policies.registry import CompiledPolicy, load_policy
+from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
+from fleetloop.schemas.control import ActivePolicy
 from fleetloop.schemas.decisions import Decision
+from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import DECISIONS, POLICY, POLICY_ACTIVE, REQUESTS, TELEMETRY, topic_name
@@ -107,9 +111,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         raise UsageError(f"{PROG}: the window {args.from_} .. {args.to} is empty ({from_ms} .. {to_ms} ms)")
     recorded, source, policy_notes = _recorded_policy(rec, recorded_override, from_ms, to_ms)
     try:
-        derived = derive(
-            rec.outcomes, rec.telemetry, from_ms=from_ms, to_ms=to_ms, name="whatif", seed=args.seed
-        )
+        name = f"whatif {datetime.fromtimestamp(from_ms / 1000, tz=UTC):%Y-%m-%dT%H:%M:%SZ}"
+        derived = derive(rec.outcomes, rec.telemetry, from_ms=from_ms, to_ms=to_ms, name=name, seed=args.seed)
     except DeriveError as exc:
         raise UsageError(f"{PROG}: {exc}") from None
     notes = [*rec.notes, *policy_notes, *derived.notes]
@@ -153,6 +156,7 @@ class _Recorded:
         self.telemetry: list[NodeTelemetry] = []
         self.decisions: list[Decision] = []
         self.policy_records: list[Any] = []
+        self.actives: list[ActivePolicy] = []
         self.notes: list[str] = []
         self.requests_topic = REQUESTS
 
@@ -186,7 +190,8 @@ async def _read(bootstrap: Bootstrap, prefix: str) -> _Recorded:
         raw_out = await read(REQUESTS, required=True)
         raw_tel = await read(TELEMETRY, required=True)
         raw_dec = await read(DECISIONS, required=False)
-        rec.policy_records = await read(POLICY, required=False) + await read(POLICY_ACTIVE, required=False)
+        raw_active = await read(POLICY_ACTIVE, required=False)
+        rec.policy_records = await read(POLICY, required=False) + raw_active
     except UsageError:
         raise
     except Exception as exc:  # one line for the user, whatever the client raised
@@ -196,6 +201,7 @@ async def _read(bootstrap: Bootstrap, prefix: str) -> _Recorded:
     rec.outcomes, bad_out = _decode(raw_out, RequestOutcome)
     rec.telemetry, bad_tel = _decode(raw_tel, NodeTelemetry)
     rec.decisions, bad_dec = _decode(raw_dec, Decision)
+    rec.actives, _ = _decode(raw_active, ActivePolicy)  # its newest record per group is what counts
     bad = bad_out + bad_tel + bad_dec
     if bad:
         rec.notes.append(f"{bad} malformed record(s) skipped (the daemon dead-letters them too)")
@@ -230,10 +236,15 @@ def _recorded_policy(
             )
         return override, "--recorded-policy", notes
     if not counts:
-        raise UsageError(
-            f"{PROG}: no decision recorded on control.decisions in the window, so the policy it ran is "
-            "unknown; name it with --recorded-policy FILE"
-        )
+        active = active_at(rec.actives, from_ms)
+        if active is None:
+            raise UsageError(
+                f"{PROG}: no decision recorded on control.decisions in the window and no single policy "
+                "active then on control.policy.active, so the policy it ran is unknown; name it with "
+                "--recorded-policy FILE"
+            )
+        notes.append("no decision recorded in the window: the recorded policy is the one active at its start")
+        return compile_policy(active), "control.policy.active", notes
     known = _known_policies(rec.policy_records)
     (top, n), *rest = counts.most_common()
     if top not in known:
@@ -248,6 +259,21 @@ def _recorded_policy(
             f"the simulation runs {_name(known[top])} throughout"
         )
     return known[top], "control.decisions", notes
+
+
+def active_at(actives: list[ActivePolicy], at_ms: int) -> PolicyDocument | None:
+    """The document every daemon group had active at ``at_ms`` (each group's newest record, its
+    latest activation from at or before then), or None when none is known or the groups differ."""
+    newest: dict[str, ActivePolicy] = {}
+    for a in actives:
+        newest[a.group] = a  # in offset order: the last record of a group is its newest
+    docs = {}
+    for a in newest.values():
+        before = [h for h in a.history if h.from_ts_ms <= at_ms]
+        if before:
+            doc = before[-1].document
+            docs[compile_policy(doc).stamp.hash] = doc
+    return next(iter(docs.values())) if len(docs) == 1 else None
 
 
 # -- writing and running ---------------------------------------------------------------------------------

@@ -38,11 +38,12 @@ Fleet, one pool per ``pool_id`` seen in telemetry inside the window:
 Faults (``at_s`` relative to ``from_ms``):
 - ``degrade``: a node whose TBT p50 (TTFT p50 where a pool reports no TBT) is >= 2.5x the median of
   its pool's other nodes' reports within 5 intervals of it (in pools of more than 32 nodes, of all
-  its nodes' reports: one median per interval), for 3 of its reports in a row, until 3 in
-  a row under 1.5x (no reports, e.g. while its breaker is open, do not end it). ``factor`` = the
-  lower quartile of the ratios over the episode: a slowed node that queues runs larger batches and
-  its TBT grows past the slowdown itself, which its lightly loaded reports show. A one-node pool has
-  no peers: noted, not derived.
+  its nodes' reports: one median per interval), for 3 of its reports in a row, until 3 in a row
+  under 1.5x (no reports, e.g. while its breaker is open, do not end it). Its start moves back over
+  the reports right before it in which the node was busy but finished no token to time (a healthy
+  busy node always does). ``factor`` = the lower quartile of the ratios over the episode: a slowed
+  node that queues runs larger batches and its TBT grows past the slowdown itself, which its
+  lightly loaded reports show. A one-node pool has no peers: noted, not derived.
 - Faults are read until the window's tasks resolved (the simulator runs them past ``to_ms`` too).
 - ``crash``: a node that stops reporting 3+ intervals before the window ends while its pool goes on,
   not draining, and with work in flight at its last report or a failed call on it after that (a
@@ -526,8 +527,12 @@ def _degrades(rs: Sequence[NodeTelemetry], interval: int) -> list[tuple[str, int
     has_tbt = any(r.tbt_p50_ms is not None for r in rs)
     buckets: dict[int, dict[str, float]] = defaultdict(dict)
     stamp: dict[int, int] = {}
+    stalled: dict[str, list[tuple[int, bool]]] = defaultdict(
+        list
+    )  # node -> (interval start, busy, no figure)
     for r in rs:
         v = r.tbt_p50_ms if has_tbt else r.ttft_p50_ms
+        stalled[r.node_id].append((r.ts_ms - r.interval_ms, (v is None or v <= 0) and r.running_requests > 0))
         if v is None or v <= 0:
             continue
         b = r.ts_ms // interval
@@ -555,7 +560,7 @@ def _degrades(rs: Sequence[NodeTelemetry], interval: int) -> list[tuple[str, int
             if not all(r >= DEGRADE_ON for _, r in series[i : i + SUSTAIN]):
                 i += 1
                 continue
-            start = series[i][0]
+            start = _backdate(stalled[node], series[i][0])
             j = i
             end: int | None = None
             while j < len(series):
@@ -568,6 +573,17 @@ def _degrades(rs: Sequence[NodeTelemetry], interval: int) -> list[tuple[str, int
             out.append((node, start, end, max(1.0, min(factor, 1000.0))))
             i = j + SUSTAIN if end is not None else len(series)
     return out
+
+
+def _backdate(reports: Sequence[tuple[int, bool]], first_slow: int) -> int:
+    """A slowdown began at its first slow report, or earlier: the reports right before it in which
+    the node was busy yet finished no token to measure (a healthy busy node always does) were slow."""
+    start = first_slow
+    for at, stalled in reversed([x for x in reports if x[0] < first_slow]):
+        if not stalled:
+            break
+        start = at
+    return start
 
 
 # -- what was observed ---------------------------------------------------------------------------------

@@ -103,3 +103,42 @@ def test_fidelity_is_simulated_minus_observed_signed() -> None:
     unknown = fidelity(_observed(0.8, None, None), _run(0.9, 0.8, 0.012, 300.0, 1))
     assert unknown["cost_per_successful_task_usd"]["error"] is None
     assert unknown["ttft_p99_ms"]["relative_error"] is None
+
+
+def _doc(version: int) -> Any:
+    import yaml
+    from fleetloop.policies.registry import parse_document
+    from tests.support.policies import FOUNDATION_YAML
+
+    data = yaml.safe_load(FOUNDATION_YAML.read_text())
+    data["metadata"]["version"] = version
+    return parse_document(data)
+
+
+def test_without_decisions_the_recorded_policy_is_the_one_active_at_the_windows_start() -> None:
+    from fleetloop.policies.registry import compile_policy
+    from fleetloop.schemas.control import Activation, ActivePolicy
+    from fleetloop.whatif.command import active_at
+
+    def active(group: str, *history: tuple[int, int]) -> ActivePolicy:
+        acts = [Activation(from_ts_ms=t, document=_doc(v)) for t, v in history]
+        last = compile_policy(acts[-1].document).stamp
+        return ActivePolicy(
+            group=group,
+            name=last.name,
+            version=last.version,
+            hash=last.hash,
+            from_ts_ms=acts[-1].from_ts_ms,
+            from_tick_id=0,
+            considered_offset=0,
+            history=acts,
+        )
+
+    older = active("g", (1000, 1))
+    newer = active("g", (1000, 1), (5000, 2))  # the group's newest record wins
+    assert active_at([older, newer], 4999) == _doc(1)
+    assert active_at([older, newer], 5000) == _doc(2)
+    assert active_at([newer], 999) is None  # nothing was active yet
+    # Two groups that ran different documents then: ambiguous, so the user must name it.
+    assert active_at([newer, active("h", (0, 1))], 6000) is None
+    assert active_at([newer, active("h", (0, 2))], 6000) == _doc(2)

@@ -390,3 +390,25 @@ def test_a_model_that_fits_its_reported_gpus_in_fp8_only_runs_in_fp8() -> None:
     d = derive(one_task(model="llama-70b"), records, from_ms=T0, to_ms=T0 + 10_000)
     (pool,) = d.document["pools"]
     assert (pool["gpus_per_node"], pool.get("precision")) == (1, "fp8")
+
+
+def test_a_slowdown_starts_at_the_busy_reports_without_a_token_right_before_it() -> None:
+    def report(n: str, t: int) -> NodeTelemetry:
+        if n != "p/2" or t < 6:
+            return tel(n, t, running_requests=2)
+        if t < 8:  # busy at 6 and 7, no token finished to time: already slow
+            return tel(n, t, running_requests=3, tbt_p50_ms=None)
+        return tel(n, t, running_requests=3, tbt_p50_ms=300.0)
+
+    records = [report(n, t) for t in range(1, 21) for n in ("p/0", "p/1", "p/2")]
+    d = derive(one_task(), records, from_ms=T0, to_ms=T0 + 20_000)
+    assert d.document["faults"] == [{"at_s": 5.0, "kind": "degrade", "node": "p/2", "factor": 15.0}]
+    # Idle reports without a figure say nothing: the start stays at the first slow report.
+    idle = [
+        r
+        if not (r.node_id == "p/2" and r.tbt_p50_ms is None)
+        else tel("p/2", (r.ts_ms - T0) // 1000, tbt_p50_ms=None)
+        for r in records
+    ]
+    d = derive(one_task(), idle, from_ms=T0, to_ms=T0 + 20_000)
+    assert d.document["faults"][0]["at_s"] == 7.0
