@@ -4,13 +4,16 @@ The demo runs the daemon and the simulator's fleet over Kafka in real time (one 
 30x a third of the way in); whatif then reads the topics it left, derives a scenario, and simulates
 it under the recorded policy and a candidate (the classic baseline).
 
-The fidelity bounds are loose on purpose, and why: the derived scenario reproduces the window's
-distributions, not its draws; the window holds ~65 tasks (25 s of arrivals), so the task success
-rate alone has a sampling error near 4 points (sqrt(0.87 x 0.13 / 65)); the live loop's ticks lag on
-a loaded 2-core machine while the simulation decides instantly. So: success within 15 points, cost
-per successful task within 50% (a fixed four-node fleet: cost is node-seconds over tasks
-succeeded), TTFT p99 (the ~3rd-highest of ~250 calls, set by the slow node's calls before its
-breaker opens) within a factor of 3. The figures are printed (`-s`) for the notes.
+The fidelity bounds are loose on purpose, and why (measured, see notes/whatif-s4.md):
+- the derived scenario reproduces the window's distributions, not its draws: ~65 tasks (25 s of
+  arrivals) give the success rate a sampling error near 4 points (sqrt(0.87 x 0.13 / 65)), and the
+  simulated success of one derived scenario moves 75-84% over seeds 1-4 and 7;
+- live and virtual time differ before any derivation: the demo's own scenario (not derived), run
+  in process under the same policy, succeeds 81-86% over those seeds where the live demo observed
+  87-93% (its loop's ticks lag on a loaded 2-core machine; the simulation decides at once).
+So: success within 25 points; cost per successful task within 50% (a fixed four-node fleet: cost
+is node-seconds over tasks succeeded); TTFT p99 (the ~3rd-highest of ~250 calls, set by the slow
+node's calls before its breaker opens) within a factor of 3. The figures are printed (`-s`).
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ def test_whatif_over_the_demos_failure_window(broker: ProcessBroker, tmp_path: P
         print(f"\n[{broker.kind}] whatif fidelity on the demo's window: {json.dumps(f)}")
         success = f["task_success"]
         assert success["error"] == round(success["simulated"] - success["observed"], 9)
-        assert abs(success["error"]) <= 0.15
+        assert abs(success["error"]) <= 0.25
         assert abs(f["cost_per_successful_task_usd"]["relative_error"]) <= 0.5
         ttft = f["ttft_p99_ms"]
         assert 1 / 3 <= ttft["simulated"] / ttft["observed"] <= 3
