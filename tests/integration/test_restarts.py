@@ -31,10 +31,10 @@ from aiokafka.partitioner import DefaultPartitioner
 from fleetloop.daemon import clock
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.daemon.runtime import CUT_HEADER, SKIPPED_HEADER
-from fleetloop.daemon.shard import INPUTS, Row, Shard
+from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.policies.registry import CompiledPolicy, load_policy
 from fleetloop.schemas import Decision, RequestOutcome, Tick
-from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS
+from fleetloop.schemas.topics import DECISIONS, REQUESTS, SHADOW, TELEMETRY, TICKS
 from tests.support.policies import FOUNDATION_YAML
 from tests.support.records import outcome, telemetry, to_bytes
 
@@ -248,10 +248,21 @@ class Verdict:
 
 
 async def compare_with_an_uninterrupted_run(
-    env: Any, policy: CompiledPolicy | list[tuple[int, CompiledPolicy]]
+    env: Any,
+    policy: CompiledPolicy | list[tuple[int, CompiledPolicy]],
+    shadows: list[tuple[int, Shadow | None]] | None = None,
 ) -> Verdict:
-    """``policy``: one for the whole run, or activations (from event time, policy), oldest first."""
+    """``policy``: one for the whole run, or activations (from event time, policy), oldest first.
+    ``shadows``: the shadow policy's timeline; then the shadow log (control.shadow) is compared
+    with what the uninterrupted shards decide under it, instead of the enforced log."""
     activations = [(0, policy)] if isinstance(policy, CompiledPolicy) else policy
+
+    def shadow_at(ts: int) -> Shadow | None:
+        chosen = None
+        for from_ts, s in shadows or ():
+            if from_ts <= ts:
+                chosen = s
+        return chosen
 
     def policy_at(ts: int) -> CompiledPolicy:
         chosen = activations[0][1]
@@ -262,7 +273,7 @@ async def compare_with_an_uninterrupted_run(
 
     ticks_by_part = await _read(env, TICKS)
     inputs = {logical: await _read(env, logical) for logical in INPUTS}
-    decided = await _read(env, DECISIONS)
+    decided = await _read(env, SHADOW if shadows is not None else DECISIONS)
     committed = await _committed(env)
     v = Verdict()
 
@@ -291,7 +302,10 @@ async def compare_with_an_uninterrupted_run(
                         if shard.read[logical] <= x.offset < cut[logical]
                     ),
                 )
-            for d in shard.decide(tick, cut, policy_at(tick.ts_ms)) or ():
+            out = shard.decide(tick, cut, policy_at(tick.ts_ms)) or ()
+            if shadows is not None:
+                out = shard.decide_shadow(tick, shadow_at(tick.ts_ms)) if out else ()
+            for d in out:
                 expected[(d.key, d.tick_id)] = decision_bytes(d)
             v.ticks += 1
     for pool, ids in sorted(seen_ids.items()):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fleetloop.daemon.shard import Shadow
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
 from fleetloop.schemas import Decision
 from fleetloop.schemas.topics import DECISIONS, POLICY_ACTIVE, SHADOW, STATE
@@ -123,6 +124,20 @@ async def test_a_shadow_runs_beside_survives_a_restart_is_compared_and_removed_l
         for a in active["history"]
     ]
     _assert_exact(await compare_with_an_uninterrupted_run(kafka_env, policies))
+    # The shadow log, across the kill -9, is exactly what uninterrupted shards decide under it.
+    shadows: list[tuple[int, Shadow | None]] = [
+        (
+            a["from_ts_ms"],
+            Shadow.of(compile_policy(v1.document.model_validate(a["document"]))) if a["document"] else None,
+        )
+        for a in active["shadow"]
+    ]
+    shadow_verdict = await compare_with_an_uninterrupted_run(kafka_env, policies, shadows)
+    assert shadow_verdict.decisions == len({(d.key, d.tick_id) for d in shadowed})
+    assert not shadow_verdict.different, shadow_verdict.different[:2]
+    assert not shadow_verdict.missing, shadow_verdict.missing[:3]
+    assert not shadow_verdict.extra, shadow_verdict.extra[:3]
+    assert not shadow_verdict.conflicting
     code, out, err = await _cli(capsys, "replay", *base, "--json")
     report = json.loads(out)
     assert code == 0, (out, err)
