@@ -1264,7 +1264,9 @@ class Daemon:
         """Take a valid newer policy for the next batch; a dead letter (an event, counted once) for
         an invalid one, an older version, or the active version with other content. A shadow
         document (``spec.mode: shadow``) is held to the same rules against the shadow in force."""
-        if record.key == f"{follow}/shadow".encode() and not record.value:
+        if not record.value and record.key is not None and bytes(record.key).endswith(b"/shadow"):
+            if record.key != f"{follow}/shadow".encode():
+                return None  # another group's shadow removal, on a shared topic
             current = self._pending_shadow[0] if self._pending_shadow is not None else self._shadow_now()
             if current is not None:
                 self._pending_shadow = (None,)
