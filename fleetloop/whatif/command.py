@@ -50,7 +50,7 @@ from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import DECISIONS, POLICY, POLICY_ACTIVE, REQUESTS, TELEMETRY, topic_name
 from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
-from fleetloop.whatif.compare import KPIS, comparison, fidelity, observed_kpis
+from fleetloop.whatif.compare import KPIS, comparison, fidelity, kpis, observed_kpis
 from fleetloop.whatif.derive import Derived, DeriveError, derive
 
 PROG = "fleetloop whatif"
@@ -77,6 +77,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--seed", type=int, default=1, help="the simulator's seed, the same for both runs (default 1)"
     )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run both policies on N seeds from --seed and report means (deltas paired by seed; default 1)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=cmd_whatif)
 
@@ -94,8 +101,10 @@ def _progress_line(msg: str) -> None:
 
 def cmd_whatif(args: argparse.Namespace) -> int:
     quiet_client_logs()
-    if not 0 <= args.seed <= 2**63 - 1:
-        raise UsageError(f"{PROG}: --seed must be between 0 and 2**63-1, got {args.seed}")
+    if not 0 <= args.seed <= 2**63 - 101:
+        raise UsageError(f"{PROG}: --seed must be between 0 and 2**63-101, got {args.seed}")
+    if not 1 <= args.seeds <= 100:
+        raise UsageError(f"{PROG}: --seeds must be between 1 and 100, got {args.seeds}")
     from_ms = _time(args.from_, default=None)
     to_ms = _time(args.to, default=None)
     if from_ms is not None and to_ms is not None and to_ms <= from_ms:
@@ -120,16 +129,21 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         args.scenario_out or (Path(args.report) / "scenario.yaml" if args.report else "whatif-scenario.yaml")
     )
     scenario = _write_scenario(out, derived)
-    runs = []
-    for label, policy in (("recorded", recorded), ("candidate", candidate)):
-        _progress_line(f"simulating {scenario.duration_s:.0f} s under the {label} policy {_name(policy)} ...")
-        result = run(scenario, policy, seed=args.seed, progress=_progress)
-        if sys.stderr.isatty():
-            sys.stderr.write("\r\033[K")
-        runs.append((label, policy, result, result.to_json(str(out))))
-    payload = _payload(args, from_ms, to_ms, out, derived, notes, recorded, source, candidate, runs)
-    if args.report:
-        payload["report"] = str(_report(args.report, scenario, runs, payload))
+    per_seed: list[list[tuple[str, CompiledPolicy, RunResult, dict[str, Any]]]] = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        pair = []
+        for label, policy in (("recorded", recorded), ("candidate", candidate)):
+            _progress_line(
+                f"simulating {scenario.duration_s:.0f} s under the {label} policy {_name(policy)}, seed {seed}"
+            )
+            result = run(scenario, policy, seed=seed, progress=_progress)
+            if sys.stderr.isatty():
+                sys.stderr.write("\r\033[K")
+            pair.append((label, policy, result, result.to_json(str(out))))
+        per_seed.append(pair)
+    payload = _payload(args, from_ms, to_ms, out, derived, notes, recorded, source, candidate, per_seed)
+    if args.report:  # timelines of the first seed's pair; the tables above them are the means
+        payload["report"] = str(_report(args.report, scenario, per_seed[0], payload))
     if args.json:
         sys.stdout.write(orjson.dumps(payload).decode() + "\n")
     else:
@@ -310,10 +324,11 @@ def _payload(  # noqa: PLR0917 - one call site, every argument named there
     recorded: CompiledPolicy,
     source: str,
     candidate: CompiledPolicy,
-    runs: list[tuple[str, CompiledPolicy, RunResult, dict[str, Any]]],
+    per_seed: list[list[tuple[str, CompiledPolicy, RunResult, dict[str, Any]]]],
 ) -> dict[str, Any]:
-    rec_run, cand_run = runs[0][3], runs[1][3]
-    kpi = comparison(rec_run, cand_run)
+    rec_runs = [pair[0][3] for pair in per_seed]
+    cand_runs = [pair[1][3] for pair in per_seed]
+    kpi = comparison(rec_runs, cand_runs)
     sc = derived.scenario
     return {
         "window": {"from_ms": from_ms, "to_ms": to_ms, "seconds": round((to_ms - from_ms) / 1000.0, 3)},
@@ -326,14 +341,18 @@ def _payload(  # noqa: PLR0917 - one call site, every argument named there
             "document": derived.document,
         },
         "notes": notes,
-        "seed": args.seed,
+        "seeds": [r["seed"] for r in rec_runs],
         "recorded_policy": {**_policy_json(recorded), "source": source},
         "candidate_policy": _policy_json(candidate),
         "observed": {**derived.observed.to_json(), "kpis": observed_kpis(derived.observed)},
         "kpis": kpi,
         "delta_cost_per_successful_task_usd": kpi["cost_per_successful_task_usd"]["delta"],
-        "fidelity": fidelity(derived.observed, rec_run),
-        "runs": {"recorded": rec_run, "candidate": cand_run},
+        "fidelity": fidelity(derived.observed, rec_runs),
+        "runs": {"recorded": rec_runs[0], "candidate": cand_runs[0]},
+        "per_seed": [
+            {"seed": r["seed"], "recorded": kpis(r), "candidate": kpis(c)}
+            for r, c in zip(rec_runs, cand_runs, strict=True)
+        ],
         "report": None,
     }
 
@@ -351,7 +370,11 @@ def _fmt(key: str, v: Any, *, signed: bool = False) -> str:
         return f"{'-' if v < 0 else '+' if signed else ''}${abs(v):.6f}"
     if key == "ttft_p99_ms":
         return f"{v:{sign},.0f}"
-    return f"{v:{sign}d}" if isinstance(v, int) else f"{v:{sign}g}"
+    return f"{v:{sign}d}" if isinstance(v, int) else f"{v:{sign}.1f}"
+
+
+def _seeds(seeds: list[int]) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"means over seeds {seeds[0]}-{seeds[-1]}"
 
 
 def _rel(v: float | None) -> str:
@@ -368,7 +391,7 @@ def _print(p: dict[str, Any]) -> None:
     obs = p["observed"]["kpis"]
     t = Table(
         title=f"fleetloop whatif: {w['seconds']:.0f} s window, recorded {rec['name']} v{rec['version']} "
-        f"vs candidate {cand['name']} v{cand['version']} (seed {p['seed']})"
+        f"vs candidate {cand['name']} v{cand['version']} ({_seeds(p['seeds'])})"
     )
     for col in ("KPI", "observed", "sim: recorded", "sim: candidate", "candidate - recorded"):
         t.add_column(col, justify="left" if col == "KPI" else "right")
@@ -379,7 +402,12 @@ def _print(p: dict[str, Any]) -> None:
             _fmt(key, obs[key]),
             _fmt(key, row["recorded"]),
             _fmt(key, row["candidate"]),
-            _fmt(key, row["delta"], signed=True),
+            _fmt(key, row["delta"], signed=True)
+            + (
+                f" ({_fmt(key, row['delta_min'], signed=True)} .. {_fmt(key, row['delta_max'], signed=True)})"
+                if len(p["seeds"]) > 1 and row["delta_min"] is not None
+                else ""
+            ),
         )
     out.print(t)
     f = Table(

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fleetloop.daemon.brokers import ProcessBroker, delete_topics
 from fleetloop.sim.scenario import load_scenario
 
@@ -71,6 +72,8 @@ def test_whatif_over_the_demos_failure_window(broker: ProcessBroker, tmp_path: P
             CLASSIC,
             "--report",
             str(report),
+            "--seeds",
+            "3",
             "--json",
             timeout=300,
         )
@@ -95,19 +98,25 @@ def test_whatif_over_the_demos_failure_window(broker: ProcessBroker, tmp_path: P
         assert w["recorded_policy"] == {**demo["policy"], "source": "control.decisions"}
         assert w["candidate_policy"]["name"] == "baseline-classic"
 
-        # Both runs completed on the same scenario and seed: the same arrivals.
+        # Both runs completed on the same scenario and seed: the same arrivals. Three seeds: the
+        # KPIs are means, the candidate's deltas paired by seed.
         rec, cand = w["runs"]["recorded"], w["runs"]["candidate"]
         assert rec["tasks"]["started"] == cand["tasks"]["started"] > 0
         assert rec["tasks"]["started"] == rec["tasks"]["succeeded"] + rec["tasks"]["failed"]
-        assert w["delta_cost_per_successful_task_usd"] == (
-            round(cand["cost"]["per_successful_task_usd"] - rec["cost"]["per_successful_task_usd"], 9)
-        )
+        assert [s["seed"] for s in w["per_seed"]] == w["seeds"] == [1, 2, 3]
+        deltas = [
+            s["candidate"]["cost_per_successful_task_usd"] - s["recorded"]["cost_per_successful_task_usd"]
+            for s in w["per_seed"]
+        ]
+        assert w["delta_cost_per_successful_task_usd"] == pytest.approx(sum(deltas) / 3, abs=1e-8)
 
         # Fidelity: reported, signed, inside the justified bounds (module docstring).
         f = w["fidelity"]
         print(f"\n[{broker.kind}] whatif fidelity on the demo's window: {json.dumps(f)}")
         success = f["task_success"]
-        assert success["error"] == round(success["simulated"] - success["observed"], 9)
+        mean_success = sum(s["recorded"]["task_success"] for s in w["per_seed"]) / 3
+        assert success["simulated"] == pytest.approx(mean_success, abs=1e-8)
+        assert success["error"] == pytest.approx(success["simulated"] - success["observed"], abs=1e-8)
         assert abs(success["error"]) <= 0.25
         assert abs(f["cost_per_successful_task_usd"]["relative_error"]) <= 0.5
         ttft = f["ttft_p99_ms"]

@@ -84,23 +84,29 @@ def _observed(success: float, cost: float | None, ttft: float | None) -> Observe
 
 
 def test_delta_is_candidate_minus_recorded() -> None:
-    rows = comparison(_run(0.9, 0.8, 0.010, 400.0, 3), _run(0.95, None, 0.008, 500.0, 1))
+    rows = comparison([_run(0.9, 0.8, 0.010, 400.0, 3)], [_run(0.95, None, 0.008, 500.0, 1)])
     assert rows["task_success"]["delta"] == pytest.approx(0.05)
     assert rows["cost_per_successful_task_usd"]["delta"] == pytest.approx(-0.002)
     assert rows["ttft_p99_ms"]["delta"] == pytest.approx(100.0)
     assert rows["tasks_lost"]["delta"] == -2
-    assert rows["p0_success"] == {"recorded": 0.8, "candidate": None, "delta": None}
+    assert rows["p0_success"] == {
+        "recorded": 0.8,
+        "candidate": None,
+        "delta": None,
+        "delta_min": None,
+        "delta_max": None,
+    }
     assert kpis(_run(0.5, 0.25, None, 1.0, 7))["cost_per_successful_task_usd"] is None
 
 
 def test_fidelity_is_simulated_minus_observed_signed() -> None:
-    f = fidelity(_observed(0.8, 0.010, 400.0), _run(0.9, 0.8, 0.012, 300.0, 1))
+    f = fidelity(_observed(0.8, 0.010, 400.0), [_run(0.9, 0.8, 0.012, 300.0, 1)])
     assert f["task_success"]["error"] == pytest.approx(0.1)  # the simulation is too optimistic
     assert "relative_error" not in f["task_success"]  # points, not a ratio of a rate
     assert f["ttft_p99_ms"]["error"] == pytest.approx(-100.0)
     assert f["ttft_p99_ms"]["relative_error"] == pytest.approx(-0.25)
     assert f["cost_per_successful_task_usd"]["relative_error"] == pytest.approx(0.2)
-    unknown = fidelity(_observed(0.8, None, None), _run(0.9, 0.8, 0.012, 300.0, 1))
+    unknown = fidelity(_observed(0.8, None, None), [_run(0.9, 0.8, 0.012, 300.0, 1)])
     assert unknown["cost_per_successful_task_usd"]["error"] is None
     assert unknown["ttft_p99_ms"]["relative_error"] is None
 
@@ -142,3 +148,23 @@ def test_without_decisions_the_recorded_policy_is_the_one_active_at_the_windows_
     # Two groups that ran different documents then: ambiguous, so the user must name it.
     assert active_at([newer, active("h", (0, 1))], 6000) is None
     assert active_at([newer, active("h", (0, 2))], 6000) == _doc(2)
+
+
+def test_over_several_seeds_means_and_deltas_paired_by_seed() -> None:
+    recorded = [_run(0.8, 0.7, 0.010, 400.0, 4), _run(0.9, 0.9, 0.020, 600.0, 2)]
+    candidate = [_run(0.85, 0.7, 0.012, 300.0, 3), _run(0.91, 0.8, 0.018, 700.0, 2)]
+    rows = comparison(recorded, candidate)
+    cost = rows["cost_per_successful_task_usd"]
+    assert (cost["recorded"], cost["candidate"]) == (pytest.approx(0.015), pytest.approx(0.015))
+    # equal means, but paired by seed the candidate costs +0.002 then -0.002
+    assert (cost["delta"], cost["delta_min"], cost["delta_max"]) == (
+        pytest.approx(0.0),
+        pytest.approx(-0.002),
+        pytest.approx(0.002),
+    )
+    assert rows["tasks_lost"]["recorded"] == 3.0
+    f = fidelity(_observed(0.8, 0.010, 400.0), recorded)
+    assert f["task_success"]["simulated"] == pytest.approx(0.85)
+    assert f["ttft_p99_ms"]["error"] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="one candidate run per recorded run"):
+        comparison(recorded, candidate[:1])
