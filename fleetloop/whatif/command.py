@@ -134,7 +134,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         pair = []
         for label, policy in (("recorded", recorded), ("candidate", candidate)):
             _progress_line(
-                f"simulating {scenario.duration_s:.0f} s under the {label} policy {_name(policy)}, seed {seed}"
+                f"simulating {scenario.duration_s:.0f} s, {label} policy {_name(policy)}, seed {seed}"
             )
             result = run(scenario, policy, seed=seed, progress=_progress)
             if sys.stderr.isatty():
