@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 from fleetloop.policies.base import (
     FleetSnapshot,
     LedgerView,
@@ -168,7 +167,7 @@ def ctx(
         tick_id=tick_id,
         tick_ms=tick_ms,
         pool_id=pool_id,
-        rng=np.random.default_rng([seed, tick_id]),
+        seed=(seed, tick_id),
         breakers=dict(breakers or {}),
         slo=slo,
     )

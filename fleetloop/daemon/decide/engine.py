@@ -16,12 +16,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from pydantic import TypeAdapter
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, r6
 from fleetloop.policies.envelope import Envelope
 from fleetloop.policies.registry import CompiledPolicy
+from fleetloop.schemas.base import assemble
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import (
     AdmissionDecision,
@@ -50,6 +50,8 @@ class EngineState:
 
 
 _EMPTY = EngineState()
+_DECISION_FIELDS = ("ts_ms", "tick_id", "policy", "input_offsets", "body")
+assert tuple(Decision.model_fields) == _DECISION_FIELDS
 _OFFSETS: TypeAdapter[dict[str, int]] = TypeAdapter(dict[str, Offset])
 
 
@@ -275,7 +277,7 @@ def decide(
     """Decide for ``tick.pool_id`` as of ``snap.now_ms`` (== ``tick.ts_ms``)."""
     env = envelope_of(policy)
     pool_id = tick.pool_id
-    seed = [tick.tick_id, zlib.crc32(pool_id.encode())]
+    seed = (tick.tick_id, zlib.crc32(pool_id.encode()))
     new_states = dict(state.algorithms)
     held = dict(state.autoscale_held)
     bodies: list[tuple[str, DecisionBody]] = []
@@ -292,7 +294,7 @@ def decide(
             tick_id=tick.tick_id,
             tick_ms=policy.tick_ms,
             pool_id=pool_id,
-            rng=np.random.default_rng(seed),
+            seed=seed,
             breakers=breakers,
             slo=policy.slo,
         )
@@ -343,9 +345,18 @@ def decide(
         for mode in sorted({mode for mode, _ in bodies})
     }
     offsets = _OFFSETS.validate_python(offsets)
+    ts_ms, tick_id = tick.ts_ms, tick.tick_id
     decisions = tuple(
-        Decision.model_construct(
-            ts_ms=tick.ts_ms, tick_id=tick.tick_id, policy=stamps[mode], input_offsets=offsets, body=body
+        assemble(
+            Decision,
+            {
+                "ts_ms": ts_ms,
+                "tick_id": tick_id,
+                "policy": stamps[mode],
+                "input_offsets": offsets,
+                "body": body,
+            },
+            set(_DECISION_FIELDS),
         )
         for mode, body in bodies
     )

@@ -122,6 +122,7 @@ from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyConte
 from fleetloop.policies.breaker.consecutive_errors import ConsecutiveErrorsParams, NodeBreaker, step
 from fleetloop.policies.registry import register
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
+from fleetloop.schemas.base import MAX_COUNT, MAX_EPOCH_MS, MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import BreakerDecision, BreakerStateName
 
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
@@ -172,6 +173,9 @@ class LatencyOutlierParams(Params):
         )
 
 
+Obs = tuple[tuple[int, float | None, float | None, float | None, float | None], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class NodeState:
     err: NodeBreaker = field(default_factory=NodeBreaker)
@@ -181,8 +185,9 @@ class NodeState:
     flagged_ticks: int = 0
     ramp_from_ms: int | None = None
     was_warm: bool = False
-    # (ts_ms, tbt_p50, tbt_p99, ttft_mean_w, ttft_p99) per tick with any figure, within memory_ms
-    obs: tuple[tuple[int, float | None, float | None, float | None, float | None], ...] = ()
+    # (ts_ms, tbt_p50, tbt_p99, ttft_mean_w, ttft_p99) per tick with any figure, within memory_ms,
+    # in ascending ts_ms
+    obs: Obs = ()
 
 
 def _with(ns: NodeState, **kw: Any) -> NodeState:
@@ -246,18 +251,47 @@ def _value(node: NodeView, signal: str) -> float | None:
 
 def remember(ns: NodeState, node: NodeView, now: int, params: LatencyOutlierParams) -> NodeState:
     """Add this tick's figures to the node's memory and forget those older than ``memory_ms``."""
-    vals = tuple(_value(node, s) if serving(node) else None for s in SIGNALS)
-    kept = [o for o in ns.obs if now - o[0] < params.memory_ms and o[0] < now]
-    if any(v is not None for v in vals):
-        kept.append((now, vals[0], vals[1], vals[2], vals[3]))
-    return _with(ns, obs=tuple(kept))
+    return _with(ns, obs=_remembered(ns.obs, node, now, params.memory_ms))
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) and v >= 0 else None
+
+
+def _remembered(obs: Obs, node: NodeView, now: int, memory_ms: int) -> Obs:
+    """The memory kept (``0 < now - ts < memory_ms``) plus this tick's figures, if any.
+
+    The memory is in ascending event time (each tick appends ``now`` after dropping everything at
+    or after it), so what is kept is one slice: the figures too old are a prefix, those not before
+    ``now`` (a tick decided again) a suffix."""
+    lo, hi = 0, len(obs)
+    while lo < hi and now - obs[lo][0] >= memory_ms:
+        lo += 1
+    while hi > lo and obs[hi - 1][0] >= now:
+        hi -= 1
+    kept = obs[lo:hi] if lo or hi < len(obs) else obs
+    if node.weights_state == "warm" and not node.draining and not node.stale:
+        vals = (
+            _finite(node.tbt_p50_ms),
+            _finite(node.tbt_p99_ms),
+            _finite(node.ttft_mean_ms_w),
+            _finite(node.ttft_p99_ms),
+        )
+        if vals != (None, None, None, None):
+            return (*kept, (now, *vals))
+    return kept
 
 
 def aggregate(ns: NodeState, min_samples: int) -> dict[str, float]:
     """Signal -> the median of the node's remembered figures, for signals with enough of them."""
     out: dict[str, float] = {}
+    obs = ns.obs
+    if not obs or len(obs) < min_samples:
+        return out
+    columns = tuple(zip(*obs, strict=True))
     for i, s in enumerate(SIGNALS):
-        xs = sorted(v for o in ns.obs if (v := o[i + 1]) is not None)
+        col = columns[i + 1]
+        xs = sorted([v for v in col if v is not None] if None in col else col)
         if xs and len(xs) >= min_samples:
             out[s] = median_sorted(xs)
     return out
@@ -354,7 +388,8 @@ def _latency_step(
         return ns, "latency-probing", False
     # closed
     flagged = ns.flagged_ticks + 1 if v.outlier else 0
-    ns = _with(ns, flagged_ticks=flagged)
+    if flagged != ns.flagged_ticks:
+        ns = _with(ns, flagged_ticks=flagged)
     if flagged >= params.detect_ticks:
         return ns, "latency-outlier", True
     if ns.lat_ejections and now - ns.lat_since_ms >= params.forgive_after_ms:
@@ -377,11 +412,16 @@ class LatencyOutlier:
         err_params = params.errors()
         remembered: dict[str, NodeState] = {}
         aggs: dict[str, dict[str, float]] = {}
+        memory_ms, min_samples = params.memory_ms, params.min_samples
+        known = state.nodes
         for n in pool:
-            prev = state.nodes.get(n.node_id)
+            prev = known.get(n.node_id)
             ns = prev if prev is not None else NodeState(was_warm=n.warm and not state.started)
-            remembered[n.node_id] = ns = remember(ns, n, now, params)
-            aggs[n.node_id] = aggregate(ns, params.min_samples) if serving(n) else {}
+            obs = _remembered(ns.obs, n, now, memory_ms)
+            if obs is not ns.obs:
+                ns = _with(ns, obs=obs)
+            remembered[n.node_id] = ns
+            aggs[n.node_id] = aggregate(ns, min_samples) if serving(n) else {}
         refs = {s: reference([a[s] for a in aggs.values() if s in a], params.min_hosts) for s in SIGNALS}
         slo = ctx.pool_slo(snap)
 
@@ -389,12 +429,15 @@ class LatencyOutlier:
         reasons: dict[str, str] = {}
         verdicts: dict[str, Verdict] = {}
         wants: list[tuple[float, str]] = []
+        started = state.started
         for n in pool:
             ns = remembered[n.node_id]
             err, err_reason = step(ns.err, n.consecutive_failures, now, err_params)
             # weights just loaded: slow start
-            ramp = now if state.started and n.warm and not ns.was_warm else ns.ramp_from_ms
-            ns = _with(ns, err=err, ramp_from_ms=ramp, was_warm=n.warm)
+            warm = n.warm
+            ramp = now if started and warm and not ns.was_warm else ns.ramp_from_ms
+            if err is not ns.err or ramp != ns.ramp_from_ms or warm != ns.was_warm:
+                ns = _with(ns, err=err, ramp_from_ms=ramp, was_warm=warm)
             v = (
                 judge(n, aggs[n.node_id], refs, params, slo)
                 if serving(n)
@@ -485,13 +528,7 @@ class LatencyOutlier:
             "latency_ejections": float(ns.lat_ejections),
         }
         ejections = ns.lat_ejections + ns.err.ejections
-        base = {
-            "entity": f"node/{n.node_id}",
-            "pool_id": pool_id,
-            "node_id": n.node_id,
-            "ejections": ejections,
-            "inputs": inputs,
-        }
+        node_id = n.node_id
         err_open = ns.err.state == "open"
         lat_open = ns.lat == "open"
         if err_open or lat_open:
@@ -502,24 +539,95 @@ class LatencyOutlier:
                 untils.append(ns.lat_since_ms + backoff_ms(params, ns.lat_ejections))
             enforced = (err_open and not shared) or (lat_open and not panic)
             why = "pool-wide" if err_open and shared else "panic"
-            return BreakerDecision(
-                **base,
-                state="open",
-                until_ms=max(untils),
-                enforced=enforced,
-                reason=reason if enforced else f"{reason}:{why}",
-            )
+            return breaker_decision(
+                pool_id, node_id, "open", reason if enforced else f"{reason}:{why}",
+                inputs=inputs, ejections=ejections, enforced=enforced, until_ms=max(untils),
+            )  # fmt: skip
         if over_cap:
-            return BreakerDecision(**base, state="open", enforced=False, reason=reason)
+            return breaker_decision(
+                pool_id, node_id, "open", reason, inputs=inputs, ejections=ejections, enforced=False
+            )
         if ns.err.state == "half_open" or ns.lat == "half_open":
-            return BreakerDecision(**base, state="half_open", probe_frac=r6(params.probe_frac), reason=reason)
+            return breaker_decision(
+                pool_id,
+                node_id,
+                "half_open",
+                reason,
+                inputs=inputs,
+                ejections=ejections,
+                probe_frac=r6(params.probe_frac),
+            )
         if ns.ramp_from_ms is not None and n.warm:
             elapsed = max(0, now - ns.ramp_from_ms)
             frac = params.slow_start_min_frac + (1.0 - params.slow_start_min_frac) * (
                 elapsed / max(1, params.slow_start_ms)
             )
             inputs["slow_start_frac"] = r6(frac)
-            return BreakerDecision(
-                **base, state="half_open", probe_frac=r6(min(0.5, share * frac)), reason="slow-start"
-            )
-        return BreakerDecision(**base, state="closed", reason=reason)
+            return breaker_decision(
+                pool_id, node_id, "half_open", "slow-start",
+                inputs=inputs, ejections=ejections, probe_frac=r6(min(0.5, share * frac)),
+            )  # fmt: skip
+        return breaker_decision(pool_id, node_id, "closed", reason, inputs=inputs, ejections=ejections)
+
+
+_BREAKER_FIELDS = (
+    "entity", "reason", "inputs", "kind", "pool_id", "node_id", "state", "enforced", "probe_frac", "until_ms",
+    "ejections",
+)  # fmt: skip
+assert tuple(BreakerDecision.model_fields) == _BREAKER_FIELDS  # ``breaker_decision`` lists them in order
+
+
+def breaker_decision(
+    pool_id: str,
+    node_id: str,
+    state: BreakerStateName,
+    reason: str,
+    *,
+    inputs: dict[str, float],
+    ejections: int,
+    enforced: bool | None = None,
+    probe_frac: float | None = None,
+    until_ms: int | None = None,
+) -> BreakerDecision:
+    """``BreakerDecision(entity=..., ...)`` with the fields given (the others at their defaults),
+    assembled without validation when every part is valid by construction: the ids come from
+    validated telemetry and ticks, and the figures are checked here against the schema's bounds.
+    Anything else (a figure out of bounds, an empty reason) goes through validation and fails there,
+    exactly as before."""
+    given: dict[str, Any] = {
+        "entity": f"node/{node_id}",
+        "reason": reason,
+        "inputs": inputs,
+        "pool_id": pool_id,
+        "node_id": node_id,
+        "state": state,
+        "ejections": ejections,
+    }
+    if enforced is not None:
+        given["enforced"] = enforced
+    if probe_frac is not None:
+        given["probe_frac"] = probe_frac
+    if until_ms is not None:
+        given["until_ms"] = until_ms
+    if (
+        reason
+        and 0 <= ejections <= MAX_COUNT
+        and (until_ms is None or 0 <= until_ms <= MAX_EPOCH_MS)
+        and (probe_frac is None or 0.0 <= probe_frac <= 1.0)
+        and all(-MAX_FIGURE <= x <= MAX_FIGURE for x in inputs.values())  # False for NaN
+    ):
+        values = {
+            "entity": given["entity"],
+            "reason": reason,
+            "inputs": inputs,
+            "kind": "breaker",
+            "pool_id": pool_id,
+            "node_id": node_id,
+            "state": state,
+            "enforced": True if enforced is None else enforced,
+            "probe_frac": 0.0 if probe_frac is None else probe_frac,
+            "until_ms": until_ms,
+            "ejections": ejections,
+        }
+        return assemble(BreakerDecision, values, set(given))
+    return BreakerDecision(**given)

@@ -105,7 +105,6 @@ State: the remembered step times, per node, pruned to ``speed_memory_ms`` every 
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Self
@@ -182,20 +181,37 @@ def remember(
     With ``pool`` (as the algorithm calls it) only that pool's nodes are remembered: a pool's state
     holds its own nodes, never the whole fleet's."""
     now = snap.now_ms
+    memory_ms = params.speed_memory_ms
     out: dict[str, tuple[tuple[int, float], ...]] = {}
     for n in pool if pool is not None else snap.nodes.values():
-        kept = [o for o in state.get(n.node_id, ()) if 0 < now - o[0] < params.speed_memory_ms]
-        if serving(n) and n.tbt_p50_ms is not None and n.tbt_p50_ms > 0:
-            kept.append((now, float(n.tbt_p50_ms)))
+        # The memory is in ascending time (each tick appends ``now`` after dropping everything at
+        # or after it): what ``0 < now - ts < memory_ms`` keeps is one slice.
+        obs = state.get(n.node_id, ())
+        lo, hi = 0, len(obs)
+        while lo < hi and now - obs[lo][0] >= memory_ms:
+            lo += 1
+        while hi > lo and obs[hi - 1][0] >= now:
+            hi -= 1
+        kept = obs[lo:hi] if lo or hi < len(obs) else obs
+        tbt = n.tbt_p50_ms
+        if tbt is not None and tbt > 0 and n.weights_state == "warm" and not n.draining and not n.stale:
+            kept = (*kept, (now, float(tbt)))
         if kept:
-            out[n.node_id] = tuple(kept)
+            out[n.node_id] = kept
     return out
 
 
 def step_ms(memory: State, node_id: str) -> float | None:
     """The median remembered step time of a node, or None."""
-    xs = sorted(v for _, v in memory.get(node_id, ()))
-    return statistics.median(xs) if xs else None
+    xs = sorted([v for _, v in memory.get(node_id, ())])
+    return _median_sorted(xs) if xs else None
+
+
+def _median_sorted(xs: list[float]) -> float:
+    """``statistics.median`` of a sorted, non-empty list (the same arithmetic, less overhead)."""
+    n = len(xs)
+    mid = n // 2
+    return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +226,8 @@ class _PoolFigures:
 def _pool_figures(pool: tuple[NodeView, ...], steps: Mapping[str, float | None]) -> _PoolFigures:
     live = [n for n in pool if serving(n)]
     hbm_max = max((n.hbm_free_gib for n in live), default=0.0)
-    tbts = sorted(t for n in live if (t := steps.get(n.node_id)) is not None)
-    return _PoolFigures(hbm_max, statistics.median(tbts) if tbts else None, steps)
+    tbts = sorted([t for n in live if (t := steps.get(n.node_id)) is not None])
+    return _PoolFigures(hbm_max, _median_sorted(tbts) if tbts else None, steps)
 
 
 def _components(node: NodeView, fig: _PoolFigures, params: CacheAwareParams) -> dict[str, float]:
@@ -253,10 +269,35 @@ def _scored(
     fig = _pool_figures(pool, steps)
     scores: dict[str, float] = {}
     speeds: dict[str, float] = {}
+    # ``_components`` and ``combine`` inlined (the same operations in the same order: this runs for
+    # every node twice a tick).
+    wq, wr, wt, wk, wh, ws = (
+        params.w_queue, params.w_running, params.w_tokens, params.w_kv, params.w_hbm, params.w_speed,
+    )  # fmt: skip
+    total = sum(params.component_weights().values())
+    queue_scale, running_scale, silent_after = (
+        params.queue_scale,
+        params.running_scale,
+        params.silent_after_ms,
+    )
+    tbt_median, hbm_max, own_steps = fig.tbt_median, fig.hbm_max, fig.steps
     for n in pool:
-        parts = _components(n, fig, params)
-        speeds[n.node_id] = parts["speed"]
-        scores[n.node_id] = combine(parts, params) if serving(n, params.silent_after_ms) else 0.0
+        node_id = n.node_id
+        own = own_steps.get(node_id)
+        speed = min(1.0, tbt_median / own) if tbt_median is not None and own is not None else 1.0
+        speeds[node_id] = speed
+        if n.weights_state != "warm" or n.draining or n.stale or n.age_ms > silent_after:
+            scores[node_id] = 0.0
+            continue
+        parts = (
+            wq * (1.0 / (1.0 + max(0, n.queue_depth) / queue_scale)),
+            wr * (1.0 / (1.0 + max(0, n.running_requests) / running_scale)),
+            wt * (1.0 / (1.0 + max(0, n.queued_prompt_tokens) / max(1, n.max_batch_tokens))),
+            wk * min(1.0, max(0.0, 1.0 - n.kv_cache_used_frac)),
+            wh * (min(1.0, max(0.0, n.hbm_free_gib / hbm_max)) if hbm_max > 0 else 1.0),
+            ws * speed,
+        )
+        scores[node_id] = sum(parts) / total
     return scores, speeds
 
 
