@@ -315,32 +315,54 @@ def judge(
 ) -> Verdict:
     tbt_floor = params.tbt_floor_frac * slo.tbt_ms
     ttft_floor = params.ttft_floor_frac * slo.ttft_ms
-    severity = 0.0
+    return _judge(node, agg, limits(refs, params), tbt_floor, ttft_floor)
 
-    def family(signals: tuple[str, ...], floor: float, values: Mapping[str, float] = agg) -> str:
-        nonlocal severity
-        status = "nodata"
-        for s in signals:
-            ref = refs.get(s)
-            x = values.get(s)
-            if ref is None or x is None:
-                continue
+
+Limits = Mapping[str, tuple[float, float, float]]
+
+
+def limits(refs: Mapping[str, tuple[float, float] | None], params: LatencyOutlierParams) -> Limits:
+    """Signal -> (median m, ``ratio * m``, ``m + k * 1.4826 * MAD``): the pool's bounds, once per tick."""
+    out: dict[str, tuple[float, float, float]] = {}
+    for s, ref in refs.items():
+        if ref is not None:
             m, mad = ref
-            if m > 0:
-                severity = max(severity, x / m)
-            if x >= params.ratio * m and x >= m + params.k * MAD_SCALE * mad and x - m >= floor:
-                return "flagged"
-            status = "clear"
-        return status
+            out[s] = (m, params.ratio * m, m + params.k * MAD_SCALE * mad)
+    return out
 
-    tbt = family(TBT_SIGNALS, tbt_floor)
+
+def _family(
+    signals: tuple[str, ...], values: Mapping[str, float], lims: Limits, floor: float, severity: float
+) -> tuple[str, float]:
+    """A family's status (flagged, clear or nodata) and the severity seen so far."""
+    status = "nodata"
+    for s in signals:
+        lim = lims.get(s)
+        x = values.get(s)
+        if lim is None or x is None:
+            continue
+        m, above_ratio, above_mad = lim
+        if m > 0:
+            severity = max(severity, x / m)
+        if x >= above_ratio and x >= above_mad and x - m >= floor:
+            return "flagged", severity
+        status = "clear"
+    return status, severity
+
+
+def _judge(
+    node: NodeView, agg: Mapping[str, float], lims: Limits, tbt_floor: float, ttft_floor: float
+) -> Verdict:
+    tbt, severity = _family(TBT_SIGNALS, agg, lims, tbt_floor, 0.0)
     if tbt == "flagged":
         # A fresh step time that is fine clears the node at once: the remembered median outlives
         # the episode (a long prefill) that raised it.
         now_figures = {sig: v for sig in TBT_SIGNALS if (v := _value(node, sig)) is not None}
-        if now_figures and family(TBT_SIGNALS, tbt_floor, now_figures) == "clear":
-            tbt = "clear"
-    ttft = family(TTFT_SIGNALS, ttft_floor)
+        if now_figures:
+            fresh, severity = _family(TBT_SIGNALS, now_figures, lims, tbt_floor, severity)
+            if fresh == "clear":
+                tbt = "clear"
+    ttft, severity = _family(TTFT_SIGNALS, agg, lims, ttft_floor, severity)
     if ttft == "nodata" and node.ttft_mean_ms_w is None and node.node_timeouts_w > 0:
         ttft = "flagged"  # calls went in, no first token came out, the node timed them out
     return Verdict(tbt, ttft, severity)
@@ -424,6 +446,9 @@ class LatencyOutlier:
             aggs[n.node_id] = aggregate(ns, min_samples) if serving(n) else {}
         refs = {s: reference([a[s] for a in aggs.values() if s in a], params.min_hosts) for s in SIGNALS}
         slo = ctx.pool_slo(snap)
+        lims = limits(refs, params)
+        tbt_floor = params.tbt_floor_frac * slo.tbt_ms
+        ttft_floor = params.ttft_floor_frac * slo.ttft_ms
 
         stepped: dict[str, NodeState] = {}
         reasons: dict[str, str] = {}
@@ -439,7 +464,7 @@ class LatencyOutlier:
             if err is not ns.err or ramp != ns.ramp_from_ms or warm != ns.was_warm:
                 ns = _with(ns, err=err, ramp_from_ms=ramp, was_warm=warm)
             v = (
-                judge(n, aggs[n.node_id], refs, params, slo)
+                _judge(n, aggs[n.node_id], lims, tbt_floor, ttft_floor)
                 if serving(n)
                 else Verdict("nodata", "nodata", 0.0)
             )

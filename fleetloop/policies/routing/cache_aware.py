@@ -105,7 +105,7 @@ State: the remembered step times, per node, pruned to ``speed_memory_ms`` every 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Self
 
@@ -113,6 +113,7 @@ from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.registry import register
+from fleetloop.schemas.base import MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import RoutingDecision
 
 COMPONENTS: tuple[str, ...] = ("queue", "running", "tokens", "kv", "hbm", "speed")
@@ -417,12 +418,11 @@ class CacheAware:
         spill_to = tuple(p for _, p in sorted(spill))
 
         n_serving = sum(1 for n in pool if serving(n))
-        decision = RoutingDecision(
-            entity=f"pool/{ctx.pool_id}",
-            pool_id=ctx.pool_id,
-            weights=weights,
-            reason=reason,
-            inputs={
+        decision = _routing_decision(
+            ctx.pool_id,
+            weights,
+            reason,
+            {
                 "nodes": float(len(pool)),
                 "serving_nodes": float(n_serving),
                 "stale_nodes": float(sum(1 for n in pool if n.stale)),
@@ -431,9 +431,65 @@ class CacheAware:
                 "hot_prefixes": float(len(affinity)),
                 "spill_pools": float(len(spill_to)),
             },
-            by_priority=by_priority,
-            prefix_affinity=affinity,
-            spill_to=spill_to,
+            by_priority,
+            affinity,
+            spill_to,
         )
         diagnostics = {"headroom": r6(own) if own is not None else 0.0, "hot_prefixes": float(len(affinity))}
         return PolicyResult(decisions=(decision,), state=memory, diagnostics=diagnostics)
+
+
+_ROUTING_FIELDS = (
+    "entity", "reason", "inputs", "kind", "pool_id", "weights", "picker", "by_priority", "prefix_affinity",
+    "spill_to",
+)  # fmt: skip
+assert tuple(RoutingDecision.model_fields) == _ROUTING_FIELDS  # ``_routing_decision`` lists them in order
+
+
+def _within(values: Iterable[float], lo: float) -> bool:
+    return all(lo <= v <= MAX_FIGURE for v in values)  # False for NaN
+
+
+def _routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
+    pool_id: str,
+    weights: dict[str, float],
+    reason: str,
+    inputs: dict[str, float],
+    by_priority: dict[str, dict[str, float]],
+    affinity: dict[str, tuple[str, ...]],
+    spill_to: tuple[str, ...],
+) -> RoutingDecision:
+    """The pool's decision, assembled without validation when every figure is within the schema's
+    bounds (ids and digests come from validated telemetry, the tick and the snapshot's pools):
+    validating ~50 nodes' weights, classes and prefixes costs more than computing them. Anything
+    out of bounds goes through validation and fails there, as before."""
+    given: dict[str, object] = {
+        "entity": f"pool/{pool_id}",
+        "pool_id": pool_id,
+        "weights": weights,
+        "reason": reason,
+        "inputs": inputs,
+        "by_priority": by_priority,
+        "prefix_affinity": affinity,
+        "spill_to": spill_to,
+    }
+    if (
+        reason
+        and _within(inputs.values(), -MAX_FIGURE)
+        and _within(weights.values(), 0.0)
+        and all(_within(ws.values(), 0.0) for ws in by_priority.values())
+    ):
+        values: dict[str, object] = {
+            "entity": given["entity"],
+            "reason": reason,
+            "inputs": inputs,
+            "kind": "routing",
+            "pool_id": pool_id,
+            "weights": weights,
+            "picker": "weighted-random",
+            "by_priority": by_priority,
+            "prefix_affinity": affinity,
+            "spill_to": spill_to,
+        }
+        return assemble(RoutingDecision, values, set(given))
+    return RoutingDecision.model_validate(given)
