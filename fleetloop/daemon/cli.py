@@ -34,6 +34,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     from fleetloop.daemon import commands
 
     commands.register(sub)
+    # The fleet-wide second stage (fleetloop rollup).
+    from fleetloop.daemon.rollup import command as rollup_command
+
+    rollup_command.register(sub)
     # Benchmarks (`fleetloop bench ...`): they drive the runtime and generated fleets.
     from fleetloop.bench import command as bench_command
 

@@ -69,7 +69,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from fleetloop.daemon import checkpoint, clock, faults
 from fleetloop.daemon.act.publish import Publisher
-from fleetloop.daemon.decide.engine import Engine
+from fleetloop.daemon.decide.engine import Engine, envelope_of
 from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import (
     DeadLetter,
@@ -80,19 +80,21 @@ from fleetloop.daemon.observe.decode import (
     decode_fast,
     reason_of,
 )
+from fleetloop.daemon.rollup.fold import summarize
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, one_line, supervise
 from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation, Tick
-from fleetloop.schemas.decisions import Decision
+from fleetloop.schemas.decisions import Decision, RetryBudgetDecision
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, OutcomeRec, TelemetryRec
 from fleetloop.schemas.topics import (
     CHECKPOINT,
     POLICY,
     POLICY_ACTIVE,
     REQUESTS,
+    SUMMARIES,
     TELEMETRY,
     TICKS,
     topic_name,
@@ -144,6 +146,7 @@ class DaemonStats:
     outcomes_in: int = 0
     ticks_in: int = 0
     ticks_decided: int = 0
+    summaries_published: int = 0
     ticks_restored: int = 0  # decided again after a restore to rebuild state, not republished
     ticks_no_data: int = 0
     ticks_forced: int = 0
@@ -237,6 +240,11 @@ class Daemon:
         self._physical = {logical: physical for physical, logical in self._topics.items()}
         self._policy_topic = topic_name(p, POLICY)
         self._checkpoint_topic = topic_name(p, CHECKPOINT)
+        self._summaries_topic = topic_name(p, SUMMARIES)
+        # The fleet-wide second stage's input (fleetloop.daemon.rollup): per shard, the newest tick
+        # decided in this batch, and per pool its newest pool-wide retry budget.
+        self._summary_due: dict[int, tuple[int, int]] = {}
+        self._retries_allowed: dict[int, dict[str, int]] = {}
         self.shards: dict[int, Shard] = {}
         self._held: dict[int, list[_HeldTick]] = {}
         self._publish_from: dict[int, int] = {}  # ticks offset from which decisions are published
@@ -675,6 +683,8 @@ class Daemon:
                 if self._on_decisions is not None:
                     self._on_decisions(decisions)
                 faults.reach("after-publish")
+            if self._summary_due:
+                await self._retrying("summaries", self._publish_summaries)
             if await self._retrying("checkpoint", self._checkpoint):
                 faults.reach("after-checkpoint")
             await self._retrying("commit", self._commit)
@@ -802,6 +812,7 @@ class Daemon:
                         metrics.tick_duration.record(clock.monotonic_s() - started_s)
                         metrics.ticks.add(1, {"outcome": "decided"})
                         self._account(decided)
+                        self._note_summary(p, h.tick, decided)
                         out.extend(decided)
                         self._shadow_out.extend(shadowed)
                 elif h.tick is not None and shard.skip(h.tick):
@@ -851,6 +862,51 @@ class Daemon:
             error=reason_of(exc),
             ratelimit_key=f"tick-failed:{tick.pool_id}",
         )
+
+    def _note_summary(self, p: int, tick: Tick, decided: Sequence[Decision]) -> None:
+        """A shard decided ``tick``: its summary is due (for the newest boundary of the batch)."""
+        due = self._summary_due.get(p)
+        if due is None or tick.ts_ms >= due[0]:
+            self._summary_due[p] = (tick.ts_ms, tick.tick_id)
+        allowed = self._retries_allowed.setdefault(p, {})
+        for d in decided:
+            body = d.body
+            if isinstance(body, RetryBudgetDecision) and body.tenant_id is None:
+                allowed[body.pool_id] = body.retries_allowed_now
+
+    async def _publish_summaries(self) -> None:
+        """Each shard that decided ticks in this batch publishes its summary (``control.summaries``)."""
+        producer = self._producer
+        due, self._summary_due = self._summary_due, {}
+        if producer is None or not due:
+            return
+        window_ms = envelope_of(self.engine.policy).window_ms
+        futures = []
+        for p, (ts_ms, tick_id) in sorted(due.items()):
+            shard = self.shards.get(p)
+            if shard is None:
+                continue
+            allowed = self._retries_allowed.get(p, {})
+            for pool in [q for q in allowed if q not in shard.model.pools]:
+                del allowed[pool]  # evicted pools: bounded by the model's pool cap
+            summary = summarize(
+                shard.model,
+                group=self.config.group_id,
+                partition=p,
+                ts_ms=ts_ms,
+                tick_id=tick_id,
+                window_ms=window_ms,
+                retries_allowed=allowed,
+            )
+            futures.append(
+                await producer.send(
+                    self._summaries_topic,
+                    key=f"{self.config.group_id}/{p}".encode(),
+                    value=orjson.dumps(summary.model_dump(mode="json")),
+                )
+            )
+        await asyncio.gather(*futures)
+        self.stats.summaries_published += len(futures)
 
     def _account(self, decided: Sequence[Decision]) -> None:
         self.stats.ticks_decided += 1

@@ -125,16 +125,42 @@ class BatchingDecision(_Body):
     max_batch_tokens: NonNegInt
 
 
+class FleetDecision(_Body):
+    """Fleet-wide figures, folded from every shard's summary by ``fleetloop rollup`` (the second
+    stage; key ``fleet/fleet`` on ``control.state``). Not a lever: no router acts on it. ``reason``
+    is ``complete`` when every live shard reported the boundary, else ``partial`` (the shards
+    behind contribute their newest, older summary)."""
+
+    kind: Literal["fleet"] = "fleet"
+    shards: NonNegInt
+    shards_behind: NonNegInt = 0
+    pools: NonNegInt
+    nodes: NonNegInt
+    cost_rate_usd_per_h: NonNegFloat
+    requests_w: NonNegInt
+    retries_w: NonNegInt
+    retries_allowed: NonNegInt
+    retry_budget_used_frac: NonNegFloat | None = Field(
+        description="retries in the window over the retries the pools' budgets allow (None: no budget)"
+    )
+    tasks_succeeded: NonNegInt
+    tasks_failed: NonNegInt
+    fleet_cost_usd: NonNegFloat
+    spend_on_failed_usd: NonNegFloat
+    cost_per_successful_task_usd: NonNegFloat | None
+
+
 DecisionBody = Annotated[
     RoutingDecision
     | BreakerDecision
     | AdmissionDecision
     | RetryBudgetDecision
     | AutoscaleDecision
-    | BatchingDecision,
+    | BatchingDecision
+    | FleetDecision,
     Field(discriminator="kind"),
 ]
-DecisionKind = Literal["routing", "breaker", "admission", "retry_budget", "autoscale", "batching"]
+DecisionKind = Literal["routing", "breaker", "admission", "retry_budget", "autoscale", "batching", "fleet"]
 
 
 class PolicyStamp(Wire):

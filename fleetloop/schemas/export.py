@@ -13,6 +13,7 @@ from fleetloop.schemas.control import ActivePolicy, Tick
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.requests import RequestOutcome
+from fleetloop.schemas.summary import ShardSummary
 from fleetloop.schemas.telemetry import NodeTelemetry
 
 EXPORTED: tuple[type[BaseModel], ...] = (
@@ -22,6 +23,7 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     PolicyDocument,
     Decision,
     ActivePolicy,
+    ShardSummary,
 )
 JSON_DIR = Path(__file__).parent / "json"
 

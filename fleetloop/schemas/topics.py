@@ -11,6 +11,7 @@ from fleetloop.schemas.control import ActivePolicy, Tick
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.requests import RequestOutcome
+from fleetloop.schemas.summary import ShardSummary
 from fleetloop.schemas.telemetry import NodeTelemetry
 
 Cleanup = Literal["delete", "compact"]
@@ -38,6 +39,7 @@ STATE = "control.state"
 DEADLETTER = "fleet.deadletter"
 CHECKPOINT = "control.checkpoint"
 POLICY_ACTIVE = "control.policy.active"
+SUMMARIES = "control.summaries"
 SHADOW = "control.shadow"
 
 TOPICS: dict[str, TopicSpec] = {
@@ -57,6 +59,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(
             CHECKPOINT, "group/partition/slot/chunk", None, "compact", 1, "fleetloop", "fleetloop (restore)"
         ),
+        TopicSpec(SUMMARIES, "group/partition", ShardSummary, "delete", 1, "fleetloop", "fleetloop rollup"),
     )
 }
 

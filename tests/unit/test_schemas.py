@@ -361,7 +361,8 @@ def test_compacted_topics_are_exactly_checkpoint_policy_active_and_state() -> No
 
 def test_topic_registry_keys_are_the_logical_names() -> None:
     assert all(name == spec.logical for name, spec in TOPICS.items())
-    assert len(TOPICS) == 10
+    assert len(TOPICS) == 11
+    assert TOPICS["control.summaries"].cleanup == "delete"
     assert TOPICS["control.shadow"].cleanup == "delete"
     assert TOPICS["control.shadow"].value is Decision
 
