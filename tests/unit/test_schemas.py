@@ -26,7 +26,9 @@ from fleetloop.schemas import (
     topic_name,
 )
 from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation
+from fleetloop.schemas.decisions import FleetDecision
 from fleetloop.schemas.export import EXPORTED, JSON_DIR, rendered
+from fleetloop.schemas.summary import ShardSummary
 from fleetloop.schemas.topics import CHECKPOINT, DEADLETTER, POLICY, POLICY_ACTIVE, STATE
 from pydantic import BaseModel, ValidationError
 from tests.support.records import outcome, telemetry, tick
@@ -74,6 +76,23 @@ BODIES: dict[str, DecisionBody] = {
         entity="pool/p", pool_id="p", current_nodes=4, desired_nodes=3, drain=("n3",), reason="scale-down"
     ),
     "batching": BatchingDecision(entity="pool/p", pool_id="p", max_batch_tokens=8192, reason="static"),
+    "fleet": FleetDecision(
+        entity="fleet",
+        reason="complete",
+        shards=4,
+        pools=32,
+        nodes=1024,
+        cost_rate_usd_per_h=5000.5,
+        requests_w=9000,
+        retries_w=90,
+        retries_allowed=900,
+        retry_budget_used_frac=0.1,
+        tasks_succeeded=700,
+        tasks_failed=3,
+        fleet_cost_usd=123.25,
+        spend_on_failed_usd=0.5,
+        cost_per_successful_task_usd=0.17607142857142857,
+    ),
 }
 
 
@@ -108,6 +127,7 @@ def test_export_covers_every_top_level_record() -> None:
         "PolicyDocument",
         "Decision",
         "ActivePolicy",
+        "ShardSummary",
     }
 
 
@@ -184,6 +204,25 @@ def _valid_instance(model: type[BaseModel]) -> BaseModel:
         Tick: tick(3),
         Decision: decision(BODIES["routing"]),
         ActivePolicy: _active(),
+        ShardSummary: ShardSummary(
+            ts_ms=1_700_000_000_000,
+            tick_id=42,
+            group="fleetloop",
+            partition=3,
+            window_ms=10_000,
+            pools=8,
+            nodes=256,
+            cost_rate_usd_per_h=1234.5,
+            requests_w=5000,
+            retries_w=40,
+            shed_w=3,
+            retries_allowed=800,
+            tasks_started=900,
+            tasks_succeeded=880,
+            tasks_failed=4,
+            fleet_cost_nusd=12_345_678_901,
+            spend_on_failed_nusd=1_000_000,
+        ),
     }
     if model in instances:
         return instances[model]
@@ -299,6 +338,7 @@ def test_the_boundaries_themselves_are_accepted() -> None:
         ("breaker", "breaker/node/a"),
         ("retry_budget", "retry_budget/pool/p/tenant/t"),
         ("autoscale", "autoscale/pool/p"),
+        ("fleet", "fleet/fleet"),
     ],
 )
 def test_decision_key_is_kind_slash_entity(kind: str, key: str) -> None:
