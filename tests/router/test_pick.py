@@ -333,6 +333,33 @@ def test_cached_and_uncached_picks_agree() -> None:
     assert run(True) == run(False)
 
 
+def test_weights_are_sorted_once_per_decision_not_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator calls pick millions of times at fleet scale: a pool's eligible nodes and their
+    cumulative weights are derived once per routing or breaker decision, then reused by every call."""
+    import fleetloop.router.pick as pick_module
+
+    w = World({"p": 32, "q": 32})
+    w.apply(
+        routing("p", {f"p/{i}": 1.0 + i for i in range(32)}), routing("q", {f"q/{i}": 1.0 for i in range(32)})
+    )
+    sorts = 0
+    real_sorted = sorted
+
+    def counting_sorted(*args: Any, **kw: Any) -> Any:
+        nonlocal sorts
+        sorts += 1
+        return real_sorted(*args, **kw)
+
+    monkeypatch.setattr(pick_module, "sorted", counting_sorted, raising=False)
+    for _ in range(1000):
+        w.pick()
+    assert sorts == 2  # one per pool (both pools of the model are weighed for each call)
+    w.apply(routing("p", {f"p/{i}": 1.0 for i in range(32)}, tick=2))
+    for _ in range(1000):
+        w.pick()
+    assert sorts == 4  # the new decision: each pool derived once more (the version is router-wide)
+
+
 # -- pools of one model share its calls by routable capacity ----------------------------------------
 
 

@@ -128,3 +128,13 @@ def test_no_success_no_budget_means_none_not_a_division_by_zero_and_it_is_a_vali
     assert again.key == "fleet/fleet"
     assert again.policy == STAMP
     assert again.body.kind == "fleet"
+
+
+def test_routers_ignore_a_fleet_decision_on_control_state() -> None:
+    from fleetloop.router.state import DesiredState
+
+    r = FleetRollup("g")
+    r.add(_summary(0, 1000))
+    st = DesiredState()
+    assert st.accept(decision_of(r.figures(1000), offset=1), now_s=0.0)
+    assert (st.pools, st.breakers, st.version) == ({}, {}, 0)
