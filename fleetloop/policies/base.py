@@ -106,6 +106,10 @@ class PoolView:
     output_tokens_rate_per_s: float
     # Calls routed to this pool over the window, by priority class (classes with calls only).
     requests_by_priority_w: Mapping[int, int] = field(default_factory=dict)
+    # Tasks whose last call ended on this pool over the window, and those of them that failed for
+    # a reason other than our own shedding (timeouts, errors, refused retries): tasks lost here.
+    tasks_ended_w: int = 0
+    tasks_lost_w: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from fleetloop.policies.base import Algorithm, Params
 from fleetloop.policies.slo import DEFAULT_BOOK, SloBook
 from fleetloop.schemas.decisions import PolicyStamp
 from fleetloop.schemas.errors import one_line
-from fleetloop.schemas.policy import SECTIONS, Mode, PolicyDocument
+from fleetloop.schemas.policy import SECTIONS, Mode, PolicyDocument, SloSpec
 
 T = TypeVar("T")
 REGISTRY: dict[str, dict[str, type[Any]]] = {section: {} for section in SECTIONS}
@@ -107,6 +107,13 @@ def compile_policy(document: PolicyDocument) -> CompiledPolicy:
     return CompiledPolicy(
         document=document, stamp=stamp, sections=sections, slo=SloBook.from_spec(document.spec.slo)
     )
+
+
+def with_slo(policy: CompiledPolicy, slo: SloSpec) -> CompiledPolicy:
+    """``policy`` with ``spec.slo`` replaced (a new document: its hash says so)."""
+    data = policy.document.model_dump(mode="json")
+    data["spec"]["slo"] = slo.model_dump(mode="json")
+    return compile_policy(PolicyDocument.model_validate(data))
 
 
 def parse_document(data: Any, source: str = "<document>") -> PolicyDocument:

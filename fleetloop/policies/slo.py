@@ -17,6 +17,13 @@ reach it (the conservative choice when there is no evidence).
 Resolution of one call's SLO, most specific first: ``(priority, pool)``, ``(priority, model)``,
 ``priority``, then ``default``.
 
+Restating the objective (:func:`restated`): a run against a workload whose SLO is given elsewhere
+(a simulator scenario's ``slo``) keeps the policy's class *shape* and takes the workload's
+*scale*: the default becomes the stated SLO and every class is scaled by the same two factors
+(``ttft x stated_ttft / default_ttft``, ``tbt x stated_tbt / default_tbt``), clamped to the
+schema's bounds. The policy says how much looser best effort is than interactive work; the
+workload says what interactive means for it.
+
 Failure mode: a pool that serves a trickle of a strict class (one priority-0 call in a window of
 thousands of batch calls) is held to the strict SLO for that window; that is the point of the
 class (the call is served by the same batch), at the cost of capacity sized for it.
@@ -27,7 +34,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fleetloop.schemas.policy import SloSpec, SloTarget
+from fleetloop.schemas.policy import SloClass, SloSpec, SloTarget
+
+# SloTarget's bounds (ms): a restated class is clamped into them.
+TTFT_BOUNDS = (50.0, 600_000.0)
+TBT_BOUNDS = (5.0, 60_000.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +114,26 @@ class SloBook:
 
 
 DEFAULT_BOOK = SloBook()
+
+
+def _clamp(x: float, bounds: tuple[float, float]) -> float:
+    return min(max(x, bounds[0]), bounds[1])
+
+
+def restated(spec: SloSpec, ttft_ms: float, tbt_ms: float) -> SloSpec:
+    """``spec`` with its default set to ``(ttft_ms, tbt_ms)`` and every class scaled by the same
+    factors (see the module docstring): the classes keep their ratios to the default."""
+    ft = ttft_ms / spec.default.ttft_ms
+    fb = tbt_ms / spec.default.tbt_ms
+    classes = tuple(
+        SloClass(
+            priority=c.priority,
+            model=c.model,
+            pool=c.pool,
+            ttft_ms=_clamp(round(c.ttft_ms * ft, 3), TTFT_BOUNDS),
+            tbt_ms=_clamp(round(c.tbt_ms * fb, 3), TBT_BOUNDS),
+        )
+        for c in spec.classes
+    )
+    default = SloTarget(ttft_ms=_clamp(ttft_ms, TTFT_BOUNDS), tbt_ms=_clamp(tbt_ms, TBT_BOUNDS))
+    return SloSpec(default=default, classes=classes)

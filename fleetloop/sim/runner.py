@@ -9,6 +9,11 @@ Every ``policy.tick_ms`` of virtual time ``t`` (tick ``n``)::
         result = engine.tick(snap, Tick(ts_ms=t, tick_id=n, pool_id=pool))
         sim.apply(result.decisions)
 
+The policy runs against the scenario's SLO: the scenario's ``slo`` becomes the policy's
+``spec.slo`` default and the policy's classes are scaled with it
+(:func:`fleetloop.policies.slo.restated`; :func:`under_scenario_slo`), so the objective the report
+judges latency by and the one admission, batching, autoscaling and the breaker steer by are one.
+
 There is no second control loop: the decisions come from :mod:`fleetloop.daemon.decide` exactly as
 the daemon would compute them from the same records. The run ends when every task has succeeded or
 failed after arrivals stop (deadlines bound it), or at a safety horizon of ``duration_s`` plus the
@@ -25,7 +30,8 @@ from fleetloop.daemon.clock import monotonic_s
 from fleetloop.daemon.decide import Engine
 from fleetloop.daemon.decide.engine import envelope_of
 from fleetloop.daemon.model import FleetModel, apply, snapshot
-from fleetloop.policies.registry import CompiledPolicy
+from fleetloop.policies.registry import CompiledPolicy, with_slo
+from fleetloop.policies.slo import restated
 from fleetloop.schemas.control import Tick
 from fleetloop.sim.fleet import FleetSim, SimReport
 from fleetloop.sim.scenario import Scenario
@@ -66,6 +72,15 @@ class RunResult:
         }
 
 
+def under_scenario_slo(policy: CompiledPolicy, scenario: Scenario) -> CompiledPolicy:
+    """``policy`` held to ``scenario.slo``: the scenario's SLO is the default of ``spec.slo`` and
+    every class keeps its ratio to the policy's own default (the scenario sets the scale, the policy
+    the shape). Why the scenario wins: it describes the workload, whose SLO the report judges; a
+    policy steering by another objective would be graded on one it never saw."""
+    spec = restated(policy.document.spec.slo, float(scenario.slo.ttft_ms), float(scenario.slo.tbt_ms))
+    return with_slo(policy, spec)
+
+
 def run(
     scenario: Scenario,
     policy: CompiledPolicy,
@@ -76,6 +91,7 @@ def run(
     """Run ``scenario`` under ``policy`` to the end; ``progress(virtual_s, horizon_s)`` now and then."""
     started = monotonic_s()
     seed = scenario.seed if seed is None else seed
+    policy = under_scenario_slo(policy, scenario)
     sim = FleetSim(scenario, seed, start_ms=EPOCH_MS)
     engine = Engine(policy)
     env = envelope_of(policy)

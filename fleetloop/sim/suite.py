@@ -18,17 +18,29 @@ any scale. ``--ablation`` also runs the default policy with each lever off (see
 :data:`fleetloop.sim.table.LEVER_OFF`) over the same seeds and reports, per lever and scenario,
 the geometric-mean cost ratio against the full policy and the tasks gained or lost.
 
+``modern`` (the engine-signal autoscaler baseline) runs beside them and is reported against
+default (geometric-mean cost ratio, tasks and priority-0 tasks won), not held to a target.
+
+``--reuse FILE,...`` takes the ``classic`` and ``modern`` rows of earlier runs (their
+``sim-<suite>.json``) instead of running them again, when the scenario file's SHA-256 and the seed
+match: the baselines do not read the default policy, and every run is deterministic in (scenario,
+seed, policy, code), so a row from the same code is the row a new run would give. The table says
+which rows were reused and from where; reuse rows only from a run of the same commit's simulator.
+
 The table goes to ``OUT/sim-<suite>.md`` and ``OUT/sim-<suite>.json``; ``--json`` prints the rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from fleetloop.sim.scenario import load_scenario
 
@@ -38,6 +50,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "all": ("scenarios", "scenarios/stress"),
     "fleet": ("scenarios/fleet",),  # fleet scale: minutes of CPU per run, not part of "all"
 }
+BASELINES = ("classic", "modern")  # reported against default; only classic is a target
 COST_RATIO_MAX = 1.02
 GEOMEAN_MAX = 0.7
 TASK_SLACK = 1  # "within one task"
@@ -64,6 +77,36 @@ def suite_jobs(
         for k in range(seeds):
             jobs.extend((str(f), label, spec, base + k) for label, spec in policies)
     return jobs
+
+
+def scenario_sha(path: str | Path) -> str:
+    """SHA-256 of a scenario file's bytes: a reused row must come from the same file."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def reuse_rows(jobs: list[Job], sources: Iterable[Path]) -> tuple[list[Job], list[dict[str, Any]]]:
+    """(jobs still to run, rows taken from ``sources``): a baseline job whose (scenario file SHA,
+    seed, policy) has a row in one of the earlier suite JSON files is not run again."""
+    have: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for src in sources:
+        data = orjson.loads(src.read_bytes())
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            raise ValueError(f"{src}: not a suite JSON (no rows)")
+        for r in data["rows"]:
+            if r.get("policy") in BASELINES and r.get("scenario_sha"):
+                have[(r["scenario_sha"], int(r["seed"]), r["policy"])] = r
+    todo: list[Job] = []
+    taken: list[dict[str, Any]] = []
+    shas: dict[str, str] = {}
+    for job in jobs:
+        path, label, _, seed = job
+        sha = shas.get(path) or shas.setdefault(path, scenario_sha(path))
+        row = have.get((sha, seed, label)) if label in BASELINES else None
+        if row is None:
+            todo.append(job)
+        else:
+            taken.append(row)
+    return todo, taken
 
 
 def run_jobs(
@@ -142,7 +185,9 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.2%}"
 
 
-def suite_markdown(suite: str, rows: list[dict[str, Any]], seeds: int) -> str:
+def suite_markdown(
+    suite: str, rows: list[dict[str, Any]], seeds: int, reused_from: list[str] | None = None
+) -> str:
     checks, ok = suite_targets(rows)
     t = _index(rows)
     lines = [
@@ -153,6 +198,14 @@ def suite_markdown(suite: str, rows: list[dict[str, Any]], seeds: int) -> str:
         f"priority-0 tasks succeeded at least classic's minus {TASK_SLACK}, cost per successful task at most",
         f"{COST_RATIO_MAX}x classic's, geometric mean of that ratio at most {GEOMEAN_MAX}.",
         "",
+    ]
+    if reused_from:
+        lines += [
+            "The classic and modern rows were reused from an earlier run of the same simulator code "
+            f"(`--reuse {','.join(reused_from)}`; same scenario files and seeds, see the module docstring).",
+            "",
+        ]
+    lines += [
         "| scenario | seed | success classic | success default | tasks +/- | p0 classic | p0 default "
         "| p0 tasks +/- | $/success ratio | TTFT p99 classic / default ms | met |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -198,7 +251,41 @@ def suite_markdown(suite: str, rows: list[dict[str, Any]], seeds: int) -> str:
     missed = [c for c in checks if not (c["cost_ok"] and c["tasks_ok"] and c["p0_ok"])]
     lines.append(f"- (scenario, seed) pairs missing a target: **{len(missed)}** of {len(checks)}")
     lines.append(f"- every target met: **{'yes' if ok else 'no'}**")
+    lines += against_modern_lines(rows)
     return "\n".join(lines) + "\n"
+
+
+def against_modern_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Default against ``modern`` per scenario (reported, not a target): geometric mean of the cost
+    ratio over seeds, and tasks and priority-0 tasks won, summed over seeds."""
+    t = _index(rows)
+    pairs = sorted((s, seed) for s, seed, p in t if p == "modern" and (s, seed, "default") in t)
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "## Against modern (reported, not a target)",
+        "",
+        "| scenario | seeds | geomean $/success default / modern | tasks +/- | p0 tasks +/- |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    every: list[float] = []
+    for s in sorted({s for s, _ in pairs}):
+        ps = [(t[(s, seed, "default")], t[(s, seed, "modern")]) for sc, seed in pairs if sc == s]
+        ratios = [cost_ratio(d, m) for d, m in ps]
+        finite = [r for r in ratios if math.isfinite(r) and r > 0]
+        every.extend(finite)
+        g = _geomean(finite)
+        tasks = sum(int(d["tasks_succeeded"]) - int(m["tasks_succeeded"]) for d, m in ps)
+        p0 = sum(int(d["p0_tasks_succeeded"]) - int(m["p0_tasks_succeeded"]) for d, m in ps)
+        lines.append(f"| {s} | {len(ps)} | {'-' if g is None else f'{g:.3f}'} | {tasks:+d} | {p0:+d} |")
+    g = _geomean(every)
+    lines += [
+        "",
+        f"- geometric mean of $/success default vs modern over {len(every)} runs: "
+        f"**{'-' if g is None else f'{g:.3f}'}**",
+    ]
+    return lines
 
 
 def suite_ablation_markdown(rows: list[dict[str, Any]], levers: Iterable[str]) -> str:

@@ -43,9 +43,12 @@ from fleetloop.policies.registry import (
 from fleetloop.sim.runner import run
 from fleetloop.sim.scenario import ScenarioError, load_scenario
 from fleetloop.sim.suite import (
+    BASELINES,
     SUITES,
     progress_line,
+    reuse_rows,
     run_jobs,
+    scenario_sha,
     suite_ablation_markdown,
     suite_files,
     suite_jobs,
@@ -109,6 +112,7 @@ def run_one(job: tuple[str, str, str] | tuple[str, str, str, int]) -> dict[str, 
     p0 = data["by_priority"].get("0")
     return {
         "scenario": data["scenario"],
+        "scenario_sha": scenario_sha(scenario_path),
         "policy": label,
         "seed": data["seed"],
         "tasks_succeeded": data["tasks"]["succeeded"],
@@ -325,8 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--policies",
-        default="classic,default",
+        default="classic,modern,default",
         help="with --suite: which of classic,modern,default to run (targets need classic and default)",
+    )
+    ap.add_argument(
+        "--reuse",
+        default="",
+        help="with --suite: comma-separated earlier sim-SUITE.json files whose classic/modern rows "
+        "(same scenario file, seed) are taken instead of run again; the table says so",
     )
     args = ap.parse_args(argv)
     if args.suite:
@@ -403,11 +413,20 @@ def main_suite(args: argparse.Namespace) -> int:
         sys.stderr.write(f"no scenario files in suite {args.suite!r}\n")
         return 2
     wanted = {x.strip() for x in args.policies.split(",") if x.strip()}
-    known = {"classic": "baseline:classic", "modern": "baseline:modern", "default": str(DEFAULT_POLICY)}
-    if not wanted <= set(known):
-        sys.stderr.write(f"--policies: unknown {sorted(wanted - set(known))} (known: {', '.join(known)})\n")
+    known = {*BASELINES, "default"}
+    if not wanted <= known:
+        sys.stderr.write(
+            f"--policies: unknown {sorted(wanted - known)} (known: {', '.join(sorted(known))})\n"
+        )
         return 2
-    policies = [(label, spec) for label, spec in known.items() if label in wanted]
+    policies = [
+        (label, spec)
+        for label, spec in (
+            *((b, f"baseline:{b}") for b in BASELINES),
+            ("default", str(DEFAULT_POLICY)),
+        )
+        if label in wanted
+    ]
     levers = [x.strip() for x in args.levers.split(",") if x.strip()]
     if not set(levers) <= set(LEVER_OFF):
         sys.stderr.write(
@@ -421,15 +440,35 @@ def main_suite(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         sys.stderr.write(f"{exc}\n")
         return 2
-    rows = run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
-    md = suite_markdown(args.suite, rows, args.seeds) + suite_against_modern(rows)
+    reused: list[dict[str, Any]] = []
+    sources = [x.strip() for x in args.reuse.split(",") if x.strip()]
+    if sources:
+        try:
+            jobs, reused = reuse_rows(jobs, [Path(x) for x in sources])
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"--reuse: {exc}\n")
+            return 2
+        if not args.json:
+            sys.stderr.write(f"reused {len(reused)} baseline rows; {len(jobs)} runs to go\n")
+    ran = run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
+    order = {(r["scenario"], int(r["seed"]), r["policy"]): r for r in (*reused, *ran)}
+    rows = [order[k] for k in sorted(order)]
+    md = suite_markdown(args.suite, rows, args.seeds, reused_from=sources if reused else None)
+    md += suite_against_modern(rows)
     if args.ablation:
         md += "\n" + suite_ablation_markdown(rows, levers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"sim-{args.suite}.md").write_text(md)
     checks, met = suite_targets(rows)
-    payload = {"suite": args.suite, "seeds": args.seeds, "rows": rows, "checks": checks, "targets_met": met}
+    payload = {
+        "suite": args.suite,
+        "seeds": args.seeds,
+        "rows": rows,
+        "checks": checks,
+        "targets_met": met,
+        "reused_from": sources if reused else [],
+    }
     (out / f"sim-{args.suite}.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
     sys.stdout.write(orjson.dumps(payload).decode() + "\n" if args.json else md)
     return 0

@@ -6,7 +6,10 @@ that no lever's decision costs priority 0 anything in a pure capacity-loss case.
   the ejected node's useful work;
 - shed-then-retry: a shed call's retry is granted on top of the storm budget;
 - mass preemption: calls lost with their node are granted their retry and do not make admission
-  shed; the autoscaler discounts a long prefill's own compute time.
+  shed; the survivors' timeouts during the episode are the lost nodes' displaced load and the
+  budget grows by ``k / warm`` until the capacity is back; the autoscaler discounts a long
+  prefill's own compute time;
+- admission gates on tasks lost, not calls failed, and sets no outstanding limit at its ceiling.
 """
 
 from __future__ import annotations
@@ -170,9 +173,12 @@ def _budget(
         # 150 of the 250 retries were of shed calls (uncounted by the router): 50 counted
         ({"requests_w": 1000, "retries_w": 250, "shed_w": 150}, None, True, 200),
         ({"requests_w": 1000, "retries_w": 250, "shed_w": 150}, None, False, 50),  # Finagle's plain budget
-        ({"requests_w": 1000, "retries_w": 250}, "cold", True, 170),  # 120 were retries of reclaimed calls
-        ({"requests_w": 1000, "retries_w": 250}, "stale", True, 170),  # ... of crashed-node calls
+        # 120 were retries of reclaimed calls, and 1 of 3 nodes is lost (a mass-failure episode:
+        # the ratio grows by 1 short / 2 warm): 100 + 0.7 x 1000 - (250 - 120)
+        ({"requests_w": 1000, "retries_w": 250}, "cold", True, 670),
+        ({"requests_w": 1000, "retries_w": 250}, "stale", True, 670),  # ... of crashed-node calls
         ({"requests_w": 1000, "retries_w": 250}, "warm", True, 50),  # failing on a serving node: a storm
+        ({"requests_w": 1000, "retries_w": 250}, "cold", False, 50),  # Finagle's: no exemption, no episode
     ],
 )
 def test_retries_of_shed_and_lost_calls_do_not_spend_the_storm_budget(
@@ -208,32 +214,152 @@ def test_tenant_budgets_leave_out_their_shed_calls_and_a_share_of_the_lost_ones(
         for d in Ratio().decide(snap, RatioParams(), None, ctx(snap)).decisions
         if isinstance(d, RetryBudgetDecision)
     }
-    # pool: 100 + 200 - (300 - 100); gold: 100 + 50 - (150 - 25); free: 100 + 150 - (150 - 40 - 75)
-    assert out == {None: 100, "gold": 25, "free": 215}
+    # One of two nodes lost: an episode adding 1 short / 1 warm to the ratio (0.2 -> 1.2).
+    # pool: 100 + 1200 - (300 - 100); gold: 100 + 300 - (150 - 25); free: 100 + 900 - (150 - 40 - 75)
+    assert out == {None: 1100, "gold": 275, "free": 965}
 
 
-# -- mass preemption: admission does not shed for calls lost with their node ------------------------
+# -- mass failure: the episode that grows the budget while lost capacity is away -----------------
 
 
-def _admission(views: list[NodeView], failures: int) -> AdmissionDecision:
+def _episode_run(steps: list[tuple[int, int, int]], **params: Any) -> list[tuple[str, int, float]]:
+    """Ticks of (warm serving nodes, lost nodes that failed calls this window, reloading nodes that
+    failed nothing) 10 s apart; per tick (reason, retries allowed, ratio added), 1000 requests and
+    900 timed-out calls' retries per window."""
+    state = None
+    out: list[tuple[str, int, float]] = []
+    for i, (warm, lost, loading) in enumerate(steps):
+        views = [node(f"s{k:02d}") for k in range(warm)]
+        views += [
+            node(f"x{k:02d}", requests_w=50, failures_w=50, weights_state="loading") for k in range(lost)
+        ]
+        views += [node(f"y{k:02d}", weights_state="loading") for k in range(loading)]
+        now = NOW_MS + 10_000 * i
+        snap = snapshot(views, now_ms=now, pool_fields={"p": {"requests_w": 1000, "retries_w": 900}})
+        res = Ratio().decide(snap, RatioParams(per_tenant=False, **params), state, ctx(snap))
+        (d,) = res.decisions
+        assert isinstance(d, RetryBudgetDecision)
+        state = res.state
+        out.append((d.reason, d.retries_allowed_now, d.inputs.get("ratio_added", 0.0)))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("steps", "params", "expected"),
+    [
+        # Half of 16 nodes reclaimed at once: +8/8 while they reload (the lost calls' own retries
+        # are the 400 left out of the count on the first tick); back at 16 warm, one more window.
+        (
+            [(16, 0, 0), (8, 8, 0), (8, 0, 8), (8, 0, 8), (16, 0, 0), (16, 0, 0)],
+            {},
+            [
+                ("budget", 0, 0.0),  # 100 + 200 - 900: a storm on a whole pool, spent
+                ("budget+mass-failure", 800, 1.0),  # 100 + 1.2 x 1000 - (900 - 400 lost calls' retries)
+                ("budget+mass-failure", 400, 1.0),  # 100 + 1.2 x 1000 - 900
+                ("budget+mass-failure", 400, 1.0),
+                ("budget", 0, 0.0),  # capacity back and a window since the loss: plain budget
+                ("budget", 0, 0.0),
+            ],
+        ),
+        # A scale-up's loading nodes failed nothing: no episode, the plain storm budget.
+        ([(8, 0, 8), (8, 0, 8)], {}, [("budget", 0, 0.0), ("budget", 0, 0.0)]),
+        # Capacity that never comes back: the episode ends after episode_max_s (30 s here).
+        (
+            [(8, 8, 0), (8, 0, 8), (8, 0, 8), (8, 0, 8)],
+            {"episode_max_s": 30.0},
+            [
+                ("budget+mass-failure", 800, 1.0),
+                ("budget+mass-failure", 400, 1.0),
+                ("budget+mass-failure", 400, 1.0),
+                ("budget", 0, 0.0),
+            ],
+        ),
+        # Turned off: Finagle's plain budget.
+        ([(8, 8, 0), (8, 0, 8)], {"episode_max_s": 0.0}, [("budget+shed-lost", 0, 0.0), ("budget", 0, 0.0)]),
+        # One node of 16 lost: the ratio grows by 1/15 only.
+        (
+            [(15, 1, 0), (15, 0, 1)],
+            {},
+            [("budget+mass-failure", 0, 0.066667), ("budget+mass-failure", 0, 0.066667)],
+        ),
+    ],
+)
+def test_a_mass_failure_grows_the_budget_until_the_capacity_is_back(
+    steps: list[tuple[int, int, int]], params: dict[str, Any], expected: list[tuple[str, int, float]]
+) -> None:
+    assert _episode_run(steps, **params) == expected
+
+
+# -- admission: tasks lost, not calls failed --------------------------------------------------------
+
+
+def _admission(
+    views: list[NodeView], *, failures: int = 0, ended: int = 0, lost: int = 0, level: float | None = None
+) -> AdmissionDecision:
     snap = snapshot(
         views,
-        pool_fields={"p": {"requests_w": 1000, "failures_w": failures, "ttft_p99_ms_w": 6000.0}},
+        pool_fields={
+            "p": {
+                "requests_w": 1000,
+                "failures_w": failures,
+                "ttft_p99_ms_w": 6000.0,
+                "tasks_ended_w": ended,
+                "tasks_lost_w": lost,
+            }
+        },
     )
-    (d,) = SloAware().decide(snap, SloAwareParams(), None, ctx(snap)).decisions
+    (d,) = SloAware().decide(snap, SloAwareParams(), level, ctx(snap)).decisions
     assert isinstance(d, AdmissionDecision)
     return d
+
+
+@pytest.mark.parametrize(
+    ("failures", "ended", "lost", "reason"),
+    [
+        (400, 800, 0, "tasks-succeed"),  # 40% of calls timed out, every retry carried its task
+        (400, 800, 39, "tasks-succeed"),  # 4.9% of tasks lost: below one in twenty
+        (0, 800, 40, "slo-near"),  # 5% of tasks lost over the SLO: distress, whatever the calls did
+        (400, 0, 0, "tasks-succeed"),  # no task ended in the window: nothing lost
+    ],
+)
+def test_admission_gates_on_tasks_lost_not_calls_failed(
+    failures: int, ended: int, lost: int, reason: str
+) -> None:
+    d = _admission(
+        [node(f"n{i}", requests_w=250, failures_w=failures // 4) for i in range(4)],
+        failures=failures,
+        ended=ended,
+        lost=lost,
+        level=100.0,
+    )
+    assert d.reason == reason
 
 
 def test_admission_does_not_tighten_for_calls_lost_with_their_nodes() -> None:
     lost = [node(f"x{i}", requests_w=40, failures_w=40, weights_state="cold") for i in range(4)]
     serving = [node(f"n{i}", requests_w=100, ok_w=100) for i in range(4)]
-    d = _admission(serving + lost, failures=160)  # every failure is on a reclaimed node
-    assert d.reason == "calls-succeed"
+    d = _admission(serving + lost, failures=160, ended=500)  # every failure is on a reclaimed node
+    assert d.reason == "tasks-succeed"
     assert d.inputs["lost_calls_w"] == 160.0
-    # The same failures on serving nodes are distress: the level tightens.
-    timed_out = [node(f"n{i}", requests_w=100, failures_w=40) for i in range(4)]
-    assert _admission(timed_out, failures=160).reason == "slo-near"
+
+
+@pytest.mark.parametrize(
+    ("level", "ended", "lost", "outstanding"),
+    [
+        (None, 800, 0, {}),  # at the ceiling: no outstanding limit, the queue limits stand
+        (256.0, 800, 0, {}),
+        (252.0, 800, 0, {}),  # climbing back by 4 reaches the ceiling: none
+        (100.0, 800, 40, {"1": 140, "2": 70}),  # distress: 100 x 0.7
+    ],
+)
+def test_no_outstanding_limit_at_the_ceiling(
+    level: float | None, ended: int, lost: int, outstanding: dict[str, int]
+) -> None:
+    d = _admission(
+        [node(f"n{i}", running_requests=300) for i in range(4)], ended=ended, lost=lost, level=level
+    )
+    assert d.new_task_max_outstanding == outstanding
+    assert d.new_task_max_queue_depth["2"] >= 2  # queue limits always published
 
 
 # -- the autoscaler: a long prefill's own compute time is not pressure -------------------------------
@@ -380,3 +506,27 @@ def test_router_lets_exempt_retries_through_a_spent_budget(
 def test_ratio_publishes_the_exemptions_unless_turned_off() -> None:
     assert _budget({"requests_w": 10}).exempt_retries_of == ("error", "shed")
     assert _budget({"requests_w": 10}, exempt_shed_and_lost=False).exempt_retries_of == ()
+
+
+def test_model_counts_tasks_ended_and_lost_on_a_pool_not_those_we_shed() -> None:
+    from fleetloop.daemon.model import FleetModel, apply
+    from fleetloop.daemon.model import snapshot as model_snapshot
+    from tests.support.records import outcome, telemetry
+
+    t0 = 1_700_000_000_000
+    model = apply(
+        FleetModel(),
+        [
+            telemetry("a", ts_ms=t0),
+            outcome("a", "ok", ts_ms=t0 + 100, n=1, task_outcome="succeeded"),
+            outcome("a", "retry", ts_ms=t0 + 150, n=2),  # a failed call the client retries: no task
+            outcome("a", "timeout", ts_ms=t0 + 200, n=2, attempt=1, task_outcome="failed"),  # lost
+            outcome("a", "error", ts_ms=t0 + 300, n=3, task_outcome="failed"),  # lost
+            outcome(None, "shed", ts_ms=t0 + 400, n=4, task_outcome="failed"),  # our own shed: not lost
+            outcome("a", "ok", ts_ms=t0 + 500, n=5),  # a step of a task under way
+        ],
+    )
+    pool = model_snapshot(model, t0 + 1_000, window_ms=10_000).pools["p"]
+    assert (pool.tasks_ended_w, pool.tasks_lost_w) == (4, 2)
+    later = model_snapshot(model, t0 + 20_000, window_ms=10_000).pools["p"]
+    assert (later.tasks_ended_w, later.tasks_lost_w) == (0, 0)  # out of the window

@@ -1,5 +1,5 @@
 """slo-aware: outstanding-work limits on new low-priority tasks that tighten while the pool misses
-its SLO and loses calls, relax otherwise; priority 0 and continuing calls are not limited."""
+its SLO and loses tasks, relax otherwise; priority 0 and continuing calls are not limited."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ BOOK = SloBook(default=SLO)
         (256.0, 1.2, 0.10, (179.2, "slo-near")),
         (256.0, 0.9, 0.05, (179.2, "slo-near")),  # both exactly at their thresholds
         (20.0, 3.0, 0.50, (16.0, "slo-near")),  # floor
-        (256.0, 3.0, 0.01, (256.0, "calls-succeed")),  # over the SLO but calls succeed: no shedding
-        (100.0, 3.0, 0.0, (104.0, "calls-succeed")),  # ... and the level climbs back
+        (256.0, 3.0, 0.01, (256.0, "tasks-succeed")),  # over the SLO but tasks succeed: no shedding
+        (100.0, 3.0, 0.0, (104.0, "tasks-succeed")),  # ... and the level climbs back
         (100.0, 0.7, 0.20, (100.0, "hold")),
         (100.0, 0.6, 0.20, (104.0, "slo-headroom")),  # failing, but latency fine: not our lever
         (254.0, 0.1, 0.20, (256.0, "slo-headroom")),  # ceiling
@@ -88,7 +88,7 @@ def test_queue_limits_are_the_static_queue_depth_ones() -> None:
         (16.0, ({"0": 64, "1": 32, "2": 16}, {"0": 48, "1": 24, "2": 12})),  # distress: the static ones
         (1.0, ({"0": 64, "1": 32, "2": 16}, {"0": 48, "1": 24, "2": 12})),  # never below them
         (32.0, ({"0": 128, "1": 64, "2": 32}, {"0": 96, "1": 48, "2": 24})),
-        (256.0, ({"0": 1024, "1": 512, "2": 256}, {"0": 768, "1": 384, "2": 192})),  # calls succeed: 16x
+        (256.0, ({"0": 1024, "1": 512, "2": 256}, {"0": 768, "1": 384, "2": 192})),  # tasks succeed: 16x
     ],
 )
 def test_queue_limits_open_with_the_level(
@@ -99,14 +99,16 @@ def test_queue_limits_open_with_the_level(
     assert queue_limits(P, level) == expected
 
 
-def _overloaded(failures: int, ttft_p99: float = 3000.0, ttft_p50: float = 900.0) -> Any:
+def _overloaded(lost: int, ttft_p99: float = 3000.0, ttft_p50: float = 900.0) -> Any:
     return snapshot(
         [node("a", tbt_p99_ms=50.0, queue_depth=1, running_requests=70), node("b", tbt_p99_ms=60.0)],
         pool_fields={
             "p": {
                 "requests_w": 1000,
                 "shed_w": 100,
-                "failures_w": failures,
+                "failures_w": 2 * lost,
+                "tasks_ended_w": 900,
+                "tasks_lost_w": lost,
                 "ttft_p99_ms_w": ttft_p99,
                 "ttft_p50_ms_w": ttft_p50,
             }
@@ -115,7 +117,7 @@ def _overloaded(failures: int, ttft_p99: float = 3000.0, ttft_p50: float = 900.0
 
 
 def test_decide_tightens_under_distress_and_publishes_everything() -> None:
-    snap = _overloaded(failures=90)  # 90 / (1000 - 100) = 10% failing, pressure 2.0
+    snap = _overloaded(lost=90)  # 90 of 900 tasks lost = 10% failing, pressure 2.0
     res = SloAware().decide(snap, P, None, ctx(snap, slo=BOOK))
     (d,) = res.decisions
     assert isinstance(d, AdmissionDecision)
@@ -132,16 +134,18 @@ def test_decide_tightens_under_distress_and_publishes_everything() -> None:
     assert d.inputs["max_outstanding_seen"] == 71.0
 
 
-def test_decide_does_not_shed_while_calls_succeed() -> None:
-    snap = _overloaded(failures=9)  # 1% failing: latency is over the SLO but every task still runs
+def test_decide_does_not_shed_while_tasks_succeed() -> None:
+    snap = _overloaded(lost=9)  # 1% of tasks lost: latency is over the SLO but tasks still succeed
     res = SloAware().decide(snap, P, None, ctx(snap, slo=BOOK))
     (d,) = res.decisions
-    assert d.reason == "calls-succeed"
-    assert d.new_task_max_outstanding == {"1": 512, "2": 256}
+    assert d.reason == "tasks-succeed"
+    assert d.new_task_max_outstanding == {}  # at the ceiling: no outstanding limit
+    res = SloAware().decide(snap, P, 100.0, ctx(snap, slo=BOOK))  # below it, the level's limits
+    assert res.decisions[0].new_task_max_outstanding == {"1": 208, "2": 104}
 
 
 def test_reject_budget_is_capped_and_off_without_data() -> None:
-    snap = _overloaded(failures=0, ttft_p50=9000.0)
+    snap = _overloaded(lost=0, ttft_p50=9000.0)
     (d,) = SloAware().decide(snap, P, None, ctx(snap, slo=BOOK)).decisions
     assert d.reject_if_budget_below_ms == 2000
     quiet = snapshot([node("a")])
@@ -233,8 +237,8 @@ def test_more_important_classes_never_get_less_room(level: float, classes: int, 
 
 
 @given(st.floats(16.0, 256.0), st.integers(0, 500))
-def test_idempotent_for_the_same_tick(level: float, failures: int) -> None:
-    snap = _overloaded(failures=failures)
+def test_idempotent_for_the_same_tick(level: float, lost: int) -> None:
+    snap = _overloaded(lost=lost)
     a = SloAware().decide(snap, P, level, ctx(snap, slo=BOOK))
     b = SloAware().decide(snap, P, level, ctx(snap, slo=BOOK))
     assert a.decisions == b.decisions

@@ -85,6 +85,7 @@ class _Pool:
     win: Window = field(default_factory=lambda: Window(7))
     ttft: Window = field(default_factory=lambda: Window(N_LAT_BINS))
     by_priority: Window = field(default_factory=lambda: Window(N_PRIORITIES))  # calls per class
+    tasks: Window = field(default_factory=lambda: Window(2))  # tasks ended here, tasks lost here
     watermark_ms: int = -1  # newest event time of this pool's own records: its clock, nobody else's
     evicted_to: int = -(2**62)  # buckets at or before this are gone
     nodes: set[str] = field(default_factory=set)
@@ -336,6 +337,8 @@ class FleetModel:
             pool.ttft.add_at(b, lat_bin(ttft_ms), 1.0)
         if not shed:  # the classes the pool served, not those it turned away
             pool.by_priority.add_at(b, min(max(o.priority, 0), N_PRIORITIES - 1), 1.0)
+        if o.task_outcome is not None:  # a task ended on this call; lost unless ok or our own shed
+            pool.tasks.add(b, (1.0, float(o.task_outcome == "failed" and not shed)))
         tenant = self.tenants.get(o.tenant_id)
         if tenant is None:
             if len(self.tenants) < self.config.max_tenants:
@@ -432,6 +435,7 @@ class FleetModel:
         pool.win.evict_before(horizon_bucket)
         pool.ttft.evict_before(horizon_bucket)
         pool.by_priority.evict_before(horizon_bucket)
+        pool.tasks.evict_before(horizon_bucket)
         now = pool.watermark_ms
         forget = self.config.forget_node_after_ms
         nodes = self.nodes
@@ -556,6 +560,7 @@ def snapshot(
         w = pool.win.total(now_ms, window_ms)
         hist = pool.ttft.total(now_ms, window_ms)
         prio = pool.by_priority.total(now_ms, window_ms)
+        tasks = pool.tasks.total(now_ms, window_ms)
         ids = tuple(by_pool.get(pool_id, ()))
         first = nodes[ids[0]] if ids else None
         pools[pool_id] = PoolView(
@@ -575,6 +580,8 @@ def snapshot(
             prompt_tokens_rate_per_s=w[_P_PROMPT] / seconds,
             output_tokens_rate_per_s=w[_P_OUT] / seconds,
             requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
+            tasks_ended_w=int(tasks[0]),
+            tasks_lost_w=int(tasks[1]),
         )
     tenants: dict[str, TenantView] = {}
     for tenant_id in sorted(model.tenants):

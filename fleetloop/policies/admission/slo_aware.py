@@ -1,5 +1,5 @@
 """slo-aware: shed the first calls of new low-priority tasks on outstanding-work thresholds that
-tighten while the pool misses its latency SLO and loses calls, and relax when there is headroom;
+tighten while the pool misses its latency SLO and loses tasks, and relax when there is headroom;
 priority 0 and calls of tasks already under way are never shed on outstanding work, and calls that
 can no longer get a first token in time are rejected early.
 
@@ -15,31 +15,47 @@ Formula, per pool and tick. The pressure is ``x = max(ttft_p99_w / ttft_slo_ms, 
 (``ttft_p99_w`` the pool's TTFT p99 over the window, ``tbt`` the upper median of the newest TBT p99
 of its warm, fresh, not-ejected nodes; a missing figure is left out; ``ttft_slo_ms``/``tbt_slo_ms``
 the SLO of the policy's classes, ``spec.slo``, for the calls the pool served in the window: the
-strictest class served binds, :mod:`fleetloop.policies.slo`) and the failing share is
-``f = (failures_w - lost_w) / (requests_w - shed_w)`` (errors, timeouts, retried attempts; our own
-sheds are not counted, so shedding does not feed itself; nor are ``lost_w``, the calls that failed
-on nodes that are no longer serving: crashed (stale), reclaimed or restarting (not warm). A node
-lost to a crash or a preemption drops its calls whatever admission does; shedding new tasks for
-it turns one correlated failure into more lost tasks, while the surviving nodes' own timeouts and
-errors still count). The state is a level ``L``, the new-task
+strictest class served binds, :mod:`fleetloop.policies.slo`) and the failing share is the share
+of **tasks lost**, not of calls failed: ``f = tasks_lost_w / tasks_ended_w`` (tasks whose last call
+ended on this pool in the window, and those of them that failed for any reason but our own
+shedding: timeouts and errors with no retry left, retries the budget refused, deadlines). Why tasks
+and not calls: the fleet is paid per successful task, and a timed-out call whose retry succeeds
+costs latency and some GPU time, not a task. After a capacity loss (half a pool reclaimed) the
+survivors queue and time calls out while the clients' retries still carry nearly every task
+through; counting those calls as distress shed new tasks (each a certain loss: a shed first call's
+retries meet the same thresholds) to prevent timeouts that were not losing anything. A storm that
+does lose tasks shows up here within one client retry cycle (timeout x retries). Our own sheds are
+not counted, so shedding does not feed itself, and neither are calls lost with a crashed or
+reclaimed node (they fail whatever admission does, and their retries are exempt from the budget).
+The state is a level ``L``, the new-task
 outstanding limit of the least important class, starting at ``max_level``::
 
     no latency figure:                   L unchanged                        reason no-data
-    f <  min_failure_frac:               L = min(max_level, L + increase)   reason calls-succeed
+    f <  min_failure_frac:               L = min(max_level, L + increase)   reason tasks-succeed
     x >= tighten_at (and f large):       L = max(min_level, L * decrease)   reason slo-near
     x <= relax_below:                    L = min(max_level, L + increase)   reason slo-headroom
     otherwise:                           L unchanged                        reason hold
 
     new_task_max_outstanding[p] = floor(L * class_spread ** (lowest - p))  for p > protect_priority
-                                  (lowest = classes - 1; none for p <= protect_priority)
+                                  (lowest = classes - 1; none for p <= protect_priority;
+                                   none at all while L = max_level)
     max_queue_depth[p]          = max(2, floor(queue_depth_p0 * 0.5 ** p * L / min_level))
     new_task_max_queue_depth[p] = max(2, floor(max_queue_depth[p] * 0.75))
     reject_if_budget_below_ms   = floor(min(ttft_p50_w, reject_cap_ms))   (0 without data)
 
+No outstanding limit at ``max_level``: the level is at its ceiling only when no task has been lost
+for a while (at least ``(max_level - min_level) / increase`` ticks after a breach), and then the
+outstanding work on a node is no evidence of distress: beyond ``max_num_seqs`` a node only queues,
+and a queue that drains within the clients' timeouts loses nothing. The queue-depth limits (16x the
+static ones there) still turn new tasks away from a node whose queue is too deep to drain in time.
+A limit kept at the ceiling shed the first calls of low-priority tasks on the survivors of a mass
+preemption while every task still succeeded (each shed first call a lost task: its retries meet
+the same limit).
+
 The failure gate is the KPI speaking: the fleet is paid per successful task, so latency over the SLO
-while calls still succeed does not justify losing a task; shedding starts when the miss turns into
-timeouts and errors (and retries, which add load), and the level climbs back as soon as calls
-succeed again, even if latency is still over the SLO (long prompts keep TTFT p99 high without any
+while tasks still succeed does not justify losing a task; shedding starts when the miss turns into
+lost tasks, and the level climbs back as soon as tasks succeed again, even if latency is still
+over the SLO (long prompts keep TTFT p99 high without any
 shedding curing it). The queue thresholds follow the same gate: at ``min_level`` (distress) they
 are the static ``queue-depth`` ones, which act once a node is full, and they open in proportion to
 the level above it (16x at ``max_level``). A queue that drains before its calls time out costs
@@ -55,7 +71,9 @@ SLO (``ctx.slo``; no copy here). Parameters (defaults, bounds): ``tighten_at`` 0
 the batching knob's 0.8 so the cheaper lever (smaller prefill chunks) acts first; ``relax_below``
 0.6 (0.05-5, below ``tighten_at``); ``decrease`` 0.7
 (0.1-0.95, gentler than halving because a shed call can be a lost task); ``increase`` 4 (0.1-1000
-requests per tick); ``min_failure_frac`` 0.05 (0-1; below it client retries absorb the failures);
+requests per tick); ``min_failure_frac`` 0.05 (0-1; the share of ended tasks lost: one in twenty
+is a failure rate no client retry policy hides, and below it shedding, which loses a task per shed
+first call, costs more tasks than it can save);
 ``min_level`` 16 (1-10 000): a node decoding fewer than ~16 sequences is far below the ridge point
 where decode turns compute bound (~150-300 tokens per step on the catalog GPUs), so extra requests
 cost it almost nothing and shedding below that only loses work; ``max_level`` 256 (vLLM's default
@@ -133,7 +151,7 @@ def next_level(
     if x is None:
         return level, "no-data"
     if failing < params.min_failure_frac:
-        return min(params.max_level, level + params.increase), "calls-succeed"
+        return min(params.max_level, level + params.increase), "tasks-succeed"
     if x >= params.tighten_at:
         return max(params.min_level, level * params.decrease), "slo-near"
     if x <= params.relax_below:
@@ -142,7 +160,10 @@ def next_level(
 
 
 def new_task_limits(params: SloAwareParams, level: float) -> dict[str, int]:
-    """``new_task_max_outstanding`` for the classes above ``protect_priority``."""
+    """``new_task_max_outstanding`` for the classes above ``protect_priority``; none at
+    ``max_level`` (no distress: see the module docstring)."""
+    if level >= params.max_level:
+        return {}
     lowest = params.classes - 1
     return {
         str(p): max(1, math.floor(level * params.class_spread ** (lowest - p) + 1e-9))
@@ -183,11 +204,7 @@ class SloAware:
         x = pressure(slo, ttft_p99, tbt)
         nodes = snap.pool_nodes(ctx.pool_id)
         lost = lost_calls(nodes)
-        failing = (
-            failure_frac(pool.requests_w - pool.shed_w, max(0, pool.failures_w - lost))
-            if pool is not None
-            else 0.0
-        )
+        failing = failure_frac(pool.tasks_ended_w, pool.tasks_lost_w) if pool is not None else 0.0
         new_level, reason = next_level(params, level, x, failing)
         new_level = r6(new_level)
         new_task_outstanding = new_task_limits(params, new_level)
@@ -197,6 +214,8 @@ class SloAware:
             "level": new_level,
             "previous_level": r6(level),
             "failure_frac_w": r6(failing),
+            "tasks_lost_w": float(pool.tasks_lost_w if pool is not None else 0),
+            "tasks_ended_w": float(pool.tasks_ended_w if pool is not None else 0),
             "lost_calls_w": float(lost),
             "ttft_slo_ms": r6(slo.ttft_ms),
             "tbt_slo_ms": r6(slo.tbt_ms),

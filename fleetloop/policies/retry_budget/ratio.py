@@ -3,7 +3,8 @@
 Formula, over the engine's window ``W`` (seconds)::
 
     counted = max(0, retries_w - shed_w - lost_w)      (retries_w when exempt_shed_and_lost is off)
-    allowed = max(0, floor(min_retries_per_s * W + retry_ratio * requests_w) - counted)
+    ratio   = retry_ratio + k / max(1, warm)           (k nodes short after a mass failure, below)
+    allowed = max(0, floor(min_retries_per_s * W + ratio * requests_w) - counted)
     exempt_retries_of = (error, shed)                   (empty when exempt_shed_and_lost is off)
 
 published per pool (and per tenant seen in the window, with the tenant's own counts; the pool's
@@ -13,7 +14,7 @@ those with ``attempt > 0``, ``shed_w`` the calls our own admission turned away, 
 calls that failed on nodes that left service (stale: crashed; not warm: reclaimed and reloading).
 
 A retry budget exists to break one feedback loop: failures caused by load, whose retries add load
-(the storm). Two kinds of failed call are not in that loop:
+(the storm). Three kinds of failed call are not in that loop:
 
 - **a shed call** never ran: it cost no GPU time, and its retry is admitted or shed again by the
   same admission thresholds. Refusing it as well turns one shed first call into a lost task while
@@ -22,34 +23,59 @@ A retry budget exists to break one feedback loop: failures caused by load, whose
   at the same moment whatever the load. That is a correlated mass failure, not a storm: the
   retries are bounded by the calls that were in flight (they do not feed themselves: the node is
   gone, the retry goes elsewhere), and refusing them loses tasks that a surviving node can serve.
+- **a call that timed out on a survivor of a mass failure**: with ``k`` of ``N`` nodes gone, the
+  ``N - k`` survivors carry ``N / (N - k)`` of their load until the lost capacity is back (a
+  reclaimed node reloads, the autoscaler replaces a crashed one: a cold start). The excess,
+  ``k / (N - k)`` of the requests, is the lost nodes' displaced load, not load that retries
+  created: it waits or times out, and its retries are bounded by it. So while the pool is short of
+  the nodes it lost, the ratio grows by ``k / warm`` (half a pool lost: +1, every displaced call
+  may retry once per window). A storm on the survivors is still bounded, at ``1 + ratio`` of the
+  offered load; a storm without a lost node (a slowdown, a black hole that keeps reporting warm)
+  meets the plain ratio.
+
+Mass failure, the episode (state, per pool): a node is *lost* when it failed calls in the window
+and is stale (crashed) or not warm without draining (reclaimed, reloading); a scale-up node that is
+still loading has failed no call and is not lost. On the first lost node the episode records
+``ref = warm + lost`` (the serving nodes before the failure); while it lasts ``k = max(0, ref -
+warm)`` with ``warm`` the warm, fresh, not-draining nodes now. It ends once ``warm >= ref`` and a
+window has passed since the last lost node (the survivors' queued timeouts arrive up to a client
+timeout later), or ``episode_max_s`` after it began: capacity that has not come back by then is the
+pool's new size, and the plain ratio applies.
 
 They are told apart where the retry happens: the decision lists ``exempt_retries_of = (error,
 shed)`` and the router lets such a retry through without spending the count (a mass failure's
 retries come within a backoff of the failure, before any window that counts them could reach a
 tick). An ``error`` is a call its node dropped (connection refused, node lost); a slow call is a
-``timeout`` and stays budgeted. The window's own count leaves those exempt retries out (about one
-per shed or lost call), so they do not shrink the budget left for the others either.
+``timeout`` and stays budgeted (by the grown ratio during an episode). The window's own count
+leaves those exempt retries out (about one per shed or lost call), so they do not shrink the
+budget left for the others either.
 
 Inputs: the pool's and tenants' request, retry and shed counts over the window; the pool's nodes
-(``failures_w``, ``stale``, ``weights_state``). Parameters (defaults, bounds): ``retry_ratio`` 0.2
-(0-1; Finagle's default percentCanRetry), ``min_retries_per_s`` 10 (0-10 000; Finagle's
-minRetriesPerSec), ``per_tenant`` true, ``exempt_shed_and_lost`` true (false: Finagle's plain
-budget, which counts every retry the same).
+(``failures_w``, ``stale``, ``weights_state``, ``draining``). Parameters (defaults, bounds):
+``retry_ratio`` 0.2 (0-1; Finagle's default percentCanRetry), ``min_retries_per_s`` 10 (0-10 000;
+Finagle's minRetriesPerSec), ``per_tenant`` true, ``exempt_shed_and_lost`` true (false: Finagle's
+plain budget, which counts every retry the same, and no episode), ``episode_max_s`` 300 (0-3600;
+0 turns the episode off): published vLLM cold starts are 82 s with every cache warm and 294 s
+uncached for an 8B model (the simulator's catalog), so a lost node is back or replaced within
+about five minutes; capacity still missing after that is not coming back by itself.
 Trade-offs: bounds storm retry load at 1 + ratio of offered load, which breaks the retry-storm
 feedback loop; a burst of real transient errors on serving nodes beyond the ratio is not retried.
 A shed call's retry is granted by the budget but can be shed again: shedding, not the budget,
-decides whether the overload turns into lost tasks.
+decides whether the overload turns into lost tasks. During an episode a storm on the survivors is
+bounded more loosely (``1 + retry_ratio + k / warm``).
 Failure mode: the counts are a window behind; a sudden storm can overspend one window's budget.
 A node that keeps reporting warm while it fails every call fast (a black hole) is not "lost": its
 failures count as a storm until the breaker ejects it. A router whose shed calls are retried by a
 client that ignores backoff can spend the shed grant on those retries within one window (bounded
-by the shed count).
+by the shed count). A pool that loses nodes and then scales down on purpose within the episode
+keeps the grown ratio until ``warm`` is back at ``ref`` or ``episode_max_s`` passes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from pydantic import Field
 
@@ -63,13 +89,66 @@ class RatioParams(Params):
     min_retries_per_s: float = Field(default=10.0, ge=0.0, le=10_000.0)
     per_tenant: bool = True
     exempt_shed_and_lost: bool = True
+    episode_max_s: float = Field(default=300.0, ge=0.0, le=3600.0)
 
 
-def allowed(params: RatioParams, window_s: float, requests: int, retries: int, exempt: int = 0) -> int:
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """A mass failure in progress: the serving nodes before it (``ref``), when it began, and when
+    a node was last seen lost."""
+
+    ref: int
+    since_ms: int
+    last_loss_ms: int
+
+
+def allowed(
+    params: RatioParams,
+    window_s: float,
+    requests: int,
+    retries: int,
+    exempt: int = 0,
+    *,
+    extra: float = 0.0,
+) -> int:
     """The window's budget for retries the router counts; ``exempt`` estimates the retries of shed
-    and lost calls among ``retries`` (the router lets those through uncounted)."""
+    and lost calls among ``retries`` (the router lets those through uncounted); ``extra`` is the
+    ratio a mass failure adds (``k / warm``)."""
     counted = max(0, retries - max(0, exempt)) if params.exempt_shed_and_lost else retries
-    return max(0, math.floor(params.min_retries_per_s * window_s + params.retry_ratio * requests) - counted)
+    ratio = params.retry_ratio + max(0.0, extra)
+    return max(0, math.floor(params.min_retries_per_s * window_s + ratio * requests) - counted)
+
+
+def lost_nodes(nodes: Iterable[NodeView]) -> int:
+    """Nodes that failed calls in the window and left service: crashed (stale) or reclaimed (not
+    warm, not draining). A scale-up node still loading has failed nothing and is not counted."""
+    return sum(
+        1 for n in nodes if n.failures_w > 0 and (n.stale or (n.weights_state != "warm" and not n.draining))
+    )
+
+
+def next_episode(
+    params: RatioParams, episode: Episode | None, nodes: Iterable[NodeView], now_ms: int, window_ms: int
+) -> tuple[Episode | None, int, int]:
+    """(the episode after this tick, ``k`` nodes short, ``warm`` nodes serving); see the module
+    docstring. No episode without ``exempt_shed_and_lost`` or with ``episode_max_s`` 0."""
+    nodes = list(nodes)
+    warm = sum(1 for n in nodes if n.warm and not n.stale)
+    if not params.exempt_shed_and_lost or params.episode_max_s <= 0:
+        return None, 0, warm
+    lost = lost_nodes(nodes)
+    if lost:
+        if episode is None:
+            episode = Episode(ref=warm + lost, since_ms=now_ms, last_loss_ms=now_ms)
+        else:
+            episode = Episode(max(episode.ref, warm + lost), episode.since_ms, now_ms)
+    if episode is None:
+        return None, 0, warm
+    over = now_ms - episode.since_ms >= params.episode_max_s * 1000.0
+    back = warm >= episode.ref and now_ms - episode.last_loss_ms >= window_ms
+    if over or back:
+        return None, 0, warm
+    return episode, max(0, episode.ref - warm), warm
 
 
 def lost_calls(nodes: Iterable[NodeView]) -> int:
@@ -81,24 +160,37 @@ def lost_calls(nodes: Iterable[NodeView]) -> int:
 class Ratio:
     Params = RatioParams
 
-    def initial_state(self) -> None:
+    def initial_state(self) -> Episode | None:
         return None
 
     def decide(
-        self, snap: FleetSnapshot, params: RatioParams, state: None, ctx: PolicyContext
-    ) -> PolicyResult[None]:
+        self, snap: FleetSnapshot, params: RatioParams, state: Episode | None, ctx: PolicyContext
+    ) -> PolicyResult[Episode | None]:
         window_s = snap.window_ms / 1000.0
         pool = snap.pools.get(ctx.pool_id)
         requests = pool.requests_w if pool else 0
         retries = pool.retries_w if pool else 0
         shed = pool.shed_w if pool else 0
-        lost = lost_calls(snap.pool_nodes(ctx.pool_id))
+        nodes = snap.pool_nodes(ctx.pool_id)
+        lost = lost_calls(nodes)
+        episode, short, warm = next_episode(params, state, nodes, snap.now_ms, snap.window_ms)
+        extra = short / max(1, warm) if short else 0.0
         inputs = {
             "requests_w": float(requests),
             "retries_w": float(retries),
             "shed_w": float(shed),
             "lost_w": float(lost),
         }
+        if episode is not None:
+            inputs["nodes_short"] = float(short)
+            inputs["nodes_warm"] = float(warm)
+            inputs["ratio_added"] = round(extra, 6)
+        if episode is not None:
+            reason = "budget+mass-failure"
+        elif shed + lost == 0 or not params.exempt_shed_and_lost:
+            reason = "budget"
+        else:
+            reason = "budget+shed-lost"
         exempt: tuple[RetryExempt, ...] = ("error", "shed") if params.exempt_shed_and_lost else ()
         decisions = [
             RetryBudgetDecision(
@@ -106,11 +198,9 @@ class Ratio:
                 pool_id=ctx.pool_id,
                 retry_ratio=params.retry_ratio,
                 min_retries_per_s=params.min_retries_per_s,
-                retries_allowed_now=allowed(params, window_s, requests, retries, shed + lost),
+                retries_allowed_now=allowed(params, window_s, requests, retries, shed + lost, extra=extra),
                 exempt_retries_of=exempt,
-                reason="budget"
-                if shed + lost == 0 or not params.exempt_shed_and_lost
-                else "budget+shed-lost",
+                reason=reason,
                 inputs=inputs,
             )
         ]
@@ -128,7 +218,7 @@ class Ratio:
                         retry_ratio=params.retry_ratio,
                         min_retries_per_s=params.min_retries_per_s,
                         retries_allowed_now=allowed(
-                            params, window_s, t.requests_w, t.retries_w, t.shed_w + lost_t
+                            params, window_s, t.requests_w, t.retries_w, t.shed_w + lost_t, extra=extra
                         ),
                         exempt_retries_of=exempt,
                         reason="tenant-budget",
@@ -140,4 +230,4 @@ class Ratio:
                         },
                     )
                 )
-        return PolicyResult(decisions=tuple(decisions), state=None)
+        return PolicyResult(decisions=tuple(decisions), state=episode)
