@@ -62,7 +62,7 @@ that has reported no node yet is not synced (its size would read as 0, which dis
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Self
 
@@ -343,6 +343,120 @@ def drain_order(nodes: Sequence[NodeView]) -> list[NodeView]:
     return sorted(by_id, key=lambda n: (rank.get(n.weights_state, 2), 0 if n.stale else 1))
 
 
+Recommend = Callable[[int], tuple[int | None, dict[str, float]]]
+
+
+def sync(
+    ctx: PolicyContext,
+    nodes: Sequence[NodeView],
+    state: HpaState,
+    *,
+    sync_period_ms: int,
+    bounds: tuple[int, int],
+    up_rules: ScalingRules,
+    down_rules: ScalingRules,
+    recommend: Recommend,
+    inputs: dict[str, float],
+    zero_disables: bool,
+) -> PolicyResult[HpaState]:
+    """One HPA sync around a metric (``reconcileAutoscaler``): hold between syncs, clamp to the
+    replica bounds, ``recommend(spec_replicas)`` -> (metric replicas or None, inputs), then the
+    stabilization window and the behavior's rate limits, and the scale events kept for them.
+    ``zero_disables``: spec.replicas 0 with a non-zero minimum disables scaling (Kubernetes HPA;
+    KEDA's scale-to-zero does not). Shared by ``hpa`` and ``keda-engine``."""
+    now = ctx.now_ms
+    active = [n for n in nodes if not n.draining]
+    if state.last_sync_ms is not None and now - state.last_sync_ms < sync_period_ms:
+        desired = state.last_desired if state.last_desired is not None else len(active)
+        hold = {
+            "spec_replicas": float(desired),
+            "next_sync_ms": float(state.last_sync_ms + sync_period_ms),
+        }
+        return PolicyResult(decisions=(_decision(ctx, active, desired, "between-syncs", hold),), state=state)
+
+    if state.last_desired is None and not active:
+        # No scale target to read yet (the pool has reported no node): nothing to sync against.
+        # Syncing now would take 0 as spec.replicas, which disables the HPA for good.
+        return PolicyResult(decisions=(_decision(ctx, active, 0, "no-nodes-yet", {}),), state=state)
+    current = state.last_desired if state.last_desired is not None else len(active)
+    lo, hi = bounds
+    recs = state.recommendations if state.recommendations is not None else ((now, current),)
+    inputs = {"spec_replicas": float(current), **inputs}
+    if zero_disables and current == 0 and lo != 0:
+        desired, reason = 0, "scaling-disabled"
+    elif current > hi:
+        desired, reason = hi, "above-max-replicas"
+    elif current < lo:
+        desired, reason = lo, "below-min-replicas"
+    else:
+        wanted, more = recommend(current)
+        inputs.update(more)
+        if wanted is None:
+            desired, reason = current, "no-metrics"
+        else:
+            stabilized, recs = stabilize(
+                recs,
+                wanted,
+                current,
+                now_ms=now,
+                up_window_ms=up_rules.stabilization_window_s * 1000,
+                down_window_ms=down_rules.stabilization_window_s * 1000,
+            )
+            inputs["stabilized"] = float(stabilized)
+            desired, condition = limit_rate(
+                current,
+                stabilized,
+                min_replicas=lo,
+                max_replicas=hi,
+                up=state.scale_up_events,
+                down=state.scale_down_events,
+                up_rules=up_rules,
+                down_rules=down_rules,
+                now_ms=now,
+            )
+            if condition != "DesiredWithinRange":
+                reason = _kebab(condition)
+            elif stabilized != wanted:
+                reason = "scale-up-stabilized" if wanted > current else "scale-down-stabilized"
+            else:
+                reason = "scale-up" if desired > current else "scale-down" if desired < current else "steady"
+
+    up_events, down_events = state.scale_up_events, state.scale_down_events
+    if desired != current:
+        horizon = max((p.period_s for p in (*up_rules.policies, *down_rules.policies)), default=0)
+        cutoff = now - horizon * 1000
+        up_events = tuple(e for e in up_events if e[0] > cutoff)
+        down_events = tuple(e for e in down_events if e[0] > cutoff)
+        if desired > current:
+            up_events = (*up_events, (now, desired - current))
+        else:
+            down_events = (*down_events, (now, current - desired))
+    new_state = HpaState(
+        last_sync_ms=now,
+        last_desired=desired,
+        recommendations=recs,
+        scale_up_events=up_events,
+        scale_down_events=down_events,
+    )
+    return PolicyResult(decisions=(_decision(ctx, active, desired, reason, inputs),), state=new_state)
+
+
+def _decision(
+    ctx: PolicyContext, active: Sequence[NodeView], desired: int, reason: str, inputs: dict[str, float]
+) -> AutoscaleDecision:
+    surplus = len(active) - desired
+    drain = tuple(n.node_id for n in drain_order(active)[:surplus]) if surplus > 0 else ()
+    return AutoscaleDecision(
+        entity=f"pool/{ctx.pool_id}",
+        pool_id=ctx.pool_id,
+        current_nodes=len(active),
+        desired_nodes=desired,
+        drain=drain,
+        reason=reason,
+        inputs=inputs,
+    )
+
+
 @register("autoscale", "hpa")
 class Hpa:
     Params = HpaParams
@@ -353,113 +467,30 @@ class Hpa:
     def decide(
         self, snap: FleetSnapshot, params: HpaParams, state: HpaState, ctx: PolicyContext
     ) -> PolicyResult[HpaState]:
-        now = ctx.now_ms
         nodes = snap.pool_nodes(ctx.pool_id)
-        active = [n for n in nodes if not n.draining]
-        if state.last_sync_ms is not None and now - state.last_sync_ms < params.sync_period_ms:
-            desired = state.last_desired if state.last_desired is not None else len(active)
-            hold = {
-                "spec_replicas": float(desired),
-                "next_sync_ms": float(state.last_sync_ms + params.sync_period_ms),
-            }
-            return PolicyResult(
-                decisions=(self._decision(ctx, active, desired, "between-syncs", hold),), state=state
-            )
 
-        if state.last_desired is None and not active:
-            # No scale target to read yet (the pool has reported no node): nothing to sync against.
-            # Syncing now would take 0 as spec.replicas, which disables the HPA for good.
-            return PolicyResult(decisions=(self._decision(ctx, active, 0, "no-nodes-yet", {}),), state=state)
-        current = state.last_desired if state.last_desired is not None else len(active)
-        lo, hi = params.bounds(ctx.pool_id)
-        recs = state.recommendations if state.recommendations is not None else ((now, current),)
-        inputs: dict[str, float] = {
-            "spec_replicas": float(current),
-            "target_utilization_pct": float(params.target_utilization_pct),
-        }
-        if current == 0 and lo != 0:
-            desired, reason = 0, "scaling-disabled"
-        elif current > hi:
-            desired, reason = hi, "above-max-replicas"
-        elif current < lo:
-            desired, reason = lo, "below-min-replicas"
-        else:
+        def recommend(current: int) -> tuple[int | None, dict[str, float]]:
             calc = calculate_replicas(nodes, current, params.target_utilization_pct, params.tolerance)
-            inputs.update(
-                utilization_pct=float(calc.utilization_pct),
-                ready_nodes=float(calc.ready),
-                unready_nodes=float(calc.unready),
-                missing_nodes=float(calc.missing),
-                ignored_nodes=float(calc.ignored),
-            )
-            if calc.replicas is None:
-                desired, reason = current, "no-metrics"
-            else:
-                inputs["metric_desired"] = float(calc.replicas)
-                stabilized, recs = stabilize(
-                    recs,
-                    calc.replicas,
-                    current,
-                    now_ms=now,
-                    up_window_ms=params.scale_up.stabilization_window_s * 1000,
-                    down_window_ms=params.scale_down.stabilization_window_s * 1000,
-                )
-                inputs["stabilized"] = float(stabilized)
-                desired, condition = limit_rate(
-                    current,
-                    stabilized,
-                    min_replicas=lo,
-                    max_replicas=hi,
-                    up=state.scale_up_events,
-                    down=state.scale_down_events,
-                    up_rules=params.scale_up,
-                    down_rules=params.scale_down,
-                    now_ms=now,
-                )
-                if condition != "DesiredWithinRange":
-                    reason = _kebab(condition)
-                elif stabilized != calc.replicas:
-                    reason = "scale-up-stabilized" if calc.replicas > current else "scale-down-stabilized"
-                else:
-                    reason = (
-                        "scale-up" if desired > current else "scale-down" if desired < current else "steady"
-                    )
+            more = {
+                "utilization_pct": float(calc.utilization_pct),
+                "ready_nodes": float(calc.ready),
+                "unready_nodes": float(calc.unready),
+                "missing_nodes": float(calc.missing),
+                "ignored_nodes": float(calc.ignored),
+            }
+            if calc.replicas is not None:
+                more["metric_desired"] = float(calc.replicas)
+            return calc.replicas, more
 
-        up_events, down_events = state.scale_up_events, state.scale_down_events
-        if desired != current:
-            horizon = max(
-                (p.period_s for p in (*params.scale_up.policies, *params.scale_down.policies)), default=0
-            )
-            cutoff = now - horizon * 1000
-            up_events = tuple(e for e in up_events if e[0] > cutoff)
-            down_events = tuple(e for e in down_events if e[0] > cutoff)
-            if desired > current:
-                up_events = (*up_events, (now, desired - current))
-            else:
-                down_events = (*down_events, (now, current - desired))
-        new_state = HpaState(
-            last_sync_ms=now,
-            last_desired=desired,
-            recommendations=recs,
-            scale_up_events=up_events,
-            scale_down_events=down_events,
-        )
-        return PolicyResult(
-            decisions=(self._decision(ctx, active, desired, reason, inputs),), state=new_state
-        )
-
-    @staticmethod
-    def _decision(
-        ctx: PolicyContext, active: Sequence[NodeView], desired: int, reason: str, inputs: dict[str, float]
-    ) -> AutoscaleDecision:
-        surplus = len(active) - desired
-        drain = tuple(n.node_id for n in drain_order(active)[:surplus]) if surplus > 0 else ()
-        return AutoscaleDecision(
-            entity=f"pool/{ctx.pool_id}",
-            pool_id=ctx.pool_id,
-            current_nodes=len(active),
-            desired_nodes=desired,
-            drain=drain,
-            reason=reason,
-            inputs=inputs,
+        return sync(
+            ctx,
+            nodes,
+            state,
+            sync_period_ms=params.sync_period_ms,
+            bounds=params.bounds(ctx.pool_id),
+            up_rules=params.scale_up,
+            down_rules=params.scale_down,
+            recommend=recommend,
+            inputs={"target_utilization_pct": float(params.target_utilization_pct)},
+            zero_disables=True,
         )

@@ -28,7 +28,8 @@ Formula, at each sync (``current`` = the target set at the previous sync):
        desired_kv  = current if |usage_ratio - 1| <= tolerance else ceil(usage_ratio x ready)
 
    ``desired = max(desired_q, desired_kv)``, then stabilized and rate limited as HPA does with its
-   default behavior (scale up at once by max(100%, 4 pods) per 15 s; scale down to the highest
+   default behavior through the same sync as ``hpa`` (:func:`fleetloop.policies.autoscale.hpa.sync`:
+   scale up at once by max(100%, 4 pods) per 15 s; scale down to the highest
    recommendation of the last 300 s, by at most 100% per 15 s), within ``[min_replicas,
    max_replicas]``, every ``sync_period_ms`` 15 000 (KEDA's tutorial polls every 15 s, HPA syncs
    every 15 s).
@@ -62,12 +63,10 @@ from pydantic import Field, model_validator
 from fleetloop.policies.autoscale.hpa import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
-    Hpa,
     HpaState,
     PoolBounds,
     ScalingRules,
-    limit_rate,
-    stabilize,
+    sync,
 )
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
 from fleetloop.policies.registry import register
@@ -137,79 +136,16 @@ class KedaEngine:
     def decide(
         self, snap: FleetSnapshot, params: KedaEngineParams, state: HpaState, ctx: PolicyContext
     ) -> PolicyResult[HpaState]:
-        now = ctx.now_ms
         nodes = snap.pool_nodes(ctx.pool_id)
-        active = [n for n in nodes if not n.draining]
-        if state.last_sync_ms is not None and now - state.last_sync_ms < params.sync_period_ms:
-            desired = state.last_desired if state.last_desired is not None else len(active)
-            hold = {
-                "spec_replicas": float(desired),
-                "next_sync_ms": float(state.last_sync_ms + params.sync_period_ms),
-            }
-            return PolicyResult(
-                decisions=(Hpa._decision(ctx, active, desired, "between-syncs", hold),), state=state
-            )
-        if state.last_desired is None and not active:
-            return PolicyResult(decisions=(Hpa._decision(ctx, active, 0, "no-nodes-yet", {}),), state=state)
-        current = state.last_desired if state.last_desired is not None else len(active)
-        lo, hi = params.bounds(ctx.pool_id)
-        recs = state.recommendations if state.recommendations is not None else ((now, current),)
-        inputs: dict[str, float] = {"spec_replicas": float(current)}
-        if current > hi:
-            desired, reason = hi, "above-max-replicas"
-        elif current < lo:
-            desired, reason = lo, "below-min-replicas"
-        else:
-            wanted, more = metric_replicas(nodes, current, params)
-            inputs.update(more)
-            if wanted is None:
-                desired, reason = current, "no-metrics"
-            else:
-                stabilized, recs = stabilize(
-                    recs,
-                    wanted,
-                    current,
-                    now_ms=now,
-                    up_window_ms=params.scale_up.stabilization_window_s * 1000,
-                    down_window_ms=params.scale_down.stabilization_window_s * 1000,
-                )
-                inputs["stabilized"] = float(stabilized)
-                desired, condition = limit_rate(
-                    current,
-                    stabilized,
-                    min_replicas=lo,
-                    max_replicas=hi,
-                    up=state.scale_up_events,
-                    down=state.scale_down_events,
-                    up_rules=params.scale_up,
-                    down_rules=params.scale_down,
-                    now_ms=now,
-                )
-                if condition != "DesiredWithinRange":
-                    reason = "".join(f"-{c.lower()}" if c.isupper() else c for c in condition).lstrip("-")
-                elif stabilized != wanted:
-                    reason = "scale-up-stabilized" if wanted > current else "scale-down-stabilized"
-                else:
-                    reason = (
-                        "scale-up" if desired > current else "scale-down" if desired < current else "steady"
-                    )
-        up_events, down_events = state.scale_up_events, state.scale_down_events
-        if desired != current:
-            horizon = max(
-                (p.period_s for p in (*params.scale_up.policies, *params.scale_down.policies)), default=0
-            )
-            cutoff = now - horizon * 1000
-            up_events = tuple(e for e in up_events if e[0] > cutoff)
-            down_events = tuple(e for e in down_events if e[0] > cutoff)
-            if desired > current:
-                up_events = (*up_events, (now, desired - current))
-            else:
-                down_events = (*down_events, (now, current - desired))
-        new_state = HpaState(
-            last_sync_ms=now,
-            last_desired=desired,
-            recommendations=recs,
-            scale_up_events=up_events,
-            scale_down_events=down_events,
+        return sync(
+            ctx,
+            nodes,
+            state,
+            sync_period_ms=params.sync_period_ms,
+            bounds=params.bounds(ctx.pool_id),
+            up_rules=params.scale_up,
+            down_rules=params.scale_down,
+            recommend=lambda current: metric_replicas(nodes, current, params),
+            inputs={},
+            zero_disables=False,
         )
-        return PolicyResult(decisions=(Hpa._decision(ctx, active, desired, reason, inputs),), state=new_state)
