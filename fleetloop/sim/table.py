@@ -413,11 +413,9 @@ def main_suite(args: argparse.Namespace) -> int:
         sys.stderr.write(f"no scenario files in suite {args.suite!r}\n")
         return 2
     wanted = {x.strip() for x in args.policies.split(",") if x.strip()}
-    known = {*BASELINES, "default"}
-    if not wanted <= known:
-        sys.stderr.write(
-            f"--policies: unknown {sorted(wanted - known)} (known: {', '.join(sorted(known))})\n"
-        )
+    known = (*BASELINES, "default")
+    if not wanted <= set(known):
+        sys.stderr.write(f"--policies: unknown {sorted(wanted - set(known))} (known: {', '.join(known)})\n")
         return 2
     policies = [
         (label, spec)

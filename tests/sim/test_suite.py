@@ -121,3 +121,50 @@ def test_modern_is_reported_against_default_per_run_and_unknown_policies_are_ref
     assert suite_against_modern(rows[:2]) == ""
     assert main(["--suite", "fleet", "--policies", "default,bogus"]) == 2
     assert "known: classic, modern, default" in capsys.readouterr().err
+
+
+def test_reuse_takes_only_baseline_rows_of_the_same_scenario_file_and_seed(tmp_path: Path) -> None:
+    import orjson
+    from fleetloop.sim.suite import reuse_rows, scenario_sha
+
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\n")
+    other = tmp_path / "t.yaml"
+    other.write_text("name: t\n")
+    sha = scenario_sha(scen)
+    rows = [
+        {**_row("s", 1, "classic", 1.0), "scenario_sha": sha},
+        {**_row("s", 1, "modern", 0.8), "scenario_sha": sha},
+        {**_row("s", 1, "default", 0.5), "scenario_sha": sha},  # never reused: the policy under test
+        {**_row("s", 2, "classic", 1.0), "scenario_sha": "0" * 64},  # the file changed since
+    ]
+    src = tmp_path / "earlier.json"
+    src.write_bytes(orjson.dumps({"rows": rows}))
+    jobs = [
+        (str(scen), label, "spec", seed) for seed in (1, 2) for label in ("classic", "modern", "default")
+    ] + [(str(other), "classic", "spec", 1)]
+    todo, taken = reuse_rows(jobs, [src])
+    assert [(r["policy"], r["seed"]) for r in taken] == [("classic", 1), ("modern", 1)]
+    assert todo == [
+        (str(scen), "default", "spec", 1),
+        (str(scen), "classic", "spec", 2),
+        (str(scen), "modern", "spec", 2),
+        (str(scen), "default", "spec", 2),
+        (str(other), "classic", "spec", 1),
+    ]
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"[]")
+    with pytest.raises(ValueError, match="not a suite JSON"):
+        reuse_rows(jobs, [bad])
+
+
+def test_markdown_reports_default_against_modern_and_names_reused_rows() -> None:
+    rows = _pairs()
+    for s in ("a", "b"):
+        for seed in (1, 2):
+            rows.append(_row(s, seed, "modern", 0.25, ok=980, p0=490))
+    md = suite_markdown("stress", rows, 2, reused_from=["earlier.json"])
+    assert "## Against modern" in md
+    assert "| a | 2 | 2.000 | +20 | +10 |" in md
+    assert "`--reuse earlier.json`" in md
+    assert "--reuse" not in suite_markdown("stress", _pairs(), 2)
