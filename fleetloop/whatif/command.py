@@ -393,22 +393,24 @@ def _print(p: dict[str, Any]) -> None:
         title=f"fleetloop whatif: {w['seconds']:.0f} s window, recorded {rec['name']} v{rec['version']} "
         f"vs candidate {cand['name']} v{cand['version']} ({_seeds(p['seeds'])})"
     )
-    for col in ("KPI", "observed", "sim: recorded", "sim: candidate", "candidate - recorded"):
+    several = len(p["seeds"]) > 1
+    cols = ["KPI", "observed", "sim: recorded", "sim: candidate", "candidate - recorded"]
+    for col in [*cols, "min .. max by seed"] if several else cols:
         t.add_column(col, justify="left" if col == "KPI" else "right")
     for key, label in KPIS:
         row = p["kpis"][key]
-        t.add_row(
+        cells = [
             label,
             _fmt(key, obs[key]),
             _fmt(key, row["recorded"]),
             _fmt(key, row["candidate"]),
-            _fmt(key, row["delta"], signed=True)
-            + (
-                f" ({_fmt(key, row['delta_min'], signed=True)} .. {_fmt(key, row['delta_max'], signed=True)})"
-                if len(p["seeds"]) > 1 and row["delta_min"] is not None
-                else ""
-            ),
-        )
+            _fmt(key, row["delta"], signed=True),
+        ]
+        if several:
+            cells.append(
+                f"{_fmt(key, row['delta_min'], signed=True)} .. {_fmt(key, row['delta_max'], signed=True)}"
+            )
+        t.add_row(*cells)
     out.print(t)
     f = Table(
         title="fidelity: the recorded policy simulated vs what the window observed (simulated - observed)"
