@@ -395,7 +395,7 @@ def _print(p: dict[str, Any]) -> None:
     )
     several = len(p["seeds"]) > 1
     cols = ["KPI", "observed", "sim: recorded", "sim: candidate", "candidate - recorded"]
-    for col in [*cols, "min .. max by seed"] if several else cols:
+    for col in [*cols, "by seed"] if several else cols:
         t.add_column(col, justify="left" if col == "KPI" else "right")
     for key, label in KPIS:
         row = p["kpis"][key]
@@ -407,9 +407,8 @@ def _print(p: dict[str, Any]) -> None:
             _fmt(key, row["delta"], signed=True),
         ]
         if several:
-            cells.append(
-                f"{_fmt(key, row['delta_min'], signed=True)} .. {_fmt(key, row['delta_max'], signed=True)}"
-            )
+            lo, hi = (_fmt(key, row[k], signed=True).removesuffix(" pp") for k in ("delta_min", "delta_max"))
+            cells.append(f"{lo}..{hi}")
         t.add_row(*cells)
     out.print(t)
     f = Table(
