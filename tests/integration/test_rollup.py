@@ -103,3 +103,11 @@ async def test_rollup_adds_up_every_shard_into_fleet_figures_on_control_state(ka
     print(f"rollup stage latency ms (broker append times): {lags}; in-process: {stats.stage_latency_ms}")
     assert lags
     assert lags[-1] < 5_000
+
+
+async def test_rollup_without_its_topic_says_so_in_one_line(kafka_env: Any) -> None:
+    import pytest
+    from fleetloop.daemon.cli_common import UsageError
+
+    with pytest.raises(UsageError, match=r"control\.summaries does not exist"):
+        await run_rollup(kafka_env.bootstrap_servers, "no-such-prefix", "g", asyncio.Event())

@@ -138,3 +138,23 @@ def test_routers_ignore_a_fleet_decision_on_control_state() -> None:
     st = DesiredState()
     assert st.accept(decision_of(r.figures(1000), offset=1), now_s=0.0)
     assert (st.pools, st.breakers, st.version) == ({}, {}, 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--hold-s", "-1"], "--hold-s must be within 0..600"),
+        (["--live-s", "0"], "--live-s must be within 1..86400"),
+        ([], "cannot reach 127.0.0.1:1"),
+    ],
+)
+def test_rollup_refuses_bad_flags_and_an_unreachable_broker_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetloop.daemon.cli import main
+
+    assert main(["rollup", "--bootstrap-servers", "127.0.0.1:1", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert "\n" not in err
+    assert "Traceback" not in err

@@ -31,13 +31,20 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from fleetloop.daemon import clock
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, log_args
+from fleetloop.daemon.cli_common import (
+    UsageError,
+    bootstrap_arg,
+    connection_from,
+    log_args,
+    quiet_client_logs,
+)
 from fleetloop.daemon.observability import configure, logger
 from fleetloop.daemon.rollup.fold import Figures, FleetRollup
-from fleetloop.kafka_security import Bootstrap, connect
+from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.schemas.decisions import Decision, PolicyStamp
 from fleetloop.schemas.summary import ShardSummary
 from fleetloop.schemas.topics import STATE, SUMMARIES, topic_name
@@ -96,6 +103,7 @@ def handle(args: argparse.Namespace) -> int:
     if not 1.0 <= args.live_s <= 86_400.0:
         raise UsageError("fleetloop rollup: --live-s must be within 1..86400")
     configure(level=args.log_level, fmt=args.log_format)
+    quiet_client_logs()  # connection trouble is reported here, in one line
     bootstrap = connection_from(args)
 
     async def main() -> None:
@@ -108,7 +116,12 @@ def handle(args: argparse.Namespace) -> int:
             bootstrap, args.topic_prefix, args.group_id, stop, hold_s=args.hold_s, live_s=args.live_s
         )
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (KafkaError, OSError) as exc:
+        raise UsageError(
+            f"fleetloop rollup: cannot reach {shown(bootstrap)}: {type(exc).__name__}: {exc}"
+        ) from None
     return 0
 
 
@@ -140,17 +153,32 @@ async def run_rollup(
     consumer = AIOKafkaConsumer(**connect(bootstrap), client_id="fleetloop-rollup", enable_auto_commit=False)
     producer = AIOKafkaProducer(**connect(bootstrap), client_id="fleetloop-rollup", acks="all", linger_ms=0)
     await consumer.start()
-    await producer.start()
+    try:
+        await producer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
     first_seen: dict[int, float] = {}  # boundary -> monotonic time its first summary arrived
     arrived: dict[int, float] = {}  # boundary -> monotonic time its newest summary arrived
     next_offset = 0
     try:
+        if tp.topic not in await consumer.topics():
+            raise UsageError(
+                f"fleetloop rollup: topic {tp.topic} does not exist "
+                "(fleetloop run --create-topics creates it)"
+            )
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         end = (await consumer.end_offsets([tp]))[tp]
         caught_up = end == 0
         while not stop.is_set():
-            batch = await consumer.getmany(tp, timeout_ms=100, max_records=5000)
+            try:
+                batch = await consumer.getmany(tp, timeout_ms=100, max_records=5000)
+            except KafkaError as exc:  # the broker went away: one line per kind, then try again
+                log.warning("broker error; retrying", error=f"{type(exc).__name__}: {exc}"[:300])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=1.0)
+                continue
             now = clock.monotonic_s()
             for r in batch.get(tp, []):
                 next_offset = r.offset + 1
