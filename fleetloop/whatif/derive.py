@@ -8,7 +8,8 @@ runs a scenario's tasks to their end after arrivals stop.
 
 Workload, one entry per tenant (its most common priority):
 - ``rate_per_s`` = the tenant's tasks started in the window / the window's seconds (Poisson in the
-  simulator; bursts inside the window are averaged away).
+  simulator), outside the window's longest burst of arrivals when there is one: that burst becomes
+  a ``load_spike`` fault (all tenants; see :func:`_spike` for when a burst counts).
 - ``calls`` = [min, max] of the calls of its succeeded tasks (highest step index + 1); with none
   succeeded, the most steps any task reached. ``kind``: ``chatbot`` when every task is one call,
   else by the median calls: <= 20 ``copilot``, <= 200 ``research``, more ``autonomous`` (a label).
@@ -82,6 +83,9 @@ DEGRADE_ON = 2.5  # ratio to the pool's median that starts a degrade episode
 DEGRADE_OFF = 1.5  # ratio under which it ends
 SUSTAIN = 3  # reports in a row to start or end an episode
 PEER_SPAN = 5  # a report is compared with its pool's other nodes' reports this many intervals around it
+SPIKE_FACTOR = 2.0  # a burst's buckets hold at least this many times the median bucket's arrivals
+SPIKE_MIN_BUCKETS = 2
+SPIKE_MIN_BASE = 5  # arrivals in the median bucket below which bursts are not looked for
 EXACT_PEERS = 32  # above this many nodes in a pool, the median includes the node's own reports
 CRASH_SILENT_INTERVALS = 3
 DEFAULT_SLO = {"ttft_ms": 2000, "tbt_ms": 100}
@@ -167,7 +171,8 @@ def derive(
     window_s = (to_ms - from_ms) / 1000.0
     pools, index, pool_notes = _pools(tel)
     notes.extend(pool_notes)
-    tenants, workload, wl_notes = _workload(started, window_s)
+    spike = _spike([t.start_ms for t in started.values()], from_ms, to_ms)
+    tenants, workload, wl_notes = _workload(started, window_s, spike, from_ms)
     notes.extend(wl_notes)
     served = {p["model"] for p in pools}
     for w in workload:
@@ -184,6 +189,10 @@ def derive(
     )
     faults, fault_notes = _faults(tel_faults, failures, index, from_ms, until)
     notes.extend(fault_notes)
+    if spike is not None:
+        at, dur, factor = spike
+        faults.append({"at_s": at, "kind": "load_spike", "factor": factor, "duration_s": dur})
+        faults.sort(key=lambda f: (f["at_s"], f["kind"], f.get("node") or f.get("pool") or ""))
     document: dict[str, Any] = {
         "name": name,
         "description": (
@@ -264,8 +273,59 @@ def _kind(calls: Sequence[int]) -> str:
     return "copilot" if med <= 20 else "research" if med <= 200 else "autonomous"
 
 
+def _spike(starts: Sequence[float], from_ms: int, to_ms: int) -> tuple[float, float, float] | None:
+    """The longest burst of task arrivals: (at_s, duration_s, factor), or None.
+
+    Arrivals are counted in buckets of max(10 s, window / 30). The base is the median bucket (the
+    burst itself does not move it); a burst is 2+ buckets in a row at >= 2x the base, looked for only
+    when the base is >= 5 arrivals a bucket (below, Poisson noise alone makes such runs). Its factor
+    is the burst's rate over the rate outside it."""
+    window_s = (to_ms - from_ms) / 1000.0
+    bucket_s = max(10.0, window_s / 30.0)
+    nb = int(window_s // bucket_s)
+    if nb < 4:
+        return None
+    counts = [0] * nb
+    for s in starts:
+        k = int((s - from_ms) / 1000.0 // bucket_s)
+        if 0 <= k < nb:
+            counts[k] += 1
+    base = float(np.median(counts))
+    if base < SPIKE_MIN_BASE:
+        return None
+    hot = [c >= SPIKE_FACTOR * base for c in counts]
+    best: tuple[int, int] | None = None
+    i = 0
+    while i < nb:
+        if not hot[i]:
+            i += 1
+            continue
+        j = i
+        while j < nb and hot[j]:
+            j += 1
+        if j - i >= SPIKE_MIN_BUCKETS and (best is None or j - i > best[1] - best[0]):
+            best = (i, j)
+        i = j
+    if best is None:
+        return None
+    i, j = best
+    inside_s = (j - i) * bucket_s
+    inside_n = sum(counts[i:j])
+    outside_rate = (len(starts) - inside_n) / max(1e-9, window_s - inside_s)
+    if outside_rate <= 0:
+        return None
+    return (
+        round(i * bucket_s, 1),
+        round(inside_s, 1),
+        round(min(1000.0, inside_n / inside_s / outside_rate), 2),
+    )
+
+
 def _workload(
-    started: dict[tuple[str, str], _Task], window_s: float
+    started: dict[tuple[str, str], _Task],
+    window_s: float,
+    spike: tuple[float, float, float] | None,
+    from_ms: int,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     notes: list[str] = []
     by_tenant: dict[str, list[_Task]] = defaultdict(list)
@@ -330,7 +390,7 @@ def _workload(
         entry: dict[str, Any] = {
             "kind": _kind([t.steps for t in ts if t.outcome == "succeeded"] or [hi]),
             "tenant": tenant,
-            "rate_per_s": round(len(ts) / window_s, 6),
+            "rate_per_s": round(_base_rate(ts, window_s, spike, from_ms), 6),
             "calls": [lo, hi],
             "prompt_tokens": {"median": _median_int(prompts), "max": max(1, *prompts)},
             "output_tokens": {"median": _median_int(outputs), "max": max(1, *outputs)},
@@ -348,6 +408,17 @@ def _workload(
 
 
 # -- the fleet ----------------------------------------------------------------------------------------
+
+
+def _base_rate(
+    ts: Sequence[_Task], window_s: float, spike: tuple[float, float, float] | None, from_ms: int
+) -> float:
+    """Arrivals per second outside a burst (the burst is a ``load_spike`` fault on top of it)."""
+    if spike is None:
+        return len(ts) / window_s
+    at, dur, _ = spike
+    outside = [t for t in ts if not at <= (t.start_ms - from_ms) / 1000.0 < at + dur]
+    return max(1e-6, len(outside) / (window_s - dur))
 
 
 def catalog_gpu(name: str) -> str:

@@ -412,3 +412,17 @@ def test_a_slowdown_starts_at_the_busy_reports_without_a_token_right_before_it()
     ]
     d = derive(one_task(), idle, from_ms=T0, to_ms=T0 + 20_000)
     assert d.document["faults"][0]["at_s"] == 7.0
+
+
+def test_a_burst_of_arrivals_is_a_load_spike_on_top_of_the_base_rate() -> None:
+    spiky = {**INCIDENT, "faults": [{"at_s": 60, "kind": "load_spike", "factor": 3.0, "duration_s": 40}]}
+    rec = record(parse_scenario(spiky), builtin_policy("default"), seed=7)
+    d = derive(rec.outcomes, rec.telemetry, from_ms=rec.from_ms, to_ms=rec.to_ms)
+    (spike,) = [f for f in d.document["faults"] if f["kind"] == "load_spike"]
+    assert 50 <= spike["at_s"] <= 70
+    assert 30 <= spike["duration_s"] <= 50
+    assert spike["factor"] == pytest.approx(3.0, rel=0.35)
+    rates = {w["tenant"]: w["rate_per_s"] for w in d.document["workload"]}
+    assert rates["free"] == pytest.approx(2.0, rel=0.2)  # the base, not the window's average
+    assert rates["gold"] == pytest.approx(0.5, rel=0.25)
+    assert "tenant" not in spike
