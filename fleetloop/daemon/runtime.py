@@ -70,6 +70,7 @@ from aiokafka.structs import OffsetAndMetadata
 from fleetloop.daemon import checkpoint, clock, faults
 from fleetloop.daemon.act.publish import Publisher
 from fleetloop.daemon.decide.engine import Engine, envelope_of
+from fleetloop.daemon.model.fleet import ModelConfig
 from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import (
     DeadLetter,
@@ -83,7 +84,7 @@ from fleetloop.daemon.observe.decode import (
 from fleetloop.daemon.rollup.fold import summarize
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, one_line, supervise
-from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
+from fleetloop.daemon.shard import INPUTS, Refusal, Row, Shadow, Shard
 from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation, Tick
@@ -91,6 +92,7 @@ from fleetloop.schemas.decisions import Decision, RetryBudgetDecision
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, OutcomeRec, TelemetryRec
 from fleetloop.schemas.topics import (
     CHECKPOINT,
+    DEADLETTER,
     POLICY,
     POLICY_ACTIVE,
     REQUESTS,
@@ -137,6 +139,7 @@ class DaemonConfig:
     gc_gen0_threshold: int = 100_000
     door: Door = field(default_factory=Door)  # record size, event-time window around the broker's
     max_policy_version_step: int = 1000  # refuse a policy version further above the active one
+    model: ModelConfig = field(default_factory=ModelConfig)  # caps and retention of each shard's model
 
 
 @dataclass(slots=True)
@@ -152,9 +155,10 @@ class DaemonStats:
     ticks_forced: int = 0
     ticks_duplicate: int = 0
     ticks_skipped: int = 0  # boundaries published as skipped (an outage beyond the catch-up)
-    ticks_failed: int = 0  # ticks whose decision raised: not decided, counted, the loop went on
+    ticks_failed: int = 0  # ticks whose decision raised: published as skipped with the reason
     last_tick_failure: str = ""
     dead_letters_lost: int = 0  # dead letters the broker refused to take (counted, logged)
+    dead_letters_suppressed: int = 0  # not published again after a restore: published before
     ticks_caught_up: int = 0  # missed boundaries this instance's ticker published late
     dead_letters: int = 0
     decisions_published: int = 0
@@ -245,6 +249,15 @@ class Daemon:
         # decided in this batch, and per pool its newest pool-wide retry budget.
         self._summary_due: dict[int, tuple[int, int]] = {}
         self._retries_allowed: dict[int, dict[str, int]] = {}
+        self._deadletter_topic = topic_name(p, DEADLETTER)
+        # Dead letters published before a restore, so none is published twice: per shard, the
+        # offsets below which door dead letters were published (by topic, "ticks" included), and
+        # the sources found on the dead-letter topic after the checkpoint's mark.
+        self._lettered: dict[int, dict[str, int]] = {}
+        self._fold_lettered: dict[int, dict[str, int]] = {}  # a first start's warm-up history
+        self._already: dict[int, set[tuple[str, int]]] = {}
+        self._dl_end = 0  # the dead-letter topic's end as this instance last knew it
+        self._failed_ticks: list[tuple[int, int, Tick, str]] = []  # (shard, offset, tick, reason)
         self.shards: dict[int, Shard] = {}
         self._held: dict[int, list[_HeldTick]] = {}
         self._publish_from: dict[int, int] = {}  # ticks offset from which decisions are published
@@ -431,6 +444,9 @@ class Daemon:
         begin = await consumer.beginning_offsets(tps)
         end = await self._end_offsets(tps)
         found = await self._read_checkpoints() if new else {}
+        if new:  # dead letters this instance publishes from now on lie at or after this offset
+            dl_tp = TopicPartition(self._deadletter_topic, 0)
+            self._dl_end = max(self._dl_end, (await consumer.end_offsets([dl_tp]))[dl_tp])
         if any(self._beyond(p, end) for p in parts):
             # The embedded broker's ListOffsets can lag what it has acknowledged: ask again before
             # calling the broker emptied.
@@ -501,6 +517,9 @@ class Daemon:
         self._publish_from.pop(p, None)
         self._catchup.pop(p, None)
         self._ticks_read.pop(p, None)
+        self._lettered.pop(p, None)
+        self._fold_lettered.pop(p, None)
+        self._already.pop(p, None)
         self._dirty.discard(p)
         for key in [k for k in self._ticked if k[0] == p]:
             del self._ticked[key]
@@ -550,7 +569,7 @@ class Daemon:
             shard, committed_ticks = None, None
             self._publish_from[p] = begin[ticks_tp]
         if shard is None:
-            shard = Shard(p)
+            shard = Shard(p, self.config.model)
             start = {}
             for logical in (*INPUTS, TICKS):
                 tp = self._tp(logical, p)
@@ -558,15 +577,32 @@ class Daemon:
                 if resume is None:
                     resume = end[tp]
                 start[logical] = begin[tp] if emptied else max(begin[tp], resume - self.config.warmup_records)
+                # The warm-up re-reads history a previous run handled: its dead letters went out.
+                shard.lettered[logical] = begin[tp] if emptied else resume
             shard.start_at(start, start[TICKS])
             if not emptied:
                 self._publish_from[p] = committed_ticks if committed_ticks is not None else end[ticks_tp]
         else:
             self.stats.shards_restored += 1
             self._publish_from[p] = committed_ticks if committed_ticks is not None else shard.ticks_at
+        shard.refusals = []
+        shard.model.config = self.config.model  # caps as configured now, also for a restored model
         self.shards[p] = shard
         self._held[p] = []
         self._ticks_read[p] = shard.ticks_at
+        # Dead letters published before: below the shard's marks, and found on the dead-letter
+        # topic from its checkpoint's mark on (published between that checkpoint and a crash).
+        self._lettered[p] = dict(shard.lettered)
+        self._already[p] = await self._read_lettered(p, shard.dl_mark) if shard.dl_mark >= 0 else set()
+        # A first start's warm-up re-folds history a previous run handled (up to its commit): the
+        # refusals among it are not news. A restored shard re-folds only what it had not checkpointed.
+        self._fold_lettered[p] = dict(shard.lettered) if shard.dl_mark < 0 else {}
+        if not shard.lettered and shard.dl_mark < 0 and not emptied:
+            # A checkpoint from before dead letters were tracked: its run dead-lettered at read,
+            # before it checkpointed or committed, so the committed offsets were handled.
+            self._lettered[p] = {k: shard.folded[k] for k in INPUTS}
+            if committed_ticks is not None:
+                self._lettered[p][TICKS] = committed_ticks
         self._catchup[p] = {logical: end[self._tp(logical, p)] for logical in (*INPUTS, TICKS)}
         self._ckpt_at[p] = clock.monotonic_s()
         for logical in INPUTS:
@@ -652,19 +688,31 @@ class Daemon:
                     if not decoded.dead:  # the common case: every record decoded, in order
                         items: Sequence[TelemetryRec | OutcomeRec] = decoded.items
                         rows = zip(records, items, strict=True)
-                        shard.add(logical, [Row(r.offset, r.timestamp, it) for r, it in rows])
+                        shard.add(logical, [Row(r.offset, r.timestamp, it, r.key, r.value) for r, it in rows])
                     else:
                         good: dict[int, TelemetryRec | OutcomeRec] = dict(
                             zip(decoded.offsets, decoded.items, strict=True)
                         )
-                        shard.add(logical, [Row(r.offset, r.timestamp, good.get(r.offset)) for r in records])
+                        shard.add(
+                            logical,
+                            [
+                                Row(r.offset, r.timestamp, item, r.key, r.value)
+                                if (item := good.get(r.offset)) is not None
+                                else Row(r.offset, r.timestamp, None)
+                                for r in records
+                            ],
+                        )
                     if logical == TELEMETRY:
                         self.stats.telemetry_in += len(decoded.items)
                     else:
                         self.stats.outcomes_in += len(decoded.items)
-                    dead.extend(decoded.dead)
+                    dead.extend(d for d in decoded.dead if self._fresh(tp.partition, logical, d.offset, True))
                 else:
-                    dead.extend(self._read_ticks(tp.partition, records))
+                    dead.extend(
+                        d
+                        for d in self._read_ticks(tp.partition, records)
+                        if self._fresh(tp.partition, TICKS, d.offset, True)
+                    )
             self.stats.events_in += n
             span.set_attribute("records", n)
             if dead:
@@ -673,6 +721,13 @@ class Daemon:
                 faults.reach("mid-batch")
             decisions = self._decide_ready()
             shadowed, self._shadow_out = self._shadow_out, []
+            # Records the shards did not fold (a cap, a fold that raised) and ticks whose decision
+            # raised: published before the checkpoint and the commit that cover them.
+            refused = self._take_refusals()
+            if refused:
+                await self._dead_letter(refused, stage="fold")
+            if self._failed_ticks:
+                await self._retrying("tick-failed", self._publish_failed_ticks)
             if decisions or shadowed:
                 publisher = self._publisher
                 await self._retrying("publish", lambda: publisher.publish(decisions, shadowed))
@@ -690,12 +745,105 @@ class Daemon:
             await self._retrying("commit", self._commit)
         return decisions
 
-    async def _dead_letter(self, dead: Sequence[DeadLetter]) -> None:
+    def _fresh(self, p: int, logical: str, offset: int, at_door: bool) -> bool:
+        """Whether a dead letter for ``offset`` of ``logical`` in shard ``p`` is still to publish:
+        not below what was dead-lettered at the door before the shard's checkpoint, and not found
+        on the dead-letter topic after it (a restore re-reads and re-folds those records)."""
+        marks = self._lettered if at_door else self._fold_lettered
+        if offset < marks.get(p, {}).get(logical, 0):
+            self.stats.dead_letters_suppressed += 1
+            return False
+        already = self._already.get(p)
+        if already and (logical, offset) in already:
+            already.discard((logical, offset))
+            self.stats.dead_letters_suppressed += 1
+            return False
+        return True
+
+    def _take_refusals(self) -> list[DeadLetter]:
+        out: list[DeadLetter] = []
+        for p in sorted(self.shards):
+            shard = self.shards[p]
+            taken: list[Refusal] | None = shard.refusals
+            if not taken:
+                continue
+            shard.refusals = []
+            self._dirty.add(p)
+            out.extend(
+                DeadLetter(self._physical[r.logical], p, r.offset, r.key, r.value, r.timestamp_ms, r.reason)
+                for r in taken
+                if self._fresh(p, r.logical, r.offset, False)
+            )
+        return out
+
+    async def _read_lettered(self, p: int, since: int) -> set[tuple[str, int]]:
+        """Sources of shard ``p`` dead-lettered at or after offset ``since`` of the dead-letter
+        topic (published after the shard's checkpoint, before a crash): not to publish again."""
+        cfg = self.config
+        consumer = AIOKafkaConsumer(
+            **connect(cfg.bootstrap_servers),
+            client_id=f"{cfg.client_id}-lettered",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=MAX_FETCH_BYTES,
+        )
+        await consumer.start()
+        found: set[tuple[str, int]] = set()
+        try:
+            tp = TopicPartition(self._deadletter_topic, 0)
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            self._dl_end = max(self._dl_end, end)
+            if since >= end:
+                return found
+            consumer.seek(tp, since)
+            while await consumer.position(tp) < end:
+                batch = await consumer.getmany(tp, timeout_ms=500)
+                for r in batch.get(tp, ()):
+                    source = _header(r, "fleetloop.source")
+                    if source is None:
+                        continue
+                    topic, _, rest = source.decode(errors="replace").rpartition(":")
+                    topic, _, part = topic.rpartition(":")
+                    logical = self._topics.get(topic)
+                    if logical is not None and part == str(p) and rest.isdigit():
+                        found.add((logical, int(rest)))
+        finally:
+            await consumer.stop()
+        return found
+
+    async def _publish_failed_ticks(self) -> None:
+        """A tick whose decision raised goes on control.ticks as skipped, with the reason: nothing
+        is silently missing for whoever reads the ticks (replay decides it again and fails alike)."""
+        producer = self._producer
+        assert producer is not None
+        topic = topic_name(self.config.prefix, TICKS)
+        futures = []
+        for p, offset, tick, reason in self._failed_ticks:
+            if offset < self._publish_from.get(p, 0):
+                continue  # decided again after a restore: published before
+            futures.append(
+                await producer.send(
+                    topic,
+                    key=tick.pool_id.encode(),
+                    value=orjson.dumps(tick.model_dump()),
+                    headers=[
+                        (SKIPPED_HEADER, reason.encode()[:1000]),
+                        (SKIPPED_FROM_HEADER, str(tick.tick_id).encode()),
+                    ],
+                )
+            )
+        if futures:
+            await asyncio.gather(*futures)
+        self._failed_ticks = []
+
+    async def _dead_letter(self, dead: Sequence[DeadLetter], stage: str = "decode") -> None:
         """Publish dead letters (bounded copies) and count them by reason; one log line per reason
         kind per window (the logger's rate limit), never one per record."""
         publisher = self._publisher
         assert publisher is not None
-        failures: list[str] = await self._retrying("dead-letter", lambda: publisher.dead_letter(dead))
+        failures: list[str] = await self._retrying("dead-letter", lambda: publisher.dead_letter(dead, stage))
+        self._dl_end = max(self._dl_end, publisher.end_offset)
         stats = self.stats
         stats.dead_letters += len(dead)
         for d in dead:
@@ -796,25 +944,14 @@ class Daemon:
                     try:
                         decided = shard.decide(h.tick, cut, self._policy_at(h.tick.ts_ms))
                     except Exception as exc:  # one pool's bad tick must not stop the others' decisions
-                        self._tick_failed(h.tick, exc)
-                        decided = ()
-                    shadowed = self._decide_shadow(shard, h.tick) if decided else ()
-                    if decided is None:
-                        self.stats.ticks_duplicate += 1
-                        metrics.ticks.add(1, {"outcome": "duplicate"})
-                    elif not decided:
-                        self.stats.ticks_no_data += 1  # no data on this pool in its shard
-                        metrics.ticks.add(1, {"outcome": "skipped"})
-                    elif h.offset < self._publish_from[p]:
-                        self.stats.ticks_restored += 1  # rebuilds state after a restore; published before
-                        metrics.ticks.add(1, {"outcome": "warmup"})
+                        self._tick_failed(p, h.offset, h.tick, exc)
                     else:
-                        metrics.tick_duration.record(clock.monotonic_s() - started_s)
-                        metrics.ticks.add(1, {"outcome": "decided"})
-                        self._account(decided)
-                        self._note_summary(p, h.tick, decided)
-                        out.extend(decided)
-                        self._shadow_out.extend(shadowed)
+                        shadowed = self._decide_shadow(shard, h.tick) if decided else ()
+                        published = self._settle(p, h.offset, decided, started_s)
+                        out.extend(published)
+                        if published:
+                            self._note_summary(p, h.tick, published)
+                            self._shadow_out.extend(shadowed)
                 elif h.tick is not None and shard.skip(h.tick):
                     self.stats.ticks_skipped += 1
                     metrics.ticks.add(1, {"outcome": "missed"})
@@ -850,10 +987,32 @@ class Daemon:
             )
             return ()
 
-    def _tick_failed(self, tick: Tick, exc: Exception) -> None:
-        """A tick whose decision raised: counted and logged (rate-limited per pool), not decided."""
+    def _settle(
+        self, p: int, offset: int, decided: tuple[Decision, ...] | None, started_s: float
+    ) -> Sequence[Decision]:
+        """Count a decided tick by outcome; the decisions to publish (none for a tick decided again)."""
+        if decided is None:
+            self.stats.ticks_duplicate += 1
+            metrics.ticks.add(1, {"outcome": "duplicate"})
+        elif not decided:
+            self.stats.ticks_no_data += 1  # no data on this pool in its shard
+            metrics.ticks.add(1, {"outcome": "skipped"})
+        elif offset < self._publish_from[p]:
+            self.stats.ticks_restored += 1  # rebuilds state after a restore; published before
+            metrics.ticks.add(1, {"outcome": "warmup"})
+        else:
+            metrics.tick_duration.record(clock.monotonic_s() - started_s)
+            metrics.ticks.add(1, {"outcome": "decided"})
+            self._account(decided)
+            return decided
+        return ()
+
+    def _tick_failed(self, p: int, offset: int, tick: Tick, exc: Exception) -> None:
+        """A tick whose decision raised: counted, logged (rate-limited per pool) and published as
+        skipped with the reason (:meth:`_publish_failed_ticks`), not decided."""
         self.stats.ticks_failed += 1
         self.stats.last_tick_failure = f"pool {tick.pool_id} tick {tick.tick_id}: {reason_of(exc)}"
+        self._failed_ticks.append((p, offset, tick, f"decide-failed: {reason_of(exc)}"))
         metrics.ticks.add(1, {"outcome": "failed"})
         log.error(
             "tick not decided: deciding raised; the loop goes on",
@@ -944,7 +1103,12 @@ class Daemon:
             return False
         futures = []
         for p in due:
-            blob = checkpoint.encode(self.shards[p].checkpoint_value())
+            shard = self.shards[p]
+            # Every door dead letter of what was read, and every fold refusal of what was folded,
+            # is acknowledged by now (process publishes them before it checkpoints).
+            shard.lettered = {**shard.read, TICKS: self._ticks_read.get(p, shard.ticks_at)}
+            shard.dl_mark = self._dl_end
+            blob = checkpoint.encode(shard.checkpoint_value())
             seq = self._ckpt_seq.get(p, 0) + 1
             self._ckpt_seq[p] = seq
             futures.extend(

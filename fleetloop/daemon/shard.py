@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetloop.daemon.decide.engine import EngineState, decide, envelope_of
-from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot
 from fleetloop.policies.registry import CompiledPolicy, compile_policy
 from fleetloop.schemas.control import Tick
@@ -70,19 +70,51 @@ class Shadow:
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~0.3 µs more per record
 class Row:
-    """One input record as the shard keeps it until a cut folds it (``item`` None: dead-lettered)."""
+    """One input record as the shard keeps it until a cut folds it (``item`` None: the door refused
+    it and it was dead-lettered when read). ``key``/``value`` are the record's own bytes
+    (references, not copies), kept so a record the model refuses at its cut can be dead-lettered
+    as it arrived."""
 
     offset: int
     timestamp_ms: int
     item: Item | None
+    key: bytes | None = None
+    value: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An input record the shard did not fold, and why: a cap of the model (``capacity-*``) or a
+    fold that raised (``fold-error``). The runtime dead-letters it before the checkpoint or commit
+    that covers its offset, so it is published once its cut is decided and never lost."""
+
+    logical: str
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    reason: str
+
+
+# Caps under which the model still folds the rest of the record (a tenant, a workflow, an outcome
+# for a node without telemetry beyond its cap): the record is dead-lettered all the same, so an
+# operator sees which records met a full cap; the reason says what of it was not kept.
+_PARTIAL = (
+    ("tenants", "capacity-tenants: tenant cap reached; the record was folded without its tenant"),
+    ("workflows", "capacity-workflows: open-workflow cap reached; the record was folded outside the ledger"),
+    (
+        "unplaced_nodes",
+        "capacity-unplaced-nodes: cap on nodes without telemetry reached; its node window was not kept",
+    ),
+)
 
 
 class Shard:
     """Model + policy state of partition ``partition``, with the offsets they reflect."""
 
-    def __init__(self, partition: int) -> None:
+    def __init__(self, partition: int, config: ModelConfig | None = None) -> None:
         self.partition = partition
-        self.model = FleetModel()
+        self.model = FleetModel(config)
         self.states: dict[str, EngineState] = {}  # per pool: a pool's tick touches only its own
         self.shadow_states: dict[str, EngineState] = {}  # the shadow policy's, per pool: never shared
         self.folded: dict[str, int] = dict.fromkeys(INPUTS, 0)  # next input offset not folded
@@ -92,7 +124,16 @@ class Shard:
         self.read: dict[str, int] = dict(self.folded)  # next input offset not yet read
         self.pending_pools: set[str] = set()
         self._snaps: dict[tuple[int, int, int, tuple[int, ...]], FleetSnapshot] = {}
-        self.fold_errors = 0  # records whose folding raised: skipped, counted
+        self.fold_errors = 0  # records whose folding raised: skipped, counted, dead-lettered
+        # Records not folded (door, cap, fold error) since the runtime last took them; None: not kept
+        # (replay, which only decides).
+        self.refusals: list[Refusal] | None = None
+        # Dead letters already published for this shard's records when the checkpoint was written:
+        # offsets below ``lettered`` (per input and "ticks"), and ``dl_mark`` (the dead-letter
+        # topic's end then; -1: unknown). A restore suppresses dead letters below these marks, and
+        # those on the dead-letter topic from ``dl_mark`` on, so none is published twice.
+        self.lettered: dict[str, int] = {}
+        self.dl_mark = -1
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -133,24 +174,53 @@ class Shard:
         return any(row.timestamp_ms > ts_ms for row in self.pending[logical])
 
     def pools(self) -> list[str]:
-        return sorted(set(self.model.pools) | self.pending_pools | set(self.last_tick))
+        """Pools to tick: those the model holds and those with records waiting for a cut (a pool
+        the model evicted or refused is not ticked again until a record of it arrives)."""
+        return sorted(set(self.model.pools) | self.pending_pools)
 
     # -- ticks ----------------------------------------------------------------------------------
 
     def _fold_to(self, cut: Mapping[str, int]) -> None:
         model = self.model
+        refused = model.refused
+        out = self.refusals
+        moved = False
         for logical in INPUTS:
             upto = int(cut.get(logical, self.folded[logical]))
             queue = self.pending[logical]
             while queue and queue[0].offset < upto:
-                item = queue.popleft().item
+                row = queue.popleft()
+                moved = True
+                item = row.item
+                why: str | None = None
                 try:
                     if item is not None:
-                        model.fold(item)  # a cap's refusal is counted in model.refused
-                except Exception:  # a record the model cannot take must not stop the loop
+                        before = (refused["tenants"], refused["workflows"], refused["unplaced_nodes"])
+                        why = model.fold(item)
+                        if why is None:
+                            why = _partial_reason(refused, before)
+                except Exception as exc:  # a record the model cannot take must not stop the loop
                     self.fold_errors += 1
+                    why = f"fold-error: {type(exc).__name__}: {exc}"[:500]
+                if why is not None and out is not None:
+                    out.append(Refusal(logical, row.offset, row.timestamp_ms, row.key, row.value, why))
             # Never behind what was folded; never past what was read (a cut beyond the data).
             self.folded[logical] = max(self.folded[logical], min(upto, self.read[logical]))
+        if moved:
+            self._forget_gone()
+
+    def _forget_gone(self) -> None:
+        """Keep per-pool bookkeeping (pools with records pending, last ticks, policy state) to the
+        pools the model holds or has pending: a pool the model evicted or refused leaves it, so
+        neither memory nor the ticker's work grows with every pool id ever seen."""
+        pending = {row.item.pool_id for q in self.pending.values() for row in q if row.item is not None}
+        self.pending_pools = pending
+        live = self.model.pools
+        for pool in [p for p in self.last_tick if p not in live and p not in pending]:
+            del self.last_tick[pool]
+        for states in (self.states, self.shadow_states):
+            for pool in [p for p in states if p not in live and p not in pending]:
+                del states[pool]
 
     def fold_read(self) -> None:
         """Fold every record read so far, as the next tick's cut would (``fleetloop bench ingest``
@@ -169,6 +239,9 @@ class Shard:
         if last is not None and tick.tick_id <= last[0]:
             return None
         self._fold_to(cut)
+        if tick.pool_id not in self.model.pools and tick.pool_id not in self.pending_pools:
+            self.last_tick.pop(tick.pool_id, None)
+            return ()  # a pool the model does not hold: nothing to decide, nothing to remember
         self.last_tick[tick.pool_id] = (tick.tick_id, tick.ts_ms)
         snap = self._snapshot(tick, policy)
         if tick.pool_id not in snap.pools:
@@ -227,6 +300,8 @@ class Shard:
             "folded": dict(self.folded),
             "ticks_at": self.ticks_at,
             "last_tick": {pool: list(v) for pool, v in sorted(self.last_tick.items())},
+            "lettered": dict(self.lettered),
+            "dl_mark": self.dl_mark,
         }
 
     @classmethod
@@ -247,6 +322,18 @@ class Shard:
             shard.shadow_states = {str(p): s for p, s in shadow_states.items()}
             shard.start_at(value["folded"], int(value["ticks_at"]))
             shard.last_tick = {str(p): (int(v[0]), int(v[1])) for p, v in value["last_tick"].items()}
+            # Checkpoints written before dead letters were tracked: everything before them was
+            # published (the old runtime dead-lettered at read time, before any checkpoint).
+            shard.lettered = {str(k): int(v) for k, v in value.get("lettered", {}).items()}
+            shard.dl_mark = int(value.get("dl_mark", -1))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise CheckpointError(f"checkpoint is malformed: {type(exc).__name__}: {exc}") from None
         return shard
+
+
+def _partial_reason(refused: Mapping[str, int], before: tuple[int, int, int]) -> str | None:
+    """Why an outcome was folded without a part of it (a partial cap's count moved), or None."""
+    for (kind, reason), was in zip(_PARTIAL, before, strict=True):
+        if refused[kind] != was:
+            return reason
+    return None

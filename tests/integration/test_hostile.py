@@ -9,16 +9,22 @@ event times.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from fleetloop.daemon import clock
+from fleetloop.daemon import clock, runtime
+from fleetloop.daemon import shard as shard_module
 from fleetloop.daemon.model import ModelConfig
 from fleetloop.daemon.observe.decode import Door
+from fleetloop.daemon.runtime import SKIPPED_HEADER, Daemon, DaemonConfig
+from fleetloop.daemon.service.health import TaskDied
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import DEADLETTER, DECISIONS, REQUESTS, TELEMETRY, TICKS
 from tests.support.kafka import decisions_of, producer, read_all, running_daemon, send, wait_decided
+from tests.support.policies import foundation
 from tests.support.records import outcome, telemetry, to_bytes
 
 NODES = ("p/0", "p/1", "p/2")
@@ -112,3 +118,110 @@ async def test_hostile_records_are_dead_lettered_and_the_real_pool_is_decided_ev
                 assert (await consumer.committed(tp) or 0) >= end[tp], f"{tp} not committed to its end"
     finally:
         await consumer.stop()
+
+
+def _daemon(kafka_env: Any, **kw: Any) -> Daemon:
+    return Daemon(
+        DaemonConfig(
+            bootstrap_servers=kafka_env.bootstrap_servers,
+            policy=foundation(),
+            prefix=kafka_env.prefix,
+            group_id=kafka_env.group("daemon"),
+            run_ticker=False,
+            idempotence=kafka_env.broker.capabilities.idempotent_producer,
+            door=Door().without_window(),
+            checkpoint_interval_s=0.0,  # a checkpoint after every batch that changed a shard
+            **kw,
+        )
+    )
+
+
+class _Crash(Exception):
+    pass
+
+
+async def test_records_refused_by_a_cap_are_dead_lettered_once_across_a_crash(
+    kafka_env: Any, monkeypatch: Any
+) -> None:
+    """Caps refuse records at their tick's cut, after they were read: each still reaches the
+    dead-letter topic with its reason, and a crash after that (before the checkpoint and commit
+    covering them) does not dead-letter them again when the restarted daemon folds them again."""
+    caps = ModelConfig(max_pools=2)
+    invented = [
+        to_bytes(telemetry(f"inv-{i}/0", f"inv-{i}", ts_ms=1500 + i)) for i in range(12)
+    ]  # keyed like the real pool: its partition; inv-0 fits under the cap, the 11 others do not
+    crashes = {"after-publish": 0}
+    real_reach = runtime.faults.reach
+
+    def reach(point: str) -> None:
+        real_reach(point)
+        if point == "after-publish" and crashes["after-publish"] == 1:
+            crashes["after-publish"] += 1
+            raise _Crash("crash after publishing, before the checkpoint and the commit")
+        if point == "after-publish":
+            crashes["after-publish"] += 1
+
+    monkeypatch.setattr(runtime.faults, "reach", reach)
+    first = _daemon(kafka_env, model=caps)
+    stop = asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    async with producer(kafka_env) as p:
+        await asyncio.wait_for(first.ready.wait(), 60)
+        await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=900) for n in NODES])
+        await send(p, kafka_env, TICKS, [Tick(ts_ms=1000, tick_id=1, pool_id="p")])
+        await wait_decided(first, 1000, timeout_s=60)  # decided, checkpointed (interval 0), committed
+        await send(p, kafka_env, TELEMETRY, [*invented, *(to_bytes(telemetry(n, ts_ms=1900)) for n in NODES)])
+        await send(p, kafka_env, TICKS, [Tick(ts_ms=2000, tick_id=2, pool_id="p")])
+        with pytest.raises(TaskDied):
+            await asyncio.wait_for(task, 60)
+        assert first.stats.dead_by_reason.get("capacity-pools") == 11
+        monkeypatch.setattr(runtime.faults, "reach", real_reach)
+        second = _daemon(kafka_env, model=caps)
+        stop = asyncio.Event()
+        task = asyncio.create_task(second.run(stop))
+        try:
+            await asyncio.wait_for(second.ready.wait(), 60)
+            await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=2900) for n in NODES])
+            await send(p, kafka_env, TICKS, [Tick(ts_ms=3000, tick_id=3, pool_id="p")])
+            await wait_decided(second, 3000, timeout_s=60)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 60)
+        assert second.stats.shards_restored >= 1
+        assert second.stats.dead_letters_suppressed == 11  # folded again, refused again, not re-sent
+        assert second.stats.dead_by_reason.get("capacity-pools", 0) == 0
+    letters = await read_all(kafka_env, DEADLETTER, until=lambda rs: len(rs) >= 11, timeout_s=10)
+    sources = [dict(r.headers)["fleetloop.source"] for r in letters]
+    refused = [r for r in letters if dict(r.headers)["fleetloop.error"].startswith(b"capacity-pools")]
+    assert len(refused) == 11, sources
+    assert len(set(sources)) == len(sources), "a dead letter published twice"
+    assert {dict(r.headers)["fleetloop.stage"] for r in refused} == {b"fold"}
+    assert sorted(r.value for r in refused) == sorted(invented[1:])
+
+
+async def test_a_tick_whose_decision_raises_is_published_as_skipped_with_the_reason(
+    kafka_env: Any, monkeypatch: Any
+) -> None:
+    real = shard_module.decide
+
+    def decide(snap: Any, policy: Any, state: Any, tick: Tick, offsets: Any) -> Any:
+        if tick.pool_id == "boom":
+            raise ArithmeticError("a policy bug")
+        return real(snap, policy, state, tick, offsets)
+
+    monkeypatch.setattr(shard_module, "decide", decide)
+    async with running_daemon(kafka_env) as daemon, producer(kafka_env) as p:
+        await send(p, kafka_env, TELEMETRY, [telemetry("b/0", "boom", ts_ms=900)], key=b"p")
+        await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=900) for n in NODES])
+        await send(p, kafka_env, TICKS, [Tick(ts_ms=1000, tick_id=1, pool_id="boom")], key=b"p")
+        await send(p, kafka_env, TICKS, [Tick(ts_ms=1000, tick_id=1, pool_id="p")])
+        await wait_decided(daemon, 1000, timeout_s=60)
+        assert daemon.stats.ticks_failed == 1
+        assert daemon.stats.ticks_no_data == 0
+        assert daemon.stats.ticks_decided == 1
+    ticks = await read_all(kafka_env, TICKS, until=lambda rs: len(rs) >= 3, timeout_s=10)
+    marked = [r for r in ticks if dict(r.headers or ()).get(SKIPPED_HEADER)]
+    assert len(marked) == 1
+    assert Tick.model_validate_json(marked[0].value).pool_id == "boom"
+    reason = dict(marked[0].headers)[SKIPPED_HEADER].decode()
+    assert reason.startswith("decide-failed: ArithmeticError: a policy bug"), reason

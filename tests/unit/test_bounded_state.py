@@ -28,7 +28,7 @@ def test_pools_beyond_the_cap_are_refused_while_the_others_are_live() -> None:
         assert model.fold_telemetry(telemetry(f"{p}/0", p, T)) is None
     refused = model.fold_telemetry(telemetry("x/0", "x", T + 1_000))
     assert refused is not None
-    assert refused.startswith("capacity: pool cap 3")
+    assert refused.startswith("capacity-pools: pool cap 3")
     assert model.fold_outcome(outcome("x/0", pool="x", ts_ms=T + 1_000)) is not None
     assert sorted(model.pools) == ["a", "b", "c"]
     assert model.refused["pools"] == 2
@@ -69,7 +69,7 @@ def test_the_fleet_wide_node_cap_holds_across_pools() -> None:
     model = FleetModel(ModelConfig(max_nodes=5))
     refusals = [model.fold_telemetry(telemetry(f"n{i}", f"p{i % 3}", T)) for i in range(8)]
     assert [r is None for r in refusals] == [True] * 5 + [False] * 3
-    assert refusals[-1] == "capacity: fleet node cap 5 reached"
+    assert refusals[-1] == "capacity-nodes: fleet node cap 5 reached"
     assert len(model.nodes) == 5
 
 

@@ -79,6 +79,7 @@ class Publisher:
         self.state_published = 0
         self.shadow_published = 0
         self.dead_letters = 0
+        self.end_offset = 0  # one past the highest dead letter the broker acknowledged to us
 
     async def publish(self, decisions: Sequence[Decision], shadow: Sequence[Decision] = ()) -> None:
         """Send every decision (and enforced ones to the state topic), and a shadow policy's
@@ -119,5 +120,7 @@ class Publisher:
                         raise result
                     _raise_if_transient(result)
                     failures.append(f"{type(result).__name__}: {result}")
+                else:
+                    self.end_offset = max(self.end_offset, int(result.offset) + 1)
         self.dead_letters += len(letters) - len(failures)
         return failures

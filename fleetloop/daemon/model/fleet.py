@@ -239,16 +239,16 @@ class FleetModel:
         if pool is None:
             pool = self._pool(pool_id, ts)
             if pool is None:
-                return f"capacity: pool cap {self.config.max_pools} reached, no silent pool to evict"
+                return f"capacity-pools: pool cap {self.config.max_pools} reached, no silent pool to evict"
         nodes = self.nodes
         node = nodes.get(node_id)
         if node is None:
             if len(pool.nodes) >= self.config.max_nodes_per_pool and not self._make_room(pool, t):
                 self.refused["nodes"] += 1
-                return f"capacity: node cap {self.config.max_nodes_per_pool} of pool {pool_id} reached"
+                return f"capacity-nodes: node cap {self.config.max_nodes_per_pool} of pool {pool_id} reached"
             if len(nodes) >= self.config.max_nodes:
                 self.refused["nodes"] += 1
-                return f"capacity: fleet node cap {self.config.max_nodes} reached"
+                return f"capacity-nodes: fleet node cap {self.config.max_nodes} reached"
         cost = t.cost_rate_usd_per_h * t.interval_ms / 3_600_000.0
         if cost > 0.0:
             self.ledger.fleet_cost_nusd += nano_usd(cost)
@@ -303,7 +303,7 @@ class FleetModel:
         if pool is None:
             pool = self._pool(pool_id, ts)
             if pool is None:
-                return f"capacity: pool cap {self.config.max_pools} reached, no silent pool to evict"
+                return f"capacity-pools: pool cap {self.config.max_pools} reached, no silent pool to evict"
         self._fold_ledger(o)
         if (ts > pool.watermark_ms or ts // BUCKET_MS <= pool.evicted_to) and not self._admit(
             pool_id, pool, ts
