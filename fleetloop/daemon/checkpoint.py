@@ -176,6 +176,21 @@ def encode(value: Any) -> bytes:
     return zlib.compress(orjson.dumps({"format": FORMAT, "v": _enc(value)}), 1)
 
 
+def encode_many(values: list[Any]) -> bytes:
+    """Several values' :func:`encode` blobs in one byte string (each behind its 8-byte length)."""
+    return b"".join(len(b).to_bytes(8, "big") + b for b in (encode(v) for v in values))
+
+
+def split_many(data: bytes) -> list[bytes]:
+    out: list[bytes] = []
+    i = 0
+    while i < len(data):
+        n = int.from_bytes(data[i : i + 8], "big")
+        out.append(data[i + 8 : i + 8 + n])
+        i += 8 + n
+    return out
+
+
 def decode(data: bytes) -> Any:
     try:
         tree = orjson.loads(zlib.decompress(data))

@@ -57,7 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.structs import OffsetAndMetadata
 
-from fleetloop.daemon import checkpoint, clock, faults
+from fleetloop.daemon import checkpoint, clock, faults, offload
 from fleetloop.daemon.act.publish import Publisher
 from fleetloop.daemon.decide.engine import Engine, envelope_of
 from fleetloop.daemon.model.fleet import ModelConfig
@@ -169,7 +169,9 @@ class DaemonStats:
     shadow_failed: int = 0  # ticks the shadow policy could not decide (the enforced ones were)
     commits: int = 0
     checkpoints_written: int = 0
-    checkpoint_bytes: int = 0
+    checkpoint_bytes: int = 0  # the largest shard's checkpoint last written, compressed
+    checkpoint_loop_ms: float = 0.0  # time the loop spent starting the last checkpoint (the fork)
+    checkpoint_encode_s: float = 0.0  # time from that start to the encoded bytes (in the child)
     shards_restored: int = 0
     shards_started_clean: int = 0
     last_decision_ts_ms: int = 0
@@ -267,6 +269,7 @@ class Daemon:
         self._ckpt_seq: dict[int, int] = {}
         self._ckpt_at: dict[int, float] = {}
         self._dirty: set[int] = set()
+        self._ckpt_task: asyncio.Task[None] | None = None  # the checkpoint being written, if any
         self._owned: set[TopicPartition] = set()
         self._expect: dict[TopicPartition, int] = {}  # first fetch after a seek must start here
         self._restore_needed = False
@@ -371,6 +374,10 @@ class Daemon:
                 await self._checkpoint(force=True)
             finally:
                 stop.set()
+                if self._ckpt_task is not None and not self._ckpt_task.done():
+                    self._ckpt_task.cancel()  # a stop after a failure: the last whole checkpoint stands
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._ckpt_task
                 await policy_consumer.stop()
                 await consumer.stop()
         finally:
@@ -585,24 +592,28 @@ class Daemon:
         else:
             self.stats.shards_restored += 1
             self._publish_from[p] = committed_ticks if committed_ticks is not None else shard.ticks_at
+        # Dead letters published before: below the shard's marks, and found on the dead-letter
+        # topic from its checkpoint's mark on (published between that checkpoint and a crash).
+        # Read before the shard is registered: from then on to its seeks nothing may await (a
+        # batch fetched from the committed offsets would land in a shard not yet positioned).
+        already = await self._read_lettered(p, shard.dl_mark) if 0 <= shard.dl_mark < self._dl_end else set()
+        lettered = dict(shard.lettered)
+        if not shard.lettered and shard.dl_mark < 0 and not emptied:
+            # A checkpoint from before dead letters were tracked: its run dead-lettered at read,
+            # before it checkpointed or committed, so the committed offsets were handled.
+            lettered = {k: shard.folded[k] for k in INPUTS}
+            if committed_ticks is not None:
+                lettered[TICKS] = committed_ticks
         shard.refusals = []
         shard.model.config = self.config.model  # caps as configured now, also for a restored model
         self.shards[p] = shard
         self._held[p] = []
         self._ticks_read[p] = shard.ticks_at
-        # Dead letters published before: below the shard's marks, and found on the dead-letter
-        # topic from its checkpoint's mark on (published between that checkpoint and a crash).
-        self._lettered[p] = dict(shard.lettered)
-        self._already[p] = await self._read_lettered(p, shard.dl_mark) if shard.dl_mark >= 0 else set()
+        self._lettered[p] = lettered
+        self._already[p] = already
         # A first start's warm-up re-folds history a previous run handled (up to its commit): the
         # refusals among it are not news. A restored shard re-folds only what it had not checkpointed.
         self._fold_lettered[p] = dict(shard.lettered) if shard.dl_mark < 0 else {}
-        if not shard.lettered and shard.dl_mark < 0 and not emptied:
-            # A checkpoint from before dead letters were tracked: its run dead-lettered at read,
-            # before it checkpointed or committed, so the committed offsets were handled.
-            self._lettered[p] = {k: shard.folded[k] for k in INPUTS}
-            if committed_ticks is not None:
-                self._lettered[p][TICKS] = committed_ticks
         self._catchup[p] = {logical: end[self._tp(logical, p)] for logical in (*INPUTS, TICKS)}
         self._ckpt_at[p] = clock.monotonic_s()
         for logical in INPUTS:
@@ -740,8 +751,7 @@ class Daemon:
                 faults.reach("after-publish")
             if self._summary_due:
                 await self._retrying("summaries", self._publish_summaries)
-            if await self._retrying("checkpoint", self._checkpoint):
-                faults.reach("after-checkpoint")
+            await self._checkpoint()
             await self._retrying("commit", self._commit)
         return decisions
 
@@ -1088,10 +1098,21 @@ class Daemon:
         return dict(sorted(out.items()))
 
     async def _checkpoint(self, *, force: bool = False) -> bool:
-        """Write each changed shard's state (every ``checkpoint_interval_s``, or now when forced)."""
+        """Checkpoint each changed shard (every ``checkpoint_interval_s``, or now when forced).
+
+        The state is taken at this instant (a forked child encodes a copy-on-write image of it,
+        :mod:`fleetloop.daemon.offload`), so the loop goes on folding and deciding while the child
+        encodes and the chunks are sent; a periodic checkpoint returns at once, a forced one (revoke,
+        shutdown, clean start) when the broker acknowledged it. One checkpoint is in flight at a
+        time; one that fails leaves its shards changed, to be written again."""
         producer = self._producer
         if producer is None:
             return False
+        running = self._ckpt_task
+        if running is not None and not running.done():
+            if not force:
+                return False  # the next batch tries again
+            await asyncio.wait([running])
         now_s = clock.monotonic_s()
         due = [
             p
@@ -1101,29 +1122,62 @@ class Daemon:
         ]
         if not due:
             return False
-        futures = []
+        values = []
+        seqs: dict[int, int] = {}
         for p in due:
             shard = self.shards[p]
             # Every door dead letter of what was read, and every fold refusal of what was folded,
             # is acknowledged by now (process publishes them before it checkpoints).
             shard.lettered = {**shard.read, TICKS: self._ticks_read.get(p, shard.ticks_at)}
             shard.dl_mark = self._dl_end
-            blob = checkpoint.encode(shard.checkpoint_value())
-            seq = self._ckpt_seq.get(p, 0) + 1
-            self._ckpt_seq[p] = seq
-            futures.extend(
-                [
-                    await producer.send(self._checkpoint_topic, value=chunk.value, key=chunk.key)
-                    for chunk in checkpoint.to_chunks(self.config.group_id, p, seq, blob)
-                ]
-            )
-            self.stats.checkpoint_bytes = len(blob)
-        await asyncio.gather(*futures)
-        for p in due:
+            values.append(shard.checkpoint_value())
+            seqs[p] = self._ckpt_seq[p] = self._ckpt_seq.get(p, 0) + 1
             self._dirty.discard(p)
             self._ckpt_at[p] = now_s
-        self.stats.checkpoints_written += len(due)
+        started_s = clock.monotonic_s()
+        encoded = offload.encode_in_child(checkpoint.encode_many, values)  # the state, as of now
+        self.stats.checkpoint_loop_ms = round((clock.monotonic_s() - started_s) * 1000.0, 3)
+        write = self._write_checkpoints(producer, seqs, encoded, started_s)
+        if force:
+            await write
+            return True
+        self._ckpt_task = asyncio.create_task(self._background_checkpoint(write, due))
         return True
+
+    async def _write_checkpoints(
+        self,
+        producer: AIOKafkaProducer,
+        seqs: Mapping[int, int],
+        encoded: Coroutine[Any, Any, bytes],
+        started_s: float,
+    ) -> None:
+        blobs = checkpoint.split_many(await encoded)
+        self.stats.checkpoint_encode_s = round(clock.monotonic_s() - started_s, 3)
+        chunks = [
+            chunk
+            for (p, seq), blob in zip(seqs.items(), blobs, strict=True)
+            for chunk in checkpoint.to_chunks(self.config.group_id, p, seq, blob)
+        ]
+
+        async def send() -> None:
+            futures = [await producer.send(self._checkpoint_topic, value=c.value, key=c.key) for c in chunks]
+            await asyncio.gather(*futures)
+
+        await self._retrying("checkpoint", send)
+        self.stats.checkpoint_bytes = max(len(b) for b in blobs)
+        self.stats.checkpoints_written += len(seqs)
+        faults.reach("after-checkpoint")
+
+    async def _background_checkpoint(self, write: Coroutine[Any, Any, None], due: Sequence[int]) -> None:
+        try:
+            await write
+        except Exception as exc:  # written again with the next batch; an older checkpoint stands
+            self._dirty.update(p for p in due if p in self.shards)
+            log.warning(
+                "checkpoint failed; it will be written again",
+                error=f"{type(exc).__name__}: {exc}"[:300],
+                ratelimit_key="checkpoint-failed",
+            )
 
     async def _commit(self) -> None:
         consumer = self._consumer

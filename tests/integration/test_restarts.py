@@ -18,10 +18,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import orjson
@@ -127,8 +127,22 @@ async def feeding(env: Any) -> AsyncIterator[Fleet]:
         await asyncio.wait_for(task, 30)
 
 
+@pytest.fixture(autouse=True)
+def _reap_procs() -> Iterator[None]:
+    """Every ``fleetloop run`` a test started is killed when the test ends, passed or failed: a
+    failing assertion must not leave a daemon running against the session's broker."""
+    yield
+    while Proc.started:
+        proc = Proc.started.pop()
+        if proc.p.poll() is None:
+            proc.p.kill()
+            proc.p.wait(30)
+
+
 class Proc:
     """One ``fleetloop run`` process; its output goes to a file (a full pipe would stall it)."""
+
+    started: ClassVar[list[Proc]] = []
 
     def __init__(self, env: Any, policy: Path, log: Path, fault: str | None = None) -> None:
         environ = dict(os.environ)
@@ -162,6 +176,7 @@ class Proc:
                 stderr=subprocess.STDOUT,
                 env=environ,
             )
+        Proc.started.append(self)
 
     async def assigned(self, timeout_s: float = 60) -> None:
         """Wait until this process has been given partitions (after a kill -9 the group waits for
