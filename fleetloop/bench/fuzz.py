@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,17 +38,17 @@ from aiokafka import AIOKafkaProducer
 
 from fleetloop.bench.live import (
     BrokerInfo,
-    broker,
+    drop_topics,
     fresh_prefix,
     outcome_bytes,
     progress,
     rss_mib,
+    run_live,
     running_daemon,
     telemetry_bytes,
 )
 from fleetloop.daemon import clock
-from fleetloop.daemon.brokers import delete_topics
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, quiet_client_logs
+from fleetloop.daemon.cli_common import UsageError, bootstrap_arg
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.daemon.runtime import DaemonConfig
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy
@@ -90,16 +89,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError("fleetloop bench fuzz: --ticks must be between 6 and 1000")
     if not 1 <= args.pools <= 50 or not 2 <= args.nodes <= 500:
         raise UsageError("fleetloop bench fuzz: --pools must be 1..50 and --nodes 2..500")
-    from fleetloop.daemon import observability
-
-    observability.configure(level="error")
-    quiet_client_logs()
-    with broker(args.bootstrap_servers, "fuzz") as info:
-        result = asyncio.run(fuzz(args, info))
-    if args.json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        _print(result)
+    result = run_live(args, "fuzz", fuzz, _print)
     ok = result["crashes"] == 0 and result["ticks"]["missed"] == 0 and result["decisions"]["differing"] == 0
     return 0 if ok else 1
 
@@ -383,10 +373,7 @@ async def one_run(
         "rss_mib": {"before": round(rss_before, 1), "after": round(rss_mib(), 1)},
         "decisions": decided,
     }
-    try:
-        await delete_topics(info.bootstrap_servers, prefix)
-    except Exception as exc:  # leftover topics are harmless; say so and go on
-        progress(f"  could not delete the topics under {prefix}: {type(exc).__name__}")
+    await drop_topics(info, prefix)
     return result
 
 

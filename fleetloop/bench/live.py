@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from fleetloop.bench.common import progress, rss_mib
-from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, probe_capabilities, start_broker
-from fleetloop.daemon.cli_common import UsageError
+from fleetloop.daemon.brokers import (
+    BrokerStartError,
+    delete_topics,
+    ensure_topics,
+    probe_capabilities,
+    start_broker,
+)
+from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
 from fleetloop.daemon.runtime import Daemon, DaemonConfig, OnDecisions
 
 __all__ = ["progress", "rss_mib"]
@@ -29,6 +37,36 @@ class BrokerInfo:
     bootstrap_servers: str
     kind: str
     idempotent: bool | None
+
+
+def run_live(
+    args: Any,
+    name: str,
+    bench: Callable[[Any, BrokerInfo], Coroutine[Any, Any, dict[str, Any]]],
+    table: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """What every live bench's command does around its run: quiet logs, the broker (the named one
+    or an embedded one), ``bench(args, broker)`` in an event loop, then one JSON object on stdout
+    (``--json``) or ``table(result)``."""
+    from fleetloop.daemon import observability
+
+    observability.configure(level="error")
+    quiet_client_logs()
+    with broker(args.bootstrap_servers, name) as info:
+        result = asyncio.run(bench(args, info))
+    if args.json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        table(result)
+    return result
+
+
+async def drop_topics(info: BrokerInfo, prefix: str) -> None:
+    """Delete a run's topics; leftovers are harmless, so a failure is one progress line."""
+    try:
+        await delete_topics(info.bootstrap_servers, prefix)
+    except Exception as exc:  # whatever the admin client raised
+        progress(f"  could not delete the topics under {prefix}: {type(exc).__name__}")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,50 @@
+"""``fleetloop bench soak`` in CI's short form, on both brokers: the daemon's ingest capacity is
+measured, then it is offered twice that; RSS stays bounded, ticks are decided in every sample, none
+fails, and the backlog drains once the overload stops."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from typing import Any
+
+from fleetloop.daemon.brokers import ProcessBroker
+
+
+async def test_soak_short_form_at_twice_the_measured_capacity(broker: ProcessBroker) -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "fleetloop.daemon.cli",
+        "bench",
+        "soak",
+        "--bootstrap-servers",
+        broker.bootstrap_servers,
+        "--minutes",
+        "0.4",
+        "--calibrate-s",
+        "8",
+        "--sample-s",
+        "5",
+        "--json",
+    ]
+    done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=420)
+    assert done.returncode in (0, 1), done.stderr.decode()[-2000:]
+    r: dict[str, Any] = json.loads(done.stdout)
+    progress = done.stderr.decode()[-3000:]
+    assert r["crashed"] is None, progress
+    capacity = r["capacity"]["events_per_s"]
+    assert capacity > 0, progress
+    assert r["offered_events_per_s"] >= 2 * capacity - 1, r  # the overload asked for twice the capacity
+    assert len(r["samples"]) >= 3, progress
+    assert r["bounded"]["rss"], r["rss_mib"]
+    assert r["bounded"]["ticks"], (r["samples_without_a_decided_tick"], r["ticks_failed"])
+    assert r["bounded"]["lag"], (r["max_lag"], r["final_lag"], r["drain_s"])
+    assert done.returncode == 0, progress
+    print(
+        f"soak on {r['broker']}: capacity {capacity:,}/s ({r['capacity']['bound']}-bound), offered "
+        f"{r['offered_events_per_s']:,}/s, max lag {r['max_lag']:,}, drained in {r['drain_s']} s, "
+        f"RSS {r['rss_mib']['first']} -> {r['rss_mib']['last']} MiB"
+    )
