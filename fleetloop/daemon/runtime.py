@@ -841,6 +841,7 @@ class Daemon:
                         (SKIPPED_HEADER, reason.encode()[:1000]),
                         (SKIPPED_FROM_HEADER, str(tick.tick_id).encode()),
                     ],
+                    partition=p,  # beside the tick it stands for, whatever partitioner keyed that one
                 )
             )
         if futures:
