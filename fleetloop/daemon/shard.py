@@ -54,7 +54,9 @@ class Shadow:
     """A shadow policy ready to run: ``policy`` as applied (its stamp goes on every decision, with
     mode ``shadow``), ``runner`` the same document compiled as if it enforced, so the shadow decides
     what it would decide in charge (a breaker it trips counts against its own ejection cap, its
-    autoscale target is held like an enforced one) instead of only "detecting"."""
+    autoscale target is held like an enforced one) instead of only "detecting". It decides on the
+    enforcing policy's ticks: its own ``tick_ms`` does not tick, it only reaches its algorithms
+    (``PolicyContext.tick_ms``)."""
 
     policy: CompiledPolicy
     runner: CompiledPolicy
