@@ -1,0 +1,196 @@
+"""The decide tick's fast paths give what their plain definitions give, bit for bit.
+
+Each hot path (memory pruning, per-node medians, the inlined cache-aware score, decisions assembled
+without validation, the lazily seeded generator) is checked here against the straightforward form
+it replaced, on random inputs: replay compares decisions byte for byte, so "about the same" is a
+failure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+import pytest
+from fleetloop.daemon.decide.engine import Engine
+from fleetloop.policies.base import NodeView
+from fleetloop.policies.breaker.latency_outlier import (
+    SIGNALS,
+    NodeState,
+    _remembered,
+    aggregate,
+    breaker_decision,
+)
+from fleetloop.policies.routing import cache_aware
+from fleetloop.policies.routing.cache_aware import CacheAwareParams, _routing_decision, combine, components
+from fleetloop.schemas.control import Tick
+from fleetloop.schemas.decisions import BreakerDecision, Decision, RoutingDecision
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from tests.policies.snapshots import NOW_MS, ctx, node, snapshot
+from tests.support.policies import foundation
+
+figure = st.none() | st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
+
+
+@st.composite
+def memories(draw: Any) -> tuple[tuple[tuple[int, Any, Any, Any, Any], ...], int]:
+    """An ascending memory (as the breaker keeps it) and a tick time, possibly one decided again."""
+    gaps = draw(st.lists(st.integers(min_value=1, max_value=4000), max_size=30))
+    ts, obs = NOW_MS - 40_000, []
+    for g in gaps:
+        ts += g
+        obs.append((ts, draw(figure), draw(figure), draw(figure), draw(figure)))
+    now = draw(st.sampled_from([NOW_MS, ts, ts + 1, NOW_MS - 5_000]))
+    return tuple(obs), now
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    memories(),
+    st.integers(min_value=0, max_value=60_000),
+    st.fixed_dictionaries(dict.fromkeys(SIGNALS, figure)),
+    st.sampled_from(["warm", "cold"]),
+    st.booleans(),
+)
+def test_breaker_memory_slice_is_the_filter_it_replaced(
+    mem: Any, memory_ms: int, figures: dict[str, Any], weights_state: str, stale: bool
+) -> None:
+    obs, now = mem
+    n = node("a", weights_state=weights_state, stale=stale, **figures)
+    kept = [o for o in obs if now - o[0] < memory_ms and o[0] < now]
+    vals = [v if weights_state == "warm" and not stale else None for v in (figures[s] for s in SIGNALS)]
+    if any(v is not None for v in vals):
+        kept.append((now, *vals))
+    assert _remembered(obs, n, now, memory_ms) == tuple(kept)
+
+
+@settings(max_examples=300, deadline=None)
+@given(memories(), st.integers(min_value=1, max_value=5))
+def test_breaker_medians_are_statistics_median(mem: Any, min_samples: int) -> None:
+    obs, _ = mem
+    expected = {}
+    for i, s in enumerate(SIGNALS):
+        xs = [o[i + 1] for o in obs if o[i + 1] is not None]
+        if xs and len(xs) >= min_samples:
+            expected[s] = statistics.median(xs)
+    assert aggregate(NodeState(obs=obs), min_samples) == expected
+
+
+loads = st.fixed_dictionaries(
+    {
+        "queue_depth": st.integers(min_value=0, max_value=500),
+        "running_requests": st.integers(min_value=0, max_value=256),
+        "queued_prompt_tokens": st.integers(min_value=0, max_value=200_000),
+        "max_batch_tokens": st.integers(min_value=0, max_value=65_536),
+        "kv_cache_used_frac": st.floats(min_value=0.0, max_value=1.0),
+        "hbm_free_gib": st.floats(min_value=0.0, max_value=100.0),
+        "tbt_p50_ms": st.none() | st.floats(min_value=0.5, max_value=5000.0),
+        "weights_state": st.sampled_from(["warm", "warm", "warm", "loading"]),
+        "draining": st.booleans(),
+        "age_ms": st.sampled_from([0, 1000, 4000]),
+    }
+)
+weights = st.floats(min_value=0.0, max_value=100.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(loads, min_size=1, max_size=12), weights, weights, weights, weights)
+def test_cache_aware_score_is_combine_of_components(
+    rows: list[dict[str, Any]], wq: float, wk: float, wh: float, ws: float
+) -> None:
+    params = CacheAwareParams(w_queue=wq + 0.1, w_kv=wk, w_hbm=wh, w_speed=ws)
+    pool = tuple(node(f"n{i:02d}", **r) for i, r in enumerate(rows))
+    memory = cache_aware.remember({}, snapshot(pool), params, pool)
+    steps = {n.node_id: cache_aware.step_ms(memory, n.node_id) for n in pool}
+    scores, speeds = cache_aware._scored(pool, params, steps)
+    for n in pool:
+        parts = components(n, pool, params, memory)
+        assert speeds[n.node_id] == parts["speed"]
+        expected = combine(parts, params) if cache_aware.serving(n, params.silent_after_ms) else 0.0
+        assert scores[n.node_id] == expected
+
+
+def _same(a: Any, b: Any) -> None:
+    assert a.model_dump_json() == b.model_dump_json()
+    assert a.model_fields_set == b.model_fields_set
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"enforced": False},
+        {"enforced": True, "until_ms": NOW_MS + 30_000},
+        {"probe_frac": 0.05},
+    ],
+)
+def test_breaker_decision_assembled_equals_validated(extra: dict[str, Any]) -> None:
+    inputs = {"consecutive_failures": 2.0, "severity": 1.5, "latency_ejections": 1.0}
+    fast = breaker_decision("p", "p/n1", "open", "latency-outlier", inputs=inputs, ejections=3, **extra)
+    slow = BreakerDecision(
+        entity="node/p/n1",
+        reason="latency-outlier",
+        inputs=inputs,
+        pool_id="p",
+        node_id="p/n1",
+        state="open",
+        ejections=3,
+        **extra,
+    )
+    _same(fast, slow)
+    _same(fast.model_copy(update={"enforced": False}), slow.model_copy(update={"enforced": False}))
+
+
+@pytest.mark.parametrize("severity", [float("inf"), float("nan"), 2e15])
+def test_breaker_decision_out_of_bounds_is_still_refused(severity: float) -> None:
+    with pytest.raises(ValidationError):
+        breaker_decision("p", "p/n1", "closed", "healthy", inputs={"severity": severity}, ejections=0)
+
+
+def test_routing_decision_assembled_equals_validated_and_refuses_what_validation_refuses() -> None:
+    args: tuple[Any, ...] = (
+        "p",
+        {"a": 0.25, "b": 0.75},
+        "cache-aware",
+        {"nodes": 2.0, "best_score": 0.9},
+        {"0": {"a": 0.0, "b": 1.0}},
+        {"d1": ("b", "a")},
+        ("q", "r"),
+    )
+    slow = RoutingDecision(
+        entity="pool/p",
+        pool_id="p",
+        weights=args[1],
+        reason=args[2],
+        inputs=args[3],
+        by_priority=args[4],
+        prefix_affinity=args[5],
+        spill_to=args[6],
+    )
+    _same(_routing_decision(*args), slow)
+    for bad in ({"a": float("nan")}, {"a": -0.5}):
+        with pytest.raises(ValidationError):
+            _routing_decision("p", bad, *args[2:])
+
+
+def test_engine_decisions_equal_validated_wrappers_and_the_lazy_generator_is_the_seeded_one() -> None:
+    views = [node(f"n{i}", tbt_p50_ms=20.0 + i, ok_w=3) for i in range(4)]
+    snap = snapshot(views)
+    result = Engine(foundation()).tick(
+        snap, Tick(ts_ms=NOW_MS, tick_id=7, pool_id="p"), {"fleet.telemetry#0": 12}
+    )
+    assert result.decisions
+    for d in result.decisions:
+        _same(d, Decision.model_validate(d.model_dump()))
+    c = ctx(snap, tick_id=7, seed=3)
+    assert c.rng is c.rng  # one generator per context, built on first use
+    assert c.rng.random() == np.random.default_rng([3, 7]).random()
+
+
+def test_node_view_fixture_is_a_serving_node() -> None:
+    n: NodeView = node("a")
+    assert cache_aware.serving(n, 3000)
