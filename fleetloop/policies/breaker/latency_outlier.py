@@ -441,7 +441,10 @@ class LatencyOutlier:
             ns = prev if prev is not None else NodeState(was_warm=n.warm and not state.started)
             obs = _remembered(ns.obs, n, now, memory_ms)
             if obs is not ns.obs:
-                ns = _with(ns, obs=obs)
+                ns = NodeState(
+                    ns.err, ns.lat, ns.lat_since_ms, ns.lat_ejections, ns.flagged_ticks, ns.ramp_from_ms,
+                    ns.was_warm, obs,
+                )  # fmt: skip
             remembered[n.node_id] = ns
             aggs[n.node_id] = aggregate(ns, min_samples) if serving(n) else {}
         refs = {s: reference([a[s] for a in aggs.values() if s in a], params.min_hosts) for s in SIGNALS}
