@@ -101,7 +101,7 @@ weights = st.floats(min_value=0.0, max_value=100.0)
 def test_cache_aware_score_is_combine_of_components(
     rows: list[dict[str, Any]], wq: float, wk: float, wh: float, ws: float
 ) -> None:
-    params = CacheAwareParams(w_queue=wq + 0.1, w_kv=wk, w_hbm=wh, w_speed=ws)
+    params = CacheAwareParams(w_queue=max(wq, 0.1), w_kv=wk, w_hbm=wh, w_speed=ws)
     pool = tuple(node(f"n{i:02d}", **r) for i, r in enumerate(rows))
     memory = cache_aware.remember({}, snapshot(pool), params, pool)
     steps = {n.node_id: cache_aware.step_ms(memory, n.node_id) for n in pool}
