@@ -21,7 +21,8 @@ the geometric-mean cost ratio against the full policy and the tasks gained or lo
 ``modern`` (the engine-signal autoscaler baseline) runs beside them and is reported against
 default (geometric-mean cost ratio, tasks and priority-0 tasks won), not held to a target.
 
-``--reuse FILE,...`` takes the ``classic`` and ``modern`` rows of earlier runs (their
+``--reuse FILE,...`` takes the ``classic`` and ``modern`` rows (``--reuse-policies`` names others,
+e.g. to assemble one table from runs split over processes of the same commit) of earlier runs (their
 ``sim-<suite>.json``) instead of running them again, when the scenario file's SHA-256 and the seed
 match: the baselines do not read the default policy, and every run is deterministic in (scenario,
 seed, policy, code), so a row from the same code is the row a new run would give. The table says
@@ -84,16 +85,20 @@ def scenario_sha(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def reuse_rows(jobs: list[Job], sources: Iterable[Path]) -> tuple[list[Job], list[dict[str, Any]]]:
-    """(jobs still to run, rows taken from ``sources``): a baseline job whose (scenario file SHA,
-    seed, policy) has a row in one of the earlier suite JSON files is not run again."""
+def reuse_rows(
+    jobs: list[Job], sources: Iterable[Path], policies: Iterable[str] = BASELINES
+) -> tuple[list[Job], list[dict[str, Any]]]:
+    """(jobs still to run, rows taken from ``sources``): a job of one of ``policies`` (the
+    baselines by default) whose (scenario file SHA, seed, policy) has a row in one of the earlier
+    suite JSON files is not run again."""
+    reusable = set(policies)
     have: dict[tuple[str, int, str], dict[str, Any]] = {}
     for src in sources:
         data = orjson.loads(src.read_bytes())
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             raise ValueError(f"{src}: not a suite JSON (no rows)")
         for r in data["rows"]:
-            if r.get("policy") in BASELINES and r.get("scenario_sha"):
+            if r.get("policy") in reusable and r.get("scenario_sha"):
                 have[(r["scenario_sha"], int(r["seed"]), r["policy"])] = r
     todo: list[Job] = []
     taken: list[dict[str, Any]] = []
@@ -101,7 +106,7 @@ def reuse_rows(jobs: list[Job], sources: Iterable[Path]) -> tuple[list[Job], lis
     for job in jobs:
         path, label, _, seed = job
         sha = shas.get(path) or shas.setdefault(path, scenario_sha(path))
-        row = have.get((sha, seed, label)) if label in BASELINES else None
+        row = have.get((sha, seed, label)) if label in reusable else None
         if row is None:
             todo.append(job)
         else:
@@ -201,7 +206,7 @@ def suite_markdown(
     ]
     if reused_from:
         lines += [
-            "The classic and modern rows were reused from an earlier run of the same simulator code "
+            "Rows were reused from earlier runs of the same code "
             f"(`--reuse {','.join(reused_from)}`; same scenario files and seeds, see the module docstring).",
             "",
         ]

@@ -338,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --suite: comma-separated earlier sim-SUITE.json files whose classic/modern rows "
         "(same scenario file, seed) are taken instead of run again; the table says so",
     )
+    ap.add_argument(
+        "--reuse-policies",
+        default="classic,modern",
+        help="with --reuse: whose rows may be reused (default: the baselines, which do not read the "
+        "default policy); add default only for rows of the same commit",
+    )
     args = ap.parse_args(argv)
     if args.suite:
         return main_suite(args)
@@ -442,12 +448,13 @@ def main_suite(args: argparse.Namespace) -> int:
     sources = [x.strip() for x in args.reuse.split(",") if x.strip()]
     if sources:
         try:
-            jobs, reused = reuse_rows(jobs, [Path(x) for x in sources])
+            reusable = [x.strip() for x in args.reuse_policies.split(",") if x.strip()]
+            jobs, reused = reuse_rows(jobs, [Path(x) for x in sources], reusable)
         except (OSError, ValueError) as exc:
             sys.stderr.write(f"--reuse: {exc}\n")
             return 2
         if not args.json:
-            sys.stderr.write(f"reused {len(reused)} baseline rows; {len(jobs)} runs to go\n")
+            sys.stderr.write(f"reused {len(reused)} rows; {len(jobs)} runs to go\n")
     ran = run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
     order = {(r["scenario"], int(r["seed"]), r["policy"]): r for r in (*reused, *ran)}
     rows = [order[k] for k in sorted(order)]
