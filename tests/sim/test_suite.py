@@ -152,6 +152,9 @@ def test_reuse_takes_only_baseline_rows_of_the_same_scenario_file_and_seed(tmp_p
         (str(scen), "default", "spec", 2),
         (str(other), "classic", "spec", 1),
     ]
+    # Rows of the policy under test only when asked (one commit's runs split over processes).
+    todo, taken = reuse_rows(jobs, [src], ("classic", "modern", "default"))
+    assert [(r["policy"], r["seed"]) for r in taken] == [("classic", 1), ("modern", 1), ("default", 1)]
     bad = tmp_path / "bad.json"
     bad.write_bytes(b"[]")
     with pytest.raises(ValueError, match="not a suite JSON"):
