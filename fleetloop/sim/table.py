@@ -335,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--reuse",
         default="",
-        help="with --suite: comma-separated earlier sim-SUITE.json files whose classic/modern rows "
-        "(same scenario file, seed) are taken instead of run again; the table says so",
+        help="comma-separated earlier sim-*.json files whose classic/modern rows (same scenario file, "
+        "seed) are taken instead of run again; the table says so",
     )
     ap.add_argument(
         "--reuse-policies",
@@ -352,11 +352,34 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"no scenario files in {args.scenarios}\n")
         return 2
     policies = available_policies()
-    jobs = [(str(f), label, spec) for f in files for label, spec in policies]
+    try:
+        seeds = {str(f): load_scenario(f).seed for f in files}
+    except ScenarioError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    jobs: list[tuple[str, str, str, int]] = [
+        (str(f), label, spec, seeds[str(f)]) for f in files for label, spec in policies
+    ]
     if args.ablation:
-        jobs += [(str(f), f"no-{section}", f"ablate:{section}") for f in files for section in LEVER_OFF]
+        jobs += [
+            (str(f), f"no-{section}", f"ablate:{section}", seeds[str(f)])
+            for f in files
+            for section in LEVER_OFF
+        ]
+    reused: list[dict[str, Any]] = []
+    sources = [x.strip() for x in args.reuse.split(",") if x.strip()]
+    if sources:  # rows of the scenario's own seed from earlier suite or table runs of this commit
+        try:
+            reusable = [x.strip() for x in args.reuse_policies.split(",") if x.strip()]
+            jobs, reused = reuse_rows(jobs, [Path(x) for x in sources], reusable)
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"--reuse: {exc}\n")
+            return 2
+        sys.stderr.write(f"reused {len(reused)} rows; {len(jobs)} runs to go\n")
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        all_rows = list(pool.map(run_one, jobs))
+        all_rows = reused + list(pool.map(run_one, jobs))
+    order = [label for label, _ in policies] + [f"no-{section}" for section in LEVER_OFF]
+    all_rows.sort(key=lambda r: (r["scenario"], order.index(r["policy"])))
     labels = {label for label, _ in policies}
     rows = [r for r in all_rows if r["policy"] in labels]
     out = Path(args.out)
@@ -366,11 +389,17 @@ def main(argv: list[str] | None = None) -> int:
         ab = ablation_markdown(all_rows)
         (out / "sim-ablation.md").write_text(ab)
         md += "\n" + ab
+    if reused:
+        md += (
+            f"\n{len(reused)} rows were reused from earlier runs of the same code "
+            f"(`--reuse {','.join(sources)}`: same scenario files, each scenario's own seed).\n"
+        )
     (out / "sim-table.md").write_text(md)
     payload = {
         "policies": [label for label, _ in policies],
         "rows": all_rows,
         "targets_met": targets(rows)[1],
+        "reused_from": sources if reused else [],
     }
     (out / "sim-table.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
     if args.json:
