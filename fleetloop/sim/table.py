@@ -448,14 +448,14 @@ def main_suite(args: argparse.Namespace) -> int:
         sys.stderr.write(f"no scenario files in suite {args.suite!r}\n")
         return 2
     wanted = {x.strip() for x in args.policies.split(",") if x.strip()}
-    known = (*BASELINES, "default")
+    known = ("none", *BASELINES, "default")
     if not wanted <= set(known):
         sys.stderr.write(f"--policies: unknown {sorted(wanted - set(known))} (known: {', '.join(known)})\n")
         return 2
     policies = [
         (label, spec)
         for label, spec in (
-            *((b, f"baseline:{b}") for b in BASELINES),
+            *((b, f"baseline:{b}") for b in ("none", *BASELINES)),
             ("default", str(DEFAULT_POLICY)),
         )
         if label in wanted

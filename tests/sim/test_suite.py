@@ -120,7 +120,7 @@ def test_modern_is_reported_against_default_per_run_and_unknown_policies_are_ref
     assert "| f | 9 | 0.625 | +1.00% |" in md
     assert suite_against_modern(rows[:2]) == ""
     assert main(["--suite", "fleet", "--policies", "default,bogus"]) == 2
-    assert "known: classic, modern, default" in capsys.readouterr().err
+    assert "known: none, classic, modern, default" in capsys.readouterr().err
 
 
 def test_reuse_takes_only_baseline_rows_of_the_same_scenario_file_and_seed(tmp_path: Path) -> None:
