@@ -50,7 +50,7 @@ def test_overload_protects_priority_zero_and_keeps_success() -> None:
 
 
 def test_prefix_affinity_cuts_ttft_p99_against_none() -> None:
-    # Today about 6.8x (12x before the issue-14 physics, whose faster FP8-era prefill and per-request
+    # Today about 7.1x (6.8x before issue 15's levers; 12x before the issue-14 physics, whose faster FP8-era prefill and per-request
     # costs narrow the gap): round robin recomputes the shared context on every call.
     d, n = outcome("prefix-heavy-copilot", "default"), outcome("prefix-heavy-copilot", "none")
     assert n["latency"]["ttft_p99_ms"] >= 3 * d["latency"]["ttft_p99_ms"]
@@ -63,7 +63,8 @@ def _lost_to_timeouts(o: dict[str, Any]) -> int:
 
 def test_cascade_classic_loses_more_tasks_to_the_storm_than_default() -> None:
     # Today classic loses 321 of ~8,000 tasks to timed-out calls (871 timeouts, each leaving an
-    # orphan), default 152 (310 timeouts); priority-0 success 86% against 93%. Before the issue-14
+    # orphan), default 128 (258 timeouts); priority-0 success 86% against 94% (152 and 93% before
+    # issue 15's levers and the scenario's SLO reaching the policy). Before the issue-14
     # physics it was 245 against 5: with cold starts drawn from published timings (~270 s for a
     # cached 70B TP4 node instead of a fixed 120 s) and decode that slows with batch size, the
     # autoscaler's new nodes arrive after the load spike, so default loses tasks too. Still half of
