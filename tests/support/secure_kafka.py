@@ -25,8 +25,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from fleetloop.daemon.brokers.apache import ApacheKafka, java_command, new_cluster_id
-from fleetloop.daemon.brokers.base import LOG_TAIL_LINES, BrokerStartError, free_ports
+from fleetloop.daemon.brokers.apache import (
+    ApacheKafka,
+    format_storage,
+    java_command,
+    kraft_settings,
+    render_properties,
+)
+from fleetloop.daemon.brokers.base import free_ports
 from fleetloop.daemon.clock import wall_ms
 
 HERE: Final = Path(__file__).resolve().parent
@@ -117,14 +123,11 @@ class SecureKafka(ApacheKafka):
         self.secure_port = secure
         self.ca_path, server_pem = make_certificates(workdir)
         plain = " ".join(f'user_{u.name}="{u.password}"' for u in USERS if u.mechanism == "PLAIN")
-        settings: dict[str, str | int] = {
-            "process.roles": "broker,controller",
-            "node.id": 1,
-            "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+        settings = {
+            **kraft_settings(node_id=1, controller_port=controller, data_dir=workdir / "data"),
             "listeners": f"INTERNAL://127.0.0.1:{internal},SASL_SSL://127.0.0.1:{secure},"
             f"CONTROLLER://127.0.0.1:{controller}",
             "advertised.listeners": f"INTERNAL://127.0.0.1:{internal},SASL_SSL://127.0.0.1:{secure}",
-            "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "INTERNAL",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT,SASL_SSL:SASL_SSL",
             "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
@@ -143,48 +146,17 @@ class SecureKafka(ApacheKafka):
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "super.users": "User:ANONYMOUS",
             "allow.everyone.if.no.acl.found": "true",
-            "log.dirs": str(workdir / "data"),
-            "offsets.topic.replication.factor": 1,
-            "transaction.state.log.replication.factor": 1,
-            "transaction.state.log.min.isr": 1,
-            "share.coordinator.state.topic.replication.factor": 1,
-            "share.coordinator.state.topic.min.isr": 1,
-            "min.insync.replicas": 1,
-            "offsets.topic.num.partitions": 3,
-            "transaction.state.log.num.partitions": 3,
-            "share.coordinator.state.topic.num.partitions": 1,
-            "group.initial.rebalance.delay.ms": 0,
-            "auto.create.topics.enable": "false",
-            "num.partitions": 1,
-            "default.replication.factor": 1,
-            "num.network.threads": 2,
-            "num.io.threads": 2,
-            "background.threads": 2,
-            "num.recovery.threads.per.data.dir": 1,
-            "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
-            "log.cleaner.threads": 1,
         }
         config = workdir / "server.properties"
         (workdir / "logs").mkdir()
-        config.write_text("\n".join(f"{k}={v}" for k, v in settings.items()) + "\n", encoding="utf-8")
+        config.write_text(render_properties(settings), encoding="utf-8")
         scram = [
             arg
             for u in USERS
             if u.mechanism.startswith("SCRAM")
             for arg in ("--add-scram", f"{u.mechanism}=[name={u.name},password={u.password}]")
         ]
-        storage = java_command(
-            home,
-            "kafka.tools.StorageTool",
-            ["format", "-t", new_cluster_id(), "-c", str(config), *scram],
-            logs_dir=workdir / "format",
-            heap_mb=256,
-            java=java,
-        )
-        done = subprocess.run(storage, cwd=workdir, capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode != 0:
-            output = "\n".join((done.stdout + done.stderr).splitlines()[-LOG_TAIL_LINES:])
-            raise BrokerStartError("kafka", f"StorageTool format exited {done.returncode}", output)
+        format_storage(home, java, workdir, config, scram)
         broker = java_command(
             home, "kafka.Kafka", [str(config)], logs_dir=workdir / "logs", heap_mb=self.heap_mb, java=java
         )

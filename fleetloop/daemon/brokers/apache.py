@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -67,20 +67,14 @@ def new_cluster_id() -> str:
             return text
 
 
-def render_server_properties(*, port: int, controller_port: int, data_dir: Path, node_id: int = 1) -> str:
-    """``server.properties`` for a one-node KRaft cluster on loopback, sized for tests on 2 cores.
-
-    Static quorum (``controller.quorum.voters``), so storage is formatted without ``--standalone``.
-    """
-    settings: dict[str, str | int] = {
+def kraft_settings(*, node_id: int, controller_port: int, data_dir: Path) -> dict[str, str | int]:
+    """What every one-node KRaft cluster here shares (listeners aside): the controller quorum,
+    internal topics with one replica, fast groups, no auto-created topics, small thread pools."""
+    return {
         "process.roles": "broker,controller",
         "node.id": node_id,
         "controller.quorum.voters": f"{node_id}@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(data_dir),
         # One node: every internal topic has one replica and needs one in sync.
         "offsets.topic.replication.factor": 1,
@@ -106,8 +100,44 @@ def render_server_properties(*, port: int, controller_port: int, data_dir: Path,
         "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
         "log.cleaner.threads": 1,
     }
+
+
+def render_properties(settings: Mapping[str, str | int]) -> str:
     lines = ["# written by fleetloop.daemon.brokers.apache", *(f"{k}={v}" for k, v in settings.items())]
     return "\n".join(lines) + "\n"
+
+
+def render_server_properties(*, port: int, controller_port: int, data_dir: Path, node_id: int = 1) -> str:
+    """``server.properties`` for a one-node KRaft cluster on loopback, sized for tests on 2 cores.
+
+    Static quorum (``controller.quorum.voters``), so storage is formatted without ``--standalone``.
+    """
+    return render_properties(
+        {
+            **kraft_settings(node_id=node_id, controller_port=controller_port, data_dir=data_dir),
+            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        }
+    )
+
+
+def format_storage(home: Path, java: str, workdir: Path, config: Path, extra: Sequence[str] = ()) -> None:
+    """``kafka.tools.StorageTool format`` for ``config`` (``extra``: e.g. ``--add-scram`` users)."""
+    args = ["format", "-t", new_cluster_id(), "-c", str(config), *extra]
+    storage = java_command(  # its own log dir: its config dump would bury the broker's story
+        home, "kafka.tools.StorageTool", args, logs_dir=workdir / "format", heap_mb=256, java=java
+    )
+    try:
+        done = subprocess.run(storage, cwd=workdir, capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise BrokerStartError("kafka", "kafka.tools.StorageTool format took over 120 s") from exc
+    if done.returncode != 0:
+        output = "\n".join((done.stdout + done.stderr).splitlines()[-LOG_TAIL_LINES:])
+        raise BrokerStartError(
+            "kafka", f"kafka.tools.StorageTool format exited with code {done.returncode}", output
+        )
 
 
 def java_command(
@@ -176,21 +206,7 @@ class ApacheKafka(ProcessBroker):
             render_server_properties(port=port, controller_port=controller_port, data_dir=workdir / "data"),
             encoding="utf-8",
         )
-        storage_args = ["format", "-t", new_cluster_id(), "-c", str(config)]
-        storage = java_command(  # its own log dir: its config dump would bury the broker's story
-            home, "kafka.tools.StorageTool", storage_args, logs_dir=workdir / "format", heap_mb=256, java=java
-        )
-        try:
-            done = subprocess.run(
-                storage, cwd=workdir, capture_output=True, text=True, timeout=120, check=False
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BrokerStartError("kafka", "kafka.tools.StorageTool format took over 120 s") from exc
-        if done.returncode != 0:
-            output = "\n".join((done.stdout + done.stderr).splitlines()[-LOG_TAIL_LINES:])
-            raise BrokerStartError(
-                "kafka", f"kafka.tools.StorageTool format exited with code {done.returncode}", output
-            )
+        format_storage(home, java, workdir, config)
         broker = java_command(
             home, "kafka.Kafka", [str(config)], logs_dir=logs, heap_mb=self.heap_mb, java=java
         )
