@@ -78,6 +78,23 @@ def test_compose_wires_kafka_kraft_and_fleetloop() -> None:
     assert args.bootstrap_servers == "kafka:9092"
 
 
+def test_compose_runs_the_fleet_rollup_beside_the_daemon() -> None:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text(encoding="utf-8"))
+    fl, rollup = doc["services"]["fleetloop"], doc["services"]["rollup"]
+    assert rollup["image"] == fl["image"]  # the image compose builds for the daemon
+    env = {k: str(v) for k, v in rollup["environment"].items()}
+    args = build_parser(environ=env).parse_args(rollup["command"])
+    assert rollup["command"] == ["rollup"]
+    assert args.bootstrap_servers == fl["environment"]["FLEETLOOP_BOOTSTRAP_SERVERS"]
+    run_args = build_parser(environ={k: str(v) for k, v in fl["environment"].items()}).parse_args(
+        fl["command"]
+    )
+    assert args.group_id == run_args.group_id  # it rolls up the daemon's own consumer group
+    assert args.topic_prefix == run_args.topic_prefix
+    assert rollup["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert rollup["restart"] == "on-failure"  # until fleetloop has created control.summaries
+
+
 def test_kubernetes_sidecar_probes_hit_the_daemons_endpoints() -> None:
     docs = list(
         yaml.safe_load_all(
