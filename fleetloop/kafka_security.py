@@ -222,6 +222,20 @@ def from_settings(
     return conn
 
 
+def bootstrap_arg(p: argparse.ArgumentParser, *, required: bool) -> None:
+    """``--bootstrap-servers``, ``--topic-prefix`` and the TLS/SASL flags of every Kafka-using command."""
+    p.add_argument(
+        "--bootstrap-servers",
+        required=required,
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (comma separated)",
+    )
+    p.add_argument(
+        "--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)"
+    )
+    security_args(p)
+
+
 def security_args(p: argparse.ArgumentParser) -> None:
     """TLS and SASL flags every Kafka-using command takes (see fleetloop.kafka_security)."""
     g = p.add_argument_group("Kafka security (TLS, SASL)")

@@ -48,9 +48,10 @@ from fleetloop.bench.live import (
     telemetry_bytes,
 )
 from fleetloop.daemon import clock
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg
+from fleetloop.daemon.cli_common import UsageError
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.daemon.runtime import DaemonConfig
+from fleetloop.kafka_security import bootstrap_arg
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.topics import POLICY, REQUESTS, TELEMETRY, TICKS, topic_name

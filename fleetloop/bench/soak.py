@@ -44,8 +44,9 @@ from fleetloop.bench.live import (
     telemetry_bytes,
 )
 from fleetloop.daemon import clock
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg
+from fleetloop.daemon.cli_common import UsageError
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.kafka_security import bootstrap_arg
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY, topic_name
 

@@ -5,25 +5,12 @@ from __future__ import annotations
 import argparse
 
 from fleetloop.daemon.observe.decode import Door
-from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args, security_args
+from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, load_policy
 
 
 class UsageError(Exception):
     """A problem the user can fix: printed as one line, exit code 2."""
-
-
-def bootstrap_arg(p: argparse.ArgumentParser, *, required: bool) -> None:
-    p.add_argument(
-        "--bootstrap-servers",
-        required=required,
-        metavar="HOST:PORT",
-        help="Kafka bootstrap servers (comma separated)",
-    )
-    p.add_argument(
-        "--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)"
-    )
-    security_args(p)
 
 
 def connection_from(args: argparse.Namespace) -> Bootstrap:

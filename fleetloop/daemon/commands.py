@@ -13,16 +13,9 @@ import signal
 import sys
 from typing import Any
 
-from fleetloop.daemon.cli_common import (
-    UsageError,
-    bootstrap_arg,
-    connection_from,
-    door_from,
-    log_args,
-    policy_from,
-)
+from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, log_args, policy_from
 from fleetloop.daemon.observe.decode import Door
-from fleetloop.kafka_security import Bootstrap, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
 
 

@@ -32,19 +32,13 @@ from rich.table import Table
 
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, probe_capabilities, start_broker
-from fleetloop.daemon.cli_common import (
-    UsageError,
-    bootstrap_arg,
-    connection_from,
-    policy_from,
-    quiet_client_logs,
-)
+from fleetloop.daemon.cli_common import UsageError, connection_from, policy_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.daemon.replay.command import Progress, replay_topics
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.daemon.service.http import HttpServer, make_app
 from fleetloop.daemon.service.live import LiveView, add_routes, ledger_of
-from fleetloop.kafka_security import Bootstrap, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, compile_policy
 from fleetloop.schemas import Decision
 from fleetloop.schemas.policy import PolicyDocument

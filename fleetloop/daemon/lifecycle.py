@@ -33,10 +33,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
 from fleetloop.daemon import clock
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
+from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.runtime import read_active
 from fleetloop.daemon.service.health import one_line
-from fleetloop.kafka_security import Bootstrap, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, document_hash, load_policy
 from fleetloop.schemas.control import ActivePolicy
 from fleetloop.schemas.policy import PolicyDocument

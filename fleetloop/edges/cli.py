@@ -11,21 +11,11 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 
-from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args, security_args
+from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args
 
 
 class EdgeUsageError(Exception):
     """A problem the user can fix: printed as one line on stderr, exit code 2."""
-
-
-def bootstrap_arg(p: argparse.ArgumentParser, *, required: bool) -> None:
-    p.add_argument(
-        "--bootstrap-servers", required=required, metavar="HOST:PORT", help="Kafka bootstrap servers"
-    )
-    p.add_argument(
-        "--topic-prefix", default="", metavar="PREFIX", help="prefix of every topic name (default: none)"
-    )
-    security_args(p)
 
 
 def connection_from(args: argparse.Namespace) -> Bootstrap:

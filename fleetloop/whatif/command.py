@@ -38,9 +38,9 @@ import orjson
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
+from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import _known_policies, parse_time, read_topic
-from fleetloop.kafka_security import Bootstrap, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, shown
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
 from fleetloop.schemas.control import ActivePolicy
 from fleetloop.schemas.decisions import Decision

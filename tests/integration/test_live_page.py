@@ -20,7 +20,7 @@ from fleetloop.schemas.topics import REQUESTS, TELEMETRY, TICKS
 from tests.support.kafka import producer, send
 from tests.support.policies import FOUNDATION_YAML
 from tests.support.records import outcome, telemetry, tick
-from tests.support.service import fleetloop_run, total
+from tests.support.service import broker_args, fleetloop_run, total
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 NODES = ("p/0", "p/1", "p/2")
@@ -50,17 +50,13 @@ def _headless(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_live_page_shows_what_the_daemon_decides(kafka_env: Any, tmp_path: Path) -> None:
-    args = [
-        "--bootstrap-servers",
-        kafka_env.bootstrap_servers,
-        "--topic-prefix",
-        kafka_env.prefix,
-        "--group-id",
-        kafka_env.group("live"),
+    args = broker_args(
+        kafka_env,
+        "live",
         "--policy",
         str(FOUNDATION_YAML),
         "--no-ticker",
-    ]
+    )
     async with fleetloop_run(args, tmp_path, port=free_port()) as svc:
         await svc.wait_status("/readyz", 200)
         async with producer(kafka_env) as p:

@@ -25,7 +25,7 @@ from fleetloop.schemas.topics import REQUESTS, TELEMETRY, TICKS
 from tests.support.kafka import producer, send
 from tests.support.policies import FOUNDATION_YAML, foundation
 from tests.support.records import outcome, telemetry, tick
-from tests.support.service import EXPORTED_METRICS, FLEETLOOP, fleetloop_run, total
+from tests.support.service import EXPORTED_METRICS, FLEETLOOP, broker_args, fleetloop_run, total
 
 NODES = ("p/0", "p/1", "p/2")
 
@@ -42,19 +42,15 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 
 
 async def test_probes_and_metrics_of_a_running_daemon(kafka_env: Any, tmp_path: Path) -> None:
-    args = [
-        "--bootstrap-servers",
-        kafka_env.bootstrap_servers,
-        "--topic-prefix",
-        kafka_env.prefix,
-        "--group-id",
-        kafka_env.group("svc"),
+    args = broker_args(
+        kafka_env,
+        "svc",
         "--policy",
         str(FOUNDATION_YAML),
         "--no-ticker",
         "--log-format",
         "json",
-    ]
+    )
     async with fleetloop_run(args, tmp_path, port=free_port()) as svc:
         ready = await svc.wait_status("/readyz", 200)
         checks = ready.json()["checks"]
@@ -184,18 +180,14 @@ async def test_broker_outage_readyz_false_meanwhile_then_recovers_quietly(
     kafka_env: Any, broker: Any, tmp_path: Path
 ) -> None:
     """The broker stops answering (SIGSTOP) for 12 s: /readyz says so, /healthz stays up, logs stay few."""
-    args = [
-        "--bootstrap-servers",
-        kafka_env.bootstrap_servers,
-        "--topic-prefix",
-        kafka_env.prefix,
-        "--group-id",
-        kafka_env.group("outage"),
+    args = broker_args(
+        kafka_env,
+        "outage",
         "--log-format",
         "json",
         "--idempotence",
         "off",
-    ]
+    )
     async with fleetloop_run(args, tmp_path, port=free_port()) as svc:
         await svc.wait_status("/readyz", 200)
         before = len(svc.stderr().splitlines())
@@ -239,17 +231,13 @@ async def test_otlp_export_only_when_the_endpoint_is_set(kafka_env: Any, tmp_pat
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    args = [
-        "--bootstrap-servers",
-        kafka_env.bootstrap_servers,
-        "--topic-prefix",
-        kafka_env.prefix,
-        "--group-id",
-        kafka_env.group("otlp"),
+    args = broker_args(
+        kafka_env,
+        "otlp",
         "--no-ticker",
         "--idempotence",
         "off",
-    ]
+    )
     try:
         # Without the variable: the daemon runs, the receiver (also on the default port's path) hears nothing.
         async with fleetloop_run(args, tmp_path, port=free_port()) as svc:

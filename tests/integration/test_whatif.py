@@ -43,6 +43,14 @@ def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _whatif(bs: str, prefix: str, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`fleetloop whatif` over the whole of a prefix's topics against the classic candidate."""
+    window = ("--from", "beginning", "--to", "end", "--policy", CLASSIC)
+    return _cli(
+        "whatif", "--bootstrap-servers", bs, "--topic-prefix", prefix, *window, *extra, timeout=timeout
+    )
+
+
 def _one_json(stdout: str) -> dict[str, Any]:
     lines = [x for x in stdout.splitlines() if x.strip()]
     assert len(lines) == 1, stdout[:500]
@@ -58,25 +66,7 @@ def test_whatif_over_the_demos_failure_window(broker: ProcessBroker, tmp_path: P
     prefix = demo["broker"]["topic_prefix"]
     try:
         report = tmp_path / "report"
-        proc = _cli(
-            "whatif",
-            "--bootstrap-servers",
-            bs,
-            "--topic-prefix",
-            prefix,
-            "--from",
-            "beginning",
-            "--to",
-            "end",
-            "--policy",
-            CLASSIC,
-            "--report",
-            str(report),
-            "--seeds",
-            "3",
-            "--json",
-            timeout=300,
-        )
+        proc = _whatif(bs, prefix, "--report", str(report), "--seeds", "3", "--json")
         assert proc.returncode == 0, proc.stderr[-3000:]
         w = _one_json(proc.stdout)
 
@@ -128,22 +118,7 @@ def test_whatif_over_the_demos_failure_window(broker: ProcessBroker, tmp_path: P
         assert (report / "ttft.png").stat().st_size > 0
 
         # The table form says the same, and names the scenario file.
-        table = _cli(
-            "whatif",
-            "--bootstrap-servers",
-            bs,
-            "--topic-prefix",
-            prefix,
-            "--from",
-            "beginning",
-            "--to",
-            "end",
-            "--policy",
-            CLASSIC,
-            "--scenario-out",
-            str(tmp_path / "s.yaml"),
-            timeout=300,
-        )
+        table = _whatif(bs, prefix, "--scenario-out", str(tmp_path / "s.yaml"))
         assert table.returncode == 0, table.stderr[-3000:]
         assert "fidelity" in table.stdout
         assert str(tmp_path / "s.yaml") in table.stdout.replace("\n", "")
@@ -153,20 +128,7 @@ def test_whatif_over_the_demos_failure_window(broker: ProcessBroker, tmp_path: P
 
 
 def test_whatif_on_missing_topics_is_one_line(broker: ProcessBroker) -> None:
-    proc = _cli(
-        "whatif",
-        "--bootstrap-servers",
-        broker.bootstrap_servers,
-        "--topic-prefix",
-        "nothing-here",
-        "--from",
-        "beginning",
-        "--to",
-        "end",
-        "--policy",
-        CLASSIC,
-        timeout=120,
-    )
+    proc = _whatif(broker.bootstrap_servers, "nothing-here", timeout=120)
     assert proc.returncode == 2
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1, proc.stderr

@@ -59,6 +59,19 @@ class RunningService:
         return self.stderr_path.read_text(encoding="utf-8", errors="replace")
 
 
+def broker_args(kafka_env: Any, group: str, *extra: str) -> list[str]:
+    """``fleetloop run`` flags for the test's broker, topic prefix and a consumer group of its own."""
+    return [
+        "--bootstrap-servers",
+        kafka_env.bootstrap_servers,
+        "--topic-prefix",
+        kafka_env.prefix,
+        "--group-id",
+        kafka_env.group(group),
+        *extra,
+    ]
+
+
 @contextlib.asynccontextmanager
 async def fleetloop_run(
     args: Sequence[str], tmp_path: Path, *, port: int, env: Mapping[str, str] | None = None

@@ -27,16 +27,10 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetloop.daemon import clock
-from fleetloop.daemon.cli_common import (
-    UsageError,
-    bootstrap_arg,
-    connection_from,
-    door_from,
-    quiet_client_logs,
-)
+from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door, decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_ticks
-from fleetloop.kafka_security import Bootstrap, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
 from fleetloop.policies.registry import (
     CompiledPolicy,
     PolicyError,

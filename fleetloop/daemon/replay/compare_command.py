@@ -17,10 +17,10 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from fleetloop.daemon.cli_common import UsageError, bootstrap_arg, connection_from, quiet_client_logs
+from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import parse_time, read_topic
 from fleetloop.daemon.replay.compare import UNITS, Comparison, compare
-from fleetloop.kafka_security import shown
+from fleetloop.kafka_security import bootstrap_arg, shown
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.topics import DECISIONS, SHADOW, topic_name
 

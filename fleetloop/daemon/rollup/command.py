@@ -35,16 +35,10 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from fleetloop.daemon import clock
-from fleetloop.daemon.cli_common import (
-    UsageError,
-    bootstrap_arg,
-    connection_from,
-    log_args,
-    quiet_client_logs,
-)
+from fleetloop.daemon.cli_common import UsageError, connection_from, log_args, quiet_client_logs
 from fleetloop.daemon.observability import configure, logger
 from fleetloop.daemon.rollup.fold import Figures, FleetRollup
-from fleetloop.kafka_security import Bootstrap, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
 from fleetloop.schemas.decisions import Decision, PolicyStamp
 from fleetloop.schemas.summary import ShardSummary
 from fleetloop.schemas.topics import STATE, SUMMARIES, topic_name

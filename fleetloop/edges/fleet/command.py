@@ -36,10 +36,10 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetloop.daemon import clock
-from fleetloop.edges.cli import EdgeUsageError, bootstrap_arg, connection_from, one_line_errors
+from fleetloop.edges.cli import EdgeUsageError, connection_from, one_line_errors
 from fleetloop.edges.fleet.agents import Agents
 from fleetloop.edges.fleet.live import LiveFleet, _Lag
-from fleetloop.kafka_security import Bootstrap, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.topics import REQUESTS, STATE, topic_name

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from fleetloop.daemon import clock
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import bootstrap_arg, connection_from, one_line_errors
+from fleetloop.edges.cli import connection_from, one_line_errors
 from fleetloop.edges.scrape.convert import (
     ConversionError,
     Converter,
@@ -38,7 +38,7 @@ from fleetloop.edges.scrape.convert import (
     parse_exposition,
 )
 from fleetloop.edges.scrape.runtimes import RUNTIMES
-from fleetloop.kafka_security import connect, shown
+from fleetloop.kafka_security import bootstrap_arg, connect, shown
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import TELEMETRY, topic_name
 

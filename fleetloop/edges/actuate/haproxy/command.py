@@ -28,8 +28,8 @@ from fleetloop.edges.actuate.haproxy.logs import LogParser, listen_udp
 from fleetloop.edges.actuate.haproxy.mapping import BackendMap
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError, parse_address
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import bootstrap_arg, connection_from, one_line_errors
-from fleetloop.kafka_security import shown
+from fleetloop.edges.cli import connection_from, one_line_errors
+from fleetloop.kafka_security import bootstrap_arg, shown
 from fleetloop.router import clock
 
 

@@ -35,8 +35,8 @@ from fleetloop.edges.actuate.vllm_router.mapping import (
     plan,
 )
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import bootstrap_arg, connection_from, one_line_errors
-from fleetloop.kafka_security import shown
+from fleetloop.edges.cli import connection_from, one_line_errors
+from fleetloop.kafka_security import bootstrap_arg, shown
 from fleetloop.router import clock
 from fleetloop.router.state import DesiredState
 
