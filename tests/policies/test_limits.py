@@ -81,6 +81,37 @@ def test_pool_wide_is_judged_on_serving_nodes_only() -> None:
     assert _breakers(views)["a"].enforced
 
 
+@pytest.mark.parametrize(
+    ("streaks", "others", "enforced", "reason"),
+    [
+        # host-loss-mid-decode at 301 s: three of five busy nodes crashed (5-7 failures in a row,
+        # successes from before the crash still in the window); two survivors succeed: the three
+        # fail alone. A median over all five (0.58) shielded them.
+        ([(7, 2, 5), (12, 5, 7), (9, 2, 7)], [(5, 5, 0), (1, 1, 0)], True, "consecutive-failures"),
+        # The same three streaks in a pool whose other nodes time out half their calls: shared.
+        (
+            [(7, 2, 5), (12, 5, 7), (9, 2, 7)],
+            [(10, 5, 5), (10, 4, 6)],
+            False,
+            "consecutive-failures:pool-wide",
+        ),
+        # Every node in a streak (the pool failing everything): the level is read on all of them.
+        ([(7, 2, 5), (12, 5, 7), (9, 2, 7)], [], False, "consecutive-failures:pool-wide"),
+        # Survivors failing a fifth of their calls: 0.2 < half of a's 5/7.
+        ([(7, 2, 5), (12, 5, 7)], [(10, 8, 2), (10, 8, 2)], True, "consecutive-failures"),
+    ],
+)
+def test_nodes_in_a_failure_streak_are_not_their_own_evidence_of_a_pool_wide_failure(
+    streaks: list[tuple[int, int, int]], others: list[tuple[int, int, int]], enforced: bool, reason: str
+) -> None:
+    views = [
+        node(f"a{i}", consecutive_failures=6, requests_w=r, ok_w=ok, failures_w=f)
+        for i, (r, ok, f) in enumerate(streaks)
+    ] + [node(f"s{i}", requests_w=r, ok_w=ok, failures_w=f) for i, (r, ok, f) in enumerate(others)]
+    d = _breakers(views)["a0"]
+    assert (d.state, d.enforced, d.reason) == ("open", enforced, reason)
+
+
 # -- capacity-aware ejection cap: the engine -------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from fleetloop.policies.admission.slo_aware import (
 from fleetloop.policies.slo import Slo, SloBook
 from fleetloop.router import Router
 from fleetloop.schemas.decisions import AdmissionDecision
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from tests.policies.snapshots import ctx, node, snapshot
@@ -229,6 +229,7 @@ def test_level_monotone_non_increasing_in_pressure_and_failures(
 
 
 @given(st.floats(1.0, 256.0), st.integers(1, 10), st.floats(1.0, 16.0))
+@example(level=256.0, classes=2, spread=1.0)  # the ceiling: no class limited (raised KeyError '1' once)
 def test_more_important_classes_never_get_less_room(level: float, classes: int, spread: float) -> None:
     params = SloAwareParams(classes=classes, class_spread=spread)
     limits = new_task_limits(params, level)

@@ -44,12 +44,28 @@ half-open node exactly ``probe_frac`` of the pool's traffic: that is the routing
 else ``closed``.
 
 Pool-wide failures: an error ejection (consecutive failures) is published as detected, not
-enforced (reason ``...:pool-wide``) while the median failure share of the pool's serving nodes is
-at least half the node's own (``POOL_WIDE_SHARE`` 0.5, the same "half the pool" reading as the
-panic threshold): when every node times out together (a slowdown shared by the pool, or overload)
-the failures are not the node's, and ejecting it piles its calls onto nodes failing the same way.
-A node failing alone (a black hole, a broken GPU) sits far above a median near zero and is ejected
-as before. The engine adds a capacity check on top (no ejection whose work the rest cannot carry).
+enforced (reason ``...:pool-wide``) while the pool's failure level is at least half the node's own
+failure share (``POOL_WIDE_SHARE`` 0.5, the same "half the pool" reading as the panic threshold):
+when every node times out together (a slowdown shared by the pool, or overload) the failures are
+not the node's, and ejecting it piles its calls onto nodes failing the same way. The pool's level
+is the median failure share over the serving nodes that took calls and are *not* in a failure
+streak themselves (``consecutive_failures < error_threshold``); over all of them when every one is::
+
+    level = median{ failures_w_j / requests_w_j : j serving, requests_w_j > 0,
+                    consecutive_failures_j < error_threshold }   (all such j when none qualifies)
+    shared_i = serving_i and level >= POOL_WIDE_SHARE * failures_w_i / requests_w_i > 0
+
+The nodes in a streak are the ones being judged, so they are not their own evidence: when a
+quarter of the hosts crash in a pool the autoscaler had shrunk, three of the five nodes that took
+calls fail every new call at once (connection refused) while their window still holds successes
+from before the crash, and a median over all five read the pool as failing with them, so the dead
+nodes kept their routing weight for the five seconds until their telemetry went stale
+(host-loss-mid-decode lost two priority-0 tasks there). The nodes whose latest calls succeed say
+whether the failures are everywhere: in a pool-wide slowdown they time out too (their window share
+stays near the streaking node's) and the ejection is still withheld; when they succeed, the
+streaking node fails alone (a black hole, a broken GPU, a crashed host) and is ejected. A node
+that stopped reporting (stale) is never shielded. The engine adds a capacity check on top (no
+ejection whose work the rest cannot carry).
 
 Caps: a new latency ejection is enforced only while the pool's open nodes stay within
 ``floor(max_ejected_frac x nodes)`` (most severe first, severity = the node's largest ratio to its
@@ -106,7 +122,10 @@ Failure mode: a healthy node that prefills back-to-back very long prompts for lo
 ``detect_ticks`` can be flagged; it keeps its in-flight work and is probed back in. A half-open node
 that gets no probe calls returns after ``probe_max_ms`` and is caught again by detection (with a
 longer backoff). If most nodes' telemetry goes stale the reference median is missing and the
-latency machine holds its state; error ejection goes on.
+latency machine holds its state; error ejection goes on. In a pool-wide slowdown where the few
+nodes not in a failure streak happen to succeed more than half as often as the streaking ones, an
+error ejection is enforced that the old all-node median withheld; the engine's capacity check
+still refuses it when the nodes left have no spare.
 """
 
 from __future__ import annotations
@@ -372,10 +391,25 @@ def failure_share(n: NodeView) -> float:
     return n.failures_w / n.requests_w if n.requests_w > 0 else 0.0
 
 
-def pool_failure_frac(pool: Sequence[NodeView]) -> float:
-    """The median failure share over the pool's serving nodes that took calls in the window."""
-    xs = sorted(failure_share(n) for n in pool if serving(n) and n.requests_w > 0)
-    return median_sorted(xs) if xs else 0.0
+def pool_failure_frac(pool: Sequence[NodeView], streak: int) -> float:
+    """The pool's failure level: the median failure share over its serving nodes that took calls
+    in the window and are not in a failure streak themselves (``consecutive_failures < streak``,
+    the error machine's threshold); over every serving node that took calls when all are.
+
+    The nodes in a streak are the candidates being judged, so they are not their own evidence: when
+    three of a pool's six busy nodes crash, the window still holds their successes from before the
+    crash and a median over all six reads the pool as failing with them (host-loss-mid-decode).
+    The nodes whose latest calls succeed say whether the failures are everywhere."""
+    xs: list[float] = []
+    streaking: list[float] = []
+    for n in pool:
+        if serving(n) and n.requests_w > 0:
+            (streaking if n.consecutive_failures >= streak else xs).append(failure_share(n))
+    xs = xs or streaking
+    if not xs:
+        return 0.0
+    xs.sort()
+    return median_sorted(xs)
 
 
 def failing_with_pool(n: NodeView, pool_failing: float) -> bool:
@@ -507,7 +541,7 @@ class LatencyOutlier:
         ]
         panic = bool(live) and len(healthy) < params.panic_threshold * len(live)
         share = 1.0 / max(1, len(live))
-        pool_failing = pool_failure_frac(pool)
+        pool_failing = pool_failure_frac(pool, params.error_threshold)
 
         decisions: list[BreakerDecision] = []
         new_nodes: dict[str, NodeState] = {}
