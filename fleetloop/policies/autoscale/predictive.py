@@ -58,10 +58,24 @@ cold or loading ones ``A`` (arriving)::
     desired = min(max(current, min(raw over up window)), max(raw over down window))
     a decrease is at most max(1, floor(down_step_frac * current)) per ``down_period_s``, and none
     while the ledger has counted a failed task within the down window (never trade successful
-    tasks for node-hours: the KPI's denominator is worth more than its numerator's saving);
+    tasks for node-hours: the KPI's denominator is worth more than its numerator's saving), nor
+    while open workflows accumulate:
+        O      = the ledger's open workflows (tasks started, not yet ended), sampled every tick
+        accumulating = trend_slope(O over the last lead) > 0   (the same significance test as
+                       the demand slope: the whole span and its newer half both rising)
+    desired is clamped to the pool's [min_nodes, max_nodes];
     desired is clamped to the pool's [min_nodes, max_nodes];
     drain   = the (current - desired) first of A (cold, then loading), then W by
               (running + queued requests, KV use), highest node id first on ties.
+
+Why open workflows: an agent or research task is a chain of sequential calls, and the served
+tokens count a call only when it ends; while tasks arrive faster than they finish (a start-up, or
+a rise in task arrivals) every open task will call again, so demand still rises for as long as a
+task lasts (research-long-context: 40-60 calls of ~20 s each, about 1,000 s per task), and a pool
+sized to today's served tokens is short by the time the tasks' later calls come, one cold start
+too late. A count that is level or falling holds nothing. The count is the fleet's (the ledger has
+no per-pool split), so a pool whose own share is shrinking while another pool's tasks accumulate
+is held too: the conservative side.
 
 Without a learned ``C`` and no warm node the target holds (nothing to extrapolate from); a pool
 with no node yet gets ``min_nodes``. The down window defaults to the lead: by the ski-rental
@@ -70,12 +84,14 @@ possible cost whatever the future load does.
 
 Inputs: per node ``weights_state``, ``draining``, ``stale``, ``kv_cache_used_frac``,
 ``running_requests``, ``queue_depth``, ``queued_prompt_tokens``, ``model``, ``gpu_type``,
-``gpu_count``, ``prefix_cache_hit_frac``; per pool ``prompt_tokens_rate_per_s``,
+``gpu_count``, ``prefix_cache_hit_frac``; the ledger's ``active_workflows`` and ``tasks_failed``;
+per pool ``prompt_tokens_rate_per_s``,
 ``output_tokens_rate_per_s``, ``request_rate_per_s``, ``ttft_p50_ms_w``, ``requests_w``; the SLO
 (``ctx.slo``; no copy here);
 the snapshot's ``window_ms``; event time ``ctx.now_ms``. State: demand samples over the trend
 window, the learned capacity and cold start, the smoothed TBT, first-seen times of not-warm nodes,
-recent raw targets, the last target and scale-down time, and the nodes it asked to drain
+recent raw targets, the open-workflow samples over the trend window, the last target and
+scale-down time, and the nodes it asked to drain
 (excluded for one window, so a node removed before its telemetry says "draining" is not counted
 as capacity).
 
@@ -105,6 +121,11 @@ breaker and retry budget are the levers for those; the median over nodes keeps o
 from setting P); with no warm node and nothing learned the target holds, so a pool that lost
 every node waits for the GPU workers' own floor (``min_nodes``); a step change in demand reads
 as a slope for one lead time and is over-provisioned by up to the step's size until it passes.
+Demand that steps up faster than a cold start is lost until new nodes warm: the pool is sized to
+the demand it sees, plus ``spare_nodes``, and keeps no reserve for a surge it has not seen
+(burst-a100-2x: arrivals triple on a pool sized for a third of its warm capacity). While tasks
+accumulate for longer than their own duration (a workload that only grows) no scale-down happens
+until it levels off, which costs the idle nodes of that time.
 """
 
 from __future__ import annotations
@@ -184,6 +205,7 @@ class SloPredictiveState:
     tbt_ms: float | None = None  # effective time between tokens, smoothed over a window
     failed_tasks: int = 0  # the ledger's count at the last tick
     last_failure_ms: int | None = None  # when the ledger last counted a failed task
+    open_workflows: tuple[tuple[int, float], ...] = ()  # (event time ms, open workflows), oldest first
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -383,6 +405,12 @@ class SloPredictive:
             alpha = 1.0 - 0.5 ** (tick_s / params.capacity_halflife_s)
             capacity = c_obs if capacity is None else capacity + alpha * (c_obs - capacity)
 
+        # Open workflows: each one will call again (a chain of sequential calls), so while their
+        # number grows the demand still ahead is not yet in the served tokens.
+        open_now = float(snap.ledger.active_workflows)
+        open_wf = (*((t, a) for t, a in state.open_workflows if now - t <= horizon_ms), (now, open_now))
+        active_slope = trend_slope(open_wf, window_ms) if full else 0.0
+        accumulating = active_slope > 0
         growth = max(1.0, projected / demand) if demand > 0 else 1.0
         level = len(warm) * p_now
         by_capacity = (demand + backlog) / capacity if capacity else 0.0
@@ -403,6 +431,8 @@ class SloPredictive:
             "ttft_slo_ms": r6(slo.ttft_ms),
             "tbt_slo_ms": r6(slo.tbt_ms),
             "prefill_ms": r6(prefill),
+            "open_workflows": open_now,
+            "open_workflows_slope": r6(active_slope),
         }
         if p.ttft is not None:
             inputs["pressure_ttft"] = r6(p.ttft)
@@ -447,6 +477,8 @@ class SloPredictive:
         failing = last_failure is not None and now - last_failure <= down_window_ms
         if desired < current and failing:
             desired, reason = current, "scale-down-held-tasks-failing"
+        if desired < current and accumulating:
+            desired, reason = current, "scale-down-held-tasks-accumulating"
         if desired < current:
             if last_down is not None and now - last_down < params.down_period_s * 1000.0:
                 desired, reason = current, "scale-down-rate-limited"
@@ -479,6 +511,7 @@ class SloPredictive:
             tbt_ms=tbt,
             failed_tasks=snap.ledger.tasks_failed,
             last_failure_ms=last_failure,
+            open_workflows=open_wf,
         )
         decision = AutoscaleDecision(
             entity=f"pool/{ctx.pool_id}",
