@@ -9,18 +9,24 @@ failure.
 from __future__ import annotations
 
 import statistics
+import zlib
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
+from fleetloop.daemon.checkpoint import FORMAT, CheckpointError, decode, encode
 from fleetloop.daemon.decide.engine import Engine
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.breaker.latency_outlier import (
     SIGNALS,
-    NodeState,
+    Memory,
+    State,
     _remembered,
+    advance,
     aggregate,
     breaker_decision,
+    medians,
 )
 from fleetloop.policies.routing import cache_aware
 from fleetloop.policies.routing.cache_aware import CacheAwareParams, _routing_decision, combine, components
@@ -76,7 +82,54 @@ def test_breaker_medians_are_statistics_median(mem: Any, min_samples: int) -> No
         xs = [o[i + 1] for o in obs if o[i + 1] is not None]
         if xs and len(xs) >= min_samples:
             expected[s] = statistics.median(xs)
-    assert aggregate(NodeState(obs=obs), min_samples) == expected
+    assert aggregate(obs, min_samples) == expected
+
+
+pool_tick = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c", "d", "e"]),
+        st.fixed_dictionaries(dict.fromkeys(SIGNALS, figure)),
+        st.sampled_from(["warm", "warm", "warm", "cold"]),
+        st.booleans(),
+    ),
+    max_size=5,
+    unique_by=lambda t: t[0],
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(min_value=-3_000, max_value=4_000), pool_tick), max_size=25),
+    st.integers(min_value=0, max_value=12_000),
+    st.integers(min_value=1, max_value=4),
+)
+def test_breaker_pool_memory_is_the_per_node_memory_it_replaced(
+    ticks: list[tuple[int, list[Any]]], memory_ms: int, min_samples: int
+) -> None:
+    """Tick after tick (nodes joining and leaving, ticks decided again or going back in time), the
+    pool's array memory holds exactly the figures the per-node form keeps, and its medians are
+    :func:`aggregate`'s, bit for bit; a checkpoint of it decodes to an equal memory."""
+    plain: dict[str, Any] = {}
+    mem = Memory()
+    now = NOW_MS
+    for step, members in ticks:
+        now += step
+        pool = tuple(
+            node(i, weights_state=w, stale=stale, **f)
+            for i, f, w, stale in sorted(members, key=lambda m: m[0])
+        )
+        plain = {n.node_id: _remembered(plain.get(n.node_id, ()), n, now, memory_ms) for n in pool}
+        mem = advance(mem, pool, now, memory_ms)
+        assert mem.node_ids == tuple(n.node_id for n in pool)
+        assert mem.figures() == {k: v for k, v in plain.items() if v}
+        meds, oks = medians(mem, min_samples)
+        for n, med, ok in zip(pool, meds, oks, strict=True):
+            got = {s: m for s, m, y in zip(SIGNALS, med, ok, strict=True) if y}
+            want = aggregate(plain[n.node_id], min_samples)
+            assert got == want
+            assert [v.hex() for v in got.values()] == [float(v).hex() for v in want.values()]
+    state = State(started=True, memory=mem)
+    assert decode(encode(state)) == state
 
 
 loads = st.fixed_dictionaries(
@@ -194,3 +247,18 @@ def test_engine_decisions_equal_validated_wrappers_and_the_lazy_generator_is_the
 def test_node_view_fixture_is_a_serving_node() -> None:
     n: NodeView = node("a")
     assert cache_aware.serving(n, 3000)
+
+
+def test_breaker_state_from_before_the_pool_memory_is_refused_with_its_reason() -> None:
+    """A checkpoint whose latency-outlier nodes still carry their own memory list (the layout before
+    :class:`Memory`) is refused with a one-line reason naming the class; the shard starts fresh."""
+    old_node = {
+        "$o": "fleetloop.policies.breaker.latency_outlier:NodeState",
+        "f": {
+            "err": None, "lat": "closed", "lat_since_ms": 0, "lat_ejections": 0, "flagged_ticks": 0,
+            "ramp_from_ms": None, "was_warm": True, "obs": {"$t": []},
+        },
+    }  # fmt: skip
+    old = zlib.compress(orjson.dumps({"format": FORMAT, "v": old_node}))
+    with pytest.raises(CheckpointError, match=r"latency_outlier:NodeState fields changed: \['obs'\]"):
+        decode(old)

@@ -113,6 +113,13 @@ Parameters (defaults, bounds; the reasoning behind each):
 - ``error_threshold`` 5 (1-1000), ``error_forgive_after_ms`` 300 000, ``forgive_after_ms`` 300 000:
   the consecutive-errors machine's parameters (Envoy's consecutive-5xx default of 5).
 
+State: per node, the two machines (:class:`NodeState`); per pool, the remembered figures as arrays
+(:class:`Memory`: a row per node, a slot per remembered tick), so the medians of a whole pool are a
+few array operations rather than four sorts per node (a 10,000-node fleet decides every second).
+The arrays hold exactly what a per-node list would (``tests/policies/test_fast_paths.py`` compares
+them tick by tick, bit for bit). A checkpoint written before this layout (a ``NodeState`` with its
+own ``obs`` list) does not decode: the shard starts this breaker fresh and says why.
+
 Trade-offs: latency detection needs peers: it is off in pools with fewer than ``min_hosts``
 reporting nodes, and it cannot see a slowdown shared by most of the pool (that is load, handled by
 routing, admission and autoscaling). Detection takes ``detect_ticks`` plus the figures' arrival
@@ -135,6 +142,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
@@ -204,9 +212,6 @@ class NodeState:
     flagged_ticks: int = 0
     ramp_from_ms: int | None = None
     was_warm: bool = False
-    # (ts_ms, tbt_p50, tbt_p99, ttft_mean_w, ttft_p99) per tick with any figure, within memory_ms,
-    # in ascending ts_ms
-    obs: Obs = ()
 
 
 def _with(ns: NodeState, **kw: Any) -> NodeState:
@@ -219,7 +224,6 @@ def _with(ns: NodeState, **kw: Any) -> NodeState:
         kw.get("flagged_ticks", ns.flagged_ticks),
         kw.get("ramp_from_ms", ns.ramp_from_ms),
         kw.get("was_warm", ns.was_warm),
-        kw.get("obs", ns.obs),
     )
 
 
@@ -230,10 +234,57 @@ def median_sorted(xs: list[float]) -> float:
     return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
+def _no_ts() -> np.ndarray:
+    return np.empty((0, 0), dtype=np.int64)
+
+
+def _no_vals() -> np.ndarray:
+    return np.empty((0, 0, len(SIGNALS)), dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Memory:
+    """The pool's remembered figures, one row per node (``node_ids``, sorted) and one slot per tick
+    remembered: ``ts[r, k]`` the tick's event time (-1 for an empty slot), ``vals[r, k]`` its
+    ``(tbt_p50, tbt_p99, ttft_mean_w, ttft_p99)`` (NaN for a figure the node did not have).
+
+    The same figures as the per-node list the plain form keeps (:func:`_remembered`: those with
+    ``0 < now - ts < memory_ms`` plus this tick's), held as arrays so a pool's medians are a few
+    array operations; slots are reused in place of forgotten ones, so a row is not in time order
+    (medians do not care). The arrays are never written after the tick that built them."""
+
+    node_ids: tuple[str, ...] = ()
+    ts: np.ndarray = field(default_factory=_no_ts)
+    vals: np.ndarray = field(default_factory=_no_vals)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Memory):
+            return NotImplemented
+        return (
+            self.node_ids == other.node_ids
+            and np.array_equal(self.ts, other.ts)
+            and np.array_equal(self.vals, other.vals, equal_nan=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def figures(self) -> dict[str, Obs]:
+        """Node id -> its remembered figures in ascending time, as the plain form keeps them."""
+        out: dict[str, Obs] = {}
+        for r, node_id in enumerate(self.node_ids):
+            slots = sorted((t, k) for k, t in enumerate(self.ts[r].tolist()) if t >= 0)
+            vals = self.vals[r].tolist()
+            obs = tuple((t, *(None if math.isnan(v) else v for v in vals[k])) for t, k in slots)
+            if obs:
+                out[node_id] = obs
+        return out
+
+
 @dataclass(frozen=True, slots=True)
 class State:
     started: bool = False
     nodes: Mapping[str, NodeState] = field(default_factory=dict)
+    memory: Memory = field(default_factory=Memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,9 +319,18 @@ def _value(node: NodeView, signal: str) -> float | None:
     return v if v is not None and math.isfinite(v) and v >= 0 else None
 
 
-def remember(ns: NodeState, node: NodeView, now: int, params: LatencyOutlierParams) -> NodeState:
-    """Add this tick's figures to the node's memory and forget those older than ``memory_ms``."""
-    return _with(ns, obs=_remembered(ns.obs, node, now, params.memory_ms))
+def figures_now(node: NodeView) -> tuple[float | None, float | None, float | None, float | None] | None:
+    """This tick's figures of a serving node, if it has any (what the memory adds)."""
+    if node.weights_state == "warm" and not node.draining and not node.stale:
+        vals = (
+            _finite(node.tbt_p50_ms),
+            _finite(node.tbt_p99_ms),
+            _finite(node.ttft_mean_ms_w),
+            _finite(node.ttft_p99_ms),
+        )
+        if vals != (None, None, None, None):
+            return vals
+    return None
 
 
 def _finite(v: float | None) -> float | None:
@@ -289,22 +349,14 @@ def _remembered(obs: Obs, node: NodeView, now: int, memory_ms: int) -> Obs:
     while hi > lo and obs[hi - 1][0] >= now:
         hi -= 1
     kept = obs[lo:hi] if lo or hi < len(obs) else obs
-    if node.weights_state == "warm" and not node.draining and not node.stale:
-        vals = (
-            _finite(node.tbt_p50_ms),
-            _finite(node.tbt_p99_ms),
-            _finite(node.ttft_mean_ms_w),
-            _finite(node.ttft_p99_ms),
-        )
-        if vals != (None, None, None, None):
-            return (*kept, (now, *vals))
-    return kept
+    vals = figures_now(node)
+    return (*kept, (now, *vals)) if vals is not None else kept
 
 
-def aggregate(ns: NodeState, min_samples: int) -> dict[str, float]:
-    """Signal -> the median of the node's remembered figures, for signals with enough of them."""
+def aggregate(obs: Obs, min_samples: int) -> dict[str, float]:
+    """Signal -> the median of the node's remembered figures, for signals with enough of them (the
+    plain form of :func:`advance` and :func:`medians`, which the tests hold them to)."""
     out: dict[str, float] = {}
-    obs = ns.obs
     if not obs or len(obs) < min_samples:
         return out
     columns = tuple(zip(*obs, strict=True))
@@ -314,6 +366,64 @@ def aggregate(ns: NodeState, min_samples: int) -> dict[str, float]:
         if xs and len(xs) >= min_samples:
             out[s] = median_sorted(xs)
     return out
+
+
+def advance(mem: Memory, pool: Sequence[NodeView], now: int, memory_ms: int) -> Memory:
+    """The pool's memory after this tick: rows for the pool's nodes (a new node starts empty, a node
+    gone is forgotten), figures kept while ``0 < now - ts < memory_ms`` (so a tick decided again
+    replaces its own figures), and each serving node's figures of this tick, if any, added."""
+    ids = tuple(n.node_id for n in pool)
+    ts, vals = mem.ts, mem.vals
+    if ids != mem.node_ids:
+        where = {node_id: r for r, node_id in enumerate(mem.node_ids)}
+        src = np.array([where.get(i, -1) for i in ids], dtype=np.int64)
+        has = src >= 0
+        moved_ts = np.full((len(ids), ts.shape[1]), -1, dtype=np.int64)
+        moved_vals = np.full((len(ids), ts.shape[1], len(SIGNALS)), np.nan)
+        if has.any():
+            moved_ts[has] = ts[src[has]]
+            moved_vals[has] = vals[src[has]]
+        ts, vals = moved_ts, moved_vals
+    kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now)
+    ts = np.where(kept, ts, -1)
+    vals = np.where(kept[:, :, None], vals, np.nan)
+    rows: list[int] = []
+    figs: list[tuple[float | None, ...]] = []
+    for r, n in enumerate(pool):
+        f = figures_now(n)
+        if f is not None:
+            rows.append(r)
+            figs.append(f)
+    if rows:
+        at = np.array(rows, dtype=np.int64)
+        free = ~kept[at]
+        if ts.shape[1] == 0 or not free.any(axis=1).all():
+            grow = max(1, ts.shape[1])
+            ts = np.concatenate([ts, np.full((len(ids), grow), -1, dtype=np.int64)], axis=1)
+            vals = np.concatenate([vals, np.full((len(ids), grow, len(SIGNALS)), np.nan)], axis=1)
+            free = ts[at] < 0
+        slot = np.argmax(free, axis=1)
+        ts[at, slot] = now
+        vals[at, slot] = np.array(figs, dtype=np.float64)  # None -> NaN
+    return Memory(ids, ts, vals)
+
+
+def medians(mem: Memory, min_samples: int) -> tuple[list[list[float]], list[list[bool]]]:
+    """Per row and signal, the median of the remembered figures and whether there are at least
+    ``min_samples`` of them: :func:`aggregate` for every node at once. Each row is sorted (NaN
+    last); the median is the middle value or ``(a + b) / 2`` of the two middle ones, the same
+    operations on the same doubles as :func:`median_sorted`, so the same bits."""
+    n, slots = mem.ts.shape
+    if n == 0 or slots == 0:
+        return [[0.0] * len(SIGNALS) for _ in range(n)], [[False] * len(SIGNALS) for _ in range(n)]
+    vals = mem.vals
+    ordered = np.sort(vals, axis=1, kind="stable")
+    count = slots - np.isnan(vals).sum(axis=1)
+    upper = np.take_along_axis(ordered, np.minimum(count // 2, slots - 1)[:, None, :], axis=1)[:, 0, :]
+    lower = np.take_along_axis(ordered, (np.maximum(count - 1, 0) // 2)[:, None, :], axis=1)[:, 0, :]
+    med = np.where(count % 2 == 1, upper, (lower + upper) / 2)
+    ok = count >= max(1, min_samples)
+    return med.tolist(), ok.tolist()
 
 
 def reference(values: list[float], min_hosts: int) -> tuple[float, float] | None:
@@ -470,17 +580,16 @@ class LatencyOutlier:
         aggs: dict[str, dict[str, float]] = {}
         memory_ms, min_samples = params.memory_ms, params.min_samples
         known = state.nodes
-        for n in pool:
+        memory = advance(state.memory, pool, now, memory_ms)
+        meds, oks = medians(memory, min_samples)
+        for n, med, ok in zip(pool, meds, oks, strict=True):
             prev = known.get(n.node_id)
-            ns = prev if prev is not None else NodeState(was_warm=n.warm and not state.started)
-            obs = _remembered(ns.obs, n, now, memory_ms)
-            if obs is not ns.obs:
-                ns = NodeState(
-                    ns.err, ns.lat, ns.lat_since_ms, ns.lat_ejections, ns.flagged_ticks, ns.ramp_from_ms,
-                    ns.was_warm, obs,
-                )  # fmt: skip
-            remembered[n.node_id] = ns
-            aggs[n.node_id] = aggregate(ns, min_samples) if serving(n) else {}
+            remembered[n.node_id] = (
+                prev if prev is not None else NodeState(was_warm=n.warm and not state.started)
+            )
+            aggs[n.node_id] = (
+                {s: m for s, m, y in zip(SIGNALS, med, ok, strict=True) if y} if serving(n) else {}
+            )
         refs = {s: reference([a[s] for a in aggs.values() if s in a], params.min_hosts) for s in SIGNALS}
         slo = ctx.pool_slo(snap)
         lims = limits(refs, params)
@@ -566,7 +675,9 @@ class LatencyOutlier:
         }
         # Nodes of other pools keep their state (the engine keys state by pool, so there are none).
         return PolicyResult(
-            decisions=tuple(decisions), state=State(started=True, nodes=new_nodes), diagnostics=diagnostics
+            decisions=tuple(decisions),
+            state=State(started=True, nodes=new_nodes, memory=memory),
+            diagnostics=diagnostics,
         )
 
     @staticmethod
