@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 from fleetloop.policies.base import NodeView
+from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.routing.cache_aware import (
     CacheAware,
     CacheAwareParams,
-    State,
     combine,
     components,
 )
@@ -22,8 +22,8 @@ from tests.policies.snapshots import NOW_MS, ctx, node, snapshot
 
 
 def decide(
-    views: list[NodeView], state: State | None = None, now_ms: int = NOW_MS, **params: Any
-) -> tuple[RoutingDecision, State]:
+    views: list[NodeView], state: PoolMemory | None = None, now_ms: int = NOW_MS, **params: Any
+) -> tuple[RoutingDecision, PoolMemory]:
     snap = snapshot(views, now_ms=now_ms)
     result = CacheAware().decide(snap, CacheAwareParams(**params), state or {}, ctx(snap))
     (d,) = result.decisions
@@ -119,7 +119,7 @@ def test_slow_holder_loses_affinity_and_share_and_memory_keeps_it_slow() -> None
     d3, state3 = decide(quiet, state=state2, now_ms=NOW_MS + 25_000)
     assert d3.weights["d"] == pytest.approx(d3.weights["a"], abs=1e-6)
     assert d3.prefix_affinity == {"p": ("d",)}
-    assert state3 == {}
+    assert state3.figures() == {}
 
 
 def test_priority_zero_avoids_nodes_nearest_saturation() -> None:

@@ -20,14 +20,13 @@ from fleetloop.daemon.decide.engine import Engine
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.breaker.latency_outlier import (
     SIGNALS,
-    Memory,
     State,
     _remembered,
     advance,
     aggregate,
     breaker_decision,
-    medians,
 )
+from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.routing import cache_aware
 from fleetloop.policies.routing.cache_aware import CacheAwareParams, _routing_decision, combine, components
 from fleetloop.schemas.control import Tick
@@ -110,7 +109,7 @@ def test_breaker_pool_memory_is_the_per_node_memory_it_replaced(
     pool's array memory holds exactly the figures the per-node form keeps, and its medians are
     :func:`aggregate`'s, bit for bit; a checkpoint of it decodes to an equal memory."""
     plain: dict[str, Any] = {}
-    mem = Memory()
+    mem = PoolMemory.empty(len(SIGNALS))
     now = NOW_MS
     for step, members in ticks:
         now += step
@@ -122,7 +121,7 @@ def test_breaker_pool_memory_is_the_per_node_memory_it_replaced(
         mem = advance(mem, pool, now, memory_ms)
         assert mem.node_ids == tuple(n.node_id for n in pool)
         assert mem.figures() == {k: v for k, v in plain.items() if v}
-        meds, oks = medians(mem, min_samples)
+        meds, oks = mem.medians(min_samples)
         for n, med, ok in zip(pool, meds, oks, strict=True):
             got = {s: m for s, m, y in zip(SIGNALS, med, ok, strict=True) if y}
             want = aggregate(plain[n.node_id], min_samples)
@@ -164,6 +163,55 @@ def test_cache_aware_score_is_combine_of_components(
         assert speeds[n.node_id] == parts["speed"]
         expected = combine(parts, params) if cache_aware.serving(n, params.silent_after_ms) else 0.0
         assert scores[n.node_id] == expected
+    # The columnar form gives the same doubles (hex compares the bits; -0.0 would differ too).
+    col_scores, col_speeds = cache_aware._scored_columns(pool, params, steps)
+    assert [v.hex() for v in col_scores.values()] == [v.hex() for v in scores.values()]
+    assert [v.hex() for v in col_speeds.values()] == [v.hex() for v in speeds.values()]
+    assert list(col_scores) == list(scores)
+
+
+step_tick = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.none() | st.floats(min_value=0.0, max_value=5000.0),
+        st.sampled_from(["warm", "warm", "cold"]),
+        st.booleans(),
+    ),
+    max_size=4,
+    unique_by=lambda t: t[0],
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(min_value=-3_000, max_value=4_000), step_tick), max_size=25),
+    st.integers(min_value=0, max_value=12_000),
+)
+def test_cache_aware_pool_memory_is_the_per_node_memory_it_replaced(
+    ticks: list[tuple[int, list[Any]]], memory_ms: int
+) -> None:
+    """Tick after tick, the pool's step-time array holds what :func:`cache_aware.remember` keeps and
+    gives :func:`cache_aware.step_ms`'s medians, bit for bit; the per-node form of an older
+    checkpoint converts to the same memory."""
+    params = CacheAwareParams(speed_memory_ms=memory_ms)
+    plain: Any = {}
+    mem: Any = {}
+    now = NOW_MS
+    for step, members in ticks:
+        now += step
+        pool = tuple(
+            node(i, tbt_p50_ms=t, weights_state=w, stale=stale) for i, t, w, stale in sorted(members)
+        )
+        plain = cache_aware.remember(plain, snapshot(pool, now_ms=now), params, pool)
+        mem = cache_aware.remember_pool(mem, now, params, pool)
+        assert mem.figures() == plain
+        assert cache_aware.as_memory(plain).figures() == plain
+        steps = cache_aware.pool_steps(mem)
+        for n in pool:
+            want = cache_aware.step_ms(plain, n.node_id)
+            got = steps[n.node_id]
+            assert got == want
+            assert got is None or got.hex() == float(want or 0).hex()
 
 
 def _same(a: Any, b: Any) -> None:
@@ -251,7 +299,7 @@ def test_node_view_fixture_is_a_serving_node() -> None:
 
 def test_breaker_state_from_before_the_pool_memory_is_refused_with_its_reason() -> None:
     """A checkpoint whose latency-outlier nodes still carry their own memory list (the layout before
-    :class:`Memory`) is refused with a one-line reason naming the class; the shard starts fresh."""
+    :class:`PoolMemory`) is refused with a one-line reason naming the class; the shard starts fresh."""
     old_node = {
         "$o": "fleetloop.policies.breaker.latency_outlier:NodeState",
         "f": {

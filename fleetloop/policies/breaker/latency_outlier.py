@@ -113,12 +113,13 @@ Parameters (defaults, bounds; the reasoning behind each):
 - ``error_threshold`` 5 (1-1000), ``error_forgive_after_ms`` 300 000, ``forgive_after_ms`` 300 000:
   the consecutive-errors machine's parameters (Envoy's consecutive-5xx default of 5).
 
-State: per node, the two machines (:class:`NodeState`); per pool, the remembered figures as arrays
-(:class:`Memory`: a row per node, a slot per remembered tick), so the medians of a whole pool are a
-few array operations rather than four sorts per node (a 10,000-node fleet decides every second).
-The arrays hold exactly what a per-node list would (``tests/policies/test_fast_paths.py`` compares
-them tick by tick, bit for bit). A checkpoint written before this layout (a ``NodeState`` with its
-own ``obs`` list) does not decode: the shard starts this breaker fresh and says why.
+State: per node, the two machines (:class:`NodeState`); per pool, the remembered figures as
+arrays (:class:`fleetloop.policies.memory.PoolMemory`: a row per node, a slot per remembered tick),
+so the medians of a whole pool are a few array operations rather than four sorts per node (a
+10,000-node fleet decides every second). The arrays hold exactly what a per-node list would
+(``tests/policies/test_fast_paths.py`` compares them tick by tick, bit for bit). A checkpoint
+written before this layout (a ``NodeState`` with its own ``obs`` list) does not decode: the shard
+starts fresh and says why.
 
 Trade-offs: latency detection needs peers: it is off in pools with fewer than ``min_hosts``
 reporting nodes, and it cannot see a slowdown shared by most of the pool (that is load, handled by
@@ -142,11 +143,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-import numpy as np
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.breaker.consecutive_errors import ConsecutiveErrorsParams, NodeBreaker, step
+from fleetloop.policies.memory import PoolMemory, median_sorted
 from fleetloop.policies.registry import register
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.base import MAX_COUNT, MAX_EPOCH_MS, MAX_FIGURE, assemble
@@ -227,64 +228,15 @@ def _with(ns: NodeState, **kw: Any) -> NodeState:
     )
 
 
-def median_sorted(xs: list[float]) -> float:
-    """``statistics.median`` of an already sorted, non-empty list (same arithmetic, less overhead)."""
-    n = len(xs)
-    mid = n // 2
-    return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
-
-
-def _no_ts() -> np.ndarray:
-    return np.empty((0, 0), dtype=np.int64)
-
-
-def _no_vals() -> np.ndarray:
-    return np.empty((0, 0, len(SIGNALS)), dtype=np.float64)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Memory:
-    """The pool's remembered figures, one row per node (``node_ids``, sorted) and one slot per tick
-    remembered: ``ts[r, k]`` the tick's event time (-1 for an empty slot), ``vals[r, k]`` its
-    ``(tbt_p50, tbt_p99, ttft_mean_w, ttft_p99)`` (NaN for a figure the node did not have).
-
-    The same figures as the per-node list the plain form keeps (:func:`_remembered`: those with
-    ``0 < now - ts < memory_ms`` plus this tick's), held as arrays so a pool's medians are a few
-    array operations; slots are reused in place of forgotten ones, so a row is not in time order
-    (medians do not care). The arrays are never written after the tick that built them."""
-
-    node_ids: tuple[str, ...] = ()
-    ts: np.ndarray = field(default_factory=_no_ts)
-    vals: np.ndarray = field(default_factory=_no_vals)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Memory):
-            return NotImplemented
-        return (
-            self.node_ids == other.node_ids
-            and np.array_equal(self.ts, other.ts)
-            and np.array_equal(self.vals, other.vals, equal_nan=True)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def figures(self) -> dict[str, Obs]:
-        """Node id -> its remembered figures in ascending time, as the plain form keeps them."""
-        out: dict[str, Obs] = {}
-        for r, node_id in enumerate(self.node_ids):
-            slots = sorted((t, k) for k, t in enumerate(self.ts[r].tolist()) if t >= 0)
-            vals = self.vals[r].tolist()
-            obs = tuple((t, *(None if math.isnan(v) else v for v in vals[k])) for t, k in slots)
-            if obs:
-                out[node_id] = obs
-        return out
+def _empty_memory() -> PoolMemory:
+    return PoolMemory.empty(len(SIGNALS))
 
 
 @dataclass(frozen=True, slots=True)
 class State:
     started: bool = False
     nodes: Mapping[str, NodeState] = field(default_factory=dict)
-    memory: Memory = field(default_factory=Memory)
+    memory: PoolMemory = field(default_factory=_empty_memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,25 +320,9 @@ def aggregate(obs: Obs, min_samples: int) -> dict[str, float]:
     return out
 
 
-def advance(mem: Memory, pool: Sequence[NodeView], now: int, memory_ms: int) -> Memory:
-    """The pool's memory after this tick: rows for the pool's nodes (a new node starts empty, a node
-    gone is forgotten), figures kept while ``0 < now - ts < memory_ms`` (so a tick decided again
-    replaces its own figures), and each serving node's figures of this tick, if any, added."""
-    ids = tuple(n.node_id for n in pool)
-    ts, vals = mem.ts, mem.vals
-    if ids != mem.node_ids:
-        where = {node_id: r for r, node_id in enumerate(mem.node_ids)}
-        src = np.array([where.get(i, -1) for i in ids], dtype=np.int64)
-        has = src >= 0
-        moved_ts = np.full((len(ids), ts.shape[1]), -1, dtype=np.int64)
-        moved_vals = np.full((len(ids), ts.shape[1], len(SIGNALS)), np.nan)
-        if has.any():
-            moved_ts[has] = ts[src[has]]
-            moved_vals[has] = vals[src[has]]
-        ts, vals = moved_ts, moved_vals
-    kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now)
-    ts = np.where(kept, ts, -1)
-    vals = np.where(kept[:, :, None], vals, np.nan)
+def advance(mem: PoolMemory, pool: Sequence[NodeView], now: int, memory_ms: int) -> PoolMemory:
+    """The pool's memory after this tick (:meth:`PoolMemory.advance`): what :func:`_remembered`
+    keeps for each node, for the whole pool at once."""
     rows: list[int] = []
     figs: list[tuple[float | None, ...]] = []
     for r, n in enumerate(pool):
@@ -394,36 +330,7 @@ def advance(mem: Memory, pool: Sequence[NodeView], now: int, memory_ms: int) -> 
         if f is not None:
             rows.append(r)
             figs.append(f)
-    if rows:
-        at = np.array(rows, dtype=np.int64)
-        free = ~kept[at]
-        if ts.shape[1] == 0 or not free.any(axis=1).all():
-            grow = max(1, ts.shape[1])
-            ts = np.concatenate([ts, np.full((len(ids), grow), -1, dtype=np.int64)], axis=1)
-            vals = np.concatenate([vals, np.full((len(ids), grow, len(SIGNALS)), np.nan)], axis=1)
-            free = ts[at] < 0
-        slot = np.argmax(free, axis=1)
-        ts[at, slot] = now
-        vals[at, slot] = np.array(figs, dtype=np.float64)  # None -> NaN
-    return Memory(ids, ts, vals)
-
-
-def medians(mem: Memory, min_samples: int) -> tuple[list[list[float]], list[list[bool]]]:
-    """Per row and signal, the median of the remembered figures and whether there are at least
-    ``min_samples`` of them: :func:`aggregate` for every node at once. Each row is sorted (NaN
-    last); the median is the middle value or ``(a + b) / 2`` of the two middle ones, the same
-    operations on the same doubles as :func:`median_sorted`, so the same bits."""
-    n, slots = mem.ts.shape
-    if n == 0 or slots == 0:
-        return [[0.0] * len(SIGNALS) for _ in range(n)], [[False] * len(SIGNALS) for _ in range(n)]
-    vals = mem.vals
-    ordered = np.sort(vals, axis=1, kind="stable")
-    count = slots - np.isnan(vals).sum(axis=1)
-    upper = np.take_along_axis(ordered, np.minimum(count // 2, slots - 1)[:, None, :], axis=1)[:, 0, :]
-    lower = np.take_along_axis(ordered, (np.maximum(count - 1, 0) // 2)[:, None, :], axis=1)[:, 0, :]
-    med = np.where(count % 2 == 1, upper, (lower + upper) / 2)
-    ok = count >= max(1, min_samples)
-    return med.tolist(), ok.tolist()
+    return mem.advance(tuple(n.node_id for n in pool), now, memory_ms, rows, figs)
 
 
 def reference(values: list[float], min_hosts: int) -> tuple[float, float] | None:
@@ -581,7 +488,7 @@ class LatencyOutlier:
         memory_ms, min_samples = params.memory_ms, params.min_samples
         known = state.nodes
         memory = advance(state.memory, pool, now, memory_ms)
-        meds, oks = medians(memory, min_samples)
+        meds, oks = memory.medians(min_samples)
         for n, med, ok in zip(pool, meds, oks, strict=True):
             prev = known.get(n.node_id)
             remembered[n.node_id] = (

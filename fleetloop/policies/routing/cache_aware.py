@@ -100,7 +100,10 @@ Failure mode: scores lag load by up to one tick plus one telemetry interval; a b
 time lands by the old weights. A node whose ``hot_prefixes`` is stale keeps attracting affinity
 calls only while it still scores well; a node that stops reporting is zeroed (stale) by this
 algorithm and the engine. If every warm node is stale they share evenly and the engine fails open.
-State: the remembered step times, per node, pruned to ``speed_memory_ms`` every tick.
+State: the remembered step times, per node, pruned to ``speed_memory_ms`` every tick, kept as one
+array per pool (:class:`fleetloop.policies.memory.PoolMemory`; a checkpoint of the older per-node
+form is read and converted). Scores are computed over the pool's nodes as columns, with the same
+operations in the same order as the per-node formula above (tested bit for bit).
 """
 
 from __future__ import annotations
@@ -109,9 +112,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Self
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.registry import register
 from fleetloop.schemas.base import MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import RoutingDecision
@@ -163,8 +168,46 @@ class CacheAwareParams(Params):
         }
 
 
-# node id -> the (ts_ms, tbt_p50_ms) figures seen within ``speed_memory_ms``, oldest first
+# node id -> the (ts_ms, tbt_p50_ms) figures seen within ``speed_memory_ms``, oldest first: the plain
+# form (:func:`remember`); the algorithm keeps the same figures as one :class:`PoolMemory` per pool
+# and still reads this form from a checkpoint written before it.
 State = Mapping[str, tuple[tuple[int, float], ...]]
+
+
+def as_memory(state: PoolMemory | State) -> PoolMemory:
+    """The state as a :class:`PoolMemory` (converting the per-node form of older checkpoints)."""
+    if isinstance(state, PoolMemory):
+        return state
+    ids = tuple(sorted(state))
+    slots = max((len(v) for v in state.values()), default=0)
+    ts = np.full((len(ids), slots), -1, dtype=np.int64)
+    vals = np.full((len(ids), slots, 1), np.nan)
+    for r, node_id in enumerate(ids):
+        for k, (t, v) in enumerate(state[node_id]):
+            ts[r, k] = t
+            vals[r, k, 0] = v
+    return PoolMemory(ids, ts, vals)
+
+
+def remember_pool(
+    state: PoolMemory | State, now: int, params: CacheAwareParams, pool: tuple[NodeView, ...]
+) -> PoolMemory:
+    """:func:`remember` for one pool, as arrays (what the algorithm keeps)."""
+    rows: list[int] = []
+    figs: list[tuple[float | None, ...]] = []
+    for r, n in enumerate(pool):
+        tbt = n.tbt_p50_ms
+        if tbt is not None and tbt > 0 and n.weights_state == "warm" and not n.draining and not n.stale:
+            rows.append(r)
+            figs.append((float(tbt),))
+    ids = tuple(n.node_id for n in pool)
+    return as_memory(state).advance(ids, now, params.speed_memory_ms, rows, figs)
+
+
+def pool_steps(memory: PoolMemory) -> dict[str, float | None]:
+    """Node id -> :func:`step_ms` (the median remembered step time, or None), for the whole pool."""
+    meds, oks = memory.medians(1)
+    return {i: (m[0] if ok[0] else None) for i, m, ok in zip(memory.node_ids, meds, oks, strict=True)}
 
 
 def serving(node: NodeView, silent_after_ms: int | None = None) -> bool:
@@ -302,6 +345,52 @@ def _scored(
     return scores, speeds
 
 
+def _scored_columns(
+    pool: tuple[NodeView, ...], params: CacheAwareParams, steps: Mapping[str, float | None]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """:func:`_scored` over the pool's nodes as columns: the same operations on the same doubles in
+    the same order (each scorer, then ``((((0 + p0) + p1) + ...) + p5) / total`` as ``sum`` adds),
+    so the same bits; ``tests/policies/test_fast_paths.py`` holds it to :func:`_scored`."""
+    if not pool:
+        return {}, {}
+    fig = _pool_figures(pool, steps)
+    ids = [n.node_id for n in pool]
+    total = sum(params.component_weights().values())
+    tbt_median, hbm_max = fig.tbt_median, fig.hbm_max
+    if tbt_median is not None:
+        own = np.array([np.nan if (v := fig.steps.get(i)) is None else v for i in ids], dtype=np.float64)
+        speed = np.where(np.isnan(own), 1.0, np.minimum(1.0, tbt_median / own))
+    else:
+        speed = np.ones(len(ids))
+    silent_after = params.silent_after_ms
+    can_serve = np.array(
+        [
+            n.weights_state == "warm" and not n.draining and not n.stale and n.age_ms <= silent_after
+            for n in pool
+        ]
+    )
+    f = np.float64
+    queue = np.maximum(np.array([n.queue_depth for n in pool], dtype=f), 0.0)
+    running = np.maximum(np.array([n.running_requests for n in pool], dtype=f), 0.0)
+    tokens = np.maximum(np.array([n.queued_prompt_tokens for n in pool], dtype=f), 0.0)
+    batch = np.maximum(np.array([n.max_batch_tokens for n in pool], dtype=f), 1.0)
+    kv = np.array([n.kv_cache_used_frac for n in pool], dtype=f)
+    acc = 0.0 + params.w_queue * (1.0 / (1.0 + queue / params.queue_scale))
+    acc = acc + params.w_running * (1.0 / (1.0 + running / params.running_scale))
+    acc = acc + params.w_tokens * (1.0 / (1.0 + tokens / batch))
+    acc = acc + params.w_kv * np.minimum(1.0, np.maximum(0.0, 1.0 - kv))
+    if hbm_max > 0:
+        hbm = np.array([n.hbm_free_gib for n in pool], dtype=f)
+        # A node that cannot serve is not in ``hbm_max`` and may overflow here; it scores 0 below.
+        with np.errstate(over="ignore"):
+            acc = acc + params.w_hbm * np.minimum(1.0, np.maximum(0.0, hbm / hbm_max))
+    else:
+        acc = acc + params.w_hbm * 1.0
+    acc = acc + params.w_speed * speed
+    score = np.where(can_serve, acc / total, 0.0)
+    return dict(zip(ids, score.tolist(), strict=True)), dict(zip(ids, speed.tolist(), strict=True))
+
+
 def pool_scores(
     snap: FleetSnapshot, pool_id: str, params: CacheAwareParams, memory: State | None = None
 ) -> dict[str, float]:
@@ -351,7 +440,7 @@ def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str
                 else None
                 for n in pool
             }
-            scores = _scored(pool, params, steps)[0]
+            scores = _scored_columns(pool, params, steps)[0]
             live = [scores[n.node_id] for n in pool if scores[n.node_id] > 0 and proven(n)]
             out[pool_id] = sum(live) / len(live) if live else None
         snap.memo[key] = (params, out)
@@ -363,15 +452,15 @@ def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str
 class CacheAware:
     Params = CacheAwareParams
 
-    def initial_state(self) -> State:
-        return {}
+    def initial_state(self) -> PoolMemory:
+        return PoolMemory.empty(1)
 
     def decide(
-        self, snap: FleetSnapshot, params: CacheAwareParams, state: State, ctx: PolicyContext
-    ) -> PolicyResult[State]:
+        self, snap: FleetSnapshot, params: CacheAwareParams, state: PoolMemory | State, ctx: PolicyContext
+    ) -> PolicyResult[PoolMemory]:
         pool = snap.pool_nodes(ctx.pool_id)
-        memory = remember(state, snap, params, pool)
-        scores, speeds = _scored(pool, params, {n.node_id: step_ms(memory, n.node_id) for n in pool})
+        memory = remember_pool(state, snap.now_ms, params, pool)
+        scores, speeds = _scored_columns(pool, params, pool_steps(memory))
         weights = shares(scores, params.alpha)
         best = max(scores.values(), default=0.0)
         reason = "cache-aware"
