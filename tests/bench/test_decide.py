@@ -46,9 +46,10 @@ def test_each_pool_state_holds_only_its_own_nodes() -> None:
         own = set(snapshot(model, model.watermark_ms).pools[pool_id].node_ids)
         for (section, _, pool), state in engine.pools[pool_id].algorithms.items():
             assert pool == pool_id
-            if section == "routing":  # cache-aware's speed memory: node id -> figures
-                assert set(state) <= own
-                assert state  # and it did remember something
+            if section in {"routing", "breaker"}:  # the speed / latency memory: a row per node
+                assert set(state.memory.node_ids if section == "breaker" else state.node_ids) <= own
+                figures = (state.memory if section == "breaker" else state).figures()
+                assert figures  # and it did remember something
 
 
 def test_shared_snapshot_gives_the_same_decisions_as_one_snapshot_per_pool() -> None:
@@ -86,13 +87,13 @@ def test_a_whole_fleet_tick_scores_each_pool_twice_not_pools_squared(monkeypatch
     from fleetloop.policies.routing import cache_aware
 
     calls = {"n": 0}
-    real = cache_aware._scored
+    real = cache_aware._scored_columns
 
     def counting(*args: object, **kwargs: object) -> object:
         calls["n"] += 1
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cache_aware, "_scored", counting)
+    monkeypatch.setattr(cache_aware, "_scored_columns", counting)
     for n_nodes in (200, 800):
         model, engine, pools, ts = _model_and_engine(n_nodes, 1)
         calls["n"] = 0
