@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 
 async def reconcile_forever(
@@ -38,3 +38,36 @@ async def reconcile_forever(
         for w in waits:
             w.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
+
+
+class Reconciler:
+    """Base of an actuator: ``run`` drives its ``reconcile`` pass with :func:`reconcile_forever`.
+
+    A subclass names its target's error class and logger, sets ``wake`` and ``period_s``, and counts
+    a failed pass in ``failed`` (its stats keep the last message for ``last_error``)."""
+
+    target_error: ClassVar[type[Exception]]
+    log: ClassVar[logging.Logger]
+    wake: asyncio.Event
+    period_s: float
+
+    async def reconcile(self) -> Any:
+        raise NotImplementedError
+
+    def failed(self, message: str) -> None:
+        raise NotImplementedError
+
+    def last_error(self) -> str:
+        raise NotImplementedError
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await reconcile_forever(
+            self.reconcile,
+            stop=stop,
+            wake=self.wake,
+            period_s=self.period_s,
+            target_error=self.target_error,
+            on_error=self.failed,
+            last_error=self.last_error,
+            log=self.log,
+        )

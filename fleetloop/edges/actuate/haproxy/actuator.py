@@ -32,7 +32,7 @@ from fleetloop.edges.actuate.haproxy.mapping import (
     targets,
 )
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError
-from fleetloop.edges.actuate.loop import reconcile_forever
+from fleetloop.edges.actuate.loop import Reconciler
 from fleetloop.router.state import DesiredState
 
 log = logging.getLogger("fleetloop.edges.actuate.haproxy")
@@ -94,7 +94,10 @@ class ActuatorStats:
     missing: list[str] = field(default_factory=list)
 
 
-class HaproxyActuator:
+class HaproxyActuator(Reconciler):
+    target_error = RuntimeApiError
+    log = log
+
     def __init__(
         self,
         api: RuntimeApi,
@@ -164,18 +167,9 @@ class HaproxyActuator:
         self.stats.reconciles += 1
         return done
 
-    async def run(self, stop: asyncio.Event) -> None:
-        await reconcile_forever(
-            self.reconcile,
-            stop=stop,
-            wake=self.wake,
-            period_s=self.period_s,
-            target_error=RuntimeApiError,
-            on_error=self._failed,
-            last_error=lambda: self.stats.last_error,
-            log=log,
-        )
-
-    def _failed(self, message: str) -> None:
+    def failed(self, message: str) -> None:
         self.stats.api_errors += 1
         self.stats.last_error = message
+
+    def last_error(self) -> str:
+        return self.stats.last_error

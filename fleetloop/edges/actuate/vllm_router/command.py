@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from fleetloop.edges.actuate.loop import reconcile_forever
+from fleetloop.edges.actuate.loop import Reconciler
 from fleetloop.edges.actuate.vllm_router.mapping import (
     WorkerMap,
     WorkerMapError,
@@ -85,7 +85,10 @@ class Stats:
     last_error: str = ""
 
 
-class VllmRouterActuator:
+class VllmRouterActuator(Reconciler):
+    target_error = VllmRouterError
+    log = log
+
     def __init__(
         self,
         api: VllmRouterApi,
@@ -132,21 +135,12 @@ class VllmRouterActuator:
         self.stats.reconciles += 1
         return done
 
-    async def run(self, stop: asyncio.Event) -> None:
-        await reconcile_forever(
-            self.reconcile,
-            stop=stop,
-            wake=self.wake,
-            period_s=self.period_s,
-            target_error=VllmRouterError,
-            on_error=self._failed,
-            last_error=lambda: self.stats.last_error,
-            log=log,
-        )
-
-    def _failed(self, message: str) -> None:
+    def failed(self, message: str) -> None:
         self.stats.errors += 1
         self.stats.last_error = message
+
+    def last_error(self) -> str:
+        return self.stats.last_error
 
 
 def register(act_sub: Any) -> None:
