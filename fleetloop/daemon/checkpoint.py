@@ -17,7 +17,9 @@ reads back to the same double (orjson), so values round-trip bit for bit; tuples
 non-string keys, numpy scalars and instances are tagged. Only classes defined in ``fleetloop``
 modules that are dataclasses, pydantic models or listed in ``_PLAIN`` can be named, and decoding
 never calls a constructor or any code of theirs (fields are set on a bare instance), so a forged
-checkpoint can at worst produce a wrong state, never run code. A value that does not decode (for
+checkpoint can at worst produce a wrong state, never run code. A dataclass field added since a
+checkpoint was written decodes as its declared default (a field without a default, or one removed,
+does not decode). A value that does not decode (for
 example written by another fleetloop version whose state classes changed) raises
 :class:`CheckpointError`; the runtime then starts that shard clean and says so.
 
@@ -154,11 +156,29 @@ def _dec(o: Any) -> Any:
         obj = object.__new__(cls)
         expected = set(_fields_of_class(cls))
         if expected and set(values) != expected:
-            raise CheckpointError(f"{o['$o']} fields changed: {sorted(set(values) ^ expected)}")
+            values.update(_added_defaults(cls, expected - set(values)))
+            if set(values) != expected:
+                raise CheckpointError(f"{o['$o']} fields changed: {sorted(set(values) ^ expected)}")
         for k, v in values.items():
             object.__setattr__(obj, k, v)
         return obj
     raise CheckpointError(f"unknown tag in checkpoint: {sorted(o)[:3]}")
+
+
+def _added_defaults(cls: type, missing: set[str]) -> dict[str, Any]:
+    """Defaults of the dataclass fields in ``missing`` (fields added since the checkpoint was
+    written decode as their default; a field without one, or one that went away, still fails)."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in missing:
+            continue
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 def _fields_of_class(cls: type) -> list[str]:

@@ -145,6 +145,7 @@ class FleetDecision(_Body):
     )
     tasks_succeeded: NonNegInt
     tasks_failed: NonNegInt
+    tasks_handed_off: NonNegInt = 0  # let go by a shard after going quiet there (not an outcome)
     fleet_cost_usd: NonNegFloat
     spend_on_failed_usd: NonNegFloat
     cost_per_successful_task_usd: NonNegFloat | None

@@ -40,5 +40,11 @@ class ShardSummary(Wire):
     tasks_started: int = Field(ge=0, le=MAX_COUNT * 1000)
     tasks_succeeded: int = Field(ge=0, le=MAX_COUNT * 1000)
     tasks_failed: int = Field(ge=0, le=MAX_COUNT * 1000)
+    tasks_handed_off: int = Field(
+        default=0,  # absent in summaries of daemons before it: read as 0
+        ge=0,
+        le=MAX_COUNT * 1000,
+        description="tasks the shard let go after they went quiet there, their outcome another shard's",
+    )
     fleet_cost_nusd: int = Field(ge=0, le=MAX_NUSD, description="GPU cost of the shard's nodes so far")
     spend_on_failed_nusd: int = Field(ge=0, le=MAX_NUSD)

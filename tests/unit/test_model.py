@@ -249,14 +249,67 @@ def test_no_successful_task_means_no_cost_per_task() -> None:
     assert ledger.cost_per_successful_task_usd is None
 
 
-def test_a_task_silent_past_the_abandon_horizon_counts_as_failed() -> None:
+def test_a_task_quiet_past_the_horizon_is_handed_off_not_failed() -> None:
     config = ModelConfig(abandon_workflow_after_ms=30_000)
     model = fold([_step("w1", T, 0, 0.3), _step("w2", T + 25_000, 0, 0.1)], config)
     assert snapshot(model, T + 25_000).ledger.active_workflows == 2
-    apply(model, [telemetry("x", ts_ms=T + 45_000)])  # event time moves on: w1 silent 45 s, w2 20 s
+    apply(model, [telemetry("x", ts_ms=T + 45_000)])  # event time moves on: w1 quiet 45 s, w2 20 s
     ledger = snapshot(model, T + 45_000).ledger
-    assert (ledger.active_workflows, ledger.tasks_failed) == (1, 1)
-    assert ledger.spend_on_failed_usd == pytest.approx(0.3)
+    assert (ledger.active_workflows, ledger.tasks_failed, ledger.spend_on_failed_usd) == (1, 0, 0.0)
+    assert (model.ledger.tasks_handed_off, model.evicted["workflows"]) == (1, 1)
+    assert list(model.ledger.active) == ["w2"]
+
+
+def test_a_task_spanning_two_shards_is_counted_once_with_its_whole_spend() -> None:
+    """Calls 0-1 reach one partition's shard, call 2 (which fails the task) another's: the second
+    counts the failure with the spend the router carried; the first hands the task off."""
+    config = ModelConfig(abandon_workflow_after_ms=30_000)
+    first = fold([_step("w", T, 0, 0.25), _step("w", T + 1_000, 1, 0.5)], config)
+    second = fold(
+        [_step("w", T + 2_000, 2, 0.125, "error", workflow_spend_usd=0.75, task_outcome="failed")], config
+    )
+    for model in (first, second):
+        apply(model, [telemetry("x", ts_ms=T + 60_000)])
+    a, b = snapshot(first, T + 60_000).ledger, snapshot(second, T + 60_000).ledger
+    assert (a.tasks_failed, a.active_workflows, first.ledger.tasks_handed_off) == (0, 0, 1)
+    assert (b.tasks_failed, b.active_workflows, second.ledger.tasks_handed_off) == (1, 0, 0)
+    assert b.spend_on_failed_usd == pytest.approx(0.875)  # 0.25 + 0.5 carried, 0.125 its own
+
+
+def test_a_task_still_calling_here_is_kept_however_long_it_runs() -> None:
+    config = ModelConfig(abandon_workflow_after_ms=30_000)
+    model = FleetModel(config)
+    for i in range(12):  # one call every 10 s for 110 s, plus a short task opened each time
+        apply(model, [_step("long", T + i * 10_000, i, 0.01), _step(f"s{i}", T + i * 10_000, 0, 0.01)])
+    assert "long" in model.ledger.active
+    assert model.ledger.tasks_handed_off == 12 - 4  # the short ones quiet over 30 s went
+    assert sorted(model.ledger.active) == ["long", "s10", "s11", "s8", "s9"]
+
+
+def test_open_and_finished_workflows_stay_bounded_by_rate_times_horizon() -> None:
+    """Ten minutes of event time at 100 tasks/s, each seen here for one call only (its others
+    elsewhere): memory levels off at rate x horizon instead of growing with the run."""
+    config = ModelConfig(abandon_workflow_after_ms=30_000, finished_workflow_ttl_ms=60_000)
+    model = FleetModel(config)
+    peak_active = peak_finished = 0
+    for s in range(600):
+        batch = [
+            _step(
+                f"w{s}-{i}",
+                T + s * 1_000 + i * 10,
+                0,
+                0.001,
+                task_outcome="succeeded" if i % 4 == 0 else None,
+            )
+            for i in range(100)
+        ]
+        apply(model, batch)
+        peak_active = max(peak_active, len(model.ledger.active))
+        peak_finished = max(peak_finished, len(model.ledger.finished))
+    assert peak_active <= 75 * 32  # 75 open/s for the 30 s horizon, plus a second of bucket slack
+    assert peak_finished <= 25 * 62
+    assert model.ledger.tasks_handed_off >= 75 * 560
+    assert model.ledger.tasks_failed == 0
 
 
 # -- eviction and staleness -------------------------------------------------------------------------
@@ -376,10 +429,23 @@ def test_folding_two_pools_in_any_interleaving_gives_the_same_snapshot(
     its = (iter(a), iter(b))
     interleaved = [next(its[lane]) for lane in lanes]
     now = T + SPAN_MS + 1_000
+    # Ledger horizons beyond the records' span: a task let go after going quiet and opened again by
+    # a later call is counted as started twice, and which comes first follows the fleet clock, so
+    # within a horizon's reach the ledger's counts depend on the interleaving (as the late-record
+    # rule does within the retention). A shard's fold order is fixed by its cuts, so decisions and
+    # replay do not; outcomes (succeeded, failed) do not either (checked below).
+    config = ModelConfig(abandon_workflow_after_ms=3_600_000, finished_workflow_ttl_ms=600_000)
     for window_ms in (10_000, 60_000):
-        expected = snapshot(fold(a + b), now, window_ms=window_ms)
-        assert snapshot(fold(interleaved), now, window_ms=window_ms) == expected
-        assert snapshot(fold(b + a), now, window_ms=window_ms) == expected
+        expected = snapshot(fold(a + b, config), now, window_ms=window_ms)
+        assert snapshot(fold(interleaved, config), now, window_ms=window_ms) == expected
+        assert snapshot(fold(b + a, config), now, window_ms=window_ms) == expected
+    outcomes = snapshot(fold(a + b), now).ledger
+    for order in (interleaved, b + a):
+        ledger = snapshot(fold(order), now).ledger
+        assert (ledger.tasks_succeeded, ledger.tasks_failed) == (
+            outcomes.tasks_succeeded,
+            outcomes.tasks_failed,
+        )
 
 
 def test_fleet_cost_does_not_depend_on_the_interleaving_of_pools() -> None:

@@ -196,3 +196,41 @@ def test_a_forged_checkpoint_cannot_name_a_class_outside_fleetloop() -> None:
         decode(not_state)
     with pytest.raises(CheckpointError):
         decode(b"not zlib")
+
+
+def test_a_checkpoint_written_before_a_field_was_added_decodes_with_its_default() -> None:
+    """``_Ledger.tasks_handed_off`` came after checkpoints were in use: an older checkpoint (the
+    field absent) restores with it at 0; a field that went away, or one without a default, fails."""
+    import zlib
+
+    import orjson
+
+    rows, _ = stream(seconds=20)
+    shard = Shard(0)
+    for logical in INPUTS:
+        shard.add(logical, rows[logical])
+    shard.fold_read()
+    shard.model.ledger.tasks_handed_off = 7
+    tree = orjson.loads(zlib.decompress(encode(shard.checkpoint_value())))
+
+    def edit(node: object, drop: str, add: str | None = None) -> None:
+        if isinstance(node, dict):
+            if node.get("$o", "").endswith(":_Ledger"):
+                node["f"].pop(drop)
+                if add:
+                    node["f"][add] = 1
+            for v in node.values():
+                edit(v, drop, add)
+        elif isinstance(node, list):
+            for v in node:
+                edit(v, drop, add)
+
+    old = orjson.loads(orjson.dumps(tree))
+    edit(old, "tasks_handed_off")
+    restored = Shard.from_checkpoint(decode(zlib.compress(orjson.dumps(old))))
+    assert restored.model.ledger.tasks_handed_off == 0
+    assert restored.model.ledger.tasks_started == shard.model.ledger.tasks_started > 0
+    renamed = orjson.loads(orjson.dumps(tree))
+    edit(renamed, "tasks_handed_off", "tasks_gone")
+    with pytest.raises(CheckpointError, match="fields changed"):
+        decode(zlib.compress(orjson.dumps(renamed)))

@@ -14,6 +14,16 @@ What it keeps:
   says so, and the fleet's cost (each telemetry interval x the node's price), which together give
   cost per successful task.
 
+Tasks spanning partitions. A task calls several pools, and pools live on different partitions, so
+one task's calls reach several shards while its last call (the one carrying ``task_outcome``)
+reaches exactly one. That shard counts the outcome, once fleet-wide, and takes the whole task's
+spend from the call itself (``workflow_spend_usd`` is the router's running total), so a failed
+task's spend is exact without the other shards. Every other shard holds the task open only as long
+as it keeps calling there: quiet for ``abandon_workflow_after_ms`` (event time), it is let go as
+*handed off* (``tasks_handed_off``): its outcome is another shard's to count, never a failure here.
+A later call of it opens it again. The price of that rule: a task no shard ever sees end (its router
+died mid-task) is counted by no shard, rather than as a failure by each shard it touched.
+
 ``apply`` takes ownership of the model it is given and returns it (updating in place keeps the hot
 path free of copies); callers never keep a reference to the old one.
 
@@ -59,8 +69,10 @@ class ModelConfig:
 
     retention_ms: int = 300_000  # keep this much event time behind the pool's newest record
     forget_node_after_ms: int = 60_000  # a node silent this long leaves its pool
-    finished_workflow_ttl_ms: int = 600_000  # remember finished tasks this long (late records)
-    abandon_workflow_after_ms: int = 3_600_000  # a task silent this long counts as failed
+    finished_workflow_ttl_ms: int = 60_000  # remember finished tasks this long (late records)
+    # A task with no call in this shard for this long is let go as handed off (not failed): its
+    # other calls, and the one that ends it, went to other partitions. Memory is rate x this.
+    abandon_workflow_after_ms: int = 30_000
     max_pools: int = 256
     max_nodes_per_pool: int = 2_048
     max_nodes: int = 20_000  # across all pools
@@ -129,8 +141,11 @@ class _Ledger:
     tasks_failed: int = 0
     fleet_cost_nusd: int = 0
     spend_on_failed_nusd: int = 0
+    # Open here: in the order they were opened (a task still calling when it reaches the front is
+    # moved to the back, so the front is always the quietest candidate to let go).
     active: dict[str, _Workflow] = field(default_factory=dict)
-    finished: dict[str, int] = field(default_factory=dict)  # workflow id -> finish ts_ms
+    finished: dict[str, int] = field(default_factory=dict)  # workflow id -> finish ts_ms, in finish order
+    tasks_handed_off: int = 0  # let go after going quiet here, their outcome another shard's to count
 
 
 CAPPED = ("pools", "nodes", "tenants", "workflows", "unplaced_nodes")
@@ -420,7 +435,10 @@ class FleetModel:
                 ledger.tasks_succeeded += 1
             else:
                 ledger.tasks_failed += 1
-                ledger.spend_on_failed_nusd += wf.spend_nusd
+                # The router's running total covers the calls other shards saw; this shard's own sum
+                # covers attempts a router reported without it. The task spent at least both.
+                carried = nano_usd(o.workflow_spend_usd) + (nano_usd(cost) if cost > 0.0 else 0)
+                ledger.spend_on_failed_nusd += max(wf.spend_nusd, min(carried, _MAX_NUSD))
 
     def _finish(self, wf_id: str, ts_ms: int) -> None:
         finished = self.ledger.finished
@@ -460,6 +478,7 @@ class FleetModel:
         if now <= self.watermark_ms:
             return
         self.watermark_ms = now
+        self._let_go_workflows(now)
         horizon = (now - self.config.retention_ms) // BUCKET_MS
         if horizon > self._fleet_evicted_to + 10:
             self._evict_fleet(horizon)
@@ -474,22 +493,44 @@ class FleetModel:
             self.evicted["tenants"] += 1
         now = self.watermark_ms
         cfg = self.config
-        ledger = self.ledger
         # Pools silent for the retention plus the node horizon on the fleet clock: nothing of theirs
         # is left in any window or snapshot, so their state goes.
         silent_after = cfg.retention_ms + cfg.forget_node_after_ms
         for pool_id in sorted(p for p, v in self.pools.items() if now - v.watermark_ms > silent_after):
             self._drop_pool(pool_id)
-        for wf_id in sorted(w for w, t in ledger.finished.items() if now - t > cfg.finished_workflow_ttl_ms):
-            del ledger.finished[wf_id]
+
+    def _let_go_workflows(self, now: int) -> None:
+        """Forget finished tasks past their ttl and let go of open ones quiet past
+        ``abandon_workflow_after_ms`` (handed off), both from the front of their insertion-ordered
+        dicts: the work is what leaves, not what stays, so it runs at every move of the fleet clock.
+        Event times are not monotonic (the door allows 30 s of skew), so an entry can leave up to
+        that much late; never early."""
+        cfg = self.config
+        ledger = self.ledger
+        finished = ledger.finished
+        ttl = cfg.finished_workflow_ttl_ms
+        while finished:
+            wf_id = next(iter(finished))
+            if now - finished[wf_id] <= ttl:
+                break
+            del finished[wf_id]
             self.evicted["finished_workflows"] += 1
-        for wf_id in sorted(
-            w for w, v in ledger.active.items() if now - v.last_ms > cfg.abandon_workflow_after_ms
-        ):
-            wf = ledger.active.pop(wf_id)
-            self._finish(wf_id, now)
-            ledger.tasks_failed += 1
-            ledger.spend_on_failed_nusd += wf.spend_nusd
+        active = ledger.active
+        quiet = cfg.abandon_workflow_after_ms
+        moves = len(active)  # each entry moves to the back at most once per pass
+        while active:
+            wf_id = next(iter(active))
+            wf = active[wf_id]
+            if now - wf.last_ms > quiet:
+                del active[wf_id]
+                ledger.tasks_handed_off += 1
+                self.evicted["workflows"] += 1
+            elif now - wf.first_ms > quiet and moves > 0:
+                moves -= 1
+                del active[wf_id]  # opened long ago but still calling here: to the back
+                active[wf_id] = wf
+            else:
+                break  # opened within the horizon, like (nearly) everything behind it
 
 
 def apply(model: FleetModel, events: Iterable[Telemetry | Outcome]) -> FleetModel:

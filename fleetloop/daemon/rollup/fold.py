@@ -74,6 +74,7 @@ def summarize(
         tasks_started=ledger.tasks_started,
         tasks_succeeded=ledger.tasks_succeeded,
         tasks_failed=ledger.tasks_failed,
+        tasks_handed_off=ledger.tasks_handed_off,
         fleet_cost_nusd=min(ledger.fleet_cost_nusd, MAX_NUSD),
         spend_on_failed_nusd=min(ledger.spend_on_failed_nusd, MAX_NUSD),
     )
@@ -172,6 +173,7 @@ def fleet_body(parts: Iterable[ShardSummary], behind: int = 0) -> FleetDecision:
         retry_budget_used_frac=(retries / allowed) if allowed else None,
         tasks_succeeded=succeeded,
         tasks_failed=sum(s.tasks_failed for s in parts),
+        tasks_handed_off=sum(s.tasks_handed_off for s in parts),
         fleet_cost_usd=cost_nusd / NANO,
         spend_on_failed_usd=sum(s.spend_on_failed_nusd for s in parts) / NANO,
         cost_per_successful_task_usd=(cost_nusd / NANO / succeeded) if succeeded else None,
