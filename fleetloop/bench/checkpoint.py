@@ -1,10 +1,12 @@
 """``fleetloop bench checkpoint``: size and cost of a shard checkpoint at fleet scale, and how long
-it holds the event loop: encoded in the loop (as the daemon did) against a forked child (as it does).
+it holds the event loop: encoded in the loop (as the daemon did) against a forked child (as it does),
+and decoded at a restore in the loop (as it did) against a thread (as it does).
 
 For each size a shard folds ``--seconds`` of a generated fleet's telemetry and router outcomes
 (``fleetgen``) and decides every pool at intervals, so the policy state is populated as in a run.
-Then: the compressed size, the time to encode and to decode (a restore), and for each way of
-encoding the longest the loop went without running, measured by a 5 ms heartbeat on a real loop
+Then: the compressed size, the time to encode and to decode (a restore; the decoded state must
+encode to the same bytes, or the bench fails), and for each way of encoding and decoding the longest
+the loop went without running, measured by a 5 ms heartbeat on a real loop
 while one checkpoint is taken. The figures are wall times on this machine, compared within the run.
 """
 
@@ -98,8 +100,11 @@ async def measure(shard: Shard) -> dict[str, Any]:
     encode_s = clock.monotonic_s() - t0
     raw = len(zlib.decompress(blob))
     t0 = clock.monotonic_s()
-    checkpoint.decode(blob)
+    decoded = checkpoint.decode(blob)
     decode_s = clock.monotonic_s() - t0
+    if checkpoint.encode(decoded) != blob:
+        raise AssertionError("the decoded checkpoint encodes to other bytes: a restore is not exact")
+    del decoded
 
     async def inline() -> None:
         checkpoint.encode(shard.checkpoint_value())
@@ -113,6 +118,14 @@ async def measure(shard: Shard) -> dict[str, Any]:
         fork_ms.append((clock.monotonic_s() - t) * 1000.0)
         child.append(await pending)
 
+    async def decode_inline() -> None:
+        checkpoint.decode(blob)
+
+    async def decode_thread() -> None:  # as the daemon restores
+        await asyncio.to_thread(checkpoint.decode, blob)
+
+    stall_decode_inline = await _stall_ms(decode_inline)
+    stall_decode_thread = await _stall_ms(decode_thread)
     stall_inline = await _stall_ms(inline)
     rss0 = rss_mib()
     stall_forked = await _stall_ms(forked)
@@ -127,6 +140,8 @@ async def measure(shard: Shard) -> dict[str, Any]:
         "decode_ms": round(decode_s * 1000.0, 1),
         "loop_stall_inline_ms": round(stall_inline, 1),
         "loop_stall_forked_ms": round(stall_forked, 1),
+        "restore_stall_inline_ms": round(stall_decode_inline, 1),
+        "restore_stall_thread_ms": round(stall_decode_thread, 1),
         "fork_ms": round(fork_ms[0], 2),
         "rss_mib": round(rss0, 1),
     }
@@ -163,8 +178,20 @@ def _print(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="shard checkpoint: size, cost, event-loop stall (ms)")
-    cols = ("nodes", "pools", "MB", "chunks", "encode", "decode", "stall inline", "stall forked", "fork")
+    t = Table(title="shard checkpoint: size, cost (ms), longest event-loop stall (ms) encoding and decoding")
+    cols = (
+        "nodes",
+        "pools",
+        "MB",
+        "chunks",
+        "encode",
+        "decode",
+        "stall enc/loop",
+        "enc/fork",
+        "fork",
+        "dec/loop",
+        "dec/thread",
+    )
     for c in cols:
         t.add_column(c, justify="right")
     for r in result["sizes"]:
@@ -178,5 +205,7 @@ def _print(result: dict[str, Any]) -> None:
             f"{r['loop_stall_inline_ms']:,.0f}",
             f"{r['loop_stall_forked_ms']:,.0f}",
             f"{r['fork_ms']:,.1f}",
+            f"{r['restore_stall_inline_ms']:,.0f}",
+            f"{r['restore_stall_thread_ms']:,.0f}",
         )
     Console().print(t)

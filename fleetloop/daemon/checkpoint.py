@@ -31,10 +31,12 @@ writing one slot leaves the other complete, and compaction keeps exactly the new
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 import zlib
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +105,7 @@ def _enc(o: Any) -> Any:
     raise CheckpointError(f"cannot checkpoint a value of type {_name(t)}")
 
 
+@functools.cache
 def _resolve(name: str) -> type:
     module, _, qual = name.partition(":")
     if not module.startswith("fleetloop.") or "<" in qual or not qual:
@@ -121,14 +124,24 @@ def _resolve(name: str) -> type:
 
 
 def _dec(o: Any) -> Any:
-    if isinstance(o, list):
-        return [_dec(x) for x in o]
-    if not isinstance(o, dict):
+    t = type(o)
+    if t is list:
+        # The bulk of a checkpoint is lists of numbers (window rows): returned as parsed, no copy.
+        for x in o:
+            if type(x) is list or type(x) is dict:
+                return [_dec(x) for x in o]
         return o
+    if t is not dict:
+        return o
+    if "$m" in o:
+        return {
+            (k if type(k) is not dict and type(k) is not list else _dec(k)): (
+                v if type(v) is not dict and type(v) is not list else _dec(v)
+            )
+            for k, v in o["$m"]
+        }
     if "$t" in o:
         return tuple(_dec(x) for x in o["$t"])
-    if "$m" in o:
-        return {_dec(k): _dec(v) for k, v in o["$m"]}
     if "$f" in o:
         return float(o["$f"])
     if "$s" in o:
@@ -154,7 +167,7 @@ def _dec(o: Any) -> Any:
             except msgspec.ValidationError as exc:
                 raise CheckpointError(f"{o['$o']}: {exc}") from None
         obj = object.__new__(cls)
-        expected = set(_fields_of_class(cls))
+        expected = _fields_of_class(cls)
         if expected and set(values) != expected:
             values.update(_added_defaults(cls, expected - set(values)))
             if set(values) != expected:
@@ -165,7 +178,7 @@ def _dec(o: Any) -> Any:
     raise CheckpointError(f"unknown tag in checkpoint: {sorted(o)[:3]}")
 
 
-def _added_defaults(cls: type, missing: set[str]) -> dict[str, Any]:
+def _added_defaults(cls: type, missing: AbstractSet[str]) -> dict[str, Any]:
     """Defaults of the dataclass fields in ``missing`` (fields added since the checkpoint was
     written decode as their default; a field without one, or one that went away, still fails)."""
     if not dataclasses.is_dataclass(cls):
@@ -181,14 +194,24 @@ def _added_defaults(cls: type, missing: set[str]) -> dict[str, Any]:
     return out
 
 
-def _fields_of_class(cls: type) -> list[str]:
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _fields_of_class(cls: type) -> frozenset[str]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = _class_fields(cls)
+    return names
+
+
+def _class_fields(cls: type) -> frozenset[str]:
     if dataclasses.is_dataclass(cls):
-        return [f.name for f in dataclasses.fields(cls)]
+        return frozenset(f.name for f in dataclasses.fields(cls))
     names: list[str] = []
     for klass in cls.__mro__:
         slots = klass.__dict__.get("__slots__", ())
         names.extend(s for s in ((slots,) if isinstance(slots, str) else slots) if not s.startswith("__"))
-    return names
+    return frozenset(names)
 
 
 def encode(value: Any) -> bytes:

@@ -159,6 +159,8 @@ class DaemonStats:
     last_tick_failure: str = ""
     dead_letters_lost: int = 0  # dead letters the broker refused to take (counted, logged)
     dead_letters_suppressed: int = 0  # not published again after a restore: published before
+    dead_letter_scans: int = 0  # reads of the dead-letter topic at a restore: one per assignment
+    dead_letter_marks_lost: int = 0  # restored shards whose dead-letter range retention removed
     ticks_caught_up: int = 0  # missed boundaries this instance's ticker published late
     dead_letters: int = 0
     decisions_published: int = 0
@@ -172,6 +174,7 @@ class DaemonStats:
     checkpoint_bytes: int = 0  # the largest shard's checkpoint last written, compressed
     checkpoint_loop_ms: float = 0.0  # time the loop spent starting the last checkpoint (the fork)
     checkpoint_encode_s: float = 0.0  # time from that start to the encoded bytes (in the child)
+    checkpoint_decode_s: float = 0.0  # the last assignment's checkpoint decoding (in a thread)
     shards_restored: int = 0
     shards_started_clean: int = 0
     last_decision_ts_ms: int = 0
@@ -459,6 +462,10 @@ class Daemon:
             # calling the broker emptied.
             await asyncio.sleep(1.0)
             end = await self._end_offsets(tps)
+        # Every new shard's checkpoint decoded (off the loop), then the dead-letter topic read once
+        # for all of them, all before the first shard is registered (see ``_restore``).
+        decoded = await self._decode_checkpoints({p: found.get(p) for p in new})
+        letters = await self._scan_lettered(decoded)
         for p in parts:
             shard = self.shards.get(p)
             if shard is not None and self._beyond(p, end):
@@ -472,7 +479,10 @@ class Daemon:
                     self._seek(self._tp(logical, p), shard.read[logical])
                 self._seek(self._tp(TICKS, p), self._ticks_read[p])
                 continue
-            if await self._restore(p, found.get(p), begin, end):
+            if p not in decoded:
+                decoded.update(await self._decode_checkpoints({p: found.get(p)}))
+                letters.update(await self._scan_lettered({p: decoded[p]}))
+            if await self._restore(p, found.get(p), decoded[p], letters.get(p, set()), begin=begin, end=end):
                 emptied.add(p)
         if emptied:
             self.stats.shards_started_clean += len(emptied)
@@ -536,26 +546,67 @@ class Daemon:
         self._consumer.seek(tp, offset)
         self._expect[tp] = offset
 
+    async def _decode_checkpoints(
+        self, found: Mapping[int, checkpoint.Found | None]
+    ) -> dict[int, Shard | None]:
+        """Each partition's newest checkpoint as a shard (None: none, or unusable, said in one line).
+        Decoding runs in a thread: at 10k nodes it takes seconds, during which the loop goes on
+        deciding the shards it already holds (it gets the interpreter every switch interval)."""
+        blobs = {p: f.blob for p, f in found.items() if f is not None and f.blob is not None}
+        t0 = clock.monotonic_s()
+        values = await asyncio.to_thread(_decode_all, blobs) if blobs else {}
+        if blobs:
+            self.stats.checkpoint_decode_s = round(clock.monotonic_s() - t0, 3)
+        out: dict[int, Shard | None] = {}
+        for p in found:
+            value = values.get(p)
+            if isinstance(value, checkpoint.CheckpointError):
+                log.warning(
+                    "checkpoint unusable; starting the shard without it", partition=p, error=str(value)
+                )
+                value = None
+            out[p] = value
+        return out
+
+    async def _scan_lettered(self, shards: Mapping[int, Shard | None]) -> dict[int, set[tuple[str, int]]]:
+        """For each restored shard, the sources dead-lettered from its checkpoint's mark on: one
+        read of the dead-letter topic from the lowest mark, however many shards were restored."""
+        marks = {p: s.dl_mark for p, s in shards.items() if s is not None and 0 <= s.dl_mark < self._dl_end}
+        if not marks:
+            return {}
+        self.stats.dead_letter_scans += 1
+        found, first = await self._read_lettered(set(marks), min(marks.values()))
+        lost = sorted(p for p, mark in marks.items() if mark < first)
+        if lost:
+            self.stats.dead_letter_marks_lost += len(lost)
+            log.warning(
+                "dead letters after these shards' checkpoints are gone from the dead-letter topic "
+                "(retention): those published between the checkpoint and the crash may be published again",
+                partitions=lost,
+                earliest_offset=first,
+                marks={str(p): marks[p] for p in lost},
+            )
+        return {p: {(lg, off) for at, lg, off in found.get(p, ()) if at >= marks[p]} for p in marks}
+
     async def _restore(
         self,
         p: int,
         found: checkpoint.Found | None,
+        restored: Shard | None,
+        already: set[tuple[str, int]],
+        *,
         begin: Mapping[TopicPartition, int],
         end: Mapping[TopicPartition, int],
     ) -> bool:
-        """Restore shard ``p`` from its checkpoint; True when the broker turned out emptied."""
+        """Restore shard ``p`` from its decoded checkpoint (``restored``), ``already`` the sources
+        on the dead-letter topic after its mark; True when the broker turned out emptied."""
         consumer = self._consumer
         assert consumer is not None
         ticks_tp = self._tp(TICKS, p)
         committed_ticks = await consumer.committed(ticks_tp)
-        shard: Shard | None = None
+        shard = restored
         if found is not None:
             self._ckpt_seq[p] = max(self._ckpt_seq.get(p, 0), found.max_seq)
-        if found is not None and found.blob is not None:
-            try:
-                shard = Shard.from_checkpoint(checkpoint.decode(found.blob))
-            except checkpoint.CheckpointError as exc:
-                log.warning("checkpoint unusable; starting the shard without it", partition=p, error=str(exc))
         emptied = False
         if shard is not None:
             marks = {**{logical: shard.folded[logical] for logical in INPUTS}, TICKS: shard.ticks_at}
@@ -592,11 +643,12 @@ class Daemon:
         else:
             self.stats.shards_restored += 1
             self._publish_from[p] = committed_ticks if committed_ticks is not None else shard.ticks_at
-        # Dead letters published before: below the shard's marks, and found on the dead-letter
-        # topic from its checkpoint's mark on (published between that checkpoint and a crash).
-        # Read before the shard is registered: from then on to its seeks nothing may await (a
-        # batch fetched from the committed offsets would land in a shard not yet positioned).
-        already = await self._read_lettered(p, shard.dl_mark) if 0 <= shard.dl_mark < self._dl_end else set()
+        # Dead letters published before: below the shard's marks, and ``already`` (found on the
+        # dead-letter topic from its checkpoint's mark on: published between that checkpoint and a
+        # crash). Read before the shard is registered: from then on to its seeks nothing may await
+        # (a batch fetched from the committed offsets would land in a shard not yet positioned).
+        if shard is not restored:
+            already = set()  # started clean: its checkpoint's marks do not apply
         lettered = dict(shard.lettered)
         if not shard.lettered and shard.dl_mark < 0 and not emptied:
             # A checkpoint from before dead letters were tracked: its run dead-lettered at read,
@@ -786,9 +838,13 @@ class Daemon:
             )
         return out
 
-    async def _read_lettered(self, p: int, since: int) -> set[tuple[str, int]]:
-        """Sources of shard ``p`` dead-lettered at or after offset ``since`` of the dead-letter
-        topic (published after the shard's checkpoint, before a crash): not to publish again."""
+    async def _read_lettered(
+        self, parts: set[int], since: int
+    ) -> tuple[dict[int, list[tuple[int, str, int]]], int]:
+        """Sources of shards ``parts`` dead-lettered at or after offset ``since`` of the dead-letter
+        topic (published after a shard's checkpoint, before a crash): not to publish again. Per
+        partition (dead-letter offset, logical topic, source offset); and the topic's first offset
+        (above ``since``: retention removed part of the range)."""
         cfg = self.config
         consumer = AIOKafkaConsumer(
             **connect(cfg.bootstrap_servers),
@@ -798,15 +854,17 @@ class Daemon:
             max_partition_fetch_bytes=MAX_FETCH_BYTES,
         )
         await consumer.start()
-        found: set[tuple[str, int]] = set()
+        found: dict[int, list[tuple[int, str, int]]] = {}
         try:
             tp = TopicPartition(self._deadletter_topic, 0)
             consumer.assign([tp])
+            first = (await consumer.beginning_offsets([tp]))[tp]
             end = (await consumer.end_offsets([tp]))[tp]
             self._dl_end = max(self._dl_end, end)
-            if since >= end:
-                return found
-            consumer.seek(tp, since)
+            start = max(since, first)
+            if start >= end:
+                return found, first
+            consumer.seek(tp, start)
             while await consumer.position(tp) < end:
                 batch = await consumer.getmany(tp, timeout_ms=500)
                 for r in batch.get(tp, ()):
@@ -816,11 +874,11 @@ class Daemon:
                     topic, _, rest = source.decode(errors="replace").rpartition(":")
                     topic, _, part = topic.rpartition(":")
                     logical = self._topics.get(topic)
-                    if logical is not None and part == str(p) and rest.isdigit():
-                        found.add((logical, int(rest)))
+                    if logical is not None and part.isdigit() and int(part) in parts and rest.isdigit():
+                        found.setdefault(int(part), []).append((r.offset, logical, int(rest)))
         finally:
             await consumer.stop()
-        return found
+        return found, first
 
     async def _publish_failed_ticks(self) -> None:
         """A tick whose decision raised goes on control.ticks as skipped, with the reason: nothing
@@ -1188,7 +1246,7 @@ class Daemon:
             for logical in INPUTS:
                 tp = self._tp(logical, p)
                 if tp in self._owned:
-                    offsets[tp] = OffsetAndMetadata(shard.folded[logical], "")
+                    offsets[tp] = OffsetAndMetadata(shard.commit_offset(logical), "")
             tp = self._tp(TICKS, p)
             # Ticks are committed once past where publishing starts (not back into restored history).
             if tp in self._owned and shard.ticks_at >= self._publish_from[p]:
@@ -1647,3 +1705,14 @@ async def read_active(consumer: AIOKafkaConsumer, topic: str, group: str) -> Act
     except ValueError:
         log.warning("control.policy.active holds an unreadable record for this group; ignored")
         return None
+
+
+def _decode_all(blobs: Mapping[int, bytes]) -> dict[int, Shard | checkpoint.CheckpointError]:
+    """Checkpoint blobs decoded into shards (run in a thread: no loop state is touched)."""
+    out: dict[int, Shard | checkpoint.CheckpointError] = {}
+    for p, blob in blobs.items():
+        try:
+            out[p] = Shard.from_checkpoint(checkpoint.decode(blob))
+        except checkpoint.CheckpointError as exc:
+            out[p] = exc
+    return out

@@ -229,6 +229,16 @@ class Shard:
         measures decode + fold without deciding)."""
         self._fold_to(self.read)
 
+    def commit_offset(self, logical: str) -> int:
+        """Where the consumer group may commit ``logical``: what was folded, or, in a shard that
+        holds no pool and has no valid record pending, everything read (all of it door-refused and
+        dead-lettered when read). Such a partition is never cut (no pool, no tick), so without this
+        its garbage stayed uncommitted for good. Only the commit moves: ``folded``, and with it what
+        decisions record and replay reproduce, still moves only at a cut."""
+        if self.model.pools or self.pending_pools:
+            return self.folded[logical]
+        return self.read[logical]
+
     def input_offsets(self) -> dict[str, int]:
         return {f"{logical}:{self.partition}": self.folded[logical] for logical in INPUTS}
 

@@ -140,13 +140,9 @@ class _Crash(Exception):
     pass
 
 
-async def test_records_refused_by_a_cap_are_dead_lettered_once_across_a_crash(
-    kafka_env: Any, monkeypatch: Any
-) -> None:
-    """Caps refuse records at their tick's cut, after they were read: each still reaches the
-    dead-letter topic with its reason, and a crash after that (before the checkpoint and commit
-    covering them) does not dead-letter them again when the restarted daemon folds them again."""
-    caps = ModelConfig(max_pools=2)
+async def _refused_then_crash(kafka_env: Any, monkeypatch: Any, p: Any, caps: ModelConfig) -> list[bytes]:
+    """A daemon that refuses 11 invented pools (over ``caps``), dead-letters them at their tick's cut
+    and crashes before the checkpoint and commit covering them; returns the refused records' bytes."""
     invented = [
         to_bytes(telemetry(f"inv-{i}/0", f"inv-{i}", ts_ms=1500 + i)) for i in range(12)
     ]  # keyed like the real pool: its partition; inv-0 fits under the cap, the 11 others do not
@@ -165,17 +161,28 @@ async def test_records_refused_by_a_cap_are_dead_lettered_once_across_a_crash(
     first = _daemon(kafka_env, model=caps)
     stop = asyncio.Event()
     task = asyncio.create_task(first.run(stop))
+    await asyncio.wait_for(first.ready.wait(), 60)
+    await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=900) for n in NODES])
+    await send(p, kafka_env, TICKS, [Tick(ts_ms=1000, tick_id=1, pool_id="p")])
+    await wait_decided(first, 1000, timeout_s=60)  # decided, checkpointed (interval 0), committed
+    await send(p, kafka_env, TELEMETRY, [*invented, *(to_bytes(telemetry(n, ts_ms=1900)) for n in NODES)])
+    await send(p, kafka_env, TICKS, [Tick(ts_ms=2000, tick_id=2, pool_id="p")])
+    with pytest.raises(TaskDied):
+        await asyncio.wait_for(task, 60)
+    assert first.stats.dead_by_reason.get("capacity-pools") == 11
+    monkeypatch.setattr(runtime.faults, "reach", real_reach)
+    return invented[1:]
+
+
+async def test_records_refused_by_a_cap_are_dead_lettered_once_across_a_crash(
+    kafka_env: Any, monkeypatch: Any
+) -> None:
+    """Caps refuse records at their tick's cut, after they were read: each still reaches the
+    dead-letter topic with its reason, and a crash after that (before the checkpoint and commit
+    covering them) does not dead-letter them again when the restarted daemon folds them again."""
+    caps = ModelConfig(max_pools=2)
     async with producer(kafka_env) as p:
-        await asyncio.wait_for(first.ready.wait(), 60)
-        await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=900) for n in NODES])
-        await send(p, kafka_env, TICKS, [Tick(ts_ms=1000, tick_id=1, pool_id="p")])
-        await wait_decided(first, 1000, timeout_s=60)  # decided, checkpointed (interval 0), committed
-        await send(p, kafka_env, TELEMETRY, [*invented, *(to_bytes(telemetry(n, ts_ms=1900)) for n in NODES)])
-        await send(p, kafka_env, TICKS, [Tick(ts_ms=2000, tick_id=2, pool_id="p")])
-        with pytest.raises(TaskDied):
-            await asyncio.wait_for(task, 60)
-        assert first.stats.dead_by_reason.get("capacity-pools") == 11
-        monkeypatch.setattr(runtime.faults, "reach", real_reach)
+        refused_bytes = await _refused_then_crash(kafka_env, monkeypatch, p, caps)
         second = _daemon(kafka_env, model=caps)
         stop = asyncio.Event()
         task = asyncio.create_task(second.run(stop))
@@ -188,6 +195,9 @@ async def test_records_refused_by_a_cap_are_dead_lettered_once_across_a_crash(
             stop.set()
             await asyncio.wait_for(task, 60)
         assert second.stats.shards_restored >= 1
+        # One read of the dead-letter topic for the whole assignment, however many shards it restored.
+        assert second.stats.dead_letter_scans == 1
+        assert second.stats.dead_letter_marks_lost == 0
         assert second.stats.dead_letters_suppressed == 11  # folded again, refused again, not re-sent
         assert second.stats.dead_by_reason.get("capacity-pools", 0) == 0
     letters = await read_all(kafka_env, DEADLETTER, until=lambda rs: len(rs) >= 11, timeout_s=10)
@@ -196,7 +206,54 @@ async def test_records_refused_by_a_cap_are_dead_lettered_once_across_a_crash(
     assert len(refused) == 11, sources
     assert len(set(sources)) == len(sources), "a dead letter published twice"
     assert {dict(r.headers)["fleetloop.stage"] for r in refused} == {b"fold"}
-    assert sorted(r.value for r in refused) == sorted(invented[1:])
+    assert sorted(r.value for r in refused) == sorted(refused_bytes)
+
+
+async def test_dead_letters_removed_by_retention_are_said_and_counted_at_restore(
+    kafka_env: Any, monkeypatch: Any
+) -> None:
+    """If retention removed the dead-letter range after a shard's checkpoint, the restore cannot
+    tell which refusals were published before the crash: it says so in one line, counts it, and
+    publishes them again (at least once, never lost)."""
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+
+    caps = ModelConfig(max_pools=2)
+    async with producer(kafka_env) as p:
+        await _refused_then_crash(kafka_env, monkeypatch, p, caps)
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_env.bootstrap_servers)
+        await admin.start()
+        try:
+            dl = TopicPartition(kafka_env.topic(DEADLETTER), 0)
+            end = await _end_offset(kafka_env, dl)
+            try:
+                await admin.delete_records({dl: RecordsToDelete(end)})
+            except Exception as exc:  # a broker without DeleteRecords
+                pytest.skip(f"{kafka_env.broker.kind} cannot delete records: {type(exc).__name__}")
+        finally:
+            await admin.close()
+        second = _daemon(kafka_env, model=caps)
+        stop = asyncio.Event()
+        task = asyncio.create_task(second.run(stop))
+        try:
+            await asyncio.wait_for(second.ready.wait(), 60)
+            await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=2900) for n in NODES])
+            await send(p, kafka_env, TICKS, [Tick(ts_ms=3000, tick_id=3, pool_id="p")])
+            await wait_decided(second, 3000, timeout_s=60)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 60)
+    assert second.stats.dead_letter_scans == 1
+    assert second.stats.dead_letter_marks_lost >= 1
+    assert second.stats.dead_by_reason.get("capacity-pools") == 11  # published again, not lost
+
+
+async def _end_offset(kafka_env: Any, tp: TopicPartition) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_env.bootstrap_servers)
+    await consumer.start()
+    try:
+        return int((await consumer.end_offsets([tp]))[tp])
+    finally:
+        await consumer.stop()
 
 
 async def test_a_tick_whose_decision_raises_is_published_as_skipped_with_the_reason(
@@ -228,3 +285,54 @@ async def test_a_tick_whose_decision_raises_is_published_as_skipped_with_the_rea
     assert Tick.model_validate_json(marked[0].value).pool_id == "boom"
     reason = dict(marked[0].headers)[SKIPPED_HEADER].decode()
     assert reason.startswith("decide-failed: ArithmeticError: a policy bug"), reason
+
+
+async def test_a_partition_receiving_only_garbage_is_committed_past_it(kafka_env: Any) -> None:
+    """A partition whose records are all refused at the door holds no pool, so no tick ever cuts
+    it; its records are dead-lettered when read, and the group commits past them all the same
+    (before, its committed offset stayed where it was for good)."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    async with running_daemon(kafka_env) as daemon, producer(kafka_env) as p:
+        ids = sorted(await p.partitions_for(kafka_env.topic(TELEMETRY)))
+        assert len(ids) > 1, "the test needs a partition the real pool does not use"
+        partitioner = DefaultPartitioner()
+        real = partitioner(b"p", ids, ids)
+        key = next(k for i in range(100) if partitioner(k := f"junk-{i}".encode(), ids, ids) != real)
+        junk = partitioner(key, ids, ids)
+        garbage = [b"not json", b'{"ts_ms": "soon"}', b"\xff\xfe", b"[]", b"{}"] * 4
+        for logical in (TELEMETRY, REQUESTS):
+            for value in garbage:
+                await p.send(kafka_env.topic(logical), value=value, key=key)
+        await p.flush()
+        # The real pool keeps the daemon's loop turning (batches, commits).
+        await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=900) for n in NODES])
+        await send(p, kafka_env, TICKS, [Tick(ts_ms=1000, tick_id=1, pool_id="p")])
+        await wait_decided(daemon, 1000, timeout_s=60)
+        deadline = clock.monotonic_s() + 60
+        while daemon.stats.dead_letters < 2 * len(garbage) and clock.monotonic_s() < deadline:
+            await asyncio.sleep(0.1)
+        assert daemon.stats.dead_letters == 2 * len(garbage), dict(daemon.stats.dead_by_reason)
+        held = daemon.shards[junk]
+        assert not held.model.pools
+        assert not held.pending_pools
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka_env.bootstrap_servers, group_id=kafka_env.group("daemon")
+        )
+        await consumer.start()
+        try:
+            tps = [TopicPartition(kafka_env.topic(logical), junk) for logical in (TELEMETRY, REQUESTS)]
+            end = await consumer.end_offsets(tps)
+            assert all(end[tp] >= len(garbage) for tp in tps), end
+            committed: dict[TopicPartition, int | None] = {}
+            while clock.monotonic_s() < deadline:
+                committed = {tp: await consumer.committed(tp) for tp in tps}
+                if all((committed[tp] or 0) >= end[tp] for tp in tps):
+                    break
+                await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=950) for n in NODES])  # a batch
+                await asyncio.sleep(0.2)
+            assert all((committed[tp] or 0) >= end[tp] for tp in tps), (committed, end)
+            # Only the commit moved: the shard's folded offsets (what decisions record) did not.
+            assert held.folded == dict.fromkeys((TELEMETRY, REQUESTS), 0)
+        finally:
+            await consumer.stop()

@@ -253,11 +253,13 @@ def test_a_task_quiet_past_the_horizon_is_handed_off_not_failed() -> None:
     config = ModelConfig(abandon_workflow_after_ms=30_000)
     model = fold([_step("w1", T, 0, 0.3), _step("w2", T + 25_000, 0, 0.1)], config)
     assert snapshot(model, T + 25_000).ledger.active_workflows == 2
-    apply(model, [telemetry("x", ts_ms=T + 45_000)])  # event time moves on: w1 quiet 45 s, w2 20 s
+    apply(model, [telemetry("x", ts_ms=T + 45_000)])  # telemetry alone does not move the ledger's clock
+    assert snapshot(model, T + 45_000).ledger.active_workflows == 2
+    apply(model, [_step("w3", T + 45_000, 0, 0.0)])  # calls do: w1 quiet 45 s, w2 20 s
     ledger = snapshot(model, T + 45_000).ledger
-    assert (ledger.active_workflows, ledger.tasks_failed, ledger.spend_on_failed_usd) == (1, 0, 0.0)
+    assert (ledger.active_workflows, ledger.tasks_failed, ledger.spend_on_failed_usd) == (2, 0, 0.0)
     assert (model.ledger.tasks_handed_off, model.evicted["workflows"]) == (1, 1)
-    assert list(model.ledger.active) == ["w2"]
+    assert list(model.ledger.active) == ["w2", "w3"]
 
 
 def test_a_task_spanning_two_shards_is_counted_once_with_its_whole_spend() -> None:
@@ -269,10 +271,10 @@ def test_a_task_spanning_two_shards_is_counted_once_with_its_whole_spend() -> No
         [_step("w", T + 2_000, 2, 0.125, "error", workflow_spend_usd=0.75, task_outcome="failed")], config
     )
     for model in (first, second):
-        apply(model, [telemetry("x", ts_ms=T + 60_000)])
+        apply(model, [_step("later", T + 60_000, 0, 0.0)])
     a, b = snapshot(first, T + 60_000).ledger, snapshot(second, T + 60_000).ledger
-    assert (a.tasks_failed, a.active_workflows, first.ledger.tasks_handed_off) == (0, 0, 1)
-    assert (b.tasks_failed, b.active_workflows, second.ledger.tasks_handed_off) == (1, 0, 0)
+    assert (a.tasks_failed, a.active_workflows, first.ledger.tasks_handed_off) == (0, 1, 1)  # "later"
+    assert (b.tasks_failed, b.active_workflows, second.ledger.tasks_handed_off) == (1, 1, 0)
     assert b.spend_on_failed_usd == pytest.approx(0.875)  # 0.25 + 0.5 carried, 0.125 its own
 
 

@@ -19,7 +19,10 @@ one task's calls reach several shards while its last call (the one carrying ``ta
 reaches exactly one. That shard counts the outcome, once fleet-wide, and takes the whole task's
 spend from the call itself (``workflow_spend_usd`` is the router's running total), so a failed
 task's spend is exact without the other shards. Every other shard holds the task open only as long
-as it keeps calling there: quiet for ``abandon_workflow_after_ms`` (event time), it is let go as
+as it keeps calling there: quiet for ``abandon_workflow_after_ms`` (on the ledger's clock, the upper
+median of the pools' newest outcome times, so telemetry read ahead of a backlog of outcomes does
+not make that backlog's tasks look quiet, and with three pools or more one far-ahead record does
+not either), it is let go as
 *handed off* (``tasks_handed_off``): its outcome is another shard's to count, never a failure here.
 A later call of it opens it again. The price of that rule: a task no shard ever sees end (its router
 died mid-task) is counted by no shard, rather than as a failure by each shard it touched.
@@ -99,6 +102,7 @@ class _Pool:
     by_priority: Window = field(default_factory=lambda: Window(N_PRIORITIES))  # calls per class
     tasks: Window = field(default_factory=lambda: Window(2))  # tasks ended here, tasks lost here
     watermark_ms: int = -1  # newest event time of this pool's own records: its clock, nobody else's
+    outcomes_ms: int = -1  # newest event time of its request outcomes alone (the ledger's clock)
     evicted_to: int = -(2**62)  # buckets at or before this are gone
     nodes: set[str] = field(default_factory=set)
     full_checked_bucket: int = -1  # the node cap's eviction scan runs at most once per bucket
@@ -146,6 +150,7 @@ class _Ledger:
     active: dict[str, _Workflow] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=dict)  # workflow id -> finish ts_ms, in finish order
     tasks_handed_off: int = 0  # let go after going quiet here, their outcome another shard's to count
+    clock_ms: int = -1  # the upper median of the pools' outcome clocks: when a task went quiet
 
 
 CAPPED = ("pools", "nodes", "tenants", "workflows", "unplaced_nodes")
@@ -324,6 +329,11 @@ class FleetModel:
             pool_id, pool, ts
         ):
             return None
+        if ts > pool.outcomes_ms:
+            new_bucket = ts // BUCKET_MS > pool.outcomes_ms // BUCKET_MS
+            pool.outcomes_ms = ts
+            if new_bucket:
+                self._advance_ledger_clock()  # at most once per bucket per pool
         b = ts // BUCKET_MS
         outcome = o.outcome
         ok = outcome == "ok"
@@ -478,10 +488,18 @@ class FleetModel:
         if now <= self.watermark_ms:
             return
         self.watermark_ms = now
-        self._let_go_workflows(now)
         horizon = (now - self.config.retention_ms) // BUCKET_MS
         if horizon > self._fleet_evicted_to + 10:
             self._evict_fleet(horizon)
+
+    def _advance_ledger_clock(self) -> None:
+        """Move the ledger's clock to the upper median of the pools' outcome clocks and let go of
+        what went quiet behind it. Outcomes alone: telemetry read ahead of a backlog of outcomes
+        must not make the tasks in that backlog look quiet."""
+        calls = sorted(p.outcomes_ms for p in self.pools.values() if p.outcomes_ms >= 0)
+        if calls and calls[len(calls) // 2] > self.ledger.clock_ms:
+            self.ledger.clock_ms = calls[len(calls) // 2]
+            self._let_go_workflows(self.ledger.clock_ms)
 
     def _evict_fleet(self, horizon_bucket: int) -> None:
         self._fleet_evicted_to = horizon_bucket
