@@ -74,8 +74,11 @@ class ModelConfig:
     forget_node_after_ms: int = 60_000  # a node silent this long leaves its pool
     finished_workflow_ttl_ms: int = 60_000  # remember finished tasks this long (late records)
     # A task with no call in this shard for this long is let go as handed off (not failed): its
-    # other calls, and the one that ends it, went to other partitions. Memory is rate x this.
-    abandon_workflow_after_ms: int = 30_000
+    # other calls, and the one that ends it, went to other partitions. Memory is rate x this. Long
+    # enough for the gaps of one live task (a long-context call, a tool run): the autoscaler reads
+    # the open tasks as demand still ahead. 120 s leaves every scenario's decisions as they were
+    # with the former 1 h (checked on research-long-context and autonomous-workflows); 30 s did not.
+    abandon_workflow_after_ms: int = 120_000
     max_pools: int = 256
     max_nodes_per_pool: int = 2_048
     max_nodes: int = 20_000  # across all pools
