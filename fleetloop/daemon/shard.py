@@ -148,6 +148,12 @@ class Shard:
     def add(self, logical: str, rows: Iterable[Row]) -> int:
         """Append records read from ``logical`` in offset order; returns how many were new."""
         queue = self.pending[logical]
+        if isinstance(rows, list) and rows and rows[0].offset >= self.read[logical]:
+            # The common case, a fresh batch past what was read: offsets ascend within it.
+            queue.extend(rows)
+            self.read[logical] = rows[-1].offset + 1
+            self.pending_pools.update([row.item.pool_id for row in rows if row.item is not None])
+            return len(rows)
         n = 0
         for row in rows:
             if row.offset < self.read[logical]:
@@ -190,17 +196,25 @@ class Shard:
         for logical in INPUTS:
             upto = int(cut.get(logical, self.folded[logical]))
             queue = self.pending[logical]
+            fold = model.fold_telemetry if logical == TELEMETRY else model.fold_outcome
+            popleft = queue.popleft
             while queue and queue[0].offset < upto:
-                row = queue.popleft()
+                row = popleft()
                 moved = True
                 item = row.item
                 why: str | None = None
                 try:
                     if item is not None:
-                        before = (refused["tenants"], refused["workflows"], refused["unplaced_nodes"])
-                        why = model.fold(item)
-                        if why is None:
-                            why = _partial_reason(refused, before)
+                        # The partial caps' counters before and after (three look-ups; the reason
+                        # is worded only when one moved).
+                        rt, rw, ru = refused["tenants"], refused["workflows"], refused["unplaced_nodes"]
+                        why = fold(item)  # type: ignore[arg-type]
+                        if why is None and (
+                            refused["tenants"] != rt
+                            or refused["workflows"] != rw
+                            or refused["unplaced_nodes"] != ru
+                        ):
+                            why = _partial_reason(refused, (rt, rw, ru))
                 except Exception as exc:  # a record the model cannot take must not stop the loop
                     self.fold_errors += 1
                     why = f"fold-error: {type(exc).__name__}: {exc}"[:500]

@@ -55,6 +55,12 @@ _AFTER: dict[type[BaseModel], Callable[[Any], bool]] = {
 }
 _MIRRORED_VALIDATORS: dict[type[BaseModel], frozenset[str]] = {RequestOutcome: frozenset({"_consistent"})}
 
+# Identifier fields that hold a new string on (nearly) every record: checked against the pattern
+# directly, never memoized (a memo of them only churns: a miss on every record, and the memo fills
+# and clears, evicting the pool and node ids that do repeat). Which fields these are changes the
+# cost only, never a result: the check is a pure function of the string either way.
+_UNMEMOIZED: dict[type[BaseModel], frozenset[str]] = {RequestOutcome: frozenset({"request_id"})}
+
 # Field shapes whose strings carry a pattern: one string, an optional one, a tuple of them.
 _One, _Opt, _Many = "one", "opt", "many"
 
@@ -147,16 +153,28 @@ class Twin(Generic[S]):
         self._decode = msgspec.json.Decoder(struct).decode
         # Patterned string fields, grouped by pattern: (pattern, getter of the single/optional
         # fields as one tuple, names of the tuple fields). The memo holds None (an absent optional).
-        groups: dict[str, tuple[list[str], list[str]]] = {}
+        # Fields in ``_UNMEMOIZED`` are checked directly (their names, per group).
+        unmemoized = _UNMEMOIZED.get(model, frozenset())
+        groups: dict[str, tuple[list[str], list[str], list[str]]] = {}
         for name, f in model.model_fields.items():
             _, shape, pattern = _field_type(f.annotation, list(f.metadata))
             if shape is not None and pattern is not None:
-                singles, many = groups.setdefault(pattern, ([], []))
-                (many if shape == _Many else singles).append(name)
+                singles, many, direct = groups.setdefault(pattern, ([], [], []))
+                if shape == _Many:
+                    many.append(name)
+                elif name in unmemoized:
+                    direct.append(name)
+                else:
+                    singles.append(name)
         self._groups = tuple(
             (python_pattern(p), operator.attrgetter(*singles) if singles else None, len(singles), tuple(many))
-            for p, (singles, many) in groups.items()
+            for p, (singles, many, _) in groups.items()
         )
+        self._direct = tuple(
+            (python_pattern(p).fullmatch, tuple(direct)) for p, (_, _, direct) in groups.items() if direct
+        )
+        if unmemoized - {name for _, _, direct in groups.values() for name in direct}:
+            raise TypeError(f"cannot twin {model.__name__}: unmemoized fields must be patterned strings")
         self._memo: dict[re.Pattern[str], set[str | None]] = {g[0]: {None} for g in self._groups}
         self._after = _AFTER.get(model)
 
@@ -188,6 +206,11 @@ class Twin(Generic[S]):
                 values = getattr(rec, name)
                 if not seen.issuperset(values) and not self._valid_all(rx, values):
                     return False
+        for fullmatch, names in self._direct:
+            for name in names:
+                value = getattr(rec, name)
+                if value is not None and fullmatch(value) is None:
+                    return False
         after = self._after
         return after is None or after(rec)
 
@@ -201,6 +224,12 @@ class Twin(Generic[S]):
         if self._accepts(rec):
             return rec
         return self._slow(data)
+
+    def decoder(self) -> tuple[Callable[[bytes], S], Callable[[S], bool], Callable[[bytes], S]]:
+        """The parts of :meth:`validate_json` for a caller's own loop (``decode_fast``): the strict
+        decoder (raises ``msgspec.ValidationError``/``DecodeError``), the checks outside it, and the
+        slow path (pydantic) for a record either refuses."""
+        return self._decode, self._accepts, self._slow
 
     def _slow(self, data: bytes | str) -> S:
         item = self.model.model_validate_json(data)  # raises the model's own ValidationError

@@ -271,10 +271,33 @@ def test_the_identifier_memo_is_bounded() -> None:
     tw = Twin(RequestOutcome, OUTCOME_TWIN.struct)
     base = outcome("a", ts_ms=NOW).model_dump(mode="json")
     for i in range(fast.MEMO_MAX + 500):
-        tw.validate_json(json.dumps({**base, "request_id": f"r{i}"}).encode())
+        tw.validate_json(json.dumps({**base, "workflow_id": f"wf{i}"}).encode())
     assert all(len(memo) <= fast.MEMO_MAX + 1 for memo in tw._memo.values())
     with pytest.raises(ValidationError):
-        tw.validate_json(json.dumps({**base, "request_id": "r 1"}).encode())
+        tw.validate_json(json.dumps({**base, "workflow_id": "wf 1"}).encode())
+
+
+def test_request_ids_are_checked_every_time_and_never_fill_the_memo() -> None:
+    """A request id is new on every record: checked against the pattern directly (a memo of them
+    would only churn), still refused word for word as pydantic refuses it."""
+    tw = Twin(RequestOutcome, OUTCOME_TWIN.struct)
+    base = outcome("a", ts_ms=NOW).model_dump(mode="json")
+    for i in range(1000):
+        tw.validate_json(json.dumps({**base, "request_id": f"r{i}"}).encode())
+    assert not any(f"r{i}" in memo for memo in tw._memo.values() for i in range(1000))
+    for bad in ("r 1", "r1\n", "-r", "r1\u00e9"):
+        data = json.dumps({**base, "request_id": bad}).encode()
+        assert _twin(tw, data) == _pydantic(RequestOutcome, data)
+        assert _twin(tw, data)[0] == "refused"
+
+
+def test_an_unmemoized_field_must_be_a_patterned_string() -> None:
+    fast._UNMEMOIZED[RequestOutcome] = frozenset({"request_id", "prompt_tokens"})
+    try:
+        with pytest.raises(TypeError, match="unmemoized"):
+            Twin(RequestOutcome, OUTCOME_TWIN.struct)
+    finally:
+        fast._UNMEMOIZED[RequestOutcome] = frozenset({"request_id"})
 
 
 # -- through the door: decode_fast == decode_batch --------------------------------------------------------

@@ -39,10 +39,17 @@ watermark happens to pass), and memory is reclaimed only well behind the retenti
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fleetloop.daemon.model.windows import BUCKET_MS, N_LAT_BINS, Window, lat_bin, quantile_from_bins
+from fleetloop.daemon.model.windows import (
+    BUCKET_MS,
+    LAT_EDGES_MS,
+    N_LAT_BINS,
+    Window,
+    quantile_from_bins,
+)
 from fleetloop.policies.base import FleetSnapshot, LedgerView, NodeView, PoolView, TenantView
 from fleetloop.schemas.fast import Outcome, OutcomeRec, Telemetry, TelemetryRec
 from fleetloop.schemas.requests import RequestOutcome
@@ -361,10 +368,18 @@ class FleetModel:
             row[_P_PROMPT] += o.prompt_tokens
             row[_P_OUT] += o.output_tokens
         ttft_ms = o.ttft_ms
-        if ttft_ms is not None:
-            pool.ttft.add_at(b, lat_bin(ttft_ms), 1.0)
-        if not shed:  # the classes the pool served, not those it turned away
-            pool.by_priority.add_at(b, min(max(o.priority, 0), N_PRIORITIES - 1), 1.0)
+        if ttft_ms is not None:  # pool.ttft.add_at(b, lat_bin(ttft_ms), 1.0), inlined
+            rows = pool.ttft.buckets
+            row = rows.get(b)
+            if row is None:
+                row = rows[b] = [0.0] * N_LAT_BINS
+            row[bisect_right(LAT_EDGES_MS, ttft_ms)] += 1.0
+        if not shed:  # the classes the pool served, not those it turned away (add_at, inlined)
+            rows = pool.by_priority.buckets
+            row = rows.get(b)
+            if row is None:
+                row = rows[b] = [0.0] * N_PRIORITIES
+            row[min(max(o.priority, 0), N_PRIORITIES - 1)] += 1.0
         if o.task_outcome is not None:  # a task ended on this call; lost unless ok or our own shed
             pool.tasks.add(b, (1.0, float(o.task_outcome == "failed" and not shed)))
         tenant = self.tenants.get(o.tenant_id)

@@ -144,7 +144,45 @@ def decode_batch(model: type[P], records: Sequence[_RecordLike], door: Door = SI
 def decode_fast(twin: Twin[S], records: Sequence[_RecordLike], door: Door = SIZE_ONLY) -> Decoded[S]:
     """:func:`decode_batch` into the model's msgspec twin (:mod:`fleetloop.schemas.fast`): the same
     records accepted, the same values, the same dead letters with the same reasons, ~3-4x faster."""
-    return _decode(twin.validate_json, records, door)
+    decode, accepts, slow = twin.decoder()
+    items: list[S] = []
+    offsets: list[int] = []
+    dead: list[DeadLetter] = []
+    limit = door.max_record_bytes
+    past = door.max_past_ms if door.max_past_ms is not None else 2**63
+    future = door.max_future_ms if door.max_future_ms is not None else 2**63
+    check_window = door.max_past_ms is not None or door.max_future_ms is not None
+    errors = (msgspec.ValidationError, msgspec.DecodeError)
+    # ``_decode``'s loop with ``Twin.validate_json`` inlined (the same checks in the same order):
+    # this loop runs once per input record.
+    for r in records:
+        try:
+            value = r.value
+            if not value:
+                raise ValueError("empty value (tombstone or zero bytes)")
+            if len(value) > limit:
+                dead.append(dead_letter_of(r, f"record-too-large: {len(value)} bytes > {limit}"))
+                continue
+            try:
+                item = decode(value)
+            except errors:
+                item = slow(value)
+            else:
+                if not accepts(item):
+                    item = slow(value)
+            if check_window:
+                broker_ts = r.timestamp
+                if broker_ts >= 0 and not (broker_ts - past <= item.ts_ms <= broker_ts + future):  # type: ignore[attr-defined]
+                    why = out_of_window(int(item.ts_ms), int(broker_ts), door)  # type: ignore[attr-defined]
+                    if why is not None:
+                        dead.append(dead_letter_of(r, why))
+                        continue
+        except Exception as exc:  # any bytes in: a struct or a dead letter, never an exception out
+            dead.append(dead_letter_of(r, reason_of(exc)))
+            continue
+        items.append(item)
+        offsets.append(r.offset)
+    return Decoded(items, offsets, dead)
 
 
 def _decode(validate: Callable[[bytes], M], records: Sequence[_RecordLike], door: Door) -> Decoded[M]:
