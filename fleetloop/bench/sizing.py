@@ -1,0 +1,353 @@
+"""``fleetloop bench sizing``: one daemon at the sizing rule's per-process size, in real time: does it
+decide every tick of every pool, and how far behind the tick boundary?
+
+``fleetloop bench sizing [--nodes 3000] [--seconds 60] [--outcomes-per-node 2] [--broker tansu|kafka]
+[--json]``
+
+The README's sizing rule (about 3,000 nodes, ~9,000 events/s, per core at one-second ticks) was
+derived from per-event and per-pool costs measured apart; this runs it end to end. It starts a
+broker and one daemon (``fleetloop run``, its own process, ticker on, default policy), and plays a
+generated fleet of ``--nodes`` in real time: every node reports telemetry once a second and routers
+report ``--outcomes-per-node`` calls per node per second, in 50 ms slices (the load generator of
+``fleetloop bench latency``). After a warm-up (the daemon's first decisions, then 10 s), it measures
+for ``--seconds``:
+
+- **ticks**: every tick record the ticker published for a boundary inside the window, per pool,
+  and whether a routing decision for that pool and tick id reached ``control.decisions`` (a pool
+  with nodes gets one every tick); ticks published as skipped, and boundaries with no tick at all,
+  count as not decided;
+- **lag**: the decision record's broker timestamp minus its tick's boundary (p50, p99, max);
+- **CPU**: the daemon process's CPU seconds per wall second (``/proc``), the share of one core the
+  rule's size costs.
+
+Then the load stops and the daemon decides what is left of the window's ticks:
+
+- **cost**: the daemon's CPU seconds from its start until every pool's last tick of the window is
+  decided, per second of fleet time decided by then (ticks decided / pools x the tick period;
+  ``cpu_s_per_fleet_s``): what one second of this fleet costs one process, whether or not the
+  machine gave it a core meanwhile (start-up counts too: the figure errs high), and from it the
+  nodes one core serves at the rule's 70% busy.
+
+Verdicts: ``keeps_up`` (real time): every tick in the window decided and the p99 lag within one
+tick period; on a shared machine that gives the daemon less than a core this fails for the
+machine's sake, and the daemon's CPU share says so. ``within_rule``: one second of the fleet costs
+at most 0.7 CPU seconds (the rule: this many nodes per core at 70% busy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from fleetloop.bench.common import pct, progress
+from fleetloop.bench.latency import SLICES, _Load
+from fleetloop.daemon import clock
+from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
+from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
+from fleetloop.daemon.observability import configure
+from fleetloop.policies.registry import builtin_policy
+from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS, TOPICS, topic_name
+
+RULE_NODES = 3000  # README: about 3,000 nodes (~9,000 events/s) per core at one-second ticks
+RULE_CPU_FRAC = 0.7  # ... at 70% busy
+WARMUP_S = 10.0
+CATCH_UP_S = 240.0  # after the window, at most this long for the daemon to decide its last ticks
+SKIPPED_HEADER = "fleetloop.skipped"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sizing",
+        help="one daemon at the sizing rule's size in real time: every tick decided? lag? CPU share?",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument("--nodes", type=int, default=RULE_NODES, help=f"fleet size (default {RULE_NODES})")
+    p.add_argument("--seconds", type=float, default=60.0, help="measured window after warm-up (default 60)")
+    p.add_argument(
+        "--outcomes-per-node", type=float, default=2.0, help="routed calls per node per second (default 2)"
+    )
+    p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu", help="default: tansu")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=handle)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _read_topic(bootstrap: str, topic: str, partitions: int) -> list[Any]:
+    """Every record of ``topic`` now (all partitions, from the start)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=20_000
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        out: list[Any] = []
+        deadline = clock.monotonic_s() + 60.0
+        while clock.monotonic_s() < deadline:
+            behind = [tp for tp in tps if await consumer.position(tp) < end[tp]]
+            if not behind:
+                break
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                out.extend(records)
+        return out
+    finally:
+        await consumer.stop()
+
+
+def judge(
+    ticks: list[Any], decisions: list[Any], pools: set[str], *, t0_ms: int, t1_ms: int, tick_ms: int
+) -> dict[str, Any]:
+    """Ticks of boundaries in ``[t0_ms, t1_ms)``: expected (pools x boundaries), published, skipped,
+    decided (a routing decision for the pool and tick id), and the decision lag in ms."""
+    published: dict[tuple[str, int], int] = {}  # (pool, tick id) -> boundary ts_ms
+    skipped = 0
+    for r in ticks:
+        tick = orjson.loads(r.value)
+        if not t0_ms <= tick["ts_ms"] < t1_ms:
+            continue
+        if any(k == SKIPPED_HEADER for k, _ in r.headers or ()):
+            skipped += 1
+            continue
+        published[(tick["pool_id"], tick["tick_id"])] = tick["ts_ms"]
+    first: dict[tuple[str, int], int] = {}  # (pool, tick id) -> first decision's broker timestamp
+    for r in decisions:
+        d = orjson.loads(r.value)
+        body = d["body"]
+        if body.get("kind") != "routing":
+            continue
+        key = (body["pool_id"], d["tick_id"])
+        if key in published and (key not in first or r.timestamp < first[key]):
+            first[key] = r.timestamp
+    boundaries = max(0, (t1_ms - t0_ms) // tick_ms)
+    # A tick's id is its boundary in tick periods (what waiting for the last one relies on).
+    ids_are_boundaries = all(tick_id * tick_ms == ts for (_, tick_id), ts in published.items())
+    lags = [float(first[k] - published[k]) for k in sorted(first)]
+    return {
+        "boundaries": boundaries,
+        "ticks_expected": boundaries * len(pools),
+        "ticks_published": len(published),
+        "ticks_skipped": skipped,
+        "ticks_decided": len(first),
+        "tick_ids_are_boundaries": ids_are_boundaries,
+        "lag_p50_ms": round(pct(lags, 50), 1) if lags else None,
+        "lag_p99_ms": round(pct(lags, 99), 1) if lags else None,
+        "lag_max_ms": round(max(lags), 1) if lags else None,
+    }
+
+
+async def _decided_through(
+    watch: AIOKafkaConsumer, tp: TopicPartition, pools: set[str], last_tick_id: int, timeout_s: float
+) -> tuple[float | None, int]:
+    """Seconds until every pool has a routing decision for tick ``last_tick_id`` or later on
+    ``control.decisions`` (read from the start by ``watch``; None when that takes over
+    ``timeout_s``), and how many ticks (pool, tick id) had been decided by then."""
+    start = clock.monotonic_s()
+    newest: dict[str, int] = {}
+    decided: set[tuple[str, int]] = set()
+    watch.assign([tp])
+    await watch.seek_to_beginning(tp)
+    while clock.monotonic_s() - start < timeout_s:
+        batch = await watch.getmany(timeout_ms=500, max_records=50_000)
+        for records in batch.values():
+            for r in records:
+                d = orjson.loads(r.value)
+                body = d["body"]
+                if body.get("kind") != "routing":
+                    continue
+                decided.add((body["pool_id"], d["tick_id"]))
+                if d["tick_id"] > newest.get(body["pool_id"], -1):
+                    newest[body["pool_id"]] = d["tick_id"]
+        if all(newest.get(p, -1) >= last_tick_id for p in pools):
+            return clock.monotonic_s() - start, len(decided)
+    return None, len(decided)
+
+
+async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str) -> dict[str, Any]:
+    tick_ms = builtin_policy("default").tick_ms
+    load = _Load(args.nodes, args.outcomes_per_node, 0)
+    pools = {p.pool_id for p in load.fleet.pools}
+    names = {TELEMETRY: topic_name(prefix, TELEMETRY), REQUESTS: topic_name(prefix, REQUESTS)}
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1_048_576
+    )
+    await producer.start()
+    stop = asyncio.Event()
+    sent = [0]
+    lag_s: list[float] = []
+
+    async def play() -> None:
+        next_s = clock.monotonic_s()
+        k = 0
+        while not stop.is_set():
+            records = load.slice(k % SLICES, SLICES, clock.wall_ms())
+            futures = [await producer.send(names[t], value=v, key=key) for t, key, v in records]
+            await asyncio.gather(*futures)
+            sent[0] += len(records)
+            k += 1
+            next_s += 1.0 / SLICES
+            lag_s.append(max(0.0, clock.monotonic_s() - next_s))
+            await asyncio.sleep(max(0.0, next_s - clock.monotonic_s()))
+
+    player = asyncio.create_task(play())
+    daemon: subprocess.Popen[bytes] | None = None
+    decisions_tp = TopicPartition(topic_name(prefix, DECISIONS), 0)
+    watch = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await watch.start()
+    try:
+        with open(log_path, "wb") as log:
+            daemon = subprocess.Popen(
+                [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
+                 "--topic-prefix", prefix, "--group-id", f"bench-{prefix}"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        progress(f"  warming up: {args.nodes:,} nodes reporting, waiting for the daemon's first decisions")
+        deadline = clock.monotonic_s() + 180.0
+        while (await watch.end_offsets([decisions_tp])).get(decisions_tp, 0) == 0:
+            if daemon.poll() is not None or clock.monotonic_s() > deadline:
+                raise UsageError("fleetloop bench sizing: the daemon published no decision within 180 s")
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(WARMUP_S)
+        # The window starts at the next boundary and covers whole tick periods.
+        t0_ms = (clock.wall_ms() // tick_ms + 1) * tick_ms
+        await asyncio.sleep(max(0.0, t0_ms / 1000.0 - clock.wall_ms() / 1000.0))
+        cpu0, wall0, sent0 = cpu_seconds(daemon.pid), clock.monotonic_s(), sent[0]
+        lag_from = len(lag_s)
+        while clock.monotonic_s() - wall0 < args.seconds:
+            await asyncio.sleep(min(5.0, args.seconds - (clock.monotonic_s() - wall0)))
+            progress(f"  {clock.monotonic_s() - wall0:,.0f}/{args.seconds:,.0f} s")
+            if daemon.poll() is not None:
+                raise UsageError(f"fleetloop bench sizing: the daemon exited ({daemon.returncode})")
+        wall = clock.monotonic_s() - wall0
+        cpu = cpu_seconds(daemon.pid) - cpu0
+        events = sent[0] - sent0
+        t1_ms = t0_ms + int(args.seconds * 1000) // tick_ms * tick_ms
+        gen_lag = max(lag_s[lag_from:], default=0.0)
+        # The load stops; the daemon decides what is left of the window's ticks. The CPU it spent
+        # until its last tick is decided, per second of fleet time decided, is what one second of
+        # this fleet costs, whether or not the machine gave it a core meanwhile.
+        stop.set()
+        player.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await player
+        progress("  load stopped; waiting for the daemon to decide the window's last ticks")
+        caught_up_s, pool_ticks = await _decided_through(
+            watch, decisions_tp, pools, t1_ms // tick_ms - 1, CATCH_UP_S
+        )
+        cpu_all = cpu_seconds(daemon.pid)  # since it started: imports and start-up count too
+    finally:
+        stop.set()
+        player.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await player
+        if daemon is not None and daemon.poll() is None:
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+        await watch.stop()
+        await producer.stop()
+    ticks = await _read_topic(bootstrap, topic_name(prefix, TICKS), TOPICS[TICKS].partitions)
+    decisions = await _read_topic(bootstrap, topic_name(prefix, DECISIONS), TOPICS[DECISIONS].partitions)
+    verdict = judge(ticks, decisions, pools, t0_ms=t0_ms, t1_ms=t1_ms, tick_ms=tick_ms)
+    cpu_frac = cpu / wall if wall > 0 else None
+    # Fleet time the daemon decided by then: every pool's ticks decided, in tick periods (a
+    # partition ahead of the others decides past the window meanwhile; that counts too).
+    fleet_s = pool_ticks / len(pools) * tick_ms / 1000.0
+    per_fleet_s = cpu_all / fleet_s if caught_up_s is not None and fleet_s > 0 else None
+    keeps_up = (
+        verdict["ticks_expected"] > 0
+        and verdict["ticks_decided"] == verdict["ticks_expected"]
+        and verdict["lag_p99_ms"] is not None
+        and verdict["lag_p99_ms"] <= tick_ms
+    )
+    return {
+        "bench": "sizing",
+        "nodes": args.nodes,
+        "pools": len(pools),
+        "partitions": TOPICS[TELEMETRY].partitions,
+        "tick_ms": tick_ms,
+        "seconds": round(wall, 1),
+        "events_per_s": round(events / wall) if wall > 0 else None,
+        "daemon_cpu_s": round(cpu, 2),
+        "daemon_cpu_frac": round(cpu_frac, 3) if cpu_frac is not None else None,
+        **verdict,
+        "caught_up_after_s": round(caught_up_s, 1) if caught_up_s is not None else None,
+        "fleet_s_decided": round(fleet_s, 1),
+        "daemon_cpu_s_total": round(cpu_all, 2),
+        "cpu_s_per_fleet_s": round(per_fleet_s, 3) if per_fleet_s is not None else None,
+        "nodes_per_core_at_rule_busy": (
+            int(args.nodes * RULE_CPU_FRAC / per_fleet_s) if per_fleet_s else None
+        ),
+        "load_generator_max_lag_s": round(gen_lag, 3),
+        "keeps_up": keeps_up,
+        "within_rule": per_fleet_s is not None and per_fleet_s <= RULE_CPU_FRAC,
+        "rule": {"nodes": RULE_NODES, "cpu_frac": RULE_CPU_FRAC},
+    }
+
+
+def handle(args: argparse.Namespace) -> int:
+    if not 16 <= args.nodes <= 100_000:
+        raise UsageError("fleetloop bench sizing: --nodes must be within 16..100000")
+    if not 5.0 <= args.seconds <= 3600.0:
+        raise UsageError("fleetloop bench sizing: --seconds must be within 5..3600")
+    if not 0.0 <= args.outcomes_per_node <= 100.0:
+        raise UsageError("fleetloop bench sizing: --outcomes-per-node must be within 0..100")
+    quiet_client_logs()
+    configure(level="warning")
+    progress(f"fleetloop bench sizing: starting {args.broker}")
+    try:
+        broker = start_broker(args.broker)
+    except BrokerStartError as exc:
+        raise UsageError(f"fleetloop bench sizing: {exc}") from None
+    with broker, tempfile.TemporaryDirectory(prefix="fleetloop-sizing-") as tmp:
+        prefix = f"size-{uuid.uuid4().hex[:8]}"
+        log_path = os.path.join(tmp, "daemon.log")
+
+        async def main() -> dict[str, Any]:
+            await ensure_topics(broker.bootstrap_servers, prefix)
+            return await _run(broker.bootstrap_servers, prefix, args, log_path)
+
+        result = asyncio.run(main())
+        result["broker"] = args.broker
+        if not result["keeps_up"]:
+            with open(log_path, "rb") as f:
+                result["daemon_log_tail"] = f.read()[-2000:].decode(errors="replace")
+    if args.json:
+        sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        r = result
+        sys.stdout.write(
+            f"sizing: {r['nodes']:,} nodes in {r['pools']} pools, {r['events_per_s']:,} events/s, "
+            f"{r['partitions']} partitions, one daemon ({r['broker']}), {r['seconds']:.0f} s:\n"
+            f"  ticks decided {r['ticks_decided']:,}/{r['ticks_expected']:,} (published "
+            f"{r['ticks_published']:,}, skipped {r['ticks_skipped']}); decision lag after the boundary "
+            f"p50 {r['lag_p50_ms']} ms, p99 {r['lag_p99_ms']} ms, max {r['lag_max_ms']} ms\n"
+            f"  daemon CPU {r['daemon_cpu_frac']:.2f} of one core in the window; keeps up in real time: "
+            f"{'yes' if r['keeps_up'] else 'NO'}\n"
+            f"  cost: {r['cpu_s_per_fleet_s']} CPU-s per fleet-second (window decided "
+            f"{r['caught_up_after_s']} s after the load stopped) = about "
+            f"{r['nodes_per_core_at_rule_busy'] or 0:,} nodes per core at {RULE_CPU_FRAC:.0%} busy; "
+            f"within the rule: {'yes' if r['within_rule'] else 'NO'}\n"
+        )
+    return 0

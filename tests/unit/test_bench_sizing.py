@@ -1,0 +1,56 @@
+"""``fleetloop bench sizing``'s verdict over the ticks and decisions it read (pure part)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fleetloop.bench.sizing import SKIPPED_HEADER, judge
+
+
+@dataclass
+class _Rec:
+    value: bytes
+    timestamp: int = 0
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+def _tick(pool: str, s: int, skipped: bool = False) -> _Rec:
+    value = orjson.dumps({"ts_ms": s * 1000, "tick_id": s, "pool_id": pool})
+    return _Rec(value, s * 1000, [(SKIPPED_HEADER, b"outage")] if skipped else [])
+
+
+def _decision(pool: str, s: int, at_ms: int, kind: str = "routing") -> _Rec:
+    body: dict[str, Any] = {"kind": kind, "pool_id": pool}
+    return _Rec(orjson.dumps({"ts_ms": s * 1000, "tick_id": s, "body": body}), at_ms)
+
+
+def test_counts_ticks_of_the_window_and_the_first_routing_decision_of_each() -> None:
+    pools = {"a", "b"}
+    ticks = [_tick(p, s) for p in sorted(pools) for s in range(9, 14)]  # 9 and 13 are outside [10, 13)
+    decisions = [
+        _decision("a", 10, 10_200),
+        _decision("a", 10, 10_100),  # the first one published counts
+        _decision("a", 11, 11_300),
+        _decision("a", 12, 12_900),
+        _decision("b", 10, 10_400),
+        _decision("b", 11, 11_050, kind="breaker"),  # not a routing decision: b's tick 11 is undecided
+        _decision("b", 12, 12_500),
+        _decision("b", 9, 9_100),  # outside the window
+    ]
+    v = judge(ticks, decisions, pools, t0_ms=10_000, t1_ms=13_000, tick_ms=1000)
+    assert v["boundaries"] == 3
+    assert v["ticks_expected"] == 6
+    assert v["ticks_published"] == 6
+    assert v["ticks_decided"] == 5
+    assert v["tick_ids_are_boundaries"]
+    assert v["lag_p50_ms"] == 400.0  # lags 100, 300, 900, 400, 500
+    assert v["lag_max_ms"] == 900.0
+
+
+def test_skipped_and_missing_ticks_are_not_decided() -> None:
+    ticks = [_tick("a", 10), _tick("a", 11, skipped=True)]  # tick 12 never published
+    decisions = [_decision("a", 10, 10_100), _decision("a", 11, 11_100)]
+    v = judge(ticks, decisions, {"a"}, t0_ms=10_000, t1_ms=13_000, tick_ms=1000)
+    assert (v["ticks_expected"], v["ticks_published"], v["ticks_skipped"], v["ticks_decided"]) == (3, 1, 1, 1)
