@@ -465,3 +465,49 @@ def test_interleaving_does_not_decide_whether_a_node_is_forgotten() -> None:
     pb = [telemetry("b", "pb", T + 61_000)]
     now = T + 62_000
     assert snapshot(fold([pa[0], pb[0], pa[1]]), now) == snapshot(fold(pa + pb), now)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),
+            st.integers(min_value=0, max_value=12_000),
+            st.sampled_from(["ok", "error", "timeout"]),
+            st.none() | st.floats(min_value=0.0, max_value=5_000.0),
+        ),
+        max_size=30,
+    ),
+    st.none() | st.floats(min_value=0.5, max_value=500.0),
+    st.sampled_from(["warm", "cold", "loading"]),
+    st.booleans(),
+    st.integers(min_value=0, max_value=20_000),
+)
+def test_snapshot_node_views_equal_the_keyword_built_views(
+    calls: list[tuple[str, int, str, float | None]],
+    tbt: float | None,
+    weights_state: str,
+    draining: bool,
+    now_offset: int,
+) -> None:
+    """The snapshot builds each node's view by setting its slots (a fast path); it must equal, field
+    for field and in type, the view built with keywords from the same node."""
+    from fleetloop.daemon.model import fleet as fm
+
+    records: list[Record] = [
+        telemetry(n, ts_ms=T + 3_000, tbt_p50_ms=tbt, weights_state=weights_state, draining=draining)
+        for n in ("a", "b", "c")
+    ]
+    records += [
+        outcome(n, kind, ts_ms=T + at, n=i, ttft_ms=ttft if kind == "ok" else None)
+        for i, (n, at, kind, ttft) in enumerate(calls)
+    ]
+    model = fold(records)
+    now = T + now_offset
+    snap = snapshot(model, now)
+    for node_id, view in snap.nodes.items():
+        plain = fm.node_view_plain(model.nodes[node_id], now, 10_000, 5_000)
+        assert view == plain
+        assert [type(getattr(view, f)) for f in fm._NODE_VIEW_FIELDS] == [
+            type(getattr(plain, f)) for f in fm._NODE_VIEW_FIELDS
+        ]

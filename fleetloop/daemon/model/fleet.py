@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from fleetloop.daemon.model.windows import (
     BUCKET_MS,
@@ -577,7 +577,62 @@ def apply(model: FleetModel, events: Iterable[Telemetry | Outcome]) -> FleetMode
     return model
 
 
+_NODE_VIEW_FIELDS = tuple(f.name for f in fields(NodeView))
+# Each slot's setter, in field order: a view is built by setting its slots on a bare instance, which
+# is what the frozen dataclass's ``__init__`` does, without its per-field ``object.__setattr__`` call
+# and keyword matching (a snapshot builds one view per node: 10,000 per tick at fleet scale).
+_NODE_VIEW_SETTERS = tuple(getattr(NodeView, name).__set__ for name in _NODE_VIEW_FIELDS)
+_new = object.__new__
+
+
 def _node_view(node: _Node, now_ms: int, window_ms: int, stale_after_ms: int) -> NodeView:
+    """The node as policies see it at ``now_ms``; equal, field for field, to ``NodeView(...)`` built
+    with keywords (``tests/unit/test_model.py`` checks it)."""
+    t = node.telemetry
+    w = node.win.total(now_ms, window_ms)
+    age = max(0, now_ms - t.ts_ms)
+    values = (
+        t.node_id,
+        t.pool_id,
+        t.model,
+        t.gpu_type,
+        t.gpu_count,
+        t.weights_state,
+        t.draining,
+        t.ts_ms,
+        age,
+        age > stale_after_ms,
+        t.queue_depth,
+        t.running_requests,
+        t.queued_prompt_tokens,
+        t.kv_cache_used_frac,
+        t.hbm_free_gib,
+        t.gpu_util_frac,
+        t.prefix_cache_hit_frac,
+        t.hot_prefixes,
+        t.ttft_p50_ms,
+        t.ttft_p99_ms,
+        t.tbt_p50_ms,
+        t.tbt_p99_ms,
+        t.max_batch_tokens,
+        t.cost_rate_usd_per_h,
+        int(w[_N_REQ]),
+        int(w[_N_OK]),
+        int(w[_N_FAIL]),
+        node.consecutive_failures,
+        (w[_N_TTFT_SUM] / w[_N_TTFT_N]) if w[_N_TTFT_N] else None,
+        int(w[_N_ERR]),
+        int(w[_N_TO]),
+        int(w[_N_PRE]),
+    )
+    view = _new(NodeView)
+    for setter, value in zip(_NODE_VIEW_SETTERS, values, strict=True):
+        setter(view, value)
+    return view
+
+
+def node_view_plain(node: _Node, now_ms: int, window_ms: int, stale_after_ms: int) -> NodeView:
+    """:func:`_node_view` as a plain keyword construction (what the tests hold the fast one to)."""
     t = node.telemetry
     w = node.win.total(now_ms, window_ms)
     age = max(0, now_ms - t.ts_ms)
