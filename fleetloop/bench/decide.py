@@ -1,7 +1,7 @@
 """``fleetloop bench decide``: how long one whole-fleet decision tick takes, and what it holds.
 
 ``fleetloop bench decide [--nodes 1000,10000,100000] [--ticks 20] [--policy FILE] [--workflows N]
-[--profile FILE] [--json]``
+[--profile FILE] [--gc daemon|python] [--json]``
 
 For each fleet size it generates a fleet (:mod:`fleetloop.bench.fleetgen`: pools of 16-64 nodes,
 five GPU types, four models, four regions, a few degraded nodes), folds one telemetry report per node
@@ -12,7 +12,10 @@ policies' memories are as full as in a running daemon. It prints p50/p99 per siz
 exponent of p50 against N (a log-log fit: 1 is linear), the time to fold one second of input, and
 the RSS the model and policy state added. With ``--workflows N`` it then opens N workflows in the
 ledger at the largest size of at most 10,000 nodes and measures RSS and ticks again (the ledger's
-worst case: every task still open).
+worst case: every task still open). The garbage collector runs with the daemon's settings
+(``--gc daemon``, what ``fleetloop run`` sets at start: a tick allocates tens of thousands of
+objects, and with Python's default thresholds full collections over the whole model land inside
+ticks); ``--gc python`` measures with Python's defaults, as sessions before 5 did.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import gc
 import io
 import pstats
 import sys
+from dataclasses import fields
 from typing import Any
 
 import orjson
@@ -33,11 +37,14 @@ from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError, policy_from
 from fleetloop.daemon.decide.engine import Engine, envelope_of
 from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.daemon.runtime import DaemonConfig, tune_gc
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick
 
 TARGET_P99_MS_AT_10K = 50.0
 TARGET_RSS_MIB = 1024.0
+# What `fleetloop run` sets at start (``DaemonConfig.gc_gen0_threshold``'s default).
+DAEMON_GEN0: int = next(f.default for f in fields(DaemonConfig) if f.name == "gc_gen0_threshold")  # type: ignore[assignment]
 
 
 def register(subparsers: Any) -> None:
@@ -60,6 +67,13 @@ def register(subparsers: Any) -> None:
         help="then open N workflows at the size nearest 10,000 and measure again (e.g. 1000000)",
     )
     p.add_argument("--profile", metavar="FILE", help="write a cProfile summary of the largest size's ticks")
+    p.add_argument(
+        "--gc",
+        choices=("daemon", "python"),
+        default="daemon",
+        help="garbage collector settings: the daemon's (gc.freeze at start, young generation every"
+        f" {DAEMON_GEN0:,} allocations; default) or Python's defaults",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
 
@@ -201,18 +215,26 @@ def handle(args: argparse.Namespace) -> int:
     wf_size = max((n for n in sizes if n <= 10_000), default=sizes[0]) if args.workflows else None
     rows: list[dict[str, Any]] = []
     profile = cProfile.Profile() if args.profile else None
-    for n in sizes:
-        progress(f"fleetloop bench decide: {n:,} nodes")
-        rows.append(
-            run_size(
-                n,
-                policy=policy,
-                ticks=args.ticks,
-                warmup=args.warmup,
-                workflows=args.workflows if n == wf_size else 0,
-                profile=profile if n == sizes[-1] else None,
+    threshold = gc.get_threshold()
+    if args.gc == "daemon":  # as `fleetloop run` starts (DaemonConfig.gc_gen0_threshold)
+        tune_gc(DAEMON_GEN0)
+    try:
+        for n in sizes:
+            progress(f"fleetloop bench decide: {n:,} nodes")
+            rows.append(
+                run_size(
+                    n,
+                    policy=policy,
+                    ticks=args.ticks,
+                    warmup=args.warmup,
+                    workflows=args.workflows if n == wf_size else 0,
+                    profile=profile if n == sizes[-1] else None,
+                )
             )
-        )
+    finally:
+        if args.gc == "daemon":
+            gc.unfreeze()
+            gc.set_threshold(*threshold)
     exponent = growth_exponent([r["nodes"] for r in rows], [r["tick_cpu_p50_ms"] for r in rows])
     at10k = next((r for r in rows if r["nodes"] == 10_000), None)
     wf = next((r["workflows"] for r in rows if "workflows" in r), None)
@@ -220,6 +242,7 @@ def handle(args: argparse.Namespace) -> int:
         "bench": "decide",
         "policy": f"{policy.stamp.name} v{policy.stamp.version}",
         "python": sys.version.split()[0],
+        "gc": args.gc,
         "sizes": rows,
         "growth_exponent": round(exponent, 3) if exponent is not None else None,
         "targets": {
@@ -278,6 +301,7 @@ def _print(result: dict[str, Any]) -> None:
     console = Console()
     console.print(t)
     console.print(f"growth exponent of p50 against nodes (log-log): {result['growth_exponent']}")
+    console.print(f"garbage collector: {result['gc']} settings")
     for r in result["sizes"]:
         if "workflows" in r:
             w = r["workflows"]

@@ -66,8 +66,15 @@ def test_shared_snapshot_gives_the_same_decisions_as_one_snapshot_per_pool() -> 
 
 
 def test_bench_decide_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    import gc
+
+    threshold = gc.get_threshold()
     assert main(["bench", "decide", "--nodes", "64,128", "--ticks", "2", "--warmup", "1", "--json"]) == 0
     out = orjson.loads(capsys.readouterr().out)
+    # It ran with the daemon's collector settings and gave the process its own back.
+    assert out["gc"] == "daemon"
+    assert gc.get_threshold() == threshold
+    assert gc.get_freeze_count() == 0
     assert [r["nodes"] for r in out["sizes"]] == [64, 128]
     for r in out["sizes"]:
         assert r["tick_cpu_p50_ms"] > 0
