@@ -511,3 +511,29 @@ def test_snapshot_node_views_equal_the_keyword_built_views(
         assert [type(getattr(view, f)) for f in fm._NODE_VIEW_FIELDS] == [
             type(getattr(plain, f)) for f in fm._NODE_VIEW_FIELDS
         ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.integers(min_value=0, max_value=400),
+        st.lists(st.floats(min_value=0.0, max_value=1e9) | st.integers(0, 10**6), min_size=8, max_size=8),
+        max_size=40,
+    ),
+    st.integers(min_value=0, max_value=420_000),
+    st.integers(min_value=0, max_value=400_000),
+)
+def test_node_window_sum_unrolled_is_the_window_total(
+    buckets: dict[int, list[float]], now_ms: int, window_ms: int
+) -> None:
+    """The snapshot's unrolled 8-column sum equals ``Window.total`` bit for bit (float sums depend
+    on their order; both add bucket by ascending bucket, from 0.0), however long the window."""
+    from fleetloop.daemon.model.fleet import node_totals
+    from fleetloop.daemon.model.windows import Window
+
+    win = Window(8)
+    for b, row in buckets.items():
+        win.buckets[b] = list(row)
+    want = win.total(now_ms, window_ms)
+    got = node_totals(win, now_ms, window_ms)
+    assert [float(x).hex() for x in got] == [float(x).hex() for x in want]

@@ -585,11 +585,34 @@ _NODE_VIEW_SETTERS = tuple(getattr(NodeView, name).__set__ for name in _NODE_VIE
 _new = object.__new__
 
 
+def node_totals(win: Window, now_ms: int, window_ms: int) -> list[float]:
+    """``win.total(now_ms, window_ms)`` for a node's 8-column window, unrolled: the same additions
+    in the same order (bucket by ascending bucket, from 0.0), so the same doubles, at about a third
+    of the cost (a snapshot sums one window per node)."""
+    hi = now_ms // BUCKET_MS
+    lo = hi - max(1, window_ms // BUCKET_MS)
+    get = win.buckets.get
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for b in range(lo + 1, hi + 1) if hi - lo <= len(win.buckets) else sorted(win.buckets):
+        r = get(b)
+        if r is not None and lo < b <= hi:
+            x0, x1, x2, x3, x4, x5, x6, x7 = r
+            a0 += x0
+            a1 += x1
+            a2 += x2
+            a3 += x3
+            a4 += x4
+            a5 += x5
+            a6 += x6
+            a7 += x7
+    return [a0, a1, a2, a3, a4, a5, a6, a7]
+
+
 def _node_view(node: _Node, now_ms: int, window_ms: int, stale_after_ms: int) -> NodeView:
     """The node as policies see it at ``now_ms``; equal, field for field, to ``NodeView(...)`` built
     with keywords (``tests/unit/test_model.py`` checks it)."""
     t = node.telemetry
-    w = node.win.total(now_ms, window_ms)
+    w = node_totals(node.win, now_ms, window_ms)
     age = max(0, now_ms - t.ts_ms)
     values = (
         t.node_id,
