@@ -310,3 +310,43 @@ def test_breaker_state_from_before_the_pool_memory_is_refused_with_its_reason() 
     old = zlib.compress(orjson.dumps({"format": FORMAT, "v": old_node}))
     with pytest.raises(CheckpointError, match=r"latency_outlier:NodeState fields changed: \['obs'\]"):
         decode(old)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            loads,
+            st.lists(st.sampled_from(["p1", "p2", "p3", "p4"]), max_size=4),
+            st.integers(min_value=0, max_value=2),
+        ),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_cache_aware_prefix_map_is_the_per_digest_sort_it_replaced(rows: list[Any]) -> None:
+    """Holders visited best first give each digest's holders in the order a per-digest sort by
+    (score descending, node id) gives (duplicate digests on a node included)."""
+    params = CacheAwareParams()
+    pool = tuple(
+        node(f"n{i:02d}", hot_prefixes=tuple(h), consecutive_failures=f, **r)
+        for i, (r, h, f) in enumerate(rows)
+    )
+    snap = snapshot(pool)
+    result = cache_aware.CacheAware().decide(snap, params, PoolMemory.empty(1), ctx(snap))
+    (d,) = result.decisions
+    assert isinstance(d, RoutingDecision)
+    steps = cache_aware.pool_steps(result.state)
+    scores, speeds = cache_aware._scored(pool, params, steps)
+    best = max(scores.values(), default=0.0)
+    holders: dict[str, list[str]] = {}
+    for n in pool:
+        s = scores[n.node_id]
+        if n.consecutive_failures > 0 or s <= 0 or s < params.affinity_keep_frac * best:
+            continue
+        if speeds[n.node_id] < params.affinity_min_speed:
+            continue
+        for digest in n.hot_prefixes:
+            holders.setdefault(digest, []).append(n.node_id)
+    want = {k: tuple(sorted(v, key=lambda i: (-scores[i], i))) for k, v in sorted(holders.items())}
+    assert d.prefix_affinity == want

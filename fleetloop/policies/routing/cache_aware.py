@@ -483,17 +483,25 @@ class CacheAware:
 
         holders: dict[str, list[str]] = {}
         keep_at = params.affinity_keep_frac * best
-        for n in pool:
-            s = scores[n.node_id]
-            if n.consecutive_failures > 0:
-                continue  # its last call failed: a retry takes the weighted pick, not the same node
-            if s <= 0 or s < keep_at or speeds[n.node_id] < params.affinity_min_speed:
-                continue
+        min_speed = params.affinity_min_speed
+        # A holder keeps its prefixes' calls while it scores at least keep_at and steps at least
+        # min_speed, unless its last call failed (a retry takes the weighted pick, not the same
+        # node). Visiting holders best first (score descending, node id) lists every digest's holders
+        # in that order already: one sort per pool instead of one per digest.
+        for n in sorted(
+            (
+                n
+                for n in pool
+                if n.consecutive_failures <= 0
+                and (s := scores[n.node_id]) > 0
+                and s >= keep_at
+                and speeds[n.node_id] >= min_speed
+            ),
+            key=lambda n: (-scores[n.node_id], n.node_id),
+        ):
             for digest in n.hot_prefixes:
                 holders.setdefault(digest, []).append(n.node_id)
-        affinity = {
-            d: tuple(sorted(ids, key=lambda i: (-scores[i], i))) for d, ids in sorted(holders.items())
-        }
+        affinity = {d: tuple(ids) for d, ids in sorted(holders.items())}
 
         own = headroom(scores, snap, ctx.pool_id)
         own_pool = snap.pools.get(ctx.pool_id)
