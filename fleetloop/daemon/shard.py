@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from fleetloop.daemon.decide.engine import EngineState, decide, envelope_of
 from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot
@@ -70,12 +72,15 @@ class Shadow:
         return cls(policy, runner, policy.stamp.model_copy(update={"mode": "shadow"}))
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~0.3 µs more per record
-class Row:
+class Row(msgspec.Struct, gc=False):
     """One input record as the shard keeps it until a cut folds it (``item`` None: the door refused
     it and it was dead-lettered when read). ``key``/``value`` are the record's own bytes
     (references, not copies), kept so a record the model refuses at its cut can be dead-lettered
-    as it arrived."""
+    as it arrived.
+
+    A msgspec struct, one per input record: built in C (~0.1 µs against a slotted dataclass's
+    ~0.3 µs), and not tracked by the cyclic collector (it refers to a record and bytes, which
+    never refer back to it, so it is never part of a cycle)."""
 
     offset: int
     timestamp_ms: int
