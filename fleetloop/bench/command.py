@@ -9,7 +9,19 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="benchmarks that print figures (ratios from the same run)")
     sub = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     # Each bench module registers one subcommand. Keep this list sorted.
-    from fleetloop.bench import checkpoint, decide, fleet, fuzz, ingest, latency, router, sizing, soak, stack
+    from fleetloop.bench import (
+        checkpoint,
+        decide,
+        fleet,
+        fuzz,
+        ingest,
+        latency,
+        rollup,
+        router,
+        sizing,
+        soak,
+        stack,
+    )
 
     checkpoint.register(sub)
     decide.register(sub)
@@ -17,6 +29,7 @@ def register(subparsers: Any) -> None:
     fuzz.register(sub)
     ingest.register(sub)
     latency.register(sub)
+    rollup.register(sub)
     router.register(sub)
     sizing.register(sub)
     soak.register(sub)
