@@ -280,35 +280,46 @@ def test_property_idempotent_for_the_same_tick(count: int, running: int) -> None
     assert ra.state == rb.state
 
 
-def _open_workflows(values: list[float]) -> tuple[tuple[int, float], ...]:
-    """One sample per 10 s window, the newest 10 s before NOW_MS (the tick adds its own)."""
+def _open_workflows(values: list[tuple[int, int]]) -> tuple[tuple[int, int, int, int], ...]:
+    """(open, ended so far) per 10 s window, the newest 10 s before NOW_MS (the tick adds its own);
+    started = open + ended."""
     n = len(values)
-    return tuple((NOW_MS - (n - i) * 10_000, v) for i, v in enumerate(values))
+    return tuple((NOW_MS - (n - i) * 10_000, o, o + e, e) for i, (o, e) in enumerate(values))
+
+
+def _rising(start: int, step: int, ended: int = 0) -> list[tuple[int, int]]:
+    return [(start + step * i, ended) for i in range(12)]
 
 
 @pytest.mark.parametrize(
-    ("history", "now_open", "desired", "reason"),
+    ("history", "now", "desired", "reason"),
     [
-        # Tasks accumulate (research agents, 40-60 sequential calls each, arriving for 20 minutes):
-        # each open workflow will call again, so the demand ahead is not in the served tokens yet.
-        ([10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32], 34, 8, "scale-down-held-tasks-accumulating"),
-        # A level, with noise: no trend, the scale-down goes ahead (25% of 8 per step).
-        ([30, 33, 29, 31, 32, 28, 30, 33, 29, 31, 30, 32], 30, 6, "scale-down"),
-        # A step that levelled off: the newer half is flat, so it is not a trend.
-        ([10, 10, 10, 10, 10, 30, 30, 30, 30, 30, 30, 30], 30, 6, "scale-down"),
+        # Tasks accumulate (research agents, 40-60 sequential calls each, arriving for 20 minutes
+        # before the first one ends): 24 more open, 24 started and none ended: rise 24 > 2 x 4.9.
+        (_rising(10, 2), (34, 0), 8, "scale-down-held-tasks-accumulating"),
+        # The same rise while as many tasks end as start (60 started, 36 ended): 24 > 2 x 9.8.
+        (_rising(10, 2, 0), (34, 36), 8, "scale-down-held-tasks-accumulating"),
+        # A few tasks' random walk (9 -> 13 with 40 starts and 36 ends): 4 < 2 x 8.7, churn.
+        ([(9, 0), (10, 3), (8, 7), (11, 10), (12, 14)] + [(12, 18)] * 7, (13, 36), 6, "scale-down"),
+        # A step that levelled off: the newer half is flat, so it is not accumulation.
+        ([(10, 0)] * 5 + [(30, 0)] * 7, (30, 0), 6, "scale-down"),
         # Falling: nothing holds it.
-        ([40, 38, 36, 34, 32, 30, 28, 26, 24, 22, 20, 18], 16, 6, "scale-down"),
+        ([(40 - 2 * i, 2 * i) for i in range(12)], (16, 24), 6, "scale-down"),
     ],
 )
 def test_scale_down_held_while_open_workflows_accumulate(
-    history: list[float], now_open: int, desired: int, reason: str
+    history: list[tuple[int, int]], now: tuple[int, int], desired: int, reason: str
 ) -> None:
     base = pool_snap(loaded(8, 4))  # P = 0.2: need 1.6, a scale-down when nothing holds it
-    snap = replace(base, ledger=replace(base.ledger, active_workflows=now_open))
+    open_now, ended = now
+    ledger = replace(
+        base.ledger, active_workflows=open_now, tasks_started=open_now + ended, tasks_succeeded=ended
+    )
+    snap = replace(base, ledger=ledger)
     state = settled(
         last_desired=8, demand=((NOW_MS - 130_000, 10_000.0),), open_workflows=_open_workflows(history)
     )
     d, result = decide(snap, state, down_window_s=0)
     assert (d.desired_nodes, d.reason) == (desired, reason)
-    assert d.inputs["open_workflows"] == now_open
-    assert result.state.open_workflows[-1] == (NOW_MS, float(now_open))
+    assert d.inputs["open_workflows"] == open_now
+    assert result.state.open_workflows[-1] == (NOW_MS, open_now, open_now + ended, ended)

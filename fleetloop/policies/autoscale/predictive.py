@@ -60,9 +60,16 @@ cold or loading ones ``A`` (arriving)::
     while the ledger has counted a failed task within the down window (never trade successful
     tasks for node-hours: the KPI's denominator is worth more than its numerator's saving), nor
     while open workflows accumulate:
-        O      = the ledger's open workflows (tasks started, not yet ended), sampled every tick
-        accumulating = trend_slope(O over the last lead) > 0   (the same significance test as
-                       the demand slope: the whole span and its newer half both rising)
+        O, S, E = the ledger's open workflows (tasks started, not yet ended), tasks started and
+                  tasks ended so far, sampled every tick over the last lead
+        rise    = O_now - O_oldest, counted only when O_now > O at the span's midpoint (still rising)
+        noise   = sqrt((S_now - S_oldest) + (E_now - E_oldest))
+        accumulating = rise > 2 * noise
+      A level count moves by starts minus ends; with Poisson starts and ends that difference has
+      variance starts + ends, so a rise of two of its standard deviations is not churn. (A
+      regression slope with one independent sample per window would not do: the count changes
+      only when a task starts or ends, so neighbouring windows share almost all of it, and random
+      walks of a few tasks read as trends.)
     desired is clamped to the pool's [min_nodes, max_nodes];
     desired is clamped to the pool's [min_nodes, max_nodes];
     drain   = the (current - desired) first of A (cold, then loading), then W by
@@ -154,6 +161,7 @@ from fleetloop.schemas.decisions import AutoscaleDecision
 MIN_LEARN_PRESSURE = 0.05
 SIGNIFICANCE = 2.0  # standard errors a slope must clear to count as a trend
 MIN_TREND_SAMPLES = 3.0  # independent windows needed to fit a slope
+ACCUMULATION_Z = 2.0  # standard deviations of churn the open-workflow count must rise by
 
 
 class PoolBounds(Params):
@@ -205,7 +213,8 @@ class SloPredictiveState:
     tbt_ms: float | None = None  # effective time between tokens, smoothed over a window
     failed_tasks: int = 0  # the ledger's count at the last tick
     last_failure_ms: int | None = None  # when the ledger last counted a failed task
-    open_workflows: tuple[tuple[int, float], ...] = ()  # (event time ms, open workflows), oldest first
+    # (event time ms, open workflows, tasks started so far, tasks ended so far), oldest first
+    open_workflows: tuple[tuple[int, int, int, int], ...] = ()
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -252,6 +261,22 @@ def fit_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
     var = resid / max(1, n - 2)
     se = math.sqrt(var / sxx) * math.sqrt(n / max(n_eff, 1.0))
     return slope if slope > SIGNIFICANCE * se else 0.0
+
+
+def accumulation(samples: Sequence[tuple[int, int, int, int]]) -> tuple[float, float]:
+    """(rise, noise) of the open-workflow count over the samples' span: ``rise`` is its net change,
+    0 unless the newer half rose too (a step that levelled off is not accumulation); ``noise`` is
+    the standard deviation of that change if it were only the churn of a level count, the square
+    root of the tasks that started plus those that ended over the span (a birth-death count's
+    change is their difference; for Poisson starts and ends its variance is their sum)."""
+    if len(samples) < 2:
+        return 0.0, 0.0
+    t0, o0, s0, e0 = samples[0]
+    t1, o1, s1, e1 = samples[-1]
+    mid_ms = (t0 + t1) / 2.0
+    o_mid = next(o for t, o, _, _ in samples if t >= mid_ms)
+    rise = float(o1 - o0) if o1 > o_mid else 0.0
+    return rise, math.sqrt(max(1, (s1 - s0) + (e1 - e0)))
 
 
 def drain_order(nodes: Sequence[NodeView]) -> list[NodeView]:
@@ -407,10 +432,16 @@ class SloPredictive:
 
         # Open workflows: each one will call again (a chain of sequential calls), so while their
         # number grows the demand still ahead is not yet in the served tokens.
-        open_now = float(snap.ledger.active_workflows)
-        open_wf = (*((t, a) for t, a in state.open_workflows if now - t <= horizon_ms), (now, open_now))
-        active_slope = trend_slope(open_wf, window_ms) if full else 0.0
-        accumulating = active_slope > 0
+        ledger = snap.ledger
+        sample = (
+            now,
+            ledger.active_workflows,
+            ledger.tasks_started,
+            ledger.tasks_succeeded + ledger.tasks_failed,
+        )
+        open_wf = (*(o for o in state.open_workflows if now - o[0] <= horizon_ms), sample)
+        open_rise, open_noise = accumulation(open_wf) if full else (0.0, 0.0)
+        accumulating = open_rise > ACCUMULATION_Z * open_noise
         growth = max(1.0, projected / demand) if demand > 0 else 1.0
         level = len(warm) * p_now
         by_capacity = (demand + backlog) / capacity if capacity else 0.0
@@ -431,8 +462,9 @@ class SloPredictive:
             "ttft_slo_ms": r6(slo.ttft_ms),
             "tbt_slo_ms": r6(slo.tbt_ms),
             "prefill_ms": r6(prefill),
-            "open_workflows": open_now,
-            "open_workflows_slope": r6(active_slope),
+            "open_workflows": float(ledger.active_workflows),
+            "open_workflows_rise": r6(open_rise),
+            "open_workflows_noise": r6(open_noise),
         }
         if p.ttft is not None:
             inputs["pressure_ttft"] = r6(p.ttft)
