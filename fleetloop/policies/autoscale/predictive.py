@@ -433,13 +433,13 @@ class SloPredictive:
         # Open workflows: each one will call again (a chain of sequential calls), so while their
         # number grows the demand still ahead is not yet in the served tokens.
         ledger = snap.ledger
-        sample = (
+        counts = (
             now,
             ledger.active_workflows,
             ledger.tasks_started,
             ledger.tasks_succeeded + ledger.tasks_failed,
         )
-        open_wf = (*(o for o in state.open_workflows if now - o[0] <= horizon_ms), sample)
+        open_wf = (*(o for o in state.open_workflows if now - o[0] <= horizon_ms), counts)
         open_rise, open_noise = accumulation(open_wf) if full else (0.0, 0.0)
         accumulating = open_rise > ACCUMULATION_Z * open_noise
         growth = max(1.0, projected / demand) if demand > 0 else 1.0
