@@ -103,12 +103,12 @@ class Refusal:
     reason: str
 
 
-# Caps under which the model still folds the rest of the record (a tenant, a workflow, an outcome
-# for a node without telemetry beyond its cap): the record is dead-lettered all the same, so an
-# operator sees which records met a full cap; the reason says what of it was not kept.
+# Caps under which the model still folds the rest of the record (a tenant, an outcome for a node
+# without telemetry beyond its cap): the record is dead-lettered all the same, so an operator sees
+# which records met a full cap; the reason says what of it was not kept. (The open-workflow cap
+# refuses nothing: it lets the earliest-opened task go.)
 _PARTIAL = (
     ("tenants", "capacity-tenants: tenant cap reached; the record was folded without its tenant"),
-    ("workflows", "capacity-workflows: open-workflow cap reached; the record was folded outside the ledger"),
     (
         "unplaced_nodes",
         "capacity-unplaced-nodes: cap on nodes without telemetry reached; its node window was not kept",
@@ -210,16 +210,12 @@ class Shard:
                 why: str | None = None
                 try:
                     if item is not None:
-                        # The partial caps' counters before and after (three look-ups; the reason
+                        # The partial caps' counters before and after (two look-ups; the reason
                         # is worded only when one moved).
-                        rt, rw, ru = refused["tenants"], refused["workflows"], refused["unplaced_nodes"]
+                        rt, ru = refused["tenants"], refused["unplaced_nodes"]
                         why = fold(item)  # type: ignore[arg-type]
-                        if why is None and (
-                            refused["tenants"] != rt
-                            or refused["workflows"] != rw
-                            or refused["unplaced_nodes"] != ru
-                        ):
-                            why = _partial_reason(refused, (rt, rw, ru))
+                        if why is None and (refused["tenants"] != rt or refused["unplaced_nodes"] != ru):
+                            why = _partial_reason(refused, (rt, ru))
                 except Exception as exc:  # a record the model cannot take must not stop the loop
                     self.fold_errors += 1
                     why = f"fold-error: {type(exc).__name__}: {exc}"[:500]
@@ -362,7 +358,7 @@ class Shard:
         return shard
 
 
-def _partial_reason(refused: Mapping[str, int], before: tuple[int, int, int]) -> str | None:
+def _partial_reason(refused: Mapping[str, int], before: tuple[int, int]) -> str | None:
     """Why an outcome was folded without a part of it (a partial cap's count moved), or None."""
     for (kind, reason), was in zip(_PARTIAL, before, strict=True):
         if refused[kind] != was:

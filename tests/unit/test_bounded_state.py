@@ -90,7 +90,11 @@ def test_tenants_workflows_and_unplaced_nodes_are_capped_the_record_still_counts
     ]
     assert all(model.fold_outcome(o) is None for o in records)
     assert (len(model.tenants), len(model.ledger.active), len(model.node_wins)) == (2, 2, 2)
-    assert model.refused["tenants"] == model.refused["workflows"] == model.refused["unplaced_nodes"] == 3
+    assert model.refused["tenants"] == model.refused["unplaced_nodes"] == 3
+    # Open workflows: the earliest opened are let go for the new ones (by count), never refused.
+    assert list(model.ledger.active) == ["w3", "w4"]
+    assert model.refused["workflows"] == 0
+    assert model.ledger.tasks_handed_off == model.evicted["workflows"] == 3
     assert snapshot(model, T + 500).pools["p"].requests_w == 5
 
 

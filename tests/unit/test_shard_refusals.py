@@ -55,8 +55,9 @@ def test_cap_refusals_come_out_with_reason_and_bytes_once_their_cut_is_decided()
     shard.decide(tick_at(T0 + 3000, "pool-0"), {TELEMETRY: 4, REQUESTS: 3}, POLICY)
     assert [(r.logical, r.offset, r.reason.split(":")[0]) for r in shard.refusals] == [
         (REQUESTS, 1, "capacity-tenants"),
-        (REQUESTS, 2, "capacity-workflows"),
-    ]
+    ]  # the open-workflow cap refuses nothing: w1 was let go for w2
+    assert list(shard.model.ledger.active) == ["w2"]
+    assert shard.model.ledger.tasks_handed_off == 1
 
 
 def test_a_fold_that_raises_is_a_refusal_with_the_error(monkeypatch: pytest.MonkeyPatch) -> None:

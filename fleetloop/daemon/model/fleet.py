@@ -90,7 +90,7 @@ class ModelConfig:
     max_nodes_per_pool: int = 2_048
     max_nodes: int = 20_000  # across all pools
     max_tenants: int = 10_000
-    max_open_workflows: int = 500_000
+    max_open_workflows: int = 500_000  # beyond: the earliest opened is let go (handed off)
     max_finished_workflows: int = 200_000  # by count too, not only by ttl: ~100 B each
     max_unplaced_nodes: int = 16_384  # node ids seen in outcomes before any telemetry of theirs
 
@@ -179,8 +179,9 @@ class FleetModel:
 
     Caps (:class:`ModelConfig`): a record that would add a pool or a node beyond its cap, when no
     silent one can make room, is refused: ``fold_*`` returns the reason and nothing of it is
-    folded; beyond the tenant, open-workflow or unplaced-node caps the record is folded without
-    that part. ``refused`` and ``evicted`` count both, by kind.
+    folded; beyond the tenant or unplaced-node caps the record is folded without that part. At the
+    open-workflow cap the earliest-opened task is let go as handed off instead (never a refusal:
+    an outcome is always counted). ``refused`` and ``evicted`` count both, by kind.
     """
 
     __slots__ = (
@@ -444,8 +445,11 @@ class FleetModel:
             if wf_id in ledger.finished:
                 return  # a late or duplicate record of a finished task
             if len(ledger.active) >= self.config.max_open_workflows:
-                self.refused["workflows"] += 1
-                return
+                # Full: the earliest opened is let go as handed off (by count, as by age), so a new
+                # task, and the outcome of one that ends on its first call here, is never refused.
+                del ledger.active[next(iter(ledger.active))]
+                ledger.tasks_handed_off += 1
+                self.evicted["workflows"] += 1
             wf = ledger.active[wf_id] = _Workflow(o.tenant_id, o.priority, o.ts_ms, o.ts_ms)
             ledger.tasks_started += 1
         elif o.ts_ms > wf.last_ms:
