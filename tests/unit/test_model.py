@@ -537,3 +537,34 @@ def test_node_window_sum_unrolled_is_the_window_total(
     want = win.total(now_ms, window_ms)
     got = node_totals(win, now_ms, window_ms)
     assert [float(x).hex() for x in got] == [float(x).hex() for x in want]
+
+
+def test_the_handoff_horizon_is_learned_from_the_gaps_between_a_tasks_calls() -> None:
+    from fleetloop.daemon.model.fleet import GAP_EDGES_MS, handoff_horizon_ms
+
+    config = ModelConfig(abandon_workflow_after_ms=120_000, min_handoff_ms=10_000)
+    gaps = [0] * (len(GAP_EDGES_MS) + 1)
+    assert handoff_horizon_ms(gaps, config) == 120_000  # nothing learned yet: the ceiling
+    gaps[0] = 5_000  # calls of one task here come within a second of each other
+    assert handoff_horizon_ms(gaps, config) == 10_000  # twice 1 s, raised to the floor
+    gaps[GAP_EDGES_MS.index(20_000)] = 4  # a few long gaps (0.08%) do not move it
+    assert handoff_horizon_ms(gaps, config) == 10_000
+    gaps[GAP_EDGES_MS.index(20_000)] = 50  # 1%: they do, to twice their bucket's edge
+    assert handoff_horizon_ms(gaps, config) == 40_000
+    gaps[-1] = 5_000  # most gaps beyond every edge: the ceiling, never more
+    assert handoff_horizon_ms(gaps, config) == 120_000
+
+
+def test_a_shard_whose_tasks_call_again_at_once_lets_them_go_after_seconds() -> None:
+    """Tasks whose two calls here come 100 ms apart (their other calls went elsewhere): once the
+    shard has seen enough of them it lets a quiet one go after the 10 s floor, not 120 s."""
+    model = FleetModel(ModelConfig(abandon_workflow_after_ms=120_000, min_handoff_ms=10_000))
+    for s in range(60):
+        batch = []
+        for i in range(50):
+            wf, ts = f"w{s}-{i}", T + s * 1_000 + i * 10
+            batch += [_step(wf, ts, 0, 0.001), _step(wf, ts + 100, 1, 0.001)]
+        apply(model, batch)
+    assert sum(model.ledger.gaps) == 3_000
+    assert model.ledger.tasks_handed_off >= 50 * (60 - 12)
+    assert len(model.ledger.active) <= 50 * 12

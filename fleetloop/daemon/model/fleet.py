@@ -39,7 +39,7 @@ watermark happens to pass), and memory is reclaimed only well behind the retenti
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
@@ -86,6 +86,9 @@ class ModelConfig:
     # the open tasks as demand still ahead. 120 s leaves every scenario's decisions as they were
     # with the former 1 h (checked on research-long-context and autonomous-workflows); 30 s did not.
     abandon_workflow_after_ms: int = 120_000
+    # The horizon learned from the gaps between one task's calls (``handoff_horizon_ms``) lies
+    # between this and ``abandon_workflow_after_ms``.
+    min_handoff_ms: int = 10_000
     max_pools: int = 256
     max_nodes_per_pool: int = 2_048
     max_nodes: int = 20_000  # across all pools
@@ -137,6 +140,35 @@ def nano_usd(usd: float) -> int:
     return round(usd * NANO)
 
 
+GAP_EDGES_MS = (1_000, 2_000, 5_000, 10_000, 20_000, 30_000, 60_000, 120_000, 300_000, 600_000)
+GAP_QUANTILE = 0.999
+GAP_MIN_SAMPLES = 1_000
+
+
+def handoff_horizon_ms(gaps: list[int], config: ModelConfig) -> int:
+    """How long a task may go without a call in a shard before it is let go as handed off: twice
+    the gap between one task's consecutive calls here that 99.9% of gaps stay within (the upper
+    edge of its bucket), at least ``min_handoff_ms``, at most ``abandon_workflow_after_ms``, and
+    that ceiling until ``GAP_MIN_SAMPLES`` gaps were seen. Learned like a retransmission timeout
+    from round trips: a shard whose tasks call again within a second (their other calls went to
+    other partitions) lets them go after seconds, one whose tasks wait on long calls or tools keeps
+    them for minutes. A few long gaps (a hostile task) cannot move the quantile; many can raise it
+    to the ceiling at most."""
+    total = sum(gaps)
+    ceiling = config.abandon_workflow_after_ms
+    if total < GAP_MIN_SAMPLES:
+        return ceiling
+    need = GAP_QUANTILE * total
+    seen = 0
+    for i, n in enumerate(gaps):
+        seen += n
+        if seen >= need:
+            if i == len(GAP_EDGES_MS):
+                return ceiling
+            return min(ceiling, max(config.min_handoff_ms, 2 * GAP_EDGES_MS[i]))
+    return ceiling
+
+
 @dataclass(slots=True)
 class _Workflow:
     tenant_id: str
@@ -161,6 +193,9 @@ class _Ledger:
     finished: dict[str, int] = field(default_factory=dict)  # workflow id -> finish ts_ms, in finish order
     tasks_handed_off: int = 0  # let go after going quiet here, their outcome another shard's to count
     clock_ms: int = -1  # the upper median of the pools' outcome clocks: when a task went quiet
+    # How far apart one open task's consecutive calls here were: counts per GAP_EDGES_MS bucket (the
+    # last one: beyond them all). The handoff horizon is learned from it.
+    gaps: list[int] = field(default_factory=lambda: [0] * (len(GAP_EDGES_MS) + 1))
 
 
 CAPPED = ("pools", "nodes", "tenants", "workflows", "unplaced_nodes")
@@ -452,8 +487,15 @@ class FleetModel:
                 self.evicted["workflows"] += 1
             wf = ledger.active[wf_id] = _Workflow(o.tenant_id, o.priority, o.ts_ms, o.ts_ms)
             ledger.tasks_started += 1
-        elif o.ts_ms > wf.last_ms:
-            wf.last_ms = o.ts_ms
+        else:
+            gap = o.ts_ms - wf.last_ms
+            gaps = ledger.gaps
+            if gap <= GAP_EDGES_MS[0]:
+                gaps[0] += 1
+            else:
+                gaps[bisect_left(GAP_EDGES_MS, gap)] += 1
+            if gap > 0:
+                wf.last_ms = o.ts_ms
         wf.attempts += 1
         if o.attempt == 0:
             wf.calls += 1
@@ -556,7 +598,7 @@ class FleetModel:
             del finished[wf_id]
             self.evicted["finished_workflows"] += 1
         active = ledger.active
-        quiet = cfg.abandon_workflow_after_ms
+        quiet = handoff_horizon_ms(ledger.gaps, cfg)
         moves = len(active)  # each entry moves to the back at most once per pass
         while active:
             wf_id = next(iter(active))
