@@ -311,6 +311,11 @@ class Daemon:
             acks="all",
             enable_idempotence=cfg.idempotence,
             linger_ms=5,
+            # A tick's decisions (two records per node: control.decisions and control.state) go
+            # out in a few batches instead of one per 16 KiB (the client's default), which took
+            # ~200 ms of round trips per publish at 1,000 nodes and held the loop (and the next
+            # records and ticks) while it waited (bench/results/latency-s5.md).
+            max_batch_size=checkpoint.CHUNK_BYTES,
             max_request_size=2 * checkpoint.CHUNK_BYTES,
         )
         consumer = AIOKafkaConsumer(
@@ -321,6 +326,11 @@ class Daemon:
             auto_offset_reset="earliest",
             partition_assignment_strategy=(RangePartitionAssignor,),
             max_poll_records=cfg.max_batch,
+            # A fetch answers within 100 ms even when the broker does not answer it as soon as
+            # records arrive (the embedded broker held fetches for ~250 ms under load with the
+            # client's default 500 ms): a record or a tick waited that long before the loop saw it
+            # (bench/results/latency-s5.md). Costs at most ten empty fetches a second when idle.
+            fetch_max_wait_ms=100,
             # Short sessions: the embedded broker completes a join in about half the session timeout.
             session_timeout_ms=6000,
             heartbeat_interval_ms=1000,
