@@ -85,6 +85,8 @@ class _Load:
         first = list(telemetry_at(self.fleet, 0))
         self.rows = [t.model_dump(mode="json") for t in first]
         self.calls = 0
+        self.sent = 0  # records produced by play()
+        self.lag_s: list[float] = []  # how far each slice of play() fell behind its schedule
         # The nodes to trip, one per trial, in different pools; the background load never calls
         # them (an ok call between the failures would reset their run, as it should).
         pools = self.fleet.pools
@@ -130,6 +132,20 @@ class _Load:
             out.append((REQUESTS, row["pool_id"].encode(), orjson.dumps(value)))
         return out
 
+    async def play(self, producer: AIOKafkaProducer, names: dict[str, str], stop: asyncio.Event) -> None:
+        """Produce the load in real time, ``SLICES`` slices a second, until ``stop`` is set."""
+        next_s = clock.monotonic_s()
+        k = 0
+        while not stop.is_set():
+            records = self.slice(k % SLICES, SLICES, clock.wall_ms())
+            futures = [await producer.send(names[t], value=v, key=key) for t, key, v in records]
+            await asyncio.gather(*futures)
+            self.sent += len(records)
+            k += 1
+            next_s += 1.0 / SLICES
+            self.lag_s.append(max(0.0, clock.monotonic_s() - next_s))
+            await asyncio.sleep(max(0.0, next_s - clock.monotonic_s()))
+
 
 SLICES = 20  # the load is produced in 50 ms slices, stamped with the wall time of each
 
@@ -163,21 +179,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                     if body["state"] == "open" and body["enforced"]:
                         arrivals.setdefault(body["node_id"], now)
 
-    lag_s: list[float] = []
-
-    async def background() -> None:
-        next_s = clock.monotonic_s()
-        k = 0
-        while not stop.is_set():
-            records = load.slice(k % SLICES, SLICES, clock.wall_ms())
-            futures = [await producer.send(names[t], value=v, key=key) for t, key, v in records]
-            await asyncio.gather(*futures)
-            k += 1
-            next_s += 1.0 / SLICES
-            lag_s.append(max(0.0, clock.monotonic_s() - next_s))
-            await asyncio.sleep(max(0.0, next_s - clock.monotonic_s()))
-
-    tasks = [asyncio.create_task(watch()), asyncio.create_task(background())]
+    tasks = [asyncio.create_task(watch()), asyncio.create_task(load.play(producer, names, stop))]
     try:
         with open(log_path, "wb") as log:
             daemon = subprocess.Popen(
@@ -241,7 +243,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         "p50_ms": round(pct(latencies, 50), 1) if latencies else None,
         "p99_ms": round(p99, 1) if p99 is not None else None,
         "max_ms": round(max(latencies), 1) if latencies else None,
-        "load_generator_max_lag_s": round(max(lag_s), 3) if lag_s else None,
+        "load_generator_max_lag_s": round(max(load.lag_s), 3) if load.lag_s else None,
         "target_ms": target,
         "met": p99 is not None and missed == 0 and p99 <= target,
         "daemon_log_tail": log_tail if missed else "",

@@ -51,7 +51,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from fleetloop.bench.common import pct, progress
-from fleetloop.bench.latency import SLICES, _Load
+from fleetloop.bench.latency import _Load
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
 from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
@@ -192,23 +192,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     )
     await producer.start()
     stop = asyncio.Event()
-    sent = [0]
-    lag_s: list[float] = []
-
-    async def play() -> None:
-        next_s = clock.monotonic_s()
-        k = 0
-        while not stop.is_set():
-            records = load.slice(k % SLICES, SLICES, clock.wall_ms())
-            futures = [await producer.send(names[t], value=v, key=key) for t, key, v in records]
-            await asyncio.gather(*futures)
-            sent[0] += len(records)
-            k += 1
-            next_s += 1.0 / SLICES
-            lag_s.append(max(0.0, clock.monotonic_s() - next_s))
-            await asyncio.sleep(max(0.0, next_s - clock.monotonic_s()))
-
-    player = asyncio.create_task(play())
+    player = asyncio.create_task(load.play(producer, names, stop))
     daemon: subprocess.Popen[bytes] | None = None
     decisions_tp = TopicPartition(topic_name(prefix, DECISIONS), 0)
     watch = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -230,8 +214,8 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         # The window starts at the next boundary and covers whole tick periods.
         t0_ms = (clock.wall_ms() // tick_ms + 1) * tick_ms
         await asyncio.sleep(max(0.0, t0_ms / 1000.0 - clock.wall_ms() / 1000.0))
-        cpu0, wall0, sent0 = cpu_seconds(daemon.pid), clock.monotonic_s(), sent[0]
-        lag_from = len(lag_s)
+        cpu0, wall0, sent0 = cpu_seconds(daemon.pid), clock.monotonic_s(), load.sent
+        lag_from = len(load.lag_s)
         while clock.monotonic_s() - wall0 < args.seconds:
             await asyncio.sleep(min(5.0, args.seconds - (clock.monotonic_s() - wall0)))
             progress(f"  {clock.monotonic_s() - wall0:,.0f}/{args.seconds:,.0f} s")
@@ -239,9 +223,9 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                 raise UsageError(f"fleetloop bench sizing: the daemon exited ({daemon.returncode})")
         wall = clock.monotonic_s() - wall0
         cpu = cpu_seconds(daemon.pid) - cpu0
-        events = sent[0] - sent0
+        events = load.sent - sent0
         t1_ms = t0_ms + int(args.seconds * 1000) // tick_ms * tick_ms
-        gen_lag = max(lag_s[lag_from:], default=0.0)
+        gen_lag = max(load.lag_s[lag_from:], default=0.0)
         # The load stops; the daemon decides what is left of the window's ticks. The CPU it spent
         # until its last tick is decided, per second of fleet time decided, is what one second of
         # this fleet costs, whether or not the machine gave it a core meanwhile.
