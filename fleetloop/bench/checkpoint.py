@@ -22,10 +22,9 @@ from typing import Any
 
 import orjson
 
-from fleetloop.bench.common import progress, rss_mib
+from fleetloop.bench.common import progress, rss_mib, sizes_arg, within
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
 from fleetloop.daemon import checkpoint, clock, offload
-from fleetloop.daemon.cli_common import UsageError
 from fleetloop.daemon.shard import Row, Shard
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.control import Tick
@@ -149,16 +148,8 @@ async def measure(shard: Shard) -> dict[str, Any]:
 
 
 def handle(args: argparse.Namespace) -> int:
-    try:
-        sizes = sorted({int(x) for x in args.nodes.split(",") if x.strip()})
-    except ValueError:
-        raise UsageError(
-            f"fleetloop bench checkpoint: --nodes: not a list of integers: {args.nodes!r}"
-        ) from None
-    if not sizes or any(n < 16 or n > 100_000 for n in sizes):
-        raise UsageError("fleetloop bench checkpoint: --nodes: each size must be within 16..100000")
-    if not 1 <= args.seconds <= 600:
-        raise UsageError("fleetloop bench checkpoint: --seconds must be within 1..600")
+    sizes = sizes_arg("checkpoint", args.nodes, 16, 100_000)
+    within("checkpoint", "--seconds", args.seconds, 1, 600)
     rows = []
     for n in sizes:
         progress(f"fleetloop bench checkpoint: {n:,} nodes, {args.seconds} s of history")

@@ -1,12 +1,18 @@
-"""What the benchmarks share: progress lines, percentiles, RSS, the exponent of a log-log fit."""
+"""What the benchmarks share: progress lines, percentiles, RSS, the exponent of a log-log fit,
+the one-line checks of their flags and the broker they start."""
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
+
+from fleetloop.daemon.brokers import BrokerStartError, ProcessBroker, start_broker
+from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
+from fleetloop.daemon.observability import configure
 
 
 def progress(msg: str) -> None:
@@ -42,3 +48,42 @@ def growth_exponent(sizes: Sequence[float], values: Sequence[float]) -> float | 
     xs = np.log([p[0] for p in pts])
     ys = np.log([p[1] for p in pts])
     return float(np.polyfit(xs, ys, 1)[0])
+
+
+def within(cmd: str, flag: str, value: float, lo: float, hi: float) -> None:
+    """Refuse ``value`` outside ``lo..hi`` with one line naming the command and the flag."""
+    if not lo <= value <= hi:
+        raise UsageError(f"fleetloop bench {cmd}: {flag} must be within {_num(lo)}..{_num(hi)}")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def sizes_arg(cmd: str, text: str, lo: int, hi: int) -> list[int]:
+    """``--nodes 1000,10000``: the distinct sizes, ascending, each within ``lo..hi``."""
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"fleetloop bench {cmd}: --nodes: not a list of integers: {text!r}") from None
+    if not sizes or any(n < lo or n > hi for n in sizes):
+        raise UsageError(f"fleetloop bench {cmd}: --nodes: each size must be within {lo}..{hi}")
+    return sizes
+
+
+@contextmanager
+def bench_broker(cmd: str, kind: str) -> Iterator[ProcessBroker]:
+    """A real broker of ``kind`` for one bench run, stopped after it.
+
+    The daemon's own log lines go to stderr and only problems are logged; the Kafka client's log is
+    silenced (a bench reports connection problems itself). A broker that cannot start is one line.
+    """
+    quiet_client_logs()
+    configure(level="warning")
+    progress(f"fleetloop bench {cmd}: starting {kind}")
+    try:
+        broker = start_broker(kind)
+    except BrokerStartError as exc:
+        raise UsageError(f"fleetloop bench {cmd}: {exc}") from None
+    with broker:
+        yield broker

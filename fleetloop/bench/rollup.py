@@ -30,11 +30,9 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from fleetloop.bench.common import pct, progress
+from fleetloop.bench.common import bench_broker, pct, progress, within
 from fleetloop.daemon import clock
-from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
-from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
-from fleetloop.daemon.observability import configure
+from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.rollup.command import run_rollup
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.summary import ShardSummary
@@ -138,20 +136,10 @@ async def measure(
 
 
 def handle(args: argparse.Namespace) -> int:
-    if not 1 <= args.shards <= 1000:
-        raise UsageError("fleetloop bench rollup: --shards must be within 1..1000")
-    if not 1 <= args.boundaries <= 100_000:
-        raise UsageError("fleetloop bench rollup: --boundaries must be within 1..100000")
-    if not 0 <= args.interval_ms <= 60_000:
-        raise UsageError("fleetloop bench rollup: --interval-ms must be within 0..60000")
-    quiet_client_logs()
-    configure(level="warning")
-    progress(f"fleetloop bench rollup: starting {args.broker}")
-    try:
-        broker = start_broker(args.broker)
-    except BrokerStartError as exc:
-        raise UsageError(f"fleetloop bench rollup: {exc}") from None
-    with broker:
+    within("rollup", "--shards", args.shards, 1, 1000)
+    within("rollup", "--boundaries", args.boundaries, 1, 100_000)
+    within("rollup", "--interval-ms", args.interval_ms, 0, 60_000)
+    with bench_broker("rollup", args.broker) as broker:
         prefix = f"rollup-{uuid.uuid4().hex[:8]}"
 
         async def main() -> dict[str, Any]:

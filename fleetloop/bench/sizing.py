@@ -50,12 +50,11 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from fleetloop.bench.common import pct, progress
+from fleetloop.bench.common import bench_broker, pct, progress, within
 from fleetloop.bench.latency import _Load
 from fleetloop.daemon import clock
-from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
-from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
-from fleetloop.daemon.observability import configure
+from fleetloop.daemon.brokers import ensure_topics
+from fleetloop.daemon.cli_common import UsageError
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS, TOPICS, topic_name
 
@@ -292,20 +291,13 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
 
 
 def handle(args: argparse.Namespace) -> int:
-    if not 16 <= args.nodes <= 100_000:
-        raise UsageError("fleetloop bench sizing: --nodes must be within 16..100000")
-    if not 5.0 <= args.seconds <= 3600.0:
-        raise UsageError("fleetloop bench sizing: --seconds must be within 5..3600")
-    if not 0.0 <= args.outcomes_per_node <= 100.0:
-        raise UsageError("fleetloop bench sizing: --outcomes-per-node must be within 0..100")
-    quiet_client_logs()
-    configure(level="warning")
-    progress(f"fleetloop bench sizing: starting {args.broker}")
-    try:
-        broker = start_broker(args.broker)
-    except BrokerStartError as exc:
-        raise UsageError(f"fleetloop bench sizing: {exc}") from None
-    with broker, tempfile.TemporaryDirectory(prefix="fleetloop-sizing-") as tmp:
+    within("sizing", "--nodes", args.nodes, 16, 100_000)
+    within("sizing", "--seconds", args.seconds, 5, 3600)
+    within("sizing", "--outcomes-per-node", args.outcomes_per_node, 0, 100)
+    with (
+        bench_broker("sizing", args.broker) as broker,
+        tempfile.TemporaryDirectory(prefix="fleetloop-sizing-") as tmp,
+    ):
         prefix = f"size-{uuid.uuid4().hex[:8]}"
         log_path = os.path.join(tmp, "daemon.log")
 
