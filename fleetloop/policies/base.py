@@ -110,6 +110,13 @@ class PoolView:
     # a reason other than our own shedding (timeouts, errors, refused retries): tasks lost here.
     tasks_ended_w: int = 0
     tasks_lost_w: int = 0
+    # The workflow ledger split by pool, cumulative since the start: open tasks that have called
+    # this pool, tasks that first called it, those of them that ended here or elsewhere (or were
+    # let go as handed off), and tasks whose final call was here and failed (our sheds included).
+    open_workflows: int = 0
+    workflows_started: int = 0
+    workflows_ended: int = 0
+    tasks_failed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

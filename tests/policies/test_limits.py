@@ -561,3 +561,32 @@ def test_model_counts_tasks_ended_and_lost_on_a_pool_not_those_we_shed() -> None
     assert (pool.tasks_ended_w, pool.tasks_lost_w) == (4, 2)
     later = model_snapshot(model, t0 + 20_000, window_ms=10_000).pools["p"]
     assert (later.tasks_ended_w, later.tasks_lost_w) == (0, 0)  # out of the window
+
+
+def test_model_splits_the_workflow_ledger_by_pool() -> None:
+    """Per pool: open tasks that called it, tasks that first called it, those of them that ended
+    (wherever their final call was), and failed tasks whose final call was here, sheds included."""
+    from fleetloop.daemon.model import FleetModel, apply
+    from fleetloop.daemon.model import snapshot as model_snapshot
+    from tests.support.records import outcome, telemetry
+
+    t0 = 1_700_000_000_000
+    model = apply(
+        FleetModel(),
+        [
+            telemetry("a", ts_ms=t0),
+            telemetry("b", pool="q", ts_ms=t0),
+            outcome("a", "ok", ts_ms=t0 + 100, n=1),  # task 1 calls p, then q, and ends on q
+            outcome("b", "ok", pool="q", ts_ms=t0 + 200, n=1, task_outcome="succeeded"),
+            outcome("a", "ok", ts_ms=t0 + 300, n=2),  # task 2: open on p
+            outcome("a", "ok", ts_ms=t0 + 350, n=2, step_index=1),  # its second call: counted once
+            outcome("b", "ok", pool="q", ts_ms=t0 + 400, n=3),  # task 3: open on q
+            outcome(None, "shed", pool="q", ts_ms=t0 + 500, n=4, task_outcome="failed"),  # shed on q
+            outcome("a", "timeout", ts_ms=t0 + 600, n=5, task_outcome="failed"),  # lost on p
+        ],
+    )
+    snap = model_snapshot(model, t0 + 1_000, window_ms=10_000)
+    p, q = snap.pools["p"], snap.pools["q"]
+    assert (p.open_workflows, p.workflows_started, p.workflows_ended, p.tasks_failed) == (1, 3, 2, 1)
+    assert (q.open_workflows, q.workflows_started, q.workflows_ended, q.tasks_failed) == (1, 3, 2, 1)
+    assert snap.ledger.active_workflows == 2  # tasks 2 and 3; the fleet's count holds both pools'

@@ -192,9 +192,59 @@ def test_scale_down_is_rate_limited_and_drains() -> None:
 
 
 def test_scale_down_held_while_tasks_fail() -> None:
-    snap = replace(pool_snap(loaded(8, 4)), ledger=replace(pool_snap([]).ledger, tasks_failed=3))
+    snap = pool_snap(loaded(8, 4), tasks_failed=3)  # three tasks ended here in failure since the last tick
     d, _ = decide(snap, settled(last_desired=8), down_window_s=0)
     assert (d.desired_nodes, d.reason) == (8, "scale-down-held-tasks-failing")
+
+
+def _two_pools(here: dict[str, Any], other: dict[str, Any]) -> FleetSnapshot:
+    """Pool "p" (8 warm nodes at P = 0.2: a scale-down when nothing holds it) beside pool "q"."""
+    fields: dict[str, Any] = {
+        "requests_w": 200,
+        "ttft_p50_ms_w": 200.0,
+        "prompt_tokens_rate_per_s": 8000.0,
+        "output_tokens_rate_per_s": 2000.0,
+    }
+    other_nodes = nodes(3, pool_id="q", prefix="q", running_requests=40, kv_cache_used_frac=0.1)
+    return snapshot(
+        [*loaded(8, 4), *other_nodes], pool_fields={"p": {**fields, **here}, "q": {**fields, **other}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("here", "other", "desired", "reason"),
+    [
+        # Another pool's tasks fail (a 70B pool at its maximum, its copilot tasks past their
+        # deadlines) and the fleet's ledger counts them; this pool lost none: it scales down.
+        ({}, {"tasks_failed": 40}, 6, "scale-down"),
+        # Its own failed tasks hold it, whatever the other pool does.
+        ({"tasks_failed": 1}, {}, 8, "scale-down-held-tasks-failing"),
+        # Another pool's open tasks accumulate (24 more in 2 minutes, none ended); this pool's are
+        # level: it scales down.
+        ({"open_workflows": 10, "workflows_started": 40, "workflows_ended": 30},
+         {"open_workflows": 34, "workflows_started": 34}, 6, "scale-down"),
+        # Its own accumulate: held.
+        ({"open_workflows": 34, "workflows_started": 34},
+         {"open_workflows": 10, "workflows_started": 40, "workflows_ended": 30},
+         8, "scale-down-held-tasks-accumulating"),
+    ],
+)  # fmt: skip
+def test_holds_read_the_pools_own_tasks_not_the_fleets(
+    here: dict[str, Any], other: dict[str, Any], desired: int, reason: str
+) -> None:
+    """The scale-down holds count the tasks that called this pool (open, started, ended) and the
+    failed tasks whose final call was here, not the fleet's ledger: in a fleet of several pools one
+    pool's failures or accumulation must not keep every other pool at its peak size."""
+    snap = _two_pools(here, other)
+    snap = replace(snap, ledger=replace(snap.ledger, tasks_failed=40, active_workflows=44, tasks_started=74))
+    # This pool's history: 10 open for the last two minutes, or rising 10 -> 32 when it accumulates.
+    rising = here.get("open_workflows", 0) == 34
+    history = _rising(10, 2) if rising else [(10, 30)] * 12
+    state = settled(
+        last_desired=8, demand=((NOW_MS - 130_000, 10_000.0),), open_workflows=_open_workflows(history)
+    )
+    d, _ = decide(snap, state, down_window_s=0)
+    assert (d.desired_nodes, d.reason) == (desired, reason)
 
 
 def test_an_idle_pool_goes_to_its_floor_and_bounds_apply() -> None:
@@ -310,12 +360,11 @@ def _rising(start: int, step: int, ended: int = 0) -> list[tuple[int, int]]:
 def test_scale_down_held_while_open_workflows_accumulate(
     history: list[tuple[int, int]], now: tuple[int, int], desired: int, reason: str
 ) -> None:
-    base = pool_snap(loaded(8, 4))  # P = 0.2: need 1.6, a scale-down when nothing holds it
     open_now, ended = now
-    ledger = replace(
-        base.ledger, active_workflows=open_now, tasks_started=open_now + ended, tasks_succeeded=ended
+    # P = 0.2: need 1.6, a scale-down when nothing holds it; the pool's own share of the ledger.
+    snap = pool_snap(
+        loaded(8, 4), open_workflows=open_now, workflows_started=open_now + ended, workflows_ended=ended
     )
-    snap = replace(base, ledger=ledger)
     state = settled(
         last_desired=8, demand=((NOW_MS - 130_000, 10_000.0),), open_workflows=_open_workflows(history)
     )

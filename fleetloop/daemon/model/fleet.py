@@ -119,6 +119,13 @@ class _Pool:
     evicted_to: int = -(2**62)  # buckets at or before this are gone
     nodes: set[str] = field(default_factory=set)
     full_checked_bucket: int = -1  # the node cap's eviction scan runs at most once per bucket
+    # The ledger's tasks as this pool sees them (cumulative): open ones that have called it, those
+    # that first called it, those of them that ended or were let go, and tasks whose final call
+    # (the one carrying the outcome) was here and failed, our own sheds included.
+    wf_open: int = 0
+    wf_started: int = 0
+    wf_ended: int = 0
+    wf_failed: int = 0
 
 
 @dataclass(slots=True)
@@ -178,6 +185,7 @@ class _Workflow:
     calls: int = 0
     attempts: int = 0
     spend_nusd: int = 0
+    pools: tuple[str, ...] = ()  # the pools this open task has called, in first-call order
 
 
 @dataclass(slots=True)
@@ -482,7 +490,7 @@ class FleetModel:
             if len(ledger.active) >= self.config.max_open_workflows:
                 # Full: the earliest opened is let go as handed off (by count, as by age), so a new
                 # task, and the outcome of one that ends on its first call here, is never refused.
-                del ledger.active[next(iter(ledger.active))]
+                self._close_workflow(ledger.active.pop(next(iter(ledger.active))))
                 ledger.tasks_handed_off += 1
                 self.evicted["workflows"] += 1
             wf = ledger.active[wf_id] = _Workflow(o.tenant_id, o.priority, o.ts_ms, o.ts_ms)
@@ -496,6 +504,12 @@ class FleetModel:
                 gaps[bisect_left(GAP_EDGES_MS, gap)] += 1
             if gap > 0:
                 wf.last_ms = o.ts_ms
+        if o.pool_id not in wf.pools:
+            wf.pools = (*wf.pools, o.pool_id)
+            pool = self.pools.get(o.pool_id)
+            if pool is not None:
+                pool.wf_open += 1
+                pool.wf_started += 1
         wf.attempts += 1
         if o.attempt == 0:
             wf.calls += 1
@@ -504,15 +518,27 @@ class FleetModel:
             wf.spend_nusd += nano_usd(cost)
         if o.task_outcome is not None:
             del ledger.active[wf_id]
+            self._close_workflow(wf)
             self._finish(wf_id, o.ts_ms)
             if o.task_outcome == "succeeded":
                 ledger.tasks_succeeded += 1
             else:
                 ledger.tasks_failed += 1
+                pool = self.pools.get(o.pool_id)
+                if pool is not None:
+                    pool.wf_failed += 1
                 # The router's running total covers the calls other shards saw; this shard's own sum
                 # covers attempts a router reported without it. The task spent at least both.
                 carried = nano_usd(o.workflow_spend_usd) + (nano_usd(cost) if cost > 0.0 else 0)
                 ledger.spend_on_failed_nusd += max(wf.spend_nusd, min(carried, _MAX_NUSD))
+
+    def _close_workflow(self, wf: _Workflow) -> None:
+        """An open task left the ledger (ended, or let go): it is no longer open on its pools."""
+        for pool_id in wf.pools:
+            pool = self.pools.get(pool_id)
+            if pool is not None:
+                pool.wf_open = max(0, pool.wf_open - 1)  # a pool dropped and re-made starts at 0
+                pool.wf_ended += 1
 
     def _finish(self, wf_id: str, ts_ms: int) -> None:
         finished = self.ledger.finished
@@ -605,6 +631,7 @@ class FleetModel:
             wf = active[wf_id]
             if now - wf.last_ms > quiet:
                 del active[wf_id]
+                self._close_workflow(wf)
                 ledger.tasks_handed_off += 1
                 self.evicted["workflows"] += 1
             elif now - wf.first_ms > quiet and moves > 0:
@@ -783,6 +810,10 @@ def snapshot(
             requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
             tasks_ended_w=int(tasks[0]),
             tasks_lost_w=int(tasks[1]),
+            open_workflows=pool.wf_open,
+            workflows_started=pool.wf_started,
+            workflows_ended=pool.wf_ended,
+            tasks_failed=pool.wf_failed,
         )
     tenants: dict[str, TenantView] = {}
     for tenant_id in sorted(model.tenants):

@@ -57,11 +57,12 @@ cold or loading ones ``A`` (arriving)::
            = ceil(need)                     otherwise            (current = |W| + |A|)
     desired = min(max(current, min(raw over up window)), max(raw over down window))
     a decrease is at most max(1, floor(down_step_frac * current)) per ``down_period_s``, and none
-    while the ledger has counted a failed task within the down window (never trade successful
-    tasks for node-hours: the KPI's denominator is worth more than its numerator's saving), nor
-    while open workflows accumulate:
-        O, S, E = the ledger's open workflows (tasks started, not yet ended), tasks started and
-                  tasks ended so far, sampled every tick over the last lead
+    while a task whose final call was on this pool failed within the down window (never trade
+    successful tasks for node-hours: the KPI's denominator is worth more than its numerator's
+    saving), nor while the pool's open workflows accumulate:
+        O, S, E = the pool's share of the ledger: open workflows that have called it (tasks
+                  started, not yet ended), tasks that first called it and those of them that
+                  ended (or were let go) so far, sampled every tick over the last lead
         rise    = O_now - O_oldest, counted only when O_now > O at the span's midpoint (still rising)
         noise   = sqrt((S_now - S_oldest) + (E_now - E_oldest))
         accumulating = rise > 2 * noise
@@ -71,7 +72,6 @@ cold or loading ones ``A`` (arriving)::
       only when a task starts or ends, so neighbouring windows share almost all of it, and random
       walks of a few tasks read as trends.)
     desired is clamped to the pool's [min_nodes, max_nodes];
-    desired is clamped to the pool's [min_nodes, max_nodes];
     drain   = the (current - desired) first of A (cold, then loading), then W by
               (running + queued requests, KV use), highest node id first on ties.
 
@@ -80,9 +80,13 @@ tokens count a call only when it ends; while tasks arrive faster than they finis
 a rise in task arrivals) every open task will call again, so demand still rises for as long as a
 task lasts (research-long-context: 40-60 calls of ~20 s each, about 1,000 s per task), and a pool
 sized to today's served tokens is short by the time the tasks' later calls come, one cold start
-too late. A count that is level or falling holds nothing. The count is the fleet's (the ledger has
-no per-pool split), so a pool whose own share is shrinking while another pool's tasks accumulate
-is held too: the conservative side.
+too late. A count that is level or falling holds nothing. Both holds read the pool's own share of
+the ledger (``PoolView.open_workflows``, ``tasks_failed``), not the fleet's: in a fleet of several
+pools one pool's failing or accumulating tasks would otherwise hold every pool at its peak size
+(burst-a100-2x: a 70B pool at its maximum with copilot tasks past their deadlines kept the 8B
+pool at 24 nodes for 380 s after its burst, against a need of 7). A task that calls two pools
+counts as open on both; a failed task is charged to the pool of its final call, the one that
+could not serve it in time (our own sheds included: a shed task is lost too).
 
 Without a learned ``C`` and no warm node the target holds (nothing to extrapolate from); a pool
 with no node yet gets ``min_nodes``. The down window defaults to the lead: by the ski-rental
@@ -91,8 +95,8 @@ possible cost whatever the future load does.
 
 Inputs: per node ``weights_state``, ``draining``, ``stale``, ``kv_cache_used_frac``,
 ``running_requests``, ``queue_depth``, ``queued_prompt_tokens``, ``model``, ``gpu_type``,
-``gpu_count``, ``prefix_cache_hit_frac``; the ledger's ``active_workflows`` and ``tasks_failed``;
-per pool ``prompt_tokens_rate_per_s``,
+``gpu_count``, ``prefix_cache_hit_frac``; per pool ``open_workflows``, ``workflows_started``,
+``workflows_ended``, ``tasks_failed`` (its share of the ledger), ``prompt_tokens_rate_per_s``,
 ``output_tokens_rate_per_s``, ``request_rate_per_s``, ``ttft_p50_ms_w``, ``requests_w``; the SLO
 (``ctx.slo``; no copy here);
 the snapshot's ``window_ms``; event time ``ctx.now_ms``. State: demand samples over the trend
@@ -211,8 +215,8 @@ class SloPredictiveState:
     last_down_ms: int | None = None
     drained: tuple[tuple[str, int], ...] = ()  # node id -> when we asked to drain it
     tbt_ms: float | None = None  # effective time between tokens, smoothed over a window
-    failed_tasks: int = 0  # the ledger's count at the last tick
-    last_failure_ms: int | None = None  # when the ledger last counted a failed task
+    failed_tasks: int = 0  # the pool's count of failed tasks at the last tick
+    last_failure_ms: int | None = None  # when a task last failed on this pool
     # (event time ms, open workflows, tasks started so far, tasks ended so far), oldest first
     open_workflows: tuple[tuple[int, int, int, int], ...] = ()
 
@@ -432,12 +436,10 @@ class SloPredictive:
 
         # Open workflows: each one will call again (a chain of sequential calls), so while their
         # number grows the demand still ahead is not yet in the served tokens.
-        ledger = snap.ledger
         counts = (
-            now,
-            ledger.active_workflows,
-            ledger.tasks_started,
-            ledger.tasks_succeeded + ledger.tasks_failed,
+            (now, pool.open_workflows, pool.workflows_started, pool.workflows_ended)
+            if pool is not None
+            else (now, 0, 0, 0)
         )
         open_wf = (*(o for o in state.open_workflows if now - o[0] <= horizon_ms), counts)
         open_rise, open_noise = accumulation(open_wf) if full else (0.0, 0.0)
@@ -462,7 +464,7 @@ class SloPredictive:
             "ttft_slo_ms": r6(slo.ttft_ms),
             "tbt_slo_ms": r6(slo.tbt_ms),
             "prefill_ms": r6(prefill),
-            "open_workflows": float(ledger.active_workflows),
+            "open_workflows": float(counts[1]),
             "open_workflows_rise": r6(open_rise),
             "open_workflows_noise": r6(open_noise),
         }
@@ -504,7 +506,8 @@ class SloPredictive:
             reason = "scale-down-stabilized"
         last_down = state.last_down_ms
         last_failure = state.last_failure_ms
-        if snap.ledger.tasks_failed > state.failed_tasks and state.last_desired is not None:
+        failed_tasks = pool.tasks_failed if pool is not None else state.failed_tasks
+        if failed_tasks > state.failed_tasks and state.last_desired is not None:
             last_failure = now
         failing = last_failure is not None and now - last_failure <= down_window_ms
         if desired < current and failing:
@@ -541,7 +544,7 @@ class SloPredictive:
             last_down_ms=last_down,
             drained=drained,
             tbt_ms=tbt,
-            failed_tasks=snap.ledger.tasks_failed,
+            failed_tasks=failed_tasks,
             last_failure_ms=last_failure,
             open_workflows=open_wf,
         )
