@@ -10,6 +10,7 @@ first failed answer to the last request HAProxy sent the node, and to vllm-route
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import subprocess
@@ -22,8 +23,9 @@ import pytest
 from fleetloop.router import clock
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import TELEMETRY, TICKS
-from tests.integration.test_haproxy import Traffic, _free_port, haproxy_config
+from tests.integration.test_haproxy import Traffic, haproxy_config
 from tests.integration.test_vllm_router import VLLM_ROUTER
+from tests.support.http import free_port, nodes
 from tests.support.kafka import producer, running_daemon, send
 from tests.support.records import telemetry
 
@@ -56,10 +58,9 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
 
     failing = {"on": False, "first_failure": -1.0}
     degraded = mode == "degraded"
-    runners, ports = [], []
-    for i in range(3):
 
-        async def complete(request: web.Request, node: str = f"chat/{i}") -> web.Response:
+    def answer(node: str) -> Any:
+        async def complete(request: web.Request) -> web.Response:
             if node == "chat/0" and failing["on"] and degraded:
                 await asyncio.sleep(0.2)
                 return web.json_response({"choices": [{"text": node}]}, headers={"x-node": node})
@@ -70,20 +71,12 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
             await asyncio.sleep(0.005)
             return web.json_response({"choices": [{"text": node}]}, headers={"x-node": node})
 
-        async def health(request: web.Request) -> web.Response:
-            return web.Response(text="ok")
+        return complete
 
-        app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_route("*", "/{tail:.*}", complete)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        port = _free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-        ports.append(port)
+    servers = contextlib.AsyncExitStack()
+    ports = await servers.enter_async_context(nodes(3, answer))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    fe_port, log_port, vr_port = _free_port(), _free_port(socket.SOCK_DGRAM), _free_port()
+    fe_port, log_port, vr_port = free_port(), free_port(socket.SOCK_DGRAM), free_port()
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(haproxy_config(tmp_path, fe_port, log_port, ports))
     (tmp_path / "backends.yaml").write_text(
@@ -166,7 +159,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                         "--policy",
                         "power_of_two",
                         "--prometheus-port",
-                        str(_free_port()),
+                        str(free_port()),
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -246,8 +239,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                 proc.terminate()
             for proc in procs:
                 proc.wait(10)
-            for r in runners:
-                await r.cleanup()
+            await servers.aclose()
 
     t0 = failing["first_failure"]
     assert t0 > 0, "node 0 never got a request after it started failing"

@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,17 +34,12 @@ from fleetloop.schemas.decisions import (
     RoutingDecision,
 )
 from fleetloop.schemas.topics import REQUESTS, STATE
+from tests.support.http import Handler, free_port, nodes
 from tests.support.kafka import producer, read_all
 
 TICK_S = 1.0
 STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
 NODES = ("chat/0", "chat/1", "chat/2")  # chat/2 is a declared slot with no node behind it yet
-
-
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -63,28 +57,17 @@ class Traffic:
         return max((t for t, n in self.seen if n == node), default=-1.0)
 
 
-@contextlib.asynccontextmanager
-async def backends(n: int) -> AsyncIterator[list[int]]:
-    runners, ports = [], []
-    for i in range(n):
+def backends(n: int) -> contextlib.AbstractAsyncContextManager[list[int]]:
+    """``n`` backends that say which node answered, a little slowly (5 ms)."""
 
-        async def hello(request: web.Request, node: str = f"chat/{i}") -> web.Response:
+    def answer(node: str) -> Handler:
+        async def hello(request: web.Request) -> web.Response:
             await asyncio.sleep(0.005)
             return web.json_response({"node": node}, headers={"x-node": node})
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", hello)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        port = _free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-        ports.append(port)
-    try:
-        yield ports
-    finally:
-        for r in runners:
-            await r.cleanup()
+        return hello
+
+    return nodes(n, answer)
 
 
 def haproxy_config(tmp: Path, fe_port: int, log_port: int, ports: list[int]) -> str:
@@ -170,7 +153,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
 ) -> None:
     if shutil.which("haproxy") is None:
         pytest.fail("haproxy is not installed (.ci/run installs it from Debian: apt-get install haproxy)")
-    fe_port, log_port = _free_port(), _free_port(socket.SOCK_DGRAM)
+    fe_port, log_port = free_port(), free_port(socket.SOCK_DGRAM)
     bmap = tmp_path / "backends.yaml"
     bmap.write_text(
         "pools:\n  chat:\n    backend: chat\n    model: llama-8b\n"
@@ -324,7 +307,7 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
     cfg.write_text(
         f"global\n    stats socket {tmp_path}/admin.sock mode 600 level admin\n"
         "defaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
-        f"frontend fe\n    bind 127.0.0.1:{_free_port()}\n    default_backend big\nbackend big\n{servers}\n"
+        f"frontend fe\n    bind 127.0.0.1:{free_port()}\n    default_backend big\nbackend big\n{servers}\n"
     )
     bmap = tmp_path / "backends.yaml"
     bmap.write_text(

@@ -183,17 +183,7 @@ async def test_records_refused_by_a_cap_are_dead_lettered_once_across_a_crash(
     caps = ModelConfig(max_pools=2)
     async with producer(kafka_env) as p:
         refused_bytes = await _refused_then_crash(kafka_env, monkeypatch, p, caps)
-        second = _daemon(kafka_env, model=caps)
-        stop = asyncio.Event()
-        task = asyncio.create_task(second.run(stop))
-        try:
-            await asyncio.wait_for(second.ready.wait(), 60)
-            await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=2900) for n in NODES])
-            await send(p, kafka_env, TICKS, [Tick(ts_ms=3000, tick_id=3, pool_id="p")])
-            await wait_decided(second, 3000, timeout_s=60)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 60)
+        second = await _restarted_decides_tick_3(kafka_env, p, caps)
         assert second.stats.shards_restored >= 1
         # One read of the dead-letter topic for the whole assignment, however many shards it restored.
         assert second.stats.dead_letter_scans == 1
@@ -231,20 +221,26 @@ async def test_dead_letters_removed_by_retention_are_said_and_counted_at_restore
                 pytest.skip(f"{kafka_env.broker.kind} cannot delete records: {type(exc).__name__}")
         finally:
             await admin.close()
-        second = _daemon(kafka_env, model=caps)
-        stop = asyncio.Event()
-        task = asyncio.create_task(second.run(stop))
-        try:
-            await asyncio.wait_for(second.ready.wait(), 60)
-            await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=2900) for n in NODES])
-            await send(p, kafka_env, TICKS, [Tick(ts_ms=3000, tick_id=3, pool_id="p")])
-            await wait_decided(second, 3000, timeout_s=60)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 60)
+        second = await _restarted_decides_tick_3(kafka_env, p, caps)
     assert second.stats.dead_letter_scans == 1
     assert second.stats.dead_letter_marks_lost >= 1
     assert second.stats.dead_by_reason.get("capacity-pools") == 11  # published again, not lost
+
+
+async def _restarted_decides_tick_3(kafka_env: Any, p: Any, caps: ModelConfig) -> Daemon:
+    """A daemon started after ``_refused_then_crash``, run until it decides the real pool's tick 3."""
+    second = _daemon(kafka_env, model=caps)
+    stop = asyncio.Event()
+    task = asyncio.create_task(second.run(stop))
+    try:
+        await asyncio.wait_for(second.ready.wait(), 60)
+        await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=2900) for n in NODES])
+        await send(p, kafka_env, TICKS, [Tick(ts_ms=3000, tick_id=3, pool_id="p")])
+        await wait_decided(second, 3000, timeout_s=60)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+    return second
 
 
 async def _end_offset(kafka_env: Any, tp: TopicPartition) -> int:

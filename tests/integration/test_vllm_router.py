@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -26,25 +25,19 @@ from fleetloop.schemas.decisions import (
     RoutingDecision,
 )
 from fleetloop.schemas.topics import STATE
+from tests.support.http import Handler, free_port, nodes
 from tests.support.kafka import producer
 
 STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
 VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def workers(n: int) -> AsyncIterator[list[str]]:
     """OpenAI-style backends that say which node answered (they are backends, not a proxy)."""
-    runners, urls = [], []
-    for i in range(n):
 
-        async def complete(request: web.Request, node: str = f"chat/{i}") -> web.Response:
+    def answer(node: str) -> Handler:
+        async def complete(request: web.Request) -> web.Response:
             body = {
                 "id": "c",
                 "object": "text_completion",
@@ -53,23 +46,10 @@ async def workers(n: int) -> AsyncIterator[list[str]]:
             }
             return web.json_response(body)
 
-        async def health(request: web.Request) -> web.Response:
-            return web.Response(text="ok")
+        return complete
 
-        app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_route("*", "/{tail:.*}", complete)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        port = _free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-        urls.append(f"http://127.0.0.1:{port}")
-    try:
-        yield urls
-    finally:
-        for r in runners:
-            await r.cleanup()
+    async with nodes(n, answer) as ports:
+        yield [f"http://127.0.0.1:{p}" for p in ports]
 
 
 async def _until(pred: Any, timeout_s: float, what: str) -> None:
@@ -89,7 +69,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_route
     async with workers(3) as urls, producer(kafka_env) as prod:
         wmap = tmp_path / "workers.yaml"
         wmap.write_text("pools:\n  chat:\n" + "".join(f"    chat/{i}: {u}\n" for i, u in enumerate(urls)))
-        port = _free_port()
+        port = free_port()
         vr = subprocess.Popen(
             [
                 str(VLLM_ROUTER),
@@ -102,7 +82,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_route
                 "--policy",
                 "round_robin",
                 "--prometheus-port",
-                str(_free_port()),
+                str(free_port()),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
