@@ -119,6 +119,19 @@ def scale_in_victims(active: Sequence[Node], drain: Sequence[str], k: int) -> li
     return [*named, *rest][: max(k, 0)]
 
 
+def scale_plan(members: Sequence[Node], pool: Pool, d: AutoscaleDecision) -> tuple[int, list[Node]]:
+    """What an autoscale decision asks of a pool: how many nodes to provision, or which to drain.
+
+    The decision's ``desired_nodes`` is held within the pool's ``min_nodes..hi_nodes``; it is
+    compared with the pool's active nodes (alive, not draining), and a scale-in drains the nodes
+    ``scale_in_victims`` picks."""
+    desired = min(max(d.desired_nodes, pool.min_nodes), pool.hi_nodes)
+    active = [n for n in members if n.alive and not n.draining]
+    if desired > len(active):
+        return desired - len(active), []
+    return 0, scale_in_victims(active, d.drain, len(active) - desired)
+
+
 class FleetSim:
     """The simulated world. See the module docstring."""
 
@@ -271,17 +284,14 @@ class FleetSim:
         pool = self.pools.get(d.pool_id)
         if pool is None:
             return
-        desired = min(max(d.desired_nodes, pool.min_nodes), pool.hi_nodes)
-        active = [n for n in self._members[d.pool_id] if n.alive and not n.draining]
-        if desired > len(active):
-            for _ in range(desired - len(active)):
-                self._provision(d.pool_id, warm=False)
-        elif desired < len(active):
-            for n in scale_in_victims(active, d.drain, len(active) - desired):
-                n.draining = True
-                self.router.fleet_changed()
-                if n.idle:
-                    self._remove(n)
+        add, victims = scale_plan(self._members[d.pool_id], pool, d)
+        for _ in range(add):
+            self._provision(d.pool_id, warm=False)
+        for n in victims:
+            n.draining = True
+            self.router.fleet_changed()
+            if n.idle:
+                self._remove(n)
 
     def _batching(self, d: BatchingDecision) -> None:
         if d.pool_id not in self.pools or d.max_batch_tokens <= 0:

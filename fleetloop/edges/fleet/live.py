@@ -56,7 +56,7 @@ from fleetloop.schemas.decisions import (
 )
 from fleetloop.sim import faults as faults_mod
 from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
-from fleetloop.sim.fleet import scale_in_victims
+from fleetloop.sim.fleet import scale_plan
 from fleetloop.sim.node import Node, Req
 from fleetloop.sim.router import SimRouter, sim_router
 from fleetloop.sim.scenario import Fault, Pool, Scenario
@@ -350,13 +350,9 @@ class LiveFleet:
         pool = self.pools.get(d.pool_id)
         if pool is None:
             return
-        desired = min(max(d.desired_nodes, pool.min_nodes), pool.hi_nodes)
-        active = [n for n in self._members[d.pool_id] if n.alive and not n.draining]
-        if desired > len(active):
-            for _ in range(desired - len(active)):
-                self._provision(d.pool_id, warm=False)
-            return
-        victims = scale_in_victims(active, d.drain, len(active) - desired)
+        add, victims = scale_plan(self._members[d.pool_id], pool, d)
+        for _ in range(add):
+            self._provision(d.pool_id, warm=False)
         if not victims:
             return
         for n in victims:
