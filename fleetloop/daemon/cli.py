@@ -21,6 +21,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        ns, extra = super().parse_known_args(args, namespace)
+        if extra and " " in self.prog:
+            # A subcommand names itself in the refusal ("fleetloop bench soak: unrecognized
+            # arguments: ..."), not the top-level "fleetloop" argparse would name.
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns, extra
+
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The whole command line; ``FLEETLOOP_*`` variables in ``environ`` (default: the process's)

@@ -134,10 +134,23 @@ def test_diff_of_identical_documents(tmp_path: Path, capsys: pytest.CaptureFixtu
 # -- argument errors --------------------------------------------------------------------------------
 
 
-def test_an_unknown_flag_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["policy", "validate", "--frobnicate", str(DEFAULT_YAML)]) == 2
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["policy", "validate", "--frobnicate", str(DEFAULT_YAML)],
+            "fleetloop policy validate: unrecognized arguments: --frobnicate",
+        ),
+        (["bench", "soak", "--seconds", "1"], "fleetloop bench soak: unrecognized arguments: --seconds 1"),
+        (["run", "--bootstrap-servers", "x", "--bogus"], "fleetloop run: unrecognized arguments: --bogus"),
+    ],
+)
+def test_an_unknown_flag_is_one_line_naming_the_subcommand(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
     out, err = capsys.readouterr()
-    assert one_line(err) == "fleetloop: unrecognized arguments: --frobnicate"
+    assert one_line(err) == message
     assert out == ""
 
 
