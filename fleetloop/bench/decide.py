@@ -36,7 +36,7 @@ from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, teleme
 from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError, policy_from
 from fleetloop.daemon.decide.engine import Engine, envelope_of
-from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.daemon.runtime import DaemonConfig, tune_gc
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick
@@ -113,7 +113,11 @@ def run_size(
     rss0 = rss_mib()
     fleet = make_fleet(n_nodes)
     pools = sorted(fleet.pool_ids)
-    model = FleetModel()
+    # The workflow phase measures one model holding all ``workflows`` open at once (the worst case
+    # for one daemon), so the open-workflow cap is raised to hold them instead of letting the
+    # earliest go.
+    cap = max(ModelConfig().max_open_workflows, workflows)
+    model = FleetModel(ModelConfig(max_open_workflows=cap))
     engine = Engine(policy)
     ts = BASE_TS_MS
     tick_ms: list[float] = []
@@ -170,6 +174,7 @@ def _with_workflows(
     gc.collect()
     rss0 = rss_mib()
     opened = 0
+    sent = 0  # workflow ids used so far: each outcome opens a new one
     per_s = max(1, n // 10)
     while opened < n:
         chunk = min(per_s, n - opened)
@@ -177,12 +182,13 @@ def _with_workflows(
         for t in telemetry_at(fleet, ts):
             model.fold_telemetry(t)
         per_node = chunk / fleet.n_nodes
-        for o in outcomes_at(fleet, ts, per_node, workflow_base=10**9 + opened, open_only=True):
+        for o in outcomes_at(fleet, ts, per_node, workflow_base=10**9 + sent, open_only=True):
             model.fold_outcome(o)
-        opened = len(model.ledger.active)
+            sent += 1
+        before, opened = opened, len(model.ledger.active)
         progress(f"  {fleet.n_nodes:,} nodes: {opened:,} open workflows")
-        if per_node < 1e-9:
-            break
+        if per_node < 1e-9 or opened <= before:
+            break  # the model holds no more (a cap): measure what it holds
     gc.collect()
     times: list[float] = []
     cpu: list[float] = []

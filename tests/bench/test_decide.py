@@ -106,3 +106,28 @@ def test_a_whole_fleet_tick_scores_each_pool_twice_not_pools_squared(monkeypatch
         calls["n"] = 0
         fleet_tick(model, engine, ts + 1000, pools)
         assert calls["n"] == 2 * len(pools)
+
+
+def test_the_workflow_phase_holds_n_workflows_past_the_default_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--workflows N`` measures one model holding N open workflows: the default open-workflow cap
+    is raised to N for it (before, at N above the cap the phase never ended)."""
+    from fleetloop.bench import decide as bench_decide
+    from fleetloop.daemon.model.fleet import ModelConfig
+
+    def small_default(**kw: int) -> ModelConfig:  # a default cap of 2,000 instead of 500,000
+        return ModelConfig(**({"max_open_workflows": 2_000} | kw))
+
+    monkeypatch.setattr(bench_decide, "ModelConfig", small_default)
+    row = bench_decide.run_size(64, policy=builtin_policy("default"), ticks=2, warmup=1, workflows=5_000)
+    assert row["workflows"]["open_workflows"] >= 5_000
+
+
+def test_the_workflow_phase_ends_when_the_model_holds_no_more() -> None:
+    from fleetloop.bench.decide import _with_workflows
+    from fleetloop.daemon.model.fleet import ModelConfig
+
+    fleet = make_fleet(64)
+    model = FleetModel(ModelConfig(max_open_workflows=1_000))
+    engine = Engine(builtin_policy("default"))
+    row = _with_workflows(fleet, model, engine, sorted(fleet.pool_ids), ts=BASE_TS_MS, n=5_000, ticks=1)
+    assert row["open_workflows"] == 1_000
