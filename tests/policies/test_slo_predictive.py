@@ -372,3 +372,49 @@ def test_scale_down_held_while_open_workflows_accumulate(
     assert (d.desired_nodes, d.reason) == (desired, reason)
     assert d.inputs["open_workflows"] == open_now
     assert result.state.open_workflows[-1] == (NOW_MS, open_now, open_now + ended, ended)
+
+
+def _sibling(
+    count: int, *, queue: int, model: str = "llama-8b", loading: int = 0
+) -> tuple[list[NodeView], dict[str, Any]]:
+    """Pool "q": ``count`` warm nodes running 10 each with ``queue`` waiting each (queue pressure
+    (10 + queue) / 10 when every node waits), plus ``loading`` nodes on their way."""
+    warm = nodes(
+        count, pool_id="q", prefix="q", running_requests=10, queue_depth=queue, kv_cache_used_frac=0.1
+    )
+    arriving = nodes(loading, pool_id="q", prefix="r", weights_state="loading")
+    return [*warm, *arriving], {"model": model, "requests_w": 200, "ttft_p50_ms_w": 200.0}
+
+
+@pytest.mark.parametrize(
+    ("sibling", "desired", "reason"),
+    [
+        # The model's other pool: 10 warm nodes at queue pressure 2 and none arriving (at its
+        # maximum) is 10 nodes short; this pool (5 nodes, need 0.6 of its own) carries them: 11.
+        (_sibling(10, queue=10), 11, "scale-up-sibling-short"),
+        # The same pressure with 10 nodes arriving there: it got what it needs, nothing moves here.
+        (_sibling(10, queue=10, loading=10), 4, "scale-down"),
+        # Another model's pool: its calls cannot come here.
+        (_sibling(10, queue=10, model="llama-70b"), 4, "scale-down"),
+        # A sibling below its target (no node waits): not short.
+        (_sibling(10, queue=0), 4, "scale-down"),
+    ],
+)
+def test_a_sibling_pool_short_of_nodes_is_carried_by_this_one(
+    sibling: tuple[list[NodeView], dict[str, Any]], desired: int, reason: str
+) -> None:
+    """research-long-context: the MI300X pool at its maximum at pressure 1.4-7 (KV-bound on long
+    prompts) while the H200 pool of the same model, with a share of the calls proportional to its
+    size, shrank to 4 nodes at pressure 0.37. A router splits a model's calls by capacity, so the
+    pool that can grow takes the share the other cannot carry."""
+    sib_nodes, sib_fields = sibling
+    here: dict[str, Any] = {
+        "requests_w": 200,
+        "ttft_p50_ms_w": 200.0,
+        "prompt_tokens_rate_per_s": 8000.0,
+        "output_tokens_rate_per_s": 2000.0,
+    }
+    snap = snapshot([*loaded(5, 4), *sib_nodes], pool_fields={"p": here, "q": sib_fields})
+    d, _ = decide(snap, settled(last_desired=5), down_window_s=0)
+    assert (d.desired_nodes, d.reason) == (desired, reason)
+    assert d.inputs["sibling_short_nodes"] == (10.0 if reason == "scale-up-sibling-short" else 0.0)

@@ -52,7 +52,10 @@ cold or loading ones ``A`` (arriving)::
              errors (one independent sample per telemetry window); then the smaller of the two.
              A step or a start-up ramp that has levelled off is not a trend.
     D_proj = D + slope * lead
-    need   = max(n_w * P, (D + B) / C) * max(1, D_proj / D)  (+ spare_nodes when need > 0)
+    short  = max over the model's other pools s of (P_s * n_s - a_s), when positive: the nodes a
+             sibling with n_s warm nodes at pressure P_s (KV, TTFT, queue; not its smoothed TBT)
+             needs beyond its a_s warm and arriving ones (:func:`sibling_excess`)
+    need   = max(n_w * P, (D + B) / C) * max(1, D_proj / D) + short  (+ spare_nodes when need > 0)
     raw    = current                        if |need / current - 1| <= tolerance
            = ceil(need)                     otherwise            (current = |W| + |A|)
     desired = min(max(current, min(raw over up window)), max(raw over down window))
@@ -88,6 +91,15 @@ pool at 24 nodes for 380 s after its burst, against a need of 7). A task that ca
 counts as open on both; a failed task is charged to the pool of its final call, the one that
 could not serve it in time (our own sheds included: a shed task is lost too).
 
+Why a sibling's shortfall: a router splits a model's calls among its pools by routable capacity
+(node count, or decode bandwidth), so each pool of a model carries a share proportional to its
+size, and a pool that cannot grow (its ``max_nodes``, a provider's step limit; bounds the policy
+does not see) stays pressed however far its sibling shrinks. research-long-context: the MI300X
+pool (96k tokens of KV per node against prompts of 16k-100k) sat at its maximum of 20 at pressure
+1.4-7 while the H200 pool of the same model (343k tokens of KV per node) shrank to 4 nodes at 0.37,
+and tasks missed their deadlines. The shortfall is counted against the sibling's own warm plus
+arriving nodes, so a sibling that can grow (it asks within a tick) moves nothing here.
+
 Without a learned ``C`` and no warm node the target holds (nothing to extrapolate from); a pool
 with no node yet gets ``min_nodes``. The down window defaults to the lead: by the ski-rental
 argument, keeping an idle node for as long as it takes to get one back is within 2x of the best
@@ -96,7 +108,8 @@ possible cost whatever the future load does.
 Inputs: per node ``weights_state``, ``draining``, ``stale``, ``kv_cache_used_frac``,
 ``running_requests``, ``queue_depth``, ``queued_prompt_tokens``, ``model``, ``gpu_type``,
 ``gpu_count``, ``prefix_cache_hit_frac``; per pool ``open_workflows``, ``workflows_started``,
-``workflows_ended``, ``tasks_failed`` (its share of the ledger), ``prompt_tokens_rate_per_s``,
+``workflows_ended``, ``tasks_failed`` (its share of the ledger), ``model`` (its siblings: the other
+pools of that model, with their nodes' KV, queue and TTFT), ``prompt_tokens_rate_per_s``,
 ``output_tokens_rate_per_s``, ``request_rate_per_s``, ``ttft_p50_ms_w``, ``requests_w``; the SLO
 (``ctx.slo``; no copy here);
 the snapshot's ``window_ms``; event time ``ctx.now_ms``. State: demand samples over the trend
@@ -136,7 +149,10 @@ Demand that steps up faster than a cold start is lost until new nodes warm: the 
 the demand it sees, plus ``spare_nodes``, and keeps no reserve for a surge it has not seen
 (burst-a100-2x: arrivals triple on a pool sized for a third of its warm capacity). While tasks
 accumulate for longer than their own duration (a workload that only grows) no scale-down happens
-until it levels off, which costs the idle nodes of that time.
+until it levels off, which costs the idle nodes of that time. The sibling rule assumes equal
+per-node capacity across a model's pools and reads each sibling's pressure against this pool's
+SLO; a sibling whose pressure capacity cannot fix (every node waiting on a prompt that fits no
+node) buys nodes here that carry the moved share, never the unfittable prompts.
 """
 
 from __future__ import annotations
@@ -346,6 +362,47 @@ def pressure(  # noqa: PLR0917 - the signals, then the SLO and the prefill that 
     )
 
 
+def sibling_excess(
+    snap: FleetSnapshot,
+    ctx: PolicyContext,
+    params: SloPredictiveParams,
+    pool: PoolView | None,
+    n_warm: int,
+) -> tuple[float, float]:
+    """(the pressure of the model's other pool that is short the most nodes, the nodes this pool
+    needs to carry what that pool cannot), (0, 0) when no sibling is short.
+
+    A router splits a model's calls among its pools by their routable capacity, so this pool's
+    share grows with its nodes. A sibling ``s`` with ``n_s`` warm nodes at pressure ``P_s`` needs
+    ``P_s * n_s`` nodes; when its own node count (warm plus arriving, ``a_s``) stays below that,
+    it could not get them (its ``max_nodes``, or its provider's step limit; the policy does not see
+    those bounds) and ``short = P_s * n_s - a_s`` nodes of the model's demand are unserved. Sized
+    for the model's demand with the sibling's nodes counted as they are, this pool needs
+    ``n * P + short`` (equal per-node capacity and pressure linear in load, as for ``need``). A
+    sibling that can grow asks for its nodes within a tick and is not short for long; the up
+    window (``up_window_s``) keeps one tick's reading from buying nodes here. The sibling's
+    pressure is read without its smoothed TBT (another pool's state): KV, TTFT above its predicted
+    prefill, queue, against this pool's SLO."""
+    if pool is None or not pool.model:
+        return 0.0, 0.0
+    ejected = {i for i, b in ctx.breakers.items() if b.enforced and b.state == "open"}
+    slo = ctx.pool_slo(snap)
+    best_p, best_short = 0.0, 0.0
+    for sid, sib in snap.pools.items():
+        if sid == ctx.pool_id or sib.model != pool.model:
+            continue
+        active = [n for n in snap.pool_nodes(sid) if not n.draining and not n.stale]
+        warm = [n for n in active if n.weights_state == "warm" and n.node_id not in ejected]
+        if not warm:
+            continue
+        prefill = predicted_prefill_ms(sib, warm, params)
+        p = pressure(warm, sib.ttft_p50_ms_w, None, params, slo, prefill).value
+        short = p * len(warm) - len(active)
+        if short > best_short:
+            best_p, best_short = p, short
+    return best_p, best_short
+
+
 @register("autoscale", "slo-predictive")
 class SloPredictive:
     Params = SloPredictiveParams
@@ -447,7 +504,10 @@ class SloPredictive:
         growth = max(1.0, projected / demand) if demand > 0 else 1.0
         level = len(warm) * p_now
         by_capacity = (demand + backlog) / capacity if capacity else 0.0
-        need = max(level, by_capacity) * growth
+        # A pool of the same model short of the nodes its pressure asks for: this pool carries it.
+        sib_p, sib_short = sibling_excess(snap, ctx, params, pool, len(warm))
+        sibling_binds = sib_short > 0
+        need = max(level, by_capacity) * growth + sib_short
         if need > 0:
             need += params.spare_nodes  # N+k: survive losing k nodes while replacements warm up
 
@@ -467,6 +527,8 @@ class SloPredictive:
             "open_workflows": float(counts[1]),
             "open_workflows_rise": r6(open_rise),
             "open_workflows_noise": r6(open_noise),
+            "sibling_pressure": r6(sib_p),
+            "sibling_short_nodes": r6(sib_short),
         }
         if p.ttft is not None:
             inputs["pressure_ttft"] = r6(p.ttft)
@@ -488,6 +550,8 @@ class SloPredictive:
             reason = "scale-up" if raw > current else "scale-down"
         if slope > 0 and raw > current:
             reason = "scale-up-trend"
+        if sibling_binds and raw > current:
+            reason = "scale-up-sibling-short"
         inputs["need_nodes"] = r6(need)
         inputs["raw_desired"] = float(raw)
 
