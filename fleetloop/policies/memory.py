@@ -70,12 +70,13 @@ class PoolMemory:
         ids: tuple[str, ...],
         now: int,
         memory_ms: int,
-        rows: Sequence[int],
-        figs: Sequence[tuple[float | None, ...]],
+        rows: Sequence[int] | Ints,
+        figs: Sequence[tuple[float | None, ...]] | Floats,
     ) -> PoolMemory:
         """The memory after a tick at ``now`` for the pool's nodes ``ids``: figures older than
         ``memory_ms`` or not before ``now`` forgotten, then ``figs[i]`` remembered for the node in
-        row ``rows[i]`` (a ``None`` figure is stored as missing)."""
+        row ``rows[i]`` (a ``None`` figure is stored as missing; ``rows`` and ``figs`` may also be
+        arrays, ``figs`` of shape (len(rows), width) with NaN for a missing figure)."""
         width = self.width
         ts, vals = self.ts, self.vals
         if ids != self.node_ids:
@@ -91,7 +92,7 @@ class PoolMemory:
         kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now)
         ts = np.where(kept, ts, -1)
         vals = np.where(kept[:, :, None], vals, np.nan)
-        if rows:
+        if len(rows):
             at = np.asarray(rows, dtype=np.int64)
             free = ~kept[at]
             if ts.shape[1] == 0 or not free.any(axis=1).all():
@@ -107,18 +108,22 @@ class PoolMemory:
     def medians(self, min_samples: int = 1) -> tuple[list[list[float]], list[list[bool]]]:
         """Per row and figure: the median of the figures present, and whether there are at least
         ``min_samples`` (at least one) of them (the median is meaningless where there are not)."""
+        med, ok = self.median_arrays(min_samples)
+        return med.tolist(), ok.tolist()
+
+    def median_arrays(self, min_samples: int = 1) -> tuple[Floats, npt.NDArray[np.bool_]]:
+        """:meth:`medians` as arrays of shape (rows, width)."""
         n, slots = self.ts.shape
         width = self.width
         if n == 0 or slots == 0:
-            return [[0.0] * width for _ in range(n)], [[False] * width for _ in range(n)]
+            return np.zeros((n, width)), np.zeros((n, width), dtype=np.bool_)
         vals = self.vals
         ordered = np.sort(vals, axis=1, kind="stable")  # NaN last
         count = slots - np.isnan(vals).sum(axis=1)
         upper = np.take_along_axis(ordered, np.minimum(count // 2, slots - 1)[:, None, :], axis=1)[:, 0, :]
         lower = np.take_along_axis(ordered, (np.maximum(count - 1, 0) // 2)[:, None, :], axis=1)[:, 0, :]
         med = np.where(count % 2 == 1, upper, (lower + upper) / 2)
-        ok = count >= max(1, min_samples)
-        return med.tolist(), ok.tolist()
+        return med, count >= max(1, min_samples)
 
     def figures(self) -> dict[str, tuple[tuple[int | float | None, ...], ...]]:
         """Node id -> its remembered ``(ts, figure, ...)`` in ascending time (nodes with any)."""

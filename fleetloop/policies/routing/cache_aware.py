@@ -102,8 +102,11 @@ calls only while it still scores well; a node that stops reporting is zeroed (st
 algorithm and the engine. If every warm node is stale they share evenly and the engine fails open.
 State: the remembered step times, per node, pruned to ``speed_memory_ms`` every tick, kept as one
 array per pool (:class:`fleetloop.policies.memory.PoolMemory`; a checkpoint of the older per-node
-form is read and converted). Scores are computed over the pool's nodes as columns, with the same
-operations in the same order as the per-node formula above (tested bit for bit).
+form is read and converted). Scores are computed as columns, with the same operations in the same
+order as the per-node formula above (tested bit for bit): the part that depends on the snapshot
+alone (the queue, running, tokens, KV and HBM scorers, each pool's ``max hbm_free_gib``) and the
+spill headroom of every pool are computed once per snapshot over the whole fleet's columns
+(:mod:`fleetloop.policies.columns`); each pool's tick adds its speed scorer from its own memory.
 """
 
 from __future__ import annotations
@@ -113,9 +116,11 @@ from dataclasses import dataclass
 from typing import Self
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns, segment_medians
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.registry import register
 from fleetloop.schemas.base import MAX_FIGURE, assemble
@@ -202,6 +207,56 @@ def remember_pool(
             figs.append((float(tbt),))
     ids = tuple(n.node_id for n in pool)
     return as_memory(state).advance(ids, now, params.speed_memory_ms, rows, figs)
+
+
+def _remember_rows(
+    state: PoolMemory | State,
+    now: int,
+    params: CacheAwareParams,
+    pool: tuple[NodeView, ...],
+    *,
+    cols: FleetColumns,
+    rows: slice,
+) -> PoolMemory:
+    """:func:`remember_pool` from the pool's rows ``rows`` of the snapshot's columns (the same
+    figures: a step time > 0 of a warm node, not draining, not stale)."""
+    tbt = cols.floats("tbt_p50_ms")[rows]
+    with np.errstate(invalid="ignore"):
+        keep = (tbt > 0) & cols.warm[rows] & ~cols.stale[rows]
+    ids = tuple(n.node_id for n in pool)
+    return as_memory(state).advance(
+        ids, now, params.speed_memory_ms, np.flatnonzero(keep), tbt[keep][:, None]
+    )
+
+
+def _pool_scores(
+    snap: FleetSnapshot,
+    pool: tuple[NodeView, ...],
+    params: CacheAwareParams,
+    memory: PoolMemory,
+    *,
+    cols: FleetColumns,
+    rows: slice,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """``_scored_columns(pool, params, pool_steps(memory))`` from the pool's rows ``rows`` of the
+    snapshot's columns: the snapshot-only terms come from :func:`_fleet_load` (computed once for
+    the whole fleet), the speed scorer from the memory's median array. The same doubles."""
+    if not pool:
+        return {}, {}
+    load = _fleet_load(snap, cols, params)
+    med, ok = memory.median_arrays(1)
+    own = np.where(ok[:, 0], med[:, 0], np.nan)
+    steps = own[load.live[rows]]
+    xs = np.sort(steps[~np.isnan(steps)]).tolist()
+    score, speed = _with_speed(
+        params,
+        load.acc[rows],
+        can_serve=load.can_serve[rows],
+        own=own,
+        tbt_median=_median_sorted(xs) if xs else np.nan,
+    )
+    ids = [n.node_id for n in pool]
+    return dict(zip(ids, score.tolist(), strict=True)), dict(zip(ids, speed.tolist(), strict=True))
 
 
 def pool_steps(memory: PoolMemory) -> dict[str, float | None]:
@@ -355,13 +410,10 @@ def _scored_columns(
         return {}, {}
     fig = _pool_figures(pool, steps)
     ids = [n.node_id for n in pool]
-    total = sum(params.component_weights().values())
-    tbt_median, hbm_max = fig.tbt_median, fig.hbm_max
-    if tbt_median is not None:
+    if fig.tbt_median is not None:
         own = np.array([np.nan if (v := fig.steps.get(i)) is None else v for i in ids], dtype=np.float64)
-        speed = np.where(np.isnan(own), 1.0, np.minimum(1.0, tbt_median / own))
     else:
-        speed = np.ones(len(ids))
+        own = np.full(len(ids), np.nan)
     silent_after = params.silent_after_ms
     can_serve = np.array(
         [
@@ -370,25 +422,119 @@ def _scored_columns(
         ]
     )
     f = np.float64
-    queue = np.maximum(np.array([n.queue_depth for n in pool], dtype=f), 0.0)
-    running = np.maximum(np.array([n.running_requests for n in pool], dtype=f), 0.0)
-    tokens = np.maximum(np.array([n.queued_prompt_tokens for n in pool], dtype=f), 0.0)
-    batch = np.maximum(np.array([n.max_batch_tokens for n in pool], dtype=f), 1.0)
-    kv = np.array([n.kv_cache_used_frac for n in pool], dtype=f)
-    acc = 0.0 + params.w_queue * (1.0 / (1.0 + queue / params.queue_scale))
-    acc = acc + params.w_running * (1.0 / (1.0 + running / params.running_scale))
-    acc = acc + params.w_tokens * (1.0 / (1.0 + tokens / batch))
-    acc = acc + params.w_kv * np.minimum(1.0, np.maximum(0.0, 1.0 - kv))
-    if hbm_max > 0:
-        hbm = np.array([n.hbm_free_gib for n in pool], dtype=f)
-        # A node that cannot serve is not in ``hbm_max`` and may overflow here; it scores 0 below.
-        with np.errstate(over="ignore"):
-            acc = acc + params.w_hbm * np.minimum(1.0, np.maximum(0.0, hbm / hbm_max))
-    else:
-        acc = acc + params.w_hbm * 1.0
-    acc = acc + params.w_speed * speed
-    score = np.where(can_serve, acc / total, 0.0)
+    score, speed = _score_rows(
+        params,
+        queue=np.array([n.queue_depth for n in pool], dtype=f),
+        running=np.array([n.running_requests for n in pool], dtype=f),
+        tokens=np.array([n.queued_prompt_tokens for n in pool], dtype=f),
+        batch=np.array([n.max_batch_tokens for n in pool], dtype=f),
+        kv=np.array([n.kv_cache_used_frac for n in pool], dtype=f),
+        hbm=np.array([n.hbm_free_gib for n in pool], dtype=f),
+        can_serve=can_serve,
+        own=own,
+        tbt_median=np.nan if fig.tbt_median is None else fig.tbt_median,
+        hbm_max=fig.hbm_max,
+    )
     return dict(zip(ids, score.tolist(), strict=True)), dict(zip(ids, speed.tolist(), strict=True))
+
+
+def _score_rows(
+    params: CacheAwareParams,
+    *,
+    queue: Floats,
+    running: Floats,
+    tokens: Floats,
+    batch: Floats,
+    kv: Floats,
+    hbm: Floats,
+    can_serve: npt.NDArray[np.bool_],
+    own: Floats,
+    tbt_median: Floats | float,
+    hbm_max: Floats | float,
+) -> tuple[Floats, Floats]:
+    """(S_i, s_speed) for rows of nodes, each row against its pool's ``tbt_median`` (NaN: none)
+    and ``hbm_max`` (scalars for one pool, or one value per row for several pools at once). The
+    operations of :func:`_scored`, elementwise, in its order, so the same doubles."""
+    acc = _load_terms(
+        params, queue=queue, running=running, tokens=tokens, batch=batch, kv=kv, hbm=hbm, hbm_max=hbm_max
+    )
+    return _with_speed(params, acc, can_serve=can_serve, own=own, tbt_median=tbt_median)
+
+
+def _load_terms(
+    params: CacheAwareParams,
+    *,
+    queue: Floats,
+    running: Floats,
+    tokens: Floats,
+    batch: Floats,
+    kv: Floats,
+    hbm: Floats,
+    hbm_max: Floats | float,
+) -> Floats:
+    """``0 + w_queue s_queue + ... + w_hbm s_hbm``: the weighted sum up to the speed scorer, added
+    in :func:`_scored`'s order. It depends on the snapshot alone (not on the pool's memory)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        acc = 0.0 + params.w_queue * (1.0 / (1.0 + np.maximum(queue, 0.0) / params.queue_scale))
+        acc = acc + params.w_running * (1.0 / (1.0 + np.maximum(running, 0.0) / params.running_scale))
+        acc = acc + params.w_tokens * (1.0 / (1.0 + np.maximum(tokens, 0.0) / np.maximum(batch, 1.0)))
+        acc = acc + params.w_kv * np.minimum(1.0, np.maximum(0.0, 1.0 - kv))
+        # A node that cannot serve is not in ``hbm_max`` and may overflow here; it scores 0 later.
+        hbm_term = np.where(
+            hbm_max > 0, params.w_hbm * np.minimum(1.0, np.maximum(0.0, hbm / hbm_max)), params.w_hbm * 1.0
+        )
+        return acc + hbm_term
+
+
+def _with_speed(
+    params: CacheAwareParams,
+    acc: Floats,
+    *,
+    can_serve: npt.NDArray[np.bool_],
+    own: Floats,
+    tbt_median: Floats | float,
+) -> tuple[Floats, Floats]:
+    """Add the speed scorer to :func:`_load_terms` and divide by the weights' sum: (S_i, s_speed)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        speed = np.where(np.isnan(own) | np.isnan(tbt_median), 1.0, np.minimum(1.0, tbt_median / own))
+    total = sum(params.component_weights().values())
+    return np.where(can_serve, (acc + params.w_speed * speed) / total, 0.0), speed
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _FleetLoad:
+    """The snapshot-only part of every node's score, for the whole fleet (built once per snapshot
+    and params): :func:`_load_terms` against each pool's ``hbm_max``, and whether the node can serve."""
+
+    params: CacheAwareParams
+    acc: Floats
+    can_serve: npt.NDArray[np.bool_]
+    live: npt.NDArray[np.bool_]
+
+
+def _fleet_load(snap: FleetSnapshot, cols: FleetColumns, params: CacheAwareParams) -> _FleetLoad:
+    key = ("cache-aware.load", id(params))
+    found: _FleetLoad | None = snap.memo.get(key)
+    if found is None or found.params is not params:
+        live = cols.warm & ~cols.stale
+        hbm = cols.floats("hbm_free_gib")
+        hbm_max: Floats = np.zeros(0)
+        if len(cols):
+            per_pool = np.maximum.reduceat(np.where(live, hbm, -np.inf), cols.starts)
+            hbm_max = np.where(np.isneginf(per_pool), 0.0, per_pool)[cols.pool_of]
+        acc = _load_terms(
+            params,
+            queue=cols.floats("queue_depth"),
+            running=cols.floats("running_requests"),
+            tokens=cols.floats("queued_prompt_tokens"),
+            batch=cols.floats("max_batch_tokens"),
+            kv=cols.floats("kv_cache_used_frac"),
+            hbm=hbm,
+            hbm_max=hbm_max,
+        )
+        can_serve = live & (cols.ints("age_ms") <= params.silent_after_ms)
+        found = snap.memo[key] = _FleetLoad(params, acc, can_serve, live)
+    return found
 
 
 def pool_scores(
@@ -419,15 +565,50 @@ def proven(node: NodeView) -> bool:
 
 
 def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str, float | None]:
+    """:func:`fleet_headroom_plain` for every pool at once, over the snapshot's fleet-wide columns
+    (:func:`fleetloop.policies.columns.fleet_columns`): each scorer is one array operation over the
+    whole fleet, each pool's step-time median one segment median, so the fleet costs a few dozen
+    numpy calls instead of a few dozen per pool. The same operations on the same doubles, so the
+    same bits (``tests/unit/test_fast_columns.py``); the means are Python sums over each pool's
+    proven nodes in node order, as the plain form adds them."""
+    key = ("cache-aware.fleet_headroom", id(params))
+    memo = snap.memo.get(key)
+    found: Mapping[str, float | None] | None = memo[1] if memo is not None and memo[0] is params else None
+    if found is None:
+        cols = fleet_columns(snap)
+        out: dict[str, float | None] = dict.fromkeys(sorted(snap.pools))
+        if len(cols):
+            load = _fleet_load(snap, cols, params)
+            tbt = cols.floats("tbt_p50_ms")
+            with np.errstate(invalid="ignore"):
+                step = np.where(load.live & (tbt > 0), tbt, np.nan)
+            tbt_median, _ = segment_medians(step, cols.pool_of, len(cols.pool_ids))
+            scores, _ = _with_speed(
+                params, load.acc, can_serve=load.can_serve, own=step, tbt_median=tbt_median[cols.pool_of]
+            )
+            take = (scores > 0) & (cols.ints("ok_w") > 0)
+            values = scores.tolist()
+            flags = take.tolist()
+            for pool_id, (lo, hi) in cols.bounds.items():
+                live_scores = [v for v, t in zip(values[lo:hi], flags[lo:hi], strict=True) if t]
+                out[pool_id] = sum(live_scores) / len(live_scores) if live_scores else None
+        snap.memo[key] = (params, out)
+        found = out
+    return found
+
+
+def fleet_headroom_plain(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str, float | None]:
     """Pool id -> spill headroom for every pool (mean score over its proven serving nodes; None when
     it has none), from this snapshot alone, computed once per snapshot.
 
     A pool's step time here is each node's newest ``tbt_p50_ms`` (one figure, not the remembered
     median, which is the pool's own policy state): spill-over ranks other pools on what the
-    snapshot says of them, so every pool's tick shares one pass over the fleet."""
+    snapshot says of them, so every pool's tick shares one pass over the fleet.
+
+    The plain per-pool form of :func:`fleet_headroom` (the tests hold the fleet-wide one to it)."""
     # Keyed by identity (params hold dicts, so they do not hash); the params object is kept in the
     # memo beside the figures, so its id cannot be reused for another while the snapshot lives.
-    key = ("cache-aware.fleet_headroom", id(params))
+    key = ("cache-aware.fleet_headroom_plain", id(params))
     memo = snap.memo.get(key)
     found: Mapping[str, float | None] | None = memo[1] if memo is not None and memo[0] is params else None
     if found is None:
@@ -459,8 +640,10 @@ class CacheAware:
         self, snap: FleetSnapshot, params: CacheAwareParams, state: PoolMemory | State, ctx: PolicyContext
     ) -> PolicyResult[PoolMemory]:
         pool = snap.pool_nodes(ctx.pool_id)
-        memory = remember_pool(state, snap.now_ms, params, pool)
-        scores, speeds = _scored_columns(pool, params, pool_steps(memory))
+        cols = fleet_columns(snap)
+        rows = slice(*cols.bounds.get(ctx.pool_id, (0, 0)))
+        memory = _remember_rows(state, snap.now_ms, params, pool, cols=cols, rows=rows)
+        scores, speeds = _pool_scores(snap, pool, params, memory, cols=cols, rows=rows)
         weights = shares(scores, params.alpha)
         best = max(scores.values(), default=0.0)
         reason = "cache-aware"
