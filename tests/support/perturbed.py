@@ -51,6 +51,11 @@ def perturbed_snapshots(n_nodes: int, ticks: int, seed: int = 11) -> Iterator[Fl
                 upd["kv_cache_used_frac"] = 1.0
             elif kk == 7 and k % 4 == 0:
                 upd["tbt_p50_ms"] = (t.tbt_p50_ms or 1.0) * 9.0
+            elif kk == 8 and (k // 5) % 2:
+                upd["timeouts"] = 2  # and its calls fail below: no first token in the window
+            elif kk == 9 and (k // 3) % 3 == 0:
+                upd["tbt_p50_ms"] = (t.tbt_p50_ms or 1.0) * 6.0  # slow for three ticks in nine
+                upd["ttft_p99_ms"] = (t.ttft_p99_ms or 1.0) * 6.0
             if t.pool_id == silent_pool and 6 <= k < 14:
                 continue
             if t.pool_id == late_pool and k < 5:

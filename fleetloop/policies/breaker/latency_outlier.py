@@ -113,6 +113,13 @@ Parameters (defaults, bounds; the reasoning behind each):
 - ``error_threshold`` 5 (1-1000), ``error_forgive_after_ms`` 300 000, ``forgive_after_ms`` 300 000:
   the consecutive-errors machine's parameters (Envoy's consecutive-5xx default of 5).
 
+Implementation: :func:`decide_columns` computes the same thing as the per-node form
+(``LatencyOutlier.decide_plain``, kept as the tests' reference): the remembered figures, the pool's
+medians and MADs, the failure level and every node's verdict are array operations over the
+snapshot's fleet-wide columns (:mod:`fleetloop.policies.columns`); the state machines are stepped
+only for nodes with something to step, and a closed node's decision is assembled directly. Tested
+decision for decision, byte for byte, on generated fleets (``tests/unit/test_fast_breaker.py``).
+
 State: per node, the two machines (:class:`NodeState`); per pool, the remembered figures as
 arrays (:class:`fleetloop.policies.memory.PoolMemory`: a row per node, a slot per remembered tick),
 so the medians of a whole pool are a few array operations rather than four sorts per node (a
@@ -143,10 +150,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.breaker.consecutive_errors import ConsecutiveErrorsParams, NodeBreaker, step
+from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns
 from fleetloop.policies.memory import PoolMemory, median_sorted
 from fleetloop.policies.registry import register
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
@@ -480,6 +490,12 @@ class LatencyOutlier:
     def decide(
         self, snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
     ) -> PolicyResult[State]:
+        return decide_columns(snap, params, state, ctx)
+
+    def decide_plain(
+        self, snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
+    ) -> PolicyResult[State]:
+        """The per-node form of :func:`decide_columns` (what the tests hold it to)."""
         now = ctx.now_ms
         pool = snap.pool_nodes(ctx.pool_id)
         err_params = params.errors()
@@ -711,3 +727,324 @@ def breaker_decision(
         }
         return assemble(BreakerDecision, values, set(given))
     return BreakerDecision(**given)
+
+
+# -- the columnar form ------------------------------------------------------------------------------
+# What ``LatencyOutlier.decide`` runs: the verdicts of a whole pool as array operations over the
+# snapshot's fleet-wide columns (:mod:`fleetloop.policies.columns`), the state machines stepped in one
+# pass that does no work for a node with nothing to step (closed, no streak, no ejection on record, no
+# warmth change, not an outlier: its state object is kept as it was), and the common decision (closed)
+# assembled directly. The same operations on the same doubles as ``decide_plain``, in the same order
+# where order matters (a family stops at its first flagged signal, so a later signal's ratio does not
+# enter the severity); ``tests/unit/test_fast_breaker.py`` holds the two to the same decisions, states
+# and diagnostics, byte for byte, tick after tick on generated fleets.
+
+_NODATA, _CLEAR, _FLAGGED = 0, 1, 2
+_STATUS = ("nodata", "clear", "flagged")
+_CLOSED_FIELDS = frozenset({"entity", "reason", "inputs", "pool_id", "node_id", "state", "ejections"})
+Bools = npt.NDArray[np.bool_]
+Ints = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FleetFigures:
+    """Per row of the snapshot's columns, what the breaker reads (built once per snapshot)."""
+
+    figures: Floats  # (rows, 4): the signals as :func:`_finite` reads them, NaN for none
+    timed_out: Bools  # no first token in the window, but calls timed out (the TTFT no-data rule)
+    share: Floats  # :func:`failure_share`
+    took: Bools  # requests_w > 0
+    streak: Ints  # consecutive_failures
+
+
+def fleet_figures(snap: FleetSnapshot, cols: FleetColumns) -> FleetFigures:
+    """The breaker's per-node figures for every row of the snapshot's columns, once per snapshot."""
+    key = ("latency-outlier.figures",)
+    found: FleetFigures | None = snap.memo.get(key)
+    if found is None:
+        raw = (
+            np.stack([cols.floats(s) for s in SIGNALS], axis=1) if len(cols) else np.zeros((0, len(SIGNALS)))
+        )
+        with np.errstate(invalid="ignore"):
+            figures = np.where(np.isfinite(raw) & (raw >= 0), raw, np.nan)
+        timed_out = np.array(
+            [n.ttft_mean_ms_w is None and n.node_timeouts_w > 0 for n in cols.nodes], dtype=np.bool_
+        )
+        requests = cols.ints("requests_w")
+        took = requests > 0
+        # int / int in Python is the correctly rounded quotient, as is float64 / float64 of ints
+        # below 2**53: the same doubles.
+        share = np.zeros(len(cols))
+        np.divide(cols.ints("failures_w"), requests, out=share, where=took)
+        found = snap.memo[key] = FleetFigures(
+            figures, timed_out, share, took, cols.ints("consecutive_failures")
+        )
+    return found
+
+
+def references(agg: Floats, min_hosts: int) -> dict[str, tuple[float, float] | None]:
+    """:func:`reference` of every signal's column of ``agg`` (NaN: no value) at once."""
+    count = (~np.isnan(agg)).sum(axis=0)
+    out: dict[str, tuple[float, float] | None] = dict.fromkeys(SIGNALS)
+    enough = count >= min_hosts
+    if not enough.any():
+        return out
+    ordered = np.sort(agg, axis=0, kind="stable")  # NaN last
+    cols_ = np.arange(agg.shape[1])
+    mid = np.maximum(count - 1, 0)
+    m = _middle(ordered, count, mid, cols_)
+    dev = np.sort(np.abs(agg - m), axis=0, kind="stable")
+    mad = _middle(dev, count, mid, cols_)
+    for j, s in enumerate(SIGNALS):
+        if enough[j]:
+            out[s] = (float(m[j]), float(mad[j]))
+    return out
+
+
+def _middle(ordered: Floats, count: Ints, mid: Ints, cols_: Ints) -> Floats:
+    """Per column: :func:`median_sorted` of its first ``count`` values."""
+    upper = ordered[np.minimum(count // 2, max(0, len(ordered) - 1)), cols_]
+    lower = ordered[mid // 2, cols_]
+    return np.where(count % 2 == 1, upper, (lower + upper) / 2)
+
+
+def pool_failure_columns(f: FleetFigures, rows: slice, serve: Bools, streak: int) -> float:
+    """:func:`pool_failure_frac` from the pool's rows of :class:`FleetFigures`."""
+    took = serve & f.took[rows]
+    if not took.any():
+        return 0.0
+    streaking = f.streak[rows] >= streak
+    pick = took & ~streaking
+    if not pick.any():
+        pick = took & streaking
+    return median_sorted(np.sort(f.share[rows][pick], kind="stable").tolist())
+
+
+def _family_columns(
+    x: Floats, lims: Sequence[tuple[float, float, float] | None], floor: float, severity: Floats
+) -> tuple[Ints, Floats]:
+    """:func:`_family` for every row at once: x[:, j] is signal j's value (NaN: none)."""
+    status = np.zeros(len(x), dtype=np.int64)
+    done = np.zeros(len(x), dtype=np.bool_)
+    for j, lim in enumerate(lims):
+        if lim is None:
+            continue
+        m, above_ratio, above_mad = lim
+        xj = x[:, j]
+        seen = ~done & ~np.isnan(xj)
+        if m > 0:
+            severity = np.where(seen, np.maximum(severity, xj / m), severity)
+        with np.errstate(invalid="ignore"):
+            flagged = seen & (xj >= above_ratio) & (xj >= above_mad) & (xj - m >= floor)
+        status = np.where(flagged, _FLAGGED, np.where(seen, _CLEAR, status))
+        done |= flagged
+    return status, severity
+
+
+def verdict_columns(
+    agg: Floats,
+    *,
+    now_figures: Floats,
+    serve: Bools,
+    timed_out: Bools,
+    lims: Limits,
+    tbt_floor: float,
+    ttft_floor: float,
+) -> tuple[Ints, Ints, Floats]:
+    """:func:`_judge` for every node of a pool: (TBT status, TTFT status, severity) as arrays
+    (status codes index ``_STATUS``); a node not serving gets no verdict (nodata, nodata, 0.0)."""
+    n = len(agg)
+    tbt_lims = [lims.get(s) for s in TBT_SIGNALS]
+    ttft_lims = [lims.get(s) for s in TTFT_SIGNALS]
+    severity = np.zeros(n)
+    tbt, severity = _family_columns(agg[:, :2], tbt_lims, tbt_floor, severity)
+    fresh = now_figures[:, :2]
+    recheck = (tbt == _FLAGGED) & ~np.isnan(fresh).all(axis=1)
+    if recheck.any():
+        status, again = _family_columns(fresh, tbt_lims, tbt_floor, severity)
+        severity = np.where(recheck, again, severity)
+        tbt = np.where(recheck & (status == _CLEAR), _CLEAR, tbt)
+    ttft, severity = _family_columns(agg[:, 2:], ttft_lims, ttft_floor, severity)
+    ttft = np.where((ttft == _NODATA) & timed_out, _FLAGGED, ttft)
+    # ``max(0.0, ...)`` never yields -0.0 in the per-node form; + 0.0 turns a -0.0 into 0.0.
+    severity = np.where(serve, severity, 0.0) + 0.0
+    return np.where(serve, tbt, _NODATA), np.where(serve, ttft, _NODATA), severity
+
+
+def decide_columns(
+    snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
+) -> PolicyResult[State]:
+    """``LatencyOutlier.decide_plain`` over the snapshot's columns (see the comment above)."""
+    now = ctx.now_ms
+    pool_id = ctx.pool_id
+    pool = snap.pool_nodes(pool_id)
+    cols = fleet_columns(snap)
+    rows = slice(*cols.bounds.get(pool_id, (0, 0)))
+    err_params = params.errors()
+    fleet = fleet_figures(snap, cols)
+    figures, timed_out = fleet.figures[rows], fleet.timed_out[rows]
+    warm_a = cols.warm[rows]
+    serve = warm_a & ~cols.stale[rows]
+    has = serve & ~np.isnan(figures).all(axis=1)
+    ids = tuple(n.node_id for n in pool)
+    memory = state.memory.advance(ids, now, params.memory_ms, np.flatnonzero(has), figures[has])
+    med, ok = memory.median_arrays(params.min_samples)
+    agg = np.where(ok & serve[:, None], med, np.nan)
+    refs = references(agg, params.min_hosts)
+    slo = ctx.pool_slo(snap)
+    lims = limits(refs, params)
+    tbt_floor = params.tbt_floor_frac * slo.tbt_ms
+    ttft_floor = params.ttft_floor_frac * slo.ttft_ms
+    tbt_a, ttft_a, sev_a = verdict_columns(
+        agg,
+        now_figures=figures,
+        serve=serve,
+        timed_out=timed_out,
+        lims=lims,
+        tbt_floor=tbt_floor,
+        ttft_floor=ttft_floor,
+    )
+    outlier_a = (tbt_a == _FLAGGED) & (ttft_a != _CLEAR)
+    tbt_l, ttft_l, sev_l, outlier_l = tbt_a.tolist(), ttft_a.tolist(), sev_a.tolist(), outlier_a.tolist()
+    warm_l = warm_a.tolist()
+    serve_l = serve.tolist()
+
+    known = state.nodes
+    started = state.started
+    threshold = err_params.threshold
+    stepped: dict[str, NodeState] = {}
+    reasons: dict[str, str] = {}
+    wants: list[tuple[float, str]] = []
+    open_now = 0
+    for i, n in enumerate(pool):
+        node_id = n.node_id
+        warm = warm_l[i]
+        ns = known.get(node_id)
+        if ns is None:
+            ns = NodeState(was_warm=warm and not started)
+        cf = n.consecutive_failures
+        e = ns.err
+        if (
+            e.state == "closed"
+            and cf < threshold
+            and not e.ejections
+            and ns.lat == "closed"
+            and not ns.flagged_ticks
+            and not ns.lat_ejections
+            and warm == ns.was_warm
+            and not outlier_l[i]
+        ):
+            # Nothing to step: the error machine stays closed ("healthy"), no ramp starts, the
+            # latency machine stays closed with no streak ("healthy").
+            stepped[node_id] = ns
+            reasons[node_id] = "healthy"
+            continue
+        err, err_reason = step(e, cf, now, err_params)
+        ramp = now if started and warm and not ns.was_warm else ns.ramp_from_ms
+        if err is not e or ramp != ns.ramp_from_ms or warm != ns.was_warm:
+            ns = _with(ns, err=err, ramp_from_ms=ramp, was_warm=warm)
+        v = Verdict(_STATUS[tbt_l[i]], _STATUS[ttft_l[i]], sev_l[i])
+        ns, lat_reason, want = _latency_step(ns, v, now, params)
+        if want:
+            wants.append((-v.severity, node_id))
+        stepped[node_id] = ns
+        reasons[node_id] = err_reason if err.state != "closed" or err_reason != "healthy" else lat_reason
+        if ns.lat == "open" or ns.err.state == "open":
+            open_now += 1
+
+    # Cap on the share ejected for latency, most severe first.
+    cap = math.floor(params.max_ejected_frac * len(pool) + 1e-9)
+    over_cap: set[str] = set()
+    for _, node_id in sorted(wants):
+        ns = stepped[node_id]
+        if open_now + 1 <= cap:
+            stepped[node_id] = _with(
+                ns, lat="open", lat_since_ms=now, lat_ejections=ns.lat_ejections + 1, flagged_ticks=0
+            )
+            open_now += 1 if ns.err.state != "open" else 0
+        else:
+            over_cap.add(node_id)
+            reasons[node_id] = f"{reasons[node_id]}:max-ejected"
+
+    # Panic threshold: too few healthy nodes left means the slowness is the pool's, not a node's.
+    live = 0
+    healthy = 0
+    for i, n in enumerate(pool):
+        if serve_l[i]:
+            live += 1
+            ns = stepped[n.node_id]
+            if ns.lat != "open" and ns.err.state != "open" and n.node_id not in over_cap and not outlier_l[i]:
+                healthy += 1
+    panic = bool(live) and healthy < params.panic_threshold * live
+    share = 1.0 / max(1, live)
+    pool_failing = pool_failure_columns(fleet, rows, serve, params.error_threshold)
+
+    decisions: list[BreakerDecision] = []
+    new_nodes: dict[str, NodeState] = {}
+    slow_start_ms = params.slow_start_ms
+    latency_open = error_open = 0
+    for i, n in enumerate(pool):
+        node_id = n.node_id
+        ns = stepped[node_id]
+        ramp_from = ns.ramp_from_ms
+        if ramp_from is not None and now - ramp_from >= slow_start_ms:
+            ns = _with(ns, ramp_from_ms=None)
+            ramp_from = None
+        new_nodes[node_id] = ns
+        lat, e = ns.lat, ns.err
+        latency_open += lat == "open"
+        error_open += e.state == "open"
+        severity = sev_l[i]
+        if (
+            lat == "closed"
+            and e.state == "closed"
+            and node_id not in over_cap
+            and (ramp_from is None or not warm_l[i])
+            and -MAX_FIGURE <= round(severity, 6) <= MAX_FIGURE
+            and n.consecutive_failures <= MAX_FIGURE
+            and 0 <= ns.lat_ejections + e.ejections <= MAX_COUNT
+            and reasons[node_id]
+        ):
+            decisions.append(
+                assemble(
+                    BreakerDecision,
+                    {
+                        "entity": f"node/{node_id}",
+                        "reason": reasons[node_id],
+                        "inputs": {
+                            "consecutive_failures": float(n.consecutive_failures),
+                            "severity": round(severity, 6),
+                            "latency_ejections": float(ns.lat_ejections),
+                        },
+                        "kind": "breaker",
+                        "pool_id": pool_id,
+                        "node_id": node_id,
+                        "state": "closed",
+                        "enforced": True,
+                        "probe_frac": 0.0,
+                        "until_ms": None,
+                        "ejections": ns.lat_ejections + e.ejections,
+                    },
+                    set(_CLOSED_FIELDS),
+                )
+            )
+            continue
+        decisions.append(
+            LatencyOutlier._decision(
+                n, ns, Verdict(_STATUS[tbt_l[i]], _STATUS[ttft_l[i]], severity), reasons[node_id], params,
+                now=now, share=share, over_cap=node_id in over_cap, panic=panic, pool_id=pool_id,
+                shared=failing_with_pool(n, pool_failing),
+            )
+        )  # fmt: skip
+    diagnostics = {
+        "latency_open": float(latency_open),
+        "error_open": float(error_open),
+        "outliers": float(int(outlier_a.sum())),
+        "panic": float(panic),
+        "pool_failure_frac": r6(pool_failing),
+    }
+    return PolicyResult(
+        decisions=tuple(decisions),
+        state=State(started=True, nodes=new_nodes, memory=memory),
+        diagnostics=diagnostics,
+    )
