@@ -89,23 +89,31 @@ def test_bench_decide_refuses_a_bad_size_in_one_line(capsys: pytest.CaptureFixtu
     assert "--nodes" in err
 
 
-def test_a_whole_fleet_tick_scores_each_pool_twice_not_pools_squared(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once for its own routing, once for the fleet's spill-over headroom (shared by every pool)."""
+def test_a_whole_fleet_tick_scores_the_fleet_once_and_each_pool_once_not_pools_squared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The snapshot-only scorers once for the whole fleet, the speed scorer once per pool for its own
+    routing and once for the fleet's spill-over headroom (shared by every pool)."""
     from fleetloop.policies.routing import cache_aware
 
-    calls = {"n": 0}
-    real = cache_aware._scored_columns
+    calls = {"_load_terms": 0, "_with_speed": 0}
 
-    def counting(*args: object, **kwargs: object) -> object:
-        calls["n"] += 1
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+    def counting(name: str) -> object:
+        real = getattr(cache_aware, name)
 
-    monkeypatch.setattr(cache_aware, "_scored_columns", counting)
+        def wrapped(*args: object, **kwargs: object) -> object:
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapped
+
+    for name in calls:
+        monkeypatch.setattr(cache_aware, name, counting(name))
     for n_nodes in (200, 800):
         model, engine, pools, ts = _model_and_engine(n_nodes, 1)
-        calls["n"] = 0
+        calls.update(dict.fromkeys(calls, 0))
         fleet_tick(model, engine, ts + 1000, pools)
-        assert calls["n"] == 2 * len(pools)
+        assert calls == {"_load_terms": 1, "_with_speed": len(pools) + 1}
 
 
 def test_the_workflow_phase_holds_n_workflows_past_the_default_cap(monkeypatch: pytest.MonkeyPatch) -> None:
