@@ -37,7 +37,7 @@ from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_brok
 from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
 from fleetloop.daemon.observability import configure
 from fleetloop.policies.registry import builtin_policy
-from fleetloop.schemas.topics import REQUESTS, STATE, TELEMETRY, topic_name
+from fleetloop.schemas.topics import REQUESTS, STATE, SUMMARIES, TELEMETRY, topic_name
 
 
 def register(subparsers: Any) -> None:
@@ -161,9 +161,13 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     await producer.start()
     await state.start()
     tp = TopicPartition(topic_name(prefix, STATE), 0)
-    state.assign([tp])
-    await state.seek_to_end(tp)
+    summaries_tp = TopicPartition(topic_name(prefix, SUMMARIES), 0)
+    state.assign([tp, summaries_tp])
+    await state.seek_to_end(tp, summaries_tp)
     arrivals: dict[str, float] = {}
+    arrivals_wall: dict[str, int] = {}
+    # Per shard summary key and boundary, how many times it was published (once is the contract).
+    summaries: dict[tuple[bytes, int], int] = {}
     daemon: subprocess.Popen[bytes] | None = None
     stop = asyncio.Event()
 
@@ -171,13 +175,20 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         while not stop.is_set():
             batch = await state.getmany(timeout_ms=200)
             now = clock.monotonic_s()
-            for records in batch.values():
+            wall = clock.wall_ms()
+            for part, records in batch.items():
+                if part == summaries_tp:
+                    for r in records:
+                        at = (r.key or b"", int(orjson.loads(r.value)["ts_ms"]))
+                        summaries[at] = summaries.get(at, 0) + 1
+                    continue
                 for r in records:
                     if not (r.key or b"").startswith(b"breaker/"):
                         continue
                     body = orjson.loads(r.value)["body"]
                     if body["state"] == "open" and body["enforced"]:
                         arrivals.setdefault(body["node_id"], now)
+                        arrivals_wall.setdefault(body["node_id"], wall)
 
     tasks = [asyncio.create_task(watch()), asyncio.create_task(load.play(producer, names, stop))]
     try:
@@ -192,6 +203,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         # Give every node a few seconds of history (a node's first ticks are its warm-up).
         await asyncio.sleep(5.0)
         latencies: list[float] = []
+        after_boundary: list[float] = []  # arrival minus the first tick boundary the trigger falls in
         missed = 0
         for trial, (pool, node_id) in enumerate(load.targets):
             ts = clock.wall_ms()
@@ -200,14 +212,19 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                                     key=pool.pool_id.encode())
                 for n in range(5)
             ]  # fmt: skip
-            await asyncio.gather(*futures)
+            acked = await asyncio.gather(*futures)
             sent = clock.monotonic_s()
+            boundary = -(-max(m.timestamp for m in acked) // tick_ms) * tick_ms  # its tick's cut has it
             deadline = sent + 30.0
             while node_id not in arrivals and clock.monotonic_s() < deadline:
                 await asyncio.sleep(0.01)
             if node_id in arrivals:
                 latencies.append((arrivals[node_id] - sent) * 1000.0)
-                progress(f"  trial {trial + 1}/{args.trials}: {latencies[-1]:,.0f} ms")
+                after_boundary.append(float(arrivals_wall[node_id] - boundary))
+                progress(
+                    f"  trial {trial + 1}/{args.trials}: {latencies[-1]:,.0f} ms "
+                    f"({after_boundary[-1]:,.0f} ms after its tick boundary)"
+                )
             else:
                 missed += 1
                 progress(f"  trial {trial + 1}/{args.trials}: no decision within 30 s")
@@ -243,6 +260,13 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         "p50_ms": round(pct(latencies, 50), 1) if latencies else None,
         "p99_ms": round(p99, 1) if p99 is not None else None,
         "max_ms": round(max(latencies), 1) if latencies else None,
+        # The part after the tick boundary (the wait for the boundary is the tick period's share).
+        "after_boundary_p50_ms": round(pct(after_boundary, 50), 1) if after_boundary else None,
+        "after_boundary_p99_ms": round(pct(after_boundary, 99), 1) if after_boundary else None,
+        "latencies_ms": [round(x, 1) for x in latencies],
+        "after_boundary_ms": [round(x, 1) for x in after_boundary],
+        "summaries": len(summaries),
+        "summaries_repeated": sum(1 for n in summaries.values() if n > 1),
         "load_generator_max_lag_s": round(max(load.lag_s), 3) if load.lag_s else None,
         "target_ms": target,
         "met": p99 is not None and missed == 0 and p99 <= target,
@@ -292,5 +316,8 @@ def handle(args: argparse.Namespace) -> int:
             f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, max {result['max_ms']} ms, "
             f"missed {result['missed']}/{result['trials']}; target p99 <= {result['target_ms']:.0f} ms: "
             f"{'met' if result['met'] else 'NOT met'}\n"
+            f"after the tick boundary: p50 {result['after_boundary_p50_ms']} ms, "
+            f"p99 {result['after_boundary_p99_ms']} ms; shard summaries published twice for one "
+            f"boundary: {result['summaries_repeated']} of {result['summaries']}\n"
         )
     return 0

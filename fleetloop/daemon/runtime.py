@@ -419,6 +419,11 @@ class Daemon:
         """Checkpoint every shard now, so whoever gets a partition next starts from here. The shards
         stay in memory: a partition assigned back to this instance goes on without a re-read."""
         self._owned.difference_update(revoked)
+        if self._publisher is not None and not await self._publisher.settle():
+            # Decisions sent but not acknowledged: a checkpoint now would let the next owner start
+            # past them. It starts from the last checkpoint instead and decides them again.
+            log.warning("decisions not acknowledged at revoke; no checkpoint written")
+            return
         if self._producer is not None and self.shards:
             try:
                 await self._checkpoint(force=True)
@@ -792,7 +797,7 @@ class Daemon:
                 await self._dead_letter(dead)
             if n:
                 faults.reach("mid-batch")
-            decisions = self._decide_ready()
+            decisions = await self._decide_ready()
             shadowed, self._shadow_out = self._shadow_out, []
             # Records the shards did not fold (a cap, a fold that raised) and ticks whose decision
             # raised: published before the checkpoint and the commit that cover them.
@@ -803,7 +808,13 @@ class Daemon:
                 await self._retrying("tick-failed", self._publish_failed_ticks)
             if decisions or shadowed:
                 publisher = self._publisher
-                await self._retrying("publish", lambda: publisher.publish(decisions, shadowed))
+                try:  # every decision was sent as its tick was decided: wait for the acks
+                    await publisher.flush()
+                except KafkaError as exc:
+                    if not _transient(exc):
+                        raise
+                    self._broker_trouble("publish", exc)  # send them all again (same bytes, harmless)
+                    await self._retrying("publish", lambda: publisher.publish(decisions, shadowed))
                 self.stats.decisions_published += len(decisions)
                 self.stats.shadow_decisions += len(shadowed)
                 for dec in decisions:
@@ -1008,29 +1019,41 @@ class Daemon:
                 return policy
         return self._activations[0][1]
 
-    def _decide_ready(self) -> list[Decision]:
+    async def _decide_ready(self) -> list[Decision]:
+        """Decide every held tick whose inputs are read, and send each tick's decisions as soon as
+        it is decided (acknowledged later, before the checkpoint and the commit: ``process``).
+
+        First, across shards, the ticks at the head of each shard's queue (one boundary, one cut)
+        whose pool has a failed call among the records the cut folds: a tripping breaker goes out
+        before the other pools' routine decisions. Then every ready tick in offset order. A pool's
+        decisions depend only on its tick, the shard's cut and that pool's own state, so this order
+        decides nothing differently (replay, in log order, produces the same bytes). Between ticks
+        the loop yields: the client sends what was staged, the ticker publishes on time, and the
+        consumer keeps fetching while a large fleet is decided."""
         out: list[Decision] = []
+        early: dict[int, set[int]] = {}  # per shard: offsets of held ticks decided ahead of order
+        for p, h in self._troubled_heads():
+            shard = self.shards.get(p)
+            if shard is None or self._held.get(p) is None:
+                continue  # the shard went (a rebalance during a yield)
+            await self._decide_one(p, shard, h, out)
+            early.setdefault(p, set()).add(h.offset)
+            self._dirty.add(p)
         for p in sorted(self._held):
-            shard = self.shards[p]
-            held = self._held[p]
-            while held:
+            shard = self.shards.get(p)
+            held = self._held.get(p)
+            done = early.get(p, set())
+            while held and shard is not None and self.shards.get(p) is shard and self._held.get(p) is held:
                 h = held[0]
-                if h.tick is not None and h.skipped is None:
+                if h.offset in done:
+                    pass  # decided above, out of order: only its place in the queue remains
+                elif h.tick is not None and h.skipped is None:
                     cut = self._cut_of(p, h)
                     if cut is None:
                         break  # ticks of one partition are decided in order
-                    started_s = clock.monotonic_s()
-                    try:
-                        decided = shard.decide(h.tick, cut, self._policy_at(h.tick.ts_ms))
-                    except Exception as exc:  # one pool's bad tick must not stop the others' decisions
-                        self._tick_failed(p, h.offset, h.tick, exc)
-                    else:
-                        shadowed = self._decide_shadow(shard, h.tick) if decided else ()
-                        published = self._settle(p, h.offset, decided, started_s)
-                        out.extend(published)
-                        if published:
-                            self._note_summary(p, h.tick, published)
-                            self._shadow_out.extend(shadowed)
+                    await self._decide_one(p, shard, h, out, cut)
+                    if self.shards.get(p) is not shard or self._held.get(p) is not held:
+                        break  # the shard went during the yield: its new owner decides from its checkpoint
                 elif h.tick is not None and shard.skip(h.tick):
                     self.stats.ticks_skipped += 1
                     metrics.ticks.add(1, {"outcome": "missed"})
@@ -1044,6 +1067,53 @@ class Daemon:
                 shard.ticks_at = h.offset + 1
                 self._dirty.add(p)
         return out
+
+    def _troubled_heads(self) -> list[tuple[int, _HeldTick]]:
+        """Per shard, the ticks of the boundary at the head of its queue (same time, same cut, all
+        ready) whose pool has a failed call among the records that cut folds."""
+        out: list[tuple[int, _HeldTick]] = []
+        for p in sorted(self._held):
+            held = self._held[p]
+            if not held or held[0].tick is None or held[0].skipped is not None or held[0].cut is None:
+                continue
+            head = held[0]
+            assert head.tick is not None
+            if self._cut_of(p, head) is None:
+                continue
+            troubled = self.shards[p].troubled(head.cut or {})
+            if not troubled:
+                continue
+            for h in held:
+                same = h.tick is not None and h.skipped is None and h.cut == head.cut
+                if not same or h.tick is None or h.tick.ts_ms != head.tick.ts_ms:
+                    break  # the head boundary ends here
+                if h.tick.pool_id in troubled:
+                    out.append((p, h))
+        return out
+
+    async def _decide_one(
+        self, p: int, shard: Shard, h: _HeldTick, out: list[Decision], cut: dict[str, int] | None = None
+    ) -> None:
+        """Decide one held tick (its cut ready) and stage its decisions; then yield to the loop."""
+        assert h.tick is not None
+        cut = cut if cut is not None else h.cut
+        assert cut is not None
+        started_s = clock.monotonic_s()
+        try:
+            decided = shard.decide(h.tick, cut, self._policy_at(h.tick.ts_ms))
+        except Exception as exc:  # one pool's bad tick must not stop the others' decisions
+            self._tick_failed(p, h.offset, h.tick, exc)
+            return
+        shadowed = self._decide_shadow(shard, h.tick) if decided else ()
+        published = self._settle(p, h.offset, decided, started_s)
+        if not published:
+            return
+        out.extend(published)
+        self._note_summary(p, h.tick, published)
+        self._shadow_out.extend(shadowed)
+        assert self._publisher is not None
+        await self._publisher.stage(published, shadowed)
+        await asyncio.sleep(0)  # the client hands the batch over; the ticker and consumer get a turn
 
     def _shadow_at(self, ts_ms: int) -> Shadow | None:
         for from_ts, shadow in reversed(self._shadows):

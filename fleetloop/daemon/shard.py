@@ -46,6 +46,7 @@ from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY
 
 INPUTS: tuple[str, ...] = (TELEMETRY, REQUESTS)
+_TROUBLE = frozenset(("error", "timeout"))  # outcomes that are fresh evidence of a failing node
 _EMPTY = EngineState()
 
 Item = Telemetry | Outcome  # a wire model or its msgspec twin (fleetloop.schemas.fast)
@@ -185,6 +186,20 @@ class Shard:
     def seen_after(self, logical: str, ts_ms: int) -> bool:
         """True when a read record of ``logical`` has a broker timestamp after ``ts_ms``."""
         return any(row.timestamp_ms > ts_ms for row in self.pending[logical])
+
+    def troubled(self, cut: Mapping[str, int]) -> set[str]:
+        """Pools with a failed call (error or timeout) among the records the tick at ``cut`` folds:
+        the runtime decides their ticks before the other pools' of the same boundary. Reading
+        only: what any pool decides does not depend on it."""
+        upto = cut.get(REQUESTS, self.folded[REQUESTS])
+        out: set[str] = set()
+        for row in self.pending[REQUESTS]:
+            if row.offset >= upto:
+                break
+            item = row.item
+            if item is not None and item.outcome in _TROUBLE:  # type: ignore[union-attr]
+                out.add(item.pool_id)
+        return out
 
     def pools(self) -> list[str]:
         """Pools to tick: those the model holds and those with records waiting for a cut (a pool

@@ -1,0 +1,103 @@
+"""The runtime decides the pools of one boundary in any order (the troubled ones first): a pool's
+decisions depend only on its tick, the shard's cut and its own state, never on which pools of the
+same boundary were decided before it. Replay decides in log order and must produce the same bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fleetloop.daemon.act.publish import decision_bytes
+from fleetloop.daemon.shard import INPUTS, Row, Shard
+from fleetloop.policies.registry import builtin_policy
+from fleetloop.schemas import Tick
+from fleetloop.schemas.topics import REQUESTS, TELEMETRY
+from tests.support.records import outcome, telemetry
+
+POOLS = ("a", "b", "c", "d")
+T0 = 1_700_000_000_000
+SECONDS = 40
+
+
+def stream(seed: int = 5) -> dict[str, list[Row]]:
+    """Four pools of five nodes on one shard; node c/4 fails from second 10 to 25."""
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list[Row]] = {TELEMETRY: [], REQUESTS: []}
+    n = 0
+    for s in range(SECONDS):
+        base = T0 + s * 1000
+        for pool in POOLS:
+            for i in range(5):
+                node = f"{pool}/{i}"
+                q = int(rng.integers(0, 6)) + (25 if node == "c/4" and 10 <= s < 25 else 0)
+                rows[TELEMETRY].append(
+                    Row(
+                        len(rows[TELEMETRY]),
+                        base + 10 + i,
+                        telemetry(node, pool, ts_ms=base + 10 + i, queue_depth=q),
+                    )
+                )
+        calls = []
+        for _ in range(int(rng.integers(20, 40))):
+            pool = POOLS[int(rng.integers(len(POOLS)))]
+            node = f"{pool}/{int(rng.integers(5))}"
+            bad = node == "c/4" and 10 <= s < 25
+            kind = "error" if bad else ("timeout" if rng.random() < 0.02 else "ok")
+            ts = base + int(rng.integers(0, 1000))
+            calls.append((ts, outcome(node, kind, pool, ts_ms=ts, n=n, workflow_id=f"w-{n // 3}")))
+            n += 1
+        for ts, item in sorted(calls, key=lambda c: c[0]):
+            rows[REQUESTS].append(Row(len(rows[REQUESTS]), ts, item))
+    return rows
+
+
+def run(rows: dict[str, list[Row]], order: str) -> tuple[dict[tuple[int, str], list[bytes]], int]:
+    """Decide every pool at every boundary, in ``order``; the decisions per (tick, pool), and how
+    many boundaries had a troubled pool."""
+    policy = builtin_policy("default")
+    shard = Shard(0)
+    out: dict[tuple[int, str], list[bytes]] = {}
+    troubled_boundaries = 0
+    for s in range(1, SECONDS + 1):
+        boundary = T0 + s * 1000
+        cut = {k: sum(1 for r in rows[k] if r.timestamp_ms <= boundary) for k in INPUTS}
+        for logical in INPUTS:
+            shard.add(logical, rows[logical][shard.read[logical] : cut[logical]])
+        troubled = shard.troubled(cut)
+        troubled_boundaries += bool(troubled)
+        pools = list(POOLS)
+        if order == "reversed":
+            pools.reverse()
+        elif order == "troubled-first":
+            pools.sort(key=lambda p: (p not in troubled, p))
+        for pool in pools:
+            decided = shard.decide(Tick(ts_ms=boundary, tick_id=boundary // 1000, pool_id=pool), cut, policy)
+            assert decided is not None
+            out[(boundary, pool)] = [decision_bytes(d) for d in decided]
+    return out, troubled_boundaries
+
+
+@pytest.mark.parametrize("order", ["reversed", "troubled-first"])
+def test_the_pools_of_one_boundary_decide_the_same_bytes_in_any_order(order: str) -> None:
+    rows = stream()
+    in_log_order, troubled = run(rows, "log")
+    other, _ = run(rows, order)
+    assert other == in_log_order
+    # The run exercised what the order is for: boundaries with a troubled pool, a breaker opened.
+    assert troubled >= 10
+    assert any(b'"state":"open"' in d for ds in in_log_order.values() for d in ds)
+
+
+def test_troubled_names_the_pools_with_a_failed_call_within_the_cut_only() -> None:
+    rows = stream()
+    shard = Shard(0)
+    for logical in INPUTS:
+        shard.add(logical, rows[logical])
+    # Before the first failed call (an error or a timeout) no pool is troubled; with it, its pool.
+    first_bad = next(
+        r for r in rows[REQUESTS] if r.item is not None and r.item.outcome in ("error", "timeout")
+    )
+    assert first_bad.item is not None
+    before = {TELEMETRY: len(rows[TELEMETRY]), REQUESTS: first_bad.offset}
+    assert shard.troubled(before) == set()
+    assert shard.troubled({**before, REQUESTS: first_bad.offset + 1}) == {first_bad.item.pool_id}
+    assert "c" in shard.troubled(shard.read)  # c/4's run of errors
