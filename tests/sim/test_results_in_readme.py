@@ -59,3 +59,25 @@ def test_shipped_suite_sentence_matches_the_table() -> None:
     misses = Counter(c["scenario"] for c in checks if not _met(c))
     said = dict(re.findall(r"`([a-z0-9-]+)` (?:misses )?on (\d+)(?: seeds)?", text[m.end() : m.end() + 300]))
     assert {k: int(v) for k, v in said.items()} == dict(misses)
+
+
+def _table_geomean(against: str) -> float:
+    """Default's cost per successful task over ``against``'s, geometric mean over the shipped
+    scenarios of ``bench/results/sim-table.json`` (each scenario's own seed)."""
+    data = orjson.loads((ROOT / "bench" / "results" / "sim-table.json").read_bytes())
+    usd = {(r["scenario"], r["policy"]): r["per_successful_task_usd"] for r in data["rows"]}
+    ratios = [usd[s, "default"] / usd[s, against] for s, p in usd if p == "default"]
+    return math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+
+
+def test_shipped_table_sentences_match_the_table() -> None:
+    text = _readme()
+    m = re.search(
+        r"default policy's cost per successful task is well below classic's \(geometric mean ([0-9.]+)x\)",
+        text,
+    )
+    assert m, "README lost the shipped-table sentence against classic"
+    assert float(m.group(1)) == round(_table_geomean("classic"), len(m.group(1).split(".")[1]))
+    m = re.search(r"fleetloop costs (?:more|less) per successful task \(geometric mean ([0-9.]+)x\)", text)
+    assert m, "README lost the shipped-table sentence against modern"
+    assert float(m.group(1)) == round(_table_geomean("modern"), len(m.group(1).split(".")[1]))
