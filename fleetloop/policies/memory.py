@@ -118,10 +118,15 @@ class PoolMemory:
         if n == 0 or slots == 0:
             return np.zeros((n, width)), np.zeros((n, width), dtype=np.bool_)
         vals = self.vals
-        ordered = np.sort(vals, axis=1, kind="stable")  # NaN last
+        # NaN last. Equal doubles sort alike whatever the algorithm, except 0.0 and -0.0: only then
+        # does the order among equals (stable, as ``sorted``) decide which one is the middle value.
+        # (Checked as "any zero", which is cheaper and only ever picks the stable sort more often.)
+        ordered = np.sort(vals, axis=1, kind="stable") if (vals == 0).any() else np.sort(vals, axis=1)
         count = slots - np.isnan(vals).sum(axis=1)
-        upper = np.take_along_axis(ordered, np.minimum(count // 2, slots - 1)[:, None, :], axis=1)[:, 0, :]
-        lower = np.take_along_axis(ordered, (np.maximum(count - 1, 0) // 2)[:, None, :], axis=1)[:, 0, :]
+        row = np.arange(n)[:, None]
+        col = np.arange(width)[None, :]
+        upper = ordered[row, np.minimum(count // 2, slots - 1), col]
+        lower = ordered[row, np.maximum(count - 1, 0) // 2, col]
         med = np.where(count % 2 == 1, upper, (lower + upper) / 2)
         return med, count >= max(1, min_samples)
 

@@ -102,3 +102,92 @@ def test_cache_aware_fleet_columns_equal_the_per_pool_forms(snapshots: list[Any]
             assert bits(got[0]) == bits(want[0])
             assert bits(got[1]) == bits(want[1])
     assert spilled > 0
+
+
+signed = st.sampled_from([np.nan, -0.0, 0.0, 1.0, 2.5, 7.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.lists(signed, min_size=2, max_size=2), min_size=1, max_size=7), min_size=1, max_size=6
+    )
+)
+def test_memory_medians_are_median_sorted_of_each_row_even_with_signed_zeros(rows: list[Any]) -> None:
+    """The quick sort is taken only when no zero is present; with 0.0 and -0.0 in a row the middle
+    value is the one a stable sort (``sorted``) puts there, sign included."""
+    slots = max(len(r) for r in rows)
+    vals = np.full((len(rows), slots, 2), np.nan)
+    for i, r in enumerate(rows):
+        vals[i, : len(r)] = r
+    mem = PoolMemory(
+        tuple(f"n{i}" for i in range(len(rows))), np.zeros((len(rows), slots), dtype=np.int64), vals
+    )
+    med, ok = mem.median_arrays(1)
+    for i in range(len(rows)):
+        for j in range(2):
+            xs = sorted(float(v) for v in vals[i, :, j].tolist() if not np.isnan(v))
+            assert bool(ok[i, j]) == bool(xs)
+            if xs:
+                assert med[i, j].hex() == median_sorted(xs).hex()
+
+
+def test_sibling_figures_shared_through_the_snapshot_equal_each_pools_own_reading(
+    snapshots: list[Any],
+) -> None:
+    """slo-predictive reads each sibling pool once per snapshot and SLO; every pool gets what it
+    would get reading its siblings itself (pools judged by different SLOs read them differently),
+    and a pool whose breakers name a sibling's node reads that sibling itself."""
+    from dataclasses import replace
+
+    from fleetloop.policies.autoscale import predictive
+    from fleetloop.policies.base import PolicyContext
+    from fleetloop.policies.slo import Slo, SloBook
+    from fleetloop.schemas.decisions import BreakerDecision
+
+    params = predictive.SloPredictiveParams()
+    book = SloBook(default=Slo(2000.0, 100.0), by_priority={0: Slo(500.0, 40.0), 2: Slo(8000.0, 300.0)})
+
+    def ctx(snap: Any, pool_id: str, breakers: Any = None) -> PolicyContext:
+        return PolicyContext(
+            now_ms=snap.now_ms,
+            tick_id=1,
+            tick_ms=1000,
+            pool_id=pool_id,
+            seed=(1,),
+            slo=book,
+            breakers=breakers or {},
+        )
+
+    def excess(snap: Any, pool_id: str, breakers: Any = None) -> tuple[str, str]:
+        p, s = predictive.sibling_excess(snap, ctx(snap, pool_id, breakers), params, snap.pools[pool_id], 0)
+        return p.hex(), s.hex()
+
+    short = ejections_mattered = 0
+    for snap in snapshots[::4]:
+        # Half the pools served only the strict class, half only the loose one: two SLOs per model; a
+        # first-token time far above both, so TTFT pressure (the SLO-dependent part) decides the sizes.
+        pools = {
+            p: replace(v, requests_by_priority_w={0 if k % 2 else 2: 5}, ttft_p50_ms_w=1e9)
+            for k, (p, v) in enumerate(sorted(snap.pools.items()))
+        }
+        snap = replace(snap, pools=pools, memo={})
+        ids = sorted(pools)
+        shared = [excess(snap, p) for p in ids]
+        assert shared == [excess(replace(snap, memo={}), p) for p in ids]
+        short += sum(1 for _, s in shared if float.fromhex(s) > 0)
+        # A breaker naming another pool's node (never the case in the engine) is honoured.
+        for victim_pool in ids:
+            warm = [n for n in snap.pool_nodes(victim_pool) if n.warm and not n.stale]
+            if not warm:
+                continue
+            victim = warm[0].node_id
+            b = BreakerDecision(
+                entity=f"node/{victim}", pool_id=victim_pool, node_id=victim, state="open", reason="x"
+            )
+            for pool_id in ids:
+                got = excess(snap, pool_id, {victim: b})
+                assert got == excess(replace(snap, memo={}), pool_id, {victim: b})
+                ejections_mattered += got != excess(snap, pool_id)
+    assert short > 0
+    assert ejections_mattered > 0

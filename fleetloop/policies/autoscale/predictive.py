@@ -158,7 +158,7 @@ node) buys nodes here that carry the moved share, never the unfittable prompts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Self
 
@@ -391,16 +391,45 @@ def sibling_excess(
     for sid, sib in snap.pools.items():
         if sid == ctx.pool_id or sib.model != pool.model:
             continue
-        active = [n for n in snap.pool_nodes(sid) if not n.draining and not n.stale]
-        warm = [n for n in active if n.weights_state == "warm" and n.node_id not in ejected]
-        if not warm:
+        # The breakers are this pool's, so they name none of a sibling's nodes: the sibling's
+        # figures are then the snapshot's alone, computed once per snapshot for every pool of
+        # the model (not once per pool and sibling: a model's pools would cost pools squared).
+        if ejected and not ejected.isdisjoint(sib.node_ids):
+            found = _sibling(snap, sid, sib, params, slo=slo, ejected=ejected)
+        else:
+            key = ("slo-predictive.sibling", sid, id(params), slo)
+            memo = snap.memo.get(key)
+            if memo is None or memo[0] is not params:
+                memo = snap.memo[key] = (
+                    params,
+                    _sibling(snap, sid, sib, params, slo=slo, ejected=frozenset()),
+                )
+            found = memo[1]
+        if found is None:
             continue
-        prefill = predicted_prefill_ms(sib, warm, params)
-        p = pressure(warm, sib.ttft_p50_ms_w, None, params, slo, prefill).value
-        short = p * len(warm) - len(active)
+        p, short = found
         if short > best_short:
             best_p, best_short = p, short
     return best_p, best_short
+
+
+def _sibling(
+    snap: FleetSnapshot,
+    sid: str,
+    sib: PoolView,
+    params: SloPredictiveParams,
+    *,
+    slo: Slo,
+    ejected: Collection[str],
+) -> tuple[float, float] | None:
+    """A sibling's ``(P_s, P_s * n_s - a_s)``, None without a warm node (:func:`sibling_excess`)."""
+    active = [n for n in snap.pool_nodes(sid) if not n.draining and not n.stale]
+    warm = [n for n in active if n.weights_state == "warm" and n.node_id not in ejected]
+    if not warm:
+        return None
+    prefill = predicted_prefill_ms(sib, warm, params)
+    p = pressure(warm, sib.ttft_p50_ms_w, None, params, slo, prefill).value
+    return p, p * len(warm) - len(active)
 
 
 @register("autoscale", "slo-predictive")

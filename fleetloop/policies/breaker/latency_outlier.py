@@ -201,7 +201,18 @@ class LatencyOutlierParams(Params):
         return self
 
     def errors(self) -> ConsecutiveErrorsParams:
-        """The consecutive-errors machine's parameters (same backoff and probe share)."""
+        """The consecutive-errors machine's parameters (same backoff and probe share), built once
+        per params object (params are frozen)."""
+        found = _ERRORS.get(id(self))
+        if found is not None and found[0] is self:
+            return found[1]
+        if len(_ERRORS) >= 64:
+            _ERRORS.clear()
+        errors = self._errors()
+        _ERRORS[id(self)] = (self, errors)
+        return errors
+
+    def _errors(self) -> ConsecutiveErrorsParams:
         return ConsecutiveErrorsParams(
             threshold=self.error_threshold,
             base_ejection_ms=self.base_ejection_ms,
@@ -210,6 +221,9 @@ class LatencyOutlierParams(Params):
             forgive_after_ms=self.error_forgive_after_ms,
         )
 
+
+# id(params) -> (params, its errors()): the params object is kept, so its id is not reused meanwhile.
+_ERRORS: dict[int, tuple[LatencyOutlierParams, ConsecutiveErrorsParams]] = {}
 
 Obs = tuple[tuple[int, float | None, float | None, float | None, float | None], ...]
 
