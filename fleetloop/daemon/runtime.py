@@ -74,11 +74,10 @@ from fleetloop.daemon.model.fleet import ModelConfig
 from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import (
     DeadLetter,
-    Decoded,
     Door,
     dead_letter_of,
     decode_batch,
-    decode_fast,
+    decode_rows,
     reason_of,
 )
 from fleetloop.daemon.rollup.fold import summarize
@@ -89,7 +88,7 @@ from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation, Tick
 from fleetloop.schemas.decisions import Decision, RetryBudgetDecision
-from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, OutcomeRec, TelemetryRec
+from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, Twin
 from fleetloop.schemas.topics import (
     CHECKPOINT,
     DEADLETTER,
@@ -454,8 +453,29 @@ class Daemon:
             await consumer.stop()
 
     async def _on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        """Restore (or keep) a shard per assigned partition index, each sought to where it goes on.
+
+        The partitions are paused from when their end offsets are known until they are sought:
+        the client would otherwise go on fetching them from the committed offsets while checkpoints
+        are read and decoded (seconds at fleet scale), and every such batch was unpacked only to be
+        dropped ("fetched while the assignment callback was still seeking") and fetched again after
+        the seek: a 60,000-record backlog was fetched twice (``bench/results/ingest-s6.md``). Not
+        paused from the start: the first fetch's high watermark is what corrects the embedded
+        broker's end offsets (its ListOffsets answers the last batch's base offset: 511 for 714
+        records), and without it a restart took the broker for emptied and started clean.
+        Resumed whatever happens, so a failed restore leaves them as before."""
         consumer = self._consumer
         assert consumer is not None
+        held = [tp for tp in assigned if tp.topic in self._topics]
+        try:
+            await self._assign(consumer, assigned, held)
+        finally:
+            mine = consumer.assignment()
+            consumer.resume(*[tp for tp in held if tp in mine])
+
+    async def _assign(
+        self, consumer: AIOKafkaConsumer, assigned: Sequence[TopicPartition], held: Sequence[TopicPartition]
+    ) -> None:
         parts = sorted({tp.partition for tp in assigned if tp.topic in self._topics})
         for gone in sorted(set(self.shards) - set(parts)):
             self._forget(gone)
@@ -468,6 +488,7 @@ class Daemon:
         tps = [self._tp(logical, p) for p in parts for logical in (*INPUTS, TICKS)]
         begin = await consumer.beginning_offsets(tps)
         end = await self._end_offsets(tps)
+        consumer.pause(*held)  # until sought (see _on_assigned)
         found = await self._read_checkpoints() if new else {}
         if new:  # dead letters this instance publishes from now on lie at or after this offset
             dl_tp = TopicPartition(self._deadletter_topic, 0)
@@ -475,7 +496,7 @@ class Daemon:
         if any(self._beyond(p, end) for p in parts):
             # The embedded broker's ListOffsets can lag what it has acknowledged: ask again before
             # calling the broker emptied.
-            await asyncio.sleep(1.0)
+            await self._look_again(held)
             end = await self._end_offsets(tps)
         # Every new shard's checkpoint decoded (off the loop), then the dead-letter topic read once
         # for all of them, all before the first shard is registered (see ``_restore``).
@@ -528,6 +549,26 @@ class Daemon:
             },
         )
         self.ready.set()
+
+    async def _look_again(self, tps: Sequence[TopicPartition]) -> None:
+        """Give the broker a second before its end offsets are asked again, with ``tps`` fetched
+        until each has a fresh high watermark (one fetch answer each, dropped), then paused again:
+        on the embedded broker the high watermark is what corrects its ListOffsets (see
+        :meth:`_on_assigned`)."""
+        consumer = self._consumer
+        assert consumer is not None
+        t0 = clock.monotonic_s()
+        polled = {tp: consumer.last_poll_timestamp(tp) for tp in tps}
+        consumer.resume(*tps)
+        try:
+            while clock.monotonic_s() - t0 < 1.0 and any(
+                consumer.last_poll_timestamp(tp) == was for tp, was in polled.items()
+            ):
+                await asyncio.sleep(0.01)
+        finally:
+            mine = consumer.assignment()
+            consumer.pause(*[tp for tp in tps if tp in mine])
+        await asyncio.sleep(max(0.0, 1.0 - (clock.monotonic_s() - t0)))
 
     async def _end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         consumer = self._consumer
@@ -632,7 +673,7 @@ class Daemon:
             self._emptied_hint.discard(p)
             emptied = True  # measured against fresh end offsets already
         elif emptied:  # the embedded broker's ListOffsets can lag: look again before believing it
-            await asyncio.sleep(1.0)
+            await self._look_again([self._tp(k, p) for k in (*INPUTS, TICKS)])
             end = {**end, **await self._end_offsets([self._tp(k, p) for k in (*INPUTS, TICKS)])}
             marks = {**(dict(shard.folded) if shard else {}), TICKS: shard.ticks_at if shard else 0}
             emptied = any(marks[k] > end[self._tp(k, p)] for k in marks) or (
@@ -758,33 +799,16 @@ class Daemon:
                 logical = self._topics[tp.topic]
                 metrics.events_consumed.add(len(records), {"topic": logical})
                 if logical in INPUTS:
-                    decoded: Decoded[TelemetryRec] | Decoded[OutcomeRec] = (
-                        decode_fast(TELEMETRY_TWIN, records, self.config.door)
-                        if logical == TELEMETRY
-                        else decode_fast(OUTCOME_TWIN, records, self.config.door)
-                    )
-                    if not decoded.dead:  # the common case: every record decoded, in order
-                        items: Sequence[TelemetryRec | OutcomeRec] = decoded.items
-                        rows = zip(records, items, strict=True)
-                        shard.add(logical, [Row(r.offset, r.timestamp, it, r.key, r.value) for r, it in rows])
-                    else:
-                        good: dict[int, TelemetryRec | OutcomeRec] = dict(
-                            zip(decoded.offsets, decoded.items, strict=True)
-                        )
-                        shard.add(
-                            logical,
-                            [
-                                Row(r.offset, r.timestamp, item, r.key, r.value)
-                                if (item := good.get(r.offset)) is not None
-                                else Row(r.offset, r.timestamp, None)
-                                for r in records
-                            ],
-                        )
+                    # One pass: decoded through the door into the shard's rows (a refused record's
+                    # row holds no item), and the dead letters.
+                    twin: Twin[Any] = TELEMETRY_TWIN if logical == TELEMETRY else OUTCOME_TWIN
+                    rows, refused = decode_rows(twin, records, self.config.door, Row)
+                    shard.add(logical, rows)
                     if logical == TELEMETRY:
-                        self.stats.telemetry_in += len(decoded.items)
+                        self.stats.telemetry_in += len(rows) - len(refused)
                     else:
-                        self.stats.outcomes_in += len(decoded.items)
-                    dead.extend(d for d in decoded.dead if self._fresh(tp.partition, logical, d.offset, True))
+                        self.stats.outcomes_in += len(rows) - len(refused)
+                    dead.extend(d for d in refused if self._fresh(tp.partition, logical, d.offset, True))
                 else:
                     dead.extend(
                         d

@@ -177,6 +177,7 @@ class Twin(Generic[S]):
             raise TypeError(f"cannot twin {model.__name__}: unmemoized fields must be patterned strings")
         self._memo: dict[re.Pattern[str], set[str | None]] = {g[0]: {None} for g in self._groups}
         self._after = _AFTER.get(model)
+        self._accepts = self._compile_accepts()
 
     def _valid_all(self, rx: re.Pattern[str], values: Iterable[str | None]) -> bool:
         """Check strings not yet memoized against the pattern; memoize the valid ones."""
@@ -192,27 +193,39 @@ class Twin(Generic[S]):
             memo.add(s)
         return True
 
-    def _accepts(self, rec: Any) -> bool:
-        memo = self._memo
-        for rx, singles, n_singles, many in self._groups:
-            seen = memo[rx]
-            if singles is not None:
-                values = singles(rec)
-                if n_singles == 1:
-                    values = (values,)
-                if not seen.issuperset(values) and not self._valid_all(rx, values):
-                    return False
+    def _compile_accepts(self) -> Callable[[Any], bool]:
+        """The checks outside msgspec as one function generated for this twin's fields (as
+        ``dataclasses`` generates ``__init__``): per pattern, the single and optional fields read
+        as one tuple and looked up in the memo in one ``issuperset`` (only a miss goes to
+        :meth:`_valid_all`), each tuple field the same, each unmemoized field matched directly,
+        then the mirrored ``after`` validator. The same checks in the same order as a loop over
+        ``_groups`` would make, with no loop, tuple or look-up of its own per record: this runs
+        once per input record. Field names are the model's (Python identifiers), nothing else
+        reaches the source."""
+        env: dict[str, Any] = {"valid_all": self._valid_all, "after": self._after}
+        lines = ["def accepts(rec):"]
+        for k, (rx, singles, n_singles, many) in enumerate(self._groups):
+            env[f"rx{k}"], env[f"sup{k}"] = rx, self._memo[rx].issuperset
+            gets = [f"g{k}(rec)" if n_singles > 1 else f"(g{k}(rec),)"] if singles is not None else []
+            env[f"g{k}"] = singles
             for name in many:
-                values = getattr(rec, name)
-                if not seen.issuperset(values) and not self._valid_all(rx, values):
-                    return False
-        for fullmatch, names in self._direct:
+                assert name.isidentifier()
+                gets.append(f"rec.{name}")
+            for get in gets:
+                lines.append(f"    v = {get}")
+                lines.append(f"    if not sup{k}(v) and not valid_all(rx{k}, v):")
+                lines.append("        return False")
+        for j, (fullmatch, names) in enumerate(self._direct):
+            env[f"fm{j}"] = fullmatch
             for name in names:
-                value = getattr(rec, name)
-                if value is not None and fullmatch(value) is None:
-                    return False
-        after = self._after
-        return after is None or after(rec)
+                assert name.isidentifier()
+                lines.append(f"    v = rec.{name}")
+                lines.append(f"    if v is not None and fm{j}(v) is None:")
+                lines.append("        return False")
+        lines.append("    return True" if self._after is None else "    return after(rec)")
+        exec(compile("\n".join(lines), f"<{self.model.__name__} twin checks>", "exec"), env)  # noqa: S102
+        accepts: Callable[[Any], bool] = env["accepts"]
+        return accepts
 
     def validate_json(self, data: bytes | str) -> S:
         """``model.model_validate_json(data)``'s contract, returning the struct: raises pydantic's

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from fleetloop.daemon.model.fleet import FleetModel, ModelConfig
 from fleetloop.daemon.shard import Row, Shard
 from fleetloop.policies.registry import builtin_policy
@@ -60,23 +59,22 @@ def test_cap_refusals_come_out_with_reason_and_bytes_once_their_cut_is_decided()
     assert shard.model.ledger.tasks_handed_off == 1
 
 
-def test_a_fold_that_raises_is_a_refusal_with_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fold_that_raises_is_a_refusal_with_the_error() -> None:
     shard = shard_with(ModelConfig())
     good = row(0, telemetry("n", pool="p", ts_ms=T0))
-    bad = row(1, telemetry("m", pool="p", ts_ms=T0 + 1))
-    real = FleetModel.fold_telemetry
-
-    def fold(self: FleetModel, t: Any) -> str | None:
-        if t.node_id == "m":
-            raise ZeroDivisionError("boom")
-        return real(self, t)
-
-    monkeypatch.setattr(FleetModel, "fold_telemetry", fold)
-    shard.add(TELEMETRY, [good, bad])
-    decided = shard.decide(tick_at(T0 + 1000, "p"), {TELEMETRY: 2, REQUESTS: 0}, POLICY)
+    # A forged record (built without validation) whose fold raises: a price that is not a number.
+    forged = telemetry("m", pool="p", ts_ms=T0 + 1).model_copy(update={"cost_rate_usd_per_h": "x"})
+    bad = Row(1, forged.ts_ms, forged, b"k1", b"{}")
+    after = row(2, telemetry("o", pool="p", ts_ms=T0 + 2))
+    shard.add(TELEMETRY, [good, bad, after])
+    decided = shard.decide(tick_at(T0 + 1000, "p"), {TELEMETRY: 3, REQUESTS: 0}, POLICY)
     assert decided  # the pool is decided from what did fold
     assert shard.fold_errors == 1
-    assert [(r.offset, r.reason) for r in shard.refusals] == [(1, "fold-error: ZeroDivisionError: boom")]
+    assert shard.refusals is not None
+    assert [(r.offset, r.reason.split(":")[:2]) for r in shard.refusals] == [
+        (1, ["fold-error", " TypeError"])
+    ]
+    assert sorted(shard.model.nodes) == ["n", "o"]  # the batch went on past the record that raised
 
 
 def test_replay_shards_keep_no_refusals() -> None:

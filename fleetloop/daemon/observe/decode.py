@@ -144,9 +144,38 @@ def decode_batch(model: type[P], records: Sequence[_RecordLike], door: Door = SI
 def decode_fast(twin: Twin[S], records: Sequence[_RecordLike], door: Door = SIZE_ONLY) -> Decoded[S]:
     """:func:`decode_batch` into the model's msgspec twin (:mod:`fleetloop.schemas.fast`): the same
     records accepted, the same values, the same dead letters with the same reasons, ~3-4x faster."""
-    decode, accepts, slow = twin.decoder()
+
+    def pair(
+        offset: int, timestamp_ms: int, item: S | None, key: bytes | None, value: bytes | None
+    ) -> tuple[int, S | None]:
+        return offset, item
+
+    rows, dead = decode_rows(twin, records, door, pair)
     items: list[S] = []
     offsets: list[int] = []
+    for offset, item in rows:
+        if item is not None:
+            items.append(item)
+            offsets.append(offset)
+    return Decoded(items, offsets, dead)
+
+
+R = TypeVar("R")
+
+
+def decode_rows(
+    twin: Twin[S],
+    records: Sequence[_RecordLike],
+    door: Door,
+    row: Callable[[int, int, S | None, bytes | None, bytes | None], R],
+) -> tuple[list[R], list[DeadLetter]]:
+    """:func:`decode_fast` as the daemon reads: one ``row(offset, broker timestamp, item, key,
+    value)`` per record in offset order (``row(offset, timestamp, None, None, None)`` for one the
+    door refused), and the dead letters. Building the shard's rows in this loop saves a second
+    pass over the batch; the checks, their order and the reasons are :func:`decode_fast`'s (it is
+    this loop)."""
+    decode, accepts, slow = twin.decoder()
+    rows: list[R] = []
     dead: list[DeadLetter] = []
     limit = door.max_record_bytes
     past = door.max_past_ms if door.max_past_ms is not None else 2**63
@@ -156,12 +185,14 @@ def decode_fast(twin: Twin[S], records: Sequence[_RecordLike], door: Door = SIZE
     # ``_decode``'s loop with ``Twin.validate_json`` inlined (the same checks in the same order):
     # this loop runs once per input record.
     for r in records:
+        broker_ts = r.timestamp
         try:
             value = r.value
             if not value:
                 raise ValueError("empty value (tombstone or zero bytes)")
             if len(value) > limit:
                 dead.append(dead_letter_of(r, f"record-too-large: {len(value)} bytes > {limit}"))
+                rows.append(row(r.offset, broker_ts, None, None, None))
                 continue
             try:
                 item = decode(value)
@@ -170,19 +201,20 @@ def decode_fast(twin: Twin[S], records: Sequence[_RecordLike], door: Door = SIZE
             else:
                 if not accepts(item):
                     item = slow(value)
-            if check_window:
-                broker_ts = r.timestamp
-                if broker_ts >= 0 and not (broker_ts - past <= item.ts_ms <= broker_ts + future):  # type: ignore[attr-defined]
-                    why = out_of_window(int(item.ts_ms), int(broker_ts), door)  # type: ignore[attr-defined]
+            if check_window and broker_ts >= 0:
+                ts = item.ts_ms  # type: ignore[attr-defined]
+                if not (broker_ts - past <= ts <= broker_ts + future):
+                    why = out_of_window(int(ts), int(broker_ts), door)
                     if why is not None:
                         dead.append(dead_letter_of(r, why))
+                        rows.append(row(r.offset, broker_ts, None, None, None))
                         continue
         except Exception as exc:  # any bytes in: a struct or a dead letter, never an exception out
             dead.append(dead_letter_of(r, reason_of(exc)))
+            rows.append(row(r.offset, broker_ts, None, None, None))
             continue
-        items.append(item)
-        offsets.append(r.offset)
-    return Decoded(items, offsets, dead)
+        rows.append(row(r.offset, broker_ts, item, r.key, value))
+    return rows, dead
 
 
 def _decode(validate: Callable[[bytes], M], records: Sequence[_RecordLike], door: Door) -> Decoded[M]:
