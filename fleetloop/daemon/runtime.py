@@ -724,6 +724,11 @@ class Daemon:
         self._fold_lettered[p] = dict(shard.lettered) if shard.dl_mark < 0 else {}
         self._catchup[p] = {logical: end[self._tp(logical, p)] for logical in (*INPUTS, TICKS)}
         self._ckpt_at[p] = clock.monotonic_s()
+        # From the checkpoint's offsets: nothing it folded is read again. What lies between them and
+        # the group's commit (folded by the previous run after its last checkpoint; the commit moves
+        # every batch, a checkpoint every ``checkpoint_interval_s``) is read and folded again: the
+        # checkpoint does not hold it, and folding it forward is what makes the restored state the
+        # continuous one. A clean stop checkpoints last, so after one nothing is read twice.
         for logical in INPUTS:
             self._seek(self._tp(logical, p), shard.folded[logical])
         self._seek(ticks_tp, shard.ticks_at)
