@@ -388,29 +388,50 @@ def sibling_excess(
     ejected = {i for i, b in ctx.breakers.items() if b.enforced and b.state == "open"}
     slo = ctx.pool_slo(snap)
     best_p, best_short = 0.0, 0.0
-    for sid, sib in snap.pools.items():
-        if sid == ctx.pool_id or sib.model != pool.model:
-            continue
-        # The breakers are this pool's, so they name none of a sibling's nodes: the sibling's
-        # figures are then the snapshot's alone, computed once per snapshot for every pool of
-        # the model (not once per pool and sibling: a model's pools would cost pools squared).
-        if ejected and not ejected.isdisjoint(sib.node_ids):
+    siblings = [(sid, sib) for sid, sib in _model_pools(snap, pool.model) if sid != ctx.pool_id]
+    if ejected and any(not ejected.isdisjoint(sib.node_ids) for _, sib in siblings):
+        # The breakers are this pool's, so in the engine they name none of a sibling's nodes; when
+        # they do, the sibling is read here with those nodes left out.
+        for sid, sib in siblings:
             found = _sibling(snap, sid, sib, params, slo=slo, ejected=ejected)
-        else:
-            key = ("slo-predictive.sibling", sid, id(params), slo)
-            memo = snap.memo.get(key)
-            if memo is None or memo[0] is not params:
-                memo = snap.memo[key] = (
-                    params,
-                    _sibling(snap, sid, sib, params, slo=slo, ejected=frozenset()),
-                )
-            found = memo[1]
-        if found is None:
-            continue
-        p, short = found
-        if short > best_short:
+            if found is not None and found[1] > best_short:
+                best_p, best_short = found
+        return best_p, best_short
+    # Otherwise the siblings' figures are the snapshot's alone: the model's pools that are short
+    # are found once per snapshot and SLO (not once per pool and sibling, which costs a model's
+    # pools squared), in pool order; only a shortfall > 0 can ever be picked.
+    for sid, p, short in _model_shortfalls(snap, pool.model, params, slo):
+        if sid != ctx.pool_id and short > best_short:
             best_p, best_short = p, short
     return best_p, best_short
+
+
+def _model_pools(snap: FleetSnapshot, model: str) -> list[tuple[str, PoolView]]:
+    """The snapshot's pools serving ``model``, in pool order (grouped once per snapshot)."""
+    key = ("slo-predictive.model_pools",)
+    found: dict[str, list[tuple[str, PoolView]]] | None = snap.memo.get(key)
+    if found is None:
+        found = snap.memo[key] = {}
+        for sid, sib in snap.pools.items():
+            found.setdefault(sib.model, []).append((sid, sib))
+    return found.get(model, [])
+
+
+def _model_shortfalls(
+    snap: FleetSnapshot, model: str, params: SloPredictiveParams, slo: Slo
+) -> tuple[tuple[str, float, float], ...]:
+    """``(pool, P_s, shortfall)`` of the model's pools short of nodes (shortfall > 0), in pool
+    order, read against ``slo`` with no node left out; once per snapshot, model, params and SLO."""
+    key = ("slo-predictive.shortfalls", model, id(params), slo)
+    memo = snap.memo.get(key)
+    if memo is None or memo[0] is not params:
+        out: list[tuple[str, float, float]] = []
+        for sid, sib in _model_pools(snap, model):
+            found = _sibling(snap, sid, sib, params, slo=slo, ejected=frozenset())
+            if found is not None and found[1] > 0:
+                out.append((sid, *found))
+        memo = snap.memo[key] = (params, tuple(out))
+    return memo[1]
 
 
 def _sibling(
