@@ -157,7 +157,12 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1_048_576
     )
-    state = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=20_000)
+    # The reader of control.state polls every 10 ms: a fetch the broker holds (the client's default
+    # waits up to 500 ms, and Tansu answers an empty fetch only then) would time the reader, not
+    # when the decision is on the topic.
+    state = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=20_000, fetch_max_wait_ms=10
+    )
     await producer.start()
     await state.start()
     tp = TopicPartition(topic_name(prefix, STATE), 0)
@@ -166,6 +171,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     await state.seek_to_end(tp, summaries_tp)
     arrivals: dict[str, float] = {}
     arrivals_wall: dict[str, int] = {}
+    stamped: dict[str, int] = {}  # the decision record's own timestamp: when the daemon staged it
     # Per shard summary key and boundary, how many times it was published (once is the contract).
     summaries: dict[tuple[bytes, int], int] = {}
     daemon: subprocess.Popen[bytes] | None = None
@@ -189,6 +195,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                     if body["state"] == "open" and body["enforced"]:
                         arrivals.setdefault(body["node_id"], now)
                         arrivals_wall.setdefault(body["node_id"], wall)
+                        stamped.setdefault(body["node_id"], r.timestamp)
 
     tasks = [asyncio.create_task(watch()), asyncio.create_task(load.play(producer, names, stop))]
     try:
@@ -204,6 +211,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         await asyncio.sleep(5.0)
         latencies: list[float] = []
         after_boundary: list[float] = []  # arrival minus the first tick boundary the trigger falls in
+        staged_after: list[float] = []  # the decision record's timestamp minus that boundary
         missed = 0
         for trial, (pool, node_id) in enumerate(load.targets):
             ts = clock.wall_ms()
@@ -221,6 +229,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
             if node_id in arrivals:
                 latencies.append((arrivals[node_id] - sent) * 1000.0)
                 after_boundary.append(float(arrivals_wall[node_id] - boundary))
+                staged_after.append(float(stamped[node_id] - boundary))
                 progress(
                     f"  trial {trial + 1}/{args.trials}: {latencies[-1]:,.0f} ms "
                     f"({after_boundary[-1]:,.0f} ms after its tick boundary)"
@@ -265,6 +274,8 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         "after_boundary_p99_ms": round(pct(after_boundary, 99), 1) if after_boundary else None,
         "latencies_ms": [round(x, 1) for x in latencies],
         "after_boundary_ms": [round(x, 1) for x in after_boundary],
+        "staged_after_boundary_p50_ms": round(pct(staged_after, 50), 1) if staged_after else None,
+        "staged_after_boundary_ms": [round(x, 1) for x in staged_after],
         "summaries": len(summaries),
         "summaries_repeated": sum(1 for n in summaries.values() if n > 1),
         "load_generator_max_lag_s": round(max(load.lag_s), 3) if load.lag_s else None,

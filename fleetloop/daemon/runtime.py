@@ -132,6 +132,10 @@ class DaemonConfig:
     max_tick_hold_s: float = 2.0  # a tick without a cut waits at most this long for its inputs
     checkpoint_interval_s: float = 5.0  # checkpoint a changed shard at most this often
     catchup_max_ticks: int = 600  # missed boundaries decided after an outage, per pool; older: skipped
+    # At a boundary the ticker waits at most this long for the loop to read every input record the
+    # broker had acknowledged then, so a record acknowledged just before the boundary is in its cut
+    # (not one tick later); 0: the cut is what was read at the boundary (bench/results/latency-s6.md).
+    tick_read_wait_s: float = 0.1
     # Cyclic GC: the young generation is collected every this many new container objects (Python's
     # default, 700, runs it every few dozen decoded records: ~25% of ingest CPU, measured by
     # ``fleetloop bench ingest``). 0 leaves the interpreter's settings alone.
@@ -325,11 +329,12 @@ class Daemon:
             auto_offset_reset="earliest",
             partition_assignment_strategy=(RangePartitionAssignor,),
             max_poll_records=cfg.max_batch,
-            # A fetch answers within 100 ms even when the broker does not answer it as soon as
-            # records arrive (the embedded broker held fetches for ~250 ms under load with the
-            # client's default 500 ms): a record or a tick waited that long before the loop saw it
-            # (bench/results/latency-s5.md). Costs at most ten empty fetches a second when idle.
-            fetch_max_wait_ms=100,
+            # A fetch answers within 20 ms even when the broker does not answer it as soon as
+            # records arrive (the embedded broker holds an empty fetch for the whole wait: with the
+            # client's default 500 ms, and still with 100 ms, the loop read its own ticks back ~45 ms
+            # after they were acknowledged, on the breaker-latency path; bench/results/latency-s6.md).
+            # Costs at most fifty empty fetches a second on an idle partition set.
+            fetch_max_wait_ms=20,
             # Short sessions: the embedded broker completes a join in about half the session timeout.
             session_timeout_ms=6000,
             heartbeat_interval_ms=1000,
@@ -1387,9 +1392,36 @@ class Daemon:
                 await asyncio.wait_for(stop.wait(), timeout=(boundary - now) / 1000.0)
                 return
             try:
+                if wait_s := self.config.tick_read_wait_s:
+                    await self._read_to_now(wait_s)
                 await self._publish_ticks(producer, topic, boundary, tick_ms)
             except (KafkaError, OSError) as exc:  # the broker is away: the next round catches up
                 self._broker_trouble("tick", exc)
+
+    async def _read_to_now(self, limit_s: float) -> None:
+        """Wait, at most ``limit_s``, until every owned input partition is read up to its end as the
+        broker reports it now (a round trip; then the loop's own fetches)."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        tps = [
+            tp for p in sorted(self.shards) for tp in (self._tp(k, p) for k in INPUTS) if tp in self._owned
+        ]
+        if not tps:
+            return
+        deadline = clock.monotonic_s() + limit_s
+        try:
+            end = await asyncio.wait_for(consumer.end_offsets(tps), timeout=limit_s)
+        except (KafkaError, TimeoutError):
+            return  # the boundary does not wait on a broker that does not answer
+        while clock.monotonic_s() < deadline:
+            if all(
+                (shard := self.shards.get(tp.partition)) is None
+                or shard.read[self._topics[tp.topic]] >= end[tp]
+                for tp in tps
+            ):
+                return
+            await asyncio.sleep(0.005)
 
     async def _publish_ticks(self, producer: AIOKafkaProducer, topic: str, now_b: int, tick_ms: int) -> None:
         limit = self.config.catchup_max_ticks
