@@ -2,9 +2,10 @@
 ``control.state``, under background load, on a fleet of ``--nodes``.
 
 ``fleetloop bench latency [--nodes 10000] [--trials 20] [--broker tansu|kafka] [--outcomes-per-node 0.5]
-[--json]``
+[--daemons 1] [--json]``
 
-It starts a broker and the daemon (``fleetloop run``, its own process, as an operator runs it), then
+It starts a broker and the daemon (``fleetloop run``, its own process, as an operator runs it; with
+``--daemons N``, N of them in one consumer group splitting the pools), then
 plays a generated fleet in real time: every node reports telemetry each second, each on its own
 phase (the load goes out in 50 ms slices), and routers report about ``--outcomes-per-node`` calls
 per node per second (the background load). Each trial picks a
@@ -13,6 +14,11 @@ policy's breaker threshold) in one burst, whose last record is the trigger. A co
 ``control.state`` notes when the enforced ``open`` breaker decision for that node arrives. The
 latency is that arrival minus the moment the trigger was acknowledged by the broker. Target (issue
 9): p99 at most the policy's tick period plus 100 ms.
+
+Also reported: the part after the tick boundary (arrival minus the first boundary at or after the
+trigger's timestamp, whose cut holds it; about a tick more when it missed that cut), the decision
+record's own timestamp against that boundary (when the daemon staged it, whatever the reader), and
+how many shard summaries on ``control.summaries`` were published more than once for one boundary.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu", help="default: tansu")
     p.add_argument(
         "--outcomes-per-node", type=float, default=0.5, help="background calls per node per second (0.5)"
+    )
+    p.add_argument(
+        "--daemons", type=int, default=1, help="fleetloop run processes in one consumer group (default 1)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
@@ -174,7 +183,9 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     stamped: dict[str, int] = {}  # the decision record's own timestamp: when the daemon staged it
     # Per shard summary key and boundary, how many times it was published (once is the contract).
     summaries: dict[tuple[bytes, int], int] = {}
-    daemon: subprocess.Popen[bytes] | None = None
+    daemons: list[subprocess.Popen[bytes]] = []
+    newest = [0]  # the newest boundary a decision on control.state was made for
+    behind_s = 0.0
     stop = asyncio.Event()
 
     async def watch() -> None:
@@ -191,7 +202,9 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                 for r in records:
                     if not (r.key or b"").startswith(b"breaker/"):
                         continue
-                    body = orjson.loads(r.value)["body"]
+                    decision = orjson.loads(r.value)
+                    newest[0] = max(newest[0], int(decision["ts_ms"]))
+                    body = decision["body"]
                     if body["state"] == "open" and body["enforced"]:
                         arrivals.setdefault(body["node_id"], now)
                         arrivals_wall.setdefault(body["node_id"], wall)
@@ -199,16 +212,22 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
 
     tasks = [asyncio.create_task(watch()), asyncio.create_task(load.play(producer, names, stop))]
     try:
-        with open(log_path, "wb") as log:
-            daemon = subprocess.Popen(
-                [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
-                 "--topic-prefix", prefix, "--group-id", f"bench-{prefix}"],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        for k in range(args.daemons):
+            with open(f"{log_path}.{k}", "wb") as log:
+                daemons.append(subprocess.Popen(
+                    [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
+                     "--topic-prefix", prefix, "--group-id", f"bench-{prefix}"],
+                    stdout=log, stderr=subprocess.STDOUT,
+                ))  # fmt: skip
         progress(f"  warming up: {args.nodes:,} nodes reporting, waiting for the daemon's first decisions")
         await _wait_for_decisions(state, prefix, timeout_s=180.0)
-        # Give every node a few seconds of history (a node's first ticks are its warm-up).
+        # Give every node a few seconds of history (a node's first ticks are its warm-up), and the
+        # daemons time to decide the boundaries they are behind on (at most 60 s more).
         await asyncio.sleep(5.0)
+        deadline = clock.monotonic_s() + 60.0
+        while clock.wall_ms() - newest[0] > 3 * tick_ms and clock.monotonic_s() < deadline:
+            await asyncio.sleep(0.5)
+        behind_s = max(0.0, (clock.wall_ms() - newest[0]) / 1000.0)
         latencies: list[float] = []
         after_boundary: list[float] = []  # arrival minus the first tick boundary the trigger falls in
         staged_after: list[float] = []  # the decision record's timestamp minus that boundary
@@ -245,8 +264,9 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        if daemon is not None:
+        for daemon in daemons:
             daemon.terminate()
+        for daemon in daemons:
             try:
                 daemon.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -256,11 +276,14 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         await producer.stop()
     target = tick_ms + 100.0
     p99 = pct(latencies, 99) if latencies else None
-    with open(log_path, "rb") as f:
+    with open(f"{log_path}.0", "rb") as f:
         log_tail = f.read()[-2000:].decode(errors="replace")
     return {
         "bench": "latency",
         "nodes": args.nodes,
+        "daemons": args.daemons,
+        # How far the newest decision's boundary lagged the wall clock when the trials began.
+        "daemon_behind_s_at_start": round(behind_s, 1),
         "pools": len(load.fleet.pools),
         "events_per_s": int(args.nodes * (1 + args.outcomes_per_node)),
         "trials": args.trials,
@@ -298,6 +321,8 @@ async def _wait_for_decisions(state: AIOKafkaConsumer, prefix: str, timeout_s: f
 def handle(args: argparse.Namespace) -> int:
     if not 16 <= args.nodes <= 100_000:
         raise UsageError("fleetloop bench latency: --nodes must be within 16..100000")
+    if not 1 <= args.daemons <= 8:
+        raise UsageError("fleetloop bench latency: --daemons must be within 1..8")
     if not 1 <= args.trials <= 1000:
         raise UsageError("fleetloop bench latency: --trials must be within 1..1000")
     if not 0.0 <= args.outcomes_per_node <= 100.0:
