@@ -180,7 +180,7 @@ class DaemonStats:
     checkpoint_decode_s: float = 0.0  # the last assignment's checkpoint decoding (in a thread)
     shards_restored: int = 0
     shards_started_clean: int = 0
-    last_decision_ts_ms: int = 0
+    last_decision_ts_ms: int = 0  # the newest tick whose decisions the broker acknowledged
     dead_by_reason: dict[str, int] = field(default_factory=dict)  # reason kind -> dead letters
     last_refusal: str = ""
     breaker_open_nodes: set[str] = field(default_factory=set)
@@ -850,6 +850,11 @@ class Daemon:
                     self._broker_trouble("publish", exc)  # send them all again (same bytes, harmless)
                     await self._retrying("publish", lambda: publisher.publish(decisions, shadowed))
                 self.stats.decisions_published += len(decisions)
+                # Marked once the broker acknowledged them (each pool's decisions are sent as it is
+                # decided, the acks awaited here): what waits on it may read them and the counters.
+                if decisions:
+                    newest = max(d.ts_ms for d in decisions)
+                    self.stats.last_decision_ts_ms = max(self.stats.last_decision_ts_ms, newest)
                 self.stats.shadow_decisions += len(shadowed)
                 for dec in decisions:
                     metrics.decisions.add(1, {"kind": dec.body.kind, "reason": dec.body.reason})
@@ -1252,7 +1257,6 @@ class Daemon:
 
     def _account(self, decided: Sequence[Decision]) -> None:
         self.stats.ticks_decided += 1
-        self.stats.last_decision_ts_ms = decided[0].ts_ms
         for d in decided:
             body = d.body
             if body.kind == "breaker":
