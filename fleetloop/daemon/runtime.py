@@ -1145,14 +1145,15 @@ class Daemon:
             return
         shadowed = self._decide_shadow(shard, h.tick) if decided else ()
         published = self._settle(p, h.offset, decided, started_s)
-        if not published:
-            return
-        out.extend(published)
-        self._note_summary(p, h.tick, published)
-        self._shadow_out.extend(shadowed)
-        assert self._publisher is not None
-        await self._publisher.stage(published, shadowed)
-        await asyncio.sleep(0)  # the client hands the batch over; the ticker and consumer get a turn
+        if published:
+            out.extend(published)
+            self._note_summary(p, h.tick, published)
+            self._shadow_out.extend(shadowed)
+            assert self._publisher is not None
+            await self._publisher.stage(published, shadowed)
+        # The client hands the batch over; the ticker, the consumer's fetches and the group
+        # heartbeat get a turn (also between ticks decided again after a restore, not published).
+        await asyncio.sleep(0)
 
     def _shadow_at(self, ts_ms: int) -> Shadow | None:
         for from_ts, shadow in reversed(self._shadows):
@@ -1414,10 +1415,14 @@ class Daemon:
         if not tps:
             return
         deadline = clock.monotonic_s() + limit_s
+        known = {tp: consumer.highwater(tp) or 0 for tp in tps}  # as of the last fetch, before the boundary
         try:
-            end = await asyncio.wait_for(consumer.end_offsets(tps), timeout=limit_s)
+            listed = await asyncio.wait_for(consumer.end_offsets(tps), timeout=limit_s)
         except (KafkaError, TimeoutError):
             return  # the boundary does not wait on a broker that does not answer
+        # The embedded broker's ListOffsets answers the last batch's base offset: the high watermark
+        # a fetch saw before the boundary covers that batch when it was fetched by then.
+        end = {tp: max(listed[tp], known[tp]) for tp in tps}
         while clock.monotonic_s() < deadline:
             if all(
                 (shard := self.shards.get(tp.partition)) is None
