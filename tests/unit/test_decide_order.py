@@ -101,3 +101,35 @@ def test_troubled_names_the_pools_with_a_failed_call_within_the_cut_only() -> No
     assert shard.troubled(before) == set()
     assert shard.troubled({**before, REQUESTS: first_bad.offset + 1}) == {first_bad.item.pool_id}
     assert "c" in shard.troubled(shard.read)  # c/4's run of errors
+
+
+async def test_the_daemon_puts_the_troubled_pools_of_each_shards_head_boundary_first() -> None:
+    """``Daemon._troubled_heads``: across shards, the ticks of the boundary at the head of each
+    queue whose pool has a failed call in that cut; not a later boundary's, not an untroubled pool's."""
+    from aiokafka import AIOKafkaConsumer
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+
+    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
+    daemon._consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:9")  # never started: no I/O here
+    t1, t2 = T0 + 1000, T0 + 2000
+    for p, pools in ((0, ("a", "b")), (1, ("c", "d"))):
+        shard = daemon.shards[p] = Shard(p)
+        shard.add(
+            TELEMETRY, [Row(i, T0 + i, telemetry(f"{q}/0", q, ts_ms=T0 + i)) for i, q in enumerate(pools)]
+        )
+        bad = "b" if p == 0 else "z"  # shard 1's failure is in pool z, which ticks at t2 only
+        shard.add(
+            REQUESTS,
+            [
+                Row(0, T0 + 5, outcome(f"{pools[0]}/0", "ok", pools[0], ts_ms=T0 + 5)),
+                Row(1, T0 + 6, outcome(f"{bad}/0", "error", bad, ts_ms=T0 + 6)),
+            ],
+        )
+        cut = {TELEMETRY: 2, REQUESTS: 2}
+        ticks = [Tick(ts_ms=t1, tick_id=t1 // 1000, pool_id=q) for q in pools]
+        ticks.append(Tick(ts_ms=t2, tick_id=t2 // 1000, pool_id="b" if p == 0 else "z"))
+        daemon._held[p] = [_HeldTick(k, t, t.ts_ms, cut, None, 0.0) for k, t in enumerate(ticks)]
+    heads = daemon._troubled_heads()
+    assert [(p, h.offset, h.tick.pool_id if h.tick else None) for p, h in heads] == [(0, 1, "b")]
+    # Pool z's failure is in shard 1's cut, but z's tick is at a later boundary: not ahead of c and d.
+    assert daemon.shards[1].troubled({TELEMETRY: 2, REQUESTS: 2}) == {"z"}
