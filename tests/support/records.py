@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
+import msgspec
 import orjson
 from fleetloop.schemas import NodeTelemetry, RequestOutcome, Tick
+from pydantic import BaseModel
 
 
 def telemetry(node: str, pool: str = "p", ts_ms: int = 1_000, **kw: Any) -> NodeTelemetry:
+    return NodeTelemetry(**telemetry_fields(node, pool, ts_ms, **kw))
+
+
+def telemetry_fields(node: str, pool: str = "p", ts_ms: int = 1_000, **kw: Any) -> dict[str, Any]:
+    """A warm node's telemetry record as field values (``kw`` replaces any of them)."""
     fields: dict[str, Any] = {
         "ts_ms": ts_ms,
         "node_id": node,
@@ -25,7 +33,7 @@ def telemetry(node: str, pool: str = "p", ts_ms: int = 1_000, **kw: Any) -> Node
         "cost_rate_usd_per_h": 1.0,
     }
     fields.update(kw)
-    return NodeTelemetry(**fields)
+    return fields
 
 
 def outcome(
@@ -58,3 +66,19 @@ def tick(tick_id: int, pool: str = "p", tick_ms: int = 1000) -> Tick:
 
 def to_bytes(record: NodeTelemetry | RequestOutcome | Tick) -> bytes:
     return orjson.dumps(record.model_dump(mode="json"))
+
+
+def bits(v: Any) -> Any:
+    """A value compared bit for bit (floats by their IEEE bytes: -0.0 is not 0.0)."""
+    if isinstance(v, float):
+        return ("f", struct.pack("<d", v))
+    if isinstance(v, (list, tuple)):
+        return ("seq", tuple(bits(x) for x in v))
+    return (type(v).__name__, v)
+
+
+def bit_fields(item: Any) -> dict[str, Any]:
+    """A decoded record's fields (a pydantic model or its msgspec twin), each compared bit for bit."""
+    if isinstance(item, BaseModel):
+        return {k: bits(v) for k, v in item.model_dump().items()}
+    return {k: bits(v) for k, v in msgspec.structs.asdict(item).items()}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import json
 import math
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -23,37 +22,22 @@ from fleetloop.schemas.telemetry import NodeTelemetry
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError, field_validator
-from tests.support.records import outcome, telemetry, to_bytes
+from tests.support.records import bit_fields, outcome, telemetry, to_bytes
 
 NOW = 1_767_225_600_000
 TWINS: dict[str, Twin[Any]] = {"telemetry": TELEMETRY_TWIN, "outcome": OUTCOME_TWIN}
 
 
-def _bits(v: Any) -> Any:
-    """Values compared bit for bit (floats by their IEEE bytes: -0.0 is not 0.0)."""
-    if isinstance(v, float):
-        return ("f", struct.pack("<d", v))
-    if isinstance(v, (list, tuple)):
-        return ("seq", tuple(_bits(x) for x in v))
-    return (type(v).__name__, v)
-
-
-def _fields(item: Any) -> dict[str, Any]:
-    if isinstance(item, BaseModel):
-        return {k: _bits(v) for k, v in item.model_dump().items()}
-    return {k: _bits(v) for k, v in msgspec.structs.asdict(item).items()}
-
-
 def _pydantic(model: type[BaseModel], data: bytes) -> tuple[str, Any]:
     try:
-        return "ok", _fields(model.model_validate_json(data))
+        return "ok", bit_fields(model.model_validate_json(data))
     except ValidationError as exc:
         return "refused", reason_of(exc)
 
 
 def _twin(tw: Twin[Any], data: bytes) -> tuple[str, Any]:
     try:
-        return "ok", _fields(tw.validate_json(data))
+        return "ok", bit_fields(tw.validate_json(data))
     except ValidationError as exc:
         return "refused", reason_of(exc)
 
@@ -333,7 +317,7 @@ def test_decode_fast_keeps_decode_batchs_offsets_dead_letters_and_reasons() -> N
         slow = decode_batch(NodeTelemetry, records, door)
         quick = decode_fast(TELEMETRY_TWIN, records, door)
         assert quick.offsets == slow.offsets
-        assert [_fields(x) for x in quick.items] == [_fields(x) for x in slow.items]
+        assert [bit_fields(x) for x in quick.items] == [bit_fields(x) for x in slow.items]
         assert [_dead(d) for d in quick.dead] == [_dead(d) for d in slow.dead]
         assert all(type(x) is TELEMETRY_TWIN.struct for x in quick.items)
 

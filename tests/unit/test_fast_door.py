@@ -8,10 +8,8 @@ their bounds (1e308, 10**400), raw NaN / Infinity tokens, far-future and far-pas
 from __future__ import annotations
 
 import json
-import struct
 from typing import Any
 
-import msgspec
 import pytest
 from fleetloop.daemon.observe.decode import DeadLetter, Door, decode_batch, decode_fast, decode_rows
 from fleetloop.daemon.shard import Row
@@ -19,7 +17,7 @@ from fleetloop.schemas.fast import MEMO_MAX, OUTCOME_TWIN, TELEMETRY_TWIN, Twin
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from pydantic import BaseModel
-from tests.support.records import outcome, telemetry
+from tests.support.records import bit_fields, outcome, telemetry
 
 NOW = 1_767_225_600_000
 FAR_FUTURE = 4_102_444_800_000  # the schema's last millisecond
@@ -29,20 +27,6 @@ class _Rec:
     def __init__(self, value: bytes | None, offset: int, broker_ts: int = NOW) -> None:
         self.topic, self.partition, self.offset, self.key = "fleet.in", 0, offset, f"k{offset}".encode()
         self.value, self.timestamp = value, broker_ts
-
-
-def _bits(v: Any) -> Any:
-    if isinstance(v, float):
-        return ("f", struct.pack("<d", v))
-    if isinstance(v, (list, tuple)):
-        return ("seq", tuple(_bits(x) for x in v))
-    return (type(v).__name__, v)
-
-
-def _fields(item: Any) -> dict[str, Any]:
-    if isinstance(item, BaseModel):
-        return {k: _bits(v) for k, v in item.model_dump().items()}
-    return {k: _bits(v) for k, v in msgspec.structs.asdict(item).items()}
 
 
 def _dead(d: DeadLetter) -> tuple[Any, ...]:
@@ -131,8 +115,8 @@ def _assert_same_door(twin: Twin[Any], model: type[BaseModel], values: list[byte
     assert [r.offset for r in rows] == [r.offset for r in records]
     kept = [r for r in rows if r.item is not None]
     assert [r.offset for r in kept] == plain.offsets == quick.offsets
-    assert [_fields(r.item) for r in kept] == [_fields(x) for x in plain.items]
-    assert [_fields(x) for x in quick.items] == [_fields(x) for x in plain.items]
+    assert [bit_fields(r.item) for r in kept] == [bit_fields(x) for x in plain.items]
+    assert [bit_fields(x) for x in quick.items] == [bit_fields(x) for x in plain.items]
     by_offset = {r.offset: r for r in records}
     for r in rows:  # the row holds the record's own bytes and broker time, or nothing if refused
         src = by_offset[r.offset]

@@ -19,6 +19,7 @@ from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, fold_plain
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, OutcomeRec, TelemetryRec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.support.records import telemetry_fields
 
 T0 = 1_767_225_600_000
 Batch = tuple[str, Sequence[Any]]  # ("telemetry" | "outcome", items)
@@ -47,21 +48,7 @@ def _assert_same(batches: Sequence[Batch], config: ModelConfig | None = None) ->
 
 
 def tel(node: str, pool: str, ts: int, **kw: Any) -> TelemetryRec:
-    fields: dict[str, Any] = {
-        "ts_ms": ts,
-        "node_id": node,
-        "pool_id": pool,
-        "model": "m",
-        "gpu_type": "L40S",
-        "weights_state": "warm",
-        "interval_ms": 1000,
-        "queue_depth": 0,
-        "running_requests": 1,
-        "kv_cache_used_frac": 0.2,
-        "hbm_free_gib": 20.0,
-        "gpu_util_frac": 0.5,
-        "cost_rate_usd_per_h": 1.0,
-    }
+    fields = telemetry_fields(node, pool, ts, model="m")
     fields.update(kw)
     return TelemetryRec(**fields)  # a struct's constructor does not validate: forged values stay
 
