@@ -252,6 +252,35 @@ def _with(ns: NodeState, **kw: Any) -> NodeState:
     )
 
 
+def _eject_within_cap(
+    params: LatencyOutlierParams,
+    pool_size: int,
+    *,
+    wants: list[tuple[float, str]],
+    stepped: dict[str, NodeState],
+    reasons: dict[str, str],
+    open_now: int,
+    now: int,
+) -> set[str]:
+    """Cap on the share ejected for latency, most severe first: opens the nodes of ``wants``
+    (``(-severity, node)``) in ``stepped`` while ``open_now`` stays within
+    ``floor(max_ejected_frac x pool_size)``; the rest are named ``:max-ejected`` in ``reasons`` and
+    returned."""
+    cap = math.floor(params.max_ejected_frac * pool_size + 1e-9)
+    over_cap: set[str] = set()
+    for _, node_id in sorted(wants):
+        ns = stepped[node_id]
+        if open_now + 1 <= cap:
+            stepped[node_id] = _with(
+                ns, lat="open", lat_since_ms=now, lat_ejections=ns.lat_ejections + 1, flagged_ticks=0
+            )
+            open_now += 1 if ns.err.state != "open" else 0
+        else:
+            over_cap.add(node_id)
+            reasons[node_id] = f"{reasons[node_id]}:max-ejected"
+    return over_cap
+
+
 def _empty_memory() -> PoolMemory:
     return PoolMemory.empty(len(SIGNALS))
 
@@ -560,20 +589,10 @@ class LatencyOutlier:
                 err_reason if err.state != "closed" or err_reason != "healthy" else lat_reason
             )
 
-        # Cap on the share ejected for latency, most severe first.
-        cap = math.floor(params.max_ejected_frac * len(pool) + 1e-9)
         open_now = sum(1 for ns in stepped.values() if ns.lat == "open" or ns.err.state == "open")
-        over_cap: set[str] = set()
-        for _, node_id in sorted(wants):
-            ns = stepped[node_id]
-            if open_now + 1 <= cap:
-                stepped[node_id] = _with(
-                    ns, lat="open", lat_since_ms=now, lat_ejections=ns.lat_ejections + 1, flagged_ticks=0
-                )
-                open_now += 1 if ns.err.state != "open" else 0
-            else:
-                over_cap.add(node_id)
-                reasons[node_id] = f"{reasons[node_id]}:max-ejected"
+        over_cap = _eject_within_cap(
+            params, len(pool), wants=wants, stepped=stepped, reasons=reasons, open_now=open_now, now=now
+        )
 
         # Panic threshold: too few healthy nodes left means the slowness is the pool's, not a node's.
         live = [n.node_id for n in pool if serving(n)]
@@ -966,19 +985,9 @@ def decide_columns(
         if ns.lat == "open" or ns.err.state == "open":
             open_now += 1
 
-    # Cap on the share ejected for latency, most severe first.
-    cap = math.floor(params.max_ejected_frac * len(pool) + 1e-9)
-    over_cap: set[str] = set()
-    for _, node_id in sorted(wants):
-        ns = stepped[node_id]
-        if open_now + 1 <= cap:
-            stepped[node_id] = _with(
-                ns, lat="open", lat_since_ms=now, lat_ejections=ns.lat_ejections + 1, flagged_ticks=0
-            )
-            open_now += 1 if ns.err.state != "open" else 0
-        else:
-            over_cap.add(node_id)
-            reasons[node_id] = f"{reasons[node_id]}:max-ejected"
+    over_cap = _eject_within_cap(
+        params, len(pool), wants=wants, stepped=stepped, reasons=reasons, open_now=open_now, now=now
+    )
 
     # Panic threshold: too few healthy nodes left means the slowness is the pool's, not a node's.
     live = 0
