@@ -16,7 +16,9 @@ Encoding. A tagged JSON tree compressed with zlib: floats are written with the s
 reads back to the same double (orjson), so values round-trip bit for bit; tuples, dicts with
 non-string keys, numpy scalars and instances are tagged. Only classes defined in ``fleetloop``
 modules that are dataclasses, pydantic models or listed in ``_PLAIN`` can be named, and decoding
-never calls a constructor or any code of theirs (fields are set on a bare instance), so a forged
+never calls a constructor or any code of theirs (fields are set on a bare instance; slots a class
+names in ``_TRANSIENT``, state derived from the rest such as the model's snapshot caches, are
+neither written nor read), so a forged
 checkpoint can at worst produce a wrong state, never run code. A dataclass field added since a
 checkpoint was written decodes as its declared default (a field without a default, or one removed,
 does not decode). A value that does not decode (for
@@ -66,10 +68,11 @@ def _name(cls: type) -> str:
 
 def _fields(obj: Any) -> list[str]:
     names: list[str] = []
+    transient = getattr(type(obj), "_TRANSIENT", ())
     for klass in type(obj).__mro__:
         slots = klass.__dict__.get("__slots__", ())
         for s in (slots,) if isinstance(slots, str) else slots:
-            if s not in names and not s.startswith("__"):
+            if s not in names and not s.startswith("__") and s not in transient:
                 names.append(s)
     if hasattr(obj, "__dict__"):
         names.extend(n for n in vars(obj) if n not in names)
@@ -208,9 +211,14 @@ def _class_fields(cls: type) -> frozenset[str]:
     if dataclasses.is_dataclass(cls):
         return frozenset(f.name for f in dataclasses.fields(cls))
     names: list[str] = []
+    transient = getattr(cls, "_TRANSIENT", ())
     for klass in cls.__mro__:
         slots = klass.__dict__.get("__slots__", ())
-        names.extend(s for s in ((slots,) if isinstance(slots, str) else slots) if not s.startswith("__"))
+        names.extend(
+            s
+            for s in ((slots,) if isinstance(slots, str) else slots)
+            if not s.startswith("__") and s not in transient
+        )
     return frozenset(names)
 
 

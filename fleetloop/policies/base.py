@@ -146,7 +146,12 @@ class LedgerView:
 
 @dataclass(frozen=True, slots=True)
 class FleetSnapshot:
-    """The frozen decision input of one tick. Mappings iterate in sorted key order."""
+    """The frozen decision input of one tick. Mappings iterate in sorted key order.
+
+    ``nodes`` is any mapping of node id to :class:`NodeView`. The daemon's model hands a
+    :class:`fleetloop.policies.columns.NodeTable`, which builds a view only when one is asked for;
+    a policy that judges every node reads :func:`fleetloop.policies.columns.fleet_columns` instead
+    (one array per field for the whole fleet, without a view per node)."""
 
     now_ms: int
     window_ms: int
@@ -163,6 +168,10 @@ class FleetSnapshot:
         key = ("pool_nodes", pool_id)
         found: tuple[NodeView, ...] | None = self.memo.get(key)
         if found is None:
+            table_views = getattr(self.nodes, "pool_views", None)  # a NodeTable: its pool's rows
+            if table_views is not None:
+                found = self.memo[key] = table_views(pool_id)
+                return found
             pool = self.pools.get(pool_id)
             ids = pool.node_ids if pool is not None else ()
             nodes = self.nodes

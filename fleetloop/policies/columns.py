@@ -20,12 +20,23 @@ tick:
 middle ones), so the same doubles as a sorted list per pool. The columns hold the views' own values
 (``tests/unit/test_fast_columns.py`` checks them against the views on generated fleets with nodes
 joining and leaving). Pure: no I/O, no clock.
+
+Where the columns come from. The daemon's model hands the snapshot its nodes as a
+:class:`NodeTable`: the rows in this same order, each node's newest telemetry record, its window
+totals as one ``(rows, 8)`` array (summed for the whole fleet at once) and its run of failed calls.
+``snap.nodes`` *is* that table (a read-only mapping of node id to :class:`NodeView`, in node-id
+order, as before): a view is built only when a policy asks for that node, and kept. The columns
+read the table directly, so a field is one pass over the telemetry records (or one array operation
+over the totals), never a view per node. A snapshot built any other way (a plain dict of views, as
+tests and the simulator's helpers may build) gets its columns from the views, as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -39,20 +50,284 @@ Bools = npt.NDArray[np.bool_]
 _KEY = ("fleet_columns",)
 
 
+# A node's window columns in a NodeTable's totals (the model's node window layout).
+W_REQ, W_OK, W_FAIL, W_TTFT_SUM, W_TTFT_N, W_ERR, W_TO, W_PRE = range(8)
+_WINDOW_INTS = {
+    "requests_w": W_REQ,
+    "ok_w": W_OK,
+    "failures_w": W_FAIL,
+    "node_errors_w": W_ERR,
+    "node_timeouts_w": W_TO,
+    "preemptions_w": W_PRE,
+}
+_DERIVED = {"last_seen_ms", "age_ms", "consecutive_failures", "ttft_mean_ms_w", *_WINDOW_INTS}
+_FLAGS = {"warm", "stale", "draining"}
+_VIEW_FIELDS = tuple(f.name for f in fields(NodeView))
+# Each slot's setter, in field order: a view is built by setting its slots on a bare instance, which
+# is what the frozen dataclass's ``__init__`` does, without its per-field ``object.__setattr__`` call
+# and keyword matching.
+_VIEW_SETTERS = tuple(getattr(NodeView, name).__set__ for name in _VIEW_FIELDS)
+_new = object.__new__
+_INT64_LIMIT = 2.0**63
+
+
+class NodeTable(Mapping[str, NodeView]):
+    """A snapshot's nodes as rows: what the model freezes at a tick, read as columns by
+    :func:`fleet_columns` and as :class:`NodeView` objects (built on first use, then kept) through
+    the mapping interface (node id -> view, iterating in node-id order, like the dict it replaces).
+
+    Rows are grouped by pool (pool-id order), each pool's in node-id order. Per row: ``ids`` (node
+    id), ``tels`` (the node's newest telemetry record: anything with the telemetry fields a
+    :class:`NodeView` copies), ``consecutive`` (its run of failed calls), ``totals[row]`` (its
+    window columns ``W_*`` summed over the snapshot's window), ``ts`` (the record's ``ts_ms``).
+    Everything is captured when the snapshot is taken: the model may fold on while policies read.
+    """
+
+    __slots__ = (
+        "_index",
+        "_memo",
+        "_sorted",
+        "_views",
+        "bounds",
+        "consecutive",
+        "ids",
+        "now_ms",
+        "pool_ids",
+        "stale_after_ms",
+        "tels",
+        "totals",
+        "ts",
+    )
+
+    def __init__(
+        self,
+        *,
+        now_ms: int,
+        stale_after_ms: int,
+        ids: Sequence[str],
+        tels: Sequence[Any],
+        consecutive: Sequence[int],
+        totals: Floats,
+        ts: Ints,
+        pool_ids: tuple[str, ...],
+        bounds: Mapping[str, tuple[int, int]],
+        index: Mapping[str, int] | None = None,
+        sorted_ids: Sequence[str] | None = None,
+    ) -> None:
+        self.now_ms = now_ms
+        self.stale_after_ms = stale_after_ms
+        self.ids = ids
+        self.tels = tels
+        self.consecutive = consecutive
+        self.totals = totals
+        self.ts = ts
+        self.pool_ids = pool_ids  # pools with at least one row, in row order (sorted)
+        self.bounds = bounds  # pool id -> (first row, end row)
+        self._index = index if index is not None else {n: i for i, n in enumerate(ids)}
+        self._sorted = sorted_ids if sorted_ids is not None else sorted(ids)
+        self._views: list[NodeView | None] = [None] * len(ids)
+        self._memo: dict[str, npt.NDArray[np.generic]] = {}
+
+    # -- the mapping: node id -> NodeView -------------------------------------------------------
+
+    def __getitem__(self, node_id: str) -> NodeView:
+        return self.view(self._index[node_id])
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sorted)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"NodeTable({len(self.ids)} nodes)"
+
+    def view(self, row: int) -> NodeView:
+        """Row ``row`` as a :class:`NodeView` (built once): the values a snapshot of views held."""
+        found = self._views[row]
+        if found is None:
+            found = self._views[row] = self._build(row, self.totals[row].tolist())
+        return found
+
+    def _build(self, row: int, w: list[float]) -> NodeView:
+        t = self.tels[row]
+        age = max(0, self.now_ms - t.ts_ms)
+        values = (
+            t.node_id,
+            t.pool_id,
+            t.model,
+            t.gpu_type,
+            t.gpu_count,
+            t.weights_state,
+            t.draining,
+            t.ts_ms,
+            age,
+            age > self.stale_after_ms,
+            t.queue_depth,
+            t.running_requests,
+            t.queued_prompt_tokens,
+            t.kv_cache_used_frac,
+            t.hbm_free_gib,
+            t.gpu_util_frac,
+            t.prefix_cache_hit_frac,
+            t.hot_prefixes,
+            t.ttft_p50_ms,
+            t.ttft_p99_ms,
+            t.tbt_p50_ms,
+            t.tbt_p99_ms,
+            t.max_batch_tokens,
+            t.cost_rate_usd_per_h,
+            int(w[W_REQ]),
+            int(w[W_OK]),
+            int(w[W_FAIL]),
+            self.consecutive[row],
+            (w[W_TTFT_SUM] / w[W_TTFT_N]) if w[W_TTFT_N] else None,
+            int(w[W_ERR]),
+            int(w[W_TO]),
+            int(w[W_PRE]),
+        )
+        view = _new(NodeView)
+        for setter, value in zip(_VIEW_SETTERS, values, strict=True):
+            setter(view, value)
+        return view
+
+    def pool_views(self, pool_id: str) -> tuple[NodeView, ...]:
+        """The pool's rows as views (node-id order): ``snap.pool_nodes`` for a table snapshot."""
+        a, b = self.bounds.get(pool_id, (0, 0))
+        views = self._views
+        if None in views[a:b]:
+            build = self._build
+            for r, w in zip(range(a, b), self.totals[a:b].tolist(), strict=True):
+                if views[r] is None:
+                    views[r] = build(r, w)
+        return tuple(views[a:b])  # type: ignore[arg-type]
+
+    # -- the columns ----------------------------------------------------------------------------
+
+    def _window_int(self, name: str) -> Floats:
+        """``int(total)`` of a window column, as doubles (the view's value; never -0.0)."""
+        return np.trunc(self.totals[:, _WINDOW_INTS[name]]) + 0.0
+
+    def floats(self, name: str) -> Floats:
+        """The views' field ``name`` for every row as doubles (None is NaN), without the views."""
+        found = self._memo.get(name)
+        if found is None:
+            if name in _FLAGS:
+                found = self.flag(name).astype(np.float64)
+            elif name in _DERIVED:
+                if name in _WINDOW_INTS:
+                    found = self._window_int(name)
+                elif name == "ttft_mean_ms_w":
+                    n = self.totals[:, W_TTFT_N]
+                    found = np.full(len(self.ids), np.nan)
+                    np.divide(self.totals[:, W_TTFT_SUM], n, out=found, where=n != 0)
+                else:
+                    found = self.ints(name).astype(np.float64)
+            else:  # numpy reads None as NaN, given the dtype
+                found = np.array(list(map(attrgetter(name), self.tels)), dtype=np.float64)
+            self._memo[name] = found
+        return found  # type: ignore[return-value]
+
+    def ints(self, name: str) -> Ints:
+        key = f"int:{name}"
+        found = self._memo.get(key)
+        if found is None:
+            if name in _FLAGS:
+                found = self.flag(name).astype(np.int64)
+            elif name in _WINDOW_INTS:
+                col = self._window_int(name)
+                if len(col) and not np.abs(col).max() < _INT64_LIMIT:
+                    raise OverflowError(f"{name} beyond int64")  # as np.array(ints, int64) would
+                found = col.astype(np.int64)
+            elif name == "last_seen_ms":
+                found = self.ts.copy()
+            elif name == "age_ms":
+                found = np.maximum(self.now_ms - self.ts, 0)
+            elif name == "consecutive_failures":
+                found = np.array(self.consecutive, dtype=np.int64)
+            else:
+                found = np.array(list(map(attrgetter(name), self.tels)), dtype=np.int64)
+            self._memo[key] = found
+        return found  # type: ignore[return-value]
+
+    def flag(self, name: str) -> Bools:
+        """``warm`` / ``stale`` / ``draining`` of every row."""
+        key = f"flag:{name}"
+        found = self._memo.get(key)
+        if found is None:
+            if name == "stale":
+                found = self.ints("age_ms") > self.stale_after_ms
+            elif name == "warm":
+                states = map(attrgetter("weights_state"), self.tels)
+                found = np.array([s == "warm" for s in states], dtype=np.bool_) & ~self.flag("draining")
+            else:
+                found = np.array(list(map(attrgetter(name), self.tels)), dtype=np.bool_)
+            self._memo[key] = found
+        return found  # type: ignore[return-value]
+
+    @property
+    def stale(self) -> Bools:
+        return self.flag("stale")
+
+
+class RowViews(Sequence[NodeView]):
+    """A table's rows as a sequence of views, each built when asked for (and kept by the table).
+    Equal to any sequence of the same views (``cols.nodes == tuple(views)``); a slice is a tuple."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self, table: NodeTable) -> None:
+        self._table = table
+
+    def __len__(self) -> int:
+        return len(self._table.ids)
+
+    @overload
+    def __getitem__(self, i: int) -> NodeView: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[NodeView, ...]: ...
+    def __getitem__(self, i: int | slice) -> NodeView | tuple[NodeView, ...]:
+        if isinstance(i, slice):
+            view = self._table.view
+            return tuple([view(r) for r in range(*i.indices(len(self)))])
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._table.view(i)
+
+    def __iter__(self) -> Iterator[NodeView]:
+        view = self._table.view
+        return (view(r) for r in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class FleetColumns:
     pool_ids: tuple[str, ...]  # pools with at least one node, sorted
-    nodes: tuple[NodeView, ...]
+    nodes: Sequence[NodeView]  # row r's view (built on first use when the snapshot is a NodeTable)
     bounds: Mapping[str, tuple[int, int]]
     pool_of: Ints
     starts: Ints
     _memo: dict[str, npt.NDArray[np.generic]] = field(default_factory=dict)
+    table: NodeTable | None = None  # the rows' source, when the snapshot's nodes are a NodeTable
 
     def __len__(self) -> int:
         return len(self.nodes)
 
     def floats(self, name: str) -> Floats:
         """The field ``name`` of every row as doubles; a missing figure (None) is NaN."""
+        if self.table is not None:
+            return self.table.floats(name)
         found = self._memo.get(name)
         if found is None:
             nan = np.nan
@@ -62,6 +337,8 @@ class FleetColumns:
         return found  # type: ignore[return-value]
 
     def ints(self, name: str) -> Ints:
+        if self.table is not None:
+            return self.table.ints(name)
         key = f"int:{name}"
         found = self._memo.get(key)
         if found is None:
@@ -69,6 +346,8 @@ class FleetColumns:
         return found  # type: ignore[return-value]
 
     def _flag(self, name: str) -> Bools:
+        if self.table is not None:
+            return self.table.flag(name)
         found = self._memo.get(name)
         if found is None:
             nodes = self.nodes
@@ -93,10 +372,26 @@ class FleetColumns:
         return self._flag("draining")
 
 
+def _layout(pool_ids: list[str], sizes: list[int]) -> tuple[Ints, Ints]:
+    counts = np.array(sizes, dtype=np.int64)
+    pool_of = np.repeat(np.arange(len(pool_ids), dtype=np.int64), counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if sizes else counts
+    return pool_of, starts
+
+
 def fleet_columns(snap: FleetSnapshot) -> FleetColumns:
     """The snapshot's nodes as columns, pool by pool (built once per snapshot)."""
     found: FleetColumns | None = snap.memo.get(_KEY)
     if found is None:
+        table = snap.nodes
+        if isinstance(table, NodeTable):
+            pool_of, starts = _layout(
+                list(table.pool_ids), [table.bounds[p][1] - table.bounds[p][0] for p in table.pool_ids]
+            )
+            found = snap.memo[_KEY] = FleetColumns(
+                table.pool_ids, RowViews(table), table.bounds, pool_of, starts, table=table
+            )
+            return found
         nodes: list[NodeView] = []
         pool_ids: list[str] = []
         bounds: dict[str, tuple[int, int]] = {}
@@ -108,14 +403,8 @@ def fleet_columns(snap: FleetSnapshot) -> FleetColumns:
                 pool_ids.append(pool_id)
                 sizes.append(len(pool))
                 nodes.extend(pool)
-        counts = np.array(sizes, dtype=np.int64)
-        found = snap.memo[_KEY] = FleetColumns(
-            tuple(pool_ids),
-            tuple(nodes),
-            bounds,
-            np.repeat(np.arange(len(pool_ids), dtype=np.int64), counts),
-            np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if sizes else counts,
-        )
+        pool_of, starts = _layout(pool_ids, sizes)
+        found = snap.memo[_KEY] = FleetColumns(tuple(pool_ids), tuple(nodes), bounds, pool_of, starts)
     return found
 
 

@@ -3,6 +3,13 @@
 ``apply(model, events) -> model`` folds a batch; ``snapshot(model, now_ms, ...)`` freezes what the
 policies see at a tick. No I/O, no clock: ``now_ms`` is the tick's event time.
 
+The snapshot is built as columns (:func:`snapshot`): the nodes' window totals for the whole fleet in
+array operations, re-reading only the buckets folded into since the previous snapshot (the fold
+marks the lowest one), and the nodes as a :class:`~fleetloop.policies.columns.NodeTable` whose views
+are built when a policy asks for one. :func:`snapshot_plain` is the same snapshot as a dict of views
+(``tests/unit/test_fast_snapshot.py`` holds the two equal, bit for bit). What the snapshot keeps
+between ticks is transient: it is not checkpointed (``FleetModel._TRANSIENT``).
+
 What it keeps:
 - per node: the newest telemetry (by ``ts_ms``), router-observed calls in event-time buckets
   (requests, ok, failures, TTFT sum and count), node-reported errors/timeouts/preemptions, and the
@@ -42,15 +49,22 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from fleetloop.daemon.model.windows import (
     BUCKET_MS,
     LAT_EDGES_MS,
     N_LAT_BINS,
     Window,
+    WindowColumns,
+    lat_value,
     quantile_from_bins,
 )
 from fleetloop.policies.base import FleetSnapshot, LedgerView, NodeView, PoolView, TenantView
+from fleetloop.policies.columns import NodeTable
 from fleetloop.schemas.fast import Outcome, OutcomeRec, Telemetry, TelemetryRec
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
@@ -133,6 +147,9 @@ class _Tenant:
     priority: int
     win: Window = field(default_factory=lambda: Window(3))
 
+
+_NEVER = 2**62  # ``_written_from`` when nothing was written since the last snapshot
+_FAR_PAST = -(2**62)
 
 NANO = 1_000_000_000  # money is summed in integer nano-dollars: exact, so order-independent
 _MAX_NUSD = 10**18  # one record's money is bounded by the schema far below this; clamp anyway
@@ -237,8 +254,12 @@ class FleetModel:
     """
 
     __slots__ = (
+        "_evicted_below",
         "_fleet_evicted_to",
+        "_nodes_changed",
         "_pools_full_checked_bucket",
+        "_snapshots",
+        "_written_from",
         "config",
         "evicted",
         "late_dropped",
@@ -250,6 +271,11 @@ class FleetModel:
         "tenants",
         "watermark_ms",
     )
+    # What the snapshot keeps between ticks (:class:`_Snapshots`) and the marks the fold leaves it,
+    # derived from the rest and never checkpointed (a restored model starts them afresh):
+    # ``_written_from`` the lowest bucket folded into since the last snapshot, ``_evicted_below``
+    # the highest eviction horizon, ``_nodes_changed`` counts node arrivals, departures and moves.
+    _TRANSIENT = ("_evicted_below", "_nodes_changed", "_snapshots", "_written_from")
 
     def __init__(self, config: ModelConfig | None = None) -> None:
         self.config = config or ModelConfig()
@@ -264,6 +290,26 @@ class FleetModel:
         self.evicted: dict[str, int] = dict.fromkeys((*CAPPED, "finished_workflows"), 0)
         self._fleet_evicted_to = 0
         self._pools_full_checked_bucket = -1
+        self._written_from = _NEVER
+        self._evicted_below = _FAR_PAST
+        self._nodes_changed = 0
+        self._snapshots: _Snapshots | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        """The transient slots of a model decoded from a checkpoint (which sets only the others):
+        everything written, nothing kept."""
+        if name == "_written_from":
+            value: Any = _FAR_PAST
+        elif name == "_evicted_below":
+            value = _FAR_PAST
+        elif name == "_nodes_changed":
+            value = 0
+        elif name == "_snapshots":
+            value = None
+        else:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        object.__setattr__(self, name, value)
+        return value
 
     # -- folding --------------------------------------------------------------------------------
 
@@ -289,6 +335,7 @@ class FleetModel:
 
     def _drop_pool(self, pool_id: str) -> None:
         pool = self.pools.pop(pool_id)
+        self._nodes_changed += 1
         for node_id in sorted(pool.nodes):
             self.nodes.pop(node_id, None)
         self.evicted["pools"] += 1
@@ -344,15 +391,18 @@ class FleetModel:
             win = self.node_wins.pop(node_id, None) or Window(8)
             node = nodes[node_id] = _Node(telemetry=t, win=win)
             pool.nodes.add(node_id)
+            self._nodes_changed += 1
         elif ts >= node.telemetry.ts_ms:
             if node.telemetry.pool_id != pool_id:
                 old = self.pools.get(node.telemetry.pool_id)
                 if old is not None:
                     old.nodes.discard(node_id)
                 pool.nodes.add(node_id)
+                self._nodes_changed += 1
             node.telemetry = t
         if t.errors or t.timeouts or t.preemptions:
             b = ts // BUCKET_MS
+            self._written_from = min(self._written_from, b)
             node.win.add_at(b, _N_ERR, t.errors)
             node.win.add_at(b, _N_TO, t.timeouts)
             node.win.add_at(b, _N_PRE, t.preemptions)
@@ -373,6 +423,7 @@ class FleetModel:
         del nodes[oldest]
         pool.nodes.discard(oldest)
         self.evicted["nodes"] += 1
+        self._nodes_changed += 1
         return True
 
     def fold_outcome(self, o: Outcome) -> str | None:
@@ -398,6 +449,7 @@ class FleetModel:
             if new_bucket:
                 self._advance_ledger_clock()  # at most once per bucket per pool
         b = ts // BUCKET_MS
+        self._written_from = min(self._written_from, b)
         outcome = o.outcome
         ok = outcome == "ok"
         failed = outcome in FAILED_OUTCOMES
@@ -603,15 +655,18 @@ class FleetModel:
                     win = self.node_wins.pop(node_id, None) or Window(8)
                     node = nodes[node_id] = _Node(telemetry=t, win=win)
                     pool.nodes.add(node_id)
+                    self._nodes_changed += 1
                 elif ts >= node.telemetry.ts_ms:
                     if node.telemetry.pool_id != pool_id:
                         old = pools.get(node.telemetry.pool_id)
                         if old is not None:
                             old.nodes.discard(node_id)
                         pool.nodes.add(node_id)
+                        self._nodes_changed += 1
                     node.telemetry = t
                 if t.errors or t.timeouts or t.preemptions:
                     b = ts // bucket_ms
+                    self._written_from = min(self._written_from, b)
                     win = node.win
                     win.add_at(b, _N_ERR, t.errors)
                     win.add_at(b, _N_TO, t.timeouts)
@@ -716,6 +771,7 @@ class FleetModel:
                     if new_bucket:
                         self._advance_ledger_clock()
                 b = ts // bucket_ms
+                self._written_from = min(self._written_from, b)
                 outcome = o.outcome
                 ok = outcome == "ok"
                 failed = outcome in failed_outcomes
@@ -836,6 +892,7 @@ class FleetModel:
     def _evict_pool(self, pool_id: str, pool: _Pool, horizon_bucket: int) -> None:
         """The pool's own clock moved on: drop its old buckets and its nodes silent too long."""
         pool.evicted_to = horizon_bucket
+        self._evicted_below = max(self._evicted_below, horizon_bucket)
         pool.win.evict_before(horizon_bucket)
         pool.ttft.evict_before(horizon_bucket)
         pool.by_priority.evict_before(horizon_bucket)
@@ -851,6 +908,7 @@ class FleetModel:
                 del nodes[node_id]
                 pool.nodes.discard(node_id)
                 self.evicted["nodes"] += 1
+                self._nodes_changed += 1
             else:
                 node.win.evict_before(horizon_bucket)
 
@@ -1081,10 +1139,11 @@ def node_view_plain(node: _Node, now_ms: int, window_ms: int, stale_after_ms: in
     )
 
 
-def snapshot(
+def snapshot_plain(
     model: FleetModel, now_ms: int, *, window_ms: int = 10_000, stale_after_ms: int = 5_000
 ) -> FleetSnapshot:
-    """Freeze the model as policies see it at event time ``now_ms``."""
+    """:func:`snapshot` as its plain statement: one :class:`NodeView` per node in a dict, every
+    window summed on its own (what the tests hold the columnar snapshot to, bit for bit)."""
     forget = model.config.forget_node_after_ms
     nodes = {
         node_id: _node_view(model.nodes[node_id], now_ms, window_ms, stale_after_ms)
@@ -1151,3 +1210,216 @@ def snapshot(
             spend_on_failed_usd=ledger.spend_on_failed_nusd / NANO,
         ),
     )
+
+
+def _ledger_view(model: FleetModel) -> LedgerView:
+    ledger = model.ledger
+    return LedgerView(
+        tasks_started=ledger.tasks_started,
+        tasks_succeeded=ledger.tasks_succeeded,
+        tasks_failed=ledger.tasks_failed,
+        active_workflows=len(ledger.active),
+        fleet_cost_usd=ledger.fleet_cost_nusd / NANO,
+        spend_on_failed_usd=ledger.spend_on_failed_nusd / NANO,
+    )
+
+
+class _NodeRows:
+    """The model's nodes in snapshot row order (by pool, then node id) and their windows' columns;
+    valid while ``FleetModel._nodes_changed`` stays at ``changed``."""
+
+    __slots__ = ("bounds", "changed", "ids", "index", "nodes", "pool_ids", "sorted_ids", "windows")
+
+    def __init__(self, model: FleetModel) -> None:
+        self.changed = model._nodes_changed
+        items = sorted(model.nodes.items(), key=lambda kv: (kv[1].telemetry.pool_id, kv[0]))
+        self.ids = [k for k, _ in items]
+        self.nodes = [v for _, v in items]
+        self.index = {k: i for i, k in enumerate(self.ids)}
+        self.sorted_ids = sorted(self.ids)
+        self.pool_ids, self.bounds = _pool_bounds([n.telemetry.pool_id for n in self.nodes])
+        self.windows = WindowColumns([n.win for n in self.nodes], 8)
+
+
+class _PoolRows:
+    """The model's pools in id order and their four windows' columns, valid while the model holds
+    these same pool objects."""
+
+    __slots__ = ("by_priority", "ids", "pools", "tasks", "ttft", "win")
+
+    def __init__(self, ids: list[str], pools: list[_Pool]) -> None:
+        self.ids = ids
+        self.pools = pools
+        self.win = WindowColumns([p.win for p in pools], 7)
+        self.ttft = WindowColumns([p.ttft for p in pools], N_LAT_BINS)
+        self.by_priority = WindowColumns([p.by_priority for p in pools], N_PRIORITIES)
+        self.tasks = WindowColumns([p.tasks for p in pools], 2)
+
+    def columns(self) -> tuple[WindowColumns, ...]:
+        return (self.win, self.ttft, self.by_priority, self.tasks)
+
+
+class _Snapshots:
+    """What :func:`snapshot` keeps between ticks: the row layouts and the windows' bucket arrays."""
+
+    __slots__ = ("nodes", "pools")
+
+    def __init__(self) -> None:
+        self.nodes: _NodeRows | None = None
+        self.pools: _PoolRows | None = None
+
+
+def _pool_bounds(row_pools: Sequence[str]) -> tuple[tuple[str, ...], dict[str, tuple[int, int]]]:
+    """The pools of rows grouped by pool (in order), and each one's (first row, end row)."""
+    bounds: dict[str, tuple[int, int]] = {}
+    start = 0
+    for i in range(1, len(row_pools) + 1):
+        if i == len(row_pools) or row_pools[i] != row_pools[start]:
+            bounds[row_pools[start]] = (start, i)
+            start = i
+    return tuple(bounds), bounds
+
+
+def _quantiles(hist: npt.NDArray[np.float64], q: float) -> list[float | None]:
+    """:func:`quantile_from_bins` of every row: the same running sums (a cumulative sum adds left
+    to right, as the loop does), the same first bin reaching ``q * total``."""
+    if not len(hist):
+        return []
+    cum = np.cumsum(hist, axis=1)
+    total = cum[:, -1]
+    reached = cum >= (q * total)[:, None]
+    first = np.where(reached.any(axis=1), reached.argmax(axis=1), hist.shape[1] - 1)
+    values = _LAT_VALUES
+    return [values[i] if t > 0 else None for i, t in zip(first.tolist(), total.tolist(), strict=True)]
+
+
+_LAT_VALUES = tuple(lat_value(i) for i in range(N_LAT_BINS))
+
+
+def snapshot(
+    model: FleetModel, now_ms: int, *, window_ms: int = 10_000, stale_after_ms: int = 5_000
+) -> FleetSnapshot:
+    """Freeze the model as policies see it at event time ``now_ms``.
+
+    The same snapshot as :func:`snapshot_plain`, value for value and bit for bit, built as columns:
+    ``nodes`` is a :class:`~fleetloop.policies.columns.NodeTable` (views built when asked for),
+    every node's and every pool's window totals are summed for all of them at once
+    (:class:`~fleetloop.daemon.model.windows.WindowColumns`, re-reading only the buckets folded
+    into since the last snapshot), and the row order is kept until a node arrives, leaves or moves.
+    """
+    if not -_NEVER < now_ms < _NEVER:
+        return snapshot_plain(model, now_ms, window_ms=window_ms, stale_after_ms=stale_after_ms)
+    kept = model._snapshots
+    if kept is None:
+        kept = model._snapshots = _Snapshots()
+    written, evicted = model._written_from, model._evicted_below
+    model._written_from = _NEVER
+    # Nodes.
+    rows = kept.nodes
+    if rows is None or rows.changed != model._nodes_changed or len(rows.ids) != len(model.nodes):
+        rows = kept.nodes = _NodeRows(model)
+    else:
+        rows.windows.forget(written, evicted)
+    tels = [n.telemetry for n in rows.nodes]
+    consecutive = [n.consecutive_failures for n in rows.nodes]
+    ts = np.array([t.ts_ms for t in tels], dtype=np.int64)
+    totals = rows.windows.totals(now_ms, window_ms)
+    live = (now_ms - ts) <= model.config.forget_node_after_ms
+    if live.all():
+        table = NodeTable(
+            now_ms=now_ms,
+            stale_after_ms=stale_after_ms,
+            ids=rows.ids,
+            tels=tels,
+            consecutive=consecutive,
+            totals=totals,
+            ts=ts,
+            pool_ids=rows.pool_ids,
+            bounds=rows.bounds,
+            index=rows.index,
+            sorted_ids=rows.sorted_ids,
+        )
+    else:  # some nodes are past forget_node_after_ms at this now: the rows of the others
+        keep = np.flatnonzero(live).tolist()
+        ids = [rows.ids[i] for i in keep]
+        tels = [tels[i] for i in keep]
+        row_pools, row_bounds = _pool_bounds([t.pool_id for t in tels])
+        table = NodeTable(
+            now_ms=now_ms,
+            stale_after_ms=stale_after_ms,
+            ids=ids,
+            tels=tels,
+            consecutive=[consecutive[i] for i in keep],
+            totals=totals[live],
+            ts=ts[live],
+            pool_ids=row_pools,
+            bounds=row_bounds,
+        )
+    # Pools.
+    pool_ids = sorted(model.pools)
+    pool_objs = [model.pools[p] for p in pool_ids]
+    prows = kept.pools
+    if prows is None or len(prows.pools) != len(pool_objs) or any(map(_differ, prows.pools, pool_objs)):
+        prows = kept.pools = _PoolRows(pool_ids, pool_objs)
+    else:
+        for columns in prows.columns():
+            columns.forget(written, evicted)
+    w_all = prows.win.totals(now_ms, window_ms)
+    hist = prows.ttft.totals(now_ms, window_ms)
+    prio_all = prows.by_priority.totals(now_ms, window_ms).tolist()
+    tasks_all = prows.tasks.totals(now_ms, window_ms).tolist()
+    p50 = _quantiles(hist, 0.50)
+    p99 = _quantiles(hist, 0.99)
+    seconds = window_ms / 1000.0
+    bounds = table.bounds
+    ids_of = table.ids
+    pools: dict[str, PoolView] = {}
+    for k, (pool_id, w) in enumerate(zip(pool_ids, w_all.tolist(), strict=True)):
+        pool = pool_objs[k]
+        a, b = bounds.get(pool_id, (0, 0))
+        first = table.tels[a] if b > a else None
+        prio = prio_all[k]
+        tasks = tasks_all[k]
+        pools[pool_id] = PoolView(
+            pool_id=pool_id,
+            model=first.model if first else "",
+            gpu_type=first.gpu_type if first else "",
+            node_ids=tuple(ids_of[a:b]),
+            requests_w=int(w[_P_REQ]),
+            ok_w=int(w[_P_OK]),
+            failures_w=int(w[_P_FAIL]),
+            retries_w=int(w[_P_RETRY]),
+            shed_w=int(w[_P_SHED]),
+            request_rate_per_s=w[_P_REQ] / seconds,
+            retry_rate_per_s=w[_P_RETRY] / seconds,
+            ttft_p50_ms_w=p50[k],
+            ttft_p99_ms_w=p99[k],
+            prompt_tokens_rate_per_s=w[_P_PROMPT] / seconds,
+            output_tokens_rate_per_s=w[_P_OUT] / seconds,
+            requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
+            tasks_ended_w=int(tasks[0]),
+            tasks_lost_w=int(tasks[1]),
+            open_workflows=pool.wf_open,
+            workflows_started=pool.wf_started,
+            workflows_ended=pool.wf_ended,
+            tasks_failed=pool.wf_failed,
+        )
+    tenants: dict[str, TenantView] = {}
+    for tenant_id in sorted(model.tenants):
+        tenant = model.tenants[tenant_id]
+        tw = tenant.win.total(now_ms, window_ms)
+        tenants[tenant_id] = TenantView(
+            tenant_id, tenant.priority, int(tw[_T_REQ]), int(tw[_T_RETRY]), int(tw[_T_SHED])
+        )
+    return FleetSnapshot(
+        now_ms=now_ms,
+        window_ms=window_ms,
+        nodes=table,
+        pools=pools,
+        tenants=tenants,
+        ledger=_ledger_view(model),
+    )
+
+
+def _differ(a: object, b: object) -> bool:
+    return a is not b

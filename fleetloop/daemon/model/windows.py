@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 BUCKET_MS = 1000
 
@@ -75,6 +79,71 @@ class Window:
         for b in [b for b in self.buckets if b < bucket]:
             del self.buckets[b]
         return len(self.buckets)
+
+
+class WindowColumns:
+    """The totals of many windows of one width at once, as one ``(rows, width)`` array, bit for bit
+    :meth:`Window.total` of each row's window.
+
+    Each bucket of the rows' windows is read into one array once (a row without that bucket holds
+    zeros) and kept until the model says the bucket was written again (:meth:`forget`); a total adds
+    the window's bucket arrays in ascending bucket order starting from zeros. That is
+    :meth:`Window.total`'s arithmetic element for element: it adds the same values in the same order
+    from 0.0, and the zeros added for a missing bucket change nothing (a running sum that starts at
+    +0.0 is never -0.0, and ``x + 0.0 == x`` for every other double). What a snapshot reads per tick
+    is the buckets written since the last one (one or two at a tick a second), not every row's
+    every bucket.
+
+    The caller keeps the rows fixed (the same windows in the same order) for the life of the object,
+    and calls :meth:`forget` with the lowest bucket written and the eviction horizon before reading.
+    """
+
+    __slots__ = ("_gets", "cols", "n", "width")
+
+    def __init__(self, wins: Sequence[Window], width: int) -> None:
+        self.width = width
+        self.n = len(wins)
+        self._gets: list[Callable[[int], list[float] | None]] = [w.buckets.get for w in wins]
+        self.cols: dict[int, npt.NDArray[np.float64] | None] = {}
+
+    def forget(self, written_from: int, evicted_below: int) -> None:
+        """Drop what a write may have changed: buckets at or after ``written_from`` (the lowest
+        bucket folded into since the last read), and buckets before ``evicted_below`` (eviction
+        deleted them from some rows)."""
+        cols = self.cols
+        for b in [b for b in cols if b >= written_from or b < evicted_below]:
+            del cols[b]
+
+    def _read(self, b: int) -> npt.NDArray[np.float64] | None:
+        rows = [get(b) for get in self._gets]
+        missing = rows.count(None)
+        if missing == self.n:
+            return None
+        if 2 * missing <= self.n:  # most rows have the bucket: convert them all at once
+            zero = [0.0] * self.width
+            return np.array([zero if r is None else r for r in rows], dtype=np.float64)
+        out = np.zeros((self.n, self.width), dtype=np.float64)  # few (a bucket still filling)
+        present = [i for i, r in enumerate(rows) if r is not None]
+        out[present] = [rows[i] for i in present]
+        return out
+
+    def totals(self, now_ms: int, window_ms: int) -> npt.NDArray[np.float64]:
+        """Every row's ``Window.total(now_ms, window_ms)``."""
+        hi = now_ms // BUCKET_MS
+        lo = hi - max(1, window_ms // BUCKET_MS)
+        acc = np.zeros((self.n, self.width), dtype=np.float64)
+        cols = self.cols
+        for b in range(lo + 1, hi + 1):
+            if b in cols:
+                col = cols[b]
+            else:
+                col = cols[b] = self._read(b)
+            if col is not None:
+                np.add(acc, col, out=acc)
+        if len(cols) > hi - lo:  # keep only this window's buckets
+            for b in [b for b in cols if not lo < b <= hi]:
+                del cols[b]
+        return acc
 
 
 def quantile_from_bins(counts: list[float], q: float) -> float | None:
