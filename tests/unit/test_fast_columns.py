@@ -83,7 +83,7 @@ def test_segment_medians_are_median_sorted_per_pool(rows: list[tuple[int, float 
 @pytest.mark.parametrize("params", [CacheAwareParams(), CacheAwareParams(w_hbm=3.0, silent_after_ms=2_000)])
 def test_cache_aware_fleet_columns_equal_the_per_pool_forms(snapshots: list[Any], params: Any) -> None:
     memories: dict[str, PoolMemory] = {}
-    spilled = 0
+    spilled = spill_lists = 0
     for snap in snapshots:
         fast = cache_aware.fleet_headroom(snap, params)
         plain = cache_aware.fleet_headroom_plain(snap, params)
@@ -101,7 +101,28 @@ def test_cache_aware_fleet_columns_equal_the_per_pool_forms(snapshots: list[Any]
             want = cache_aware._scored(pool, params, cache_aware.pool_steps(mem))
             assert bits(got[0]) == bits(want[0])
             assert bits(got[1]) == bits(want[1])
+            targets = cache_aware.spill_targets(snap, params, pool_id)
+            assert targets == cache_aware.spill_targets_plain(snap, params, pool_id)
+            spill_lists += bool(targets)
     assert spilled > 0
+    assert spill_lists > 0
+
+
+def test_spill_targets_keep_a_pool_whose_headroom_is_exactly_the_floor(snapshots: list[Any]) -> None:
+    """The once-per-model ranking keeps the plain rule's bound (``>=``) and ties (pool id)."""
+    checked = 0
+    for snap in snapshots[::8]:
+        found = [h for h in cache_aware.fleet_headroom(snap, CacheAwareParams()).values() if h is not None]
+        if not found:
+            continue
+        floor = sorted(found)[len(found) // 2]
+        params = CacheAwareParams(spill_min_headroom=floor)
+        at_floor = {p for p, h in cache_aware.fleet_headroom(snap, params).items() if h == floor}
+        for pool_id in sorted(snap.pools):
+            targets = cache_aware.spill_targets(snap, params, pool_id)
+            assert targets == cache_aware.spill_targets_plain(snap, params, pool_id)
+            checked += bool(at_floor & set(targets))
+    assert checked > 0
 
 
 signed = st.sampled_from([np.nan, -0.0, 0.0, 1.0, 2.5, 7.0])

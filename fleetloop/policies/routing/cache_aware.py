@@ -629,6 +629,47 @@ def fleet_headroom_plain(snap: FleetSnapshot, params: CacheAwareParams) -> Mappi
     return found
 
 
+def spill_targets_plain(snap: FleetSnapshot, params: CacheAwareParams, pool_id: str) -> tuple[str, ...]:
+    """The pools ``pool_id`` spills over to: the other pools of its model whose headroom is at least
+    ``spill_min_headroom``, by headroom descending (pool id breaks ties). The rule's statement, which
+    :func:`spill_targets` computes once per snapshot and model (the tests hold them equal)."""
+    own_pool = snap.pools.get(pool_id)
+    model = own_pool.model if own_pool is not None else ""
+    spill: list[tuple[float, str]] = []
+    for other, h in fleet_headroom(snap, params).items():
+        if other == pool_id or not model or snap.pools[other].model != model:
+            continue
+        if h is not None and h >= params.spill_min_headroom:
+            spill.append((-h, other))
+    return tuple(p for _, p in sorted(spill))
+
+
+def spill_targets(snap: FleetSnapshot, params: CacheAwareParams, pool_id: str) -> tuple[str, ...]:
+    """:func:`spill_targets_plain` without a pass over every pool per pool (pools squared per tick):
+    the model's ranked candidates are sorted once per snapshot and model, and each pool drops itself
+    from them (removing one entry keeps a sorted list sorted)."""
+    own_pool = snap.pools.get(pool_id)
+    model = own_pool.model if own_pool is not None else ""
+    if not model:
+        return ()
+    key = ("cache-aware.spill", id(params), model)
+    memo = snap.memo.get(key)
+    ranked: tuple[str, ...] | None = memo[1] if memo is not None and memo[0] is params else None
+    if ranked is None:
+        pools = snap.pools
+        floor = params.spill_min_headroom
+        ranked = tuple(
+            p
+            for _, p in sorted(
+                (-h, other)
+                for other, h in fleet_headroom(snap, params).items()
+                if h is not None and h >= floor and pools[other].model == model
+            )
+        )
+        snap.memo[key] = (params, ranked)
+    return tuple(p for p in ranked if p != pool_id) if pool_id in ranked else ranked
+
+
 @register("routing", "cache-aware")
 class CacheAware:
     Params = CacheAwareParams
@@ -687,15 +728,7 @@ class CacheAware:
         affinity = {d: tuple(ids) for d, ids in sorted(holders.items())}
 
         own = headroom(scores, snap, ctx.pool_id)
-        own_pool = snap.pools.get(ctx.pool_id)
-        model = own_pool.model if own_pool is not None else ""
-        spill: list[tuple[float, str]] = []
-        for other, h in fleet_headroom(snap, params).items():
-            if other == ctx.pool_id or not model or snap.pools[other].model != model:
-                continue
-            if h is not None and h >= params.spill_min_headroom:
-                spill.append((-h, other))
-        spill_to = tuple(p for _, p in sorted(spill))
+        spill_to = spill_targets(snap, params, ctx.pool_id)
 
         n_serving = sum(1 for n in pool if serving(n))
         decision = _routing_decision(
