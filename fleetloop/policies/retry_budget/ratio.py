@@ -82,6 +82,7 @@ from pydantic import Field
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
 from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import RetryBudgetDecision, RetryExempt
+from fleetloop.schemas.base import MAX_COUNT, MAX_FIGURE, assemble
 
 
 class RatioParams(Params):
@@ -193,11 +194,11 @@ class Ratio:
             reason = "budget+shed-lost"
         exempt: tuple[RetryExempt, ...] = ("error", "shed") if params.exempt_shed_and_lost else ()
         decisions = [
-            RetryBudgetDecision(
-                entity=f"pool/{ctx.pool_id}",
+            budget_decision(
+                f"pool/{ctx.pool_id}",
                 pool_id=ctx.pool_id,
-                retry_ratio=params.retry_ratio,
-                min_retries_per_s=params.min_retries_per_s,
+                tenant_id=None,
+                params=params,
                 retries_allowed_now=allowed(params, window_s, requests, retries, shed + lost, extra=extra),
                 exempt_retries_of=exempt,
                 reason=reason,
@@ -211,12 +212,11 @@ class Ratio:
                 # The tenant's share of the calls lost with their nodes (the view is not per node).
                 lost_t = math.floor(lost * min(1.0, t.requests_w / requests)) if requests > 0 else 0
                 decisions.append(
-                    RetryBudgetDecision(
-                        entity=f"pool/{ctx.pool_id}/tenant/{t.tenant_id}",
+                    budget_decision(
+                        f"pool/{ctx.pool_id}/tenant/{t.tenant_id}",
                         pool_id=ctx.pool_id,
                         tenant_id=t.tenant_id,
-                        retry_ratio=params.retry_ratio,
-                        min_retries_per_s=params.min_retries_per_s,
+                        params=params,
                         retries_allowed_now=allowed(
                             params, window_s, t.requests_w, t.retries_w, t.shed_w + lost_t, extra=extra
                         ),
@@ -231,3 +231,87 @@ class Ratio:
                     )
                 )
         return PolicyResult(decisions=tuple(decisions), state=episode)
+
+
+_BUDGET_FIELDS = (
+    "entity", "reason", "inputs", "kind", "pool_id", "tenant_id", "retry_ratio", "min_retries_per_s",
+    "retries_allowed_now", "exempt_retries_of",
+)  # fmt: skip
+assert tuple(RetryBudgetDecision.model_fields) == _BUDGET_FIELDS  # ``budget_decision`` lists them in order
+_EXEMPT: frozenset[str] = frozenset(("shed", "error"))
+
+
+def budget_decision(
+    entity: str,
+    *,
+    pool_id: str,
+    tenant_id: str | None,
+    params: RatioParams,
+    retries_allowed_now: int,
+    exempt_retries_of: tuple[RetryExempt, ...],
+    reason: str,
+    inputs: dict[str, float],
+) -> RetryBudgetDecision:
+    """``RetryBudgetDecision(...)`` with these fields (``tenant_id`` only when given), assembled
+    without validation when every part is valid by construction: the ids come from validated
+    telemetry, outcomes and ticks, the ratio and floor from the validated params, and the count and
+    figures are checked here against the schema's bounds. A pool decides one per tenant every tick
+    (~4,000 at 10,000 nodes), and validating them cost more than computing them. Anything else goes
+    through validation and fails there, exactly as before (``tests/unit/test_fast_bodies.py``)."""
+    if (
+        entity
+        and reason
+        and type(retries_allowed_now) is int
+        and 0 <= retries_allowed_now <= MAX_COUNT
+        and type(params.retry_ratio) is float
+        and 0.0 <= params.retry_ratio <= 1.0
+        and type(params.min_retries_per_s) is float
+        and 0.0 <= params.min_retries_per_s <= MAX_FIGURE
+        and type(exempt_retries_of) is tuple
+        and len(exempt_retries_of) <= 2
+        and all(x in _EXEMPT for x in exempt_retries_of)
+        and all(type(x) is float and -MAX_FIGURE <= x <= MAX_FIGURE for x in inputs.values())  # not NaN
+    ):
+        values = {
+            "entity": entity,
+            "reason": reason,
+            "inputs": inputs,
+            "kind": "retry_budget",
+            "pool_id": pool_id,
+            "tenant_id": tenant_id,
+            "retry_ratio": params.retry_ratio,
+            "min_retries_per_s": params.min_retries_per_s,
+            "retries_allowed_now": retries_allowed_now,
+            "exempt_retries_of": exempt_retries_of,
+        }
+        given = _GIVEN_TENANT if tenant_id is not None else _GIVEN_POOL
+        return assemble(RetryBudgetDecision, values, set(given))
+    if tenant_id is None:
+        return RetryBudgetDecision(
+            entity=entity,
+            pool_id=pool_id,
+            retry_ratio=params.retry_ratio,
+            min_retries_per_s=params.min_retries_per_s,
+            retries_allowed_now=retries_allowed_now,
+            exempt_retries_of=exempt_retries_of,
+            reason=reason,
+            inputs=inputs,
+        )
+    return RetryBudgetDecision(
+        entity=entity,
+        pool_id=pool_id,
+        tenant_id=tenant_id,
+        retry_ratio=params.retry_ratio,
+        min_retries_per_s=params.min_retries_per_s,
+        retries_allowed_now=retries_allowed_now,
+        exempt_retries_of=exempt_retries_of,
+        reason=reason,
+        inputs=inputs,
+    )
+
+
+_GIVEN_POOL: frozenset[str] = frozenset(
+    ("entity", "pool_id", "retry_ratio", "min_retries_per_s", "retries_allowed_now", "exempt_retries_of",
+     "reason", "inputs")
+)  # fmt: skip
+_GIVEN_TENANT: frozenset[str] = _GIVEN_POOL | {"tenant_id"}
