@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo, SloBook
@@ -239,3 +240,29 @@ class Algorithm(Protocol):
 def r6(x: float) -> float:
     """Round for the wire: decisions are compared byte for byte across replays."""
     return round(float(x), 6)
+
+
+# Below 2**30 an ulp of x * 1e6 is at most 2**-22, far inside the margin R6_MARGIN.
+_R6_LIMIT = float(2**30)
+R6_MARGIN = 1e-6
+
+
+def r6_array(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """:func:`r6` of every element, the same doubles (``round`` is correctly rounded; ``np.round``
+    is not). ``round(x, 6)`` is the double nearest the decimal ``k / 10**6``, ``k`` the integer
+    nearest ``x * 10**6`` (ties to even). ``y = x * 1e6`` is within half an ulp of that product, so
+    ``np.rint(y)`` is that ``k`` wherever ``y`` is not within ``R6_MARGIN`` of a half-integer (and
+    small enough for an ulp to be far below it), and ``k / 1e6`` (both exact, the quotient correctly
+    rounded) is the double nearest ``k / 10**6``. (Strictly, ``rint`` can only be wrong where ``y`` is
+    exactly a half-integer, since ``y`` is the double nearest the product; the margin is wider on
+    purpose.) Every other element (near a tie, huge, NaN, inf)
+    goes through ``round`` itself. ``tests/unit/test_r6_array.py`` holds it to ``round`` on hostile
+    values, near ties included."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x * 1e6
+        out: npt.NDArray[np.float64] = np.rint(y) / 1e6
+        sure = (np.abs(y) < _R6_LIMIT) & (np.abs(y - np.floor(y) - 0.5) > R6_MARGIN)
+    if not sure.all():
+        for i in np.flatnonzero(~sure).tolist():
+            out[i] = round(float(x[i]), 6)
+    return out

@@ -81,8 +81,8 @@ from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
 from fleetloop.policies.registry import register
-from fleetloop.schemas.decisions import RetryBudgetDecision, RetryExempt
 from fleetloop.schemas.base import MAX_COUNT, MAX_FIGURE, assemble
+from fleetloop.schemas.decisions import RetryBudgetDecision, RetryExempt
 
 
 class RatioParams(Params):

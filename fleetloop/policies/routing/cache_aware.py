@@ -119,7 +119,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, model_validator
 
-from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6, r6_array
 from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns, segment_medians
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.registry import register
@@ -546,10 +546,23 @@ def pool_scores(
     return _scored(pool, params, {n.node_id: step_ms(memory, n.node_id) for n in pool})[0]
 
 
-def shares(scores: Mapping[str, float], alpha: float) -> dict[str, float]:
+def shares_plain(scores: Mapping[str, float], alpha: float) -> dict[str, float]:
+    """``S_i ** alpha / sum_j S_j ** alpha``, rounded for the wire (the rule; :func:`shares` is it)."""
     powered = {k: (v**alpha if v > 0 else 0.0) for k, v in sorted(scores.items())}
     total = sum(powered.values())
     return {k: (r6(v / total) if total > 0 else 0.0) for k, v in powered.items()}
+
+
+def shares(scores: Mapping[str, float], alpha: float) -> dict[str, float]:
+    """:func:`shares_plain` with the quotients and their rounding as array operations (the same
+    doubles: one IEEE division each, :func:`r6_array`); the powers and the sum stay Python's, in
+    node order, as the plain form computes them."""
+    keys = sorted(scores)
+    powered = [v**alpha if v > 0 else 0.0 for v in (scores[k] for k in keys)]
+    total = sum(powered)
+    if not total > 0:
+        return dict.fromkeys(keys, 0.0)
+    return dict(zip(keys, r6_array(np.array(powered, dtype=np.float64) / total).tolist(), strict=True))
 
 
 def headroom(scores: Mapping[str, float], snap: FleetSnapshot, pool_id: str) -> float | None:

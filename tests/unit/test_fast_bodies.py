@@ -1,0 +1,79 @@
+"""Decision bodies assembled without validation are the models validation would build: the same
+fields set, the same values of the same types, the same JSON; out-of-bounds parts still go through
+validation and fail there. Checked on generated fleets that misbehave (``tests/support/perturbed``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fleetloop.policies.base import PolicyContext
+from fleetloop.policies.retry_budget import ratio
+from fleetloop.policies.retry_budget.ratio import Ratio, RatioParams
+from fleetloop.schemas.base import MAX_COUNT
+from fleetloop.schemas.decisions import RetryBudgetDecision
+from pydantic import BaseModel, ValidationError
+from tests.support.perturbed import perturbed_snapshots
+
+
+def same_model(got: BaseModel, want: BaseModel) -> None:
+    assert type(got) is type(want)
+    assert got.model_fields_set == want.model_fields_set
+    assert list(got.__dict__) == list(want.__dict__)
+    assert [(k, type(v), repr(v)) for k, v in got.__dict__.items()] == [
+        (k, type(v), repr(v)) for k, v in want.__dict__.items()
+    ]
+    assert got.model_dump_json() == want.model_dump_json()
+    assert got == want
+
+
+def validated(d: RetryBudgetDecision) -> RetryBudgetDecision:
+    return RetryBudgetDecision(**{k: getattr(d, k) for k in d.model_fields_set})
+
+
+@pytest.fixture(scope="module")
+def snapshots() -> list[Any]:
+    return list(perturbed_snapshots(320, 24))
+
+
+@pytest.mark.parametrize(
+    "params", [RatioParams(), RatioParams(exempt_shed_and_lost=False, retry_ratio=1.0, min_retries_per_s=0.0)]
+)
+def test_retry_budget_bodies_are_what_validation_builds(snapshots: list[Any], params: RatioParams) -> None:
+    algo = Ratio()
+    tenants = pools = 0
+    states: dict[str, Any] = {}
+    for snap in snapshots:
+        for pool_id in sorted(snap.pools):
+            ctx = PolicyContext(
+                now_ms=snap.now_ms, tick_id=snap.now_ms // 1000, tick_ms=1000, pool_id=pool_id, seed=(0,)
+            )
+            result = algo.decide(snap, params, states.get(pool_id), ctx)
+            states[pool_id] = result.state
+            for d in result.decisions:
+                assert isinstance(d, RetryBudgetDecision)
+                same_model(d, validated(d))
+                tenants += d.tenant_id is not None
+                pools += d.tenant_id is None
+    assert tenants > 0
+    assert pools > 0
+
+
+def test_retry_budget_body_out_of_bounds_is_refused_by_validation() -> None:
+    common: dict[str, Any] = {
+        "pool_id": "p",
+        "tenant_id": "t",
+        "params": RatioParams(),
+        "exempt_retries_of": (),
+        "reason": "tenant-budget",
+    }
+    ok = ratio.budget_decision("pool/p/tenant/t", retries_allowed_now=MAX_COUNT, inputs={"x": 1.0}, **common)
+    same_model(ok, validated(ok))
+    with pytest.raises(ValidationError):
+        ratio.budget_decision("pool/p/tenant/t", retries_allowed_now=MAX_COUNT + 1, inputs={}, **common)
+    with pytest.raises(ValidationError):
+        ratio.budget_decision("pool/p/tenant/t", retries_allowed_now=1, inputs={"x": float("nan")}, **common)
+    with pytest.raises(ValidationError):
+        ratio.budget_decision("pool/p/tenant/t", retries_allowed_now=1, inputs={"x": 1e300}, **common)
+    with pytest.raises(ValidationError):
+        ratio.budget_decision("", retries_allowed_now=1, inputs={}, **common)
