@@ -113,11 +113,12 @@ def test_engine_scaling_and_renormalizing_are_the_plain_forms(ws: dict[str, floa
 def near_tie_pairs() -> list[dict[str, float]]:
     """Two-node weight maps whose total is exactly 1 and whose first share sits at or next to a tie
     at the sixth decimal: where rounding by ``rint`` alone goes the wrong way."""
-    out = []
-    for j in range(0, 400_000, 997):
-        for t in ties(j)[:5]:
-            if 0 < t < 0.5 and t + (1.0 - t) == 1.0:
-                out.append({"a": t, "b": 1.0 - t})
+    out = [
+        {"a": t, "b": 1.0 - t}
+        for j in range(0, 400_000, 997)
+        for t in ties(j)[:5]
+        if 0 < t < 0.5 and t + (1.0 - t) == 1.0
+    ]
     naive = [np.rint(np.array(list(m.values())) * 1e6) / 1e6 for m in out]
     assert any(
         float(n[0]).hex() != r6(m["a"]).hex() for n, m in zip(naive, out, strict=True)

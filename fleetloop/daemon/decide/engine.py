@@ -21,6 +21,7 @@ from pydantic import TypeAdapter
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, r6, r6_array
 from fleetloop.policies.envelope import Envelope
+from fleetloop.policies.pool_figures import pool_figures
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.base import assemble
 from fleetloop.schemas.control import Tick
@@ -248,7 +249,18 @@ def _shape_admission(d: AdmissionDecision, env: Envelope) -> AdmissionDecision:
 def pool_is_silent(snap: FleetSnapshot, pool_id: str) -> bool:
     """No fresh telemetry from any node of the pool: fleetloop knows nothing about the pool's
     capacity or demand right now (which is not the same as no demand). A pool with no node at all
-    but with router outcomes in the window is not silent: that is demand with no capacity."""
+    but with router outcomes in the window is not silent: that is demand with no capacity.
+
+    Read from the fleet-wide figures (:mod:`fleetloop.policies.pool_figures`); :func:`pool_is_silent_plain`
+    states it node by node."""
+    figs = pool_figures(snap).get(pool_id)
+    if figs is None:
+        pool = snap.pools.get(pool_id)
+        return pool is None or pool.requests_w == 0
+    return figs.all_stale
+
+
+def pool_is_silent_plain(snap: FleetSnapshot, pool_id: str) -> bool:
     nodes = snap.pool_nodes(pool_id)
     if not nodes:
         pool = snap.pools.get(pool_id)

@@ -100,8 +100,8 @@ from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.batching.tbt_feedback import pool_tbt_ms
+from fleetloop.policies.pool_figures import figures_of
 from fleetloop.policies.registry import register
-from fleetloop.policies.retry_budget.ratio import lost_calls
 from fleetloop.policies.slo import Slo
 from fleetloop.schemas.decisions import AdmissionDecision
 
@@ -202,8 +202,8 @@ class SloAware:
         tbt = pool_tbt_ms(snap, ctx)
         slo = ctx.pool_slo(snap)
         x = pressure(slo, ttft_p99, tbt)
-        nodes = snap.pool_nodes(ctx.pool_id)
-        lost = lost_calls(nodes)
+        figs = figures_of(snap, ctx.pool_id)  # the pool's node figures, without its views
+        lost = figs.lost_calls
         failing = failure_frac(pool.tasks_ended_w, pool.tasks_lost_w) if pool is not None else 0.0
         new_level, reason = next_level(params, level, x, failing)
         new_level = r6(new_level)
@@ -226,9 +226,7 @@ class SloAware:
             inputs["ttft_p99_ms_w"] = r6(ttft_p99)
         if tbt is not None:
             inputs["tbt_p99_ms"] = r6(tbt)
-        inputs["max_outstanding_seen"] = float(
-            max((n.queue_depth + n.running_requests for n in nodes), default=0)
-        )
+        inputs["max_outstanding_seen"] = float(figs.max_outstanding)
         decision = AdmissionDecision(
             entity=f"pool/{ctx.pool_id}",
             pool_id=ctx.pool_id,

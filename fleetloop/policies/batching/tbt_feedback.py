@@ -49,6 +49,7 @@ import math
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.pool_figures import figures_of
 from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BatchingDecision
 
@@ -72,7 +73,17 @@ class TbtFeedbackParams(Params):
 
 
 def pool_tbt_ms(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
-    """The upper median of the newest TBT p99 over the pool's warm, fresh, not-ejected nodes."""
+    """The upper median of the newest TBT p99 over the pool's warm, fresh, not-ejected nodes.
+
+    With no node ejected (no enforced open breaker this tick) it is the pool's figure computed for
+    the whole fleet at once (:mod:`fleetloop.policies.pool_figures`); else :func:`pool_tbt_ms_plain`."""
+    if not any(b.enforced and b.state == "open" for b in ctx.breakers.values()):
+        return figures_of(snap, ctx.pool_id).tbt_upper_median
+    return pool_tbt_ms_plain(snap, ctx)
+
+
+def pool_tbt_ms_plain(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
+    """:func:`pool_tbt_ms` node by node (the rule's statement)."""
     values: list[float] = []
     for n in snap.pool_nodes(ctx.pool_id):
         if not n.warm or n.stale or n.tbt_p99_ms is None:

@@ -74,12 +74,13 @@ keeps the grown ratio until ``warm`` is back at ``ref`` or ``episode_max_s`` pas
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
+from fleetloop.policies.pool_figures import figures_of
 from fleetloop.policies.registry import register
 from fleetloop.schemas.base import MAX_COUNT, MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import RetryBudgetDecision, RetryExempt
@@ -135,9 +136,25 @@ def next_episode(
     docstring. No episode without ``exempt_shed_and_lost`` or with ``episode_max_s`` 0."""
     nodes = list(nodes)
     warm = sum(1 for n in nodes if n.warm and not n.stale)
+    return episode_after(
+        params, episode, warm, lost_now=lambda: lost_nodes(nodes), now_ms=now_ms, window_ms=window_ms
+    )
+
+
+def episode_after(
+    params: RatioParams,
+    episode: Episode | None,
+    warm: int,
+    *,
+    lost_now: Callable[[], int],
+    now_ms: int,
+    window_ms: int,
+) -> tuple[Episode | None, int, int]:
+    """:func:`next_episode` from the pool's counts: ``warm`` nodes serving, ``lost_now()`` nodes
+    lost (:func:`lost_nodes`, asked only when an episode can start)."""
     if not params.exempt_shed_and_lost or params.episode_max_s <= 0:
         return None, 0, warm
-    lost = lost_nodes(nodes)
+    lost = lost_now()
     if lost:
         if episode is None:
             episode = Episode(ref=warm + lost, since_ms=now_ms, last_loss_ms=now_ms)
@@ -172,9 +189,18 @@ class Ratio:
         requests = pool.requests_w if pool else 0
         retries = pool.retries_w if pool else 0
         shed = pool.shed_w if pool else 0
-        nodes = snap.pool_nodes(ctx.pool_id)
-        lost = lost_calls(nodes)
-        episode, short, warm = next_episode(params, state, nodes, snap.now_ms, snap.window_ms)
+        # The pool's counts from the fleet-wide columns (:mod:`fleetloop.policies.pool_figures`):
+        # ``lost_calls``, ``lost_nodes`` and the warm count of the pool's nodes, without its views.
+        figs = figures_of(snap, ctx.pool_id)
+        lost = figs.lost_calls
+        episode, short, warm = episode_after(
+            params,
+            state,
+            figs.warm_fresh,
+            lost_now=lambda: figs.lost_nodes,
+            now_ms=snap.now_ms,
+            window_ms=snap.window_ms,
+        )
         extra = short / max(1, warm) if short else 0.0
         inputs = {
             "requests_w": float(requests),

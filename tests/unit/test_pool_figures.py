@@ -1,0 +1,148 @@
+"""The per-pool figures computed fleet-wide (:mod:`fleetloop.policies.pool_figures`) equal the plain
+per-node forms that state the rules, value for value (ints exactly, the median bit for bit), on
+generated fleets whose nodes go cold, drain, go silent, fail and report hostile values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fleetloop.daemon.decide import engine
+from fleetloop.policies.base import PolicyContext
+from fleetloop.policies.batching import tbt_feedback
+from fleetloop.policies.pool_figures import figures_of, pool_figures, row_ids
+from fleetloop.policies.retry_budget import ratio
+from fleetloop.policies.retry_budget.ratio import RatioParams
+from fleetloop.schemas.decisions import BreakerDecision
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.policies.snapshots import node, snapshot
+from tests.support.perturbed import perturbed_snapshots
+
+
+@pytest.fixture(scope="module")
+def snapshots() -> list[Any]:
+    return list(perturbed_snapshots(320, 30))
+
+
+def ctx_for(snap: Any, pool_id: str, breakers: dict[str, BreakerDecision] | None = None) -> PolicyContext:
+    return PolicyContext(
+        now_ms=snap.now_ms, tick_id=1, tick_ms=1000, pool_id=pool_id, seed=(0,), breakers=breakers or {}
+    )
+
+
+def test_pool_figures_are_the_plain_forms(snapshots: list[Any]) -> None:
+    seen: dict[str, int] = dict.fromkeys(("lost_calls", "lost_nodes", "silent", "median", "episode"), 0)
+    params = RatioParams()
+    episodes: dict[str, Any] = {}
+    for snap in snapshots:
+        assert row_ids(snap) == [n.node_id for p in sorted(snap.pools) for n in snap.pool_nodes(p)]
+        figs = pool_figures(snap)
+        for pool_id in [*sorted(snap.pools), "no-such-pool"]:
+            nodes = snap.pool_nodes(pool_id)
+            f = figures_of(snap, pool_id)
+            assert f.lost_calls == ratio.lost_calls(nodes)
+            assert f.lost_nodes == ratio.lost_nodes(nodes)
+            assert f.warm_fresh == sum(1 for n in nodes if n.warm and not n.stale)
+            assert f.max_outstanding == max((n.queue_depth + n.running_requests for n in nodes), default=0)
+            assert engine.pool_is_silent(snap, pool_id) == engine.pool_is_silent_plain(snap, pool_id)
+            c = ctx_for(snap, pool_id)
+            got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
+            assert (got.hex() if got is not None else None) == (want.hex() if want is not None else None)
+            state = episodes.get(pool_id)
+            plain = ratio.next_episode(params, state, nodes, snap.now_ms, snap.window_ms)
+            fast = ratio.episode_after(
+                params,
+                state,
+                f.warm_fresh,
+                lost_now=lambda f=f: f.lost_nodes,
+                now_ms=snap.now_ms,
+                window_ms=snap.window_ms,
+            )
+            assert fast == plain
+            episodes[pool_id] = plain[0]
+            seen["lost_calls"] += f.lost_calls > 0
+            seen["lost_nodes"] += f.lost_nodes > 0
+            seen["silent"] += engine.pool_is_silent_plain(snap, pool_id) and pool_id in figs
+            seen["median"] += want is not None
+            seen["episode"] += plain[0] is not None
+    assert all(v > 0 for v in seen.values()), seen
+
+
+def test_pool_tbt_with_an_ejected_node_is_the_plain_form(snapshots: list[Any]) -> None:
+    snap = snapshots[-1]
+    checked = 0
+    for pool_id in sorted(snap.pools):
+        warm = [n for n in snap.pool_nodes(pool_id) if n.warm and not n.stale and n.tbt_p99_ms is not None]
+        if len(warm) < 3:
+            continue
+        slowest = max(warm, key=lambda n: (n.tbt_p99_ms, n.node_id))
+        b = BreakerDecision(
+            entity=f"node/{slowest.node_id}",
+            reason="x",
+            pool_id=pool_id,
+            node_id=slowest.node_id,
+            state="open",
+        )
+        c = ctx_for(snap, pool_id, {slowest.node_id: b})
+        got = tbt_feedback.pool_tbt_ms(snap, c)
+        assert got == tbt_feedback.pool_tbt_ms_plain(snap, c)
+        # The ejected node is left out: the median moves off the all-nodes figure in some pools.
+        checked += got != tbt_feedback.pool_tbt_ms(snap, ctx_for(snap, pool_id))
+    assert checked > 0
+
+
+signed = st.sampled_from([0.0, -0.0, 1.0, 2.0, 2.0, 5.5])
+states = st.sampled_from(["warm", "warm", "cold", "loading"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2), signed | st.none(), states, st.booleans(), st.integers(0, 3), st.booleans()
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_pool_figures_of_any_node_mix_and_signed_zeros(rows: list[Any]) -> None:
+    """Every mix of loaded / draining / stale / failing nodes; between 0.0 and -0.0 the median
+    keeps the node order, as ``list.sort`` does."""
+    views = [
+        node(
+            f"n{i:02d}",
+            pool_id=f"p{p}",
+            tbt_p99_ms=v,
+            weights_state=ws,
+            draining=dr,
+            failures_w=fails,
+            requests_w=fails,
+            stale=stale,
+            queue_depth=i,
+            running_requests=fails,
+        )
+        for i, (p, v, ws, dr, fails, stale) in enumerate(rows)
+    ]
+    snap = snapshot(views)
+    for pool_id in sorted(snap.pools):
+        nodes = snap.pool_nodes(pool_id)
+        f = figures_of(snap, pool_id)
+        assert f.lost_calls == ratio.lost_calls(nodes)
+        assert f.lost_nodes == ratio.lost_nodes(nodes)
+        assert f.warm_fresh == sum(1 for n in nodes if n.warm and not n.stale)
+        assert f.max_outstanding == max((n.queue_depth + n.running_requests for n in nodes), default=0)
+        assert f.all_stale == all(n.stale for n in nodes)
+        c = ctx_for(snap, pool_id)
+        got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
+        assert (got.hex() if got is not None else None) == (want.hex() if want is not None else None)
+
+
+def test_pool_tbt_median_between_signed_zeros_is_the_later_node_s() -> None:
+    for first, second in ((0.0, -0.0), (-0.0, 0.0)):
+        snap = snapshot([node("a", tbt_p99_ms=first), node("b", tbt_p99_ms=second)])
+        c = ctx_for(snap, "p")
+        got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
+        assert want is not None
+        assert got is not None
+        assert got.hex() == want.hex() == second.hex()
