@@ -298,7 +298,7 @@ def budget_decision(
         and all(x in _EXEMPT for x in exempt_retries_of)
         and all(type(x) is float and -MAX_FIGURE <= x <= MAX_FIGURE for x in inputs.values())  # not NaN
     ):
-        values = {
+        values: dict[str, object] = {
             "entity": entity,
             "reason": reason,
             "inputs": inputs,
