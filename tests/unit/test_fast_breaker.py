@@ -77,7 +77,7 @@ def test_columnar_breaker_decides_as_the_per_node_form(params: LatencyOutlierPar
 
 # Figures on a coarse grid, so a node's value often sits exactly on a bound (x == ratio * m, x - m ==
 # floor): the comparisons' edges are where a fast form drifts first.
-grid = st.none() | st.sampled_from([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0, 10.0, 12.0, 30.0])
+grid = st.none() | st.sampled_from([0.0, -0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0, 10.0, 12.0, 30.0])
 four = st.lists(grid, min_size=4, max_size=4)
 
 
@@ -122,3 +122,28 @@ def test_references_are_reference_per_signal(rows: list[list[float | None]], min
     assert {s: v and tuple(x.hex() for x in v) for s, v in got.items()} == {
         s: v and tuple(x.hex() for x in v) for s, v in want.items()
     }
+
+
+def test_a_fresh_step_figure_without_a_bound_leaves_the_tbt_family_flagged() -> None:
+    """Only ``tbt_p50_ms`` has pool bounds; the node's remembered p50 is far out and its fresh figure
+    is a p99 alone: the recheck sees no signal it can judge (nodata), so the family stays flagged."""
+    params = LatencyOutlierParams(min_hosts=2)
+    lims = limits(
+        {"tbt_p50_ms": (1.0, 0.1), "tbt_p99_ms": None, "ttft_mean_ms_w": None, "ttft_p99_ms": None}, params
+    )
+    agg = np.array([[10.0, np.nan, np.nan, np.nan], [10.0, np.nan, np.nan, np.nan]])
+    now = np.array([[np.nan, 1.0, np.nan, np.nan], [1.0, np.nan, np.nan, np.nan]])
+    tbt, _, sev = verdict_columns(
+        agg,
+        now_figures=now,
+        serve=np.array([True, True]),
+        timed_out=np.array([False, False]),
+        lims=lims,
+        tbt_floor=0.0,
+        ttft_floor=0.0,
+    )
+    for i, (p50, p99) in enumerate([(None, 1.0), (1.0, None)]):
+        view = node(f"n{i}", tbt_p50_ms=p50, tbt_p99_ms=p99, ttft_mean_ms_w=1.0)
+        want = _judge(view, {"tbt_p50_ms": 10.0}, lims, 0.0, 0.0)
+        assert (_STATUS[tbt[i]], sev[i].hex()) == (want.tbt, want.severity.hex())
+    assert [_STATUS[x] for x in tbt] == ["flagged", "clear"]

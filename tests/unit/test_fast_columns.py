@@ -94,10 +94,11 @@ def test_cache_aware_fleet_columns_equal_the_per_pool_forms(snapshots: list[Any]
             pool = snap.pool_nodes(pool_id)
             rows = slice(*cols.bounds.get(pool_id, (0, 0)))
             state = memories.get(pool_id, PoolMemory.empty(1))
-            mem = cache_aware._remember_rows(state, snap.now_ms, params, pool, cols=cols, rows=rows)
+            ids = tuple(n.node_id for n in pool)
+            mem = cache_aware._remember_rows(state, snap.now_ms, params, ids, cols=cols, rows=rows)
             assert mem == cache_aware.remember_pool(state, snap.now_ms, params, pool)
             memories[pool_id] = mem
-            got = cache_aware._pool_scores(snap, pool, params, mem, cols=cols, rows=rows)
+            got = cache_aware._pool_scores(snap, ids, params, mem, cols=cols, rows=rows)
             want = cache_aware._scored(pool, params, cache_aware.pool_steps(mem))
             assert bits(got[0]) == bits(want[0])
             assert bits(got[1]) == bits(want[1])

@@ -20,8 +20,9 @@ import numpy as np
 from pydantic import TypeAdapter
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, r6, r6_array
+from fleetloop.policies.columns import fleet_columns
 from fleetloop.policies.envelope import Envelope
-from fleetloop.policies.pool_figures import pool_figures
+from fleetloop.policies.pool_figures import pool_figures, row_ids
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.base import assemble
 from fleetloop.schemas.control import Tick
@@ -97,11 +98,11 @@ def _cap_ejections(
     A node that is slow or failing carries little useful work, so ejecting it costs little and is
     allowed even into a busy pool; a pool-wide slowdown leaves no spare anywhere, so nothing is
     ejected for it (ejecting would pile the same load on fewer, equally slow nodes)."""
-    nodes = {n.node_id: n for n in snap.pool_nodes(pool_id)}
-    cap = math.floor(env.max_ejected_frac * len(nodes) + 1e-9)
     open_ = [d for d in decisions if d.state == "open" and d.enforced]
     if not open_:
         return decisions
+    nodes = {n.node_id: n for n in snap.pool_nodes(pool_id)}
+    cap = math.floor(env.max_ejected_frac * len(nodes) + 1e-9)
 
     def severity(d: BreakerDecision) -> tuple[float, str]:
         node = nodes.get(d.node_id)
@@ -150,31 +151,40 @@ def _cap_ejections(
 def _shape_routing(
     d: RoutingDecision, snap: FleetSnapshot, breakers: Mapping[str, BreakerDecision], env: Envelope
 ) -> RoutingDecision:
-    """Zero stale and ejected nodes, give probing nodes their probe share, fail open if all zero."""
-    nodes = {n.node_id: n for n in snap.pool_nodes(d.pool_id)}
+    """Zero stale and ejected nodes, give probing nodes their probe share, fail open if all zero.
+
+    The pool's nodes are read from the snapshot's columns (ids, stale, warm, draining), in node-id
+    order, as ``snap.pool_nodes`` lists them, without their views."""
+    cols = fleet_columns(snap)
+    lo, hi = cols.bounds.get(d.pool_id, (0, 0))
+    in_rows = row_ids(snap)[lo:hi]
+    ids = sorted(in_rows)  # node-id order already: a pass over sorted input
+    stale_of = dict(zip(in_rows, cols.stale[lo:hi].tolist(), strict=True))
+    warm_of = dict(zip(in_rows, cols.warm[lo:hi].tolist(), strict=True))
     weights: dict[str, float] = {}
     probes: dict[str, float] = {}
     zeroed: list[str] = []
-    for node_id in sorted(set(d.weights) | set(nodes)):
-        w = d.weights.get(node_id, 0.0)
-        node = nodes.get(node_id)
+    given = d.weights
+    # The union of the decision's nodes and the pool's, sorted: the pool's own ids when they match.
+    for node_id in ids if list(given) == ids else sorted(set(given) | set(ids)):
+        w = given.get(node_id, 0.0)
+        stale = stale_of.get(node_id)
         b = breakers.get(node_id)
-        if node is None or node.stale:
+        if stale is None or stale:
             w = 0.0
             zeroed.append(node_id)
         elif b is not None and b.enforced and b.state == "open":
             w = 0.0
         elif b is not None and b.enforced and b.state == "half_open":
-            probes[node_id] = b.probe_frac if node.warm else 0.0
+            probes[node_id] = b.probe_frac if warm_of[node_id] else 0.0
             w = 0.0
         weights[node_id] = w
     total = sum(weights.values())
     reason = d.reason
     if total <= 0:
         # Fail open (panic threshold): spread evenly over warm nodes, ignoring breakers and staleness.
-        candidates = [n for n in sorted(nodes) if nodes[n].warm] or [
-            n for n in sorted(nodes) if not nodes[n].draining
-        ]
+        draining_of = dict(zip(in_rows, cols.draining[lo:hi].tolist(), strict=True))
+        candidates = [n for n in ids if warm_of[n]] or [n for n in ids if not draining_of[n]]
         weights = {n: (1.0 if n in candidates else 0.0) for n in weights}
         total = float(len(candidates))
         probes = {}

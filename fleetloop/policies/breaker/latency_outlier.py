@@ -154,10 +154,11 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, model_validator
 
-from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6, r6_array
 from fleetloop.policies.breaker.consecutive_errors import ConsecutiveErrorsParams, NodeBreaker, step
 from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns
 from fleetloop.policies.memory import PoolMemory, median_sorted
+from fleetloop.policies.pool_figures import row_ids
 from fleetloop.policies.registry import register
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.base import MAX_COUNT, MAX_EPOCH_MS, MAX_FIGURE, assemble
@@ -800,9 +801,7 @@ def fleet_figures(snap: FleetSnapshot, cols: FleetColumns) -> FleetFigures:
         )
         with np.errstate(invalid="ignore"):
             figures = np.where(np.isfinite(raw) & (raw >= 0), raw, np.nan)
-        timed_out = np.array(
-            [n.ttft_mean_ms_w is None and n.node_timeouts_w > 0 for n in cols.nodes], dtype=np.bool_
-        )
+        timed_out = np.isnan(cols.floats("ttft_mean_ms_w")) & (cols.ints("node_timeouts_w") > 0)
         requests = cols.ints("requests_w")
         took = requests > 0
         # int / int in Python is the correctly rounded quotient, as is float64 / float64 of ints
@@ -907,19 +906,21 @@ def verdict_columns(
 def decide_columns(
     snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
 ) -> PolicyResult[State]:
-    """``LatencyOutlier.decide_plain`` over the snapshot's columns (see the comment above)."""
+    """``LatencyOutlier.decide_plain`` over the snapshot's columns (see the comment above). A node's
+    view is read only for a decision that is not closed (an open, probing or ramping node), so a
+    pool's tick builds none in the common case."""
     now = ctx.now_ms
     pool_id = ctx.pool_id
-    pool = snap.pool_nodes(pool_id)
     cols = fleet_columns(snap)
-    rows = slice(*cols.bounds.get(pool_id, (0, 0)))
+    lo, hi = cols.bounds.get(pool_id, (0, 0))
+    rows = slice(lo, hi)
     err_params = params.errors()
     fleet = fleet_figures(snap, cols)
     figures, timed_out = fleet.figures[rows], fleet.timed_out[rows]
     warm_a = cols.warm[rows]
     serve = warm_a & ~cols.stale[rows]
     has = serve & ~np.isnan(figures).all(axis=1)
-    ids = tuple(n.node_id for n in pool)
+    ids = tuple(row_ids(snap)[lo:hi])
     memory = state.memory.advance(ids, now, params.memory_ms, np.flatnonzero(has), figures[has])
     med, ok = memory.median_arrays(params.min_samples)
     agg = np.where(ok & serve[:, None], med, np.nan)
@@ -941,6 +942,14 @@ def decide_columns(
     tbt_l, ttft_l, sev_l, outlier_l = tbt_a.tolist(), ttft_a.tolist(), sev_a.tolist(), outlier_a.tolist()
     warm_l = warm_a.tolist()
     serve_l = serve.tolist()
+    streak_a = fleet.streak[rows]
+    streak_l = streak_a.tolist()
+    # What a closed node's decision publishes, for the whole pool at once: the severity rounded for
+    # the wire (:func:`r6_array`, the same doubles as ``round``) and the streak as a figure.
+    sev_r = r6_array(sev_a)
+    figures_ok = bool((np.abs(sev_r) <= MAX_FIGURE).all() and (streak_a <= MAX_FIGURE).all())  # False for NaN
+    sev_rl = sev_r.tolist()
+    streak_f = streak_a.astype(np.float64).tolist()
 
     known = state.nodes
     started = state.started
@@ -949,13 +958,12 @@ def decide_columns(
     reasons: dict[str, str] = {}
     wants: list[tuple[float, str]] = []
     open_now = 0
-    for i, n in enumerate(pool):
-        node_id = n.node_id
+    for i, node_id in enumerate(ids):
         warm = warm_l[i]
         ns = known.get(node_id)
         if ns is None:
             ns = NodeState(was_warm=warm and not started)
-        cf = n.consecutive_failures
+        cf = streak_l[i]
         e = ns.err
         if (
             e.state == "closed"
@@ -986,17 +994,17 @@ def decide_columns(
             open_now += 1
 
     over_cap = _eject_within_cap(
-        params, len(pool), wants=wants, stepped=stepped, reasons=reasons, open_now=open_now, now=now
+        params, len(ids), wants=wants, stepped=stepped, reasons=reasons, open_now=open_now, now=now
     )
 
     # Panic threshold: too few healthy nodes left means the slowness is the pool's, not a node's.
     live = 0
     healthy = 0
-    for i, n in enumerate(pool):
+    for i, node_id in enumerate(ids):
         if serve_l[i]:
             live += 1
-            ns = stepped[n.node_id]
-            if ns.lat != "open" and ns.err.state != "open" and n.node_id not in over_cap and not outlier_l[i]:
+            ns = stepped[node_id]
+            if ns.lat != "open" and ns.err.state != "open" and node_id not in over_cap and not outlier_l[i]:
                 healthy += 1
     panic = bool(live) and healthy < params.panic_threshold * live
     share = 1.0 / max(1, live)
@@ -1006,8 +1014,8 @@ def decide_columns(
     new_nodes: dict[str, NodeState] = {}
     slow_start_ms = params.slow_start_ms
     latency_open = error_open = 0
-    for i, n in enumerate(pool):
-        node_id = n.node_id
+    closed_fields = _CLOSED_FIELDS
+    for i, node_id in enumerate(ids):
         ns = stepped[node_id]
         ramp_from = ns.ramp_from_ms
         if ramp_from is not None and now - ramp_from >= slow_start_ms:
@@ -1015,46 +1023,47 @@ def decide_columns(
             ramp_from = None
         new_nodes[node_id] = ns
         lat, e = ns.lat, ns.err
-        latency_open += lat == "open"
-        error_open += e.state == "open"
-        severity = sev_l[i]
-        if (
-            lat == "closed"
-            and e.state == "closed"
-            and node_id not in over_cap
-            and (ramp_from is None or not warm_l[i])
-            and -MAX_FIGURE <= round(severity, 6) <= MAX_FIGURE
-            and n.consecutive_failures <= MAX_FIGURE
-            and 0 <= ns.lat_ejections + e.ejections <= MAX_COUNT
-            and reasons[node_id]
-        ):
-            decisions.append(
-                assemble(
-                    BreakerDecision,
-                    {
-                        "entity": f"node/{node_id}",
-                        "reason": reasons[node_id],
-                        "inputs": {
-                            "consecutive_failures": float(n.consecutive_failures),
-                            "severity": round(severity, 6),
-                            "latency_ejections": float(ns.lat_ejections),
+        if lat == "closed" and e.state == "closed":
+            ejections = ns.lat_ejections + e.ejections
+            reason = reasons[node_id]
+            if (
+                (ramp_from is None or not warm_l[i])
+                and node_id not in over_cap
+                and figures_ok
+                and 0 <= ejections <= MAX_COUNT
+                and reason
+            ):
+                decisions.append(
+                    assemble(
+                        BreakerDecision,
+                        {
+                            "entity": f"node/{node_id}",
+                            "reason": reason,
+                            "inputs": {
+                                "consecutive_failures": streak_f[i],
+                                "severity": sev_rl[i],
+                                "latency_ejections": float(ns.lat_ejections),
+                            },
+                            "kind": "breaker",
+                            "pool_id": pool_id,
+                            "node_id": node_id,
+                            "state": "closed",
+                            "enforced": True,
+                            "probe_frac": 0.0,
+                            "until_ms": None,
+                            "ejections": ejections,
                         },
-                        "kind": "breaker",
-                        "pool_id": pool_id,
-                        "node_id": node_id,
-                        "state": "closed",
-                        "enforced": True,
-                        "probe_frac": 0.0,
-                        "until_ms": None,
-                        "ejections": ns.lat_ejections + e.ejections,
-                    },
-                    set(_CLOSED_FIELDS),
+                        set(closed_fields),
+                    )
                 )
-            )
-            continue
+                continue
+        else:
+            latency_open += lat == "open"
+            error_open += e.state == "open"
+        n = cols.nodes[lo + i]  # the view, for a decision that is not closed
         decisions.append(
             LatencyOutlier._decision(
-                n, ns, Verdict(_STATUS[tbt_l[i]], _STATUS[ttft_l[i]], severity), reasons[node_id], params,
+                n, ns, Verdict(_STATUS[tbt_l[i]], _STATUS[ttft_l[i]], sev_l[i]), reasons[node_id], params,
                 now=now, share=share, over_cap=node_id in over_cap, panic=panic, pool_id=pool_id,
                 shared=failing_with_pool(n, pool_failing),
             )

@@ -111,7 +111,7 @@ spill headroom of every pool are computed once per snapshot over the whole fleet
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Self
 
@@ -122,6 +122,7 @@ from pydantic import Field, model_validator
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6, r6_array
 from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns, segment_medians
 from fleetloop.policies.memory import PoolMemory
+from fleetloop.policies.pool_figures import records, row_ids
 from fleetloop.policies.registry import register
 from fleetloop.schemas.base import MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import RoutingDecision
@@ -213,7 +214,7 @@ def _remember_rows(
     state: PoolMemory | State,
     now: int,
     params: CacheAwareParams,
-    pool: tuple[NodeView, ...],
+    ids: tuple[str, ...],
     *,
     cols: FleetColumns,
     rows: slice,
@@ -223,7 +224,6 @@ def _remember_rows(
     tbt = cols.floats("tbt_p50_ms")[rows]
     with np.errstate(invalid="ignore"):
         keep = (tbt > 0) & cols.warm[rows] & ~cols.stale[rows]
-    ids = tuple(n.node_id for n in pool)
     return as_memory(state).advance(
         ids, now, params.speed_memory_ms, np.flatnonzero(keep), tbt[keep][:, None]
     )
@@ -231,7 +231,7 @@ def _remember_rows(
 
 def _pool_scores(
     snap: FleetSnapshot,
-    pool: tuple[NodeView, ...],
+    ids: Sequence[str],
     params: CacheAwareParams,
     memory: PoolMemory,
     *,
@@ -241,7 +241,7 @@ def _pool_scores(
     """``_scored_columns(pool, params, pool_steps(memory))`` from the pool's rows ``rows`` of the
     snapshot's columns: the snapshot-only terms come from :func:`_fleet_load` (computed once for
     the whole fleet), the speed scorer from the memory's median array. The same doubles."""
-    if not pool:
+    if not ids:
         return {}, {}
     load = _fleet_load(snap, cols, params)
     med, ok = memory.median_arrays(1)
@@ -255,7 +255,6 @@ def _pool_scores(
         own=own,
         tbt_median=_median_sorted(xs) if xs else np.nan,
     )
-    ids = [n.node_id for n in pool]
     return dict(zip(ids, score.tolist(), strict=True)), dict(zip(ids, speed.tolist(), strict=True))
 
 
@@ -693,17 +692,21 @@ class CacheAware:
     def decide(
         self, snap: FleetSnapshot, params: CacheAwareParams, state: PoolMemory | State, ctx: PolicyContext
     ) -> PolicyResult[PoolMemory]:
-        pool = snap.pool_nodes(ctx.pool_id)
+        # The pool's rows of the snapshot's columns; a node's view is read only in the rare case
+        # that no node scores (the even split below).
         cols = fleet_columns(snap)
-        rows = slice(*cols.bounds.get(ctx.pool_id, (0, 0)))
-        memory = _remember_rows(state, snap.now_ms, params, pool, cols=cols, rows=rows)
-        scores, speeds = _pool_scores(snap, pool, params, memory, cols=cols, rows=rows)
+        lo, hi = cols.bounds.get(ctx.pool_id, (0, 0))
+        rows = slice(lo, hi)
+        ids = tuple(row_ids(snap)[lo:hi])
+        memory = _remember_rows(state, snap.now_ms, params, ids, cols=cols, rows=rows)
+        scores, speeds = _pool_scores(snap, ids, params, memory, cols=cols, rows=rows)
         weights = shares(scores, params.alpha)
         best = max(scores.values(), default=0.0)
         reason = "cache-aware"
         if best <= 0:
             # Every warm node is stale (saturated): even shares over them; the engine zeroes stale
             # nodes and fails open, so the router still has somewhere to send calls.
+            pool = snap.pool_nodes(ctx.pool_id)
             warm = [n.node_id for n in pool if n.warm]
             weights = {n.node_id: (r6(1.0 / len(warm)) if n.node_id in warm else 0.0) for n in pool}
             reason = "all-stale" if warm else "no-warm-node"
@@ -725,33 +728,32 @@ class CacheAware:
         # min_speed, unless its last call failed (a retry takes the weighted pick, not the same
         # node). Visiting holders best first (score descending, node id) lists every digest's holders
         # in that order already: one sort per pool instead of one per digest.
-        for n in sorted(
-            (
-                n
-                for n in pool
-                if n.consecutive_failures <= 0
-                and (s := scores[n.node_id]) > 0
-                and s >= keep_at
-                and speeds[n.node_id] >= min_speed
-            ),
-            key=lambda n: (-scores[n.node_id], n.node_id),
+        streaks = cols.ints("consecutive_failures")[rows].tolist()
+        tels = records(cols)
+        for _, node_id, r in sorted(
+            (-s, node_id, r)
+            for r, (node_id, streak) in enumerate(zip(ids, streaks, strict=True))
+            if streak <= 0 and (s := scores[node_id]) > 0 and s >= keep_at and speeds[node_id] >= min_speed
         ):
-            for digest in n.hot_prefixes:
-                holders.setdefault(digest, []).append(n.node_id)
-        affinity = {d: tuple(ids) for d, ids in sorted(holders.items())}
+            for digest in tels[lo + r].hot_prefixes:
+                holders.setdefault(digest, []).append(node_id)
+        affinity = {d: tuple(held) for d, held in sorted(holders.items())}
 
-        own = headroom(scores, snap, ctx.pool_id)
+        # Mean score over the pool's serving nodes (:func:`headroom`, in the pool's node order).
+        live_scores = [v for v in scores.values() if v > 0]
+        own = sum(live_scores) / len(live_scores) if live_scores else None
         spill_to = spill_targets(snap, params, ctx.pool_id)
 
-        n_serving = sum(1 for n in pool if serving(n))
+        stale = cols.stale[rows]
+        n_serving = int((cols.warm[rows] & ~stale).sum())
         decision = _routing_decision(
             ctx.pool_id,
             weights,
             reason,
             {
-                "nodes": float(len(pool)),
+                "nodes": float(len(ids)),
                 "serving_nodes": float(n_serving),
-                "stale_nodes": float(sum(1 for n in pool if n.stale)),
+                "stale_nodes": float(int(stale.sum())),
                 "best_score": r6(best),
                 "headroom": r6(own) if own is not None else 0.0,
                 "hot_prefixes": float(len(affinity)),
