@@ -45,8 +45,7 @@ EMPTY = PoolFigures(0, 0, 0, 0, False, None)
 def records(cols: FleetColumns) -> Sequence[Any]:
     """Per row, an object with the node's telemetry fields (``weights_state``, ``hot_prefixes``,
     ...): the snapshot table's telemetry records when the snapshot has one, else the views."""
-    table = getattr(cols, "table", None)
-    return table.tels if table is not None else cols.nodes
+    return cols.table.tels if cols.table is not None else cols.nodes
 
 
 def row_ids(snap: FleetSnapshot) -> list[str]:
@@ -55,7 +54,7 @@ def row_ids(snap: FleetSnapshot) -> list[str]:
     found: list[str] | None = snap.memo.get(key)
     if found is None:
         cols = fleet_columns(snap)
-        table = getattr(cols, "table", None)
+        table = cols.table
         found = snap.memo[key] = list(table.ids) if table is not None else [n.node_id for n in cols.nodes]
     return found
 
