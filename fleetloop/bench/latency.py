@@ -37,7 +37,19 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from fleetloop.bench.common import pct, progress
-from fleetloop.bench.fleetgen import make_fleet, telemetry_at
+from fleetloop.bench.loadgen import (
+    ACK_MAX_S,
+    CPU_S,
+    LAG_MAX_S,
+    LAG_NOW_S,
+    SENT,
+    SLICES_LATE,
+    WALL_S,
+    LoadProcess,
+    LoadSpec,
+    bench_fleet,
+    trial_targets,
+)
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
 from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
@@ -85,92 +97,38 @@ def _failure(node_id: str, pool_id: str, model: str, ts_ms: int, n: int) -> byte
     )
 
 
-class _Load:
-    """Telemetry for every node each second and background outcomes, stamped with wall time."""
-
-    def __init__(self, n_nodes: int, per_node: float, trials: int) -> None:
-        self.fleet = make_fleet(n_nodes, seed=11, degraded_per_1000=0.0)
-        self.per_node = per_node
-        first = list(telemetry_at(self.fleet, 0))
-        self.rows = [t.model_dump(mode="json") for t in first]
-        self.calls = 0
-        self.sent = 0  # records produced by play()
-        self.lag_s: list[float] = []  # how far each slice of play() fell behind its schedule
-        # The nodes to trip, one per trial, in different pools; the background load never calls
-        # them (an ok call between the failures would reset their run, as it should).
-        pools = self.fleet.pools
-        self.targets = [
-            (pools[(k * 7) % len(pools)], pools[(k * 7) % len(pools)].node_ids[k % 16]) for k in range(trials)
-        ]
-        reserved = {node for _, node in self.targets}
-        self.callable = [i for i, row in enumerate(self.rows) if row["node_id"] not in reserved]
-
-    def slice(self, k: int, slices: int, ts_ms: int) -> list[tuple[str, bytes, bytes]]:
-        """Slice ``k`` of ``slices`` of one second: every node reports once a second, each on its own
-        phase (node ``i`` in slice ``i % slices``), and calls are spread the same way."""
-        out: list[tuple[str, bytes, bytes]] = []
-        rng = self.fleet.rng
-        rows = self.rows[k::slices]
-        queue = rng.poisson(1.0, len(rows))
-        for row, q in zip(rows, queue.tolist(), strict=True):
-            row["ts_ms"] = ts_ms
-            row["queue_depth"] = q
-            out.append((TELEMETRY, row["pool_id"].encode(), orjson.dumps(row)))
-        n_calls = int(len(self.rows) * self.per_node / slices)
-        picks = rng.integers(0, len(self.callable), n_calls).tolist()
-        for j in picks:
-            row = self.rows[self.callable[j]]
-            self.calls += 1
-            value = {
-                "ts_ms": ts_ms,
-                "request_id": f"bg-{self.calls}",
-                "workflow_id": f"bg-{self.calls // 4}",
-                "step_index": self.calls % 4,
-                "tenant_id": "background",
-                "priority": 1,
-                "latency_budget_ms": 30_000,
-                "pool_id": row["pool_id"],
-                "node_id": row["node_id"],
-                "model": row["model"],
-                "prompt_tokens": 1500,
-                "output_tokens": 150,
-                "ttft_ms": 300.0,
-                "e2e_ms": 3000.0,
-                "outcome": "ok",
-            }
-            out.append((REQUESTS, row["pool_id"].encode(), orjson.dumps(value)))
-        return out
-
-    async def play(self, producer: AIOKafkaProducer, names: dict[str, str], stop: asyncio.Event) -> None:
-        """Produce the load in real time, ``SLICES`` slices a second, until ``stop`` is set."""
-        next_s = clock.monotonic_s()
-        k = 0
-        while not stop.is_set():
-            records = self.slice(k % SLICES, SLICES, clock.wall_ms())
-            futures = [await producer.send(names[t], value=v, key=key) for t, key, v in records]
-            await asyncio.gather(*futures)
-            self.sent += len(records)
-            k += 1
-            next_s += 1.0 / SLICES
-            self.lag_s.append(max(0.0, clock.monotonic_s() - next_s))
-            await asyncio.sleep(max(0.0, next_s - clock.monotonic_s()))
+def _cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) a process has used so far, from /proc; None where unreadable."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-SLICES = 20  # the load is produced in 50 ms slices, stamped with the wall time of each
+def _loadavg() -> float:
+    return round(os.getloadavg()[0], 2)
 
 
-async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str) -> dict[str, Any]:
+async def _run(
+    bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str, broker_pid: int | None
+) -> dict[str, Any]:
     tick_ms = builtin_policy("default").tick_ms
-    load = _Load(args.nodes, args.outcomes_per_node, args.trials)
+    fleet = bench_fleet(args.nodes)
+    targets = [(fleet.pools[i], node) for i, node in trial_targets(fleet, args.trials)]
+    watched = {f"breaker/node/{node}".encode(): node for _, node in targets}  # Decision.key
     names = {TELEMETRY: topic_name(prefix, TELEMETRY), REQUESTS: topic_name(prefix, REQUESTS)}
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1_048_576
-    )
+    topics = (names[TELEMETRY], names[REQUESTS])
+    load = LoadProcess(LoadSpec(bootstrap, topics, args.nodes, args.outcomes_per_node, args.trials))
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
     # The reader of control.state polls every 10 ms: a fetch the broker holds (the client's default
     # waits up to 500 ms, and Tansu answers an empty fetch only then) would time the reader, not
     # when the decision is on the topic.
     state = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=20_000, fetch_max_wait_ms=10
+        bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=50_000, fetch_max_wait_ms=10
     )
     await producer.start()
     await state.start()
@@ -199,19 +157,38 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                         at = (r.key or b"", int(orjson.loads(r.value)["ts_ms"]))
                         summaries[at] = summaries.get(at, 0) + 1
                     continue
+                if records:  # decisions are published in boundary order: the last is the newest
+                    newest[0] = max(newest[0], int(orjson.loads(records[-1].value)["ts_ms"]))
                 for r in records:
-                    if not (r.key or b"").startswith(b"breaker/"):
-                        continue
-                    decision = orjson.loads(r.value)
-                    newest[0] = max(newest[0], int(decision["ts_ms"]))
-                    body = decision["body"]
+                    node_id = watched.get(r.key or b"")
+                    if node_id is None or node_id in arrivals:
+                        continue  # only the trial targets' breakers are timed (10,000 nodes: ~15k a tick)
+                    body = orjson.loads(r.value)["body"]
                     if body["state"] == "open" and body["enforced"]:
-                        arrivals.setdefault(body["node_id"], now)
-                        arrivals_wall.setdefault(body["node_id"], wall)
-                        stamped.setdefault(body["node_id"], r.timestamp)
+                        arrivals[node_id] = now
+                        arrivals_wall[node_id] = wall
+                        stamped[node_id] = r.timestamp
 
-    tasks = [asyncio.create_task(watch()), asyncio.create_task(load.play(producer, names, stop))]
+    def cpu_now() -> dict[str, float | None]:
+        return {
+            "generator": _cpu_s(load.pid),
+            "broker": _cpu_s(broker_pid),
+            "daemons": sum(c for d in daemons if (c := _cpu_s(d.pid)) is not None) if daemons else None,
+            "bench": clock.cpu_s(),
+        }
+
+    tasks = [asyncio.create_task(watch())]
+    per_trial: list[dict[str, Any]] = []
+    cpu0: dict[str, float | None] = {}
+    cpu1: dict[str, float | None] = {}
+    wall_trials = 0.0
+    sent0 = 0.0
+    load_cpu0 = 0.0
+    load_wall0 = 0.0
     try:
+        load.start()
+        if not await load.wait_ready(60.0):
+            raise UsageError("fleetloop bench latency: the load generator did not start")
         for k in range(args.daemons):
             with open(f"{log_path}.{k}", "wb") as log:
                 daemons.append(subprocess.Popen(
@@ -228,12 +205,25 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         while clock.wall_ms() - newest[0] > 3 * tick_ms and clock.monotonic_s() < deadline:
             await asyncio.sleep(0.5)
         behind_s = max(0.0, (clock.wall_ms() - newest[0]) / 1000.0)
+        progress(
+            f"  trials begin: daemons {behind_s:.1f} s behind, generator lag "
+            f"{load.stats.get(LAG_NOW_S):.2f} s, load average {_loadavg()}"
+        )
         latencies: list[float] = []
         after_boundary: list[float] = []  # arrival minus the first tick boundary the trigger falls in
         staged_after: list[float] = []  # the decision record's timestamp minus that boundary
         missed = 0
-        for trial, (pool, node_id) in enumerate(load.targets):
+        cpu0 = cpu_now()
+        wall0 = clock.monotonic_s()
+        sent0, load_cpu0, load_wall0 = (load.stats.get(i) for i in (SENT, CPU_S, WALL_S))
+        for trial, (pool, node_id) in enumerate(targets):
             ts = clock.wall_ms()
+            row: dict[str, Any] = {
+                "node": node_id,
+                "daemons_behind_s": round(max(0.0, (ts - newest[0]) / 1000.0), 2),
+                "generator_lag_s": round(load.stats.get(LAG_NOW_S), 3),
+                "load_average": _loadavg(),
+            }
             futures = [
                 await producer.send(names[REQUESTS], value=_failure(node_id, pool.pool_id, pool.model, ts, n),
                                     key=pool.pool_id.encode())
@@ -249,14 +239,24 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                 latencies.append((arrivals[node_id] - sent) * 1000.0)
                 after_boundary.append(float(arrivals_wall[node_id] - boundary))
                 staged_after.append(float(stamped[node_id] - boundary))
+                row.update(latency_ms=round(latencies[-1], 1), after_boundary_ms=after_boundary[-1])
                 progress(
                     f"  trial {trial + 1}/{args.trials}: {latencies[-1]:,.0f} ms "
-                    f"({after_boundary[-1]:,.0f} ms after its tick boundary)"
+                    f"({after_boundary[-1]:,.0f} ms after its tick boundary; daemons "
+                    f"{row['daemons_behind_s']:.1f} s behind, generator lag {row['generator_lag_s']:.2f} s, "
+                    f"load {row['load_average']})"
                 )
             else:
                 missed += 1
-                progress(f"  trial {trial + 1}/{args.trials}: no decision within 30 s")
+                row["latency_ms"] = None
+                progress(
+                    f"  trial {trial + 1}/{args.trials}: no decision within 30 s (daemons "
+                    f"{row['daemons_behind_s']:.1f} s behind, generator lag {row['generator_lag_s']:.2f} s)"
+                )
+            per_trial.append(row)
             await asyncio.sleep(0.5 + (trial % 3) * 0.3)  # land at different phases of the tick
+        wall_trials = clock.monotonic_s() - wall0
+        cpu1 = cpu_now()
     finally:
         stop.set()
         for t in tasks:
@@ -264,6 +264,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        load.stop()
         for daemon in daemons:
             daemon.terminate()
         for daemon in daemons:
@@ -278,13 +279,21 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     p99 = pct(latencies, 99) if latencies else None
     with open(f"{log_path}.0", "rb") as f:
         log_tail = f.read()[-2000:].decode(errors="replace")
+    load_wall = load.stats.get(WALL_S) - load_wall0
+    # CPU per second of wall time during the trials, per part: where the machine's time went.
+    cpu_per_s = {
+        k: round((cpu1[k] or 0.0) - (cpu0.get(k) or 0.0), 3) / wall_trials if wall_trials else None
+        for k in cpu1
+        if cpu1[k] is not None
+    }
     return {
         "bench": "latency",
         "nodes": args.nodes,
         "daemons": args.daemons,
         # How far the newest decision's boundary lagged the wall clock when the trials began.
         "daemon_behind_s_at_start": round(behind_s, 1),
-        "pools": len(load.fleet.pools),
+        "daemon_behind_s_max": max((r["daemons_behind_s"] for r in per_trial), default=None),
+        "pools": len(fleet.pools),
         "events_per_s": int(args.nodes * (1 + args.outcomes_per_node)),
         "trials": args.trials,
         "missed": missed,
@@ -301,7 +310,21 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         "staged_after_boundary_ms": [round(x, 1) for x in staged_after],
         "summaries": len(summaries),
         "summaries_repeated": sum(1 for n in summaries.values() if n > 1),
-        "load_generator_max_lag_s": round(max(load.lag_s), 3) if load.lag_s else None,
+        # The generator: records a second it produced during the trials against its schedule, its
+        # lag behind that schedule, and its CPU seconds per second of load.
+        "load_generator_records_per_s": round((load.stats.get(SENT) - sent0) / load_wall, 1)
+        if load_wall
+        else None,
+        "load_generator_max_lag_s": round(load.stats.get(LAG_MAX_S), 3),
+        "load_generator_late_slices": int(load.stats.get(SLICES_LATE)),
+        "load_generator_max_ack_wait_s": round(load.stats.get(ACK_MAX_S), 3),
+        "load_generator_cpu_per_s": round((load.stats.get(CPU_S) - load_cpu0) / load_wall, 3)
+        if load_wall
+        else None,
+        "cpu_per_s_during_trials": {k: round(v, 3) for k, v in cpu_per_s.items() if v is not None},
+        "load_average_min": min((r["load_average"] for r in per_trial), default=None),
+        "load_average_max": max((r["load_average"] for r in per_trial), default=None),
+        "per_trial": per_trial,
         "target_ms": target,
         "met": p99 is not None and missed == 0 and p99 <= target,
         "daemon_log_tail": log_tail if missed else "",
@@ -339,7 +362,9 @@ def handle(args: argparse.Namespace) -> int:
 
         async def main() -> dict[str, Any]:
             await ensure_topics(broker.bootstrap_servers, prefix)
-            return await _run(broker.bootstrap_servers, prefix, args, os.path.join(tmp, "daemon.log"))
+            return await _run(
+                broker.bootstrap_servers, prefix, args, os.path.join(tmp, "daemon.log"), broker.pid
+            )
 
         result = asyncio.run(main())
         result["broker"] = args.broker

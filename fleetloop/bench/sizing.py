@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
@@ -48,10 +47,10 @@ import uuid
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from fleetloop.bench.common import bench_broker, pct, progress, within
-from fleetloop.bench.latency import _Load
+from fleetloop.bench.loadgen import LAG_MAX_S, SENT, LoadProcess, LoadSpec, bench_fleet
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.cli_common import UsageError
@@ -183,20 +182,17 @@ async def _decided_through(
 
 async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str) -> dict[str, Any]:
     tick_ms = builtin_policy("default").tick_ms
-    load = _Load(args.nodes, args.outcomes_per_node, 0)
-    pools = {p.pool_id for p in load.fleet.pools}
-    names = {TELEMETRY: topic_name(prefix, TELEMETRY), REQUESTS: topic_name(prefix, REQUESTS)}
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1_048_576
-    )
-    await producer.start()
-    stop = asyncio.Event()
-    player = asyncio.create_task(load.play(producer, names, stop))
+    pools = {p.pool_id for p in bench_fleet(args.nodes).pools}
+    topics = (topic_name(prefix, TELEMETRY), topic_name(prefix, REQUESTS))
+    load = LoadProcess(LoadSpec(bootstrap, topics, args.nodes, args.outcomes_per_node, 0))
+    load.start()
     daemon: subprocess.Popen[bytes] | None = None
     decisions_tp = TopicPartition(topic_name(prefix, DECISIONS), 0)
     watch = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await watch.start()
     try:
+        if not await load.wait_ready(60.0):
+            raise UsageError("fleetloop bench sizing: the load generator did not start")
         with open(log_path, "wb") as log:
             daemon = subprocess.Popen(
                 [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
@@ -213,8 +209,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         # The window starts at the next boundary and covers whole tick periods.
         t0_ms = (clock.wall_ms() // tick_ms + 1) * tick_ms
         await asyncio.sleep(max(0.0, t0_ms / 1000.0 - clock.wall_ms() / 1000.0))
-        cpu0, wall0, sent0 = cpu_seconds(daemon.pid), clock.monotonic_s(), load.sent
-        lag_from = len(load.lag_s)
+        cpu0, wall0, sent0 = cpu_seconds(daemon.pid), clock.monotonic_s(), load.stats.get(SENT)
         while clock.monotonic_s() - wall0 < args.seconds:
             await asyncio.sleep(min(5.0, args.seconds - (clock.monotonic_s() - wall0)))
             progress(f"  {clock.monotonic_s() - wall0:,.0f}/{args.seconds:,.0f} s")
@@ -222,26 +217,20 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                 raise UsageError(f"fleetloop bench sizing: the daemon exited ({daemon.returncode})")
         wall = clock.monotonic_s() - wall0
         cpu = cpu_seconds(daemon.pid) - cpu0
-        events = load.sent - sent0
+        events = load.stats.get(SENT) - sent0
         t1_ms = t0_ms + int(args.seconds * 1000) // tick_ms * tick_ms
-        gen_lag = max(load.lag_s[lag_from:], default=0.0)
+        gen_lag = load.stats.get(LAG_MAX_S)  # the largest since it started (warm-up included)
         # The load stops; the daemon decides what is left of the window's ticks. The CPU it spent
         # until its last tick is decided, per second of fleet time decided, is what one second of
         # this fleet costs, whether or not the machine gave it a core meanwhile.
-        stop.set()
-        player.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await player
+        load.stop()
         progress("  load stopped; waiting for the daemon to decide the window's last ticks")
         caught_up_s, pool_ticks = await _decided_through(
             watch, decisions_tp, pools, t1_ms // tick_ms - 1, CATCH_UP_S
         )
         cpu_all = cpu_seconds(daemon.pid)  # since it started: imports and start-up count too
     finally:
-        stop.set()
-        player.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await player
+        load.stop()
         if daemon is not None and daemon.poll() is None:
             daemon.terminate()
             try:
@@ -250,7 +239,6 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                 daemon.kill()
                 daemon.wait()
         await watch.stop()
-        await producer.stop()
     ticks = await _read_topic(bootstrap, topic_name(prefix, TICKS), TOPICS[TICKS].partitions)
     decisions = await _read_topic(bootstrap, topic_name(prefix, DECISIONS), TOPICS[DECISIONS].partitions)
     verdict = judge(ticks, decisions, pools, t0_ms=t0_ms, t1_ms=t1_ms, tick_ms=tick_ms)

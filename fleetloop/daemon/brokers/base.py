@@ -219,6 +219,11 @@ class ProcessBroker(abc.ABC):
         return f"{self._host}:{self._port}"
 
     @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (benchmarks read its CPU time)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

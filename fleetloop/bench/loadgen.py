@@ -1,0 +1,283 @@
+"""The background load of ``fleetloop bench latency``, cheap enough for 10,000 nodes: its own process.
+
+Every node reports telemetry once a second, each on its own phase (the second is cut in
+``SLICES`` slices; node ``i`` reports in slice ``i % SLICES``), and routers report about
+``per_node`` calls per node per second, spread the same way, on nodes other than the trial
+targets. Records are stamped with the wall time of their slice.
+
+Why a module and a process of its own: one ``await producer.send`` per record plus one
+``orjson.dumps`` of a 30-field dict cost ~15-20 us a record in the bench's own event loop; at
+10,000 nodes (15,000 records a second) that loop, which also reads ``control.state`` and times the
+trials, fell 90-198 s behind (bench/results/latency-s6.md). Here each node's record is encoded
+once: the bytes that change every second (the time stamp and the queue depth of a telemetry
+record; the time stamp, request id, workflow id and step of an outcome) are written in front of
+the node's pre-encoded tail, and each record is appended to a record batch per topic partition
+(the partition the client's own murmur2 partitioner picks for the pool id, as ``send`` would),
+about 2 us a record. A slice's batches are handed to the client together; the previous slice's
+acks are awaited before the next slice is sent, so a broker that cannot keep up shows as lag.
+
+The parent reads the generator's figures through shared memory while it runs (``LoadStats``):
+records sent, the current and the largest lag behind the schedule, the process's CPU seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import multiprocessing.synchronize
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.sharedctypes import SynchronizedArray
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
+
+from fleetloop.bench.fleetgen import Fleet, make_fleet, telemetry_at
+from fleetloop.daemon import clock
+
+SLICES = 20  # the load goes out in 50 ms slices, stamped with the wall time of each
+FLEET_SEED = 11
+_TELEMETRY_HEAD = b'{"ts_ms":%d,"queue_depth":%d,'
+_OUTCOME_HEAD = b'{"ts_ms":%d,"request_id":"bg-%d","workflow_id":"bg-%d","step_index":%d,'
+
+# Shared figures, one float each (index into LoadStats.values).
+SENT, LAG_NOW_S, LAG_MAX_S, CPU_S, WALL_S, SLICES_LATE, ACK_MAX_S = range(7)
+
+
+def bench_fleet(n_nodes: int) -> Fleet:
+    """The fleet the latency bench plays: no degraded node (the trial targets are the failures)."""
+    return make_fleet(n_nodes, seed=FLEET_SEED, degraded_per_1000=0.0)
+
+
+def trial_targets(fleet: Fleet, trials: int) -> list[tuple[int, str]]:
+    """The nodes to trip, one per trial, spread over the pools: (pool index, node id)."""
+    pools = fleet.pools
+    out = []
+    for k in range(trials):
+        i = (k * 7) % len(pools)
+        out.append((i, pools[i].node_ids[k % len(pools[i].node_ids)]))
+    return out
+
+
+def _tail(row: dict[str, Any], drop: Sequence[str]) -> bytes:
+    """The record's JSON without the fields in ``drop`` and without its opening brace."""
+    encoded = orjson.dumps({k: v for k, v in row.items() if k not in drop})
+    assert encoded.startswith(b"{")
+    return encoded[1:]
+
+
+@dataclass(slots=True)
+class Templates:
+    """Per node: its telemetry tail, its topic partition, and (for callable nodes) its outcome tail."""
+
+    telemetry: list[bytes]
+    keys: list[bytes]  # the pool id of each node: the record key
+    part: list[int]  # the partition of each node's pool on the input topics
+    callable: list[int]  # nodes the background load calls (not the trial targets)
+    outcome: dict[int, bytes]
+
+
+def templates(fleet: Fleet, reserved: set[str], partitions: int) -> Templates:
+    """Pre-encode every node's records (the constant part), once."""
+    partitioner = DefaultPartitioner()
+    parts = list(range(partitions))
+    rows = [t.model_dump(mode="json") for t in telemetry_at(fleet, 0)]
+    tel = [_tail(r, ("ts_ms", "queue_depth")) for r in rows]
+    keys = [r["pool_id"].encode() for r in rows]
+    by_pool = {k: int(partitioner(k, parts, parts)) for k in set(keys)}
+    callable_ = [i for i, r in enumerate(rows) if r["node_id"] not in reserved]
+    outcome = {
+        i: _tail(
+            {
+                "tenant_id": "background",
+                "priority": 1,
+                "latency_budget_ms": 30_000,
+                "pool_id": rows[i]["pool_id"],
+                "node_id": rows[i]["node_id"],
+                "model": rows[i]["model"],
+                "prompt_tokens": 1500,
+                "output_tokens": 150,
+                "ttft_ms": 300.0,
+                "e2e_ms": 3000.0,
+                "outcome": "ok",
+            },
+            (),
+        )
+        for i in callable_
+    }
+    return Templates(tel, keys, [by_pool[k] for k in keys], callable_, outcome)
+
+
+class Slices:
+    """Builds the records of one slice: (topic index, partition, key, value); topic 0 is
+    telemetry, 1 is outcomes."""
+
+    def __init__(self, fleet: Fleet, tpl: Templates, per_node: float) -> None:
+        self.fleet = fleet
+        self.tpl = tpl
+        self.per_node = per_node
+        self.calls = 0
+
+    def records(self, k: int, ts_ms: int) -> list[tuple[int, int, bytes, bytes]]:
+        tpl = self.tpl
+        rng = self.fleet.rng
+        n = len(tpl.telemetry)
+        nodes = range(k, n, SLICES)
+        queue = rng.poisson(1.0, len(nodes)).tolist()
+        out = [
+            (0, tpl.part[i], tpl.keys[i], (_TELEMETRY_HEAD % (ts_ms, q)) + tpl.telemetry[i])
+            for i, q in zip(nodes, queue, strict=True)
+        ]
+        n_calls = int(n * self.per_node / SLICES)
+        if n_calls and tpl.callable:
+            picks = rng.integers(0, len(tpl.callable), n_calls).tolist()
+            calls = self.calls
+            for j in picks:
+                i = tpl.callable[j]
+                calls += 1
+                head = _OUTCOME_HEAD % (ts_ms, calls, calls // 4, calls % 4)
+                out.append((1, tpl.part[i], tpl.keys[i], head + tpl.outcome[i]))
+            self.calls = calls
+        return out
+
+
+class LoadStats:
+    """Figures shared by the generator process with the parent (lock-free floats)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.values: SynchronizedArray[float] = ctx.Array("d", 7, lock=False)
+
+    def get(self, i: int) -> float:
+        return float(self.values[i])
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    """What to play: where, on which topics (telemetry, outcomes), how many nodes and calls."""
+
+    bootstrap: str
+    topics: tuple[str, str]
+    n_nodes: int
+    per_node: float
+    trials: int  # the first ``trials`` targets of trial_targets() get no background call
+
+
+async def play(
+    spec: LoadSpec,
+    stop: multiprocessing.synchronize.Event,
+    ready: multiprocessing.synchronize.Event,
+    stats: LoadStats,
+) -> None:
+    """Produce the load in real time until ``stop`` is set."""
+    fleet = bench_fleet(spec.n_nodes)
+    reserved = {node for _, node in trial_targets(fleet, spec.trials)}
+    topics = spec.topics
+    producer = AIOKafkaProducer(bootstrap_servers=spec.bootstrap, acks="all", max_batch_size=1_048_576)
+    await producer.start()
+    try:
+        partitions = len(await producer.partitions_for(topics[0]))
+        if len(await producer.partitions_for(topics[1])) != partitions:
+            raise RuntimeError("the telemetry and outcome topics must have as many partitions")
+        slices = Slices(fleet, templates(fleet, reserved, partitions), spec.per_node)
+        ready.set()
+        v = stats.values
+        cpu0, wall0 = clock.cpu_s(), clock.monotonic_s()
+        next_s = wall0
+        k = 0
+        pending: list[asyncio.Future[Any]] = []
+        while not stop.is_set():
+            ts = clock.wall_ms()
+            builders: dict[tuple[int, int], Any] = {}
+            full: list[tuple[int, int, Any]] = []
+            records = slices.records(k % SLICES, ts)
+            for t, p, key, value in records:
+                b = builders.get((t, p))
+                if b is None:
+                    b = builders[(t, p)] = producer.create_batch()
+                if b.append(timestamp=None, key=key, value=value) is None:
+                    full.append((t, p, b))
+                    b = builders[(t, p)] = producer.create_batch()
+                    b.append(timestamp=None, key=key, value=value)
+            if pending:  # the previous slice's acks: a broker that falls behind shows as lag
+                waited = clock.monotonic_s()
+                await asyncio.gather(*pending)
+                v[ACK_MAX_S] = max(v[ACK_MAX_S], clock.monotonic_s() - waited)
+            pending = []
+            for t, p, b in [*full, *((t, p, b) for (t, p), b in builders.items())]:
+                b.close()
+                pending.append(await producer.send_batch(b, topics[t], partition=p))
+            v[SENT] += len(records)
+            k += 1
+            next_s += 1.0 / SLICES
+            lag = max(0.0, clock.monotonic_s() - next_s)
+            v[LAG_NOW_S] = lag
+            v[LAG_MAX_S] = max(v[LAG_MAX_S], lag)
+            v[SLICES_LATE] += 1.0 if lag > 1.0 / SLICES else 0.0
+            v[CPU_S] = clock.cpu_s() - cpu0
+            v[WALL_S] = clock.monotonic_s() - wall0
+            await asyncio.sleep(max(0.0, next_s - clock.monotonic_s()))
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+def _main(
+    spec: LoadSpec,
+    stop: multiprocessing.synchronize.Event,
+    ready: multiprocessing.synchronize.Event,
+    stats: LoadStats,
+) -> None:
+    from fleetloop.daemon.cli_common import quiet_client_logs
+
+    quiet_client_logs()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(play(spec, stop, ready, stats))
+
+
+class LoadProcess:
+    """The generator in a process of its own (``spawn``: nothing of the parent's loop is shared)."""
+
+    def __init__(self, spec: LoadSpec) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.stats = LoadStats(ctx)
+        self._stop = ctx.Event()
+        self._ready = ctx.Event()
+        self._proc = ctx.Process(
+            target=_main,
+            args=(spec, self._stop, self._ready, self.stats),
+            name="fleetloop-bench-load",
+            daemon=True,
+        )
+
+    def start(self) -> None:
+        self._proc.start()
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """True once the generator is producing; False if it died or did not start in time."""
+        deadline = clock.monotonic_s() + timeout_s
+        while clock.monotonic_s() < deadline:
+            if self._ready.is_set():
+                return True
+            if not self._proc.is_alive():
+                return False
+            await asyncio.sleep(0.05)
+        return False
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self._stop.set()
+        self._proc.join(timeout_s)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5.0)
