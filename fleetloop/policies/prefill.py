@@ -17,10 +17,25 @@ layers, hidden 4096; Llama 3.1 70B: 70.6e9, 80 layers, hidden 8192. ``efficiency
 default: serving engines reach about half of dense peak in prefill (attention, norms and sampling
 are not GEMMs); a lower value predicts longer prefills and so treats more latency as unfixable.
 
+The longest prompt a node can take (:func:`max_prompt_tokens`): a prompt's KV must fit the node's
+KV cache whole before its first token, and the cache is what HBM holds beside the weights::
+
+    kv_tokens = (gpu_count * hbm_bytes * memory_util - 2 * params) / kv_bytes_per_token
+
+(BF16 weights and KV; ``memory_util`` 0.9 is vLLM's default ``gpu_memory_utilization``;
+``kv_bytes_per_token = 2 * layers * kv_heads * head_dim * 2``). HBM per GPU (datasheets, decimal
+GB): A100 80, H100 80, H200 141, L40S 48, MI300X 192; KV bytes per token: Llama 3.1 8B 131,072
+(32 layers, 8 KV heads of 128), 70B 327,680 (80 layers, 8 KV heads of 128). llama-70b on one
+MI300X holds ~96k tokens: a 100k-token prompt fails on every node of such a pool, whatever its load.
+
 Failure mode: an unknown GPU or model gives no prediction (``None``): the caller must then treat
-all latency as fixable (today's behaviour), never guess. A prediction from the pool's *mean* prompt
-overstates the median call's prefill when prompts are heavy-tailed (the mean of a lognormal sits
-``exp(sigma^2 / 2)`` above its median), which reads a little queueing as compute.
+all latency as fixable (today's behaviour), never guess; with no KV figure a pool is taken to fit
+every prompt. FP8 weights or KV cache, another ``gpu_memory_utilization`` or a ``max_model_len``
+set below the cache change what a node holds: the prediction is then off (FP8 holds about twice
+the tokens, so such a pool is under-rated and only loses the prompts another pool also takes). A
+prediction from the pool's *mean* prompt overstates the median call's prefill when prompts are
+heavy-tailed (the mean of a lognormal sits ``exp(sigma^2 / 2)`` above its median), which reads a
+little queueing as compute.
 """
 
 from __future__ import annotations
@@ -36,18 +51,29 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 }
 
 
+HBM_BYTES: dict[str, float] = {
+    "A100": 80e9,
+    "H100": 80e9,
+    "H200": 141e9,
+    "L40S": 48e9,
+    "MI300X": 192e9,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ModelShape:
     params: float
     layers: int
     hidden: int
+    kv_bytes_per_token: int  # BF16 K and V over every layer
 
 
 MODEL_SHAPES: dict[str, ModelShape] = {
-    "llama-8b": ModelShape(8.03e9, 32, 4096),
-    "llama-70b": ModelShape(70.6e9, 80, 8192),
+    "llama-8b": ModelShape(8.03e9, 32, 4096, 131_072),
+    "llama-70b": ModelShape(70.6e9, 80, 8192, 327_680),
 }
 DEFAULT_EFFICIENCY = 0.5
+MEMORY_UTIL = 0.9  # vLLM's default gpu_memory_utilization
 
 
 def prefill_ms(
@@ -61,3 +87,14 @@ def prefill_ms(
     n = max(0.0, prompt_tokens)
     flops = 2.0 * shape.params * n + 2.0 * shape.layers * shape.hidden * n * n
     return 1000.0 * flops / (gpu_count * peak * efficiency)
+
+
+def max_prompt_tokens(model: str, gpu_type: str, gpu_count: int) -> int | None:
+    """The most tokens one node's KV cache holds (the longest prompt it can prefill); None when
+    the model or GPU is unknown."""
+    shape = MODEL_SHAPES.get(model)
+    hbm = HBM_BYTES.get(gpu_type)
+    if shape is None or hbm is None or gpu_count < 1:
+        return None
+    free = gpu_count * hbm * MEMORY_UTIL - 2.0 * shape.params
+    return max(0, int(free // shape.kv_bytes_per_token))

@@ -6,6 +6,12 @@ never asks the control plane anything per call (fleetloop is not in the request 
 
 Per call (:meth:`Router.pick`), in order:
 
+0. **Fit**: a call whose prompt is longer than a pool's ``max_prompt_tokens`` (its routing
+   decision's figure: the most tokens one of its nodes holds in KV cache) would fail on every node
+   of that pool, so such pools are left out of steps 1-5 while any pool of an acceptable model holds
+   it (the preferred model's fitting pools first, else the next model's); when none does, nothing is
+   left out (the call fails where it lands, as without the figure). A call of unknown size (0) and a
+   pool without the figure are never left out, so picks are unchanged where every pool fits.
 1. **Pools**: every pool serving the call's preferred model takes a share of its calls: the primary
    pool of a call is picked by smooth weighted round robin (no random draw) over those pools, each
    weighted by its routable capacity: the sum of ``capacity_of(node)`` over the nodes step 2 leaves
@@ -371,6 +377,32 @@ class Router(Generic[N]):
         credit[best] -= 1.0
         return best
 
+    def _holds(self, pool_id: str, prompt_tokens: int) -> bool:
+        """Whether a node of the pool holds a prompt this long (its routing decision's
+        ``max_prompt_tokens``; no decision or no figure: it does)."""
+        st = self.state.pools.get(pool_id)
+        limit = st.routing.max_prompt_tokens if st is not None and st.routing is not None else None
+        return limit is None or prompt_tokens <= limit
+
+    def _fitting(
+        self, first: tuple[str, ...], pools: list[str], prompt_tokens: int
+    ) -> tuple[tuple[str, ...], list[str]]:
+        """Step 0: the pools whose nodes hold the prompt, when any pool of an acceptable model
+        does; otherwise every pool, as if no limit were known (the call fails where it lands, as
+        it would have)."""
+        if prompt_tokens <= 0 or all(self._holds(p, prompt_tokens) for p in pools):
+            return first, pools
+        fit = [p for p in pools if self._holds(p, prompt_tokens)]
+        if not fit:
+            return first, pools
+        first_fit = tuple(p for p in first if p in fit)
+        if not first_fit:  # the preferred model fits nowhere: the next acceptable model's pools
+            first_fit = tuple(p for p in fit if self._model_of(p) == self._model_of(fit[0]))
+        return first_fit, fit
+
+    def _model_of(self, pool_id: str) -> str:
+        return next((m for m, ps in self.pools_by_model.items() if pool_id in ps), "")
+
     def pick(
         self,
         models: tuple[str, ...],
@@ -380,11 +412,14 @@ class Router(Generic[N]):
         new_task: bool,
         budget_ms: float,
         now_s: float,
+        prompt_tokens: int = 0,
     ) -> Route[N]:
-        """Steps 1-5 for one call: where it goes, or why it is shed (see the module docstring)."""
+        """Steps 1-5 for one call: where it goes, or why it is shed (see the module docstring).
+        ``prompt_tokens`` (0: unknown) keeps the call off pools whose nodes cannot hold it."""
         first, pools = self._candidates(models)
         if not pools:
             return Route("", None, "no-pool")
+        first, pools = self._fitting(first, pools, prompt_tokens)
         primary = self._primary(first, priority, now_s)
         candidates = pools if primary == pools[0] else [primary, *(p for p in pools if p != primary)]
         st = self.state.pools.get(primary)

@@ -12,7 +12,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from fleetloop.schemas.base import MAX_TICK_ID, EpochMs, Figure, Fraction, Ident, NonNegFloat, NonNegInt, Wire
+from fleetloop.schemas.base import (
+    MAX_TICK_ID,
+    EpochMs,
+    Figure,
+    Fraction,
+    Ident,
+    NonNegFloat,
+    NonNegInt,
+    Tokens,
+    Wire,
+)
 from fleetloop.schemas.policy import Mode
 
 BreakerStateName = Literal["closed", "open", "half_open"]
@@ -46,6 +56,11 @@ class RoutingDecision(_Body):
     )
     spill_to: tuple[Ident, ...] = Field(
         default=(), description="pools to send overflow to, in order, when this one cannot meet budgets"
+    )
+    max_prompt_tokens: Tokens | None = Field(
+        default=None,
+        description="the longest prompt (tokens) a node of this pool holds in its KV cache; a longer prompt "
+        "goes to another pool of an acceptable model that holds it, when one does (none: no limit known)",
     )
 
 

@@ -407,7 +407,13 @@ class FleetSim:
         budget_ms = int(budget_s * 1000.0)
         new = task.step == 0
         route = self.router.pick(
-            w.models, task.priority, task.prefix_digest, new_task=new, budget_ms=budget_ms, now_s=now
+            w.models,
+            task.priority,
+            task.prefix_digest,
+            new_task=new,
+            budget_ms=budget_ms,
+            now_s=now,
+            prompt_tokens=task.prompt,
         )
         pool_id = route.pool_id or sorted(self.pools)[0]
         model = self.pools[pool_id].model if pool_id in self.pools else w.models[0]

@@ -276,3 +276,42 @@ def test_property_idempotent_for_the_same_tick(specs: list[dict[str, Any]]) -> N
     views = [node(f"n{i:02d}", hot_prefixes=(f"x{i % 3}",), **s) for i, s in enumerate(specs)]
     first = decide(views)
     assert decide(views) == first
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "gpus", "expected"),
+    [
+        # (gpus x HBM x 0.9 - 2 x params) / KV bytes per token, BF16:
+        # llama-70b on one MI300X: (172.8e9 - 141.2e9) / 327,680 = 96,435 tokens (a 100k prompt fits no node)
+        ("llama-70b", "MI300X", 1, 96_435),
+        # on two H200s: (253.8e9 - 141.2e9) / 327,680 = 343,627
+        ("llama-70b", "H200", 2, 343_627),
+        # llama-8b on one L40S: (43.2e9 - 16.06e9) / 131,072 = 207,061
+        ("llama-8b", "L40S", 1, 207_061),
+        # an unknown GPU or model: no figure (the router then takes the pool to hold any prompt)
+        ("llama-8b", "TPU", 1, None),
+        ("mistral-7b", "H100", 1, None),
+    ],
+)
+def test_the_pools_longest_prompt_comes_from_its_nodes_kv_cache(
+    model: str, gpu: str, gpus: int, expected: int | None
+) -> None:
+    views = [
+        node("a", model=model, gpu_type=gpu, gpu_count=gpus),
+        node("b", model=model, gpu_type=gpu, gpu_count=gpus),
+    ]
+    snap = snapshot(views, pool_fields={"p": {"model": model, "gpu_type": gpu}})
+    (d,) = CacheAware().decide(snap, CacheAwareParams(), {}, ctx(snap)).decisions
+    assert isinstance(d, RoutingDecision)
+    assert d.max_prompt_tokens == expected
+
+
+def test_a_pool_of_mixed_tensor_parallel_degrees_is_held_to_its_smallest_node() -> None:
+    views = [
+        node("a", model="llama-70b", gpu_type="H200", gpu_count=2),
+        node("b", model="llama-70b", gpu_type="H200", gpu_count=4),
+    ]
+    snap = snapshot(views, pool_fields={"p": {"model": "llama-70b", "gpu_type": "H200"}})
+    (d,) = CacheAware().decide(snap, CacheAwareParams(), {}, ctx(snap)).decisions
+    assert isinstance(d, RoutingDecision)
+    assert d.max_prompt_tokens == 343_627

@@ -157,6 +157,50 @@ def test_spill_over_and_model_fallback() -> None:
     assert w.pick(models=("big", "mid", "small")) == "model-fallback:c/0"
 
 
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        # one pool of the model holds the prompt: every call of it goes there, whatever the split
+        (2_000, ["primary:b/0"] * 6),
+        # both hold it, or its size is unknown: the capacity split between the pools, as without limits
+        (500, ["primary:a/0", "primary:b/0"] * 3),
+        (0, ["primary:a/0", "primary:b/0"] * 3),
+        # no pool of an acceptable model holds it: nothing is left out (it fails where it lands)
+        (9_000, ["primary:a/0", "primary:b/0"] * 3),
+    ],
+)
+def test_a_prompt_goes_only_to_pools_whose_nodes_hold_it(prompt: int, expected: list[str]) -> None:
+    w = World({"a": 1, "b": 1}, models={"big": ["a", "b"]})
+    w.apply(
+        routing("a", {"a/0": 1.0}, max_prompt_tokens=1_000),
+        routing("b", {"b/0": 1.0}, max_prompt_tokens=5_000),
+    )
+    assert [w.pick(models=("big",), prompt_tokens=prompt) for _ in range(6)] == expected
+
+
+def test_a_prompt_no_pool_of_the_preferred_model_holds_goes_to_the_next_model() -> None:
+    w = World({"a": 1, "b": 1, "c": 1}, models={"big": ["a"], "mid": ["b"], "small": ["c"]})
+    w.apply(
+        routing("a", {"a/0": 1.0}, max_prompt_tokens=1_000),
+        routing("b", {"b/0": 1.0}),  # no figure: holds any prompt
+        routing("c", {"c/0": 1.0}, max_prompt_tokens=100_000),
+    )
+    assert w.pick(models=("big", "mid", "small"), prompt_tokens=2_000) == "primary:b/0"
+    assert w.pick(models=("big", "small"), prompt_tokens=2_000) == "primary:c/0"
+    assert w.pick(models=("big", "small"), prompt_tokens=500) == "primary:a/0"  # the preferred model first
+    # spill-over never sends a prompt to a pool that cannot hold it: a (full) spills to b only
+    # what b holds, and sheds the rest in its own pool
+    w.apply(
+        routing("a", {"a/0": 1.0}, tick=2, spill_to=("b",), max_prompt_tokens=2_000),
+        routing("b", {"b/0": 1.0}, tick=2, max_prompt_tokens=1_500),
+        admission("a", max_queue_depth={"0": 1}),
+    )
+    w.eps["a/0"].queue_depth = 3
+    assert w.pick(models=("big", "mid"), prompt_tokens=1_200) == "spill:b/0"
+    assert w.pick(models=("big", "mid"), prompt_tokens=1_800) == "shed:a"
+    assert w.pick(models=("big", "mid", "small"), prompt_tokens=3_000) == "primary:c/0"
+
+
 def test_first_call_of_a_task_has_its_own_limits() -> None:
     w = World({"p": 1})
     w.eps["p/0"].queue_depth = 2

@@ -240,6 +240,7 @@ class Agents:
             route = fleet.router.pick(
                 w.models, task.priority, task.prefix_digest,
                 new_task=task.step == 0, budget_ms=budget_s * 1000.0, now_s=now,
+                prompt_tokens=task.prompt,
             )  # fmt: skip
             pool_id = route.pool_id or sorted(fleet.pools)[0]
             model = fleet.pools[pool_id].model if pool_id in fleet.pools else w.models[0]

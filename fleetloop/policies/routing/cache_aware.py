@@ -33,6 +33,18 @@ Formula, for each node ``i`` of the pool (``serving_i`` = warm, not draining, te
                      Another pool's scores are taken from the snapshot alone (its nodes' newest
                      step times stand in for the remembered medians, which are that pool's own
                      state), once per snapshot
+    max_prompt_tokens = min over the pool's nodes' tensor-parallel degrees of the tokens one node's
+                     KV cache holds, from the pool's model and GPU (:mod:`..prefill`; none when
+                     either is unknown): the router keeps longer prompts on pools that hold them
+
+Why a prompt limit: a prompt whose KV does not fit a node's cache fails on every node of that pool
+however idle it is, and its retries fail the same way wherever the router's split sends them back
+(research-long-context: llama-70b on one MI300X holds ~96k tokens, on two H200s ~344k; 100k-token
+prompts sent to the MI300X pool lost their tasks after every retry). The figure is physics, not
+load, so it is stated once per pool and tick and never learned from failures (a failure would cost
+a task first). Failure mode: a node with FP8 KV or another memory setting holds a different
+number of tokens than predicted (see :mod:`..prefill`); the router only acts on the figure while
+another pool of an acceptable model holds the prompt.
 
 Spill-over rule, and why: a spilled call must be servable where it lands (same model), and the
 list is capped by the engine's envelope (``max_spill_pools``, 8), so whoever ranks first takes the
@@ -53,8 +65,8 @@ moves traffic away from a filling node within one tick without sending everythin
 
 Inputs: per node ``age_ms``, ``consecutive_failures``, ``queue_depth``, ``running_requests``,
 ``queued_prompt_tokens``, ``max_batch_tokens``, ``kv_cache_used_frac``, ``hbm_free_gib``,
-``tbt_p50_ms``, ``hot_prefixes``, ``weights_state``, ``draining``, ``stale``, ``ok_w``; the pools'
-node lists and models (for spill-over).
+``tbt_p50_ms``, ``hot_prefixes``, ``weights_state``, ``draining``, ``stale``, ``ok_w``,
+``gpu_count``; the pools' node lists, models and GPU types (for spill-over and the prompt limit).
 
 Parameters (defaults, bounds; the reasoning behind each):
 
@@ -119,10 +131,20 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, model_validator
 
-from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6, r6_array
+from fleetloop.policies.base import (
+    FleetSnapshot,
+    NodeView,
+    Params,
+    PolicyContext,
+    PolicyResult,
+    PoolView,
+    r6,
+    r6_array,
+)
 from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns, segment_medians
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.pool_figures import records, row_ids
+from fleetloop.policies.prefill import max_prompt_tokens
 from fleetloop.policies.registry import register
 from fleetloop.schemas.base import MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import RoutingDecision
@@ -576,6 +598,17 @@ def proven(node: NodeView) -> bool:
     return node.ok_w > 0
 
 
+def pool_max_prompt(pool: PoolView | None, gpu_counts: Iterable[int]) -> int | None:
+    """The longest prompt every node of the pool holds in its KV cache
+    (:func:`fleetloop.policies.prefill.max_prompt_tokens` of the pool's model and GPU at each
+    tensor-parallel degree its nodes report); None without nodes or for an unknown model or GPU."""
+    degrees = set(gpu_counts)
+    if pool is None or not degrees:
+        return None
+    fits = [max_prompt_tokens(pool.model, pool.gpu_type, c) for c in sorted(degrees)]
+    return None if any(f is None for f in fits) else min(f for f in fits if f is not None)
+
+
 def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str, float | None]:
     """:func:`fleet_headroom_plain` for every pool at once, over the snapshot's fleet-wide columns
     (:func:`fleetloop.policies.columns.fleet_columns`): each scorer is one array operation over the
@@ -743,6 +776,7 @@ class CacheAware:
         live_scores = [v for v in scores.values() if v > 0]
         own = sum(live_scores) / len(live_scores) if live_scores else None
         spill_to = spill_targets(snap, params, ctx.pool_id)
+        fit = pool_max_prompt(snap.pools.get(ctx.pool_id), cols.ints("gpu_count")[rows].tolist())
 
         stale = cols.stale[rows]
         n_serving = int((cols.warm[rows] & ~stale).sum())
@@ -762,6 +796,7 @@ class CacheAware:
             by_priority,
             affinity,
             spill_to,
+            fit,
         )
         diagnostics = {"headroom": r6(own) if own is not None else 0.0, "hot_prefixes": float(len(affinity))}
         return PolicyResult(decisions=(decision,), state=memory, diagnostics=diagnostics)
@@ -769,7 +804,7 @@ class CacheAware:
 
 _ROUTING_FIELDS = (
     "entity", "reason", "inputs", "kind", "pool_id", "weights", "picker", "by_priority", "prefix_affinity",
-    "spill_to",
+    "spill_to", "max_prompt_tokens",
 )  # fmt: skip
 assert tuple(RoutingDecision.model_fields) == _ROUTING_FIELDS  # ``_routing_decision`` lists them in order
 
@@ -786,6 +821,7 @@ def _routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
     by_priority: dict[str, dict[str, float]],
     affinity: dict[str, tuple[str, ...]],
     spill_to: tuple[str, ...],
+    max_prompt_tokens: int | None = None,
 ) -> RoutingDecision:
     """The pool's decision, assembled without validation when every figure is within the schema's
     bounds (ids and digests come from validated telemetry, the tick and the snapshot's pools):
@@ -801,6 +837,8 @@ def _routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
         "prefix_affinity": affinity,
         "spill_to": spill_to,
     }
+    if max_prompt_tokens is not None:  # set only when known, as validation would record it
+        given["max_prompt_tokens"] = max_prompt_tokens
     if (
         reason
         and _within(inputs.values(), -MAX_FIGURE)
@@ -818,6 +856,7 @@ def _routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
             "by_priority": by_priority,
             "prefix_affinity": affinity,
             "spill_to": spill_to,
+            "max_prompt_tokens": max_prompt_tokens,
         }
         return assemble(RoutingDecision, values, set(given))
     return RoutingDecision.model_validate(given)
