@@ -84,6 +84,11 @@ Trade-offs: every shed first call is a task lost, so this lever buys priority-0 
 with low-priority tasks; in a fleet where the low class is the bulk of the tasks that lowers the
 success rate, which the failure gate limits to real distress. The level is pool-wide; the additive
 climb back (60 ticks from 16 to 256) keeps the pool conservative for about a minute after a breach.
+In an overload that outlasts the tasks' deadlines (burst-a100-2x) the level falls to ``min_level``
+within a window of the first lost tasks (the losses and the window's p99 lag the queue behind them)
+and is still climbing back after the queue has drained, so for about a minute nodes run ~30
+sequences while new low-priority tasks are shed; holding a decrease for a window, or while no queue
+stands, moved tasks by -321 to +222 over seeds 29-33 (not consistently), so the rule is unchanged.
 It cannot tell latency from long prompts or a slow decode batch from latency shedding would cure;
 ``min_level`` keeps it from shedding lightly loaded nodes for it.
 Failure mode: an SLO set far below what the pool can do, with calls failing for another reason (a
