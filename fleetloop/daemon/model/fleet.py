@@ -402,7 +402,8 @@ class FleetModel:
             node.telemetry = t
         if t.errors or t.timeouts or t.preemptions:
             b = ts // BUCKET_MS
-            self._written_from = min(self._written_from, b)
+            if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
+                self._written_from = b
             node.win.add_at(b, _N_ERR, t.errors)
             node.win.add_at(b, _N_TO, t.timeouts)
             node.win.add_at(b, _N_PRE, t.preemptions)
@@ -449,7 +450,8 @@ class FleetModel:
             if new_bucket:
                 self._advance_ledger_clock()  # at most once per bucket per pool
         b = ts // BUCKET_MS
-        self._written_from = min(self._written_from, b)
+        if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
+            self._written_from = b
         outcome = o.outcome
         ok = outcome == "ok"
         failed = outcome in FAILED_OUTCOMES
@@ -666,7 +668,8 @@ class FleetModel:
                     node.telemetry = t
                 if t.errors or t.timeouts or t.preemptions:
                     b = ts // bucket_ms
-                    self._written_from = min(self._written_from, b)
+                    if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
+                        self._written_from = b
                     win = node.win
                     win.add_at(b, _N_ERR, t.errors)
                     win.add_at(b, _N_TO, t.timeouts)
@@ -771,7 +774,8 @@ class FleetModel:
                     if new_bucket:
                         self._advance_ledger_clock()
                 b = ts // bucket_ms
-                self._written_from = min(self._written_from, b)
+                if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
+                    self._written_from = b
                 outcome = o.outcome
                 ok = outcome == "ok"
                 failed = outcome in failed_outcomes
