@@ -18,7 +18,7 @@ non-string keys, numpy scalars and instances are tagged. Only classes defined in
 modules that are dataclasses, pydantic models or listed in ``_PLAIN`` can be named, and decoding
 never calls a constructor or any code of theirs (fields are set on a bare instance; slots a class
 names in ``_TRANSIENT``, state derived from the rest such as the model's snapshot caches, are
-neither written nor read), so a forged
+not written; a decoded instance gets the plain values that mapping gives), so a forged
 checkpoint can at worst produce a wrong state, never run code. A dataclass field added since a
 checkpoint was written decodes as its declared default (a field without a default, or one removed,
 does not decode). A value that does not decode (for
@@ -176,6 +176,10 @@ def _dec(o: Any) -> Any:
             if set(values) != expected:
                 raise CheckpointError(f"{o['$o']} fields changed: {sorted(set(values) ^ expected)}")
         for k, v in values.items():
+            object.__setattr__(obj, k, v)
+        for k, v in getattr(cls, "_TRANSIENT", {}).items():  # derived state's starting values
+            if not (v is None or type(v) is int):
+                raise CheckpointError(f"{o['$o']}: transient {k!r} is not plain data")
             object.__setattr__(obj, k, v)
         return obj
     raise CheckpointError(f"unknown tag in checkpoint: {sorted(o)[:3]}")

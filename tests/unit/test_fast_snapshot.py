@@ -294,3 +294,18 @@ def test_columns_of_an_empty_model() -> None:
     assert cols.floats("tbt_p50_ms").shape == (0,)
     assert cols.ints("requests_w").shape == (0,)
     assert fm.snapshot(FleetModel(), 2**70).nodes == {}  # beyond int64: the plain form
+
+
+def test_a_decoded_model_starts_its_transient_state_without_a_getattr_fallback() -> None:
+    """A model from a checkpoint has every transient slot set (from ``_TRANSIENT``'s plain values),
+    so the model needs no ``__getattr__`` fallback, which would cost every attribute access in the
+    fold (a class with one is not given Python's fast attribute access)."""
+    model = FleetModel()
+    model.fold_telemetries([tel("a", "p", T0)])
+    snapshot(model, T0)
+    restored = checkpoint.decode(checkpoint.encode(model))
+    assert "__getattr__" not in vars(FleetModel)
+    for name, value in FleetModel._TRANSIENT.items():
+        assert getattr(restored, name) == value
+    assert restored._snapshots is None
+    assert_same(snapshot(restored, T0), snapshot_plain(model, T0))

@@ -47,9 +47,10 @@ watermark happens to pass), and memory is reclaimed only well behind the retenti
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from types import MappingProxyType
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -272,10 +273,15 @@ class FleetModel:
         "watermark_ms",
     )
     # What the snapshot keeps between ticks (:class:`_Snapshots`) and the marks the fold leaves it,
-    # derived from the rest and never checkpointed (a restored model starts them afresh):
-    # ``_written_from`` the lowest bucket folded into since the last snapshot, ``_evicted_below``
-    # the highest eviction horizon, ``_nodes_changed`` counts node arrivals, departures and moves.
-    _TRANSIENT = ("_evicted_below", "_nodes_changed", "_snapshots", "_written_from")
+    # derived from the rest and never checkpointed: ``_written_from`` the lowest bucket folded into
+    # since the last snapshot, ``_evicted_below`` the highest eviction horizon, ``_nodes_changed``
+    # counts node arrivals, departures and moves. A model decoded from a checkpoint gets these values
+    # (plain data the decoder sets, no code of ours): everything written, nothing kept. (Not a
+    # ``__getattr__`` fallback: a class with one loses Python's fast attribute access, which tripled
+    # the cost of every ``self.`` in the fold.)
+    _TRANSIENT: ClassVar[Mapping[str, int | None]] = MappingProxyType(
+        {"_evicted_below": _FAR_PAST, "_nodes_changed": 0, "_snapshots": None, "_written_from": _FAR_PAST}
+    )
 
     def __init__(self, config: ModelConfig | None = None) -> None:
         self.config = config or ModelConfig()
@@ -294,22 +300,6 @@ class FleetModel:
         self._evicted_below = _FAR_PAST
         self._nodes_changed = 0
         self._snapshots: _Snapshots | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        """The transient slots of a model decoded from a checkpoint (which sets only the others):
-        everything written, nothing kept."""
-        if name == "_written_from":
-            value: Any = _FAR_PAST
-        elif name == "_evicted_below":
-            value = _FAR_PAST
-        elif name == "_nodes_changed":
-            value = 0
-        elif name == "_snapshots":
-            value = None
-        else:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        object.__setattr__(self, name, value)
-        return value
 
     # -- folding --------------------------------------------------------------------------------
 
