@@ -78,6 +78,7 @@ def test_bench_decide_prints_one_json_object(capsys: pytest.CaptureFixture[str])
     assert [r["nodes"] for r in out["sizes"]] == [64, 128]
     for r in out["sizes"]:
         assert r["tick_cpu_p50_ms"] > 0
+        assert 0 < r["snapshot_cpu_p50_ms"] < r["tick_cpu_p50_ms"]  # a part of the tick
         assert r["decisions_per_tick"] > r["nodes"]  # a breaker decision per node, plus the pools'
     assert isinstance(out["growth_exponent"], float)
 
