@@ -20,7 +20,7 @@ from fleetloop.policies.admission.slo_aware import (
 from fleetloop.policies.slo import Slo, SloBook
 from fleetloop.router import Router
 from fleetloop.schemas.decisions import AdmissionDecision
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from tests.policies.snapshots import ctx, node, snapshot
@@ -214,12 +214,14 @@ xs = st.none() | st.floats(min_value=0.0, max_value=1e3, allow_nan=False)
 fracs = st.floats(min_value=0.0, max_value=1.0)
 
 
+@settings(deadline=None)  # pure functions: a deadline would time the loaded machine, not the code
 @given(levels, xs, fracs)
 def test_level_always_within_bounds(level: float, x: float | None, f: float) -> None:
     new, _ = next_level(P, level, x, f)
     assert P.min_level <= new <= P.max_level
 
 
+@settings(deadline=None)  # pure functions: a deadline would time the loaded machine, not the code
 @given(levels, st.floats(0.0, 100.0), st.floats(0.0, 100.0), fracs, fracs)
 def test_level_monotone_non_increasing_in_pressure_and_failures(
     level: float, x1: float, x2: float, f1: float, f2: float
@@ -228,6 +230,7 @@ def test_level_monotone_non_increasing_in_pressure_and_failures(
     assert next_level(P, level, xh, fh)[0] <= next_level(P, level, xl, fl)[0]
 
 
+@settings(deadline=None)  # pure functions: a deadline would time the loaded machine, not the code
 @given(st.floats(1.0, 256.0), st.integers(1, 10), st.floats(1.0, 16.0))
 @example(level=256.0, classes=2, spread=1.0)  # the ceiling: no class limited (raised KeyError '1' once)
 def test_more_important_classes_never_get_less_room(level: float, classes: int, spread: float) -> None:
@@ -241,6 +244,7 @@ def test_more_important_classes_never_get_less_room(level: float, classes: int, 
     assert values == sorted(values, reverse=True)
 
 
+@settings(deadline=None)  # pure functions: a deadline would time the loaded machine, not the code
 @given(st.floats(16.0, 256.0), st.integers(0, 500))
 def test_idempotent_for_the_same_tick(level: float, lost: int) -> None:
     snap = _overloaded(lost=lost)
