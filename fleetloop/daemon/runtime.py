@@ -1226,7 +1226,11 @@ class Daemon:
                 allowed[body.pool_id] = body.retries_allowed_now
 
     async def _publish_summaries(self) -> None:
-        """Each shard that decided ticks in this batch publishes its summary (``control.summaries``)."""
+        """Each shard that decided ticks in this batch publishes its summary (``control.summaries``)
+        for the newest boundary it decided, once every tick of that boundary it holds is decided: a
+        boundary whose pools' ticks were split over two batches is summarized once, after the
+        second, with every pool's retry budget of that boundary (it was published after each
+        batch, the first time without the pools still to decide)."""
         producer = self._producer
         due, self._summary_due = self._summary_due, {}
         if producer is None or not due:
@@ -1236,6 +1240,10 @@ class Daemon:
         for p, (ts_ms, tick_id) in sorted(due.items()):
             shard = self.shards.get(p)
             if shard is None:
+                continue
+            held = self._held.get(p)
+            if held and held[0].tick is not None and held[0].tick.ts_ms <= ts_ms:
+                self._summary_due[p] = (ts_ms, tick_id)  # ticks of this boundary still to decide
                 continue
             allowed = self._retries_allowed.get(p, {})
             for pool in [q for q in allowed if q not in shard.model.pools]:

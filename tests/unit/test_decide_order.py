@@ -179,3 +179,44 @@ async def test_every_pool_of_a_shard_ticks_a_boundary_at_one_cut_computed_once()
     assert [k for k, _ in sent] == [q.encode() for q in pools]
     assert {cut for _, cut in sent} == {orjson.dumps(expected, option=orjson.OPT_SORT_KEYS)}
     assert scans == [boundary]
+
+
+async def test_a_shards_summary_waits_until_every_tick_of_its_boundary_is_decided() -> None:
+    """``Daemon._publish_summaries``: a boundary whose ticks a shard decided over two batches is
+    summarized once, after the second batch (each batch published one before, the first without
+    the pools still to decide: two summaries for one boundary)."""
+    import asyncio
+    from typing import Any
+
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+
+    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
+    shard = daemon.shards[0] = Shard(0)
+    shard.add(
+        TELEMETRY, [Row(0, T0, telemetry("a/0", "a", ts_ms=T0)), Row(1, T0, telemetry("b/0", "b", ts_ms=T0))]
+    )
+    shard.fold_read()
+    sent: list[bytes] = []
+
+    class Recorder:
+        async def send(self, topic: str, key: bytes, value: bytes) -> Any:
+            sent.append(key)
+            done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+    daemon._producer = Recorder()  # type: ignore[assignment]
+    boundary = T0 + 1000
+    ticks = [Tick(ts_ms=boundary, tick_id=boundary // 1000, pool_id=q) for q in ("a", "b")]
+    # Batch one decided pool a's tick; pool b's, of the same boundary, is still held.
+    daemon._note_summary(0, ticks[0], ())
+    daemon._held[0] = [_HeldTick(1, ticks[1], boundary, None, None, 0.0)]
+    await daemon._publish_summaries()
+    assert sent == []
+    # Batch two decided pool b's: the boundary is whole, summarized once.
+    daemon._held[0] = []
+    daemon._note_summary(0, ticks[1], ())
+    await daemon._publish_summaries()
+    await daemon._publish_summaries()
+    assert sent == [b"fleetloop/0"]
+    assert daemon.stats.summaries_published == 1
