@@ -146,3 +146,38 @@ def test_pool_tbt_median_between_signed_zeros_is_the_later_node_s() -> None:
         assert want is not None
         assert got is not None
         assert got.hex() == want.hex() == second.hex()
+
+
+@pytest.mark.parametrize("frac", [0.34, 1.0])
+def test_engine_ejection_cap_on_columns_is_the_plain_rule(snapshots: list[Any], frac: float) -> None:
+    """Random sets of open (enforced or not), probing and closed breakers per pool, a node of no
+    pool among them: the columns' capacity check caps exactly the nodes the per-view rule caps."""
+    import numpy as np
+    from fleetloop.policies.envelope import Envelope
+
+    env = Envelope(max_ejected_frac=frac)
+    rng = np.random.default_rng(7)
+    capped = kept = 0
+    for snap in snapshots[::3]:
+        for pool_id in sorted(snap.pools):
+            ids = [n.node_id for n in snap.pool_nodes(pool_id)] + ["gone-node"]
+            decisions = []
+            for node_id in ids:
+                state = str(rng.choice(["open", "open", "closed", "half_open"]))
+                decisions.append(
+                    BreakerDecision(
+                        entity=f"node/{node_id}",
+                        reason="r",
+                        pool_id=pool_id,
+                        node_id=node_id,
+                        state=state,
+                        enforced=bool(rng.random() < 0.8),
+                    )
+                )
+            got = engine._cap_ejections(list(decisions), snap, pool_id, env)
+            want = engine._cap_ejections_plain(list(decisions), snap, pool_id, env)
+            assert [d.model_dump_json() for d in got] == [d.model_dump_json() for d in want]
+            capped += sum(1 for d in got if d.reason.endswith("-cap"))
+            kept += sum(1 for d in got if d.state == "open" and d.enforced)
+    assert capped > 0
+    assert kept > 0

@@ -1,0 +1,84 @@
+"""slo-predictive reading its nodes as ``NodeFigures`` (from the snapshot's columns, no views) decides
+exactly as when it reads their views (``decide_plain``): the same decisions' JSON, diagnostics bit for
+bit and states, tick after tick on a generated fleet whose nodes go cold, drain, go silent, fail and
+report hostile values; and the figures are the views' own values."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from fleetloop.policies.autoscale import predictive
+from fleetloop.policies.autoscale.predictive import NodeFigures, SloPredictive, SloPredictiveParams
+from fleetloop.policies.base import PolicyContext
+from fleetloop.schemas.decisions import AutoscaleDecision, BreakerDecision
+from tests.support.perturbed import perturbed_snapshots
+
+
+@pytest.fixture(scope="module")
+def snapshots() -> list[Any]:
+    return list(perturbed_snapshots(320, 45))
+
+
+def test_node_figures_are_the_views_values(snapshots: list[Any]) -> None:
+    for snap in snapshots[::5]:
+        for pool_id in [*sorted(snap.pools), "no-such-pool"]:
+            views = snap.pool_nodes(pool_id)
+            got = predictive.node_figures(snap, pool_id)
+            assert len(got) == len(views)
+            for f, v in zip(got, views, strict=True):
+                want = tuple(getattr(v, name) for name in NodeFigures._fields)
+                assert [(type(x), repr(x)) for x in f] == [(type(x), repr(x)) for x in want]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SloPredictiveParams(), SloPredictiveParams(spare_nodes=0, tolerance=0.0, down_period_s=0.0)],
+    ids=["default", "eager"],
+)
+def test_predictive_on_node_figures_decides_as_on_views(snapshots: list[Any], params: Any) -> None:
+    algo = SloPredictive()
+    fast: dict[str, Any] = {}
+    plain: dict[str, Any] = {}
+    reasons: set[str] = set()
+    # A pool whose node reports 10**12 queued prompt tokens (a value the schema accepts) asks for
+    # ~1.7e15 nodes, beyond the decision's figure bound, and the decision fails validation in both
+    # forms alike (a rule bug reported to the policies owner, not this test's subject): counted.
+    refused = 0
+    desired: set[int] = set()
+    for k, snap in enumerate(snapshots):
+        for pool_id in sorted(snap.pools):
+            # Now and then a breaker ejects the pool's first node: the sibling reads leave it out.
+            nodes = snap.pool_nodes(pool_id)
+            breakers = {}
+            if nodes and k % 3 == 0:
+                n = nodes[0]
+                breakers[n.node_id] = BreakerDecision(
+                    entity=f"node/{n.node_id}", reason="x", pool_id=pool_id, node_id=n.node_id, state="open"
+                )
+            ctx = PolicyContext(
+                now_ms=snap.now_ms, tick_id=k, tick_ms=1000, pool_id=pool_id, seed=(k,), breakers=breakers
+            )
+            refusal: ValueError | None = None
+            try:
+                a = algo.decide(snap, params, fast.get(pool_id, algo.initial_state()), ctx)
+            except ValueError as e:  # both forms refuse the same hostile figures (see above)
+                refusal = e
+            if refusal is not None:
+                with pytest.raises(type(refusal), match=re.escape(str(refusal))):
+                    algo.decide_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
+                refused += 1
+                continue
+            b = algo.decide_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
+            assert [d.model_dump_json() for d in a.decisions] == [d.model_dump_json() for d in b.decisions]
+            assert {x: v.hex() for x, v in a.diagnostics.items()} == {
+                x: v.hex() for x, v in b.diagnostics.items()
+            }
+            assert a.state == b.state
+            fast[pool_id], plain[pool_id] = a.state, b.state
+            reasons.update(d.reason.split(":")[0] for d in a.decisions)
+            desired.update(d.desired_nodes for d in a.decisions if isinstance(d, AutoscaleDecision))
+    assert len(reasons) >= 2, reasons
+    assert len(desired) >= 5, desired
+    assert refused < sum(1 for s in snapshots for _ in s.pools) // 10
