@@ -208,10 +208,19 @@ class PolicyContext:
         """The SLO ``pool_id`` (this tick's pool by default) is judged by: the strictest among the
         classes of the calls it served in the window (:meth:`SloBook.served`)."""
         pid = self.pool_id if pool_id is None else pool_id
+        # Five sections of a pool's tick ask: read once per snapshot, pool and book (the book is kept
+        # beside the answer, so its id is not reused while the snapshot lives).
+        key = ("pool_slo", pid, id(self.slo))
+        found = snap.memo.get(key)
+        if found is not None and found[0] is self.slo:
+            return found[1]  # type: ignore[no-any-return]
         pool = snap.pools.get(pid)
         if pool is None:
-            return self.slo.served({}, pool=pid)
-        return self.slo.served(pool.requests_by_priority_w, model=pool.model, pool=pid)
+            slo = self.slo.served({}, pool=pid)
+        else:
+            slo = self.slo.served(pool.requests_by_priority_w, model=pool.model, pool=pid)
+        snap.memo[key] = (self.slo, slo)
+        return slo
 
 
 @dataclass(frozen=True, slots=True)

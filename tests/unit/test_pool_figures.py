@@ -181,3 +181,26 @@ def test_engine_ejection_cap_on_columns_is_the_plain_rule(snapshots: list[Any], 
             kept += sum(1 for d in got if d.state == "open" and d.enforced)
     assert capped > 0
     assert kept > 0
+
+
+def test_pool_slo_is_read_once_per_snapshot_pool_and_book(snapshots: list[Any]) -> None:
+    """The memo answers what the book says for the pool, and a second book on the same snapshot is
+    read afresh, not served the first one's answer."""
+    from fleetloop.policies.slo import Slo, SloBook
+
+    strict = SloBook(default=Slo(500.0, 40.0))
+    loose = SloBook(default=Slo(9000.0, 400.0))
+    snap = snapshots[-1]
+    for pool_id in [*sorted(snap.pools), "no-such-pool"]:
+        for book in (strict, loose, strict):
+            c = PolicyContext(
+                now_ms=snap.now_ms, tick_id=1, tick_ms=1000, pool_id=pool_id, seed=(0,), slo=book
+            )
+            pool = snap.pools.get(pool_id)
+            want = (
+                book.served(pool.requests_by_priority_w, model=pool.model, pool=pool_id)
+                if pool is not None
+                else book.served({}, pool=pool_id)
+            )
+            assert c.pool_slo(snap) == want
+    assert strict.default != loose.default
