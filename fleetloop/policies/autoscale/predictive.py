@@ -297,27 +297,33 @@ class NodeFigures(NamedTuple):
     gpu_count: int
 
 
-_FROM_RECORD = ("draining", "weights_state", "queued_prompt_tokens", "running_requests", "queue_depth",
-                "kv_cache_used_frac", "prefix_cache_hit_frac", "model", "gpu_type", "gpu_count")  # fmt: skip
-
-
 def node_figures(snap: FleetSnapshot, pool_id: str) -> tuple[NodeFigures, ...]:
     """``snap.pool_nodes(pool_id)`` as :class:`NodeFigures`, read from the snapshot's columns (the
-    node's telemetry record, its id and staleness), every pool's once per snapshot."""
+    numbers and flags as the columns hold them, the three strings from the node's telemetry record),
+    every pool's once per snapshot."""
     key = ("slo-predictive.node_figures",)
     found: dict[str, tuple[NodeFigures, ...]] | None = snap.memo.get(key)
     if found is None:
         cols = fleet_columns(snap)
         recs = records(cols)
-        got = {name: list(map(attrgetter(name), recs)) for name in _FROM_RECORD}
+
+        def strings(name: str) -> list[str]:
+            return list(map(attrgetter(name), recs))
+
+        def ints(name: str) -> list[int]:
+            return cols.ints(name).tolist()  # type: ignore[no-any-return]
+
+        def floats(name: str) -> list[float]:
+            return cols.floats(name).tolist()  # type: ignore[no-any-return]
+
         rows = list(
             map(
                 NodeFigures._make,
                 zip(
-                    row_ids(snap), got["draining"], cols.stale.tolist(), got["weights_state"],
-                    got["queued_prompt_tokens"], got["running_requests"], got["queue_depth"],
-                    got["kv_cache_used_frac"], got["prefix_cache_hit_frac"], got["model"],
-                    got["gpu_type"], got["gpu_count"], strict=True,
+                    row_ids(snap), cols.draining.tolist(), cols.stale.tolist(), strings("weights_state"),
+                    ints("queued_prompt_tokens"), ints("running_requests"), ints("queue_depth"),
+                    floats("kv_cache_used_frac"), floats("prefix_cache_hit_frac"), strings("model"),
+                    strings("gpu_type"), ints("gpu_count"), strict=True,
                 ),
             )
         )  # fmt: skip
