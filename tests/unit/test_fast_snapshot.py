@@ -232,6 +232,23 @@ def test_a_bucket_written_again_after_a_snapshot_read_it_is_read_again() -> None
     assert "n3" in snap.nodes  # forgotten while silent, back
 
 
+def test_a_node_arriving_with_calls_already_in_read_buckets_brings_them() -> None:
+    """Calls on a node before its first telemetry (an unplaced window), a snapshot reading those
+    buckets, then the node's telemetry: the rows change and the new row's calls, in buckets the
+    snapshot kept, are read (the kept arrays are carried over to the new rows, not re-read)."""
+    model = FleetModel()
+    model.fold_telemetries([tel(f"n{i}", "p", T0 + i) for i in range(4)])
+    model.fold_outcomes([out("late", "p", T0 + 100 + i, i) for i in range(5)])
+    model.fold_outcomes([out("n1", "p", T0 + 200, 9)])
+    _pairs(model, T0 + 2_000)
+    model.fold_telemetries([tel("late", "p", T0 + 2_500), tel("n9", "p", T0 + 2_600)])
+    fast = snapshot(model, T0 + 3_000)
+    assert fast.nodes["late"].requests_w == 5
+    assert_same(fast, snapshot_plain(model, T0 + 3_000))
+    model.fold_telemetries([tel("n2", "q", T0 + 3_500)])  # a move: the same window, another row
+    _pairs(model, T0 + 4_000)
+
+
 # -- the checkpoint: the snapshot's kept state is not part of it -------------------------------
 
 

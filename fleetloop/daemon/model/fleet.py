@@ -1310,10 +1310,13 @@ def snapshot(
     model._written_from = _NEVER
     # Nodes.
     rows = kept.nodes
-    if rows is None or rows.changed != model._nodes_changed or len(rows.ids) != len(model.nodes):
-        rows = kept.nodes = _NodeRows(model)
-    else:
+    if rows is not None:
         rows.windows.forget(written, evicted)
+    if rows is None or rows.changed != model._nodes_changed or len(rows.ids) != len(model.nodes):
+        before = rows
+        rows = kept.nodes = _NodeRows(model)
+        if before is not None:  # keep what was read for the nodes still here
+            rows.windows.carry(before.windows, [n.win for n in rows.nodes], [n.win for n in before.nodes])
     tels = [n.telemetry for n in rows.nodes]
     consecutive = [n.consecutive_failures for n in rows.nodes]
     ts = np.array([t.ts_ms for t in tels], dtype=np.int64)

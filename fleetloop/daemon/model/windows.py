@@ -114,6 +114,27 @@ class WindowColumns:
         for b in [b for b in cols if b >= written_from or b < evicted_below]:
             del cols[b]
 
+    def carry(self, old: WindowColumns, rows: Sequence[Window], old_rows: Sequence[Window]) -> None:
+        """Take over ``old``'s bucket arrays after the rows changed (a node arrived, left or moved):
+        a row whose window ``old`` also held takes its values from there, a new row reads its own
+        buckets (``old`` must be up to date: :meth:`forget` called with the current marks)."""
+        was = {id(w): i for i, w in enumerate(old_rows)}
+        take = np.array([was.get(id(w), -1) for w in rows], dtype=np.int64)
+        new = np.flatnonzero(take < 0).tolist()
+        kept = take >= 0
+        for b, col in old.cols.items():
+            if col is None and not new:
+                self.cols[b] = None
+                continue
+            out = np.zeros((self.n, self.width), dtype=np.float64)
+            if col is not None:
+                out[kept] = col[take[kept]]
+            gets = self._gets
+            fresh = [(i, r) for i in new if (r := gets[i](b)) is not None]
+            if fresh:
+                out[[i for i, _ in fresh]] = [r for _, r in fresh]
+            self.cols[b] = out if col is not None or fresh else None
+
     def _read(self, b: int) -> npt.NDArray[np.float64] | None:
         rows = [get(b) for get in self._gets]
         missing = rows.count(None)
