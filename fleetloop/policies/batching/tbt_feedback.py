@@ -49,7 +49,8 @@ import math
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
-from fleetloop.policies.pool_figures import figures_of
+from fleetloop.policies.columns import fleet_columns
+from fleetloop.policies.pool_figures import figures_of, row_ids
 from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BatchingDecision
 
@@ -76,10 +77,25 @@ def pool_tbt_ms(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
     """The upper median of the newest TBT p99 over the pool's warm, fresh, not-ejected nodes.
 
     With no node ejected (no enforced open breaker this tick) it is the pool's figure computed for
-    the whole fleet at once (:mod:`fleetloop.policies.pool_figures`); else :func:`pool_tbt_ms_plain`."""
-    if not any(b.enforced and b.state == "open" for b in ctx.breakers.values()):
+    the whole fleet at once (:mod:`fleetloop.policies.pool_figures`); else :func:`pool_tbt_ms_plain`
+    over the pool's rows of the snapshot's columns (the same values, sorted the same way), without
+    building the pool's views."""
+    ejected = {i for i, b in ctx.breakers.items() if b.enforced and b.state == "open"}
+    if not ejected:
         return figures_of(snap, ctx.pool_id).tbt_upper_median
-    return pool_tbt_ms_plain(snap, ctx)
+    cols = fleet_columns(snap)
+    lo, hi = cols.bounds.get(ctx.pool_id, (0, 0))
+    fresh = (cols.warm[lo:hi] & ~cols.stale[lo:hi]).tolist()
+    tbt: list[float] = cols.floats("tbt_p99_ms")[lo:hi].tolist()  # NaN: no figure (None)
+    values = [
+        t
+        for node_id, ok, t in zip(row_ids(snap)[lo:hi], fresh, tbt, strict=True)
+        if ok and not math.isnan(t) and node_id not in ejected
+    ]
+    if not values:
+        return None
+    values.sort()
+    return values[len(values) // 2]
 
 
 def pool_tbt_ms_plain(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
