@@ -157,7 +157,9 @@ nothing before a first step tells a bursty pool from a steady one: ``need x 1.83
 seed 29 and costs the other stress scenarios up to 64% more per success (the stress geometric mean
 would go from 0.69 to about 0.81x classic's), and even held only on pools whose cold start exceeds
 their tasks' deadlines (a figure the policy does not see) it misses burst-a100-2x on 5 of 5 seeds.
-An operator who expects unannounced steps sets ``pools.<id>.min_nodes``. While tasks
+An operator who expects unannounced steps sets ``pools.<id>.min_nodes``. A need above
+``MAX_NEED_NODES`` (10**6, from a hostile figure such as 10**12 queued tokens) is capped there, so one
+record cannot fail its pool's tick. While tasks
 accumulate for longer than their own duration (a workload that only grows) no scale-down happens
 until it levels off, which costs the idle nodes of that time. The sibling rule assumes equal
 per-node capacity across a model's pools and reads each sibling's pressure against this pool's
@@ -191,6 +193,8 @@ from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.decisions import AutoscaleDecision
 
 MIN_LEARN_PRESSURE = 0.05
+# No pool has a million nodes; a larger need is capped so its figure stays within a decision's bound.
+MAX_NEED_NODES = 1_000_000.0
 SIGNIFICANCE = 2.0  # standard errors a slope must clear to count as a trend
 MIN_TREND_SAMPLES = 3.0  # independent windows needed to fit a slope
 ACCUMULATION_Z = 2.0  # standard deviations of churn the open-workflow count must rise by
@@ -684,6 +688,11 @@ class SloPredictive:
         need = max(level, by_capacity) * growth + sib_short
         if need > 0:
             need += params.spare_nodes  # N+k: survive losing k nodes while replacements warm up
+        # A hostile figure the schema accepts (a node reporting 10**12 queued prompt tokens) reads
+        # as ~1e15 nodes, past a decision's figure bound, and would fail the pool's whole tick
+        # (breaker and routing with it). Past MAX_NEED_NODES the figure only says "as many as
+        # allowed": max_nodes and the step limit apply after.
+        need = min(need, MAX_NEED_NODES)
 
         inputs: dict[str, float] = {
             "warm_nodes": float(len(warm)),
