@@ -136,6 +136,11 @@ def _cap_ejections(
                 continue
             spare -= moved
         keep.add(d.node_id)
+    return _unenforce(decisions, why)
+
+
+def _unenforce(decisions: list[BreakerDecision], why: Mapping[str, str]) -> list[BreakerDecision]:
+    """The enforced open decisions named in ``why`` kept but not enforced, the cap's reason appended."""
     if not why:
         return decisions
     return [
@@ -205,14 +210,7 @@ def _cap_ejections_plain(
                 continue
             spare -= moved
         keep.add(d.node_id)
-    if not why:
-        return decisions
-    return [
-        d.model_copy(update={"enforced": False, "reason": f"{d.reason}:{why[d.node_id]}"})
-        if d.state == "open" and d.enforced and d.node_id in why
-        else d
-        for d in decisions
-    ]
+    return _unenforce(decisions, why)
 
 
 def _shape_routing(
