@@ -57,6 +57,7 @@ from fleetloop.bench.loadgen import (
 )
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
+from fleetloop.daemon.children import die_with_parent
 from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
 from fleetloop.daemon.observability import configure
 from fleetloop.policies.registry import builtin_policy
@@ -208,6 +209,7 @@ async def _run(
                     [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
                      "--topic-prefix", prefix, "--group-id", f"bench-{prefix}"],
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
                 ))  # fmt: skip
         progress(f"  warming up: {args.nodes:,} nodes reporting, waiting for the daemon's first decisions")
         await _wait_for_decisions(state, prefix, timeout_s=180.0)

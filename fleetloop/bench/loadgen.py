@@ -231,8 +231,15 @@ def _main(
     ready: multiprocessing.synchronize.Event,
     stats: LoadStats,
 ) -> None:
+    from fleetloop.daemon.children import die_with_parent
     from fleetloop.daemon.cli_common import quiet_client_logs
 
+    # A SIGKILLed bench must not leave its generator producing: the kernel stops it with the
+    # parent (and if the parent is already gone, there is nothing to produce for).
+    die_with_parent()
+    parent = multiprocessing.parent_process()
+    if parent is not None and not parent.is_alive():
+        return
     quiet_client_logs()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(play(spec, stop, ready, stats))

@@ -53,6 +53,7 @@ from fleetloop.bench.common import bench_broker, pct, progress, within
 from fleetloop.bench.loadgen import LAG_MAX_S, SENT, LoadProcess, LoadSpec, bench_fleet
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import ensure_topics
+from fleetloop.daemon.children import die_with_parent
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS, TOPICS, topic_name
@@ -198,6 +199,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
                 [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
                  "--topic-prefix", prefix, "--group-id", f"bench-{prefix}"],
                 stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
             )  # fmt: skip
         progress(f"  warming up: {args.nodes:,} nodes reporting, waiting for the daemon's first decisions")
         deadline = clock.monotonic_s() + 180.0

@@ -50,7 +50,7 @@ import yaml
 from rich.console import Console
 
 from fleetloop.daemon import clock
-from fleetloop.daemon.children import stop_child
+from fleetloop.daemon.children import die_with_parent, stop_child
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
 from fleetloop.edges.fleet.agents import Agents
@@ -233,7 +233,12 @@ async def _probe(lag: _Lag, stop: asyncio.Event) -> None:
 async def _spawn(argv: list[str], logdir: Path, name: str) -> asyncio.subprocess.Process:
     with (logdir / f"{name}.log").open("wb") as log:
         return await asyncio.create_subprocess_exec(
-            *argv, stdout=log, stderr=log, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            *argv,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # a pre-resolved libc call, no lock: see die_with_parent
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
 
 

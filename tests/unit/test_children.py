@@ -1,29 +1,68 @@
-"""A child that stops on SIGTERM is let go; one that ignores it is killed after the grace."""
+"""A process a command starts with ``die_with_parent`` stops when the command is SIGKILLed."""
 
 from __future__ import annotations
 
-import asyncio
+import os
 import signal
+import subprocess
 import sys
+import time
 
-from fleetloop.daemon.children import stop_child
+import pytest
+from fleetloop.bench import latency, sizing, stack
+from fleetloop.daemon import clock
+from fleetloop.daemon.children import die_with_parent
 
-_IGNORES_TERM = (
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "print('up', flush=True); time.sleep(60)"
-)
-_STOPS_ON_TERM = "import time; print('up', flush=True); time.sleep(60)"
-
-
-async def _run(code: str, grace_s: float) -> int:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None
-    assert await proc.stdout.readline() == b"up\n"  # the handler is installed before we signal
-    await stop_child(proc, grace_s)
-    assert proc.returncode is not None
-    return proc.returncode
+# The parent starts a child the way the bench starts its daemons, prints the child's pid, waits.
+_PARENT = """
+import subprocess, sys, time
+from fleetloop.daemon.children import die_with_parent
+kw = {"preexec_fn": die_with_parent} if sys.argv[1] == "on" else {}
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True, **kw)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
 
 
-def test_a_polite_child_ends_by_sigterm_and_a_stubborn_one_by_sigkill() -> None:
-    assert asyncio.run(_run(_STOPS_ON_TERM, 30.0)) == -signal.SIGTERM
-    assert asyncio.run(_run(_IGNORES_TERM, 0.5)) == -signal.SIGKILL
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by init) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _orphan_after_kill(mode: str) -> bool:
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, mode], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = clock.monotonic_s() + 10.0
+        while _alive(child) and clock.monotonic_s() < deadline:
+            time.sleep(0.05)
+        return _alive(child)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_dies_with_its_sigkilled_parent() -> None:
+    assert not _orphan_after_kill("on")
+    # Without it the child, in a session of its own, outlives the parent (what the bench did).
+    assert _orphan_after_kill("off")
+
+
+def test_the_bench_starts_its_children_with_it() -> None:
+    """The commands that start long-lived children in sessions of their own pass it."""
+    for module in (latency, sizing, stack):
+        with open(module.__file__ or "", encoding="utf-8") as f:
+            assert "preexec_fn=die_with_parent" in f.read(), module.__name__
+    assert callable(die_with_parent)
