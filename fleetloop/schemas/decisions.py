@@ -67,7 +67,13 @@ class RoutingDecision(_Body):
 class BreakerDecision(_Body):
     """Circuit-breaker state of one node. ``enforced`` is false when the breaker tripped but the
     engine did not eject (shadow mode, or the max-ejected share was reached): "detected" vs
-    "enforced", as in Envoy's outlier detection."""
+    "enforced", as in Envoy's outlier detection.
+
+    Change-only: a node's record is published every tick while its state is not ``closed``; a
+    closed node's only when its state fields (``state``, ``enforced``, ``probe_frac``, ``until_ms``,
+    ``reason``, ``ejections``) change, and as a keyframe at least once every 30 ticks (staggered by
+    node id). No record for a node on a tick means its newest record still holds: keep the newest
+    record per node (``control.state``, compacted by ``breaker/node/<id>``, does)."""
 
     kind: Literal["breaker"] = "breaker"
     pool_id: Ident

@@ -24,13 +24,15 @@ SLOW = {"tbt_p50_ms": 160.0, "tbt_p99_ms": 320.0, "ttft_p99_ms": 2400.0, "ttft_m
 
 
 class Run:
-    """Drives the breaker tick by tick (one second apart) and keeps its state."""
+    """Drives the breaker tick by tick (one second apart) and keeps its state. ``step`` returns the
+    newest record per node, as a router holds it (records are change-only)."""
 
     def __init__(self, **params: Any) -> None:
         self.algo = LatencyOutlier()
         self.params = LatencyOutlierParams(**params)
         self.state: State = self.algo.initial_state()
         self.tick = 0
+        self.held: dict[str, BreakerDecision] = {}
 
     def step(self, views: list[NodeView], now_ms: int | None = None) -> dict[str, BreakerDecision]:
         self.tick += 1
@@ -38,7 +40,8 @@ class Run:
         snap = snapshot(views, now_ms=now)
         result = self.algo.decide(snap, self.params, self.state, ctx(snap, tick_id=self.tick))
         self.state = result.state
-        return by_node(result)
+        self.held.update(by_node(result))
+        return dict(self.held)
 
     def steps(self, views: list[NodeView], n: int) -> dict[str, BreakerDecision]:
         out: dict[str, BreakerDecision] = {}
@@ -224,8 +227,10 @@ def test_property_cap_probe_bounds_and_idempotence(ticks: list[list[dict[str, An
         c = ctx(snap, tick_id=run.tick + 1)
         before = run.state
         again = run.algo.decide(snap, run.params, before, c)
+        emitted = run.algo.decide(snap, run.params, before, c)
         d = run.step(views, now_ms=snap.now_ms)
-        assert by_node(again) == d  # same tick, same answer
+        assert again == emitted  # same tick, same answer
+        assert {n: d[n] for n in by_node(again)} == by_node(again)
         for x in d.values():
             assert 0.0 <= x.probe_frac <= 0.5
             if x.state != "half_open":

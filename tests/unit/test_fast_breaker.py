@@ -36,7 +36,7 @@ EAGER = LatencyOutlierParams(
 
 
 def state_bits(state: State) -> Any:
-    return (state.started, dict(state.nodes), state.memory.figures())
+    return (state.started, dict(state.nodes), state.memory.figures(), dict(state.emitted))
 
 
 STREAKY = LatencyOutlierParams(ratio=1.5, k=0.5, min_samples=1, detect_ticks=3, max_ejected_frac=0.1)

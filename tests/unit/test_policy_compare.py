@@ -90,3 +90,23 @@ def test_distances_per_kind_and_entity_ignoring_stamps_reasons_and_unpaired_tick
     same = compare(enforced, [d.model_copy(update={"policy": SHA}) for d in enforced])
     assert sum(t.differ for t in same.by_kind.values()) == 0
     assert same.ticks_paired == 3
+
+
+def test_change_only_breakers_are_compared_as_a_router_holds_them() -> None:
+    """A closed breaker that did not change is not re-published (change-only records): its newest
+    record holds, for up to ``KEYFRAME_TICKS`` ticks. The enforced side opened p/1 at tick 2 and keeps
+    it open (sent every tick); the shadow's stays closed and is not re-sent: ticks 2-4 differ."""
+    from fleetloop.policies.breaker.emission import KEYFRAME_TICKS
+
+    enforced = [dec(1, breaker("closed"), ENF), *(dec(t, breaker("open"), ENF) for t in (2, 3, 4))]
+    shadow = [dec(1, breaker("closed"), SHA)] + [dec(t, routing(a=1.0), SHA) for t in (2, 3, 4)]
+    enforced += [dec(t, routing(a=1.0), ENF) for t in (1, 2, 3, 4)]
+    shadow += [dec(1, routing(a=1.0), SHA)]
+    got = compare(enforced, shadow).as_json()["by_kind"]["breaker"]
+    assert (got["compared"], got["differ"], got["only_enforced"], got["only_shadow"]) == (4, 3, 0, 0)
+    # A record older than KEYFRAME_TICKS ticks is a node that left the pool: no longer held.
+    late = 1 + KEYFRAME_TICKS
+    enforced = [dec(1, breaker("closed"), ENF), dec(late, routing(a=1.0), ENF)]
+    shadow = [dec(1, breaker("closed"), SHA), dec(late, routing(a=1.0), SHA)]
+    got = compare(enforced, shadow).as_json()["by_kind"]["breaker"]
+    assert (got["compared"], got["only_enforced"], got["only_shadow"]) == (1, 0, 0)

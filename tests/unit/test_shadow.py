@@ -54,10 +54,10 @@ def test_enforced_decisions_are_byte_identical_with_and_without_a_shadow() -> No
     alone, none = run(rows, ticks, policy)
     beside, shadowed = run(rows, ticks, policy, shadow_of("classic"))
     assert none == []
-    assert len(alone) > 500
+    assert len(alone) > 300  # breaker records are change-only
     assert beside == alone
     # The shadow really decided something else from the same ticks (else the test proves nothing).
-    assert len(shadowed) > 500
+    assert len(shadowed) > 300  # breaker records are change-only
     assert set(shadowed) != set(alone)
 
 

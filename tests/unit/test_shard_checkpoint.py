@@ -114,7 +114,7 @@ def test_a_shard_restored_from_its_checkpoint_decides_exactly_as_a_continuous_on
     rows, ticks = stream()
     continuous = run(rows, ticks, policy)
     restored = run(rows, ticks, policy, restore_at=restore_at)
-    assert len(continuous) > 500
+    assert len(continuous) > 300  # breaker records are change-only
     assert restored == continuous
     # The run really exercised state that a warm-up re-read gets wrong: a breaker opened.
     assert any(b'"state":"open"' in d for d in continuous)

@@ -9,7 +9,12 @@ decided is compared, never which policy said so (stamps), why (reason) or from w
 - routing: total-variation distance of the weights, ``0.5 * sum_n |w_enforced(n) - w_shadow(n)|``
   (0: the same split; 1: disjoint nodes); a pair differs when it is above 1e-9 or the picker, the
   per-priority weights or the spill pools differ;
-- breaker: the state (closed / open / half_open); distance 1 when it differs, detail ``a->b``;
+- breaker: the state (closed / open / half_open); distance 1 when it differs, detail ``a->b``.
+  Breaker records are change-only (:mod:`fleetloop.policies.breaker.emission`): a closed node's
+  record is published only when it changes and on keyframes, so each side's breakers on a tick are
+  what a router holds then, the newest record per node of the pool, over the records of the last
+  ``KEYFRAME_TICKS`` ticks (a node of the pool is re-sent at least that often; an older record is a
+  node that left);
 - autoscale: the desired node count; distance ``|desired_e - desired_s|`` nodes;
 - admission: the shed thresholds per priority class (queue depth, outstanding, new-task tables and
   the budget floor); distance the largest ``|threshold_e - threshold_s|`` over classes both set; a
@@ -25,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetloop.policies.breaker.emission import KEYFRAME_TICKS
 from fleetloop.schemas.decisions import (
     AdmissionDecision,
     AutoscaleDecision,
@@ -183,6 +189,24 @@ def _by_tick(decisions: Iterable[Decision]) -> dict[tuple[int, str], dict[str, D
     return out
 
 
+def _holding(
+    held: dict[str, dict[str, Decision]], tick: tuple[int, str], decided: dict[str, Decision] | None
+) -> dict[str, Decision] | None:
+    """One side's decisions of ``tick`` with its breakers as a router holds them: this tick's records
+    folded into the pool's held breaker records, those older than ``KEYFRAME_TICKS`` ticks dropped.
+    None when the side did not decide the tick."""
+    if decided is None:
+        return None
+    tick_id, pool_id = tick
+    pool = held.setdefault(pool_id, {})
+    for key, d in decided.items():
+        if d.body.kind == "breaker":
+            pool[key] = d
+    for key in [k for k, d in pool.items() if tick_id - d.tick_id >= KEYFRAME_TICKS]:
+        del pool[key]
+    return {**{k: d for k, d in decided.items() if d.body.kind != "breaker"}, **pool}
+
+
 def compare(
     enforced: Iterable[Decision], shadow: Iterable[Decision], *, from_ms: int = 0, to_ms: int | None = None
 ) -> Comparison:
@@ -196,9 +220,14 @@ def compare(
     out = Comparison()
     out.ticks_enforced_only = len(set(e_ticks) - set(s_ticks))
     out.ticks_shadow_only = len(set(s_ticks) - set(e_ticks))
-    for tick in sorted(set(e_ticks) & set(s_ticks)):
+    held_e: dict[str, dict[str, Decision]] = {}
+    held_s: dict[str, dict[str, Decision]] = {}
+    for tick in sorted(set(e_ticks) | set(s_ticks)):
+        es = _holding(held_e, tick, e_ticks.get(tick))
+        ss = _holding(held_s, tick, s_ticks.get(tick))
+        if es is None or ss is None:
+            continue
         out.ticks_paired += 1
-        es, ss = e_ticks[tick], s_ticks[tick]
         for key in sorted(set(es) | set(ss)):
             kind, entity = key.split("/", 1)
             by_kind, by_entity = out._tally(kind, entity)

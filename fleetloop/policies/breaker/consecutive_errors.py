@@ -15,6 +15,8 @@ Inputs: ``consecutive_failures`` per node (router-observed error, timeout and re
 order the router reported them; an ok call resets it). Parameters (defaults, bounds):
 ``threshold`` 5 (1-1000), ``base_ejection_ms`` 10 000, ``max_ejection_ms`` 300 000,
 ``probe_frac`` 0.05 (0-0.5), ``forgive_after_ms`` 300 000.
+Records are change-only (:mod:`fleetloop.policies.breaker.emission`): a closed node's record only
+when its state fields change and on its keyframe ticks; an open or half-open node's every tick.
 Trade-offs: fast and cheap for hard failures; blind to a node that is slow but answers (the outlier
 breaker looks at latency). Failure mode: a pool-wide outage opens every breaker; the engine caps the
 ejected share and fails open, so traffic keeps flowing and the errors stay visible.
@@ -22,11 +24,13 @@ ejected share and fails open, so traffic keeps flowing and the errors stay visib
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
+from fleetloop.policies.breaker.emission import Emitted, change_only
 from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BreakerDecision, BreakerStateName
 
@@ -47,7 +51,12 @@ class NodeBreaker:
     failures_at_probe: int = 0  # consecutive_failures when half-open began
 
 
-State = dict[str, NodeBreaker]
+@dataclass(frozen=True, slots=True)
+class State:
+    """Per node: its breaker, and its last emitted record's state fields and tick."""
+
+    nodes: Mapping[str, NodeBreaker] = field(default_factory=dict)
+    emitted: Mapping[str, Emitted] = field(default_factory=dict)
 
 
 def backoff_ms(params: ConsecutiveErrorsParams, ejections: int) -> int:
@@ -82,16 +91,23 @@ class ConsecutiveErrors:
     Params = ConsecutiveErrorsParams
 
     def initial_state(self) -> State:
-        return {}
+        return State()
 
     def decide(
-        self, snap: FleetSnapshot, params: ConsecutiveErrorsParams, state: State, ctx: PolicyContext
+        self,
+        snap: FleetSnapshot,
+        params: ConsecutiveErrorsParams,
+        state: State | Mapping[str, NodeBreaker],
+        ctx: PolicyContext,
     ) -> PolicyResult[State]:
-        new_state: State = {}
+        if not isinstance(state, State):  # a checkpoint from before change-only records
+            state = State(nodes=state)
+        new_state: dict[str, NodeBreaker] = {}
         decisions: list[BreakerDecision] = []
+        known = state.nodes
         for node in snap.pool_nodes(ctx.pool_id):
             nb, reason = step(
-                state.get(node.node_id, NodeBreaker()), node.consecutive_failures, ctx.now_ms, params
+                known.get(node.node_id, NodeBreaker()), node.consecutive_failures, ctx.now_ms, params
             )
             new_state[node.node_id] = nb
             decisions.append(
@@ -107,4 +123,5 @@ class ConsecutiveErrors:
                     inputs={"consecutive_failures": float(node.consecutive_failures)},
                 )
             )
-        return PolicyResult(decisions=tuple(decisions), state=new_state)
+        emitted, fields = change_only(decisions, state.emitted, ctx.tick_id)
+        return PolicyResult(decisions=emitted, state=State(nodes=new_state, emitted=fields))

@@ -38,6 +38,9 @@ Formula, per node ``i`` at a tick at event time ``now``::
                             (or ejected == 0 when always_eject_one_host)
                   if allowed and rng < enforcing_percent: eject(i): backoff_i += 1 (capped), ...
 
+Records are change-only (:mod:`fleetloop.policies.breaker.emission`): an open node's every tick, a
+closed node's when its state fields change and on its keyframe ticks.
+
 Inputs: the pool's endpoints, i.e. its ready nodes (warm, not draining, telemetry not stale): a
 Kubernetes pod that is not ready is not in the endpoint set Envoy sees, so it is neither judged nor
 counted in ``hosts``; a node that leaves the set is forgotten, and one that joins a running detector
@@ -86,6 +89,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.breaker.emission import Emitted, change_only
 from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BreakerDecision
 
@@ -152,6 +156,7 @@ class HostState:
 class DetectorState:
     hosts: Mapping[str, HostState] = field(default_factory=dict)
     next_interval_ms: int | None = None  # the interval timer; armed at the first tick
+    emitted: Mapping[str, Emitted] = field(default_factory=dict)  # node -> its last record's fields, tick
 
 
 def ejection_time_ms(params: EnvoyOutlierParams, host: HostState) -> int:
@@ -319,9 +324,10 @@ class EnvoyOutlier:
                 )
             )
         diagnostics["ejected"] = float(sum(1 for h in hosts.values() if h.ejected))
+        emitted, fields = change_only(decisions, state.emitted, ctx.tick_id)
         return PolicyResult(
-            decisions=tuple(decisions),
-            state=DetectorState(hosts=hosts, next_interval_ms=next_interval),
+            decisions=emitted,
+            state=DetectorState(hosts=hosts, next_interval_ms=next_interval, emitted=fields),
             diagnostics=diagnostics,
         )
 

@@ -74,6 +74,12 @@ pool median); beyond it the breaker is "detected", not enforced. Panic threshold
 the pool are all published as detected, not enforced: a pool-wide slowdown is overload, and
 ejecting would pile the load on fewer nodes. Error ejections are capped by the engine's envelope.
 
+Records are change-only (:mod:`fleetloop.policies.breaker.emission`, the rule every breaker shares):
+an open or half-open node's decision every tick; a closed node's when its state fields (state,
+enforced, probe fraction, until, reason, ejections) differ from its last emitted record, and on its
+keyframe ticks (every ``KEYFRAME_TICKS`` ticks, staggered by node id). The state keeps, per node, the
+fields last emitted.
+
 Inputs: the SLO (``ctx.slo``, for the floors); per node ``tbt_p50_ms``, ``tbt_p99_ms``,
 ``ttft_p99_ms`` (node telemetry over its last interval), ``ttft_mean_ms_w``, ``consecutive_failures``,
 ``requests_w`` and ``failures_w`` (router outcomes), ``node_timeouts_w``, ``weights_state``,
@@ -156,6 +162,16 @@ from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6, r6_array
 from fleetloop.policies.breaker.consecutive_errors import ConsecutiveErrorsParams, NodeBreaker, step
+from fleetloop.policies.breaker.emission import (
+    KEYFRAME_TICKS,
+    Emitted,
+    Fields,
+    change_only,
+    emits,
+    fields_of,
+    keyframe_residue,
+    phase,
+)
 from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns
 from fleetloop.policies.memory import PoolMemory, median_sorted
 from fleetloop.policies.pool_figures import row_ids
@@ -291,6 +307,8 @@ class State:
     started: bool = False
     nodes: Mapping[str, NodeState] = field(default_factory=dict)
     memory: PoolMemory = field(default_factory=_empty_memory)
+    # Node -> its last emitted record's state fields and tick (:mod:`fleetloop.policies.breaker.emission`).
+    emitted: Mapping[str, Emitted] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -631,9 +649,10 @@ class LatencyOutlier:
             "pool_failure_frac": r6(pool_failing),
         }
         # Nodes of other pools keep their state (the engine keys state by pool, so there are none).
+        emitted, fields = change_only(decisions, state.emitted, ctx.tick_id)
         return PolicyResult(
-            decisions=tuple(decisions),
-            state=State(started=True, nodes=new_nodes, memory=memory),
+            decisions=emitted,
+            state=State(started=True, nodes=new_nodes, memory=memory, emitted=fields),
             diagnostics=diagnostics,
         )
 
@@ -1015,6 +1034,10 @@ def decide_columns(
     slow_start_ms = params.slow_start_ms
     latency_open = error_open = 0
     closed_fields = _CLOSED_FIELDS
+    before = state.emitted
+    emitted: dict[str, Emitted] = {}
+    tick_id = ctx.tick_id
+    residue = keyframe_residue(tick_id)
     for i, node_id in enumerate(ids):
         ns = stepped[node_id]
         ramp_from = ns.ramp_from_ms
@@ -1033,6 +1056,17 @@ def decide_columns(
                 and 0 <= ejections <= MAX_COUNT
                 and reason
             ):
+                f: Fields = ("closed", True, 0.0, None, reason, ejections)
+                b = before.get(node_id)
+                if (
+                    b is not None
+                    and b[0] == f
+                    and phase(node_id) != residue
+                    and 0 <= tick_id - b[1] < KEYFRAME_TICKS
+                ):
+                    emitted[node_id] = b
+                    continue  # unchanged, not its keyframe, not too old: not emitted (emission.emits)
+                emitted[node_id] = (f, tick_id)
                 decisions.append(
                     assemble(
                         BreakerDecision,
@@ -1061,13 +1095,18 @@ def decide_columns(
             latency_open += lat == "open"
             error_open += e.state == "open"
         n = cols.nodes[lo + i]  # the view, for a decision that is not closed
-        decisions.append(
-            LatencyOutlier._decision(
-                n, ns, Verdict(_STATUS[tbt_l[i]], _STATUS[ttft_l[i]], sev_l[i]), reasons[node_id], params,
-                now=now, share=share, over_cap=node_id in over_cap, panic=panic, pool_id=pool_id,
-                shared=failing_with_pool(n, pool_failing),
-            )
+        d = LatencyOutlier._decision(
+            n, ns, Verdict(_STATUS[tbt_l[i]], _STATUS[ttft_l[i]], sev_l[i]), reasons[node_id], params,
+            now=now, share=share, over_cap=node_id in over_cap, panic=panic, pool_id=pool_id,
+            shared=failing_with_pool(n, pool_failing),
         )  # fmt: skip
+        f = fields_of(d)
+        b = before.get(node_id)
+        if b is None or emits(node_id, f, b, tick_id):
+            decisions.append(d)
+            emitted[node_id] = (f, tick_id)
+        else:
+            emitted[node_id] = b
     diagnostics = {
         "latency_open": float(latency_open),
         "error_open": float(error_open),
@@ -1077,6 +1116,6 @@ def decide_columns(
     }
     return PolicyResult(
         decisions=tuple(decisions),
-        state=State(started=True, nodes=new_nodes, memory=memory),
+        state=State(started=True, nodes=new_nodes, memory=memory, emitted=emitted),
         diagnostics=diagnostics,
     )

@@ -1,12 +1,17 @@
 """never: no circuit breaking; every node stays closed (``--baseline none``).
 
-Formula: ``state_i = closed``. Inputs: none. Parameters: none.
+Formula: ``state_i = closed``. Inputs: none. Parameters: none. Records are change-only
+(:mod:`fleetloop.policies.breaker.emission`): a node's record on its first tick in the pool and on its
+keyframe ticks; state: per node, its last record's state fields and tick.
 Failure mode: a failing node keeps its share of traffic until it leaves the pool.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
+from fleetloop.policies.breaker.emission import Emitted, change_only
 from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BreakerDecision
 
@@ -19,12 +24,16 @@ class NeverParams(Params):
 class Never:
     Params = NeverParams
 
-    def initial_state(self) -> None:
-        return None
+    def initial_state(self) -> Mapping[str, Emitted]:
+        return {}
 
     def decide(
-        self, snap: FleetSnapshot, params: NeverParams, state: None, ctx: PolicyContext
-    ) -> PolicyResult[None]:
+        self,
+        snap: FleetSnapshot,
+        params: NeverParams,
+        state: Mapping[str, Emitted] | None,
+        ctx: PolicyContext,
+    ) -> PolicyResult[Mapping[str, Emitted]]:
         decisions = tuple(
             BreakerDecision(
                 entity=f"node/{n.node_id}",
@@ -35,4 +44,6 @@ class Never:
             )
             for n in snap.pool_nodes(ctx.pool_id)
         )
-        return PolicyResult(decisions=decisions, state=None)
+        # None: a checkpoint from before change-only records.
+        emitted, remembered = change_only(decisions, state or {}, ctx.tick_id)
+        return PolicyResult(decisions=emitted, state=remembered)
