@@ -96,8 +96,8 @@ def fleet_tick(
     pools: list[str],
     snapshot_cpu_ms: list[float] | None = None,
 ) -> int:
-    """One tick for every pool, as the daemon decides a batch of ticks: one shared snapshot (its
-    CPU time appended to ``snapshot_cpu_ms`` when given)."""
+    """One tick for every pool, as the daemon decides a boundary's ticks: one shared snapshot (its
+    CPU time appended to ``snapshot_cpu_ms`` when given), every pool in one ``decide_many``."""
     policy = engine.policy
     env = envelope_of(policy)
     c0 = clock.cpu_s()
@@ -105,10 +105,8 @@ def fleet_tick(
     if snapshot_cpu_ms is not None:
         snapshot_cpu_ms.append((clock.cpu_s() - c0) * 1000.0)
     tick_id = ts_ms // policy.tick_ms
-    n = 0
-    for pool in pools:
-        n += len(engine.tick(snap, Tick(ts_ms=ts_ms, tick_id=tick_id, pool_id=pool)).decisions)
-    return n
+    results = engine.tick_many(snap, [Tick(ts_ms=ts_ms, tick_id=tick_id, pool_id=pool) for pool in pools])
+    return sum(len(r.decisions) for r in results)
 
 
 def run_size(

@@ -16,7 +16,7 @@ time; randomness, if any, comes from ``ctx.rng`` (seeded by the engine from the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -244,6 +244,27 @@ class Algorithm(Protocol):
     def decide(
         self, snap: FleetSnapshot, params: Any, state: Any, ctx: PolicyContext
     ) -> PolicyResult[Any]: ...
+
+
+class BatchAlgorithm(Algorithm, Protocol):
+    """An algorithm that may also decide many pools in one call (optional: the engine calls
+    ``decide_pools`` when an algorithm has it, else loops over ``decide``).
+
+    ``decide_pools(snap, params, states, ctxs)`` returns one result per context, equal element for
+    element and bit for bit (decisions, state, diagnostics) to
+    ``[self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]``. The engine
+    gives the contexts in pool-id order, one per pool (distinct pool ids), all with the same
+    ``now_ms``, ``tick_id``, ``tick_ms`` and ``slo``, each with its own ``seed`` and ``breakers``.
+    State stays per pool (the engine keeps and checkpoints it per pool). ``decide`` stays the
+    statement of the rule; a test holds the two equal."""
+
+    def decide_pools(
+        self,
+        snap: FleetSnapshot,
+        params: Any,
+        states: Sequence[Any],
+        ctxs: Sequence[PolicyContext],
+    ) -> list[PolicyResult[Any]]: ...
 
 
 def r6(x: float) -> float:
