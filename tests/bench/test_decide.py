@@ -79,7 +79,9 @@ def test_bench_decide_prints_one_json_object(capsys: pytest.CaptureFixture[str])
     for r in out["sizes"]:
         assert r["tick_cpu_p50_ms"] > 0
         assert 0 < r["snapshot_cpu_p50_ms"] < r["tick_cpu_p50_ms"]  # a part of the tick
-        assert r["decisions_per_tick"] > r["nodes"]  # a breaker decision per node, plus the pools'
+        # Every pool's routing, admission, retry budget, autoscale and batching decisions (breaker
+        # records are change-only: a closed node's only on a change or its keyframe).
+        assert r["decisions_per_tick"] >= 5 * r["pools"]
     assert isinstance(out["growth_exponent"], float)
 
 
