@@ -170,11 +170,12 @@ node) buys nodes here that carry the moved share, never the unfittable prompts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import NamedTuple, Protocol, Self, TypeVar
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import (
@@ -185,11 +186,27 @@ from fleetloop.policies.base import (
     PoolView,
     r6,
 )
-from fleetloop.policies.columns import fleet_columns
-from fleetloop.policies.pool_figures import records, row_ids
+from fleetloop.policies.columns import Bools, fleet_columns, segment_medians
+from fleetloop.policies.pool_figures import (
+    distinct_pools,
+    ejected_by,
+    inputs_ok,
+    is_ident,
+    loaded,
+    mark_rows,
+    pool_index,
+    pool_owners,
+    r6_fast,
+    records,
+    row_ids,
+    segment_counts,
+    segment_sums,
+    segment_whole_sums,
+)
 from fleetloop.policies.prefill import DEFAULT_EFFICIENCY, prefill_ms
 from fleetloop.policies.registry import register
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
+from fleetloop.schemas.base import MAX_COUNT, assemble
 from fleetloop.schemas.decisions import AutoscaleDecision
 
 MIN_LEARN_PRESSURE = 0.05
@@ -587,6 +604,20 @@ class SloPredictive:
         """:meth:`decide` reading the nodes' views (what the tests hold it to)."""
         return self._decide(snap, params, state, ctx, _views)
 
+    def decide_pools(
+        self,
+        snap: FleetSnapshot,
+        params: SloPredictiveParams,
+        states: Sequence[SloPredictiveState],
+        ctxs: Sequence[PolicyContext],
+    ) -> list[PolicyResult[SloPredictiveState]]:
+        """Equal, element for element and bit for bit (decisions, state, diagnostics), to
+        ``[self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]``: the batch's
+        node figures as segment operations over the snapshot's columns (see ``_decide_pools``)."""
+        if len(states) != len(ctxs) or not distinct_pools(ctxs):
+            return [self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]
+        return _decide_pools(snap, params, states, ctxs)
+
     def _decide(
         self,
         snap: FleetSnapshot,
@@ -744,8 +775,8 @@ class SloPredictive:
         keep_ms = max(down_window_ms, up_window_ms)
         first = () if state.last_desired is not None else ((now, current),)  # as HPA's first sync
         recs = (*first, *((t, r) for t, r in state.recs if now - t <= keep_ms), (now, raw))
-        up_floor = min(r for t, r in recs if now - t <= up_window_ms)
-        down_ceiling = max(r for t, r in recs if now - t <= down_window_ms)
+        up_floor = _within(recs, now, up_window_ms, min)
+        down_ceiling = _within(recs, now, down_window_ms, max)
         desired = min(max(current, up_floor), down_ceiling)
         if raw > current and up_floor < raw:
             reason = "scale-up-stabilized"
@@ -812,3 +843,509 @@ class SloPredictive:
         if c_obs is not None:
             diagnostics["capacity_obs_tok_s"] = r6(c_obs)
         return PolicyResult(decisions=(decision,), state=new_state, diagnostics=diagnostics)
+
+
+# -- the batch form ---------------------------------------------------------------------------------
+#
+# ``SloPredictive.decide_pools``: every pool of a batch at once. The node figures each pool's tick
+# reads (counts, sums and medians over its active, warm and arriving nodes, and its siblings') are
+# segment operations over the snapshot's columns (:mod:`fleetloop.policies.pool_figures`), one numpy
+# pass each for the whole batch, the same doubles as the plain form's Python arithmetic over the
+# pool's nodes in node order; the rest (state, reasons, the decision) is the plain form's arithmetic
+# pool by pool, with the decision assembled without validation when every part is in bounds.
+# ``tests/unit/test_batch_sections.py`` holds it to the loop of :meth:`SloPredictive.decide`.
+
+_AUTOSCALE_FIELDS = (
+    "entity",
+    "reason",
+    "inputs",
+    "kind",
+    "pool_id",
+    "current_nodes",
+    "desired_nodes",
+    "drain",
+)
+assert (
+    tuple(AutoscaleDecision.model_fields) == _AUTOSCALE_FIELDS
+)  # ``_autoscale_decision`` lists them in order
+_AUTOSCALE_GIVEN = frozenset(
+    ("entity", "pool_id", "current_nodes", "desired_nodes", "drain", "reason", "inputs")
+)
+
+
+def _autoscale_decision(  # noqa: PLR0917 - the decision's fields
+    pool_id: str, current: int, desired: int, drain: tuple[str, ...], reason: str, inputs: dict[str, float]
+) -> AutoscaleDecision:
+    """``AutoscaleDecision(...)`` as :meth:`SloPredictive.decide` builds it, assembled without
+    validation when every part is valid (the counts within ``NonNegInt``, the ids ``Ident``s, every
+    figure a finite float within ``Figure``), else validated (and refused) as there."""
+    if (
+        0 <= current <= MAX_COUNT
+        and 0 <= desired <= MAX_COUNT
+        and type(current) is int
+        and type(desired) is int
+        and is_ident(pool_id)
+        and all(is_ident(i) for i in drain)
+        and inputs_ok(list(inputs.values()))
+    ):
+        values: dict[str, object] = {
+            "entity": f"pool/{pool_id}",
+            "reason": reason,
+            "inputs": inputs,
+            "kind": "autoscale",
+            "pool_id": pool_id,
+            "current_nodes": current,
+            "desired_nodes": desired,
+            "drain": drain,
+        }
+        return assemble(AutoscaleDecision, values, set(_AUTOSCALE_GIVEN))
+    return AutoscaleDecision(
+        entity=f"pool/{pool_id}",
+        pool_id=pool_id,
+        current_nodes=current,
+        desired_nodes=desired,
+        drain=drain,
+        reason=reason,
+        inputs=inputs,
+    )
+
+
+_T = TypeVar("_T", bound=tuple)  # type: ignore[type-arg]
+
+
+def _recent(seq: tuple[_T, ...], now: int, span: float) -> tuple[_T, ...]:
+    """``tuple(e for e in seq if now - e[0] <= span)``: the plain filter, here as a slice when the
+    kept entries are a suffix (times ascending, as every tick appends ``now``), checked by the
+    oldest kept time (``min`` of the suffix), else the filter itself."""
+    n = len(seq)
+    i = 0
+    while i < n and not now - seq[i][0] <= span:
+        i += 1
+    if i == n:
+        return ()
+    rest = seq[i:]
+    if now - min(rest)[0] <= span:
+        return rest
+    return tuple(e for e in seq if now - e[0] <= span)
+
+
+def _within(
+    recs: tuple[tuple[int, int], ...], now: int, span: float, pick: Callable[[Iterable[int]], int]
+) -> int:
+    """``pick(r for t, r in recs if now - t <= span)``: the entries within ``span`` are found from
+    the newest back, and when none older is within it (the oldest ones' newest time, ``max``), they
+    are a suffix picked in C; else the plain generator."""
+    i = len(recs) - 1
+    while i >= 0 and now - recs[i][0] <= span:
+        i -= 1
+    if i < 0:
+        return pick(map(_SECOND, recs))
+    if i + 1 < len(recs) and not now - max(recs[: i + 1])[0] <= span:
+        return pick(map(_SECOND, recs[i + 1 :]))
+    return pick(r for t, r in recs if now - t <= span)
+
+
+_SECOND = itemgetter(1)
+
+
+class _Sides(NamedTuple):
+    """Per pool of the columns: the figures of a set of its nodes (``warm``) within ``active``."""
+
+    active: list[int]
+    warm: list[int]
+    kv: list[float]  # sum of kv_cache_used_frac over warm
+    hit: list[float]  # sum of prefix_cache_hit_frac over warm
+    waiting: list[float]  # sum of queue_depth over warm (the exact integer, as a double)
+    running: list[float]  # sum of running_requests over warm (likewise)
+    first: list[int]  # the first warm row (-1 without)
+
+
+def _sides(snap: FleetSnapshot, active: Bools, warm: Bools) -> _Sides:
+    cols = fleet_columns(snap)
+    n_warm = segment_counts(cols, warm)
+    rows = np.flatnonzero(warm)
+    at = np.searchsorted(cols.pool_of[rows], np.arange(len(cols.pool_ids), dtype=np.int64))
+    first = np.where(n_warm > 0, rows[np.minimum(at, max(len(rows) - 1, 0))] if len(rows) else -1, -1)
+    return _Sides(
+        segment_counts(cols, active).tolist(),
+        n_warm.tolist(),
+        segment_sums(cols, cols.floats("kv_cache_used_frac"), warm).tolist(),
+        segment_sums(cols, cols.floats("prefix_cache_hit_frac"), warm).tolist(),
+        segment_whole_sums(cols, "queue_depth", warm).tolist(),
+        segment_whole_sums(cols, "running_requests", warm).tolist(),
+        first.tolist(),
+    )
+
+
+def _prefill(  # noqa: PLR0917 - the pool, its warm nodes' figures, the params
+    snap: FleetSnapshot,
+    pool: PoolView | None,
+    n_warm: int,
+    hit_sum: float,
+    first: int,
+    params: SloPredictiveParams,
+) -> float:
+    """:func:`predicted_prefill_ms` from the warm nodes' hit sum and the first warm row."""
+    if pool is None or not n_warm or pool.request_rate_per_s <= 0:
+        return 0.0
+    hit = hit_sum / n_warm
+    tokens = pool.prompt_tokens_rate_per_s / pool.request_rate_per_s * (1.0 - min(max(hit, 0.0), 1.0))
+    cols = fleet_columns(snap)
+    rec = records(cols)[first]
+    ms = prefill_ms(
+        rec.model, rec.gpu_type, int(cols.ints("gpu_count")[first]), tokens, params.prefill_efficiency
+    )
+    return ms if ms is not None else 0.0
+
+
+def _pressure_of(  # noqa: PLR0917 - :func:`pressure`'s sums, then its signals
+    n_warm: int,
+    kv_sum: float,
+    waiting: float,
+    running: float,
+    ttft: float | None,
+    tbt: float | None,
+    params: SloPredictiveParams,
+    slo: Slo,
+    prefill: float,
+) -> Pressure:
+    """:func:`pressure` from the warm nodes' sums."""
+    kv = kv_sum / n_warm / params.kv_target if n_warm else 0.0
+    queue = (running + waiting) / max(running, 1) if n_warm and waiting >= n_warm else 0.0
+    return Pressure(
+        queue=queue,
+        kv=kv,
+        ttft=max(0.0, ttft - prefill) / (params.headroom * slo.ttft_ms) if ttft is not None else None,
+        tbt=tbt / (params.headroom * slo.tbt_ms) if tbt is not None else None,
+    )
+
+
+def _decide_pools(
+    snap: FleetSnapshot,
+    params: SloPredictiveParams,
+    states: Sequence[SloPredictiveState],
+    ctxs: Sequence[PolicyContext],
+) -> list[PolicyResult[SloPredictiveState]]:
+    cols = fleet_columns(snap)
+    index = pool_index(snap)
+    window_ms = max(1, snap.window_ms)
+    draining, stale = cols.draining, cols.stale
+    is_warm = loaded(snap)
+    base = ~draining & ~stale  # a sibling's active nodes: nothing left out
+    active = base
+    ejected_rows: Bools | None = None
+    drained_of: list[tuple[tuple[str, int], ...]] = []
+    ejected_of: list[set[str]] = []
+    for st, ctx in zip(states, ctxs, strict=True):
+        now = ctx.now_ms
+        drained = tuple((i, t) for i, t in st.drained if now - t <= window_ms) if st.drained else ()
+        drained_of.append(drained)
+        if drained:
+            if active is base:
+                active = base.copy()
+            mark_rows(snap, active, ctx.pool_id, [i for i, _ in drained], value=False)
+        ejected = ejected_by(snap, ctx.breakers)
+        ejected_of.append(ejected)
+        if ejected:
+            if ejected_rows is None:
+                ejected_rows = np.zeros(len(cols), dtype=np.bool_)
+            mark_rows(snap, ejected_rows, ctx.pool_id, ejected)
+    s_warm = base & is_warm
+    sib = _sides(snap, base, s_warm)
+    if active is base and ejected_rows is None:
+        own = sib
+    else:
+        warm_rows = active & is_warm
+        if ejected_rows is not None:
+            warm_rows &= ~ejected_rows
+        own = _sides(snap, active, warm_rows)
+    arriving = segment_counts(cols, active & ~is_warm).tolist()
+    running_w = np.where(active & is_warm, cols.floats("running_requests"), np.nan)  # ints, exact
+    if ejected_rows is not None:
+        running_w[ejected_rows] = np.nan
+    medians = segment_medians(running_w, cols.pool_of, len(cols.pool_ids))[0].tolist()
+    not_warm = segment_counts(cols, ~stale & ~is_warm).tolist()
+    backlog_sum = segment_whole_sums(cols, "queued_prompt_tokens", active).tolist()
+
+    # A sibling's (P_s, P_s * n_s - a_s), read against an SLO, for the model's pools short (> 0).
+    shortfalls: dict[tuple[str, Slo], list[tuple[str, float, float]]] = {}
+    sib_prefill: list[float | None] = [None] * len(cols.pool_ids)
+
+    def prefill_of(j: int) -> float:
+        found = sib_prefill[j]
+        if found is None:
+            found = sib_prefill[j] = _prefill(
+                snap, snap.pools.get(cols.pool_ids[j]), sib.warm[j], sib.hit[j], sib.first[j], params
+            )
+        return found
+
+    def short_of(model: str, slo: Slo) -> list[tuple[str, float, float]]:
+        found = shortfalls.get((model, slo))
+        if found is None:
+            found = shortfalls[(model, slo)] = []
+            for sid, sview in _model_pools(snap, model):
+                j = index.get(sid)
+                if j is None or not sib.warm[j]:
+                    continue
+                n = sib.warm[j]
+                prefill_s = (
+                    prefill_of(j)
+                    if sview is snap.pools.get(sid)
+                    else _prefill(snap, sview, n, sib.hit[j], sib.first[j], params)
+                )
+                p_s = _pressure_of(
+                    n,
+                    sib.kv[j],
+                    sib.waiting[j],
+                    sib.running[j],
+                    sview.ttft_p50_ms_w,
+                    None,
+                    params,
+                    slo,
+                    prefill_s,
+                ).value
+                short = p_s * n - sib.active[j]
+                if short > 0:
+                    found.append((sid, p_s, short))
+        return found
+
+    results: list[PolicyResult[SloPredictiveState]] = []
+    for k, (state, ctx) in enumerate(zip(states, ctxs, strict=True)):
+        pid = ctx.pool_id
+        now = ctx.now_ms
+        tick_s = max(ctx.tick_ms, 1) / 1000.0
+        lo, hi = params.bounds(pid)
+        pool = snap.pools.get(pid)
+        j = index.get(pid, -1)
+        has_nodes = j >= 0
+        drained = drained_of[k]
+        ejected = ejected_of[k]
+        if has_nodes:
+            current = own.active[j]
+            n_warm = own.warm[j]
+            n_arriving = arriving[j]
+        else:
+            current = n_warm = n_arriving = 0
+
+        # Cold start: learn from nodes seen going from cold/loading to warm.
+        cold_start = state.cold_start_s
+        if state.not_warm_since or (has_nodes and not_warm[j]):
+            since = dict(state.not_warm_since)
+            a, b = cols.bounds.get(pid, (0, 0))
+            ids = row_ids(snap)[a:b]
+            stale_l = stale[a:b].tolist()
+            for node_id, s_, w_ in zip(ids, stale_l, is_warm[a:b].tolist(), strict=True):
+                if s_:
+                    continue
+                if not w_:
+                    since.setdefault(node_id, now)
+                elif node_id in since:
+                    sample = (now - since.pop(node_id)) / 1000.0
+                    cold_start = sample if cold_start is None else 0.5 * cold_start + 0.5 * sample
+            live = {node_id for node_id, s_ in zip(ids, stale_l, strict=True) if not s_}
+            not_warm_since = tuple(sorted((i, t) for i, t in since.items() if i in live))
+        else:
+            not_warm_since = ()
+        lead_s = cold_start if cold_start is not None else params.cold_start_s
+
+        # Demand: served tokens/s, its trend over the lead, and the backlog.
+        demand = (pool.prompt_tokens_rate_per_s + pool.output_tokens_rate_per_s) if pool else 0.0
+        horizon_ms = max(lead_s * 1000.0, 3.0 * window_ms)
+        samples = (*_recent(state.demand, now, horizon_ms), (now, demand))
+        full = bool(state.demand) and now - state.demand[0][0] >= horizon_ms
+        slope = trend_slope(samples, window_ms) if full else 0.0
+        projected = demand + slope * lead_s
+        backlog = (backlog_sum[j] if has_nodes else 0) / max(lead_s, window_ms / 1000.0)
+
+        out_rate = pool.output_tokens_rate_per_s if pool else 0.0
+        running = n_warm * ((medians[j] if n_warm else None) or 0.0)
+        started = state.demand[0][0] if state.demand else now
+        settled = now - started >= window_ms and pool is not None and pool.requests_w >= params.min_requests
+        tbt_now = 1000.0 * running / out_rate if n_warm and out_rate > 0 and settled else None
+        tbt = state.tbt_ms
+        if tbt_now is not None:
+            beta = 1.0 - 0.5 ** (tick_s * 1000.0 / window_ms)
+            tbt = tbt_now if tbt is None else tbt + beta * (tbt_now - tbt)
+        elif not n_warm:
+            tbt = None
+        slo = ctx.pool_slo(snap)
+        if has_nodes:
+            if own is sib:
+                prefill = prefill_of(j)
+            else:
+                prefill = _prefill(snap, pool, n_warm, own.hit[j], own.first[j], params)
+            p = _pressure_of(
+                n_warm, own.kv[j], own.waiting[j], own.running[j],
+                pool.ttft_p50_ms_w if pool else None, tbt, params, slo, prefill,
+            )  # fmt: skip
+        else:
+            prefill = _prefill(snap, pool, 0, 0.0, -1, params)
+            p = _pressure_of(0, 0.0, 0, 0, pool.ttft_p50_ms_w if pool else None, tbt, params, slo, prefill)
+        p_now = p.value
+        capacity = state.capacity_tok_s
+        learnable = (
+            pool is not None
+            and n_warm
+            and pool.requests_w >= params.min_requests
+            and p_now >= MIN_LEARN_PRESSURE
+            and demand > 0
+        )
+        c_obs: float | None = None
+        if learnable:
+            c_obs = demand / n_warm / p_now
+            alpha = 1.0 - 0.5 ** (tick_s / params.capacity_halflife_s)
+            capacity = c_obs if capacity is None else capacity + alpha * (c_obs - capacity)
+
+        counts = (
+            (now, pool.open_workflows, pool.workflows_started, pool.workflows_ended)
+            if pool is not None
+            else (now, 0, 0, 0)
+        )
+        open_wf = (*_recent(state.open_workflows, now, horizon_ms), counts)
+        open_rise, open_noise = accumulation(open_wf) if full else (0.0, 0.0)
+        accumulating = open_rise > ACCUMULATION_Z * open_noise
+        growth = max(1.0, projected / demand) if demand > 0 else 1.0
+        level = n_warm * p_now
+        by_capacity = (demand + backlog) / capacity if capacity else 0.0
+
+        # The siblings (:func:`sibling_excess`).
+        sib_p, sib_short = 0.0, 0.0
+        if pool is not None and pool.model:
+            crossing = False
+            if ejected:
+                # ``sibling_excess``'s test: does a breaker of this pool name a sibling's node?
+                owners = pool_owners(snap)
+                model = pool.model
+                crossing = any(
+                    sid != pid and snap.pools[sid].model == model
+                    for node_id in ejected
+                    for sid in owners(node_id)
+                )
+            if crossing:
+                sib_p, sib_short = sibling_excess(snap, ctx, params, pool, n_warm)
+            else:
+                for sid, p_s, short in short_of(pool.model, slo):
+                    if sid != pid and short > sib_short:
+                        sib_p, sib_short = p_s, short
+        sibling_binds = sib_short > 0
+        need = max(level, by_capacity) * growth + sib_short
+        if need > 0:
+            need += params.spare_nodes
+        need = min(need, MAX_NEED_NODES)
+
+        inputs: dict[str, float] = {
+            "warm_nodes": float(n_warm),
+            "arriving_nodes": float(n_arriving),
+            "pressure": r6_fast(p_now),
+            "pressure_kv": r6_fast(p.kv),
+            "pressure_queue": r6_fast(p.queue),
+            "demand_tok_s": r6_fast(demand),
+            "projected_tok_s": r6_fast(projected),
+            "backlog_tok_s": r6_fast(backlog),
+            "lead_s": r6_fast(lead_s),
+            "ttft_slo_ms": r6_fast(slo.ttft_ms),
+            "tbt_slo_ms": r6_fast(slo.tbt_ms),
+            "prefill_ms": r6_fast(prefill),
+            "open_workflows": float(counts[1]),
+            "open_workflows_rise": r6_fast(open_rise),
+            "open_workflows_noise": r6_fast(open_noise),
+            "sibling_pressure": r6_fast(sib_p),
+            "sibling_short_nodes": r6_fast(sib_short),
+        }
+        if p.ttft is not None:
+            inputs["pressure_ttft"] = r6_fast(p.ttft)
+        if p.tbt is not None:
+            inputs["pressure_tbt"] = r6_fast(p.tbt)
+        if capacity is not None:
+            inputs["capacity_tok_s"] = r6_fast(capacity)
+
+        if not has_nodes and pool is None:
+            raw, reason = lo, "no-pool-yet"
+        elif current == 0:
+            raw, reason = max(lo, math.ceil(need)), "no-active-node"
+        elif not n_warm and capacity is None:
+            raw, reason = current, "nothing-warm-yet"
+        elif abs(need / current - 1.0) <= params.tolerance:
+            raw, reason = current, "within-tolerance"
+        else:
+            raw = math.ceil(need - 1e-9)
+            reason = "scale-up" if raw > current else "scale-down"
+        if slope > 0 and raw > current:
+            reason = "scale-up-trend"
+        if sibling_binds and raw > current:
+            reason = "scale-up-sibling-short"
+        inputs["need_nodes"] = r6_fast(need)
+        inputs["raw_desired"] = float(raw)
+
+        down_window_ms = (params.down_window_s if params.down_window_s is not None else lead_s) * 1000.0
+        up_window_ms = params.up_window_s * 1000.0
+        keep_ms = max(down_window_ms, up_window_ms)
+        first = () if state.last_desired is not None else ((now, current),)
+        recs = (*first, *_recent(state.recs, now, keep_ms), (now, raw))
+        up_floor = _within(recs, now, up_window_ms, min)
+        down_ceiling = _within(recs, now, down_window_ms, max)
+        desired = min(max(current, up_floor), down_ceiling)
+        if raw > current and up_floor < raw:
+            reason = "scale-up-stabilized"
+        elif raw < current and down_ceiling > raw:
+            reason = "scale-down-stabilized"
+        last_down = state.last_down_ms
+        last_failure = state.last_failure_ms
+        failed_tasks = pool.tasks_failed if pool is not None else state.failed_tasks
+        if failed_tasks > state.failed_tasks and state.last_desired is not None:
+            last_failure = now
+        failing = last_failure is not None and now - last_failure <= down_window_ms
+        if desired < current and failing:
+            desired, reason = current, "scale-down-held-tasks-failing"
+        if desired < current and accumulating:
+            desired, reason = current, "scale-down-held-tasks-accumulating"
+        if desired < current:
+            if last_down is not None and now - last_down < params.down_period_s * 1000.0:
+                desired, reason = current, "scale-down-rate-limited"
+            else:
+                step = max(1, math.floor(params.down_step_frac * current))
+                desired = max(desired, current - step)
+        if current == 0:
+            desired = raw
+        clamped = min(max(desired, lo), hi)
+        if clamped != desired:
+            reason = "at-max-nodes" if clamped < desired else "at-min-nodes"
+            desired = clamped
+        if desired < current:
+            last_down = now
+
+        drain: tuple[str, ...] = ()
+        if desired < current:
+            asked = {i for i, _ in drained}
+            nodes = [
+                n
+                for n in node_figures(snap, pid)
+                if not n.draining and not n.stale and n.node_id not in asked
+            ]
+            drain = tuple(n.node_id for n in drain_order(nodes)[: current - desired])
+            drained = tuple(sorted((*drained, *((i, now) for i in drain))))
+
+        new_state = SloPredictiveState(
+            demand=samples,
+            capacity_tok_s=capacity,
+            cold_start_s=cold_start,
+            not_warm_since=not_warm_since,
+            recs=recs,
+            last_desired=desired,
+            last_down_ms=last_down,
+            drained=drained,
+            tbt_ms=tbt,
+            failed_tasks=failed_tasks,
+            last_failure_ms=last_failure,
+            open_workflows=open_wf,
+        )
+        diagnostics = {
+            "pressure": r6_fast(p_now),
+            "need_nodes": r6_fast(need),
+            "desired_nodes": float(desired),
+        }
+        if c_obs is not None:
+            diagnostics["capacity_obs_tok_s"] = r6_fast(c_obs)
+        decision = _autoscale_decision(pid, current, desired, drain, reason, inputs)
+        results.append(PolicyResult(decisions=(decision,), state=new_state, diagnostics=diagnostics))
+    return results
