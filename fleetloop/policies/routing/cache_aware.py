@@ -136,8 +136,11 @@ spill headroom of every pool are computed once per snapshot over the whole fleet
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import Self
 
 import numpy as np
@@ -154,7 +157,7 @@ from fleetloop.policies.base import (
     r6,
     r6_array,
 )
-from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns, segment_medians
+from fleetloop.policies.columns import FleetColumns, Floats, Ints, fleet_columns, segment_medians
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.pool_figures import records, row_ids
 from fleetloop.policies.prefill import max_prompt_tokens
@@ -645,11 +648,13 @@ def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str
                 params, load.acc, can_serve=load.can_serve, own=step, tbt_median=tbt_median[cols.pool_of]
             )
             take = (scores > 0) & (cols.ints("ok_w") > 0)
-            values = scores.tolist()
-            flags = take.tolist()
-            for pool_id, (lo, hi) in cols.bounds.items():
-                live_scores = [v for v, t in zip(values[lo:hi], flags[lo:hi], strict=True) if t]
-                out[pool_id] = sum(live_scores) / len(live_scores) if live_scores else None
+            # Each pool's sum over all its rows, the others as +0.0: the same double as the sum over
+            # the taken ones (adding +0.0 to a sum of values > 0 leaves it as it is).
+            values = np.where(take, scores, 0.0).tolist()
+            counts = np.add.reduceat(take.astype(np.int64), cols.starts).tolist()
+            for pool_id, count in zip(cols.pool_ids, counts, strict=True):
+                lo, hi = cols.bounds[pool_id]
+                out[pool_id] = sum(values[lo:hi]) / count if count else None
         snap.memo[key] = (params, out)
         found = out
     return found
@@ -710,6 +715,13 @@ def spill_targets(snap: FleetSnapshot, params: CacheAwareParams, pool_id: str) -
     model = own_pool.model if own_pool is not None else ""
     if not model:
         return ()
+    ranked = _ranked(snap, params, model)
+    return tuple(p for p in ranked if p != pool_id) if pool_id in ranked else ranked
+
+
+def _ranked(snap: FleetSnapshot, params: CacheAwareParams, model: str) -> tuple[str, ...]:
+    """The pools of ``model`` with at least ``spill_min_headroom``, by headroom descending (pool id
+    breaks ties), once per snapshot and model."""
     key = ("cache-aware.spill", id(params), model)
     memo = snap.memo.get(key)
     ranked: tuple[str, ...] | None = memo[1] if memo is not None and memo[0] is params else None
@@ -725,7 +737,7 @@ def spill_targets(snap: FleetSnapshot, params: CacheAwareParams, pool_id: str) -
             )
         )
         snap.memo[key] = (params, ranked)
-    return tuple(p for p in ranked if p != pool_id) if pool_id in ranked else ranked
+    return ranked
 
 
 @register("routing", "cache-aware")
@@ -814,6 +826,18 @@ class CacheAware:
         diagnostics = {"headroom": r6(own) if own is not None else 0.0, "hot_prefixes": float(len(affinity))}
         return PolicyResult(decisions=(decision,), state=memory, diagnostics=diagnostics)
 
+    def decide_pools(
+        self,
+        snap: FleetSnapshot,
+        params: CacheAwareParams,
+        states: Sequence[PoolMemory | State],
+        ctxs: Sequence[PolicyContext],
+    ) -> list[PolicyResult[PoolMemory]]:
+        """Equal, element for element and bit for bit (decisions, state, diagnostics), to
+        ``[self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]``: every pool of
+        the batch at once over the snapshot's columns (:func:`_decide_pools`)."""
+        return _decide_pools(self, snap, params, states, ctxs)
+
 
 # The router's per-call pick among the weighted nodes (see "Picker" above).
 PICKER: Picker = "round-robin"
@@ -862,18 +886,363 @@ def _routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
         and _within(weights.values(), 0.0)
         and all(_within(ws.values(), 0.0) for ws in by_priority.values())
     ):
-        values: dict[str, object] = {
-            "entity": given["entity"],
-            "reason": reason,
-            "inputs": inputs,
-            "kind": "routing",
-            "pool_id": pool_id,
-            "weights": weights,
-            "picker": PICKER,
-            "by_priority": by_priority,
-            "prefix_affinity": affinity,
-            "spill_to": spill_to,
-            "max_prompt_tokens": max_prompt_tokens,
-        }
-        return assemble(RoutingDecision, values, set(given))
+        return _assembled(
+            pool_id, weights, reason, inputs, by_priority, affinity, spill_to, max_prompt_tokens
+        )
     return RoutingDecision.model_validate(given)
+
+
+_GIVEN = frozenset(
+    (
+        "entity",
+        "pool_id",
+        "weights",
+        "picker",
+        "reason",
+        "inputs",
+        "by_priority",
+        "prefix_affinity",
+        "spill_to",
+    )
+)
+_GIVEN_FIT = _GIVEN | {"max_prompt_tokens"}
+
+
+def _assembled(  # noqa: PLR0917 (the decision's fields, in order)
+    pool_id: str,
+    weights: dict[str, float],
+    reason: str,
+    inputs: dict[str, float],
+    by_priority: dict[str, dict[str, float]],
+    affinity: dict[str, tuple[str, ...]],
+    spill_to: tuple[str, ...],
+    max_prompt_tokens: int | None,
+) -> RoutingDecision:
+    """The decision of figures already known to be within the schema's bounds, not validated again
+    (its fields set as validation records them: ``max_prompt_tokens`` only when known)."""
+    values: dict[str, object] = {
+        "entity": f"pool/{pool_id}",
+        "reason": reason,
+        "inputs": inputs,
+        "kind": "routing",
+        "pool_id": pool_id,
+        "weights": weights,
+        "picker": PICKER,
+        "by_priority": by_priority,
+        "prefix_affinity": affinity,
+        "spill_to": spill_to,
+        "max_prompt_tokens": max_prompt_tokens,
+    }
+    return assemble(RoutingDecision, values, set(_GIVEN if max_prompt_tokens is None else _GIVEN_FIT))
+
+
+# -- every pool of a batch at once ---------------------------------------------------------------
+
+
+def _decide_pools(
+    algo: CacheAware,
+    snap: FleetSnapshot,
+    params: CacheAwareParams,
+    states: Sequence[PoolMemory | State],
+    ctxs: Sequence[PolicyContext],
+) -> list[PolicyResult[PoolMemory]]:
+    """:meth:`CacheAware.decide` for every pool of the batch: segment operations over the whole
+    fleet's columns instead of a few dozen small numpy calls and a few hundred dict entries per pool.
+
+    The steady state takes the batch path: a pool whose memory holds exactly its current nodes and
+    has a free slot for every node that reports a step time, whose scores are finite and not all 0.
+    Its memory is advanced together with every other such pool's of the same slot count (one array
+    for all of them; each pool's state is its rows of it); its medians, scores, shares and
+    per-priority shares are fleet-wide array operations, in :meth:`CacheAware.decide`'s order, on the
+    same doubles (the powers and the sums stay Python's, in node order, as there); its prefix holders
+    are grouped by C-level iteration, visiting nodes in the order ``decide`` visits them. Any other
+    pool (new or departed nodes, a memory that grows, an older checkpoint's form, no node that scores,
+    a score that is not finite) is decided by :meth:`CacheAware.decide` itself.
+    ``tests/policies/test_cache_aware_batch.py`` holds the two equal, tick after tick."""
+    if len(states) != len(ctxs):
+        raise ValueError(f"decide_pools: {len(states)} states for {len(ctxs)} pools")
+    cols = fleet_columns(snap)
+    bounds = cols.bounds
+    ids_all = row_ids(snap)
+    # A snapshot table's rows are in node-id order within each pool (the order ``decide``'s dicts
+    # take by sorting); a snapshot of views lists them as its pools do, so that is checked.
+    ordered = cols.table is not None
+    fast: dict[int, tuple[str, ...]] = {}
+    groups: dict[int, list[tuple[int, int, PoolMemory]]] = {}
+    seen: set[str] = set()
+    for i, (state, ctx) in enumerate(zip(states, ctxs, strict=True)):
+        pool_id = ctx.pool_id
+        b = bounds.get(pool_id)
+        if b is None or pool_id in seen or not isinstance(state, PoolMemory):
+            continue
+        seen.add(pool_id)
+        ids = tuple(ids_all[b[0] : b[1]])
+        ts, vals = state.ts, state.vals
+        slots = ts.shape[1] if ts.ndim == 2 else 0
+        if (
+            slots == 0
+            or ts.dtype != np.int64
+            or vals.dtype != np.float64
+            or vals.shape != (len(ids), slots, 1)
+            or state.node_ids != ids
+            or (not ordered and list(ids) != sorted(ids))
+        ):
+            continue
+        fast[i] = ids
+        groups.setdefault(slots, []).append((i, b[0], state))
+    if not fast:
+        return [algo.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]
+
+    # The memories and their medians, every pool of a slot count at once.
+    tbt = cols.floats("tbt_p50_ms")
+    with np.errstate(invalid="ignore"):
+        writes = (tbt > 0) & cols.warm & ~cols.stale
+    own = np.full(len(cols), np.nan)
+    held: dict[int, tuple[Ints, Floats, int, int]] = {}
+    for slots, members in groups.items():
+        for i, kept in _advance(snap.now_ms, params.speed_memory_ms, slots, members, tbt, writes, own):
+            if kept is None:
+                del fast[i]  # its memory grows: ``decide`` does that
+            else:
+                held[i] = kept
+
+    if not held:  # every memory grows (a run's first ticks)
+        return [algo.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]
+
+    # The scores (:func:`_pool_scores` for every row; each pool's step median one segment median).
+    load = _fleet_load(snap, cols, params)
+    pool_of, starts = cols.pool_of, cols.starts
+    step = np.where(load.live, own, np.nan)
+    tbt_median, _ = segment_medians(step, pool_of, len(cols.pool_ids))
+    score, speed = _with_speed(
+        params, load.acc, can_serve=load.can_serve, own=own, tbt_median=tbt_median[pool_of]
+    )
+    pos = score > 0
+    best = np.maximum.reduceat(score, starts)
+    # Left to ``decide``: a score that is not finite, no node that scores (the even split), a step
+    # time of 0 (``decide``'s unstable sort orders it among -0.0 as it likes).
+    odd = (np.logical_or.reduceat(~np.isfinite(score) | (step == 0), starts) | ~(best > 0)).tolist()
+    index = _pool_index(snap, cols)
+    alpha = params.alpha
+    pw = _powered(score, pos, alpha)
+    pl = pw.tolist()
+    total = [1.0] * len(cols.pool_ids)
+    # (batch index, pool id, node ids, pool index, first row, end row)
+    items: list[tuple[int, str, tuple[str, ...], int, int, int]] = []
+    for i, ids in fast.items():
+        pool_id = ctxs[i].pool_id
+        k = index[pool_id]
+        lo, hi = bounds[pool_id]
+        t = sum(pl[lo:hi])
+        if odd[k] or not t > 0:
+            continue
+        total[k] = t
+        items.append((i, pool_id, ids, k, lo, hi))
+    weights_l = r6_array(pw / np.array(total)[pool_of]).tolist()
+
+    # Per priority class: shares over the rows at or above the class's floor (every row if none).
+    by_priority: dict[int, dict[str, dict[str, float]]] = {i: {} for i, *_ in items}
+    for cls in sorted(set(params.alpha_by_priority) | set(params.min_score_by_priority), key=int):
+        keep = (score >= params.min_score_by_priority.get(cls, 0.0)) & pos
+        mask = keep | ~np.logical_or.reduceat(keep, starts)[pool_of]
+        a_cls = params.alpha_by_priority.get(cls, alpha)
+        pw_cls = np.where(mask, pw if a_cls == alpha else _powered(score, pos & mask, a_cls), 0.0)
+        pcl = pw_cls.tolist()
+        t_cls = [1.0] * len(cols.pool_ids)
+        has: list[tuple[int, tuple[str, ...], int, int]] = []
+        for i, _, ids, k, lo, hi in items:
+            t = sum(pcl[lo:hi])
+            if t > 0:
+                t_cls[k] = t
+                has.append((i, ids, lo, hi))
+        cls_l = r6_array(pw_cls / np.array(t_cls)[pool_of]).tolist()
+        for i, ids, lo, hi in has:
+            ws = cls_l[lo:hi]
+            if sum(ws) > 0:
+                by_priority[i][cls] = dict(zip(ids, ws, strict=True))
+
+    # Prefix holders: each pool's eligible rows by score descending, ties in row (node-id) order.
+    with np.errstate(invalid="ignore"):
+        eligible = (
+            (cols.ints("consecutive_failures") <= 0)
+            & pos
+            & (score >= params.affinity_keep_frac * best[pool_of])
+            & (speed >= params.affinity_min_speed)
+        )
+    er = np.flatnonzero(eligible)
+    order = er[np.lexsort((-score[er], pool_of[er]))].tolist()
+    cut = np.concatenate([[0], np.cumsum(np.bincount(pool_of[er], minlength=len(cols.pool_ids)))]).tolist()
+    prefixes = _hot_prefixes(snap, cols)
+
+    live_n = np.add.reduceat(pos.astype(np.int64), starts).tolist()
+    serving_n = np.add.reduceat((cols.warm & ~cols.stale).astype(np.int64), starts).tolist()
+    stale_n = np.add.reduceat(cols.stale.astype(np.int64), starts).tolist()
+    gpus = cols.ints("gpu_count")
+    g_lo = np.minimum.reduceat(gpus, starts).tolist()
+    g_hi = np.maximum.reduceat(gpus, starts).tolist()
+    best_l = best.tolist()
+    score_l = score.tolist()
+    out: list[PolicyResult[PoolMemory] | None] = [None] * len(ctxs)
+    pools = snap.pools
+    spill_of = _spill_targets_of(snap, params)
+    fits: dict[tuple[str, str, int] | None, int | None] = {}  # pool_max_prompt by model, GPU, degree
+    sink: deque[object] = deque(maxlen=0)  # consumes an iterator in C
+    consume = sink.extend
+    append = list.append
+    for i, pool_id, ids, k, lo, hi in items:
+        # ``decide``'s loop over holders, best first, each appended to its digests' lists, in C.
+        rows = order[cut[k] : cut[k + 1]]
+        hps = list(map(prefixes.__getitem__, rows))
+        holders: defaultdict[str, list[str]] = defaultdict(list)
+        consume(
+            map(
+                append,
+                map(holders.__getitem__, chain.from_iterable(hps)),
+                chain.from_iterable(map(repeat, map(ids_all.__getitem__, rows), map(len, hps))),
+            )
+        )
+        digests = sorted(holders)
+        affinity = dict(zip(digests, map(tuple, map(holders.__getitem__, digests)), strict=True))
+        own_h = r6(sum(score_l[lo:hi]) / live_n[k])
+        spill_to = spill_of(pool_id)
+        if g_lo[k] == g_hi[k]:
+            view = pools.get(pool_id)
+            fit_key = (view.model, view.gpu_type, g_lo[k]) if view is not None else None
+            if fit_key in fits:
+                fit = fits[fit_key]
+            else:
+                fit = fits[fit_key] = pool_max_prompt(view, (g_lo[k],))
+        else:
+            fit = pool_max_prompt(pools.get(pool_id), gpus[lo:hi].tolist())
+        decision = _assembled(
+            pool_id,
+            dict(zip(ids, weights_l[lo:hi], strict=True)),
+            "cache-aware",
+            {
+                "nodes": float(hi - lo),
+                "serving_nodes": float(serving_n[k]),
+                "stale_nodes": float(stale_n[k]),
+                "best_score": r6(best_l[k]),
+                "headroom": own_h,
+                "hot_prefixes": float(len(affinity)),
+                "spill_pools": float(len(spill_to)),
+            },
+            by_priority[i],
+            affinity,
+            spill_to,
+            fit,
+        )
+        ts, vals, a, z = held[i]
+        out[i] = PolicyResult(
+            decisions=(decision,),
+            state=PoolMemory(ids, ts[a:z], vals[a:z]),
+            diagnostics={"headroom": own_h, "hot_prefixes": float(len(affinity))},
+        )
+    return [
+        found if found is not None else algo.decide(snap, params, s, c)
+        for found, s, c in zip(out, states, ctxs, strict=True)
+    ]
+
+
+def _advance(  # noqa: PLR0917
+    now: int,
+    memory_ms: int,
+    slots: int,
+    members: list[tuple[int, int, PoolMemory]],
+    tbt: Floats,
+    writes: npt.NDArray[np.bool_],
+    own: Floats,
+) -> list[tuple[int, tuple[Ints, Floats, int, int] | None]]:
+    """:func:`_remember_rows` then ``median_arrays(1)`` for pools whose memories have ``slots`` slots
+    and hold exactly their pools' nodes (``members``: batch index, first row, memory): one array for
+    them all. Each pool's median step time goes to ``own`` (NaN without figures, as
+    :func:`_pool_scores` has it); per pool, its rows of the new arrays, or None when its memory
+    would grow (a row to write with no free slot), which is left to ``decide``.
+
+    :meth:`PoolMemory.advance`'s operations on the concatenated rows (rows are independent; only
+    whether to grow is a per-pool decision), written in place into the concatenation (a new array),
+    so a state handed out is never written."""
+    sizes = [m.ts.shape[0] for _, _, m in members]
+    first = np.cumsum(sizes) - sizes
+    rows = np.repeat(np.array([lo for _, lo, _ in members], dtype=np.int64) - first, sizes) + np.arange(
+        int(first[-1]) + sizes[-1]
+    )
+    ts = np.concatenate([m.ts for _, _, m in members])
+    vals = np.concatenate([m.vals for _, _, m in members])
+    v = vals[:, :, 0]  # a view: writing it writes ``vals``
+    # kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now). For ts >= 0 and now >= 0, ``now - ts``
+    # does not overflow and is < memory_ms exactly when ts > now - memory_ms, which, when that is
+    # at least -1, already implies ts >= 0: two comparisons instead of five operations.
+    if now >= 0 and now - memory_ms >= -1:
+        kept = (ts > now - memory_ms) & (ts < now)
+    else:
+        kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now)
+    gone = ~kept
+    np.putmask(ts, gone, -1)
+    np.putmask(v, gone, np.nan)
+    write = writes[rows]
+    grows = np.logical_or.reduceat(write & ~gone.any(axis=1), first)  # a row to write, no free slot
+    at = np.flatnonzero(write)  # (a pool that grows is left to ``decide``: what is written there is dropped)
+    if len(at):
+        slot = np.argmax(gone[at], axis=1)
+        ts[at, slot] = now
+        v[at, slot] = tbt[rows[at]]
+    srt = np.sort(v, axis=1, kind="stable") if (v == 0).any() else np.sort(v, axis=1)
+    count = slots - np.isnan(v).sum(axis=1)
+    r = np.arange(len(rows))
+    upper = srt[r, np.minimum(count // 2, slots - 1)]
+    lower = srt[r, np.maximum(count - 1, 0) // 2]
+    with np.errstate(over="ignore"):
+        own[rows] = np.where(count >= 1, np.where(count % 2 == 1, upper, (lower + upper) / 2), np.nan)
+    return [
+        (i, None if grown else (ts, vals, a, a + size))
+        for (i, _, _), grown, a, size in zip(members, grows.tolist(), first.tolist(), sizes, strict=True)
+    ]
+
+
+def _spill_targets_of(snap: FleetSnapshot, params: CacheAwareParams) -> Callable[[str], tuple[str, ...]]:
+    """:func:`spill_targets` of any pool, each model's ranking sorted once (as there) and each pool's
+    own entry dropped by its position instead of a pass over the model's pools per pool."""
+    pools = snap.pools
+    ranked: dict[str, tuple[tuple[str, ...], dict[str, int]]] = {}
+
+    def of(pool_id: str) -> tuple[str, ...]:
+        own_pool = pools.get(pool_id)
+        model = own_pool.model if own_pool is not None else ""
+        if not model:
+            return ()
+        found = ranked.get(model)
+        if found is None:
+            targets = _ranked(snap, params, model)
+            found = ranked[model] = (targets, {p: j for j, p in enumerate(targets)})
+        targets, at = found
+        j = at.get(pool_id)
+        return targets if j is None else targets[:j] + targets[j + 1 :]
+
+    return of
+
+
+def _pool_index(snap: FleetSnapshot, cols: FleetColumns) -> dict[str, int]:
+    """Pool id -> its index in ``cols.pool_ids`` (once per snapshot)."""
+    key = ("cache-aware.pool_index",)
+    found: dict[str, int] | None = snap.memo.get(key)
+    if found is None:
+        found = snap.memo[key] = {p: k for k, p in enumerate(cols.pool_ids)}
+    return found
+
+
+def _hot_prefixes(snap: FleetSnapshot, cols: FleetColumns) -> list[tuple[str, ...]]:
+    """Every row's ``hot_prefixes`` (once per snapshot)."""
+    key = ("cache-aware.hot_prefixes",)
+    found: list[tuple[str, ...]] | None = snap.memo.get(key)
+    if found is None:
+        found = snap.memo[key] = list(map(attrgetter("hot_prefixes"), records(cols)))
+    return found
+
+
+def _powered(score: Floats, pos: npt.NDArray[np.bool_], alpha: float) -> Floats:
+    """``v ** alpha`` where ``pos`` (else 0.0), the powers Python's (``pow`` of two floats is ``**``),
+    as :func:`shares` takes them: numpy's ``power`` may use another implementation (SIMD)."""
+    out = np.zeros(len(score))
+    out[pos] = list(map(pow, score[pos].tolist(), repeat(alpha)))
+    return out
