@@ -100,14 +100,24 @@ window. Classes at or below ``protect_priority`` are never shed on outstanding w
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
-from fleetloop.policies.batching.tbt_feedback import pool_tbt_ms
-from fleetloop.policies.pool_figures import figures_of
+from fleetloop.policies.batching.tbt_feedback import pool_tbt_batch, pool_tbt_ms
+from fleetloop.policies.pool_figures import (
+    EMPTY,
+    distinct_pools,
+    figures_of,
+    inputs_ok,
+    is_ident,
+    pool_figures,
+    r6_fast,
+)
 from fleetloop.policies.registry import register
 from fleetloop.policies.slo import Slo
+from fleetloop.schemas.base import MAX_COUNT, assemble
 from fleetloop.schemas.decisions import AdmissionDecision
 
 MIN_QUEUE_DEPTH = 2
@@ -243,3 +253,137 @@ class SloAware:
             inputs=inputs,
         )
         return PolicyResult(decisions=(decision,), state=new_level, diagnostics={"level": new_level})
+
+    def decide_pools(
+        self,
+        snap: FleetSnapshot,
+        params: SloAwareParams,
+        states: Sequence[float | None],
+        ctxs: Sequence[PolicyContext],
+    ) -> list[PolicyResult[float]]:
+        """Equal, element for element and bit for bit (decisions, state, diagnostics), to
+        ``[self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]``: the TBT
+        medians of the batch at once (``pool_tbt_batch``), each level's thresholds computed once,
+        the decisions assembled without validation when every part is in bounds."""
+        if len(states) != len(ctxs) or not distinct_pools(ctxs):
+            return [self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]
+        return _decide_pools(snap, params, states, ctxs)
+
+
+_ADMISSION_FIELDS = (
+    "entity", "reason", "inputs", "kind", "pool_id", "max_queue_depth", "new_task_max_queue_depth",
+    "reject_if_budget_below_ms", "max_outstanding", "new_task_max_outstanding",
+)  # fmt: skip
+assert (
+    tuple(AdmissionDecision.model_fields) == _ADMISSION_FIELDS
+)  # ``_admission_decision`` lists them in order
+_ADMISSION_GIVEN = frozenset(
+    ("entity", "pool_id", "max_queue_depth", "new_task_max_queue_depth", "new_task_max_outstanding",
+     "reject_if_budget_below_ms", "reason", "inputs")
+)  # fmt: skip
+
+
+def _counts_ok(table: dict[str, int]) -> bool:
+    return all(type(v) is int and 0 <= v <= MAX_COUNT for v in table.values())
+
+
+def _admission_decision(  # noqa: PLR0917 - the decision's fields
+    pool_id: str,
+    depth: dict[str, int],
+    new_task_depth: dict[str, int],
+    new_task_outstanding: dict[str, int],
+    reject_ms: int,
+    reason: str,
+    inputs: dict[str, float],
+) -> AdmissionDecision:
+    """``AdmissionDecision(...)`` as :meth:`SloAware.decide` builds it, assembled without
+    validation when every part is valid (the tables' counts and the budget within ``NonNegInt``,
+    the pool id an ``Ident``, the figures finite floats within ``Figure``), else validated."""
+    if (
+        type(reject_ms) is int
+        and 0 <= reject_ms <= MAX_COUNT
+        and is_ident(pool_id)
+        and _counts_ok(depth)
+        and _counts_ok(new_task_depth)
+        and _counts_ok(new_task_outstanding)
+        and inputs_ok(list(inputs.values()))
+    ):
+        values: dict[str, object] = {
+            "entity": f"pool/{pool_id}",
+            "reason": reason,
+            "inputs": inputs,
+            "kind": "admission",
+            "pool_id": pool_id,
+            "max_queue_depth": depth,
+            "new_task_max_queue_depth": new_task_depth,
+            "reject_if_budget_below_ms": reject_ms,
+            "max_outstanding": {},
+            "new_task_max_outstanding": new_task_outstanding,
+        }
+        return assemble(AdmissionDecision, values, set(_ADMISSION_GIVEN))
+    return AdmissionDecision(
+        entity=f"pool/{pool_id}",
+        pool_id=pool_id,
+        max_queue_depth=depth,
+        new_task_max_queue_depth=new_task_depth,
+        new_task_max_outstanding=new_task_outstanding,
+        reject_if_budget_below_ms=reject_ms,
+        reason=reason,
+        inputs=inputs,
+    )
+
+
+def _decide_pools(
+    snap: FleetSnapshot, params: SloAwareParams, states: Sequence[float | None], ctxs: Sequence[PolicyContext]
+) -> list[PolicyResult[float]]:
+    tbts = pool_tbt_batch(snap, ctxs)
+    figures = pool_figures(snap)
+    # The thresholds are a function of the level alone: computed once per level this batch sees
+    # (most pools sit at the same level), each decision given its own copies.
+    tables: dict[float, tuple[dict[str, int], dict[str, int], dict[str, int]]] = {}
+    out: list[PolicyResult[float]] = []
+    for state, ctx, tbt in zip(states, ctxs, tbts, strict=True):
+        pid = ctx.pool_id
+        level = params.max_level if state is None else state
+        pool = snap.pools.get(pid)
+        ttft_p99 = pool.ttft_p99_ms_w if pool is not None else None
+        ttft_p50 = pool.ttft_p50_ms_w if pool is not None else None
+        slo = ctx.pool_slo(snap)
+        x = pressure(slo, ttft_p99, tbt)
+        figs = figures.get(pid, EMPTY)
+        failing = failure_frac(pool.tasks_ended_w, pool.tasks_lost_w) if pool is not None else 0.0
+        new_level, reason = next_level(params, level, x, failing)
+        new_level = r6_fast(new_level)
+        found = tables.get(new_level)
+        if found is None:
+            found = tables[new_level] = (*queue_limits(params, new_level), new_task_limits(params, new_level))
+        depth, new_task_depth, new_task_outstanding = found
+        reject_ms = math.floor(min(ttft_p50, params.reject_cap_ms)) if ttft_p50 is not None else 0
+        inputs = {
+            "level": new_level,
+            "previous_level": r6_fast(level),
+            "failure_frac_w": r6_fast(failing),
+            "tasks_lost_w": float(pool.tasks_lost_w if pool is not None else 0),
+            "tasks_ended_w": float(pool.tasks_ended_w if pool is not None else 0),
+            "lost_calls_w": float(figs.lost_calls),
+            "ttft_slo_ms": r6_fast(slo.ttft_ms),
+            "tbt_slo_ms": r6_fast(slo.tbt_ms),
+        }
+        if x is not None:
+            inputs["slo_pressure"] = r6_fast(x)
+        if ttft_p99 is not None:
+            inputs["ttft_p99_ms_w"] = r6_fast(ttft_p99)
+        if tbt is not None:
+            inputs["tbt_p99_ms"] = r6_fast(tbt)
+        inputs["max_outstanding_seen"] = float(figs.max_outstanding)
+        decision = _admission_decision(
+            pid,
+            dict(depth),
+            dict(new_task_depth),
+            dict(new_task_outstanding),
+            max(0, reject_ms),
+            reason,
+            inputs,
+        )
+        out.append(PolicyResult(decisions=(decision,), state=new_level, diagnostics={"level": new_level}))
+    return out

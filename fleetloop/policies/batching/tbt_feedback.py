@@ -45,13 +45,30 @@ the additive recovery bound the damage. Nodes that never report TBT (idle) leave
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.columns import fleet_columns
-from fleetloop.policies.pool_figures import figures_of, row_ids
+from fleetloop.policies.pool_figures import (
+    EMPTY,
+    distinct_pools,
+    ejected_by,
+    figures_of,
+    inputs_ok,
+    is_ident,
+    mark_rows,
+    pool_figures,
+    pool_index,
+    r6_fast,
+    row_ids,
+    upper_medians,
+)
 from fleetloop.policies.registry import register
+from fleetloop.policies.slo import Slo
+from fleetloop.schemas.base import MAX_COUNT, assemble
 from fleetloop.schemas.decisions import BatchingDecision
 
 
@@ -154,3 +171,99 @@ class TbtFeedback:
         return PolicyResult(
             decisions=(decision,), state=new_cap, diagnostics={"max_batch_tokens": float(new_cap)}
         )
+
+    def decide_pools(
+        self,
+        snap: FleetSnapshot,
+        params: TbtFeedbackParams,
+        states: Sequence[int | None],
+        ctxs: Sequence[PolicyContext],
+    ) -> list[PolicyResult[int]]:
+        """Equal, element for element and bit for bit (decisions, state, diagnostics), to
+        ``[self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]``: the TBT
+        medians of the batch at once (:func:`pool_tbt_batch`), the decisions assembled without
+        validation when every part is in bounds."""
+        if len(states) != len(ctxs) or not distinct_pools(ctxs):
+            return [self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]
+        tbts = pool_tbt_batch(snap, ctxs)
+        return _decide_pools(params, states, ctxs, tbts, [c.pool_slo(snap) for c in ctxs])
+
+
+def pool_tbt_batch(snap: FleetSnapshot, ctxs: Sequence[PolicyContext]) -> list[float | None]:
+    """``[pool_tbt_ms(snap, c) for c in ctxs]`` for a batch of distinct pools: a pool without an
+    ejected node reads the fleet-wide figure, the others one fleet-wide pass of the same upper
+    medians with every batch pool's ejected rows left out (kept in ``snap.memo`` by those rows, so
+    admission and batching share it)."""
+    ejected = [ejected_by(snap, c.breakers) for c in ctxs]
+    figures = pool_figures(snap)
+    if not any(ejected):
+        return [figures.get(c.pool_id, EMPTY).tbt_upper_median for c in ctxs]
+    cols = fleet_columns(snap)
+    rows = np.zeros(len(cols), dtype=np.bool_)
+    for c, e in zip(ctxs, ejected, strict=True):
+        if e:
+            mark_rows(snap, rows, c.pool_id, e)
+    key = ("tbt_upper_median_without", rows.tobytes())
+    medians: list[float | None] | None = snap.memo.get(key)
+    if medians is None:
+        medians = snap.memo[key] = upper_medians(cols, cols.warm & ~cols.stale & ~rows)
+    index = pool_index(snap)
+    out: list[float | None] = []
+    for c, e in zip(ctxs, ejected, strict=True):
+        if not e:
+            out.append(figures.get(c.pool_id, EMPTY).tbt_upper_median)
+        else:
+            i = index.get(c.pool_id)
+            out.append(None if i is None else medians[i])
+    return out
+
+
+_BATCHING_FIELDS = ("entity", "reason", "inputs", "kind", "pool_id", "max_batch_tokens")
+assert tuple(BatchingDecision.model_fields) == _BATCHING_FIELDS  # ``decide_pools`` lists them in order
+_BATCHING_GIVEN = frozenset(("entity", "pool_id", "max_batch_tokens", "reason", "inputs"))
+
+
+def _decide_pools(
+    params: TbtFeedbackParams,
+    states: Sequence[int | None],
+    ctxs: Sequence[PolicyContext],
+    tbts: Sequence[float | None],
+    slos: Sequence[Slo],
+) -> list[PolicyResult[int]]:
+    out: list[PolicyResult[int]] = []
+    for state, ctx, tbt, slo in zip(states, ctxs, tbts, slos, strict=True):
+        cap = params.initial_tokens if state is None else state
+        new_cap, reason = next_cap(params, cap, tbt, slo.tbt_ms)
+        inputs = {"previous_max_batch_tokens": float(cap), "tbt_slo_ms": r6_fast(slo.tbt_ms)}
+        if tbt is not None:
+            inputs["tbt_p99_ms"] = r6_fast(tbt)
+            inputs["tbt_pressure"] = r6_fast(tbt / slo.tbt_ms)
+        pid = ctx.pool_id
+        if (
+            type(new_cap) is int
+            and 0 <= new_cap <= MAX_COUNT
+            and is_ident(pid)
+            and inputs_ok(list(inputs.values()))
+        ):
+            decision = assemble(
+                BatchingDecision,
+                {
+                    "entity": f"pool/{pid}",
+                    "reason": reason,
+                    "inputs": inputs,
+                    "kind": "batching",
+                    "pool_id": pid,
+                    "max_batch_tokens": new_cap,
+                },
+                set(_BATCHING_GIVEN),
+            )
+        else:
+            decision = BatchingDecision(
+                entity=f"pool/{pid}", pool_id=pid, max_batch_tokens=new_cap, reason=reason, inputs=inputs
+            )
+        out.append(
+            PolicyResult(
+                decisions=(decision,), state=new_cap, diagnostics={"max_batch_tokens": float(new_cap)}
+            )
+        )
+    return out

@@ -74,13 +74,20 @@ keeps the grown ratio until ``warm`` is back at ``ref`` or ``episode_max_s`` pas
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
-from fleetloop.policies.pool_figures import figures_of
+from fleetloop.policies.pool_figures import (
+    EMPTY,
+    distinct_pools,
+    figures_of,
+    inputs_ok,
+    is_ident,
+    pool_figures,
+)
 from fleetloop.policies.registry import register
 from fleetloop.schemas.base import MAX_COUNT, MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import RetryBudgetDecision, RetryExempt
@@ -258,6 +265,21 @@ class Ratio:
                 )
         return PolicyResult(decisions=tuple(decisions), state=episode)
 
+    def decide_pools(
+        self,
+        snap: FleetSnapshot,
+        params: RatioParams,
+        states: Sequence[Episode | None],
+        ctxs: Sequence[PolicyContext],
+    ) -> list[PolicyResult[Episode | None]]:
+        """Equal, element for element and bit for bit (decisions, state, diagnostics), to
+        ``[self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]``: each
+        tenant's budget and inputs computed once per lost share and added ratio, not once per pool
+        (see ``_decide_pools``)."""
+        if len(states) != len(ctxs) or not distinct_pools(ctxs):
+            return [self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]
+        return _decide_pools(snap, params, states, ctxs)
+
 
 _BUDGET_FIELDS = (
     "entity", "reason", "inputs", "kind", "pool_id", "tenant_id", "retry_ratio", "min_retries_per_s",
@@ -341,3 +363,131 @@ _GIVEN_POOL: frozenset[str] = frozenset(
      "reason", "inputs")
 )  # fmt: skip
 _GIVEN_TENANT: frozenset[str] = _GIVEN_POOL | {"tenant_id"}
+
+
+def _const(n: int) -> Callable[[], int]:
+    return lambda: n
+
+
+def _decide_pools(
+    snap: FleetSnapshot, params: RatioParams, states: Sequence[Episode | None], ctxs: Sequence[PolicyContext]
+) -> list[PolicyResult[Episode | None]]:
+    """:meth:`Ratio.decide` for a batch of pools. A tenant's decision reads the pool only through
+    its lost calls (its share) and the ratio a mass failure adds: its budget and inputs are
+    computed once per (tenant, share, added ratio) and copied into each pool's decision, assembled
+    without validation when every part is in bounds (:func:`budget_decision`'s test, made once)."""
+    window_s = snap.window_ms / 1000.0
+    figures = pool_figures(snap)
+    exempt: tuple[RetryExempt, ...] = ("error", "shed") if params.exempt_shed_and_lost else ()
+    tenants = [t for t in snap.tenants.values() if t.requests_w != 0] if params.per_tenant else []
+    params_ok = (
+        type(params.retry_ratio) is float
+        and 0.0 <= params.retry_ratio <= 1.0
+        and type(params.min_retries_per_s) is float
+        and 0.0 <= params.min_retries_per_s <= MAX_FIGURE
+    )
+    tenant_ok = [is_ident(t.tenant_id) for t in tenants]
+    # (tenant index, its lost share, the added ratio) -> (allowed, inputs, whether both are in bounds)
+    made: dict[tuple[int, int, float], tuple[int, dict[str, float], bool]] = {}
+    out: list[PolicyResult[Episode | None]] = []
+    for state, ctx in zip(states, ctxs, strict=True):
+        pid = ctx.pool_id
+        pool = snap.pools.get(pid)
+        requests = pool.requests_w if pool else 0
+        retries = pool.retries_w if pool else 0
+        shed = pool.shed_w if pool else 0
+        figs = figures.get(pid, EMPTY)
+        lost = figs.lost_calls
+        episode, short, warm = episode_after(
+            params,
+            state,
+            figs.warm_fresh,
+            lost_now=_const(figs.lost_nodes),
+            now_ms=snap.now_ms,
+            window_ms=snap.window_ms,
+        )
+        extra = short / max(1, warm) if short else 0.0
+        inputs = {
+            "requests_w": float(requests),
+            "retries_w": float(retries),
+            "shed_w": float(shed),
+            "lost_w": float(lost),
+        }
+        if episode is not None:
+            inputs["nodes_short"] = float(short)
+            inputs["nodes_warm"] = float(warm)
+            inputs["ratio_added"] = round(extra, 6)
+        if episode is not None:
+            reason = "budget+mass-failure"
+        elif shed + lost == 0 or not params.exempt_shed_and_lost:
+            reason = "budget"
+        else:
+            reason = "budget+shed-lost"
+        decisions: list[RetryBudgetDecision] = [
+            budget_decision(
+                f"pool/{pid}",
+                pool_id=pid,
+                tenant_id=None,
+                params=params,
+                retries_allowed_now=allowed(params, window_s, requests, retries, shed + lost, extra=extra),
+                exempt_retries_of=exempt,
+                reason=reason,
+                inputs=inputs,
+            )
+        ]
+        fast = params_ok and is_ident(pid)
+        prefix = f"pool/{pid}/tenant/"
+        for k, t in enumerate(tenants):
+            lost_t = math.floor(lost * min(1.0, t.requests_w / requests)) if requests > 0 else 0
+            key = (k, lost_t, extra)
+            found = made.get(key)
+            if found is None:
+                n = allowed(params, window_s, t.requests_w, t.retries_w, t.shed_w + lost_t, extra=extra)
+                t_inputs = {
+                    "requests_w": float(t.requests_w),
+                    "retries_w": float(t.retries_w),
+                    "shed_w": float(t.shed_w),
+                    "lost_w": float(lost_t),
+                }
+                ok = (
+                    type(n) is int
+                    and 0 <= n <= MAX_COUNT
+                    and tenant_ok[k]
+                    and inputs_ok(list(t_inputs.values()))
+                )
+                found = made[key] = (n, t_inputs, ok)
+            n, t_inputs, ok = found
+            if fast and ok:
+                decisions.append(
+                    assemble(
+                        RetryBudgetDecision,
+                        {
+                            "entity": prefix + t.tenant_id,
+                            "reason": "tenant-budget",
+                            "inputs": dict(t_inputs),
+                            "kind": "retry_budget",
+                            "pool_id": pid,
+                            "tenant_id": t.tenant_id,
+                            "retry_ratio": params.retry_ratio,
+                            "min_retries_per_s": params.min_retries_per_s,
+                            "retries_allowed_now": n,
+                            "exempt_retries_of": exempt,
+                        },
+                        set(_GIVEN_TENANT),
+                    )
+                )
+            else:
+                decisions.append(
+                    budget_decision(
+                        prefix + t.tenant_id,
+                        pool_id=pid,
+                        tenant_id=t.tenant_id,
+                        params=params,
+                        retries_allowed_now=n,
+                        exempt_retries_of=exempt,
+                        reason="tenant-budget",
+                        inputs=dict(t_inputs),
+                    )
+                )
+        out.append(PolicyResult(decisions=tuple(decisions), state=episode))
+    return out
