@@ -191,22 +191,25 @@ class TbtFeedback:
 
 def pool_tbt_batch(snap: FleetSnapshot, ctxs: Sequence[PolicyContext]) -> list[float | None]:
     """``[pool_tbt_ms(snap, c) for c in ctxs]`` for a batch of distinct pools: a pool without an
-    ejected node reads the fleet-wide figure, the others one fleet-wide pass of the same upper
-    medians with every batch pool's ejected rows left out (kept in ``snap.memo`` by those rows, so
-    admission and batching share it)."""
+    ejected node reads the fleet-wide figure, the others one pass of the same upper medians over
+    their rows with every batch pool's ejected rows left out (kept in ``snap.memo`` by those rows,
+    so admission and batching share it)."""
     ejected = [ejected_by(snap, c.breakers) for c in ctxs]
     figures = pool_figures(snap)
     if not any(ejected):
         return [figures.get(c.pool_id, EMPTY).tbt_upper_median for c in ctxs]
     cols = fleet_columns(snap)
-    rows = np.zeros(len(cols), dtype=np.bool_)
+    rows = np.zeros(len(cols), dtype=np.bool_)  # the ejected rows
+    pools = np.zeros(len(cols), dtype=np.bool_)  # the rows of the pools with an ejected node
     for c, e in zip(ctxs, ejected, strict=True):
         if e:
             mark_rows(snap, rows, c.pool_id, e)
-    key = ("tbt_upper_median_without", rows.tobytes())
+            lo, hi = cols.bounds.get(c.pool_id, (0, 0))
+            pools[lo:hi] = True
+    key = ("tbt_upper_median_without", rows.tobytes(), pools.tobytes())
     medians: list[float | None] | None = snap.memo.get(key)
     if medians is None:
-        medians = snap.memo[key] = upper_medians(cols, cols.warm & ~cols.stale & ~rows)
+        medians = snap.memo[key] = upper_medians(cols, cols.warm & ~cols.stale & ~rows & pools)
     index = pool_index(snap)
     out: list[float | None] = []
     for c, e in zip(ctxs, ejected, strict=True):

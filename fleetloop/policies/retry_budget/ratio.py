@@ -387,6 +387,23 @@ def _decide_pools(
         and 0.0 <= params.min_retries_per_s <= MAX_FIGURE
     )
     tenant_ok = [is_ident(t.tenant_id) for t in tenants]
+    tenant_small = [type(t.requests_w) is int and abs(t.requests_w) < 2**53 for t in tenants]
+    # Each tenant decision's values, in the model's field order: the pool's parts are set per pool.
+    templates: list[dict[str, object]] = [
+        {
+            "entity": "",
+            "reason": "tenant-budget",
+            "inputs": None,
+            "kind": "retry_budget",
+            "pool_id": "",
+            "tenant_id": t.tenant_id,
+            "retry_ratio": params.retry_ratio,
+            "min_retries_per_s": params.min_retries_per_s,
+            "retries_allowed_now": 0,
+            "exempt_retries_of": exempt,
+        }
+        for t in tenants
+    ]
     # (tenant index, its lost share, the added ratio) -> (allowed, inputs, whether both are in bounds)
     made: dict[tuple[int, int, float], tuple[int, dict[str, float], bool]] = {}
     out: list[PolicyResult[Episode | None]] = []
@@ -438,7 +455,10 @@ def _decide_pools(
         fast = params_ok and is_ident(pid)
         prefix = f"pool/{pid}/tenant/"
         for k, t in enumerate(tenants):
-            lost_t = math.floor(lost * min(1.0, t.requests_w / requests)) if requests > 0 else 0
+            if lost or not tenant_small[k]:
+                lost_t = math.floor(lost * min(1.0, t.requests_w / requests)) if requests > 0 else 0
+            else:
+                lost_t = 0  # no call lost: no share (the division cannot overflow, checked above)
             key = (k, lost_t, extra)
             found = made.get(key)
             if found is None:
@@ -458,24 +478,12 @@ def _decide_pools(
                 found = made[key] = (n, t_inputs, ok)
             n, t_inputs, ok = found
             if fast and ok:
-                decisions.append(
-                    assemble(
-                        RetryBudgetDecision,
-                        {
-                            "entity": prefix + t.tenant_id,
-                            "reason": "tenant-budget",
-                            "inputs": dict(t_inputs),
-                            "kind": "retry_budget",
-                            "pool_id": pid,
-                            "tenant_id": t.tenant_id,
-                            "retry_ratio": params.retry_ratio,
-                            "min_retries_per_s": params.min_retries_per_s,
-                            "retries_allowed_now": n,
-                            "exempt_retries_of": exempt,
-                        },
-                        set(_GIVEN_TENANT),
-                    )
-                )
+                values = templates[k].copy()
+                values["entity"] = prefix + t.tenant_id
+                values["inputs"] = t_inputs.copy()
+                values["pool_id"] = pid
+                values["retries_allowed_now"] = n
+                decisions.append(assemble(RetryBudgetDecision, values, set(_GIVEN_TENANT)))
             else:
                 decisions.append(
                     budget_decision(
