@@ -1025,20 +1025,18 @@ def _decide_pools(
     index = _pool_index(snap, cols)
     alpha = params.alpha
     pw = _powered(score, pos, alpha)
-    pl = pw.tolist()
-    total = [1.0] * len(cols.pool_ids)
+    total = _segment_sums(pw, snap, cols)
+    good = (total > 0).tolist()
     # (batch index, pool id, node ids, pool index, first row, end row)
     items: list[tuple[int, str, tuple[str, ...], int, int, int]] = []
     for i, ids in fast.items():
         pool_id = ctxs[i].pool_id
         k = index[pool_id]
-        lo, hi = bounds[pool_id]
-        t = sum(pl[lo:hi])
-        if odd[k] or not t > 0:
-            continue
-        total[k] = t
-        items.append((i, pool_id, ids, k, lo, hi))
-    weights_l = r6_array(pw / np.array(total)[pool_of]).tolist()
+        if good[k] and not odd[k]:
+            lo, hi = bounds[pool_id]
+            items.append((i, pool_id, ids, k, lo, hi))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        weights_l = r6_array(pw / total[pool_of]).tolist()
 
     # Per priority class: shares over the rows at or above the class's floor (every row if none).
     by_priority: dict[int, dict[str, dict[str, float]]] = {i: {} for i, *_ in items}
@@ -1047,19 +1045,15 @@ def _decide_pools(
         mask = keep | ~np.logical_or.reduceat(keep, starts)[pool_of]
         a_cls = params.alpha_by_priority.get(cls, alpha)
         pw_cls = np.where(mask, pw if a_cls == alpha else _powered(score, pos & mask, a_cls), 0.0)
-        pcl = pw_cls.tolist()
-        t_cls = [1.0] * len(cols.pool_ids)
-        has: list[tuple[int, tuple[str, ...], int, int]] = []
+        t_cls = _segment_sums(pw_cls, snap, cols)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cls_w = r6_array(pw_cls / t_cls[pool_of])
+        # ``shares``' zeros when its total is not > 0; a class only where its weights' sum is > 0.
+        has = ((t_cls > 0) & (_segment_sums(cls_w, snap, cols) > 0)).tolist()
+        cls_l = cls_w.tolist()
         for i, _, ids, k, lo, hi in items:
-            t = sum(pcl[lo:hi])
-            if t > 0:
-                t_cls[k] = t
-                has.append((i, ids, lo, hi))
-        cls_l = r6_array(pw_cls / np.array(t_cls)[pool_of]).tolist()
-        for i, ids, lo, hi in has:
-            ws = cls_l[lo:hi]
-            if sum(ws) > 0:
-                by_priority[i][cls] = dict(zip(ids, ws, strict=True))
+            if has[k]:
+                by_priority[i][cls] = dict(zip(ids, cls_l[lo:hi], strict=False))
 
     # Prefix holders: each pool's eligible rows by score descending, ties in row (node-id) order.
     with np.errstate(invalid="ignore"):
@@ -1074,14 +1068,19 @@ def _decide_pools(
     cut = np.concatenate([[0], np.cumsum(np.bincount(pool_of[er], minlength=len(cols.pool_ids)))]).tolist()
     prefixes = _hot_prefixes(snap, cols)
 
-    live_n = np.add.reduceat(pos.astype(np.int64), starts).tolist()
-    serving_n = np.add.reduceat((cols.warm & ~cols.stale).astype(np.int64), starts).tolist()
-    stale_n = np.add.reduceat(cols.stale.astype(np.int64), starts).tolist()
+    # Per pool: the mean score over its serving nodes (``sum(live) / len(live)``, the live ones those
+    # > 0, the others adding +0.0), the counts, the tensor-parallel degrees, rounded for the wire.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        own_l = r6_array(
+            _segment_sums(score, snap, cols) / np.add.reduceat(pos.astype(np.int64), starts)
+        ).tolist()
+    serving_n = np.add.reduceat((cols.warm & ~cols.stale).astype(np.float64), starts).tolist()
+    stale_n = np.add.reduceat(cols.stale.astype(np.float64), starts).tolist()
+    sizes_f = np.diff(np.append(starts, len(cols))).astype(np.float64).tolist()
     gpus = cols.ints("gpu_count")
     g_lo = np.minimum.reduceat(gpus, starts).tolist()
     g_hi = np.maximum.reduceat(gpus, starts).tolist()
-    best_l = best.tolist()
-    score_l = score.tolist()
+    best_l = r6_array(best).tolist()
     out: list[PolicyResult[PoolMemory] | None] = [None] * len(ctxs)
     pools = snap.pools
     spill_of = _spill_targets_of(snap, params)
@@ -1102,8 +1101,8 @@ def _decide_pools(
             )
         )
         digests = sorted(holders)
-        affinity = dict(zip(digests, map(tuple, map(holders.__getitem__, digests)), strict=True))
-        own_h = r6(sum(score_l[lo:hi]) / live_n[k])
+        affinity = dict(zip(digests, map(tuple, map(holders.__getitem__, digests)), strict=False))
+        own_h = own_l[k]
         spill_to = spill_of(pool_id)
         if g_lo[k] == g_hi[k]:
             view = pools.get(pool_id)
@@ -1116,13 +1115,13 @@ def _decide_pools(
             fit = pool_max_prompt(pools.get(pool_id), gpus[lo:hi].tolist())
         decision = _assembled(
             pool_id,
-            dict(zip(ids, weights_l[lo:hi], strict=True)),
+            dict(zip(ids, weights_l[lo:hi], strict=False)),
             "cache-aware",
             {
-                "nodes": float(hi - lo),
-                "serving_nodes": float(serving_n[k]),
-                "stale_nodes": float(stale_n[k]),
-                "best_score": r6(best_l[k]),
+                "nodes": sizes_f[k],
+                "serving_nodes": serving_n[k],
+                "stale_nodes": stale_n[k],
+                "best_score": best_l[k],
                 "headroom": own_h,
                 "hot_prefixes": float(len(affinity)),
                 "spill_pools": float(len(spill_to)),
@@ -1134,9 +1133,9 @@ def _decide_pools(
         )
         ts, vals, a, z = held[i]
         out[i] = PolicyResult(
-            decisions=(decision,),
-            state=PoolMemory(ids, ts[a:z], vals[a:z]),
-            diagnostics={"headroom": own_h, "hot_prefixes": float(len(affinity))},
+            (decision,),
+            PoolMemory(ids, ts[a:z], vals[a:z]),
+            {"headroom": own_h, "hot_prefixes": float(len(affinity))},
         )
     return [
         found if found is not None else algo.decide(snap, params, s, c)
@@ -1220,6 +1219,22 @@ def _spill_targets_of(snap: FleetSnapshot, params: CacheAwareParams) -> Callable
         return targets if j is None else targets[:j] + targets[j + 1 :]
 
     return of
+
+
+def _segment_sums(values: Floats, snap: FleetSnapshot, cols: FleetColumns) -> Floats:
+    """Per pool, Python's ``sum`` of its rows' values in row order: ``0.0 + v0 + v1 + ...``, one
+    addition at a time (``np.add.reduceat`` adds pairwise, which may round differently). A running
+    sum along each row of the pools laid out one per row, padded with +0.0 (which changes no sum of
+    values that are not -0.0, and no other sum either: ``x + 0.0`` is ``x`` but for ``x = -0.0``)."""
+    key = ("cache-aware.sum_layout",)
+    layout: tuple[Ints, int] | None = snap.memo.get(key)
+    if layout is None:
+        at = np.arange(len(cols)) - cols.starts[cols.pool_of] + 1  # column 0 holds the leading 0.0
+        layout = snap.memo[key] = (at, int(at.max(initial=0)) + 1)
+    at, width = layout
+    pad = np.zeros((len(cols.starts), width))
+    pad[cols.pool_of, at] = values
+    return np.cumsum(pad, axis=1)[:, -1]
 
 
 def _pool_index(snap: FleetSnapshot, cols: FleetColumns) -> dict[str, int]:
