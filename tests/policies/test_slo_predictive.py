@@ -418,3 +418,19 @@ def test_a_sibling_pool_short_of_nodes_is_carried_by_this_one(
     d, _ = decide(snap, settled(last_desired=5), down_window_s=0)
     assert (d.desired_nodes, d.reason) == (desired, reason)
     assert d.inputs["sibling_short_nodes"] == (10.0 if reason == "scale-up-sibling-short" else 0.0)
+
+
+@pytest.mark.parametrize("seen_cold_at", [NOW_MS + 10**12, NOW_MS + 1, NOW_MS - 10**12])
+def test_a_cold_start_from_a_clock_that_jumped_is_not_learned(seen_cold_at: int) -> None:
+    """A node first seen cold after "now" (a tick from far in the future, then the clock back), or
+    warm a day-plus after it was first seen cold, gives no cold start sample: learned, it turned the
+    lead and the down window negative (an empty max(), the pool's whole tick refused) or absurd."""
+    state = settled(not_warm_since=(("c0", seen_cold_at),), cold_start_s=90.0)
+    snap = pool_snap([*loaded(4, 40), node("c0")])  # c0 is warm now
+    for decide_form in (ALGO.decide, ALGO.decide_plain):
+        result = decide_form(snap, SloPredictiveParams(headroom=0.8), state, ctx(snap))
+        assert result.state.cold_start_s == 90.0  # unchanged
+        (d,) = result.decisions
+        assert isinstance(d, AutoscaleDecision)
+    (batch,) = ALGO.decide_pools(snap, SloPredictiveParams(headroom=0.8), [state], [ctx(snap)])
+    assert batch == ALGO.decide(snap, SloPredictiveParams(headroom=0.8), state, ctx(snap))

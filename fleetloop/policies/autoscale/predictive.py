@@ -46,7 +46,8 @@ cold or loading ones ``A`` (arriving)::
     C_obs  = (D / n_w) / P                              tokens/s a warm node carries at P = 1
     C      = EWMA(C_obs), half-life ``capacity_halflife_s``, learned only when the window holds
              >= ``min_requests`` calls and P >= 0.05 (an idle node says nothing about capacity)
-    lead   = learned cold start (EWMA of cold -> warm times seen) or ``cold_start_s``
+    lead   = learned cold start (EWMA of cold -> warm times seen, each in (0, 3600] s; a time
+             outside is a clock that jumped or a stuck node, not learned) or ``cold_start_s``
     slope  = least-squares slope of D over the last ``lead`` seconds, counted only when it and
              the slope of the newer half of those seconds are both positive and above 2 standard
              errors (one independent sample per telemetry window); then the smaller of the two.
@@ -650,8 +651,7 @@ class SloPredictive:
             if n.weights_state != "warm":
                 since.setdefault(n.node_id, now)
             elif n.node_id in since:
-                sample = (now - since.pop(n.node_id)) / 1000.0
-                cold_start = sample if cold_start is None else 0.5 * cold_start + 0.5 * sample
+                cold_start = _learn_cold_start(cold_start, now, since.pop(n.node_id))
         live = {n.node_id for n in nodes if not n.stale}
         not_warm_since = tuple(sorted((i, t) for i, t in since.items() if i in live))
         lead_s = cold_start if cold_start is not None else params.cold_start_s
@@ -929,6 +929,22 @@ def _recent(seq: tuple[_T, ...], now: int, span: float) -> tuple[_T, ...]:
     return tuple(e for e in seq if now - e[0] <= span)
 
 
+# The longest time from first seen cold to warm taken as a cold start: the bound of the
+# ``cold_start_s`` parameter. A node that took longer was stuck, not starting.
+MAX_COLD_START_S = 3600.0
+
+
+def _learn_cold_start(cold_start: float | None, now: int, seen_cold_ms: int) -> float | None:
+    """The EWMA (weight 1/2) of cold -> warm times, with the sample ``now - seen_cold_ms``. A sample
+    outside (0, ``MAX_COLD_START_S``] is no cold start but a clock that jumped (a tick from the far
+    future, then back) or a stuck node, and is not learned: a negative one made the lead and the down
+    window negative (an empty max(), the pool's tick refused), a huge one a lead of years."""
+    sample = (now - seen_cold_ms) / 1000.0
+    if not 0.0 < sample <= MAX_COLD_START_S:
+        return cold_start
+    return sample if cold_start is None else 0.5 * cold_start + 0.5 * sample
+
+
 def _within(
     recs: tuple[tuple[int, int], ...], now: int, span: float, pick: Callable[[Iterable[int]], int]
 ) -> int:
@@ -1140,8 +1156,7 @@ def _decide_pools(
                 if not w_:
                     since.setdefault(node_id, now)
                 elif node_id in since:
-                    sample = (now - since.pop(node_id)) / 1000.0
-                    cold_start = sample if cold_start is None else 0.5 * cold_start + 0.5 * sample
+                    cold_start = _learn_cold_start(cold_start, now, since.pop(node_id))
             live = {node_id for node_id, s_ in zip(ids, stale_l, strict=True) if not s_}
             not_warm_since = tuple(sorted((i, t) for i, t in since.items() if i in live))
         else:
