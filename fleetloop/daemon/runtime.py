@@ -58,7 +58,7 @@ import asyncio
 import contextlib
 import gc
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,6 +189,33 @@ class DaemonStats:
 
 OnDecisions = Callable[[Sequence[Decision]], None]
 MAX_FETCH_BYTES = 2 * 1024 * 1024
+
+
+# Ticks of one shard and boundary decided in one call at most: a batch is decided without yielding
+# to the loop (~1 ms per pool of 40 nodes), so the ticker and the consumer wait at most that long.
+DECIDE_BATCH_MAX = 64
+
+
+def _boundary_run(held: Sequence[_HeldTick], done: Collection[int]) -> int:
+    """How many held ticks from the head belong to the head's boundary batch: consecutive ticks
+    with the head's cut header, time and tick id (and ticks already decided, ``done``). A tick
+    without a cut header (from another ticker: its cut comes from its own record time) is alone."""
+    head = held[0]
+    tick = head.tick
+    if tick is None or head.cut is None:
+        return 1
+    n = 1
+    for h in held[1:]:
+        if h.offset in done:
+            n += 1
+            continue
+        t = h.tick
+        if t is None or h.skipped is not None or h.cut != head.cut or t.ts_ms != tick.ts_ms:
+            break
+        if t.tick_id != tick.tick_id:
+            break
+        n += 1
+    return n
 
 
 def tune_gc(gen0_threshold: int) -> None:
@@ -1063,23 +1090,25 @@ class Daemon:
 
     async def _decide_ready(self) -> list[Decision]:
         """Decide every held tick whose inputs are read, and send each tick's decisions as soon as
-        it is decided (acknowledged later, before the checkpoint and the commit: ``process``).
+        its batch is decided (acknowledged later, before the checkpoint and the commit: ``process``).
 
         First, across shards, the ticks at the head of each shard's queue (one boundary, one cut)
         whose pool has a failed call among the records the cut folds: a tripping breaker goes out
         before the other pools' routine decisions. Then every ready tick in offset order. A pool's
         decisions depend only on its tick, the shard's cut and that pool's own state, so this order
-        decides nothing differently (replay, in log order, produces the same bytes). Between ticks
-        the loop yields: the client sends what was staged, the ticker publishes on time, and the
+        decides nothing differently (replay, in log order, produces the same bytes). The ticks of
+        one shard at one boundary (the same time and cut, consecutive in its queue) are decided in
+        one :meth:`Shard.decide_many`, at most ``DECIDE_BATCH_MAX`` at a time; between batches the
+        loop yields: the client sends what was staged, the ticker publishes on time, and the
         consumer keeps fetching while a large fleet is decided."""
         out: list[Decision] = []
         early: dict[int, set[int]] = {}  # per shard: offsets of held ticks decided ahead of order
-        for p, h in self._troubled_heads():
+        for p, hs in self._troubled_heads():
             shard = self.shards.get(p)
             if shard is None or self._held.get(p) is None:
                 continue  # the shard went (a rebalance during a yield)
-            await self._decide_one(p, shard, h, out)
-            early.setdefault(p, set()).add(h.offset)
+            await self._decide_held(p, shard, hs, out)
+            early.setdefault(p, set()).update(h.offset for h in hs)
             self._dirty.add(p)
         for p in sorted(self._held):
             shard = self.shards.get(p)
@@ -1087,13 +1116,17 @@ class Daemon:
             done = early.get(p, set())
             while held and shard is not None and self.shards.get(p) is shard and self._held.get(p) is held:
                 h = held[0]
+                run = 1  # held ticks this step passes
                 if h.offset in done:
                     pass  # decided above, out of order: only its place in the queue remains
                 elif h.tick is not None and h.skipped is None:
                     cut = self._cut_of(p, h)
                     if cut is None:
                         break  # ticks of one partition are decided in order
-                    await self._decide_one(p, shard, h, out, cut)
+                    run = _boundary_run(held, done)
+                    await self._decide_held(
+                        p, shard, [x for x in held[:run] if x.offset not in done], out, cut
+                    )
                     if self.shards.get(p) is not shard or self._held.get(p) is not held:
                         break  # the shard went during the yield: its new owner decides from its checkpoint
                 elif h.tick is not None and shard.skip(h.tick):
@@ -1105,15 +1138,15 @@ class Daemon:
                         through_tick=h.tick.tick_id,
                         reason=h.skipped,
                     )
-                held.pop(0)
-                shard.ticks_at = h.offset + 1
+                shard.ticks_at = held[run - 1].offset + 1
+                del held[:run]
                 self._dirty.add(p)
         return out
 
-    def _troubled_heads(self) -> list[tuple[int, _HeldTick]]:
+    def _troubled_heads(self) -> list[tuple[int, list[_HeldTick]]]:
         """Per shard, the ticks of the boundary at the head of its queue (same time, same cut, all
-        ready) whose pool has a failed call among the records that cut folds."""
-        out: list[tuple[int, _HeldTick]] = []
+        ready) whose pool has a failed call among the records that cut folds, in queue order."""
+        out: list[tuple[int, list[_HeldTick]]] = []
         for p in sorted(self._held):
             held = self._held[p]
             if not held or held[0].tick is None or held[0].skipped is not None or held[0].cut is None:
@@ -1125,35 +1158,87 @@ class Daemon:
             troubled = self.shards[p].troubled(head.cut or {})
             if not troubled:
                 continue
+            found: list[_HeldTick] = []
             for h in held:
                 same = h.tick is not None and h.skipped is None and h.cut == head.cut
                 if not same or h.tick is None or h.tick.ts_ms != head.tick.ts_ms:
                     break  # the head boundary ends here
                 if h.tick.pool_id in troubled:
-                    out.append((p, h))
+                    found.append(h)
+            if found:
+                out.append((p, found))
         return out
 
-    async def _decide_one(
-        self, p: int, shard: Shard, h: _HeldTick, out: list[Decision], cut: dict[str, int] | None = None
+    async def _decide_held(
+        self,
+        p: int,
+        shard: Shard,
+        hs: Sequence[_HeldTick],
+        out: list[Decision],
+        cut: dict[str, int] | None = None,
     ) -> None:
-        """Decide one held tick (its cut ready) and stage its decisions; then yield to the loop."""
-        assert h.tick is not None
-        cut = cut if cut is not None else h.cut
-        assert cut is not None
+        """Decide held ticks of one boundary (their cut ready), in batches of distinct pools of at
+        most ``DECIDE_BATCH_MAX``; stage each tick's decisions in queue order, yielding after each batch."""
+        start = 0
+        while start < len(hs):
+            pools: set[str] = set()
+            end = start
+            while end < len(hs) and end - start < DECIDE_BATCH_MAX:
+                tick = hs[end].tick
+                assert tick is not None
+                if tick.pool_id in pools:
+                    break  # the same pool twice (a duplicate tick record): the second in the next batch
+                pools.add(tick.pool_id)
+                end += 1
+            await self._decide_batch(p, shard, hs[start:end], out, cut)
+            if self.shards.get(p) is not shard:
+                return  # the shard went during the yield: its new owner decides from its checkpoint
+            start = end
+
+    async def _decide_batch(
+        self, p: int, shard: Shard, hs: Sequence[_HeldTick], out: list[Decision], cut: dict[str, int] | None
+    ) -> None:
+        """Decide held ticks of one boundary and distinct pools in one :meth:`Shard.decide_many`, as
+        one :meth:`Shard.decide` each would (a tick that raises costs only itself); stage their
+        decisions in order, then yield to the loop."""
+        ticks: list[Tick] = []
+        for h in hs:
+            assert h.tick is not None
+            ticks.append(h.tick)
+        batch_cut = cut if cut is not None else hs[0].cut
+        assert batch_cut is not None
         started_s = clock.monotonic_s()
+        policy = self._policy_at(ticks[0].ts_ms)
+        decided: list[tuple[Decision, ...] | Exception | None]
         try:
-            decided = shard.decide(h.tick, cut, self._policy_at(h.tick.ts_ms))
-        except Exception as exc:  # one pool's bad tick must not stop the others' decisions
-            self._tick_failed(p, h.offset, h.tick, exc)
-            return
-        shadowed = self._decide_shadow(shard, h.tick) if decided else ()
-        published = self._settle(p, h.offset, decided, started_s)
-        if published:
-            out.extend(published)
-            self._note_summary(p, h.tick, published)
-            self._shadow_out.extend(shadowed)
-            assert self._publisher is not None
-            await self._publisher.stage(published, shadowed)
+            decided = shard.decide_many(ticks, batch_cut, policy)
+        except Exception:  # as each tick's decide would (the fold, say): one by one, as before
+            decided = []
+            for tick in ticks:
+                try:
+                    decided.append(shard.decide(tick, batch_cut, policy))
+                except Exception as exc:
+                    decided.append(exc)
+        shadowed = self._decide_shadows(
+            shard, [t for t, d in zip(ticks, decided, strict=True) if d and not isinstance(d, Exception)]
+        )
+        # Each tick's share of the batch's time: what a tick costs to decide (snapshot + policies).
+        share_s = (clock.monotonic_s() - started_s) / len(ticks)
+        for h, d in zip(hs, decided, strict=True):
+            assert h.tick is not None
+            if isinstance(d, Exception):  # one pool's bad tick must not stop the others' decisions
+                self._tick_failed(p, h.offset, h.tick, d)
+                continue
+            published = self._settle(p, h.offset, d, share_s)
+            if published:
+                out.extend(published)
+                self._note_summary(p, h.tick, published)
+                shadow = shadowed.get(h.tick.pool_id, ())
+                self._shadow_out.extend(shadow)
+                assert self._publisher is not None
+                await self._publisher.stage(published, shadow)
+                if self.shards.get(p) is not shard:
+                    return  # the shard went during the hand-over (as it would have between ticks)
         # The client hands the batch over; the ticker, the consumer's fetches and the group
         # heartbeat get a turn (also between ticks decided again after a restore, not published).
         await asyncio.sleep(0)
@@ -1164,23 +1249,35 @@ class Daemon:
                 return shadow
         return None
 
-    def _decide_shadow(self, shard: Shard, tick: Tick) -> tuple[Decision, ...]:
-        """The shadow policy's decisions on a tick just decided; a failure costs only these."""
+    def _decide_shadows(self, shard: Shard, ticks: Sequence[Tick]) -> dict[str, tuple[Decision, ...]]:
+        """The shadow policy's decisions on ticks of one boundary just decided, by pool; a failure
+        costs only that tick's shadow decisions."""
+        if not ticks:
+            return {}
         try:
-            return shard.decide_shadow(tick, self._shadow_at(tick.ts_ms))
+            results = shard.decide_shadow_many(ticks, self._shadow_at(ticks[0].ts_ms))
         except Exception as exc:
-            self.stats.shadow_failed += 1
-            log.error(
-                "shadow policy could not decide a tick; the enforced decisions stand",
-                pool=tick.pool_id,
-                tick_id=tick.tick_id,
-                error=reason_of(exc),
-                ratelimit_key=f"shadow-failed:{tick.pool_id}",
-            )
-            return ()
+            results = [exc for _ in ticks]
+        out: dict[str, tuple[Decision, ...]] = {}
+        for tick, result in zip(ticks, results, strict=True):
+            if isinstance(result, Exception):
+                self._shadow_failed(tick, result)
+            else:
+                out[tick.pool_id] = result
+        return out
+
+    def _shadow_failed(self, tick: Tick, exc: Exception) -> None:
+        self.stats.shadow_failed += 1
+        log.error(
+            "shadow policy could not decide a tick; the enforced decisions stand",
+            pool=tick.pool_id,
+            tick_id=tick.tick_id,
+            error=reason_of(exc),
+            ratelimit_key=f"shadow-failed:{tick.pool_id}",
+        )
 
     def _settle(
-        self, p: int, offset: int, decided: tuple[Decision, ...] | None, started_s: float
+        self, p: int, offset: int, decided: tuple[Decision, ...] | None, duration_s: float
     ) -> Sequence[Decision]:
         """Count a decided tick by outcome; the decisions to publish (none for a tick decided again)."""
         if decided is None:
@@ -1193,7 +1290,7 @@ class Daemon:
             self.stats.ticks_restored += 1  # rebuilds state after a restore; published before
             metrics.ticks.add(1, {"outcome": "warmup"})
         else:
-            metrics.tick_duration.record(clock.monotonic_s() - started_s)
+            metrics.tick_duration.record(duration_s)
             metrics.ticks.add(1, {"outcome": "decided"})
             self._account(decided)
             return decided

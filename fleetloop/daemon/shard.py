@@ -29,13 +29,13 @@ No I/O and no clock here: the runtime feeds records and ticks in, publishes what
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from fleetloop.daemon.decide.engine import EngineState, decide, envelope_of
+from fleetloop.daemon.decide.engine import EngineState, TickResult, decide, decide_many, envelope_of
 from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot
 from fleetloop.policies.registry import CompiledPolicy, compile_policy
@@ -283,6 +283,75 @@ class Shard:
         self.states[tick.pool_id] = result.state
         return result.decisions
 
+    def decide_many(
+        self, ticks: Sequence[Tick], cut: Mapping[str, int], policy: CompiledPolicy
+    ) -> list[tuple[Decision, ...] | Exception | None]:
+        """:meth:`decide` for each of ``ticks`` in order, for ticks of one boundary (the same
+        ``ts_ms``, ``tick_id`` and ``cut``, distinct pools): the same outcomes and the same shard
+        afterwards, with the pools that have data decided in one :func:`decide_many`. A tick whose
+        :meth:`decide` would raise gets its exception in its place (the others are decided; if the
+        batch raises, its ticks are decided one by one to find it)."""
+        out: list[tuple[Decision, ...] | Exception | None] = [None] * len(ticks)
+        todo: list[int] = []
+        folded = False
+        for i, tick in enumerate(ticks):
+            last = self.last_tick.get(tick.pool_id)
+            if last is not None and tick.tick_id <= last[0]:
+                continue  # a duplicate: None
+            if not folded:
+                self._fold_to(cut)  # the same cut for every tick: folding again would do nothing
+                folded = True
+            if tick.pool_id not in self.model.pools and tick.pool_id not in self.pending_pools:
+                self.last_tick.pop(tick.pool_id, None)
+                out[i] = ()
+                continue
+            self.last_tick[tick.pool_id] = (tick.tick_id, tick.ts_ms)
+            todo.append(i)
+        if not todo:
+            return out
+        try:
+            snap = self._snapshot(ticks[todo[0]], policy)
+        except Exception as exc:  # as each tick's decide would have raised
+            for i in todo:
+                out[i] = exc
+            return out
+        for i in todo:
+            if ticks[i].pool_id not in snap.pools:
+                out[i] = ()
+        todo = [i for i in todo if ticks[i].pool_id in snap.pools]
+        batch = [ticks[i] for i in todo]
+        results = self._decide_batch(snap, policy, self.states, batch)
+        for i, result in zip(todo, results, strict=True):
+            if isinstance(result, Exception):
+                out[i] = result
+            else:
+                self.states[ticks[i].pool_id] = result.state
+                out[i] = result.decisions
+        return out
+
+    def _decide_batch(
+        self,
+        snap: FleetSnapshot,
+        policy: CompiledPolicy,
+        states: Mapping[str, EngineState],
+        ticks: Sequence[Tick],
+    ) -> list[TickResult | Exception]:
+        """``decide`` of each tick from ``states`` (read only), in one :func:`decide_many`, or one by
+        one when the batch raises: a tick that raises costs only itself."""
+        offsets = self.input_offsets()
+        try:
+            return list(
+                decide_many(snap, policy, [states.get(t.pool_id, _EMPTY) for t in ticks], ticks, offsets)
+            )
+        except Exception:
+            out: list[TickResult | Exception] = []
+            for t in ticks:
+                try:
+                    out.append(decide(snap, policy, states.get(t.pool_id, _EMPTY), t, offsets))
+                except Exception as exc:
+                    out.append(exc)
+            return out
+
     def _snapshot(self, tick: Tick, policy: CompiledPolicy) -> FleetSnapshot:
         env = envelope_of(policy)
         # Pools of one shard ticking at one boundary share a cut: one snapshot serves them all (and
@@ -311,6 +380,34 @@ class Shard:
         result = decide(snap, shadow.runner, state, tick, self.input_offsets())
         self.shadow_states[tick.pool_id] = result.state
         return tuple(d.model_copy(update={"policy": shadow.stamp}) for d in result.decisions)
+
+    def decide_shadow_many(
+        self, ticks: Sequence[Tick], shadow: Shadow | None
+    ) -> list[tuple[Decision, ...] | Exception]:
+        """:meth:`decide_shadow` for each of ``ticks`` (one boundary, distinct pools, each just
+        decided by :meth:`decide_many`), in one :func:`decide_many`; a tick whose shadow decision
+        raises gets its exception in its place."""
+        if shadow is None:
+            for tick in ticks:
+                self.shadow_states.pop(tick.pool_id, None)
+            return [() for _ in ticks]
+        out: list[tuple[Decision, ...] | Exception] = [() for _ in ticks]
+        if not ticks:
+            return out
+        try:
+            snap = self._snapshot(ticks[0], shadow.runner)
+        except Exception as exc:
+            return [exc for _ in ticks]
+        todo = [i for i, t in enumerate(ticks) if t.pool_id in snap.pools]
+        results = self._decide_batch(snap, shadow.runner, self.shadow_states, [ticks[i] for i in todo])
+        stamp = shadow.stamp
+        for i, result in zip(todo, results, strict=True):
+            if isinstance(result, Exception):
+                out[i] = result
+            else:
+                self.shadow_states[ticks[i].pool_id] = result.state
+                out[i] = tuple(d.model_copy(update={"policy": stamp}) for d in result.decisions)
+        return out
 
     def skip(self, tick: Tick) -> bool:
         """Record a tick published as skipped (an outage longer than the catch-up); False if old."""

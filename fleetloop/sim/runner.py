@@ -4,9 +4,8 @@ Every ``policy.tick_ms`` of virtual time ``t`` (tick ``n``)::
 
     emitted = sim.advance_to(t)
     model   = apply(model, emitted.telemetry + emitted.outcomes)
-    for pool in sorted(pools):
-        snap   = snapshot(model, t, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms)
-        result = engine.tick(snap, Tick(ts_ms=t, tick_id=n, pool_id=pool))
+    snap = snapshot(model, t, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms)
+    for result in engine.tick_many(snap, [Tick(ts_ms=t, tick_id=n, pool_id=p) for p in sorted(pools)]):
         sim.apply(result.decisions)
 
 The policy runs against the scenario's SLO: the scenario's ``slo`` becomes the policy's
@@ -111,8 +110,9 @@ def run(
         model = apply(model, [*emitted.telemetry, *emitted.outcomes])
         # One snapshot serves every pool of the tick: deciding does not change the model.
         snap = snapshot(model, t, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms)
-        for pool in pools:
-            result = engine.tick(snap, Tick(ts_ms=t, tick_id=n, pool_id=pool))
+        # Every pool in one decide_many (what the loop of engine.tick decides, pool by pool); the
+        # decisions are applied in pool order, as before: applying them does not touch the model.
+        for result in engine.tick_many(snap, [Tick(ts_ms=t, tick_id=n, pool_id=pool) for pool in pools]):
             decisions += len(result.decisions)
             sim.apply(result.decisions)
         if progress is not None and n % 60 == 0:

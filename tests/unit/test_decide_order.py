@@ -130,7 +130,9 @@ async def test_the_daemon_puts_the_troubled_pools_of_each_shards_head_boundary_f
         ticks.append(Tick(ts_ms=t2, tick_id=t2 // 1000, pool_id="b" if p == 0 else "z"))
         daemon._held[p] = [_HeldTick(k, t, t.ts_ms, cut, None, 0.0) for k, t in enumerate(ticks)]
     heads = daemon._troubled_heads()
-    assert [(p, h.offset, h.tick.pool_id if h.tick else None) for p, h in heads] == [(0, 1, "b")]
+    assert [(p, [(h.offset, h.tick.pool_id if h.tick else None) for h in hs]) for p, hs in heads] == [
+        (0, [(1, "b")])
+    ]
     # Pool z's failure is in shard 1's cut, but z's tick is at a later boundary: not ahead of c and d.
     assert daemon.shards[1].troubled({TELEMETRY: 2, REQUESTS: 2}) == {"z"}
 
