@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import numpy as np
 import pytest
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.memory import PoolMemory
@@ -15,12 +14,11 @@ from fleetloop.policies.routing.cache_aware import (
     combine,
     components,
 )
-from fleetloop.router import Endpoint, Router
-from fleetloop.schemas.decisions import Decision, PolicyStamp, RoutingDecision
+from fleetloop.schemas.decisions import RoutingDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from tests.policies.snapshots import NOW_MS, POOL, ctx, node, nodes, snapshot
+from tests.policies.snapshots import NOW_MS, ctx, node, snapshot
 
 
 def decide(
@@ -79,7 +77,7 @@ def test_decision_table(views: list[NodeView], params: dict[str, Any], expected:
     d, _ = decide(views, **params)
     assert d.weights == expected
     assert d.reason == "cache-aware"
-    assert d.picker == "round-robin"
+    assert d.picker == "weighted-random"
 
 
 def test_all_stale_share_evenly_and_nothing_warm_gives_zero() -> None:
@@ -317,21 +315,3 @@ def test_a_pool_of_mixed_tensor_parallel_degrees_is_held_to_its_smallest_node() 
     (d,) = CacheAware().decide(snap, CacheAwareParams(), {}, ctx(snap)).decisions
     assert isinstance(d, RoutingDecision)
     assert d.max_prompt_tokens == 343_627
-
-
-def test_each_ticks_calls_go_round_the_nodes_in_turn() -> None:
-    """The picker: with ten equal idle nodes, every ten calls of a tick land once on each node. A
-    weighted random draw would put two of the first four on one node half the time (1 - 10!/(6!
-    10^4) = 0.50) and ten on ten distinct nodes with probability 10!/10^10 (fails this test)."""
-    views = nodes(10)
-    d, _ = decide(views)
-    assert d.picker == "round-robin"
-    eps = {v.node_id: Endpoint(node_id=v.node_id, pool_id=POOL) for v in views}
-    router: Router[Endpoint] = Router(
-        {"m": (POOL,)}, np.random.default_rng(0), members={POOL: list(eps.values())}, nodes=eps
-    )
-    stamp = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
-    router.apply([Decision(ts_ms=NOW_MS, tick_id=1, policy=stamp, body=d)], 0.0)
-    for _ in range(3):
-        picked = [router.pick(("m",), 2, None, new_task=True, budget_ms=10_000, now_s=1.0) for _ in views]
-        assert sorted(r.node.node_id for r in picked if r.node is not None) == sorted(eps)

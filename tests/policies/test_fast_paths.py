@@ -266,7 +266,6 @@ def test_routing_decision_assembled_equals_validated_and_refuses_what_validation
         entity="pool/p",
         pool_id="p",
         weights=args[1],
-        picker="round-robin",
         reason=args[2],
         inputs=args[3],
         by_priority=args[4],

@@ -37,18 +37,17 @@ Formula, for each node ``i`` of the pool (``serving_i`` = warm, not draining, te
                      KV cache holds, from the pool's model and GPU (:mod:`..prefill`; none when
                      either is unknown): the router keeps longer prompts on pools that hold them
 
-Picker: smooth weighted round robin (``round-robin``, nginx's algorithm: each node's credit grows
-by its weight per call, the richest takes the call and pays the total), not a weighted random draw.
-The weights hold for a whole tick, and within it a random draw puts two calls on one node while
-others idle far more often than the weights ask: k calls over n equal nodes collide with
-probability 1 - n!/((n-k)! n^k), 50% for 4 calls over 10 nodes. Under load that is noise; at light
-load with long prompts a collision queues a call behind another's multi-second prefill, the pool's
-TTFT median rises above the prefill's own time, and the autoscaler reads it as pressure and keeps
-nodes (long-prompt-light-load seed 21: $0.220 per task against $0.155 with plain round robin).
-In turn, every node gets its share of each tick's calls, in order, and nothing herds (a picked
-node pays the total). Measured: that seed $0.156 per task; steady-chat-2x seed 44 TTFT p50 36.4 to
-31.2 ms. Cost: the router's round robin is one pass over the eligible nodes per call (34 us at 16
-nodes, 0.4 ms at 1,000 in ``bench/results/router.md``), against a bisection.
+Picker: a weighted random draw (``weighted-random``). Smooth weighted round robin (the router's
+``round-robin``) was measured in its place (session 8) and not adopted. Within a tick the weights
+are fixed and a random draw collides (k calls over n equal nodes share a node with probability
+1 - n!/((n-k)! n^k): 50% for 4 calls over 10), so at light load with long prompts a call queues
+behind another's prefill, the TTFT median rises over the prefill's own time and slo-predictive
+keeps nodes for it; in turn, that goes away (long-prompt-light-load, 5 seeds: 0.50x -> 0.41x
+classic's cost per successful task; stress geometric mean 0.688 -> 0.678). But on
+cascade-degraded-gpu (an 8x slow H100, non-streaming calls) it lost priority-0 tasks against
+classic on seeds 8 and 11 (-88 and -144, where the random draw wins +188 and +111), shipped pairs
+meeting every target fell from 38 to 36 of 40, and burst-a100-2x lost 356 more tasks a seed on
+average; why the cascade turns is not yet known, so the draw stays.
 
 Why a prompt limit: a prompt whose KV does not fit a node's cache fails on every node of that pool
 however idle it is, and its retries fail the same way wherever the router's split sends them back
@@ -840,7 +839,7 @@ class CacheAware:
 
 
 # The router's per-call pick among the weighted nodes (see "Picker" above).
-PICKER: Picker = "round-robin"
+PICKER: Picker = "weighted-random"
 
 _ROUTING_FIELDS = (
     "entity", "reason", "inputs", "kind", "pool_id", "weights", "picker", "by_priority", "prefix_affinity",
@@ -871,7 +870,6 @@ def _routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
         "entity": f"pool/{pool_id}",
         "pool_id": pool_id,
         "weights": weights,
-        "picker": PICKER,
         "reason": reason,
         "inputs": inputs,
         "by_priority": by_priority,
@@ -897,7 +895,6 @@ _GIVEN = frozenset(
         "entity",
         "pool_id",
         "weights",
-        "picker",
         "reason",
         "inputs",
         "by_priority",
