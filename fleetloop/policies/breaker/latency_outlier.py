@@ -125,6 +125,9 @@ medians and MADs, the failure level and every node's verdict are array operation
 snapshot's fleet-wide columns (:mod:`fleetloop.policies.columns`); the state machines are stepped
 only for nodes with something to step, and a closed node's decision is assembled directly. Tested
 decision for decision, byte for byte, on generated fleets (``tests/unit/test_fast_breaker.py``).
+``LatencyOutlier.decide_pools`` (:mod:`fleetloop.policies.breaker.latency_batch`) decides a batch
+of pools at once with the same arithmetic, equal to the loop of ``decide`` bit for bit
+(``tests/unit/test_breaker_batch.py``).
 
 State: per node, the two machines (:class:`NodeState`); per pool, the remembered figures as
 arrays (:class:`fleetloop.policies.memory.PoolMemory`: a row per node, a slot per remembered tick),
@@ -302,6 +305,63 @@ def _empty_memory() -> PoolMemory:
     return PoolMemory.empty(len(SIGNALS))
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class RowCache:
+    """What :func:`fleetloop.policies.breaker.latency_batch.decide_pools` reads of ``nodes`` and
+    ``emitted`` as arrays, per row of ``ids`` (the pool's nodes at the tick that built it): derived
+    data only, rebuilt from the dicts whenever it is missing or for other ids (:func:`row_cache`)."""
+
+    ids: tuple[str, ...]
+    quiet: npt.NDArray[np.bool_]  # :func:`quiet`: nothing to step but for its inputs
+    was_warm: npt.NDArray[np.bool_]
+    steady: npt.NDArray[np.bool_]  # its last record was closed, healthy, no ejections (HEALTHY)
+    since: npt.NDArray[np.int64]  # its last record's tick
+    phase: npt.NDArray[np.int64]  # :func:`fleetloop.policies.breaker.emission.phase`
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RowCache):
+            return NotImplemented
+        return self.ids == other.ids and all(
+            np.array_equal(getattr(self, f), getattr(other, f))
+            for f in ("quiet", "was_warm", "steady", "since", "phase")
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+HEALTHY: Fields = ("closed", True, 0.0, None, "healthy", 0)  # a quiet node's record's state fields
+
+
+def quiet(ns: NodeState) -> bool:
+    """Both machines closed with no streak, no ejection on record and no ramp: the node's tick has
+    nothing to step unless it fails, turns outlier or changes warmth (``decide_columns``' test)."""
+    e = ns.err
+    return (
+        e.state == "closed"
+        and not e.ejections
+        and ns.lat == "closed"
+        and not ns.flagged_ticks
+        and not ns.lat_ejections
+        and ns.ramp_from_ms is None
+    )
+
+
+def row_cache(
+    ids: tuple[str, ...], nodes: Mapping[str, NodeState], emitted: Mapping[str, Emitted]
+) -> RowCache:
+    """:class:`RowCache` read from the dicts (every id of ``ids`` must be in both)."""
+    ns = [nodes[i] for i in ids]
+    em = [emitted[i] for i in ids]
+    return RowCache(
+        ids,
+        np.array([quiet(x) for x in ns], dtype=np.bool_),
+        np.array([x.was_warm for x in ns], dtype=np.bool_),
+        np.array([e[0] == HEALTHY for e in em], dtype=np.bool_),
+        np.array([e[1] for e in em], dtype=np.int64),
+        np.array([phase(i) for i in ids], dtype=np.int64),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class State:
     started: bool = False
@@ -309,6 +369,8 @@ class State:
     memory: PoolMemory = field(default_factory=_empty_memory)
     # Node -> its last emitted record's state fields and tick (:mod:`fleetloop.policies.breaker.emission`).
     emitted: Mapping[str, Emitted] = field(default_factory=dict)
+    # ``nodes`` and ``emitted`` per row, as ``decide_pools`` leaves them (derived; None: read the dicts).
+    rows: RowCache | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,6 +615,21 @@ class LatencyOutlier:
         self, snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
     ) -> PolicyResult[State]:
         return decide_columns(snap, params, state, ctx)
+
+    def decide_pools(
+        self,
+        snap: FleetSnapshot,
+        params: LatencyOutlierParams,
+        states: Sequence[State],
+        ctxs: Sequence[PolicyContext],
+    ) -> list[PolicyResult[State]]:
+        """Equal, element for element and bit for bit (decisions, state, diagnostics), to
+        ``[self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]``: every pool
+        of the batch at once over the fleet's columns
+        (:func:`fleetloop.policies.breaker.latency_batch.decide_pools`)."""
+        from fleetloop.policies.breaker.latency_batch import decide_pools
+
+        return decide_pools(snap, params, states, ctxs)
 
     def decide_plain(
         self, snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
