@@ -30,13 +30,20 @@ fleets, and fails under mutations of this file. Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from fleetloop.policies.base import FleetSnapshot, PolicyContext, PolicyResult, r6, r6_array
 from fleetloop.policies.breaker.consecutive_errors import step
-from fleetloop.policies.breaker.emission import KEYFRAME_TICKS, Fields, emits, fields_of, keyframe_residue
+from fleetloop.policies.breaker.emission import (
+    KEYFRAME_TICKS,
+    Emitted,
+    Fields,
+    emits,
+    fields_of,
+    keyframe_residue,
+)
 from fleetloop.policies.breaker.latency_outlier import (
     _CLEAR,
     _CLOSED_FIELDS,
@@ -120,6 +127,23 @@ def decide_pools(
     return [r for r in out if r is not None]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class _Batch:
+    """The arrays a batch left its pools' states views of, and those states' memories and caches."""
+
+    mems: tuple[PoolMemory, ...]
+    caches: tuple[RowCache | None, ...]
+    ts: Ints
+    lanes: Floats
+    flags: tuple[Bools, Bools, Bools, Ints, Ints]
+
+
+# The last batch's arrays (one batch kept): when the next batch's states hold exactly the views it
+# handed out, in the same order, its arrays are copied whole instead of put together pool by pool.
+# Only a shortcut: the result is the same either way.
+_LAST: list[_Batch] = []
+
+
 def _decide_fast(
     snap: FleetSnapshot,
     params: LatencyOutlierParams,
@@ -154,24 +178,45 @@ def _decide_fast(
     has = serve & ~np.isnan(figures).all(axis=1)
 
     # -- memory: PoolMemory.advance of every pool at once (ids unchanged: no rows move) -----------
-    mems = [states[j].memory for j in fast]
+    # Laid out as lanes, (rows, signals, slots), so the medians sort contiguous rows; each pool's
+    # PoolMemory gets the (rows, slots, signals) view of its part.
+    mems = tuple(states[j].memory for j in fast)
+    caches = tuple(states[j].rows for j in fast)
     slots = np.array([m.ts.shape[1] for m in mems], dtype=np.int64)
-    width0 = int(slots.max())
     n_sig = figures.shape[1]
-    ts = np.full((n_rows, width0), -1, dtype=np.int64)
-    vals = np.full((n_rows, width0, n_sig), np.nan)
-    for k, mem in enumerate(mems):
-        s = mem.ts.shape[1]
-        if s:
-            a = int(first_local[k])
-            b = a + mem.ts.shape[0]
-            ts[a:b, :s] = mem.ts
-            vals[a:b, :s] = mem.vals
+    last = _LAST[0] if _LAST else None
+    if (
+        last is not None
+        and len(last.mems) == len(mems)
+        and all(x is y for x, y in zip(last.mems, mems, strict=True))
+        and all(x is y for x, y in zip(last.caches, caches, strict=True))
+    ):
+        # The views the previous batch handed out, in the same order: its arrays, whole.
+        ts, lanes = last.ts.copy(), last.lanes.copy()
+        quiet_a, was_warm_a, steady_a, since_a, phase_a = last.flags
+    else:
+        width0 = int(slots.max())
+        ts = np.full((n_rows, width0), -1, dtype=np.int64)
+        lanes = np.full((n_rows, n_sig, width0), np.nan)
+        for k, mem in enumerate(mems):
+            s = mem.ts.shape[1]
+            if s:
+                a = int(first_local[k])
+                b = a + mem.ts.shape[0]
+                ts[a:b, :s] = mem.ts
+                lanes[a:b, :, :s] = mem.vals.transpose(0, 2, 1)
+        quiet_a = np.concatenate([c.quiet for c in caches if c is not None])
+        was_warm_a = np.concatenate([c.was_warm for c in caches if c is not None])
+        steady_a = np.concatenate([c.steady for c in caches if c is not None])
+        since_a = np.concatenate([c.since for c in caches if c is not None])
+        phase_a = np.concatenate([c.phase for c in caches if c is not None])
+    _LAST.clear()
+    width0 = ts.shape[1]
     memory_ms = params.memory_ms
     kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now)
     gone = ~kept
     ts[gone] = -1
-    vals[gone] = np.nan
+    np.copyto(lanes, np.nan, where=gone[:, None, :])
     col = np.arange(width0, dtype=np.int64)
     own = col[None, :] < slots[pool_of][:, None]
     # A pool grows (by its slot count, at least one) when a row it writes has no free slot of its own.
@@ -182,22 +227,28 @@ def _decide_fast(
     width = int(new_slots.max())
     if width > width0:
         ts = np.concatenate([ts, np.full((n_rows, width - width0), -1, dtype=np.int64)], axis=1)
-        vals = np.concatenate([vals, np.full((n_rows, width - width0, n_sig), np.nan)], axis=1)
+        lanes = np.concatenate([lanes, np.full((n_rows, n_sig, width - width0), np.nan)], axis=2)
         col = np.arange(width, dtype=np.int64)
+    else:
+        width = width0
     at = np.flatnonzero(has)
     if len(at):
         free = (ts[at] < 0) & (col[None, :] < new_slots[pool_of[at]][:, None])
         slot = np.argmax(free, axis=1)
         ts[at, slot] = now
-        vals[at, slot] = figures[at]
+        lanes[at, :, slot] = figures[at]
     # PoolMemory.median_arrays over every row (empty slots are NaN, sorted last like the pool's own).
-    if width:
-        ordered = np.sort(vals, axis=1, kind="stable") if (vals == 0).any() else np.sort(vals, axis=1)
-        count = width - np.isnan(vals).sum(axis=1)
+    # Slots empty in every row (past the last one any row uses) sort last anyway: left out.
+    used = np.flatnonzero((ts >= 0).any(axis=0))
+    span = int(used[-1]) + 1 if len(used) else 0
+    if span:
+        part = lanes[:, :, :span]
+        ordered = np.sort(part, axis=2, kind="stable") if (part == 0).any() else np.sort(part, axis=2)
+        count = span - np.isnan(part).sum(axis=2)
         row = np.arange(n_rows)[:, None]
         sig = np.arange(n_sig)[None, :]
-        upper = ordered[row, np.minimum(count // 2, width - 1), sig]
-        lower = ordered[row, np.maximum(count - 1, 0) // 2, sig]
+        upper = ordered[row, sig, np.minimum(count // 2, span - 1)]
+        lower = ordered[row, sig, np.maximum(count - 1, 0) // 2]
         with np.errstate(over="ignore"):  # (1e308 + 1e308) / 2 is inf, as in the pool's own median
             med = np.where(count % 2 == 1, upper, (lower + upper) / 2)
         ok = count >= max(1, params.min_samples)
@@ -247,17 +298,15 @@ def _decide_fast(
     tbt = np.where(serve, tbt, _NODATA)
     ttft = np.where(serve, ttft, _NODATA)
     outlier = (tbt == _FLAGGED) & (ttft != _CLEAR)
-    sev_r = r6_array(severity)
-    bad = ~(np.abs(sev_r) <= MAX_FIGURE) | ~(streak <= MAX_FIGURE)  # True for NaN
+    # A pool with a figure its decisions cannot carry (|r6(x)| > MAX_FIGURE, NaN) is decided alone.
+    # Below MAX_FIGURE / 2, r6 (a move of at most 5e-7) cannot leave the bound: round only the rest.
+    bad = ~(streak <= MAX_FIGURE)
+    big = np.flatnonzero(~(np.abs(severity) <= MAX_FIGURE / 2))  # NaN too
+    if len(big):
+        bad[big] |= ~(np.abs(r6_array(severity[big])) <= MAX_FIGURE)
     pool_bad = np.bincount(pool_of[bad], minlength=n_pools) > 0
 
     # -- which rows need Python -------------------------------------------------------------------
-    caches = [states[j].rows for j in fast]
-    quiet_a = np.concatenate([c.quiet for c in caches if c is not None])
-    was_warm_a = np.concatenate([c.was_warm for c in caches if c is not None])
-    steady_a = np.concatenate([c.steady for c in caches if c is not None])
-    since_a = np.concatenate([c.since for c in caches if c is not None])
-    phase_a = np.concatenate([c.phase for c in caches if c is not None])
     threshold = params.errors().threshold
     trivial = quiet_a & (streak < threshold) & (warm == was_warm_a) & ~outlier
     age = tick_id - since_a
@@ -265,6 +314,7 @@ def _decide_fast(
     handle = np.flatnonzero(~silent)
     cut = [*np.searchsorted(handle, first_local).tolist(), len(handle)]
     live_n = np.bincount(pool_of[serve], minlength=n_pools).tolist()
+    stepping = (np.bincount(pool_of[~trivial], minlength=n_pools) > 0).tolist()
     healthy_quiet = np.bincount(pool_of[serve & trivial], minlength=n_pools).tolist()
     outliers_n = np.bincount(pool_of[outlier], minlength=n_pools).tolist()
     # :func:`pool_failure_columns` of every pool.
@@ -287,7 +337,7 @@ def _decide_fast(
     tbt_l = tbt[handle].tolist()
     ttft_l = ttft[handle].tolist()
     sev_l = severity[handle].tolist()
-    sev_rl = sev_r[handle].tolist()
+    sev_rl = r6_array(severity[handle]).tolist()
     outlier_l = outlier[handle].tolist()
     first_l = first_local.tolist()
     new_slots_l = new_slots.tolist()
@@ -301,6 +351,9 @@ def _decide_fast(
     closed_fields = _CLOSED_FIELDS
     nodes_view = cols.nodes
     pool_bad_l = pool_bad.tolist()
+    phase_l = phase_a[handle].tolist()
+    handed: list[PoolMemory] = []
+    handed_rows: list[RowCache] = []
     for k, j in enumerate(fast):
         st = states[j]
         ctx = ctxs[j]
@@ -319,7 +372,7 @@ def _decide_fast(
         reasons: dict[str, str] = {}
         wants: list[tuple[float, str]] = []
         open_now = 0
-        for q in mine:
+        for q in mine if stepping[k] else ():
             if triv_l[q]:
                 continue
             node_id = ids[h_l[q] - a]
@@ -347,7 +400,7 @@ def _decide_fast(
         )
         live = live_n[k]
         healthy = healthy_quiet[k]
-        for q in mine:
+        for q in mine if stepping[k] else ():
             if serve_l[q] and not triv_l[q]:
                 node_id = ids[h_l[q] - a]
                 ns = stepped[node_id]
@@ -363,8 +416,8 @@ def _decide_fast(
         pool_failing = pool_failing_l[k]
 
         decisions: list[BreakerDecision] = []
-        new_nodes = dict(known)
-        emitted = dict(before)
+        new_nodes: dict[str, NodeState] | None = None  # copied on the first change
+        emitted: dict[str, Emitted] | None = None
         latency_open = error_open = 0
         for q in mine:
             r = h_l[q]
@@ -378,7 +431,10 @@ def _decide_fast(
                 ramp_from = ns.ramp_from_ms
                 if ramp_from is not None and now - ramp_from >= slow_start_ms:
                     ns = _with(ns, ramp_from_ms=None)
-                new_nodes[node_id] = ns
+                if ns is not known[node_id]:
+                    if new_nodes is None:
+                        new_nodes = dict(known)
+                    new_nodes[node_id] = ns
                 quiet_n[r] = quiet(ns)
                 was_warm_n[r] = ns.was_warm
             ramp_from = ns.ramp_from_ms
@@ -396,10 +452,12 @@ def _decide_fast(
                     if (
                         b is not None
                         and b[0] == f
-                        and phase_a[r] != residue
+                        and phase_l[q] != residue
                         and 0 <= tick_id - b[1] < KEYFRAME_TICKS
                     ):
                         continue
+                    if emitted is None:
+                        emitted = dict(before)
                     emitted[node_id] = (f, tick_id)
                     steady_n[r] = f == HEALTHY
                     since_n[r] = tick_id
@@ -440,19 +498,29 @@ def _decide_fast(
             b = before.get(node_id)
             if b is None or emits(node_id, fd, b, tick_id):
                 decisions.append(d)
+                if emitted is None:
+                    emitted = dict(before)
                 emitted[node_id] = (fd, tick_id)
                 steady_n[r] = fd == HEALTHY
                 since_n[r] = tick_id
         lo = a
         hi = a + len(ids)
         s = new_slots_l[k]
-        memory = PoolMemory(ids, ts[lo:hi, :s], vals[lo:hi, :s])
+        memory = PoolMemory(ids, ts[lo:hi, :s], lanes[lo:hi, :, :s].transpose(0, 2, 1))
         rows = RowCache(
             ids, quiet_n[lo:hi], was_warm_n[lo:hi], steady_n[lo:hi], since_n[lo:hi], phase_a[lo:hi]
         )
+        handed.append(memory)
+        handed_rows.append(rows)
         out[j] = PolicyResult(
             decisions=tuple(decisions),
-            state=State(started=True, nodes=new_nodes, memory=memory, emitted=emitted, rows=rows),
+            state=State(
+                started=True,
+                nodes=known if new_nodes is None else new_nodes,
+                memory=memory,
+                emitted=before if emitted is None else emitted,
+                rows=rows,
+            ),
             diagnostics={
                 "latency_open": float(latency_open),
                 "error_open": float(error_open),
@@ -461,6 +529,9 @@ def _decide_fast(
                 "pool_failure_frac": r6(pool_failing),
             },
         )
+    if len(handed) == len(fast):  # every pool got its view: the next batch may start from these arrays
+        flags = (quiet_n, was_warm_n, steady_n, since_n, phase_a)
+        _LAST.append(_Batch(tuple(handed), tuple(handed_rows), ts, lanes, flags))
 
 
 def _family_rows(
