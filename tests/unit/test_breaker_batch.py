@@ -7,6 +7,7 @@ dicts it stands for."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
 from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
+from fleetloop.policies.breaker.latency_batch import rows_of
 from fleetloop.policies.breaker.latency_outlier import LatencyOutlier, LatencyOutlierParams, State, row_cache
 from tests.policies.snapshots import NOW_MS, node
 from tests.policies.snapshots import snapshot as view_snapshot
@@ -42,9 +44,11 @@ def assert_same(a: PolicyResult[State], b: PolicyResult[State]) -> None:
     assert _bits(sa.memory.ts) == _bits(sb.memory.ts)
     assert _bits(sa.memory.vals) == _bits(sb.memory.vals)
     assert sa == sb
-    if sb.rows is not None:  # the batch form's cache says what the dicts say
-        assert sb.rows == row_cache(sb.memory.node_ids, sb.nodes, sb.emitted)
-        assert sb.rows.ids is sb.memory.node_ids
+    assert pickle.dumps(sa) == pickle.dumps(sb)
+    rows = rows_of(sb)
+    if rows is not None:  # the batch form's cache says what the dicts say
+        assert rows == row_cache(sb.memory.node_ids, sb.nodes, sb.emitted)
+        assert rows.ids is sb.memory.node_ids
 
 
 def run_both(

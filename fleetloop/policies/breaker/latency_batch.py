@@ -17,7 +17,8 @@ is done, not what is computed:
   did not change warmth and is no outlier has nothing to step; if its last record was ``HEALTHY``, it
   is not its keyframe and that record is not too old, it is not emitted either
   (:mod:`fleetloop.policies.breaker.emission`), and the row costs no Python at all. What a row needs
-  of the per-node dicts is kept as arrays in the state (:class:`RowCache`, derived data).
+  of the per-node dicts is kept as arrays beside the state (:class:`RowCache`, derived data, keyed
+  by the state's identity, so the state itself is exactly what ``decide`` makes, to the pickle byte).
 
 A pool that does not fit the fast form is decided by ``decide_columns`` itself: one whose nodes are
 not those of its state's cache (a node joined or left, a state without a cache: the first tick, a
@@ -29,8 +30,10 @@ fleets, and fails under mutations of this file. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -75,6 +78,21 @@ from fleetloop.policies.pool_figures import row_ids
 from fleetloop.schemas.base import MAX_COUNT, MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import BreakerDecision
 
+# State -> its RowCache, beside the state rather than in it, so a state is exactly what ``decide``
+# makes (the same pickle and checkpoint bytes). Keyed by identity, dropped when the state is.
+_ROWS: dict[int, tuple[weakref.ref[State], RowCache]] = {}
+
+
+def rows_of(state: State) -> RowCache | None:
+    """The cache ``decide_pools`` left beside ``state``, if any (None: read the dicts)."""
+    found = _ROWS.get(id(state))
+    return found[1] if found is not None and found[0]() is state else None
+
+
+def _remember(state: State, rows: RowCache) -> None:
+    key = id(state)
+    _ROWS[key] = (weakref.ref(state, lambda _, key=key: _ROWS.pop(key, None)), rows)  # type: ignore[misc]
+
 
 def _alone(
     snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
@@ -82,11 +100,8 @@ def _alone(
     """``decide_columns`` for one pool, its state given the cache the next batch reads."""
     r = decide_columns(snap, params, state, ctx)
     st = r.state
-    return PolicyResult(
-        decisions=r.decisions,
-        state=replace(st, rows=row_cache(st.memory.node_ids, st.nodes, st.emitted)),
-        diagnostics=r.diagnostics,
-    )
+    _remember(st, row_cache(st.memory.node_ids, st.nodes, st.emitted))
+    return r
 
 
 def decide_pools(
@@ -109,7 +124,7 @@ def decide_pools(
     spans: list[tuple[int, int]] = []  # their rows in the columns
     for j, (st, c) in enumerate(zip(states, ctxs, strict=True)):
         lo, hi = cols.bounds.get(c.pool_id, (0, 0))
-        cache = st.rows
+        cache = rows_of(st)
         if (
             same
             and hi > lo
@@ -142,6 +157,7 @@ class _Batch:
 # handed out, in the same order, its arrays are copied whole instead of put together pool by pool.
 # Only a shortcut: the result is the same either way.
 _LAST: list[_Batch] = []
+_A = TypeVar("_A", Ints, Floats)
 
 
 def _decide_fast(
@@ -181,7 +197,7 @@ def _decide_fast(
     # Laid out as lanes, (rows, signals, slots), so the medians sort contiguous rows; each pool's
     # PoolMemory gets the (rows, slots, signals) view of its part.
     mems = tuple(states[j].memory for j in fast)
-    caches = tuple(states[j].rows for j in fast)
+    caches = tuple(rows_of(states[j]) for j in fast)
     slots = np.array([m.ts.shape[1] for m in mems], dtype=np.int64)
     n_sig = figures.shape[1]
     last = _LAST[0] if _LAST else None
@@ -360,7 +376,7 @@ def _decide_fast(
         if pool_bad_l[k]:
             out[j] = _alone(snap, params, st, ctx)
             continue
-        cache = st.rows
+        cache = caches[k]
         assert cache is not None
         ids = cache.ids
         pool_id = ctx.pool_id
@@ -506,21 +522,22 @@ def _decide_fast(
         lo = a
         hi = a + len(ids)
         s = new_slots_l[k]
-        memory = PoolMemory(ids, ts[lo:hi, :s], lanes[lo:hi, :, :s].transpose(0, 2, 1))
+        memory = PoolMemory(ids, _c_order(ts[lo:hi, :s]), _c_order(lanes[lo:hi, :, :s].transpose(0, 2, 1)))
         rows = RowCache(
             ids, quiet_n[lo:hi], was_warm_n[lo:hi], steady_n[lo:hi], since_n[lo:hi], phase_a[lo:hi]
         )
         handed.append(memory)
         handed_rows.append(rows)
+        new_state = State(
+            started=True,
+            nodes=known if new_nodes is None else new_nodes,
+            memory=memory,
+            emitted=before if emitted is None else emitted,
+        )
+        _remember(new_state, rows)
         out[j] = PolicyResult(
             decisions=tuple(decisions),
-            state=State(
-                started=True,
-                nodes=known if new_nodes is None else new_nodes,
-                memory=memory,
-                emitted=before if emitted is None else emitted,
-                rows=rows,
-            ),
+            state=new_state,
             diagnostics={
                 "latency_open": float(latency_open),
                 "error_open": float(error_open),
@@ -532,6 +549,12 @@ def _decide_fast(
     if len(handed) == len(fast):  # every pool got its view: the next batch may start from these arrays
         flags = (quiet_n, was_warm_n, steady_n, since_n, phase_a)
         _LAST.append(_Batch(tuple(handed), tuple(handed_rows), ts, lanes, flags))
+
+
+def _c_order(a: _A) -> _A:
+    """``a``, or a C-ordered copy when it is laid out in Fortran order only (a one-node pool's view
+    can be): numpy pickles such an array in that order, and the state must pickle as ``decide``'s."""
+    return np.ascontiguousarray(a) if a.flags.f_contiguous and not a.flags.c_contiguous else a
 
 
 def _family_rows(

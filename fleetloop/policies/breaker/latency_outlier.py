@@ -362,15 +362,13 @@ def row_cache(
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class State:
     started: bool = False
     nodes: Mapping[str, NodeState] = field(default_factory=dict)
     memory: PoolMemory = field(default_factory=_empty_memory)
     # Node -> its last emitted record's state fields and tick (:mod:`fleetloop.policies.breaker.emission`).
     emitted: Mapping[str, Emitted] = field(default_factory=dict)
-    # ``nodes`` and ``emitted`` per row, as ``decide_pools`` leaves them (derived; None: read the dicts).
-    rows: RowCache | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
