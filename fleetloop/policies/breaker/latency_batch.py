@@ -310,7 +310,7 @@ def _decide_fast(
         tbt = np.where(recheck & (status == _CLEAR), _CLEAR, tbt)
     ttft, severity = _family_rows(agg, 2, lim, ttft_floor, severity)
     ttft = np.where((ttft == _NODATA) & timed_out, _FLAGGED, ttft)
-    severity = np.where(serve, severity, 0.0) + 0.0
+    severity = np.minimum(np.where(serve, severity, 0.0), MAX_FIGURE) + 0.0  # capped as in _judge
     tbt = np.where(serve, tbt, _NODATA)
     ttft = np.where(serve, ttft, _NODATA)
     outlier = (tbt == _FLAGGED) & (ttft != _CLEAR)

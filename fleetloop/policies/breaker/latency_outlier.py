@@ -533,7 +533,10 @@ def _judge(
     ttft, severity = _family(TTFT_SIGNALS, agg, lims, ttft_floor, severity)
     if ttft == "nodata" and node.ttft_mean_ms_w is None and node.node_timeouts_w > 0:
         ttft = "flagged"  # calls went in, no first token came out, the node timed them out
-    return Verdict(tbt, ttft, severity)
+    # Capped at MAX_FIGURE: a node reporting a step time of 1e308 (the schema accepts it) made its
+    # severity leave the decision's bounds and refused the pool's whole breaker tick. Only the order
+    # among such nodes (then by node id) and the published figure change.
+    return Verdict(tbt, ttft, min(severity, MAX_FIGURE))
 
 
 def failure_share(n: NodeView) -> float:
@@ -993,7 +996,7 @@ def verdict_columns(
     ttft, severity = _family_columns(agg[:, 2:], ttft_lims, ttft_floor, severity)
     ttft = np.where((ttft == _NODATA) & timed_out, _FLAGGED, ttft)
     # ``max(0.0, ...)`` never yields -0.0 in the per-node form; + 0.0 turns a -0.0 into 0.0.
-    severity = np.where(serve, severity, 0.0) + 0.0
+    severity = np.minimum(np.where(serve, severity, 0.0), MAX_FIGURE) + 0.0  # capped as in _judge
     return np.where(serve, tbt, _NODATA), np.where(serve, ttft, _NODATA), severity
 
 
