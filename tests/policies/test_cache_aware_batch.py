@@ -6,15 +6,12 @@ join, leave, go cold, drain, go silent), on odd small fleets, and on generated s
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
-from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig
-from fleetloop.daemon.model.fleet import snapshot as model_snapshot
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.routing import cache_aware
@@ -22,6 +19,7 @@ from fleetloop.policies.routing.cache_aware import CacheAware, CacheAwareParams
 from fleetloop.schemas.decisions import RoutingDecision
 from pydantic import ValidationError
 from tests.policies.snapshots import NOW_MS, node, pool, snapshot
+from tests.support.bench_fleet import bench_snapshots
 from tests.support.perturbed import perturbed_snapshots
 
 ALGO = CacheAware()
@@ -154,19 +152,6 @@ class Chains:
         self.pools += len(ctxs)
         self.batched += len(ctxs) - self._left
         return fast
-
-
-def bench_snapshots(n_nodes: int, ticks: int, seed: int = 7) -> Iterator[FleetSnapshot]:
-    fleet = make_fleet(n_nodes, seed=seed)
-    model = FleetModel(ModelConfig())
-    ts = BASE_TS_MS
-    for k in range(ticks):
-        ts += 1000
-        for t in telemetry_at(fleet, ts):
-            model.fold_telemetry(t)
-        for o in outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2):
-            model.fold_outcome(o)
-        yield model_snapshot(model, ts, window_ms=10_000, stale_after_ms=5_000)
 
 
 @pytest.mark.parametrize("params", PARAMS, ids=PARAM_IDS)

@@ -15,10 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.daemon.decide.engine import EngineState, decide
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot, PolicyContext
 from fleetloop.policies.breaker.emission import (
     KEYFRAME_TICKS,
@@ -33,6 +31,7 @@ from fleetloop.policies.registry import CompiledPolicy, builtin_policy, compile_
 from fleetloop.router.state import DesiredState
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import BreakerDecision, Decision
+from tests.support.bench_fleet import bench_snapshots
 from tests.support.perturbed import perturbed_snapshots
 
 
@@ -120,16 +119,7 @@ def test_a_router_fed_the_change_only_stream_holds_the_full_streams_view_at_ever
 
 
 def _steady(n_nodes: int, ticks: int) -> Iterator[FleetSnapshot]:
-    fleet = make_fleet(n_nodes, seed=3)
-    model = FleetModel(ModelConfig())
-    ts = BASE_TS_MS
-    for k in range(ticks):
-        ts += 1000
-        for t in telemetry_at(fleet, ts):
-            model.fold_telemetry(t)
-        for o in outcomes_at(fleet, ts, per_node=1.5, workflow_base=k * n_nodes * 4):
-            model.fold_outcome(o)
-        yield snapshot(model, ts, window_ms=10_000, stale_after_ms=5_000)
+    return bench_snapshots(n_nodes, ticks, seed=3, outcomes_per_node=1.5, workflow_stride=4)
 
 
 def test_keyframes_cover_every_node_within_k_ticks_also_across_undecided_ticks() -> None:

@@ -26,8 +26,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.admission.slo_aware import SloAware, SloAwareParams
 from fleetloop.policies.autoscale.predictive import SloPredictive, SloPredictiveParams, _recent
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
@@ -38,6 +36,7 @@ from fleetloop.policies.registry import builtin_policy
 from fleetloop.policies.retry_budget.ratio import Ratio, RatioParams
 from fleetloop.schemas.decisions import BreakerDecision
 from tests.policies import snapshots as sb
+from tests.support.bench_fleet import bench_snapshots
 from tests.support.perturbed import perturbed_snapshots
 
 DEFAULT = builtin_policy("default")
@@ -193,19 +192,6 @@ def engine_ticks(
     for k, snap in enumerate(snaps):
         pools = sorted({*snap.pools, *extra_pools})
         yield snap, contexts(snap, k, breakers_for(snap, k, rng), pools)
-
-
-def bench_snapshots(n_nodes: int, ticks: int) -> Iterator[FleetSnapshot]:
-    fleet = make_fleet(n_nodes)
-    model = FleetModel(ModelConfig())
-    ts = BASE_TS_MS
-    for k in range(ticks):
-        ts += 1000
-        for t in telemetry_at(fleet, ts):
-            model.fold_telemetry(t)
-        for o in outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2):
-            model.fold_outcome(o)
-        yield snapshot(model, ts, window_ms=10_000, stale_after_ms=5_000)
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
 from fleetloop.policies.breaker.latency_batch import rows_of
 from fleetloop.policies.breaker.latency_outlier import LatencyOutlier, LatencyOutlierParams, State, row_cache
 from tests.policies.snapshots import NOW_MS, node
 from tests.policies.snapshots import snapshot as view_snapshot
+from tests.support.bench_fleet import bench_snapshots
 from tests.support.perturbed import perturbed_snapshots
 from tests.unit.test_fast_breaker import EAGER, STREAKY
 
@@ -101,16 +100,7 @@ def run_both(
 def bench_fleet(
     n_nodes: int, ticks: int, degraded_per_1000: float = 30.0, seed: int = 5
 ) -> Iterator[FleetSnapshot]:
-    fleet = make_fleet(n_nodes, seed=seed, degraded_per_1000=degraded_per_1000)
-    model = FleetModel(ModelConfig())
-    ts = BASE_TS_MS
-    for k in range(ticks):
-        ts += 1000
-        for t in telemetry_at(fleet, ts):
-            model.fold_telemetry(t)
-        for o in outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2):
-            model.fold_outcome(o)
-        yield snapshot(model, ts, window_ms=10_000, stale_after_ms=5_000)
+    return bench_snapshots(n_nodes, ticks, seed=seed, degraded_per_1000=degraded_per_1000)
 
 
 @pytest.mark.parametrize("params", [LatencyOutlierParams(), EAGER], ids=["default", "eager"])
