@@ -946,15 +946,16 @@ def _decide_pools(
     """:meth:`CacheAware.decide` for every pool of the batch: segment operations over the whole
     fleet's columns instead of a few dozen small numpy calls and a few hundred dict entries per pool.
 
-    The steady state takes the batch path: a pool whose memory holds exactly its current nodes and
-    has a free slot for every node that reports a step time, whose scores are finite and not all 0.
-    Its memory is advanced together with every other such pool's of the same slot count (one array
-    for all of them; each pool's state is its rows of it); its medians, scores, shares and
+    The steady state takes the batch path: a pool whose memory holds exactly its current nodes (in
+    at least one slot), whose scores are finite and not all 0. Its memory is advanced together with
+    every other such pool's of the same slot count (one array for all of them; each pool's state is
+    its rows of it; a memory that grows, as :meth:`PoolMemory.advance` grows it, is its rows of
+    that array widened); its medians, scores, shares and
     per-priority shares are fleet-wide array operations, in :meth:`CacheAware.decide`'s order, on the
     same doubles (the powers and the sums stay Python's, in node order, as there); its prefix holders
     are grouped by C-level iteration, visiting nodes in the order ``decide`` visits them. Any other
-    pool (new or departed nodes, a memory that grows, an older checkpoint's form, no node that scores,
-    a score that is not finite) is decided by :meth:`CacheAware.decide` itself.
+    pool (new or departed nodes, a memory without slots, an older checkpoint's form, no node that
+    scores, a score that is not finite) is decided by :meth:`CacheAware.decide` itself.
     ``tests/policies/test_cache_aware_batch.py`` holds the two equal, tick after tick."""
     if len(states) != len(ctxs):
         raise ValueError(f"decide_pools: {len(states)} states for {len(ctxs)} pools")
@@ -997,14 +998,7 @@ def _decide_pools(
     own = np.full(len(cols), np.nan)
     held: dict[int, tuple[Ints, Floats, int, int]] = {}
     for slots, members in groups.items():
-        for i, kept in _advance(snap.now_ms, params.speed_memory_ms, slots, members, tbt, writes, own):
-            if kept is None:
-                del fast[i]  # its memory grows: ``decide`` does that
-            else:
-                held[i] = kept
-
-    if not held:  # every memory grows (a run's first ticks)
-        return [algo.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]
+        held.update(_advance(snap.now_ms, params.speed_memory_ms, slots, members, tbt, writes, own))
 
     # The scores (:func:`_pool_scores` for every row; each pool's step median one segment median).
     load = _fleet_load(snap, cols, params)
@@ -1148,16 +1142,20 @@ def _advance(  # noqa: PLR0917
     tbt: Floats,
     writes: npt.NDArray[np.bool_],
     own: Floats,
-) -> list[tuple[int, tuple[Ints, Floats, int, int] | None]]:
-    """:func:`_remember_rows` then ``median_arrays(1)`` for pools whose memories have ``slots`` slots
-    and hold exactly their pools' nodes (``members``: batch index, first row, memory): one array for
-    them all. Each pool's median step time goes to ``own`` (NaN without figures, as
-    :func:`_pool_scores` has it); per pool, its rows of the new arrays, or None when its memory
-    would grow (a row to write with no free slot), which is left to ``decide``.
+) -> list[tuple[int, tuple[Ints, Floats, int, int]]]:
+    """:func:`_remember_rows` then ``median_arrays(1)`` for pools whose memories have ``slots`` (> 0)
+    slots and hold exactly their pools' nodes (``members``: batch index, first row, memory): one
+    array for them all. Each pool's median step time goes to ``own`` (NaN without figures, as
+    :func:`_pool_scores` has it); per pool, its rows of the new arrays.
 
     :meth:`PoolMemory.advance`'s operations on the concatenated rows (rows are independent; only
     whether to grow is a per-pool decision), written in place into the concatenation (a new array),
-    so a state handed out is never written."""
+    so a state handed out is never written. A pool with a row to write and no free slot grows as
+    ``advance`` grows it: ``slots`` more empty slots after its own, the figure in the first free one.
+    When any pool of the group grows, the whole group's arrays are widened (a tick in a run's first
+    twenty, or when the memory needs more slots): a pool that does not grow writes within its first
+    ``slots`` slots (it has a free one there, the first free one) and keeps those, a view; the
+    medians are the same over the wider rows (the added slots are empty: NaN, sorted last)."""
     sizes = [m.ts.shape[0] for _, _, m in members]
     first = np.cumsum(sizes) - sizes
     rows = np.repeat(np.array([lo for _, lo, _ in members], dtype=np.int64) - first, sizes) + np.arange(
@@ -1178,20 +1176,28 @@ def _advance(  # noqa: PLR0917
     np.putmask(v, gone, np.nan)
     write = writes[rows]
     grows = np.logical_or.reduceat(write & ~gone.any(axis=1), first)  # a row to write, no free slot
-    at = np.flatnonzero(write)  # (a pool that grows is left to ``decide``: what is written there is dropped)
+    width = slots
+    if grows.any():
+        width = 2 * slots  # ``advance`` adds max(1, slots) slots; slots > 0 here
+        ts = np.concatenate([ts, np.full((len(rows), slots), -1, dtype=np.int64)], axis=1)
+        vals = np.concatenate([vals, np.full((len(rows), slots, 1), np.nan)], axis=1)
+        v = vals[:, :, 0]
+        gone = ts < 0  # the slots not kept are -1 now (a kept one is >= 0), and the new ones
+    at = np.flatnonzero(write)
     if len(at):
         slot = np.argmax(gone[at], axis=1)
         ts[at, slot] = now
         v[at, slot] = tbt[rows[at]]
     srt = np.sort(v, axis=1, kind="stable") if (v == 0).any() else np.sort(v, axis=1)
-    count = slots - np.isnan(v).sum(axis=1)
+    count = width - np.isnan(v).sum(axis=1)
     r = np.arange(len(rows))
-    upper = srt[r, np.minimum(count // 2, slots - 1)]
+    upper = srt[r, np.minimum(count // 2, width - 1)]
     lower = srt[r, np.maximum(count - 1, 0) // 2]
     with np.errstate(over="ignore"):
         own[rows] = np.where(count >= 1, np.where(count % 2 == 1, upper, (lower + upper) / 2), np.nan)
+    narrow_ts, narrow_vals = (ts[:, :slots], vals[:, :slots]) if width != slots else (ts, vals)
     return [
-        (i, None if grown else (ts, vals, a, a + size))
+        (i, (ts, vals, a, a + size) if grown else (narrow_ts, narrow_vals, a, a + size))
         for (i, _, _), grown, a, size in zip(members, grows.tolist(), first.tolist(), sizes, strict=True)
     ]
 
