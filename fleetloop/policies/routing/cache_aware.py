@@ -135,10 +135,9 @@ spill headroom of every pool are computed once per snapshot over the whole fleet
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import repeat
 from operator import attrgetter
 from typing import Self
 
@@ -1076,21 +1075,21 @@ def _decide_pools(
     pools = snap.pools
     spill_of = _spill_targets_of(snap, params)
     fits: dict[tuple[str, str, int] | None, int | None] = {}  # pool_max_prompt by model, GPU, degree
-    sink: deque[object] = deque(maxlen=0)  # consumes an iterator in C
-    consume = sink.extend
-    append = list.append
     for i, pool_id, ids, k, lo, hi in items:
-        # ``decide``'s loop over holders, best first, each appended to its digests' lists, in C.
+        # ``decide``'s loop over holders, best first, each appended to its digests' lists. A plain
+        # loop: on 3.11 its specialized bytecode (a ``get``, an ``append``) costs less per entry than
+        # the same grouping as chained C iterators (``map(list.append, map(defaultdict.__getitem__,
+        # ...))``): 5-6 against 10-11 ms for ~30,000 entries at 10,000 nodes (scratch, load ~8).
         rows = order[cut[k] : cut[k + 1]]
-        hps = list(map(prefixes.__getitem__, rows))
-        holders: defaultdict[str, list[str]] = defaultdict(list)
-        consume(
-            map(
-                append,
-                map(holders.__getitem__, chain.from_iterable(hps)),
-                chain.from_iterable(map(repeat, map(ids_all.__getitem__, rows), map(len, hps))),
-            )
-        )
+        holders: dict[str, list[str]] = {}
+        held_by = holders.get
+        for node_id, hot in zip(map(ids_all.__getitem__, rows), map(prefixes.__getitem__, rows), strict=True):
+            for digest in hot:
+                listed = held_by(digest)
+                if listed is None:
+                    holders[digest] = [node_id]
+                else:
+                    listed.append(node_id)
         digests = sorted(holders)
         affinity = dict(zip(digests, map(tuple, map(holders.__getitem__, digests)), strict=False))
         own_h = own_l[k]
