@@ -26,9 +26,13 @@ Where the columns come from. The daemon's model hands the snapshot its nodes as 
 totals as one ``(rows, 8)`` array (summed for the whole fleet at once) and its run of failed calls.
 ``snap.nodes`` *is* that table (a read-only mapping of node id to :class:`NodeView`, in node-id
 order, as before): a view is built only when a policy asks for that node, and kept. The columns
-read the table directly, so a field is one pass over the telemetry records (or one array operation
-over the totals), never a view per node. A snapshot built any other way (a plain dict of views, as
-tests and the simulator's helpers may build) gets its columns from the views, as before.
+read the table directly, never a view per node: the first telemetry field asked for reads every
+numeric telemetry field of every record in one pass into one ``(fields, rows)`` array
+(:meth:`NodeTable.numbers`; the per-column reads ``floats_plain`` / ``ints_plain`` / ``flag_plain``
+stay as the statement, ``tests/unit/test_column_read.py`` holds the two equal bit for bit on hostile
+values), and a window figure is one array operation over the totals. A snapshot built any other
+way (a plain dict of views, as tests and the simulator's helpers may build) gets its columns from
+the views, as before.
 """
 
 from __future__ import annotations
@@ -69,6 +73,29 @@ _VIEW_FIELDS = tuple(f.name for f in fields(NodeView))
 _VIEW_SETTERS = tuple(getattr(NodeView, name).__set__ for name in _VIEW_FIELDS)
 _new = object.__new__
 _INT64_LIMIT = 2.0**63
+# The telemetry fields a view copies as numbers (``ts_ms`` aside: the table's ``ts``). The table
+# reads them in one pass over the records (:meth:`NodeTable.numbers`) the first time a policy asks
+# for any of them, instead of one pass per column.
+_TEL_NUMBERS = (
+    "gpu_count",
+    "draining",
+    "queue_depth",
+    "running_requests",
+    "queued_prompt_tokens",
+    "kv_cache_used_frac",
+    "hbm_free_gib",
+    "gpu_util_frac",
+    "prefix_cache_hit_frac",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tbt_p50_ms",
+    "tbt_p99_ms",
+    "max_batch_tokens",
+    "cost_rate_usd_per_h",
+)
+_TEL_COLUMN = {name: j for j, name in enumerate(_TEL_NUMBERS)}
+_TEL_ROW = attrgetter(*_TEL_NUMBERS)
+_EXACT = 2.0**53  # every integer of smaller magnitude is a double exactly
 
 
 class NodeTable(Mapping[str, NodeView]):
@@ -86,6 +113,7 @@ class NodeTable(Mapping[str, NodeView]):
     __slots__ = (
         "_index",
         "_memo",
+        "_numbers",
         "_sorted",
         "_views",
         "bounds",
@@ -127,6 +155,7 @@ class NodeTable(Mapping[str, NodeView]):
         self._sorted = sorted_ids if sorted_ids is not None else sorted(ids)
         self._views: list[NodeView | None] = [None] * len(ids)
         self._memo: dict[str, npt.NDArray[np.generic]] = {}
+        self._numbers: Floats | bool | None = None  # False: the one pass could not read them
 
     # -- the mapping: node id -> NodeView -------------------------------------------------------
 
@@ -226,8 +255,10 @@ class NodeTable(Mapping[str, NodeView]):
                     np.divide(self.totals[:, W_TTFT_SUM], n, out=found, where=n != 0)
                 else:
                     found = self.ints(name).astype(np.float64)
-            else:  # numpy reads None as NaN, given the dtype
-                found = np.array(list(map(attrgetter(name), self.tels)), dtype=np.float64)
+            elif (j := _TEL_COLUMN.get(name)) is not None and (block := self.numbers()) is not None:
+                found = block[j]
+            else:
+                found = self.floats_plain(name)
             self._memo[name] = found
         return found  # type: ignore[return-value]
 
@@ -249,7 +280,7 @@ class NodeTable(Mapping[str, NodeView]):
             elif name == "consecutive_failures":
                 found = np.array(self.consecutive, dtype=np.int64)
             else:
-                found = np.array(list(map(attrgetter(name), self.tels)), dtype=np.int64)
+                found = self._ints_read(name)
             self._memo[key] = found
         return found  # type: ignore[return-value]
 
@@ -264,9 +295,77 @@ class NodeTable(Mapping[str, NodeView]):
                 states = map(attrgetter("weights_state"), self.tels)
                 found = np.array([s == "warm" for s in states], dtype=np.bool_) & ~self.flag("draining")
             else:
-                found = np.array(list(map(attrgetter(name), self.tels)), dtype=np.bool_)
+                found = self._flag_read(name)
             self._memo[key] = found
         return found  # type: ignore[return-value]
+
+    # -- reading the telemetry records: the plain forms (one pass per column, the statement) and
+    # -- the one pass over every numeric field that stands in for them, value for value.
+
+    def floats_plain(self, name: str) -> Floats:
+        """A telemetry field of every row as doubles: ``float(value)``, None is NaN (numpy's reading
+        of a list, given the dtype). What :meth:`floats` returns for a telemetry field."""
+        return np.array(list(map(attrgetter(name), self.tels)), dtype=np.float64)
+
+    def ints_plain(self, name: str) -> Ints:
+        """A telemetry field of every row as int64 (numpy's reading of a list, given the dtype)."""
+        return np.array(list(map(attrgetter(name), self.tels)), dtype=np.int64)
+
+    def flag_plain(self, name: str) -> Bools:
+        """A telemetry field of every row as booleans (numpy's reading of a list, given the dtype)."""
+        return np.array(list(map(attrgetter(name), self.tels)), dtype=np.bool_)
+
+    def numbers(self) -> Floats | None:
+        """Every field of ``_TEL_NUMBERS`` for every row as one ``(fields, rows)`` array of doubles,
+        read in one pass over the records (built once): row ``j`` is ``floats_plain`` of field
+        ``j``, value for value, because numpy converts each element of the nested list the way it
+        converts each element of a flat one (``float(value)``; None is NaN). None when a record
+        holds something that is not one number in one of those fields (numpy refuses it, or a
+        sequence would add a dimension): then each column is read on its own, as before, and only a
+        column that holds it fails, as it always did."""
+        block = self._numbers
+        if block is None:
+            n = len(self.tels)
+            try:
+                rows = np.array(list(map(_TEL_ROW, self.tels)), dtype=np.float64)
+            except (TypeError, ValueError, OverflowError):
+                block = False
+            else:
+                if n == 0:
+                    block = np.empty((len(_TEL_NUMBERS), 0), dtype=np.float64)
+                elif rows.shape == (n, len(_TEL_NUMBERS)):
+                    block = np.ascontiguousarray(rows.T)
+                else:
+                    block = False
+            self._numbers = block
+        return None if block is False else block  # type: ignore[return-value]
+
+    def _ints_read(self, name: str) -> Ints:
+        """``ints_plain(name)``, from the one pass when every value there is below 2**53 in
+        magnitude. Then each double is the value itself (an int or a bool of that size is a double
+        exactly, a float is one), and numpy's int64 reading of the value (``int(value)``: an
+        integer as it is, a fraction truncated toward zero) is the cast of the double, which
+        truncates toward zero too. Anything else (None, NaN, inf, a larger magnitude) is read again
+        on its own, as the plain form reads it, raising where it raises."""
+        j = _TEL_COLUMN.get(name)
+        block = self.numbers() if j is not None else None
+        if block is not None:
+            col = block[j]
+            if bool((np.abs(col) < _EXACT).all()):
+                return col.astype(np.int64)
+        return self.ints_plain(name)
+
+    def _flag_read(self, name: str) -> Bools:
+        """``flag_plain(name)``, from the one pass when every value there is 0 or 1 (False, True,
+        0, 1, 0.0, -0.0, 1.0: numpy's boolean of each is ``value == 1``); else read on its own."""
+        j = _TEL_COLUMN.get(name)
+        block = self.numbers() if j is not None else None
+        if block is not None:
+            col = block[j]
+            one: Bools = col == 1.0
+            if bool((one | (col == 0.0)).all()):
+                return one
+        return self.flag_plain(name)
 
     @property
     def stale(self) -> Bools:
