@@ -207,8 +207,9 @@ def _decide_fast(
         and all(x is y for x, y in zip(last.mems, mems, strict=True))
         and all(x is y for x, y in zip(last.caches, caches, strict=True))
     ):
-        # The views the previous batch handed out, in the same order: its arrays, whole.
-        ts, lanes = last.ts.copy(), last.lanes.copy()
+        # The views the previous batch handed out, in the same order: its arrays, whole (read, not
+        # written: the states of the last tick keep their views).
+        ts, lanes = last.ts, last.lanes
         quiet_a, was_warm_a, steady_a, since_a, phase_a = last.flags
     else:
         width0 = int(slots.max())
@@ -231,8 +232,9 @@ def _decide_fast(
     memory_ms = params.memory_ms
     kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now)
     gone = ~kept
-    ts[gone] = -1
-    np.copyto(lanes, np.nan, where=gone[:, None, :])
+    # New arrays with the forgotten slots emptied (one pass each, and no copy first).
+    ts = np.where(kept, ts, -1)
+    lanes = np.where(kept[:, None, :], lanes, np.nan)
     col = np.arange(width0, dtype=np.int64)
     own = col[None, :] < slots[pool_of][:, None]
     # A pool grows (by its slot count, at least one) when a row it writes has no free slot of its own.
@@ -260,7 +262,9 @@ def _decide_fast(
     if span:
         part = lanes[:, :, :span]
         ordered = np.sort(part, axis=2, kind="stable") if (part == 0).any() else np.sort(part, axis=2)
-        count = span - np.isnan(part).sum(axis=2)
+        # NaN sorts last: a lane's count of figures is the place of its first NaN, or ``span``.
+        nan_at = np.isnan(ordered)
+        count = np.where(nan_at[:, :, -1], nan_at.argmax(axis=2), span)
         row = np.arange(n_rows)[:, None]
         sig = np.arange(n_sig)[None, :]
         upper = ordered[row, sig, np.minimum(count // 2, span - 1)]
