@@ -204,6 +204,32 @@ def r6_fast(x: float) -> float:
     return x if x.is_integer() else round(x, 6)
 
 
+def r6_many(values: Sequence[float]) -> tuple[list[float], list[bool]]:
+    """``[r6(x) for x in values]``, the same doubles, in one array pass; and, per value, whether its
+    rounding is within the schema's ``Figure`` bounds (not NaN, not infinite).
+
+    ``round(x, 6)`` is the double nearest ``k / 10**6``, ``k`` the integer nearest the exact product
+    ``x * 10**6`` (ties to even). ``y = x * 1e6`` is the double nearest that product; below ``2**52``
+    every integer and half-integer is a double, so rounding to doubles keeps ``y`` on the product's
+    side of each of them, and ``np.rint(y)`` is ``k`` unless ``y`` is itself a half-integer (the
+    product may have been just off the tie). ``k / 1e6`` (both exact) is then correctly rounded. A
+    whole number (signed zeros, infinities, every double from ``2**52`` up) is its own rounding.
+    Every other element (a half-integer ``y``, ``|y| >= 2**52``, NaN) goes through ``round``
+    itself. ``tests/unit/test_batch_sections.py`` holds it to ``r6`` on hostile values, near ties
+    and at every scale."""
+    x = np.array(values, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x * 1e6
+        out = np.rint(y) / 1e6
+        whole = x == np.floor(x)
+        sure = whole | ((np.abs(y) < 2.0**52) & (y - np.floor(y) != 0.5))
+    out = np.where(whole, x, out)
+    if not sure.all():
+        for i in np.flatnonzero(~sure).tolist():
+            out[i] = round(float(x[i]), 6)
+    return out.tolist(), (np.abs(out) <= MAX_FIGURE).tolist()
+
+
 def inputs_ok(values: Sequence[float]) -> bool:
     """:func:`figures_ok` for values the caller made floats (``float``, ``round``): within the
     bounds, and no NaN (a NaN makes the sum NaN)."""

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import pytest
 from fleetloop.policies.admission.slo_aware import SloAware, SloAwareParams
-from fleetloop.policies.autoscale.predictive import SloPredictive, SloPredictiveParams, _recent
+from fleetloop.policies.autoscale.predictive import SloPredictive, SloPredictiveParams, _recent, _within
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
 from fleetloop.policies.batching.tbt_feedback import TbtFeedback, TbtFeedbackParams
 from fleetloop.policies.columns import fleet_columns
-from fleetloop.policies.pool_figures import r6_fast, segment_sums
+from fleetloop.policies.pool_figures import inputs_ok, r6_fast, r6_many, segment_sums
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.policies.retry_budget.ratio import Ratio, RatioParams
 from fleetloop.schemas.decisions import BreakerDecision
@@ -408,6 +408,31 @@ def test_recent_is_the_filter() -> None:
         assert repr(_recent(seq, now, span)) == repr(want)
 
 
+def test_within_is_the_generator() -> None:
+    """``_within`` (both forms' stabilization windows) against its statement, on ascending times as
+    every tick writes them, on shuffled and repeated ones (a clock that went back), long memories
+    (120 s leads), spans that hold none, all or part, and empty picks (both raise alike)."""
+    rng = np.random.default_rng(11)
+    for _ in range(4000):
+        n = int(rng.integers(1, 130 if rng.random() < 0.2 else 9))
+        ts = sorted(rng.integers(0, 200, n).tolist())
+        if rng.random() < 0.3 and n > 1:
+            rng.shuffle(ts)
+        recs = tuple((int(t), int(rng.integers(-3, 50))) for t in ts)
+        now = int(rng.integers(0, 260))
+        span = float(rng.choice([0.0, 5.0, 10.5, 30.0, 120000.0, 57.25, -1.0]))
+        for pick in (min, max):
+            try:
+                want: object = pick(r for t, r in recs if now - t <= span)
+            except ValueError as exc:
+                want = type(exc)
+            try:
+                got: object = _within(recs, now, span, pick)
+            except ValueError as exc:
+                got = type(exc)
+            assert repr(got) == repr(want), (recs, now, span, pick)
+
+
 def test_segment_sums_add_as_python_does() -> None:
     rng = np.random.default_rng(9)
     values = [1e16, 1.0, -1e16, -0.0, 0.1, 0.2, 0.3, 1e308, 1e308, -1e308, math.nan, 3.0, -0.0]
@@ -471,6 +496,32 @@ def test_r6_fast_is_r6() -> None:
     values += [round(x, 7) for x in rng.uniform(-10, 10, 500).tolist()]  # near the ties
     for x in values:
         assert repr(r6_fast(x)) == repr(r6(x)), x
+
+
+def test_r6_many_is_r6() -> None:
+    """``r6_many`` against ``r6`` element by element (``repr``: signed zeros, NaN): at every scale
+    from subnormal to 1e308, on whole numbers, on exact ties ``(k + 0.5) / 1e6`` and the doubles
+    either side of them up to ``|y| ~ 2**52`` (where its array path ends), infinities and NaN; and
+    its bounds flags against ``inputs_ok`` of each value."""
+    from fleetloop.policies.base import r6
+
+    rng = np.random.default_rng(3)
+    values = [0.0, -0.0, 1.0, -3.0, 2.0**52, 2.0**53 + 2, 1e308, -1e308, math.inf, -math.inf, math.nan]
+    values += [5e-324, -5e-324, 0.5e-6, 1.5e-6, 2.5e-6, -2.5e-6, 1e15, 1e15 + 0.5, -1e15 - 0.25]
+    scales = [1e-9, 1e-3, 1.0, 1e3, 1e6, 1e9, 1e12, 1e300]
+    values += (rng.normal(0, 1e3, 6000) * rng.choice(scales, 6000)).tolist()
+    for k in rng.integers(-(2**52), 2**52, 6000).tolist():
+        tie = (k + 0.5) / 1e6
+        values += [tie, math.nextafter(tie, math.inf), math.nextafter(tie, -math.inf)]
+    values += [round(x, 7) for x in rng.uniform(-1e4, 1e4, 2000).tolist()]
+    values += [float(i) + 0.5e-6 for i in range(-1500, 1500)]
+    values += [float(i) for i in rng.integers(-(10**15), 10**15, 500).tolist()]
+    got, bounded = r6_many(values)
+    assert len(got) == len(bounded) == len(values)
+    for x, g, b in zip(values, got, bounded, strict=True):
+        assert repr(g) == repr(r6(x)), x
+        assert b == inputs_ok([r6(x)]), x
+    assert r6_many([]) == ([], [])
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -171,6 +171,7 @@ node) buys nodes here that carry the moved share, never the unfittable prompts.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
@@ -191,13 +192,12 @@ from fleetloop.policies.columns import Bools, fleet_columns, segment_medians
 from fleetloop.policies.pool_figures import (
     distinct_pools,
     ejected_by,
-    inputs_ok,
     is_ident,
     loaded,
     mark_rows,
     pool_index,
     pool_owners,
-    r6_fast,
+    r6_many,
     records,
     row_ids,
     segment_counts,
@@ -868,17 +868,45 @@ _AUTOSCALE_FIELDS = (
 assert (
     tuple(AutoscaleDecision.model_fields) == _AUTOSCALE_FIELDS
 )  # ``_autoscale_decision`` lists them in order
+# The inputs every slo-predictive decision carries first, in order (the batch form's layout).
+_INPUT_KEYS = (
+    "warm_nodes",
+    "arriving_nodes",
+    "pressure",
+    "pressure_kv",
+    "pressure_queue",
+    "demand_tok_s",
+    "projected_tok_s",
+    "backlog_tok_s",
+    "lead_s",
+    "ttft_slo_ms",
+    "tbt_slo_ms",
+    "prefill_ms",
+    "open_workflows",
+    "open_workflows_rise",
+    "open_workflows_noise",
+    "sibling_pressure",
+    "sibling_short_nodes",
+)
 _AUTOSCALE_GIVEN = frozenset(
     ("entity", "pool_id", "current_nodes", "desired_nodes", "drain", "reason", "inputs")
 )
 
 
 def _autoscale_decision(  # noqa: PLR0917 - the decision's fields
-    pool_id: str, current: int, desired: int, drain: tuple[str, ...], reason: str, inputs: dict[str, float]
+    pool_id: str,
+    current: int,
+    desired: int,
+    drain: tuple[str, ...],
+    reason: str,
+    inputs: dict[str, float],
+    *,
+    figures_in_bounds: bool,
 ) -> AutoscaleDecision:
     """``AutoscaleDecision(...)`` as :meth:`SloPredictive.decide` builds it, assembled without
     validation when every part is valid (the counts within ``NonNegInt``, the ids ``Ident``s, every
-    figure a finite float within ``Figure``), else validated (and refused) as there."""
+    figure a finite float within ``Figure``: ``figures_in_bounds``, the caller's ``inputs_ok`` of
+    ``inputs``, all floats), else validated (and refused) as there."""
     if (
         0 <= current <= MAX_COUNT
         and 0 <= desired <= MAX_COUNT
@@ -886,7 +914,7 @@ def _autoscale_decision(  # noqa: PLR0917 - the decision's fields
         and type(desired) is int
         and is_ident(pool_id)
         and all(is_ident(i) for i in drain)
-        and inputs_ok(list(inputs.values()))
+        and figures_in_bounds
     ):
         values: dict[str, object] = {
             "entity": f"pool/{pool_id}",
@@ -916,7 +944,7 @@ _T = TypeVar("_T", bound=tuple)  # type: ignore[type-arg]
 def _recent(seq: tuple[_T, ...], now: int, span: float) -> tuple[_T, ...]:
     """``tuple(e for e in seq if now - e[0] <= span)``: the plain filter, here as a slice when the
     kept entries are a suffix (times ascending, as every tick appends ``now``), checked by the
-    oldest kept time (``min`` of the suffix), else the filter itself."""
+    oldest kept time (the ``min`` of the suffix's times, taken in C), else the filter itself."""
     n = len(seq)
     i = 0
     while i < n and not now - seq[i][0] <= span:
@@ -924,7 +952,7 @@ def _recent(seq: tuple[_T, ...], now: int, span: float) -> tuple[_T, ...]:
     if i == n:
         return ()
     rest = seq[i:]
-    if now - min(rest)[0] <= span:
+    if now - min(map(_FIRST, rest)) <= span:
         return rest
     return tuple(e for e in seq if now - e[0] <= span)
 
@@ -948,19 +976,20 @@ def _learn_cold_start(cold_start: float | None, now: int, seen_cold_ms: int) -> 
 def _within(
     recs: tuple[tuple[int, int], ...], now: int, span: float, pick: Callable[[Iterable[int]], int]
 ) -> int:
-    """``pick(r for t, r in recs if now - t <= span)``: the entries within ``span`` are found from
-    the newest back, and when none older is within it (the oldest ones' newest time, ``max``), they
-    are a suffix picked in C; else the plain generator."""
-    i = len(recs) - 1
-    while i >= 0 and now - recs[i][0] <= span:
-        i -= 1
-    if i < 0:
-        return pick(map(_SECOND, recs))
-    if i + 1 < len(recs) and not now - max(recs[: i + 1])[0] <= span:
-        return pick(map(_SECOND, recs[i + 1 :]))
+    """``pick(r for t, r in recs if now - t <= span)``. When the times ascend (every tick appends
+    ``now``), the entries within ``span`` are a suffix: its start is found by bisection, and checked
+    (the suffix's oldest time is within ``span``, the newest time before it is not: ``min`` and
+    ``max`` taken in C), then the suffix is picked in C; else the plain generator."""
+    i = bisect_left(recs, True, key=lambda e: now - e[0] <= span)
+    rest = recs[i:]
+    if (not rest or now - min(map(_FIRST, rest)) <= span) and (
+        i == 0 or not now - max(map(_FIRST, recs[:i])) <= span
+    ):
+        return pick(map(_SECOND, rest))
     return pick(r for t, r in recs if now - t <= span)
 
 
+_FIRST = itemgetter(0)
 _SECOND = itemgetter(1)
 
 
@@ -1125,7 +1154,10 @@ def _decide_pools(
                     found.append((sid, p_s, short))
         return found
 
-    results: list[PolicyResult[SloPredictiveState]] = []
+    # Every figure the pools' decisions and diagnostics round, in one list: rounded at once after the
+    # loop (``r6_many``, the same doubles as ``r6``), then handed back in order.
+    flat: list[float] = []
+    made: list[tuple[str, int, int, tuple[str, ...], str, tuple[str, ...], SloPredictiveState, bool]] = []
     for k, (state, ctx) in enumerate(zip(states, ctxs, strict=True)):
         pid = ctx.pool_id
         now = ctx.now_ms
@@ -1248,31 +1280,24 @@ def _decide_pools(
             need += params.spare_nodes
         need = min(need, MAX_NEED_NODES)
 
-        inputs: dict[str, float] = {
-            "warm_nodes": float(n_warm),
-            "arriving_nodes": float(n_arriving),
-            "pressure": r6_fast(p_now),
-            "pressure_kv": r6_fast(p.kv),
-            "pressure_queue": r6_fast(p.queue),
-            "demand_tok_s": r6_fast(demand),
-            "projected_tok_s": r6_fast(projected),
-            "backlog_tok_s": r6_fast(backlog),
-            "lead_s": r6_fast(lead_s),
-            "ttft_slo_ms": r6_fast(slo.ttft_ms),
-            "tbt_slo_ms": r6_fast(slo.tbt_ms),
-            "prefill_ms": r6_fast(prefill),
-            "open_workflows": float(counts[1]),
-            "open_workflows_rise": r6_fast(open_rise),
-            "open_workflows_noise": r6_fast(open_noise),
-            "sibling_pressure": r6_fast(sib_p),
-            "sibling_short_nodes": r6_fast(sib_short),
-        }
-        if p.ttft is not None:
-            inputs["pressure_ttft"] = r6_fast(p.ttft)
-        if p.tbt is not None:
-            inputs["pressure_tbt"] = r6_fast(p.tbt)
-        if capacity is not None:
-            inputs["capacity_tok_s"] = r6_fast(capacity)
+        # The decision's inputs, in order, before rounding (``float(n)`` is its own rounding).
+        keys: tuple[str, ...] = _INPUT_KEYS
+        flat += (
+            float(n_warm), float(n_arriving), p_now, p.kv, p.queue, demand, projected, backlog, lead_s,
+            slo.ttft_ms, slo.tbt_ms, prefill, float(counts[1]), open_rise, open_noise, sib_p, sib_short,
+        )  # fmt: skip
+        if p.ttft is not None or p.tbt is not None or capacity is not None:
+            more = []
+            if p.ttft is not None:
+                more.append("pressure_ttft")
+                flat.append(p.ttft)
+            if p.tbt is not None:
+                more.append("pressure_tbt")
+                flat.append(p.tbt)
+            if capacity is not None:
+                more.append("capacity_tok_s")
+                flat.append(capacity)
+            keys = (*keys, *more)
 
         if not has_nodes and pool is None:
             raw, reason = lo, "no-pool-yet"
@@ -1289,8 +1314,7 @@ def _decide_pools(
             reason = "scale-up-trend"
         if sibling_binds and raw > current:
             reason = "scale-up-sibling-short"
-        inputs["need_nodes"] = r6_fast(need)
-        inputs["raw_desired"] = float(raw)
+        flat += (need, float(raw))
 
         down_window_ms = (params.down_window_s if params.down_window_s is not None else lead_s) * 1000.0
         up_window_ms = params.up_window_s * 1000.0
@@ -1354,13 +1378,26 @@ def _decide_pools(
             last_failure_ms=last_failure,
             open_workflows=open_wf,
         )
+        if c_obs is not None:
+            flat.append(c_obs)
+        made.append((pid, current, desired, drain, reason, keys, new_state, c_obs is not None))
+
+    rounded, bounded = r6_many(flat)
+    results: list[PolicyResult[SloPredictiveState]] = []
+    at = 0
+    for pid, current, desired, drain, reason, names, new_state, has_obs in made:
+        end = at + len(names) + 2
+        inputs = dict(zip((*names, "need_nodes", "raw_desired"), rounded[at:end], strict=True))
         diagnostics = {
-            "pressure": r6_fast(p_now),
-            "need_nodes": r6_fast(need),
+            "pressure": inputs["pressure"],
+            "need_nodes": inputs["need_nodes"],
             "desired_nodes": float(desired),
         }
-        if c_obs is not None:
-            diagnostics["capacity_obs_tok_s"] = r6_fast(c_obs)
-        decision = _autoscale_decision(pid, current, desired, drain, reason, inputs)
+        ok = all(bounded[at:end])
+        if has_obs:
+            diagnostics["capacity_obs_tok_s"] = rounded[end]
+            end += 1
+        at = end
+        decision = _autoscale_decision(pid, current, desired, drain, reason, inputs, figures_in_bounds=ok)
         results.append(PolicyResult(decisions=(decision,), state=new_state, diagnostics=diagnostics))
     return results
