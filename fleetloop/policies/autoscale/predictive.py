@@ -751,61 +751,15 @@ class SloPredictive:
         if capacity is not None:
             inputs["capacity_tok_s"] = r6(capacity)
 
-        if not nodes and pool is None:
-            raw, reason = lo, "no-pool-yet"
-        elif current == 0:
-            raw, reason = max(lo, math.ceil(need)), "no-active-node"
-        elif not warm and capacity is None:
-            raw, reason = current, "nothing-warm-yet"
-        elif abs(need / current - 1.0) <= params.tolerance:
-            raw, reason = current, "within-tolerance"
-        else:
-            raw = math.ceil(need - 1e-9)
-            reason = "scale-up" if raw > current else "scale-down"
-        if slope > 0 and raw > current:
-            reason = "scale-up-trend"
-        if sibling_binds and raw > current:
-            reason = "scale-up-sibling-short"
+        t = _target(
+            state, params, pool, now=now, has_nodes=bool(nodes), current=current, n_warm=len(warm),
+            capacity=capacity, need=need, slope=slope, sibling_binds=sibling_binds,
+            accumulating=accumulating, lead_s=lead_s, bounds=(lo, hi),
+        )  # fmt: skip
+        raw, desired, reason, recs = t.raw, t.desired, t.reason, t.recs
+        last_down, last_failure, failed_tasks = t.last_down_ms, t.last_failure_ms, t.failed_tasks
         inputs["need_nodes"] = r6(need)
         inputs["raw_desired"] = float(raw)
-
-        # Stabilization: up at once past a short window, down only to the highest recent target.
-        down_window_ms = (params.down_window_s if params.down_window_s is not None else lead_s) * 1000.0
-        up_window_ms = params.up_window_s * 1000.0
-        keep_ms = max(down_window_ms, up_window_ms)
-        first = () if state.last_desired is not None else ((now, current),)  # as HPA's first sync
-        recs = (*first, *((t, r) for t, r in state.recs if now - t <= keep_ms), (now, raw))
-        up_floor = _within(recs, now, up_window_ms, min)
-        down_ceiling = _within(recs, now, down_window_ms, max)
-        desired = min(max(current, up_floor), down_ceiling)
-        if raw > current and up_floor < raw:
-            reason = "scale-up-stabilized"
-        elif raw < current and down_ceiling > raw:
-            reason = "scale-down-stabilized"
-        last_down = state.last_down_ms
-        last_failure = state.last_failure_ms
-        failed_tasks = pool.tasks_failed if pool is not None else state.failed_tasks
-        if failed_tasks > state.failed_tasks and state.last_desired is not None:
-            last_failure = now
-        failing = last_failure is not None and now - last_failure <= down_window_ms
-        if desired < current and failing:
-            desired, reason = current, "scale-down-held-tasks-failing"
-        if desired < current and accumulating:
-            desired, reason = current, "scale-down-held-tasks-accumulating"
-        if desired < current:
-            if last_down is not None and now - last_down < params.down_period_s * 1000.0:
-                desired, reason = current, "scale-down-rate-limited"
-            else:
-                step = max(1, math.floor(params.down_step_frac * current))
-                desired = max(desired, current - step)
-        if current == 0:
-            desired = raw
-        clamped = min(max(desired, lo), hi)
-        if clamped != desired:
-            reason = "at-max-nodes" if clamped < desired else "at-min-nodes"
-            desired = clamped
-        if desired < current:
-            last_down = now
 
         drain: tuple[str, ...] = ()
         if desired < current:
@@ -955,6 +909,96 @@ def _recent(seq: tuple[_T, ...], now: int, span: float) -> tuple[_T, ...]:
     if now - min(map(_FIRST, rest)) <= span:
         return rest
     return tuple(e for e in seq if now - e[0] <= span)
+
+
+class _Target(NamedTuple):
+    """A pool's node target this tick (:func:`_target`)."""
+
+    raw: int  # before stabilization
+    desired: int
+    reason: str
+    recs: tuple[tuple[int, int], ...]  # the raw targets stabilization keeps, this one last
+    last_down_ms: int | None
+    last_failure_ms: int | None
+    failed_tasks: int
+
+
+def _target(
+    state: SloPredictiveState,
+    params: SloPredictiveParams,
+    pool: PoolView | None,
+    *,
+    now: int,
+    has_nodes: bool,
+    current: int,
+    n_warm: int,
+    capacity: float | None,
+    need: float,
+    slope: float,
+    sibling_binds: bool,
+    accumulating: bool,
+    lead_s: float,
+    bounds: tuple[int, int],
+) -> _Target:
+    """The raw target and its reason from ``need``, then stabilization (both forms): up at once past
+    a short window (``up_window_s``), down only to the highest raw target within the down window
+    (the lead, unless ``down_window_s``), held while tasks fail or accumulate, one step of at most
+    ``down_step_frac`` per ``down_period_s``, clamped to the pool's bounds. ``has_nodes``: the pool
+    has a node row; ``current``: its active nodes; ``n_warm``: those serving."""
+    lo, hi = bounds
+    if not has_nodes and pool is None:
+        raw, reason = lo, "no-pool-yet"
+    elif current == 0:
+        raw, reason = max(lo, math.ceil(need)), "no-active-node"
+    elif not n_warm and capacity is None:
+        raw, reason = current, "nothing-warm-yet"
+    elif abs(need / current - 1.0) <= params.tolerance:
+        raw, reason = current, "within-tolerance"
+    else:
+        raw = math.ceil(need - 1e-9)
+        reason = "scale-up" if raw > current else "scale-down"
+    if slope > 0 and raw > current:
+        reason = "scale-up-trend"
+    if sibling_binds and raw > current:
+        reason = "scale-up-sibling-short"
+
+    down_window_ms = (params.down_window_s if params.down_window_s is not None else lead_s) * 1000.0
+    up_window_ms = params.up_window_s * 1000.0
+    keep_ms = max(down_window_ms, up_window_ms)
+    first = () if state.last_desired is not None else ((now, current),)  # as HPA's first sync
+    recs = (*first, *_recent(state.recs, now, keep_ms), (now, raw))
+    up_floor = _within(recs, now, up_window_ms, min)
+    down_ceiling = _within(recs, now, down_window_ms, max)
+    desired = min(max(current, up_floor), down_ceiling)
+    if raw > current and up_floor < raw:
+        reason = "scale-up-stabilized"
+    elif raw < current and down_ceiling > raw:
+        reason = "scale-down-stabilized"
+    last_down = state.last_down_ms
+    last_failure = state.last_failure_ms
+    failed_tasks = pool.tasks_failed if pool is not None else state.failed_tasks
+    if failed_tasks > state.failed_tasks and state.last_desired is not None:
+        last_failure = now
+    failing = last_failure is not None and now - last_failure <= down_window_ms
+    if desired < current and failing:
+        desired, reason = current, "scale-down-held-tasks-failing"
+    if desired < current and accumulating:
+        desired, reason = current, "scale-down-held-tasks-accumulating"
+    if desired < current:
+        if last_down is not None and now - last_down < params.down_period_s * 1000.0:
+            desired, reason = current, "scale-down-rate-limited"
+        else:
+            step = max(1, math.floor(params.down_step_frac * current))
+            desired = max(desired, current - step)
+    if current == 0:
+        desired = raw
+    clamped = min(max(desired, lo), hi)
+    if clamped != desired:
+        reason = "at-max-nodes" if clamped < desired else "at-min-nodes"
+        desired = clamped
+    if desired < current:
+        last_down = now
+    return _Target(raw, desired, reason, recs, last_down, last_failure, failed_tasks)
 
 
 # The longest time from first seen cold to warm taken as a cold start: the bound of the
@@ -1299,59 +1343,14 @@ def _decide_pools(
                 flat.append(capacity)
             keys = (*keys, *more)
 
-        if not has_nodes and pool is None:
-            raw, reason = lo, "no-pool-yet"
-        elif current == 0:
-            raw, reason = max(lo, math.ceil(need)), "no-active-node"
-        elif not n_warm and capacity is None:
-            raw, reason = current, "nothing-warm-yet"
-        elif abs(need / current - 1.0) <= params.tolerance:
-            raw, reason = current, "within-tolerance"
-        else:
-            raw = math.ceil(need - 1e-9)
-            reason = "scale-up" if raw > current else "scale-down"
-        if slope > 0 and raw > current:
-            reason = "scale-up-trend"
-        if sibling_binds and raw > current:
-            reason = "scale-up-sibling-short"
+        t = _target(
+            state, params, pool, now=now, has_nodes=has_nodes, current=current, n_warm=n_warm,
+            capacity=capacity, need=need, slope=slope, sibling_binds=sibling_binds,
+            accumulating=accumulating, lead_s=lead_s, bounds=(lo, hi),
+        )  # fmt: skip
+        raw, desired, reason, recs = t.raw, t.desired, t.reason, t.recs
+        last_down, last_failure, failed_tasks = t.last_down_ms, t.last_failure_ms, t.failed_tasks
         flat += (need, float(raw))
-
-        down_window_ms = (params.down_window_s if params.down_window_s is not None else lead_s) * 1000.0
-        up_window_ms = params.up_window_s * 1000.0
-        keep_ms = max(down_window_ms, up_window_ms)
-        first = () if state.last_desired is not None else ((now, current),)
-        recs = (*first, *_recent(state.recs, now, keep_ms), (now, raw))
-        up_floor = _within(recs, now, up_window_ms, min)
-        down_ceiling = _within(recs, now, down_window_ms, max)
-        desired = min(max(current, up_floor), down_ceiling)
-        if raw > current and up_floor < raw:
-            reason = "scale-up-stabilized"
-        elif raw < current and down_ceiling > raw:
-            reason = "scale-down-stabilized"
-        last_down = state.last_down_ms
-        last_failure = state.last_failure_ms
-        failed_tasks = pool.tasks_failed if pool is not None else state.failed_tasks
-        if failed_tasks > state.failed_tasks and state.last_desired is not None:
-            last_failure = now
-        failing = last_failure is not None and now - last_failure <= down_window_ms
-        if desired < current and failing:
-            desired, reason = current, "scale-down-held-tasks-failing"
-        if desired < current and accumulating:
-            desired, reason = current, "scale-down-held-tasks-accumulating"
-        if desired < current:
-            if last_down is not None and now - last_down < params.down_period_s * 1000.0:
-                desired, reason = current, "scale-down-rate-limited"
-            else:
-                step = max(1, math.floor(params.down_step_frac * current))
-                desired = max(desired, current - step)
-        if current == 0:
-            desired = raw
-        clamped = min(max(desired, lo), hi)
-        if clamped != desired:
-            reason = "at-max-nodes" if clamped < desired else "at-min-nodes"
-            desired = clamped
-        if desired < current:
-            last_down = now
 
         drain: tuple[str, ...] = ()
         if desired < current:
