@@ -1261,7 +1261,11 @@ def _decide_pools(
             tbt = None
         slo = ctx.pool_slo(snap)
         if has_nodes:
-            if own is sib:
+            if own is sib or (
+                n_warm == sib.warm[j] and own.hit[j] == sib.hit[j] and own.first[j] == sib.first[j]
+            ):
+                # The pool's own warm nodes give the siblings' figures (nothing of it drained or
+                # ejected): the same prefill, computed once (a signed zero hit sum reads as +0.0).
                 prefill = prefill_of(j)
             else:
                 prefill = _prefill(snap, pool, n_warm, own.hit[j], own.first[j], params)
