@@ -122,12 +122,19 @@ def upper_medians(cols: FleetColumns, fresh: Bools) -> list[float | None]:
     if not take.any():
         return out
     rows = np.flatnonzero(take)
-    pools = cols.pool_of[rows]
-    order = rows[np.lexsort((values[rows], pools))]  # by pool, then value; ties keep row order
+    pools = cols.pool_of[rows]  # ascending: the columns group rows by pool
     count = np.bincount(pools, minlength=n_pools)
     first = np.concatenate([[0], np.cumsum(count)[:-1]])
+    # Each pool's values laid out as one row of a (pools, longest) array, in row order, padded with
+    # +inf (sorted after every value; an inf value ties it with the same bits), then sorted along
+    # the rows: many short sorts instead of one sort by (pool, value). Stable when a zero is among
+    # them, so that 0.0 and -0.0 keep row order, as in ``list.sort``.
+    got = values[rows]
+    pad = np.full((n_pools, int(count.max())), np.inf)
+    pad[pools, np.arange(len(rows)) - first[pools]] = got
+    pad.sort(axis=1, kind="stable" if (got == 0).any() else None)
     has = np.flatnonzero(count > 0)
-    picked = values[order[first[has] + count[has] // 2]].tolist()
+    picked = pad[has, count[has] // 2].tolist()
     for i, v in zip(has.tolist(), picked, strict=True):
         out[i] = v
     return out

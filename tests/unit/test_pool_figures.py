@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from fleetloop.daemon.decide import engine
 from fleetloop.policies.base import PolicyContext
@@ -136,6 +137,31 @@ def test_pool_figures_of_any_node_mix_and_signed_zeros(rows: list[Any]) -> None:
         c = ctx_for(snap, pool_id)
         got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
         assert (got.hex() if got is not None else None) == (want.hex() if want is not None else None)
+
+
+def test_upper_median_of_long_pools_of_signed_zeros_keeps_node_order() -> None:
+    """Pools of 17-90 nodes (past the length where numpy's sort is an insertion sort, so an unstable
+    sort reorders 0.0 and -0.0), mostly signed zeros, some not warm, some without a figure, 1e308:
+    the median is ``sorted(xs)[len(xs) // 2]``'s double, bit for bit, in every pool."""
+    rng = np.random.default_rng(7)
+    figures = [0.0, -0.0, 0.0, -0.0, 3.0, -1.0, 1e308, None]
+    for _ in range(30):
+        views = []
+        for p in range(int(rng.integers(1, 7))):
+            for i in range(int(rng.integers(17, 91))):
+                v = figures[int(rng.integers(0, len(figures)))]
+                ws = ["warm", "warm", "warm", "cold"][int(rng.integers(0, 4))]
+                views.append(node(f"p{p}/n{i:02d}", pool_id=f"p{p}", tbt_p99_ms=v, weights_state=ws))
+        snap = snapshot(views)
+        for pool_id in sorted(snap.pools):
+            xs = [
+                n.tbt_p99_ms
+                for n in snap.pool_nodes(pool_id)
+                if n.warm and not n.stale and n.tbt_p99_ms is not None
+            ]
+            want = sorted(xs)[len(xs) // 2] if xs else None
+            got = figures_of(snap, pool_id).tbt_upper_median
+            assert (got.hex() if got is not None else None) == (want.hex() if want is not None else None)
 
 
 def test_pool_tbt_median_between_signed_zeros_is_the_later_node_s() -> None:
