@@ -28,7 +28,7 @@ No I/O and no clock here: the runtime feeds records and ticks in, publishes what
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +118,12 @@ class Shard:
         self.pending: dict[str, deque[Row]] = {k: deque() for k in INPUTS}
         self.read: dict[str, int] = dict(self.folded)  # next input offset not yet read
         self.pending_pools: set[str] = set()
+        # Per pool, how many pending records with a valid item it has: ``pending_pools`` after a fold
+        # is its keys, without a pass over every pending record (:meth:`_pending_pools_plain` is the
+        # statement). That pass ran at every cut and cost O(backlog): a shard behind by minutes
+        # (1,000,000 rows) spent ~170 ms of each boundary on it, so the further behind it was,
+        # the slower it decided (bench/results/latency-s9.md).
+        self._pending_n: Counter[str] = Counter()
         self._snaps: dict[tuple[int, int, int, tuple[int, ...]], FleetSnapshot] = {}
         self.fold_errors = 0  # records whose folding raised: skipped, counted, dead-lettered
         # Records not folded (door, cap, fold error) since the runtime last took them; None: not kept
@@ -145,7 +151,9 @@ class Shard:
             # The common case, a fresh batch past what was read: offsets ascend within it.
             queue.extend(rows)
             self.read[logical] = rows[-1].offset + 1
-            self.pending_pools.update([row.item.pool_id for row in rows if row.item is not None])
+            ids = [row.item.pool_id for row in rows if row.item is not None]
+            self.pending_pools.update(ids)
+            self._pending_n.update(ids)
             return len(rows)
         n = 0
         for row in rows:
@@ -155,6 +163,7 @@ class Shard:
             self.read[logical] = row.offset + 1
             if row.item is not None:
                 self.pending_pools.add(row.item.pool_id)
+                self._pending_n[row.item.pool_id] += 1
             n += 1
         return n
 
@@ -215,6 +224,13 @@ class Shard:
                 # One batch fold per input topic: the same state and reasons as a fold per record
                 # (FleetModel.fold_telemetries / fold_outcomes), at about half the cost.
                 items = [row.item for row in rows]
+                counts = self._pending_n
+                for pool, k in Counter([item.pool_id for item in items if item is not None]).items():
+                    left = counts[pool] - k
+                    if left > 0:
+                        counts[pool] = left
+                    else:
+                        del counts[pool]
                 reasons = (
                     model.fold_telemetries(items)  # type: ignore[arg-type]
                     if logical == TELEMETRY
@@ -235,7 +251,7 @@ class Shard:
         """Keep per-pool bookkeeping (pools with records pending, last ticks, policy state) to the
         pools the model holds or has pending: a pool the model evicted or refused leaves it, so
         neither memory nor the ticker's work grows with every pool id ever seen."""
-        pending = {row.item.pool_id for q in self.pending.values() for row in q if row.item is not None}
+        pending = set(self._pending_n)  # == self._pending_pools_plain(), without the pass
         self.pending_pools = pending
         live = self.model.pools
         for pool in [p for p in self.last_tick if p not in live and p not in pending]:
@@ -243,6 +259,10 @@ class Shard:
         for states in (self.states, self.shadow_states):
             for pool in [p for p in states if p not in live and p not in pending]:
                 del states[pool]
+
+    def _pending_pools_plain(self) -> set[str]:
+        """The statement of ``pending_pools`` after a fold: the pools of the pending records."""
+        return {row.item.pool_id for q in self.pending.values() for row in q if row.item is not None}
 
     def fold_read(self) -> None:
         """Fold every record read so far, as the next tick's cut would (``fleetloop bench ingest``
