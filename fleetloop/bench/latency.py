@@ -53,6 +53,8 @@ from fleetloop.bench.loadgen import (
     LoadProcess,
     LoadSpec,
     bench_fleet,
+    overload_args,
+    overload_skipped,
     trial_targets,
 )
 from fleetloop.daemon import clock
@@ -78,6 +80,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--daemons", type=int, default=1, help="fleetloop run processes in one consumer group (default 1)"
+    )
+    p.add_argument(
+        "--overload-max-ticks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="passed to each fleetloop run (its default, 2, when not given; 0: decide every boundary "
+        "however late)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
@@ -207,7 +217,7 @@ async def _run(
             with open(f"{log_path}.{k}", "wb") as log:
                 daemons.append(subprocess.Popen(
                     [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
-                     "--topic-prefix", prefix, "--group-id", f"bench-{prefix}"],
+                     "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args)],
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                     preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
                 ))  # fmt: skip
@@ -310,6 +320,10 @@ async def _run(
         # clock when the trials began, and at worst when a trial began.
         "daemon_behind_s_at_start": round(behind_at_start, 1),
         "daemon_behind_s_max": max((r["daemons_behind_s"] for r in per_trial), default=None),
+        # Boundaries each daemon published as skipped for overload (None: not known, see
+        # overload_skipped), and the limit they ran with (None: the daemon's default).
+        "overload_max_ticks": args.overload_max_ticks,
+        "ticks_overload": [overload_skipped(f"{log_path}.{k}") for k in range(args.daemons)],
         "pools": len(fleet.pools),
         "events_per_s": int(args.nodes * (1 + args.outcomes_per_node)),
         "trials": args.trials,

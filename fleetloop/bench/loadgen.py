@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import multiprocessing.synchronize
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import SynchronizedArray
@@ -50,6 +51,24 @@ SENT, LAG_NOW_S, LAG_MAX_S, CPU_S, WALL_S, SLICES_LATE, ACK_MAX_S = range(7)
 def bench_fleet(n_nodes: int) -> Fleet:
     """The fleet the latency bench plays: no degraded node (the trial targets are the failures)."""
     return make_fleet(n_nodes, seed=FLEET_SEED, degraded_per_1000=0.0)
+
+
+def overload_args(args: Any) -> list[str]:
+    """``fleetloop run`` flags for the benches' ``--overload-max-ticks`` (none: the daemon's default)."""
+    n = getattr(args, "overload_max_ticks", None)
+    return [] if n is None else ["--overload-max-ticks", str(int(n))]
+
+
+def overload_skipped(log_path: str) -> int | None:
+    """Boundaries a daemon published as skipped for overload (``ticks_overload`` on its "daemon
+    stopped" line; None: the line is not there, e.g. a daemon killed, or a tree without the rule)."""
+    found = None
+    with contextlib.suppress(OSError), open(log_path, "rb") as f:
+        for line in f:
+            if b"daemon stopped" in line:
+                m = re.search(rb"ticks_overload[\"=: ]+(\d+)", line)
+                found = int(m.group(1)) if m else found
+    return found
 
 
 def trial_targets(fleet: Fleet, trials: int) -> list[tuple[int, str]]:

@@ -50,7 +50,15 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from fleetloop.bench.common import bench_broker, pct, progress, within
-from fleetloop.bench.loadgen import LAG_MAX_S, SENT, LoadProcess, LoadSpec, bench_fleet
+from fleetloop.bench.loadgen import (
+    LAG_MAX_S,
+    SENT,
+    LoadProcess,
+    LoadSpec,
+    bench_fleet,
+    overload_args,
+    overload_skipped,
+)
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.children import die_with_parent
@@ -77,6 +85,14 @@ def register(subparsers: Any) -> None:
         "--outcomes-per-node", type=float, default=2.0, help="routed calls per node per second (default 2)"
     )
     p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu", help="default: tansu")
+    p.add_argument(
+        "--overload-max-ticks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="passed to each fleetloop run (its default, 2, when not given; 0: decide every boundary "
+        "however late)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
 
@@ -197,7 +213,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         with open(log_path, "wb") as log:
             daemon = subprocess.Popen(
                 [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
-                 "--topic-prefix", prefix, "--group-id", f"bench-{prefix}"],
+                 "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args)],
                 stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
             )  # fmt: skip
@@ -274,6 +290,10 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
             int(args.nodes * RULE_CPU_FRAC / per_fleet_s) if per_fleet_s else None
         ),
         "load_generator_max_lag_s": round(gen_lag, 3),
+        # Boundaries the daemon published as skipped for overload over its whole run (None: not
+        # known), and the limit it ran with (None: the daemon's default).
+        "overload_max_ticks": args.overload_max_ticks,
+        "ticks_overload": overload_skipped(log_path),
         "keeps_up": keeps_up,
         "within_rule": per_fleet_s is not None and per_fleet_s <= RULE_CPU_FRAC,
         "rule": {"nodes": RULE_NODES, "cpu_frac": RULE_CPU_FRAC},

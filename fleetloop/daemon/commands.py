@@ -43,6 +43,15 @@ def register(sub: Any) -> None:
         "--create-topics", action="store_true", help="create any missing topic of the registry first"
     )
     run.add_argument(
+        "--overload-max-ticks",
+        type=int,
+        default=2,
+        metavar="N",
+        help="a pool with N boundaries published and not yet decided gets no new tick; the ones held "
+        "back go out as skipped ('overload: ...') and the newest is decided next (default 2; 0: decide "
+        "every boundary however late)",
+    )
+    run.add_argument(
         "--checkpoint-interval-s",
         type=float,
         default=5.0,
@@ -113,6 +122,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if not 0.05 <= args.checkpoint_interval_s <= 3600:
         raise UsageError("fleetloop run: --checkpoint-interval-s must be between 0.05 and 3600")
+    if not 0 <= args.overload_max_ticks <= 1_000_000:
+        raise UsageError("fleetloop run: --overload-max-ticks must be between 0 and 1000000")
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
         raise UsageError(f"fleetloop run: --http-port {args.http_port} is not a port (0..65535)")
     if args.wait_for_topics < 0:
@@ -233,6 +244,7 @@ async def _run_daemon(
             run_ticker=not args.no_ticker,
             idempotence=idempotence,
             checkpoint_interval_s=args.checkpoint_interval_s,
+            overload_max_ticks=args.overload_max_ticks,
             door=args.door,
         ),
         on_decisions=view.record if view is not None else None,

@@ -41,6 +41,24 @@ boundaries of one pool are published as one tick record marked ``fleetloop.skipp
 reason and the first skipped tick id), counted and logged, and the newest ``catchup_max_ticks``
 are decided.
 
+Overload. A daemon that decides more slowly than the boundaries come (too little CPU for its
+shards) would otherwise decide every boundary in turn, each later than the one before: its
+decisions grow minutes stale and never recover, worse than no control plane. So the ticker puts no
+new tick on ``control.ticks`` for a pool that has ``overload_max_ticks`` boundaries published and
+not yet decided. Once fewer are waiting, it publishes the boundaries it held back as one tick record
+marked ``fleetloop.skipped`` (reason ``overload: ...``, first skipped tick id in
+``fleetloop.skipped_from``) and then the newest boundary, whose cut folds every record read by
+then: the shard decides the newest boundary next, and at most ``overload_max_ticks`` boundaries
+ever wait before it (a breaker's trigger among them). A ticker that a busy loop held up past
+several boundaries publishes them the same way (the newest only, when they would make more than
+``overload_max_ticks`` wait); boundaries missed while the broker was unreachable, or before this
+instance ticked the pool at all, are an outage's and caught up as above. No record is dropped:
+the skipped boundaries' records are folded at the next decided cut. The skips are on the ticks
+topic like an outage's, so a replay decides exactly what the daemon decided. Counted
+(``ticks_overload``, the ticks metric with outcome ``overload``), logged once when a shard goes
+into overload and once when it is out, and reported by ``/healthz`` (``overload``: the partitions
+in it, the ticks skipped). The rule is :func:`overload_step`.
+
 Policy documents arrive on ``control.policy``; a valid one with the followed name and a higher
 version replaces the active policy between batches; an invalid one is refused (logged and
 dead-lettered) and the active one stays in force.
@@ -133,6 +151,13 @@ class DaemonConfig:
     max_tick_hold_s: float = 2.0  # a tick without a cut waits at most this long for its inputs
     checkpoint_interval_s: float = 5.0  # checkpoint a changed shard at most this often
     catchup_max_ticks: int = 600  # missed boundaries decided after an outage, per pool; older: skipped
+    # Overload: a pool with this many boundaries published and not yet decided gets no new tick; once
+    # fewer are waiting, the ticker publishes the boundaries it held back as one tick marked skipped
+    # ("overload: ...") and the newest boundary. 0: never (every boundary is decided, however late).
+    # 2: a shard more than one boundary behind. Each boundary allowed to wait adds one boundary's
+    # decide time to how stale the decisions are (seconds each for a starved daemon at 10k nodes:
+    # with 5, one daemon at 0.19 of a core was 35 s behind at p50; bench/results/latency-s9.md).
+    overload_max_ticks: int = 2
     # At a boundary the ticker waits at most this long for the loop to read every input record the
     # broker had acknowledged then, so a record acknowledged just before the boundary is in its cut
     # (not one tick later); 0: the cut is what was read at the boundary (bench/results/latency-s6.md).
@@ -166,6 +191,8 @@ class DaemonStats:
     dead_letter_scans: int = 0  # reads of the dead-letter topic at a restore: one per assignment
     dead_letter_marks_lost: int = 0  # restored shards whose dead-letter range retention removed
     ticks_caught_up: int = 0  # missed boundaries this instance's ticker published late
+    ticks_overload: int = 0  # boundaries this instance's ticker published as skipped: overload
+    overload_episodes: int = 0  # times a shard of this instance went into overload
     dead_letters: int = 0
     decisions_published: int = 0
     breaker_opens: int = 0
@@ -216,6 +243,27 @@ def _boundary_run(held: Sequence[_HeldTick], done: Collection[int]) -> int:
             break
         n += 1
     return n
+
+
+def overload_step(waiting: int, new: int, limit: int, outage: bool) -> int:
+    """How many of a pool's ``new`` boundaries due now (the newest ones) the ticker publishes as
+    ticks; the older rest go out as one tick marked skipped. ``waiting``: the pool's boundaries
+    published by this instance and not yet decided or skipped by its shard; ``limit``:
+    ``overload_max_ticks``; ``outage``: the boundaries were missed because nobody could publish
+    them (this instance has published none for the pool yet, or the broker was unreachable since
+    it last published), not because the loop was too busy to.
+
+    - the rule off (``limit`` <= 0), or an outage with nothing waiting: all ``new`` (the outage's
+      catch-up, bounded by ``catchup_max_ticks`` apart);
+    - ``waiting`` >= ``limit``: 0, held back (overload);
+    - ``waiting`` + ``new`` > ``limit``: 1, the newest (a ticker held up by a busy loop adds no
+      backlog);
+    - else all ``new``."""
+    if limit <= 0 or (outage and waiting <= 0):
+        return new
+    if waiting >= limit:
+        return 0
+    return 1 if waiting + new > limit else new
 
 
 def tune_gc(gen0_threshold: int) -> None:
@@ -299,6 +347,11 @@ class Daemon:
         self._publish_from: dict[int, int] = {}  # ticks offset from which decisions are published
         self._catchup: dict[int, dict[str, int]] = {}  # end offsets at assignment, until caught up
         self._ticked: dict[tuple[int, str], int] = {}  # (shard, pool) -> last boundary published
+        # (shard, pool) -> (first boundary held back, boundaries waiting then): overload, per pool
+        self._withheld: dict[tuple[int, str], tuple[int, int]] = {}
+        # Shards in overload -> (when it began, monotonic s; boundaries since without a tick held back)
+        self._overloaded: dict[int, tuple[float, int]] = {}
+        self._broker_gap = False  # the broker was unreachable since the ticker last published
         self._ticks_read: dict[int, int] = {}  # next ticks offset read, per shard
         self._ckpt_seq: dict[int, int] = {}
         self._ckpt_at: dict[int, float] = {}
@@ -438,6 +491,8 @@ class Daemon:
             "ticks_restored": s.ticks_restored,
             "ticks_caught_up": s.ticks_caught_up,
             "ticks_skipped": s.ticks_skipped,
+            "ticks_overload": s.ticks_overload,
+            "overload_episodes": s.overload_episodes,
             "decisions_published": s.decisions_published,
             "dead_letters": s.dead_letters,
             "breaker_opens": s.breaker_opens,
@@ -629,6 +684,9 @@ class Daemon:
         self._dirty.discard(p)
         for key in [k for k in self._ticked if k[0] == p]:
             del self._ticked[key]
+        for key in [k for k in self._withheld if k[0] == p]:
+            del self._withheld[key]
+        self._overloaded.pop(p, None)
 
     def _seek(self, tp: TopicPartition, offset: int) -> None:
         assert self._consumer is not None
@@ -1542,24 +1600,65 @@ class Daemon:
 
     async def _publish_ticks(self, producer: AIOKafkaProducer, topic: str, now_b: int, tick_ms: int) -> None:
         limit = self.config.catchup_max_ticks
+        overload = self.config.overload_max_ticks
         futures = []
         sent: dict[tuple[int, str], int] = {}
+        # Boundaries missed while the broker was unreachable are an outage's, caught up in full
+        # (up to catchup_max_ticks); missed because the loop was busy, they are overload's.
+        outage, self._broker_gap = self._broker_gap, False
         for p in sorted(self.shards):
             if self._tp(TICKS, p) not in self._owned or not self._caught_up(p):
                 continue
             shard = self.shards[p]
+            held_back = 0  # pools of this shard whose tick is held back at this boundary
+            skipped_here = 0  # ... and those whose held-back boundaries went out as skipped
             # A boundary's cut is the shard's, the same for every pool it ticks: computed (a scan of
             # the records read and not folded) and encoded once per boundary, not once per pool
             # (at 10,000 nodes, ~60 pools x ~4,000 pending records a shard: a third of the daemon's
             # CPU, and more the further it fell behind; bench/results/latency-s7.md).
             headers: dict[int, bytes] = {}
             for pool in shard.pools():
-                last = max(self._ticked.get((p, pool), -1), shard.last_tick.get(pool, (0, -1))[1])
+                published = self._ticked.get((p, pool))
+                decided = shard.last_tick.get(pool)
+                last = max(published if published is not None else -1, decided[1] if decided else -1)
                 first = (last // tick_ms + 1) * tick_ms if last >= 0 else now_b
                 boundaries = list(range(first, now_b + 1, tick_ms))
                 if not boundaries:
                     continue
-                if len(boundaries) > limit:
+                waiting = 0  # boundaries published (by this instance) and not yet decided
+                if published is not None and decided is not None and published > decided[1]:
+                    waiting = (published - decided[1]) // tick_ms
+                n = overload_step(waiting, len(boundaries), overload, outage or published is None)
+                if n == 0:
+                    self._withheld.setdefault((p, pool), (first, waiting))
+                    held_back += 1
+                    continue
+                withheld = self._withheld.pop((p, pool), None)
+                if withheld is not None:
+                    n, waiting = 1, withheld[1]  # held back before: the newest only, whatever waits now
+                if n < len(boundaries):
+                    skipped, boundaries = boundaries[:-n], boundaries[-n:]
+                    end = skipped[-1]
+                    reason = (
+                        f"overload: {len(skipped)} ticks not decided: {waiting} boundaries were "
+                        f"waiting to be decided (overload_max_ticks {overload}); deciding the newest"
+                    )
+                    marker = Tick(ts_ms=end, tick_id=end // tick_ms, pool_id=pool)
+                    futures.append(
+                        await producer.send(
+                            topic,
+                            key=pool.encode(),
+                            value=orjson.dumps(marker.model_dump()),
+                            headers=[
+                                (SKIPPED_HEADER, reason.encode()),
+                                (SKIPPED_FROM_HEADER, str(skipped[0] // tick_ms).encode()),
+                            ],
+                        )
+                    )
+                    self.stats.ticks_overload += len(skipped)
+                    skipped_here += 1
+                    metrics.ticks.add(len(skipped), {"outcome": "overload"})
+                elif len(boundaries) > limit:
                     skipped, boundaries = boundaries[:-limit], boundaries[-limit:]
                     end = skipped[-1]
                     reason = f"outage: {len(skipped)} ticks missed, beyond the catch-up of {limit}"
@@ -1588,13 +1687,50 @@ class Daemon:
                         )
                     )
                 sent[(p, pool)] = boundaries[-1]
+            self._note_overload(p, held_back, skipped_here)
+        self.health.overloaded = sorted(self._overloaded)
+        self.health.ticks_overload = self.stats.ticks_overload
         if futures:
             await asyncio.gather(*futures)
         self._ticked.update(sent)
 
+    def _note_overload(self, p: int, held_back: int, skipped: int) -> None:
+        """One log line when shard ``p`` goes into overload (its ticker held ticks back or published
+        boundaries as skipped) and one when it is out: ``overload_max_ticks`` boundaries in a row
+        published whole, none held back or skipped (an episode does not end and begin again at
+        every boundary while the shard is still too slow)."""
+        state = self._overloaded.get(p)
+        if held_back or skipped:
+            if state is None:
+                self.stats.overload_episodes += 1
+                log.warning(
+                    "overload: the shard decides more slowly than the ticks come; from now on it "
+                    "decides the newest boundary next and the boundaries between go out as skipped",
+                    partition=p,
+                    pools_held_back=held_back,
+                    pools_skipped=skipped,
+                    overload_max_ticks=self.config.overload_max_ticks,
+                )
+            self._overloaded[p] = (state[0] if state else clock.monotonic_s(), 0)
+            return
+        if state is None:
+            return
+        clean = 0 if any(k[0] == p for k in self._withheld) else state[1] + 1
+        if clean < max(1, self.config.overload_max_ticks):
+            self._overloaded[p] = (state[0], clean)
+            return
+        del self._overloaded[p]
+        log.warning(
+            "overload over: the shard decides every boundary again",
+            partition=p,
+            lasted_s=round(clock.monotonic_s() - state[0], 1),
+            ticks_overload=self.stats.ticks_overload,
+        )
+
     # -- service: broker watch, retries, metric sources -----------------------------------------
 
     def _broker_trouble(self, operation: str, exc: BaseException) -> None:
+        self._broker_gap = True
         self.health.connected = False
         self.health.connection_error = one_line(exc)
         metrics.broker_errors.add(1, {"operation": operation})
@@ -1635,6 +1771,7 @@ class Daemon:
             try:
                 await asyncio.wait_for(consumer.topics(), timeout=max(BROKER_WATCH_S * 2, 5.0))
             except (KafkaError, TimeoutError) as exc:
+                self._broker_gap = True
                 if self.health.connected or not self.health.connection_error:
                     self._broker_trouble(
                         "metadata", exc if isinstance(exc, KafkaError) else KafkaTimeoutError()

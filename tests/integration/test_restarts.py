@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 from fleetloop.daemon import clock
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.runtime import CUT_HEADER, SKIPPED_HEADER
+from fleetloop.daemon.runtime import CUT_HEADER, SKIPPED_FROM_HEADER, SKIPPED_HEADER
 from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.policies.registry import CompiledPolicy, load_policy
 from fleetloop.schemas import Decision, RequestOutcome, Tick
@@ -303,6 +303,10 @@ async def compare_with_an_uninterrupted_run(
             headers = dict(r.headers or ())
             seen_ids.setdefault(tick.pool_id, []).append(tick.tick_id)
             if SKIPPED_HEADER in headers:
+                # A skipped record stands for its range (an outage beyond the catch-up, overload):
+                # those boundaries are on the topic, as skipped, not missing.
+                first = int(headers.get(SKIPPED_FROM_HEADER, str(tick.tick_id).encode()))
+                seen_ids[tick.pool_id].extend(range(first, tick.tick_id))
                 shard.skip(tick)
                 v.skipped += 1
                 continue

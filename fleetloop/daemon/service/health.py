@@ -45,6 +45,11 @@ class Health:
     tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     died: TaskDied | None = None
     stopping: bool = False
+    # Overload (the ticker holds ticks back, fleetloop.daemon.runtime): the shards in it now, and
+    # the boundaries published as skipped for it so far. Reported by /healthz; liveness is unchanged
+    # (a daemon in overload is alive and decides the newest boundaries).
+    overloaded: list[int] = field(default_factory=list)
+    ticks_overload: int = 0
 
     def dead_tasks(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -69,6 +74,8 @@ class Health:
         }
         if self.died is not None:
             body["died"] = str(self.died)
+        if self.overloaded or self.ticks_overload:
+            body["overload"] = {"partitions": list(self.overloaded), "ticks_skipped": self.ticks_overload}
         ok = not dead and self.died is None and bool(self.tasks)
         return ok, body
 

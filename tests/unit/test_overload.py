@@ -1,0 +1,282 @@
+"""Overload: a shard that decides more slowly than the boundaries come is held to at most
+``overload_max_ticks`` boundaries waiting; the ticker holds the next ticks back and, once fewer wait,
+publishes those it held back as one tick marked skipped ("overload: ...") and the newest boundary
+(``fleetloop.daemon.runtime``, :func:`overload_step`). And the shard's bookkeeping of pools with
+records pending costs what was folded, not the whole backlog (``Shard.pending_pools`` against its
+statement ``Shard._pending_pools_plain``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from fleetloop.bench.fleetgen import make_fleet, telemetry_at
+from fleetloop.daemon.runtime import (
+    SKIPPED_FROM_HEADER,
+    SKIPPED_HEADER,
+    Daemon,
+    DaemonConfig,
+    overload_step,
+)
+from fleetloop.daemon.shard import INPUTS, Row, Shard
+from fleetloop.policies.registry import builtin_policy
+from fleetloop.schemas import Tick
+from fleetloop.schemas.topics import TELEMETRY, TICKS
+
+TICK_MS = 1000
+T0 = 1_800_000_000_000
+
+
+def test_the_rule_holds_a_pools_ticks_back_once_limit_boundaries_wait() -> None:
+    assert overload_step(0, 1, 5, False) == 1  # on time
+    assert overload_step(0, 40, 5, True) == 40  # an outage, nothing waiting: caught up, all of it
+    assert overload_step(0, 40, 5, False) == 1  # a ticker held up by a busy loop: the newest only
+    assert overload_step(0, 5, 5, False) == 5
+    assert overload_step(2, 1, 5, False) == 1
+    assert overload_step(4, 1, 5, False) == 1  # 5 waiting after it: allowed
+    assert overload_step(4, 2, 5, False) == 1  # the newest only
+    assert overload_step(3, 9, 5, True) == 1  # an outage while some wait: overload's rule
+    assert overload_step(5, 1, 5, False) == 0  # 5 waiting: held back
+    assert overload_step(5, 1, 5, True) == 0
+    assert overload_step(10**12, 10**6, 5, False) == 0  # far behind
+    assert overload_step(10**12, 7, 0, False) == 7  # 0: the rule is off
+    assert overload_step(-3, 2, 5, False) == 2  # decided past what this instance published
+
+
+class _Producer:
+    """Records what the ticker sends, in order: (key, tick, headers)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Tick, dict[str, bytes]]] = []
+
+    async def send(self, topic: str, *, key: bytes, value: bytes, headers: Any = (), **_: Any) -> Any:
+        self.sent.append((key.decode(), Tick.model_validate(orjson.loads(value)), dict(headers)))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+class _Shard(Shard):
+    def __init__(self, pools: list[str]) -> None:
+        super().__init__(0)
+        self._pools = pools
+
+    def pools(self) -> list[str]:
+        return list(self._pools)
+
+
+def _daemon(limit: int, pools: list[str]) -> tuple[Daemon, _Shard]:
+    daemon = Daemon(
+        DaemonConfig(
+            bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default"), overload_max_ticks=limit
+        )
+    )
+    shard = _Shard(pools)
+    daemon.shards[0] = shard
+    daemon._owned = {daemon._tp(TICKS, 0)}
+    return daemon, shard
+
+
+def _simulate(
+    limit: int, seconds: int, decide_every_s: int, ticker_every_s: int = 1
+) -> tuple[list[int], Daemon, _Producer]:
+    """``seconds`` boundaries; the ticker runs at every ``ticker_every_s``-th (held up by a busy
+    loop in between) and the shard decides one tick record every ``decide_every_s`` boundaries (in
+    the order published: a skipped record is passed as the daemon's loop passes it, at no cost).
+    Returns, per boundary, how many boundaries the newest decided one is behind it."""
+
+    async def run() -> tuple[list[int], Daemon, _Producer]:
+        pools = ["pool-a", "pool-b"]
+        daemon, shard = _daemon(limit, pools)
+        producer = _Producer()
+        queue: list[tuple[str, Tick, dict[str, bytes]]] = []
+        behind: list[int] = []
+        for s in range(seconds):
+            now_b = T0 + s * TICK_MS
+            start = len(producer.sent)
+            if s % ticker_every_s == 0:
+                await daemon._publish_ticks(producer, "ticks", now_b, TICK_MS)  # type: ignore[arg-type]
+            queue.extend(producer.sent[start:])
+            budget = 1 if s % decide_every_s == 0 else 0
+            while queue:
+                pool, tick, headers = queue[0]
+                if SKIPPED_HEADER in headers:
+                    shard.skip(tick)
+                elif budget:
+                    budget -= 1
+                    shard.last_tick[pool] = (tick.tick_id, tick.ts_ms)
+                else:
+                    break
+                queue.pop(0)
+            newest = min(shard.last_tick.get(p, (0, T0 - TICK_MS))[1] for p in pools)
+            behind.append((now_b - newest) // TICK_MS)
+        return behind, daemon, producer
+
+    return asyncio.run(run())
+
+
+def test_a_shard_deciding_too_slowly_stays_a_bounded_number_of_boundaries_behind() -> None:
+    """Two pools, one tick decided every 2 s (a quarter of what the ticks ask): with the rule the
+    newest decided boundary stays within a few boundaries of now for 200 s; without it (0), it
+    falls behind without bound, as the daemons did at 10,000 nodes (bench/results/latency-s9.md)."""
+    limit = 3
+    behind, daemon, producer = _simulate(limit, 200, 2)
+    # Waiting: at most `limit` per pool, two pools, one decided every 2 s; plus the one in hand.
+    assert max(behind[20:]) <= 2 * (2 * limit + 2), behind
+    marks = [(t, h) for _, t, h in producer.sent if SKIPPED_HEADER in h]
+    assert marks
+    for tick, headers in marks:
+        assert headers[SKIPPED_HEADER].startswith(b"overload: ")
+        assert int(headers[SKIPPED_FROM_HEADER]) <= tick.tick_id
+    # Every boundary of every pool is published exactly once: as a tick or inside a skipped range.
+    for pool in ("pool-a", "pool-b"):
+        covered: list[int] = []
+        for key, tick, headers in producer.sent:
+            if key != pool:
+                continue
+            if SKIPPED_HEADER in headers:
+                covered.extend(range(int(headers[SKIPPED_FROM_HEADER]), tick.tick_id + 1))
+            else:
+                covered.append(tick.tick_id)
+        assert covered == list(range(covered[0], covered[0] + len(covered))), pool
+    assert daemon.stats.ticks_overload == sum(t.tick_id - int(h[SKIPPED_FROM_HEADER]) + 1 for t, h in marks)
+    assert daemon.stats.overload_episodes == 1  # one episode, one log line: no flapping
+    assert daemon.health.overloaded == [0]  # still in overload at the end: /healthz says so
+    _, body = daemon.health.live()
+    assert body["overload"] == {"partitions": [0], "ticks_skipped": daemon.stats.ticks_overload}
+
+    unbounded, daemon, producer = _simulate(0, 200, 2)
+    assert unbounded[-1] > 100, unbounded  # the rule off: every boundary decided, ever later
+    assert not any(SKIPPED_HEADER in h for _, _, h in producer.sent)
+    assert daemon.stats.ticks_overload == 0
+
+
+@pytest.mark.parametrize("ticker_every_s", [2, 5])
+def test_a_ticker_held_up_by_a_busy_loop_adds_no_backlog(ticker_every_s: int) -> None:
+    """The ticker runs only every few boundaries (the loop held it up, deciding) and finds the
+    shard has decided all it published: the boundaries it missed go out as skipped and the newest
+    as a tick, not all of them as an outage's would (they would be the next backlog: how the
+    10,000-node daemons fell further behind at every boundary, bench/results/latency-s9.md)."""
+    behind, daemon, producer = _simulate(3, 200, 2, ticker_every_s)
+    assert max(behind[20:]) <= 2 * (2 * 3 + 2) + ticker_every_s, behind
+    assert daemon.stats.ticks_overload > 0
+    for _, _, headers in producer.sent:
+        if SKIPPED_HEADER in headers:
+            assert headers[SKIPPED_HEADER].startswith(b"overload: ")
+    unbounded, _, _ = _simulate(0, 200, 2, ticker_every_s)
+    assert unbounded[-1] > 100, unbounded
+
+
+def test_an_episode_ends_once_the_shard_keeps_up_and_a_shard_on_time_never_skips() -> None:
+    """Two ticks a boundary asked and one decided: overload. Then the shard decides every tick
+    published at once: the episode ends (/healthz no longer reports the partition) and nothing more
+    is skipped."""
+    _, daemon, producer = _simulate(3, 60, 1)
+    assert daemon.stats.overload_episodes == 1
+    assert daemon.health.overloaded == [0]
+
+    async def keep_up(first_s: int, seconds: int) -> list[dict[str, bytes]]:
+        shard = daemon.shards[0]
+        start = len(producer.sent)
+        for s in range(first_s, first_s + seconds):
+            at = len(producer.sent)
+            await daemon._publish_ticks(producer, "ticks", T0 + s * TICK_MS, TICK_MS)  # type: ignore[arg-type]
+            for pool, tick, headers in producer.sent[at:]:
+                if SKIPPED_HEADER in headers:
+                    shard.skip(tick)
+                else:
+                    shard.last_tick[pool] = (tick.tick_id, tick.ts_ms)
+        return [h for _, _, h in producer.sent[start:]]
+
+    # The held-back boundaries go out as skipped, then the boundaries on time: over after
+    # overload_max_ticks (3) boundaries in a row with nothing held back or skipped.
+    asyncio.run(keep_up(60, 5))
+    assert daemon.health.overloaded == []
+    assert not daemon._withheld
+    skipped = daemon.stats.ticks_overload
+    later = asyncio.run(keep_up(65, 20))
+    assert len(later) == 2 * 20
+    assert not any(SKIPPED_HEADER in h for h in later)
+    assert daemon.stats.ticks_overload == skipped
+    assert daemon.stats.overload_episodes == 1
+
+
+# -- pending pools: the counts against the statement -----------------------------------------------
+
+
+_TEMPLATE = next(iter(telemetry_at(make_fleet(16, seed=3), T0)))
+
+
+def _rows(pools: list[str], start: int, n: int, rng: np.random.Generator) -> list[Row]:
+    """``n`` telemetry rows from offset ``start``, of pools drawn from ``pools``; one in twenty
+    without an item (the door refused it)."""
+    out = []
+    for k in range(n):
+        pool = pools[int(rng.integers(len(pools)))]
+        item = None
+        if rng.random() >= 0.05:
+            item = _TEMPLATE.model_copy(
+                update={"pool_id": pool, "node_id": f"{pool}/n{int(rng.integers(4))}"}
+            )
+        out.append(Row(start + k, T0 + start + k, item))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_pending_pools_after_a_fold_is_its_statement(seed: int) -> None:
+    """Random reads (some re-fetched, some door-refused) and cuts; also 100,000 new pool ids in one
+    read: after every fold ``pending_pools`` is the pools of the records still pending."""
+    rng = np.random.default_rng(seed)
+    shard = Shard(0)
+    base = [f"pool-{i}" for i in range(12)]
+    read = 0
+    for step in range(40):
+        pools = base if step != 20 else [f"new-{i}" for i in range(100_000)]
+        n = int(rng.integers(1, 400)) if step != 20 else 100_000
+        rows = _rows(pools, read, n, rng)
+        if rng.random() < 0.2 and read:
+            overlap = _rows(base, read - 3, 3, rng)  # a re-fetch of the last three, then new ones
+            shard.add(TELEMETRY, overlap + rows)
+        else:
+            shard.add(TELEMETRY, rows)
+        read += n
+        cut = {
+            TELEMETRY: int(rng.integers(shard.folded[TELEMETRY], read + 2)),
+            **dict.fromkeys(INPUTS[1:], 0),
+        }
+        shard._fold_to(cut)
+        assert shard.pending_pools == shard._pending_pools_plain(), step
+        assert set(shard._pending_n) == shard.pending_pools
+        assert sum(shard._pending_n.values()) == sum(
+            1 for r in shard.pending[TELEMETRY] if r.item is not None
+        )
+    shard.fold_read()
+    assert shard.pending_pools == set() == shard._pending_pools_plain()
+
+
+def test_the_benches_read_the_skipped_count_from_a_daemons_last_line(tmp_path: Any) -> None:
+    from fleetloop.bench.loadgen import overload_args, overload_skipped
+
+    console = tmp_path / "console.log"
+    console.write_bytes(
+        b"x [warning ] overload over: ... ticks_overload=7\n"
+        b"y [info    ] daemon stopped  [fleetloop.daemon] commits=3 ticks_overload=42 ticks_skipped=1\n"
+    )
+    as_json = tmp_path / "json.log"
+    as_json.write_bytes(b'{"event": "daemon stopped", "ticks_overload": 5, "commits": 1}\n')
+    killed = tmp_path / "killed.log"
+    killed.write_bytes(b"x [warning ] overload over: ... ticks_overload=7\n")
+    assert overload_skipped(str(console)) == 42
+    assert overload_skipped(str(as_json)) == 5
+    assert overload_skipped(str(killed)) is None
+    assert overload_skipped(str(tmp_path / "absent.log")) is None
+
+    class Args:
+        overload_max_ticks: int | None = None
+
+    assert overload_args(Args()) == []
+    Args.overload_max_ticks = 0
+    assert overload_args(Args()) == ["--overload-max-ticks", "0"]
