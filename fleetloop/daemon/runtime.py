@@ -1611,6 +1611,7 @@ class Daemon:
                 continue
             shard = self.shards[p]
             held_back = 0  # pools of this shard whose tick is held back at this boundary
+            due: dict[int, list[str]] = {}  # boundary -> pools to tick at it, in pool order
             skipped_here = 0  # ... and those whose held-back boundaries went out as skipped
             # A boundary's cut is the shard's, the same for every pool it ticks: computed (a scan of
             # the records read and not folded) and encoded once per boundary, not once per pool
@@ -1677,16 +1678,22 @@ class Daemon:
                 if len(boundaries) > 1:
                     self.stats.ticks_caught_up += len(boundaries) - 1
                 for b in boundaries:
-                    cut = headers.get(b)
-                    if cut is None:
-                        cut = headers[b] = orjson.dumps(shard.cut_by_time(b), option=orjson.OPT_SORT_KEYS)
+                    due.setdefault(b, []).append(pool)
+                sent[(p, pool)] = boundaries[-1]
+            # The ticks after every pool's skipped record, boundary by boundary: the pools of one
+            # boundary stay consecutive on the partition, so the shard decides them in one batch
+            # (a skipped record between them would split the batch into one call per pool).
+            for b in sorted(due):
+                cut = headers.get(b)
+                if cut is None:
+                    cut = headers[b] = orjson.dumps(shard.cut_by_time(b), option=orjson.OPT_SORT_KEYS)
+                for pool in due[b]:
                     value = orjson.dumps(Tick(ts_ms=b, tick_id=b // tick_ms, pool_id=pool).model_dump())
                     futures.append(
                         await producer.send(
                             topic, key=pool.encode(), value=value, headers=[(CUT_HEADER, cut)]
                         )
                     )
-                sent[(p, pool)] = boundaries[-1]
             self._note_overload(p, held_back, skipped_here)
         self.health.overloaded = sorted(self._overloaded)
         self.health.ticks_overload = self.stats.ticks_overload

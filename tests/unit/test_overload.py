@@ -280,3 +280,50 @@ def test_the_benches_read_the_skipped_count_from_a_daemons_last_line(tmp_path: A
     assert overload_args(Args()) == []
     Args.overload_max_ticks = 0
     assert overload_args(Args()) == ["--overload-max-ticks", "0"]
+
+
+def test_a_shards_skipped_records_go_first_and_its_ticks_stay_together_by_boundary() -> None:
+    """Every pool's skipped record before the shard's ticks, and the ticks boundary by boundary: the
+    pools of one boundary stay consecutive on the partition, so the shard decides them in one batch
+    (a skipped record between them split it into one decide per pool, when it was most behind)."""
+
+    async def run() -> list[tuple[str, Tick, dict[str, bytes]]]:
+        pools = ["a", "b", "c"]
+        daemon, shard = _daemon(3, pools)
+        producer = _Producer()
+        await daemon._publish_ticks(producer, "ticks", T0, TICK_MS)  # type: ignore[arg-type]
+        for pool in pools:
+            shard.last_tick[pool] = (T0 // TICK_MS, T0)
+        await daemon._publish_ticks(producer, "ticks", T0 + TICK_MS, TICK_MS)  # type: ignore[arg-type]
+        # One boundary waiting; the ticker, held up, comes back 4 boundaries later: newest only.
+        start = len(producer.sent)
+        await daemon._publish_ticks(producer, "ticks", T0 + 5 * TICK_MS, TICK_MS)  # type: ignore[arg-type]
+        return producer.sent[start:]
+
+    sent = asyncio.run(run())
+    kinds = ["skip" if SKIPPED_HEADER in h else "tick" for _, _, h in sent]
+    assert kinds == ["skip"] * 3 + ["tick"] * 3
+    assert [k for k, _, _ in sent] == ["a", "b", "c", "a", "b", "c"]
+    assert {t.ts_ms for _, t, h in sent if SKIPPED_HEADER not in h} == {T0 + 5 * TICK_MS}
+    assert {int(h[SKIPPED_FROM_HEADER]) for _, _, h in sent if SKIPPED_HEADER in h} == {T0 // TICK_MS + 2}
+
+
+def test_an_outages_catch_up_goes_out_boundary_by_boundary() -> None:
+    async def run() -> list[tuple[str, Tick, dict[str, bytes]]]:
+        daemon, shard = _daemon(3, ["a", "b"])
+        for pool in ("a", "b"):
+            shard.last_tick[pool] = (T0 // TICK_MS, T0)  # decided before this instance (a restart)
+        producer = _Producer()
+        await daemon._publish_ticks(producer, "ticks", T0 + 3 * TICK_MS, TICK_MS)  # type: ignore[arg-type]
+        return producer.sent
+
+    sent = asyncio.run(run())
+    assert [(k, t.ts_ms - T0) for k, t, _ in sent] == [
+        ("a", 1000),
+        ("b", 1000),
+        ("a", 2000),
+        ("b", 2000),
+        ("a", 3000),
+        ("b", 3000),
+    ]
+    assert not any(SKIPPED_HEADER in h for _, _, h in sent)
