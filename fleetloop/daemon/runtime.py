@@ -50,9 +50,10 @@ marked ``fleetloop.skipped`` (reason ``overload: ...``, first skipped tick id in
 ``fleetloop.skipped_from``) and then the newest boundary, whose cut folds every record read by
 then: the shard decides the newest boundary next, and at most ``overload_max_ticks`` boundaries
 ever wait before it (a breaker's trigger among them). A ticker that a busy loop held up past
-several boundaries publishes them the same way (the newest only, when they would make more than
-``overload_max_ticks`` wait); boundaries missed while the broker was unreachable, or before this
-instance ticked the pool at all, are an outage's and caught up as above. No record is dropped:
+several boundaries (it woke a tick period or more late) publishes them the same way (the newest
+only, when they would make more than ``overload_max_ticks`` wait); boundaries missed while the
+broker was unreachable or held the ticker's publish, or before this instance ticked the pool at
+all, are an outage's and caught up as above. No record is dropped:
 the skipped boundaries' records are folded at the next decided cut. The skips are on the ticks
 topic like an outage's, so a replay decides exactly what the daemon decided. Counted
 (``ticks_overload``, the ticks metric with outcome ``overload``), logged once when a shard goes
@@ -250,19 +251,23 @@ def overload_step(waiting: int, new: int, limit: int, outage: bool) -> int:
     ticks; the older rest go out as one tick marked skipped. ``waiting``: the pool's boundaries
     published by this instance and not yet decided or skipped by its shard; ``limit``:
     ``overload_max_ticks``; ``outage``: the boundaries were missed because nobody could publish
-    them (this instance has published none for the pool yet, or the broker was unreachable since
-    it last published), not because the loop was too busy to.
+    them (this instance has published none for the pool yet, the broker was unreachable since it
+    last published, or its publish was held), not because the loop was too busy deciding to let the
+    ticker run (it woke a tick period or more late).
 
-    - the rule off (``limit`` <= 0), or an outage with nothing waiting: all ``new`` (the outage's
-      catch-up, bounded by ``catchup_max_ticks`` apart);
+    - the rule off (``limit`` <= 0): all ``new``;
     - ``waiting`` >= ``limit``: 0, held back (overload);
+    - an outage: all ``new`` (its catch-up, bounded by ``catchup_max_ticks`` apart; what it adds
+      to ``waiting`` holds the next ticks back until decided);
     - ``waiting`` + ``new`` > ``limit``: 1, the newest (a ticker held up by a busy loop adds no
       backlog);
     - else all ``new``."""
-    if limit <= 0 or (outage and waiting <= 0):
+    if limit <= 0:
         return new
     if waiting >= limit:
         return 0
+    if outage:
+        return new
     return 1 if waiting + new > limit else new
 
 
@@ -1562,10 +1567,14 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=(boundary - now) / 1000.0)
                 return
+            # Woken a tick period or more after its boundary: the loop held the ticker up (it was
+            # deciding); boundaries missed so are overload's. On time, boundaries missed since the
+            # last round are an outage's (a publish the broker held, a restart).
+            held_up = clock.wall_ms() - boundary >= tick_ms
             try:
                 if wait_s := self.config.tick_read_wait_s:
                     await self._read_to_now(wait_s)
-                await self._publish_ticks(producer, topic, boundary, tick_ms)
+                await self._publish_ticks(producer, topic, boundary, tick_ms, held_up=held_up)
             except (KafkaError, OSError) as exc:  # the broker is away: the next round catches up
                 self._broker_trouble("tick", exc)
 
@@ -1598,14 +1607,21 @@ class Daemon:
                 return
             await asyncio.sleep(0.005)
 
-    async def _publish_ticks(self, producer: AIOKafkaProducer, topic: str, now_b: int, tick_ms: int) -> None:
+    async def _publish_ticks(
+        self, producer: AIOKafkaProducer, topic: str, now_b: int, tick_ms: int, *, held_up: bool = False
+    ) -> None:
+        """Publish each owned, caught-up pool's ticks due at boundary ``now_b`` (and those missed since
+        its last), under the catch-up and overload rules; ``held_up``: the loop held this round up
+        (see :meth:`_ticker`)."""
         limit = self.config.catchup_max_ticks
         overload = self.config.overload_max_ticks
         futures = []
         sent: dict[tuple[int, str], int] = {}
-        # Boundaries missed while the broker was unreachable are an outage's, caught up in full
-        # (up to catchup_max_ticks); missed because the loop was busy, they are overload's.
-        outage, self._broker_gap = self._broker_gap, False
+        # Boundaries missed while the broker was unreachable, or with the ticker on time, are an
+        # outage's, caught up in full (up to catchup_max_ticks); missed because the loop held the
+        # ticker up, they are overload's.
+        broker_gap, self._broker_gap = self._broker_gap, False
+        outage = broker_gap or not held_up
         for p in sorted(self.shards):
             if self._tp(TICKS, p) not in self._owned or not self._caught_up(p):
                 continue

@@ -38,7 +38,7 @@ def test_the_rule_holds_a_pools_ticks_back_once_limit_boundaries_wait() -> None:
     assert overload_step(2, 1, 5, False) == 1
     assert overload_step(4, 1, 5, False) == 1  # 5 waiting after it: allowed
     assert overload_step(4, 2, 5, False) == 1  # the newest only
-    assert overload_step(3, 9, 5, True) == 1  # an outage while some wait: overload's rule
+    assert overload_step(3, 9, 5, True) == 9  # an outage: caught up, then held back until decided
     assert overload_step(5, 1, 5, False) == 0  # 5 waiting: held back
     assert overload_step(5, 1, 5, True) == 0
     assert overload_step(10**12, 10**6, 5, False) == 0  # far behind
@@ -98,7 +98,8 @@ def _simulate(
             now_b = T0 + s * TICK_MS
             start = len(producer.sent)
             if s % ticker_every_s == 0:
-                await daemon._publish_ticks(producer, "ticks", now_b, TICK_MS)  # type: ignore[arg-type]
+                held_up = ticker_every_s > 1  # it woke late: the loop held it up
+                await daemon._publish_ticks(producer, "ticks", now_b, TICK_MS, held_up=held_up)  # type: ignore[arg-type]
             queue.extend(producer.sent[start:])
             budget = 1 if s % decide_every_s == 0 else 0
             while queue:
@@ -297,7 +298,7 @@ def test_a_shards_skipped_records_go_first_and_its_ticks_stay_together_by_bounda
         await daemon._publish_ticks(producer, "ticks", T0 + TICK_MS, TICK_MS)  # type: ignore[arg-type]
         # One boundary waiting; the ticker, held up, comes back 4 boundaries later: newest only.
         start = len(producer.sent)
-        await daemon._publish_ticks(producer, "ticks", T0 + 5 * TICK_MS, TICK_MS)  # type: ignore[arg-type]
+        await daemon._publish_ticks(producer, "ticks", T0 + 5 * TICK_MS, TICK_MS, held_up=True)  # type: ignore[arg-type]
         return producer.sent[start:]
 
     sent = asyncio.run(run())
