@@ -261,7 +261,13 @@ def _decide_fast(
     span = int(used[-1]) + 1 if len(used) else 0
     if span:
         part = lanes[:, :, :span]
-        ordered = np.sort(part, axis=2, kind="stable") if (part == 0).any() else np.sort(part, axis=2)
+        ordered = np.sort(part, axis=2)
+        if (part == 0).any():
+            # Only a lane holding a zero needs the stable sort (0.0 and -0.0 in slot order, as the
+            # pool's own median sorts them); elsewhere equal figures are the same double, so both
+            # sorts agree. One hostile -0.0 no longer makes the whole batch's sort the slow one.
+            zero = (part == 0).any(axis=2)
+            ordered[zero] = np.sort(part[zero], axis=1, kind="stable")
         # NaN sorts last: a lane's count of figures is the place of its first NaN, or ``span``.
         nan_at = np.isnan(ordered)
         count = np.where(nan_at[:, :, -1], nan_at.argmax(axis=2), span)
