@@ -300,8 +300,10 @@ def _decide_fast(
         return np.where(present % 2 == 1, up, (ordered[prow, mid, psig] + up) / 2)  # type: ignore[no-any-return]
 
     with np.errstate(invalid="ignore", over="ignore"):
-        m = middle(np.sort(pad, axis=1, kind="stable"))
-        mad = middle(np.sort(np.abs(pad - m[:, None, :]), axis=1, kind="stable"))
+        # Stable only where a 0.0 and a -0.0 could swap (a zero among the medians); the deviations
+        # are absolute values, with no -0.0: equal ones are the same double, any sort will do.
+        m = middle(np.sort(pad, axis=1, kind="stable" if (pad == 0).any() else None))
+        mad = middle(np.sort(np.abs(pad - m[:, None, :]), axis=1))
         above_ratio = params.ratio * m
         above_mad = m + params.k * MAD_SCALE * mad
     slos = [ctxs[j].pool_slo(snap) for j in fast]
