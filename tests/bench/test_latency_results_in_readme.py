@@ -38,3 +38,24 @@ def test_the_readmes_latency_figures_are_the_results_files() -> None:
     assert f"p50 {_ms(big['p50_ms'])}, max {_ms(big['max_ms'])}" in readme
     first = big["latencies_ms"][:10]  # type: ignore[index]
     assert f"{_ms(min(first)).removesuffix(' ms')}-{_ms(max(first))}" in readme
+
+
+def test_the_readmes_overload_figures_are_the_sizing_results() -> None:
+    """Session 9's overload sentence: the final tree's bench sizing run against the session-start
+    tree's (bench/results/latency-s9-sizing-10000-kafka-{limit2,base-first}.json)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    now = _result("latency-s9-sizing-10000-kafka-limit2.json")
+    before = _result("latency-s9-sizing-10000-kafka-base-first.json")
+    assert now["nodes"] == before["nodes"] == 10_000
+
+    def s(x: object) -> str:
+        assert isinstance(x, float | int)
+        return f"{x / 1000:.1f} s"
+
+    assert f"lag of {s(now['lag_p50_ms'])} p50 / {s(now['lag_p99_ms'])} p99" in readme
+    assert f"current {now['caught_up_after_s']} s after the load stopped" in readme
+    assert now["ticks_overload"]  # it skipped boundaries to stay current
+    assert before["caught_up_after_s"] is None  # not current 240 s later
+    assert before["ticks_skipped"] == 0
+    p50, p99 = (round(float(before[k]) / 1000) for k in ("lag_p50_ms", "lag_p99_ms"))  # type: ignore[arg-type]
+    assert f"was {p50} s / {p99} s behind" in readme
