@@ -322,7 +322,7 @@ async def _run(
         "daemon_behind_s_max": max((r["daemons_behind_s"] for r in per_trial), default=None),
         # Boundaries each daemon published as skipped for overload (None: not known, see
         # overload_skipped), and the limit they ran with (None: the daemon's default).
-        "overload_max_ticks": args.overload_max_ticks,
+        "overload_max_ticks": getattr(args, "overload_max_ticks", None),
         "ticks_overload": [overload_skipped(f"{log_path}.{k}") for k in range(args.daemons)],
         "pools": len(fleet.pools),
         "events_per_s": int(args.nodes * (1 + args.outcomes_per_node)),

@@ -292,7 +292,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         "load_generator_max_lag_s": round(gen_lag, 3),
         # Boundaries the daemon published as skipped for overload over its whole run (None: not
         # known), and the limit it ran with (None: the daemon's default).
-        "overload_max_ticks": args.overload_max_ticks,
+        "overload_max_ticks": getattr(args, "overload_max_ticks", None),
         "ticks_overload": overload_skipped(log_path),
         "keeps_up": keeps_up,
         "within_rule": per_fleet_s is not None and per_fleet_s <= RULE_CPU_FRAC,
