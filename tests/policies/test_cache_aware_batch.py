@@ -454,3 +454,34 @@ def test_memories_that_grow_beside_ones_that_do_not(slots: int, monkeypatch: pyt
             grows = 2 * slots
             assert widths == {"a": grows, "b": slots, "c": slots, "d": grows}, widths
     assert chains.batched == chains.pools
+
+
+def test_bench_fleet_in_batches_of_a_few_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon hands a shard's pools in batches (at most 64); each batch works on its own pools'
+    rows. Batches of 7 pools in an order that changes every tick, a pool with no node and one the
+    snapshot lacks among them: the same as the loop, and every pool batched after the first tick."""
+    chains = Chains(CacheAwareParams(), monkeypatch)
+    rng = np.random.default_rng(11)
+    first = 0
+    for k, snap in enumerate(bench_snapshots(400, 20, seed=5)):
+        pools = [str(p) for p in rng.permutation(sorted(snap.pools))]
+        for a in range(0, len(pools), 7):
+            chains.tick(snap, [*pools[a : a + 7], "no-such-pool"] if a == 7 else pools[a : a + 7], k)
+        if k == 0:
+            first = chains.pools
+    assert chains.batched == chains.pools - first - 19, (chains.batched, chains.pools, first)
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=PARAM_IDS)
+def test_misbehaving_fleet_in_batches_of_a_few_pools(
+    params: CacheAwareParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The perturbed fleet (stale, draining, cold, silent and late nodes and pools) in batches of 2
+    pools, in an order that changes every tick."""
+    chains = Chains(params, monkeypatch)
+    rng = np.random.default_rng(3)
+    for k, snap in enumerate(perturbed_snapshots(320, 30)):
+        pools = [str(p) for p in rng.permutation(sorted(snap.pools))]
+        for a in range(0, len(pools), 2):
+            chains.tick(snap, pools[a : a + 2], k)
+    assert chains.batched > 0.3 * chains.pools, (chains.batched, chains.pools)

@@ -999,47 +999,65 @@ def _decide_pools(
     for slots, members in groups.items():
         held.update(_advance(snap.now_ms, params.speed_memory_ms, slots, members, tbt, writes, own))
 
+    # The batch's pools, in the columns' order, and their rows: every array below covers those rows
+    # only (the daemon decides a shard's pools 64 at a time; each call works on its own pools' rows,
+    # not the whole fleet's). ``j`` is a pool's place among them, ``lo:hi`` its rows there.
+    index = _pool_index(snap, cols)
+    chosen = sorted(
+        (index[ctxs[i].pool_id], i) for i in held if bounds[ctxs[i].pool_id][1] > bounds[ctxs[i].pool_id][0]
+    )
+    n_sub = len(chosen)
+    firsts = np.array([bounds[ctxs[i].pool_id][0] for _, i in chosen], dtype=np.int64)
+    sizes = np.array([len(fast[i]) for _, i in chosen], dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    pool_of = np.repeat(np.arange(n_sub, dtype=np.int64), sizes)
+    sel = np.repeat(firsts - starts, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
+    sums = _SumLayout(pool_of, starts, sizes)
+
     # The scores (:func:`_pool_scores` for every row; each pool's step median one segment median).
     load = _fleet_load(snap, cols, params)
-    pool_of, starts = cols.pool_of, cols.starts
-    step = np.where(load.live, own, np.nan)
-    tbt_median, _ = segment_medians(step, pool_of, len(cols.pool_ids))
+    live = load.live[sel]
+    own_s = own[sel]
+    step = np.where(live, own_s, np.nan)
+    tbt_median, _ = segment_medians(step, pool_of, n_sub)
     score, speed = _with_speed(
-        params, load.acc, can_serve=load.can_serve, own=own, tbt_median=tbt_median[pool_of]
+        params, load.acc[sel], can_serve=load.can_serve[sel], own=own_s, tbt_median=tbt_median[pool_of]
     )
     pos = score > 0
-    best = np.maximum.reduceat(score, starts)
+    best = np.maximum.reduceat(score, starts) if n_sub else np.zeros(0)
     # Left to ``decide``: a score that is not finite, no node that scores (the even split), a step
     # time of 0 (``decide``'s unstable sort orders it among -0.0 as it likes).
-    odd = (np.logical_or.reduceat(~np.isfinite(score) | (step == 0), starts) | ~(best > 0)).tolist()
-    index = _pool_index(snap, cols)
+    odd = (
+        (np.logical_or.reduceat(~np.isfinite(score) | (step == 0), starts) | ~(best > 0)).tolist()
+        if n_sub
+        else []
+    )
     alpha = params.alpha
     pw = _powered(score, pos, alpha)
-    total = _segment_sums(pw, snap, cols)
+    total = sums(pw)
     good = (total > 0).tolist()
-    # (batch index, pool id, node ids, pool index, first row, end row)
+    # (batch index, pool id, node ids, place among the batch's pools, first row, end row there)
     items: list[tuple[int, str, tuple[str, ...], int, int, int]] = []
-    for i, ids in fast.items():
-        pool_id = ctxs[i].pool_id
-        k = index[pool_id]
-        if good[k] and not odd[k]:
-            lo, hi = bounds[pool_id]
-            items.append((i, pool_id, ids, k, lo, hi))
+    for (_, i), j, lo, size in zip(chosen, range(n_sub), starts.tolist(), sizes.tolist(), strict=True):
+        if good[j] and not odd[j]:
+            items.append((i, ctxs[i].pool_id, fast[i], j, lo, lo + size))
     with np.errstate(divide="ignore", invalid="ignore"):
         weights_l = r6_array(pw / total[pool_of]).tolist()
 
     # Per priority class: shares over the rows at or above the class's floor (every row if none).
     by_priority: dict[int, dict[str, dict[str, float]]] = {i: {} for i, *_ in items}
     for cls in sorted(set(params.alpha_by_priority) | set(params.min_score_by_priority), key=int):
+        if not items:
+            break
         keep = (score >= params.min_score_by_priority.get(cls, 0.0)) & pos
         mask = keep | ~np.logical_or.reduceat(keep, starts)[pool_of]
         a_cls = params.alpha_by_priority.get(cls, alpha)
         pw_cls = np.where(mask, pw if a_cls == alpha else _powered(score, pos & mask, a_cls), 0.0)
-        t_cls = _segment_sums(pw_cls, snap, cols)
+        t_cls = sums(pw_cls)
         with np.errstate(divide="ignore", invalid="ignore"):
             cls_w = r6_array(pw_cls / t_cls[pool_of])
         # ``shares``' zeros when its total is not > 0; a class only where its weights' sum is > 0.
-        has = ((t_cls > 0) & (_segment_sums(cls_w, snap, cols) > 0)).tolist()
+        has = ((t_cls > 0) & (sums(cls_w) > 0)).tolist()
         cls_l = cls_w.tolist()
         for i, _, ids, k, lo, hi in items:
             if has[k]:
@@ -1048,28 +1066,32 @@ def _decide_pools(
     # Prefix holders: each pool's eligible rows by score descending, ties in row (node-id) order.
     with np.errstate(invalid="ignore"):
         eligible = (
-            (cols.ints("consecutive_failures") <= 0)
+            (cols.ints("consecutive_failures")[sel] <= 0)
             & pos
             & (score >= params.affinity_keep_frac * best[pool_of])
             & (speed >= params.affinity_min_speed)
         )
     er = np.flatnonzero(eligible)
-    order = er[np.lexsort((-score[er], pool_of[er]))].tolist()
-    cut = np.concatenate([[0], np.cumsum(np.bincount(pool_of[er], minlength=len(cols.pool_ids)))]).tolist()
+    order = sel[er[np.lexsort((-score[er], pool_of[er]))]].tolist()  # the columns' rows
+    cut = np.concatenate([[0], np.cumsum(np.bincount(pool_of[er], minlength=n_sub))]).tolist()
     prefixes = _hot_prefixes(snap, cols)
 
     # Per pool: the mean score over its serving nodes (``sum(live) / len(live)``, the live ones those
     # > 0, the others adding +0.0), the counts, the tensor-parallel degrees, rounded for the wire.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        own_l = r6_array(
-            _segment_sums(score, snap, cols) / np.add.reduceat(pos.astype(np.int64), starts)
-        ).tolist()
-    serving_n = np.add.reduceat((cols.warm & ~cols.stale).astype(np.float64), starts).tolist()
-    stale_n = np.add.reduceat(cols.stale.astype(np.float64), starts).tolist()
-    sizes_f = np.diff(np.append(starts, len(cols))).astype(np.float64).tolist()
-    gpus = cols.ints("gpu_count")
-    g_lo = np.minimum.reduceat(gpus, starts).tolist()
-    g_hi = np.maximum.reduceat(gpus, starts).tolist()
+    own_l: list[float] = []
+    serving_n: list[float] = []
+    stale_n: list[float] = []
+    g_lo: list[int] = []
+    g_hi: list[int] = []
+    gpus = cols.ints("gpu_count")[sel]
+    if n_sub:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            own_l = r6_array(sums(score) / np.add.reduceat(pos.astype(np.int64), starts)).tolist()
+        serving_n = np.add.reduceat(live.astype(np.float64), starts).tolist()
+        stale_n = np.add.reduceat(cols.stale[sel].astype(np.float64), starts).tolist()
+        g_lo = np.minimum.reduceat(gpus, starts).tolist()
+        g_hi = np.maximum.reduceat(gpus, starts).tolist()
+    sizes_f = sizes.astype(np.float64).tolist()
     best_l = r6_array(best).tolist()
     out: list[PolicyResult[PoolMemory] | None] = [None] * len(ctxs)
     pools = snap.pools
@@ -1223,20 +1245,26 @@ def _spill_targets_of(snap: FleetSnapshot, params: CacheAwareParams) -> Callable
     return of
 
 
-def _segment_sums(values: Floats, snap: FleetSnapshot, cols: FleetColumns) -> Floats:
+class _SumLayout:
     """Per pool, Python's ``sum`` of its rows' values in row order: ``0.0 + v0 + v1 + ...``, one
     addition at a time (``np.add.reduceat`` adds pairwise, which may round differently). A running
     sum along each row of the pools laid out one per row, padded with +0.0 (which changes no sum of
-    values that are not -0.0, and no other sum either: ``x + 0.0`` is ``x`` but for ``x = -0.0``)."""
-    key = ("cache-aware.sum_layout",)
-    layout: tuple[Ints, int] | None = snap.memo.get(key)
-    if layout is None:
-        at = np.arange(len(cols)) - cols.starts[cols.pool_of] + 1  # column 0 holds the leading 0.0
-        layout = snap.memo[key] = (at, int(at.max(initial=0)) + 1)
-    at, width = layout
-    pad = np.zeros((len(cols.starts), width))
-    pad[cols.pool_of, at] = values
-    return np.cumsum(pad, axis=1)[:, -1]
+    values that are not -0.0, and no other sum either: ``x + 0.0`` is ``x`` but for ``x = -0.0``;
+    and the running sum, from +0.0, is never -0.0). Rows grouped by pool: ``pool_of`` of each row,
+    ``starts`` and ``sizes`` of each pool."""
+
+    __slots__ = ("at", "n", "pool_of", "width")
+
+    def __init__(self, pool_of: Ints, starts: Ints, sizes: Ints) -> None:
+        self.pool_of = pool_of
+        self.n = len(starts)
+        self.at = np.arange(len(pool_of)) - starts[pool_of] + 1  # column 0 holds the leading 0.0
+        self.width = int(sizes.max(initial=0)) + 1
+
+    def __call__(self, values: Floats) -> Floats:
+        pad = np.zeros((self.n, self.width))
+        pad[self.pool_of, self.at] = values
+        return np.cumsum(pad, axis=1)[:, -1]
 
 
 def _pool_index(snap: FleetSnapshot, cols: FleetColumns) -> dict[str, int]:
