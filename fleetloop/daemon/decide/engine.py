@@ -280,6 +280,133 @@ def _shape_routing(
     )
 
 
+def _shape_routing_many(
+    items: Sequence[tuple[RoutingDecision, Mapping[str, BreakerDecision]]],
+    snap: FleetSnapshot,
+    env: Envelope,
+) -> list[RoutingDecision]:
+    """``[_shape_routing(d, snap, breakers, env) for d, breakers in items]``, the same decisions bit
+    for bit (:func:`_shape_routing` is the statement; ``tests/unit/test_shape_many.py`` holds the two
+    equal): the same steps decision by decision, but the rows' flags are read once for the batch
+    and every rounding (each weight's ``r6(w * scale)``, each class's ``r6(w / total)``) is done in
+    two :func:`r6_array` calls for the whole batch, instead of two or more array pipelines (or a
+    loop of ``r6``, the same doubles) per pool. Each element is the same one IEEE product or
+    quotient either way, rounded by ``r6`` or the bit-identical ``r6_array``."""
+    if not items:
+        return []
+    cols = fleet_columns(snap)
+    bounds = cols.bounds
+    all_ids = row_ids(snap)
+    stale_all: list[bool] = cols.stale.tolist()
+    warm_all: list[bool] = cols.warm.tolist()
+    draining_all: list[bool] | None = None
+    # Step 1, per decision: the weights before scaling, the probes, the reason (as _shape_routing).
+    staged: list[tuple[dict[str, float], dict[str, float], float, int, str]] = []
+    values: list[float] = []
+    scales: list[float] = []
+    counts: list[int] = []
+    for d, breakers in items:
+        lo, hi = bounds.get(d.pool_id, (0, 0))
+        in_rows = all_ids[lo:hi]
+        ids = sorted(in_rows)
+        stale_of = dict(zip(in_rows, stale_all[lo:hi], strict=True))
+        warm_of = dict(zip(in_rows, warm_all[lo:hi], strict=True))
+        weights: dict[str, float] = {}
+        probes: dict[str, float] = {}
+        zeroed = 0
+        given = d.weights
+        for node_id in ids if list(given) == ids else sorted(set(given) | set(ids)):
+            w = given.get(node_id, 0.0)
+            stale = stale_of.get(node_id)
+            b = breakers.get(node_id)
+            if stale is None or stale:
+                w = 0.0
+                zeroed += 1
+            elif b is not None and b.enforced and b.state == "open":
+                w = 0.0
+            elif b is not None and b.enforced and b.state == "half_open":
+                probes[node_id] = b.probe_frac if warm_of[node_id] else 0.0
+                w = 0.0
+            weights[node_id] = w
+        total = sum(weights.values())
+        reason = d.reason
+        if total <= 0:
+            if draining_all is None:
+                draining_all = cols.draining.tolist()
+            draining_of = dict(zip(in_rows, draining_all[lo:hi], strict=True))
+            candidates = [n for n in ids if warm_of[n]] or [n for n in ids if not draining_of[n]]
+            weights = {n: (1.0 if n in candidates else 0.0) for n in weights}
+            total = float(len(candidates))
+            probes = {}
+            reason = "fail-open" if candidates else "no-node"
+        asked = sum(probes.values())
+        probe_scale = min(1.0, 0.5 / asked) if asked > 0 else 0.0
+        probe_total = asked * probe_scale
+        scales.append((1.0 - probe_total) / total if total > 0 else 0.0)
+        counts.append(len(weights))
+        values.extend(weights.values())
+        staged.append((weights, probes, probe_scale, zeroed, reason))
+    # Step 2: every weight's r6(w * scale) at once.
+    with np.errstate(over="ignore", invalid="ignore"):
+        products = np.array(values, dtype=np.float64) * np.repeat(np.array(scales, dtype=np.float64), counts)
+    rounded: list[float] = r6_array(products).tolist()
+    # Step 3, per decision: the shaped weights; each class's weights over the nodes left serving.
+    outs: list[dict[str, float]] = []
+    class_keys: list[list[str]] = []
+    class_values: list[float] = []
+    class_totals: list[float] = []
+    class_counts: list[int] = []
+    at = 0
+    for (d, _), (weights, probes, probe_scale, _, _) in zip(items, staged, strict=True):
+        k = len(weights)
+        out = dict(zip(weights, rounded[at : at + k], strict=True))
+        at += k
+        for n, p in probes.items():
+            out[n] = r6(p * probe_scale)
+        outs.append(out)
+        for ws in d.by_priority.values():
+            kept = {n: w for n, w in ws.items() if out.get(n, 0.0) > 0}
+            total = sum(kept.values())
+            if not total > 0:
+                class_keys.append([])
+                continue
+            keys = sorted(kept)
+            class_keys.append(keys)
+            class_values.extend([kept[n] for n in keys])
+            class_totals.append(total)
+            class_counts.append(len(keys))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        quotients = np.array(class_values, dtype=np.float64) / np.repeat(
+            np.array(class_totals, dtype=np.float64), class_counts
+        )
+    shares: list[float] = r6_array(quotients).tolist()
+    # Step 4: the decisions.
+    shaped: list[RoutingDecision] = []
+    at = c = 0
+    for (d, _), (_, probes, _, zeroed, reason), out in zip(items, staged, outs, strict=True):
+        inputs = dict(d.inputs)
+        inputs["stale_nodes"] = float(zeroed)
+        inputs["probing_nodes"] = float(len(probes))
+        by_priority: dict[str, dict[str, float]] = {}
+        for cls in d.by_priority:
+            keys = class_keys[c]
+            c += 1
+            by_priority[cls] = dict(zip(keys, shares[at : at + len(keys)], strict=True))
+            at += len(keys)
+        shaped.append(
+            d.model_copy(
+                update={
+                    "weights": out,
+                    "reason": reason,
+                    "inputs": inputs,
+                    "by_priority": by_priority,
+                    "spill_to": d.spill_to[: env.max_spill_pools],
+                }
+            )
+        )
+    return shaped
+
+
 def _renormalize(ws: Mapping[str, float]) -> dict[str, float]:
     total = sum(ws.values())
     if not total > 0:
@@ -565,6 +692,8 @@ def decide_many(
     # Per pool, per section: the section's mode and its shaped decisions (no tuple per decision).
     bodies: list[list[tuple[Mode, list[DecisionBody]]]] = [[] for _ in range(n)]
     held = [dict(st.autoscale_held) for st in pool_states]
+    to_route: list[tuple[list[DecisionBody], int]] = []  # where each routing decision goes
+    route_items: list[tuple[RoutingDecision, Mapping[str, BreakerDecision]]] = []
     for section in ORDER:
         sec = policy.sections[section]
         algorithm = sec.algorithm
@@ -619,15 +748,13 @@ def decide_many(
                 breakers[j].update({d.node_id: d for d in shaped})
                 out.append((mode, cast("list[DecisionBody]", shaped)))
             elif section == "routing":
-                out.append(
-                    (
-                        mode,
-                        [
-                            _shape_routing(d, snap, breakers[j], env) if isinstance(d, RoutingDecision) else d
-                            for d in result.decisions
-                        ],
-                    )
-                )
+                # Shaped for the whole batch below (_shape_routing_many): here, where each goes.
+                routed = list(result.decisions)
+                for i, d in enumerate(routed):
+                    if isinstance(d, RoutingDecision):
+                        to_route.append((routed, i))
+                        route_items.append((d, breakers[j]))
+                out.append((mode, routed))
             elif section == "admission":
                 out.append(
                     (
@@ -654,6 +781,11 @@ def decide_many(
                 out.append((mode, scaled))
             else:
                 out.append((mode, list(result.decisions)))
+        if route_items:
+            for (routed, i), d in zip(to_route, _shape_routing_many(route_items, snap, env), strict=True):
+                routed[i] = d
+            to_route.clear()
+            route_items.clear()
     offsets = _OFFSETS.validate_python(dict(sorted((input_offsets or {}).items())))
     stamps: dict[Mode, PolicyStamp] = {}
     ps = policy.stamp

@@ -1,0 +1,120 @@
+"""The engine's batch routing shaping (``_shape_routing_many``) equals the loop of ``_shape_routing``
+(the statement) bit for bit: on the perturbed fleet's snapshots (nodes cold, draining, stale,
+silent), with breakers open and half-open, enforced or not, weights that do not match the pool's
+nodes, several priority classes, pools every node of which is zeroed (fail open, no node), pools
+the snapshot does not hold, and hostile weights (1e308, subnormal, -0.0, NaN, ties of ``r6``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from fleetloop.daemon.cli_common import policy_from
+from fleetloop.daemon.decide.engine import _ARRAY_FROM as ARRAY_FROM
+from fleetloop.daemon.decide.engine import _shape_routing, _shape_routing_many, envelope_of
+from fleetloop.policies.base import FleetSnapshot
+from fleetloop.policies.columns import fleet_columns
+from fleetloop.schemas.decisions import BreakerDecision, RoutingDecision
+from tests.support.perturbed import perturbed_snapshots
+
+ENV = envelope_of(policy_from(None))
+HOSTILE = (1e308, 5e-324, -0.0, 0.0, math.nan, 0.0000005, 0.0000015, 2.5e-6, 1.0, 1e-300, 3.0)
+
+
+def bits(x: Any) -> Any:
+    if isinstance(x, float):
+        return x.hex()
+    if isinstance(x, dict):  # in order: the order is what goes on the wire
+        return [(k, bits(v)) for k, v in x.items()]
+    if isinstance(x, (list, tuple)):
+        return [bits(v) for v in x]
+    return x
+
+
+def body_bits(d: RoutingDecision) -> Any:
+    return [(k, type(v).__name__, bits(v)) for k, v in d.__dict__.items()]
+
+
+def pick(rng: np.random.Generator, options: tuple[Any, ...]) -> Any:
+    return options[int(rng.integers(len(options)))]
+
+
+Items = list[tuple[RoutingDecision, dict[str, Any]]]
+
+
+def decisions_for(snap: FleetSnapshot, rng: np.random.Generator) -> Items:
+    cols = fleet_columns(snap)
+    items: Items = []
+    pools = [*sorted(cols.bounds), "no-such-pool"]
+    for pool_id in pools:
+        lo, hi = cols.bounds.get(pool_id, (0, 0))
+        ids = sorted(cols.table.ids[lo:hi]) if cols.table is not None else []
+        kind = int(rng.integers(8))
+        if kind == 0:  # extra and missing nodes
+            ids = [*ids[1:], "ghost-a", "ghost-b"]
+        weights: dict[str, float] = {}
+        for n in ids:
+            r = rng.random()
+            if kind == 1:
+                weights[n] = 0.0  # every weight zero: fail open
+            elif kind == 2 and r < 0.5:
+                weights[n] = pick(rng, HOSTILE)
+            else:
+                weights[n] = round(r, int(rng.integers(1, 9)))
+        if kind == 3:
+            weights = dict(list(weights.items())[: ARRAY_FROM - 2])  # the scalar path's size
+        classes: dict[str, dict[str, float]] = {}
+        for cls in ("0", "3", "7")[: int(rng.integers(0, 4))]:
+            ws = {n: w * pick(rng, (0.5, 1.0, 0.0, 3.0)) for n, w in weights.items()}
+            classes[cls] = dict(reversed(ws.items())) if rng.random() < 0.5 else ws
+        breakers: dict[str, Any] = {}
+        for n in ids:
+            r = rng.random()
+            if r < 0.15:
+                state = pick(rng, ("open", "half_open", "closed"))
+                breakers[n] = BreakerDecision.model_construct(
+                    pool_id=pool_id,
+                    node_id=n,
+                    state=state,
+                    enforced=rng.random() < 0.8,
+                    probe_frac=pick(rng, (0.05, 0.3, 0.0, 1.0)),
+                )
+        if kind == 4:  # every node open: all weights zeroed, fail open over the warm ones
+            breakers = {
+                n: BreakerDecision.model_construct(pool_id=pool_id, node_id=n, state="open", enforced=True)
+                for n in ids
+            }
+        d = RoutingDecision.model_construct(
+            pool_id=pool_id,
+            weights=weights,
+            by_priority=classes,
+            spill_to=tuple(f"s{i}" for i in range(int(rng.integers(0, 6)))),
+            reason="scored",
+            inputs={"nodes": float(len(ids))},
+        )
+        items.append((d, breakers))
+    return items
+
+
+def test_the_batch_shaping_equals_the_loop_on_the_perturbed_fleet() -> None:
+    rng = np.random.default_rng(5)
+    seen_reasons: set[str] = set()
+    probing = 0
+    for snap in perturbed_snapshots(320, 24):
+        items = decisions_for(snap, rng)
+        want = [_shape_routing(d, snap, b, ENV) for d, b in items]
+        got = _shape_routing_many(items, snap, ENV)
+        assert [body_bits(d) for d in got] == [body_bits(d) for d in want]
+        seen_reasons.update(d.reason for d in got)
+        probing += sum(d.inputs["probing_nodes"] > 0 for d in got)
+    assert {"fail-open", "no-node", "scored"} <= seen_reasons
+    assert probing > 0
+
+
+def test_an_empty_batch_and_a_batch_of_one() -> None:
+    snap = next(iter(perturbed_snapshots(40, 1)))
+    assert _shape_routing_many([], snap, ENV) == []
+    (d, b) = decisions_for(snap, np.random.default_rng(1))[0]
+    want = _shape_routing(d, snap, b, ENV)
+    assert body_bits(_shape_routing_many([(d, b)], snap, ENV)[0]) == body_bits(want)
