@@ -89,6 +89,39 @@ def _sizes(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
+class GcClock:
+    """The cyclic collector's own CPU time, by generation, read from ``gc.callbacks``: installed
+    for the bench's run, read between phases (:meth:`take`). A collection's time is part of
+    whatever phase it lands in (the tick's CPU time includes it); this says how much and which
+    generation."""
+
+    def __init__(self) -> None:
+        self.ms = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = clock.cpu_s()
+        else:
+            g = info["generation"]
+            self.ms[g] += (clock.cpu_s() - self._t0) * 1000.0
+            self.count[g] += 1
+
+    def take(self) -> tuple[list[float], list[int]]:
+        """What was collected since the last take: (ms per generation, collections per generation)."""
+        out = (self.ms, self.count)
+        self.ms, self.count = [0.0, 0.0, 0.0], [0, 0, 0]
+        return out
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
 def fleet_tick(
     model: FleetModel,
     engine: Engine,
@@ -134,31 +167,42 @@ def run_size(
     fold_ms: list[float] = []
     snap_ms: list[float] = []
     decisions = 0
-    for k in range(warmup + ticks):
-        ts += policy.tick_ms
-        tel = list(telemetry_at(fleet, ts))
-        out = list(outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2))
-        c0 = clock.cpu_s()
-        for t in tel:
-            model.fold_telemetry(t)
-        for o in out:
-            model.fold_outcome(o)
-        c1, t1 = clock.cpu_s(), clock.monotonic_s()
-        timed = k >= warmup
-        if timed and profile is not None:
-            profile.enable()
-        snap_cpu: list[float] = []
-        decisions = fleet_tick(model, engine, ts, pools, snap_cpu)
-        c2, t2 = clock.cpu_s(), clock.monotonic_s()
-        if timed and profile is not None:
-            profile.disable()
-        if timed:
-            fold_ms.append((c1 - c0) * 1000.0)
-            tick_ms.append((t2 - t1) * 1000.0)
-            tick_cpu_ms.append((c2 - c1) * 1000.0)
-            snap_ms.extend(snap_cpu)
-        if k % 5 == 0 or timed:
-            progress(f"  {n_nodes:,} nodes: tick {k + 1}/{warmup + ticks} ({(t2 - t1) * 1000.0:,.1f} ms)")
+    gc_tick_ms: list[float] = []  # the collector's CPU time inside each timed tick
+    gc_ticks = [0, 0, 0]  # collections inside the timed ticks, by generation
+    gc_folds = [0, 0, 0]  # and inside their folds
+    with GcClock() as gc_clock:
+        for k in range(warmup + ticks):
+            ts += policy.tick_ms
+            tel = list(telemetry_at(fleet, ts))
+            out = list(outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2))
+            gc_clock.take()
+            c0 = clock.cpu_s()
+            for t in tel:
+                model.fold_telemetry(t)
+            for o in out:
+                model.fold_outcome(o)
+            c1, t1 = clock.cpu_s(), clock.monotonic_s()
+            _, in_fold = gc_clock.take()
+            timed = k >= warmup
+            if timed and profile is not None:
+                profile.enable()
+            snap_cpu: list[float] = []
+            decisions = fleet_tick(model, engine, ts, pools, snap_cpu)
+            c2, t2 = clock.cpu_s(), clock.monotonic_s()
+            gc_ms, in_tick = gc_clock.take()
+            if timed and profile is not None:
+                profile.disable()
+            if timed:
+                fold_ms.append((c1 - c0) * 1000.0)
+                tick_ms.append((t2 - t1) * 1000.0)
+                tick_cpu_ms.append((c2 - c1) * 1000.0)
+                snap_ms.extend(snap_cpu)
+                gc_tick_ms.append(sum(gc_ms))
+                for g in range(3):
+                    gc_ticks[g] += in_tick[g]
+                    gc_folds[g] += in_fold[g]
+            if k % 5 == 0 or timed:
+                progress(f"  {n_nodes:,} nodes: tick {k + 1}/{warmup + ticks} ({(t2 - t1) * 1000.0:,.1f} ms)")
     del tel, out
     gc.collect()
     row: dict[str, Any] = {
@@ -175,6 +219,12 @@ def run_size(
         "snapshot_cpu_p99_ms": round(pct(snap_ms, 99), 2),
         "fold_1s_cpu_p50_ms": round(pct(fold_ms, 50), 2),
         "decisions_per_tick": decisions,
+        # The cyclic collector inside the timed ticks (part of their CPU time): its CPU per tick,
+        # and how many collections of each generation landed in the ticks and in the folds.
+        "gc_in_tick_cpu_p50_ms": round(pct(gc_tick_ms, 50), 2),
+        "gc_in_tick_cpu_max_ms": round(max(gc_tick_ms, default=0.0), 2),
+        "gc_collections_in_ticks": gc_ticks,
+        "gc_collections_in_folds": gc_folds,
         "rss_added_mib": round(rss_mib() - rss0, 1),
     }
     if workflows:
