@@ -41,6 +41,7 @@ from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.daemon.runtime import DaemonConfig, tune_gc
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick
+from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN
 
 TARGET_P99_MS_AT_10K = 50.0
 TARGET_RSS_MIB = 1024.0
@@ -74,6 +75,14 @@ def register(subparsers: Any) -> None:
         default="daemon",
         help="garbage collector settings: the daemon's (gc.freeze at start, young generation every"
         f" {DAEMON_GEN0:,} allocations; default) or Python's defaults",
+    )
+    p.add_argument(
+        "--records",
+        choices=("model", "twin"),
+        default="model",
+        help="what is folded: the wire models, one fold call per record (default; as sessions"
+        " before 9 measured), or their msgspec twins in one batch fold per topic and second, as the"
+        " daemon's shard decodes and folds them",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
@@ -150,6 +159,7 @@ def run_size(
     warmup: int,
     workflows: int = 0,
     profile: cProfile.Profile | None = None,
+    records: str = "model",
 ) -> dict[str, Any]:
     gc.collect()
     rss0 = rss_mib()
@@ -167,20 +177,28 @@ def run_size(
     fold_ms: list[float] = []
     snap_ms: list[float] = []
     decisions = 0
+    twins = records == "twin"
     gc_tick_ms: list[float] = []  # the collector's CPU time inside each timed tick
     gc_ticks = [0, 0, 0]  # collections inside the timed ticks, by generation
     gc_folds = [0, 0, 0]  # and inside their folds
     with GcClock() as gc_clock:
         for k in range(warmup + ticks):
             ts += policy.tick_ms
-            tel = list(telemetry_at(fleet, ts))
-            out = list(outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2))
+            tel: list[Any] = list(telemetry_at(fleet, ts))
+            out: list[Any] = list(outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2))
+            if twins:
+                tel = [TELEMETRY_TWIN.of(t) for t in tel]
+                out = [OUTCOME_TWIN.of(o) for o in out]
             gc_clock.take()
             c0 = clock.cpu_s()
-            for t in tel:
-                model.fold_telemetry(t)
-            for o in out:
-                model.fold_outcome(o)
+            if twins:  # as the shard folds what it decoded: one batch per topic
+                model.fold_telemetries(tel)
+                model.fold_outcomes(out)
+            else:
+                for t in tel:
+                    model.fold_telemetry(t)
+                for o in out:
+                    model.fold_outcome(o)
             c1, t1 = clock.cpu_s(), clock.monotonic_s()
             _, in_fold = gc_clock.take()
             timed = k >= warmup
@@ -300,6 +318,7 @@ def handle(args: argparse.Namespace) -> int:
                     warmup=args.warmup,
                     workflows=args.workflows if n == wf_size else 0,
                     profile=profile if n == sizes[-1] else None,
+                    records=args.records,
                 )
             )
     finally:
@@ -314,6 +333,7 @@ def handle(args: argparse.Namespace) -> int:
         "policy": f"{policy.stamp.name} v{policy.stamp.version}",
         "python": sys.version.split()[0],
         "gc": args.gc,
+        "records": args.records,
         "sizes": rows,
         "growth_exponent": round(exponent, 3) if exponent is not None else None,
         "targets": {

@@ -85,6 +85,22 @@ def test_bench_decide_prints_one_json_object(capsys: pytest.CaptureFixture[str])
     assert isinstance(out["growth_exponent"], float)
 
 
+def test_bench_decide_folds_twins_as_the_daemon_does_and_reports_the_collector(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["bench", "decide", "--nodes", "64", "--ticks", "3", "--warmup", "2", "--json"]
+    assert main([*args, "--records", "twin"]) == 0
+    twin = orjson.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    plain = orjson.loads(capsys.readouterr().out)
+    assert (twin["records"], plain["records"]) == ("twin", "model")
+    # The same fleet folded either way decides the same number of records a tick.
+    assert twin["sizes"][0]["decisions_per_tick"] == plain["sizes"][0]["decisions_per_tick"]
+    for r in (twin["sizes"][0], plain["sizes"][0]):
+        assert len(r["gc_collections_in_ticks"]) == len(r["gc_collections_in_folds"]) == 3
+        assert 0 <= r["gc_in_tick_cpu_p50_ms"] <= r["gc_in_tick_cpu_max_ms"]
+
+
 def test_bench_decide_refuses_a_bad_size_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "decide", "--nodes", "ten"]) == 2
     err = capsys.readouterr().err
