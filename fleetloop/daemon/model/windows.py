@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from itertools import chain
 
 import numpy as np
 import numpy.typing as npt
@@ -141,8 +142,11 @@ class WindowColumns:
         if missing == self.n:
             return None
         if 2 * missing <= self.n:  # most rows have the bucket: convert them all at once
+            # One flat pass (numpy's conversion of each value, as ``np.array`` of the rows makes:
+            # the same doubles) without discovering the nested lists' shape first: ~1/3 cheaper.
             zero = [0.0] * self.width
-            return np.array([zero if r is None else r for r in rows], dtype=np.float64)
+            flat = chain.from_iterable([zero if r is None else r for r in rows])
+            return np.fromiter(flat, dtype=np.float64, count=self.n * self.width).reshape(self.n, self.width)
         out = np.zeros((self.n, self.width), dtype=np.float64)  # few (a bucket still filling)
         present = [i for i, r in enumerate(rows) if r is not None]
         out[present] = [rows[i] for i in present]
