@@ -7,9 +7,10 @@ the eligible set rebuilt and sorted per call, what the simulator's router did be
 It prints microseconds per pick, the ratio uncached / cached, and pick time in units of one bare
 numpy draw plus a dict lookup (so a loaded machine reads as such), all measured in the same run, and
 the cost of taking in one routing decision (which is when the cache is rebuilt). ``round-robin`` is
-one pass over the eligible nodes per call (nginx's smooth weighted round robin), so it grows with the
-pool; ``weighted-random`` and ``least-request-p2c`` do not. Bounded: about
-``--seconds`` per cell (default 0.2).
+one pass over the eligible nodes per call (nginx's smooth weighted round robin), and so is
+``least-outstanding`` (the fewest outstanding calls per unit of weight), so they grow with the
+pool; ``weighted-random`` and ``least-request-p2c`` do not. Bounded: about ``--seconds`` per cell
+(default 0.2).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from fleetloop.schemas.decisions import (
     RoutingDecision,
 )
 
-PICKERS = ("weighted-random", "round-robin", "least-request-p2c")
+PICKERS = ("weighted-random", "round-robin", "least-request-p2c", "least-outstanding")
 STAMP = PolicyStamp(name="bench", version=1, hash="0" * 16, mode="enforce")
 
 

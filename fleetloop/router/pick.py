@@ -27,7 +27,10 @@ Per call (:meth:`Router.pick`), in order:
 4. **Picker**: ``weighted-random`` (by weight, seeded generator), ``round-robin`` (smooth weighted
    round robin, nginx's algorithm: each node's credit grows by its weight, the richest is picked
    and pays the total), ``least-request-p2c`` (two distinct nodes drawn uniformly, the one with
-   fewer of this router's outstanding calls wins, ties to the first: Envoy LEAST_REQUEST).
+   fewer of this router's outstanding calls wins, ties to the first: Envoy LEAST_REQUEST),
+   ``least-outstanding`` (the node with the fewest of this router's outstanding calls per unit of
+   weight, ``(outstanding_i + 1) / w_i``, ties to the first in node-id order: HAProxy's
+   ``balance leastconn`` with the published weights as server weights; no random draw).
 5. **Admission**: shed when the node's queue depth is at or above ``max_queue_depth[p]``
    (``new_task_max_queue_depth[p]`` for the first call of a task), when its outstanding work (queue
    depth + running requests) is at or above ``max_outstanding[p]`` (``new_task_max_outstanding[p]``
@@ -47,7 +50,8 @@ the pool's); the retry of an attempt whose outcome the decision lists in ``exemp
 Cost: steps 2-3 are derived once per (pool, priority) and cached until the desired state or the
 fleet changes (:meth:`Router.fleet_changed`, which the embedder calls when a node joins, leaves or
 starts draining); ``weighted-random`` is then a bisection, ``least-request-p2c`` two draws, and
-``round-robin`` one pass over the eligible nodes (``fleetloop bench router`` measures each).
+``round-robin`` and ``least-outstanding`` one pass over the eligible nodes (``fleetloop bench
+router`` measures each).
 Failure mode: an embedder that changes membership without calling ``fleet_changed`` keeps routing
 by the old membership until the next routing or breaker decision arrives (within a tick).
 """
@@ -309,6 +313,15 @@ class Router(Generic[N]):
                 if c > best_credit:
                     best, best_credit = node, c
             credit[best.node_id] -= total
+            return best
+        if picker == "least-outstanding":
+            out = self.outstanding
+            best = nodes[0]
+            best_key = (out.get(best.node_id, 0) + 1) / el.weights[0]
+            for node, w in zip(nodes, el.weights, strict=True):
+                key = (out.get(node.node_id, 0) + 1) / w
+                if key < best_key:
+                    best, best_key = node, key
             return best
         if picker == "least-request-p2c":
             i, j = self.rng.choice(len(nodes), size=2, replace=False)

@@ -27,7 +27,7 @@ from fleetloop.schemas.policy import Mode
 
 BreakerStateName = Literal["closed", "open", "half_open"]
 Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a Kafka offset
-Picker = Literal["weighted-random", "round-robin", "least-request-p2c"]
+Picker = Literal["weighted-random", "round-robin", "least-request-p2c", "least-outstanding"]
 
 
 class _Body(Wire):
@@ -46,7 +46,8 @@ class RoutingDecision(_Body):
     picker: Picker = Field(
         default="weighted-random",
         description="how the router picks per call among nodes with weight > 0: by weight, in turn, "
-        "or the less loaded of two random picks by its own outstanding count (Envoy LEAST_REQUEST)",
+        "the less loaded of two random picks by its own outstanding count (Envoy LEAST_REQUEST), "
+        "or the fewest of its own outstanding calls per unit of weight (HAProxy leastconn)",
     )
     by_priority: dict[str, dict[str, NonNegFloat]] = Field(
         default_factory=dict, description="priority class -> weights, where it differs from `weights`"

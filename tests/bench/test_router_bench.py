@@ -13,7 +13,9 @@ def test_bench_router_json(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     rows = {(r["nodes"], r["picker"]): r for r in out["rows"]}
     assert set(rows) == {
-        (n, p) for n in (8, 1000) for p in ("weighted-random", "round-robin", "least-request-p2c")
+        (n, p)
+        for n in (8, 1000)
+        for p in ("weighted-random", "round-robin", "least-request-p2c", "least-outstanding")
     }
     assert all(r["pick_us"] > 0 and r["uncached_pick_us"] > 0 for r in rows.values())
     # a ratio measured in the same run: sorting 1,000 nodes per call against a bisection

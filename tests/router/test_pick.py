@@ -268,6 +268,53 @@ def test_least_request_p2c_takes_the_less_loaded() -> None:
     assert {w.pick() for _ in range(20)} == {"primary:p/0"}
 
 
+@pytest.mark.parametrize(
+    ("weights", "outstanding", "expected"),
+    [
+        # idle equal nodes: the first in id order (no draw)
+        ({"p/0": 1.0, "p/1": 1.0, "p/2": 1.0}, {}, "p/0"),
+        # one call out on p/0: (1 + 1) / 1 against (0 + 1) / 1
+        ({"p/0": 1.0, "p/1": 1.0, "p/2": 1.0}, {"p/0": 1}, "p/1"),
+        # twice the weight holds twice the calls before it is passed over: 3/2 < 2/1,
+        # then 4/2 = 2/1 (a tie: id order), then 5/2 > 2/1
+        ({"p/0": 2.0, "p/1": 1.0}, {"p/0": 2, "p/1": 1}, "p/0"),
+        ({"p/0": 2.0, "p/1": 1.0}, {"p/0": 3, "p/1": 1}, "p/0"),
+        ({"p/0": 2.0, "p/1": 1.0}, {"p/0": 4, "p/1": 1}, "p/1"),
+        # a slow node holds its calls: passed over however heavy its weight (the cascade case)
+        ({"p/0": 0.4, "p/1": 0.3, "p/2": 0.3}, {"p/0": 6, "p/1": 2, "p/2": 2}, "p/1"),
+        # the heaviest idle node takes the next call, a zero weight none
+        ({"p/0": 0.2, "p/1": 0.0, "p/2": 0.8}, {}, "p/2"),
+        ({"p/0": 0.2, "p/1": 0.0, "p/2": 0.8}, {"p/2": 3}, "p/0"),
+    ],
+)
+def test_least_outstanding_decision_table(
+    weights: dict[str, float], outstanding: dict[str, int], expected: str
+) -> None:
+    """The fewest of this router's outstanding calls per unit of weight, (outstanding + 1) / w,
+    ties to the first node in id order (HAProxy's ``balance leastconn`` over weighted servers)."""
+    w = World({"p": len(weights)})
+    w.apply(routing("p", weights, picker="least-outstanding"))
+    for node, k in outstanding.items():
+        for _ in range(k):
+            w.router.started(node)
+    assert w.pick() == f"primary:{expected}"
+
+
+def test_least_outstanding_spreads_a_ticks_calls_and_follows_finished_calls() -> None:
+    """Ten calls of one tick over ten equal idle nodes land once each (a weighted draw puts two of
+    the first four on one node half the time); a call that ends frees its node for the next."""
+    w = World({"p": 10})
+    w.apply(routing("p", {f"p/{i}": 0.1 for i in range(10)}, picker="least-outstanding"))
+    got = []
+    for _ in range(10):
+        node = w.pick().split(":")[1]
+        w.router.started(node)
+        got.append(node)
+    assert sorted(got) == sorted(f"p/{i}" for i in range(10))
+    w.router.finished("p/7")
+    assert w.pick() == "primary:p/7"
+
+
 def test_retry_budget_tenant_first_and_reset_by_each_decision() -> None:
     w = World({"p": 1})
     r = w.router
@@ -301,7 +348,7 @@ node_weights = st.lists(st.sampled_from([0.0, 0.01, 0.1, 0.5, 1.0, 3.0]), min_si
     weights=node_weights,
     ejected=st.sets(st.integers(0, 11)),
     draining=st.sets(st.integers(0, 11)),
-    picker=st.sampled_from(["weighted-random", "round-robin", "least-request-p2c"]),
+    picker=st.sampled_from(["weighted-random", "round-robin", "least-request-p2c", "least-outstanding"]),
     affinity=st.lists(st.integers(0, 11), max_size=3),
     seed=st.integers(0, 2**16),
 )
