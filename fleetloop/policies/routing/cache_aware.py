@@ -47,7 +47,18 @@ classic's cost per successful task; stress geometric mean 0.688 -> 0.678). But o
 cascade-degraded-gpu (an 8x slow H100, non-streaming calls) it lost priority-0 tasks against
 classic on seeds 8 and 11 (-88 and -144, where the random draw wins +188 and +111), shipped pairs
 meeting every target fell from 38 to 36 of 40, and burst-a100-2x lost 356 more tasks a seed on
-average; why the cascade turns is not yet known, so the draw stays.
+average. Why the cascade turns (session 9): the router resets its round-robin credits whenever the
+weights change, i.e. every tick, so each tick's first calls go to the top-weighted node, which is
+the emptiest, and on a broken fleet the emptiest is often the broken one (seed 11: the 8x-slow H100,
+its breaker left unenforced by the ejection cap, ranked first in 13 of 14 50-s windows from 600 s
+and took 641 picks after 300 s against 14 under the draw, nearly all timing out). The router's
+``least-outstanding`` (HAProxy ``balance leastconn``: fewest outstanding calls per unit of weight)
+removes both the collisions and that herd (single seeds: long-prompt-light-load 19 and 21 0.44x and
+0.38x classic; cascade 8 and 11 +215 and +102 priority-0 tasks), but costs burst-cold-nodes seed 10
+nine priority-0 tasks against classic: better spread before the spike reads as less pressure, so
+slo-predictive has one new 70B node warm at the spike instead of two, and a newly warm node draws
+calls until it holds its weight's share (the breaker's slow-start ramp does not reach the
+per-priority weights). So the draw stays.
 
 Why a prompt limit: a prompt whose KV does not fit a node's cache fails on every node of that pool
 however idle it is, and its retries fail the same way wherever the router's split sends them back
