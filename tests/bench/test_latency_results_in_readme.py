@@ -59,3 +59,27 @@ def test_the_readmes_overload_figures_are_the_sizing_results() -> None:
     assert before["ticks_skipped"] == 0
     p50, p99 = (round(float(before[k]) / 1000) for k in ("lag_p50_ms", "lag_p99_ms"))  # type: ignore[arg-type]
     assert f"was {p50} s / {p99} s behind" in readme
+
+
+def test_the_readmes_final_10k_trial_figures_are_the_results_files() -> None:
+    """Session 9's 4-daemon 10,000-node run at its end against the same command at its start
+    (bench/results/latency-s9-10000-kafka-4daemons-{final,start}.json)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    now = _result("latency-s9-10000-kafka-4daemons-final.json")
+    start = _result("latency-s9-10000-kafka-4daemons-start.json")
+    for r in (now, start):
+        assert r["nodes"] == 10_000
+        assert r["daemons"] == 4
+        assert r["trials"] == 20
+        assert r["broker"] == "kafka"
+        assert r["met"] is False
+    missed_now, missed_start = now["missed"], start["missed"]
+    behind_now, behind_start = now["daemon_behind_s_max"], start["daemon_behind_s_max"]
+    assert isinstance(missed_now, int)
+    assert isinstance(missed_start, int)
+    assert isinstance(behind_now, float | int)
+    assert isinstance(behind_start, float | int)
+    assert f"decided {20 - missed_now} of 20 trials" in readme
+    assert f"p50 {_ms(now['p50_ms'])}, p99 {_ms(now['p99_ms'])}" in readme
+    assert f"at most {behind_now:.1f} s behind" in readme
+    assert f"missed {missed_start} of 20 and ended {round(behind_start)} s behind" in readme
