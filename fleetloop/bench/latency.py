@@ -52,6 +52,7 @@ from fleetloop.bench.loadgen import (
     WALL_S,
     LoadProcess,
     LoadSpec,
+    add_overload_arg,
     bench_fleet,
     overload_args,
     overload_skipped,
@@ -81,14 +82,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--daemons", type=int, default=1, help="fleetloop run processes in one consumer group (default 1)"
     )
-    p.add_argument(
-        "--overload-max-ticks",
-        type=int,
-        default=None,
-        metavar="N",
-        help="passed to each fleetloop run (its default, 2, when not given; 0: decide every boundary "
-        "however late)",
-    )
+    add_overload_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
 

@@ -53,6 +53,18 @@ def bench_fleet(n_nodes: int) -> Fleet:
     return make_fleet(n_nodes, seed=FLEET_SEED, degraded_per_1000=0.0)
 
 
+def add_overload_arg(p: Any) -> None:
+    """The benches' ``--overload-max-ticks``, passed on to each ``fleetloop run`` they start."""
+    p.add_argument(
+        "--overload-max-ticks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="passed to each fleetloop run (its default, 2, when not given; 0: decide every boundary "
+        "however late)",
+    )
+
+
 def overload_args(args: Any) -> list[str]:
     """``fleetloop run`` flags for the benches' ``--overload-max-ticks`` (none: the daemon's default)."""
     n = getattr(args, "overload_max_ticks", None)

@@ -55,6 +55,7 @@ from fleetloop.bench.loadgen import (
     SENT,
     LoadProcess,
     LoadSpec,
+    add_overload_arg,
     bench_fleet,
     overload_args,
     overload_skipped,
@@ -85,14 +86,7 @@ def register(subparsers: Any) -> None:
         "--outcomes-per-node", type=float, default=2.0, help="routed calls per node per second (default 2)"
     )
     p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu", help="default: tansu")
-    p.add_argument(
-        "--overload-max-ticks",
-        type=int,
-        default=None,
-        metavar="N",
-        help="passed to each fleetloop run (its default, 2, when not given; 0: decide every boundary "
-        "however late)",
-    )
+    add_overload_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
 

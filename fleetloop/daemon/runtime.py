@@ -284,6 +284,25 @@ def tune_gc(gen0_threshold: int) -> None:
     gc.set_threshold(gen0_threshold, gen1, gen2)
 
 
+async def _send_skipped(
+    producer: AIOKafkaProducer, topic: str, pool: str, skipped: list[int], *, reason: str, tick_ms: int
+) -> Any:
+    """Send the one tick record that stands for the boundaries ``skipped`` of ``pool`` (an outage's
+    beyond the catch-up, or overload's): the last boundary's tick, marked skipped with ``reason``
+    and the first skipped tick id. Returns the send's future."""
+    end = skipped[-1]
+    marker = Tick(ts_ms=end, tick_id=end // tick_ms, pool_id=pool)
+    return await producer.send(
+        topic,
+        key=pool.encode(),
+        value=orjson.dumps(marker.model_dump()),
+        headers=[
+            (SKIPPED_HEADER, reason.encode()),
+            (SKIPPED_FROM_HEADER, str(skipped[0] // tick_ms).encode()),
+        ],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _HeldTick:
     offset: int
@@ -1655,41 +1674,21 @@ class Daemon:
                     n, waiting = 1, withheld[1]  # held back before: the newest only, whatever waits now
                 if n < len(boundaries):
                     skipped, boundaries = boundaries[:-n], boundaries[-n:]
-                    end = skipped[-1]
                     reason = (
                         f"overload: {len(skipped)} ticks not decided: {waiting} boundaries were "
                         f"waiting to be decided (overload_max_ticks {overload}); deciding the newest"
                     )
-                    marker = Tick(ts_ms=end, tick_id=end // tick_ms, pool_id=pool)
                     futures.append(
-                        await producer.send(
-                            topic,
-                            key=pool.encode(),
-                            value=orjson.dumps(marker.model_dump()),
-                            headers=[
-                                (SKIPPED_HEADER, reason.encode()),
-                                (SKIPPED_FROM_HEADER, str(skipped[0] // tick_ms).encode()),
-                            ],
-                        )
+                        await _send_skipped(producer, topic, pool, skipped, reason=reason, tick_ms=tick_ms)
                     )
                     self.stats.ticks_overload += len(skipped)
                     skipped_here += 1
                     metrics.ticks.add(len(skipped), {"outcome": "overload"})
                 elif len(boundaries) > limit:
                     skipped, boundaries = boundaries[:-limit], boundaries[-limit:]
-                    end = skipped[-1]
                     reason = f"outage: {len(skipped)} ticks missed, beyond the catch-up of {limit}"
-                    marker = Tick(ts_ms=end, tick_id=end // tick_ms, pool_id=pool)
                     futures.append(
-                        await producer.send(
-                            topic,
-                            key=pool.encode(),
-                            value=orjson.dumps(marker.model_dump()),
-                            headers=[
-                                (SKIPPED_HEADER, reason.encode()),
-                                (SKIPPED_FROM_HEADER, str(skipped[0] // tick_ms).encode()),
-                            ],
-                        )
+                        await _send_skipped(producer, topic, pool, skipped, reason=reason, tick_ms=tick_ms)
                     )
                 if len(boundaries) > 1:
                     self.stats.ticks_caught_up += len(boundaries) - 1
