@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -222,38 +222,14 @@ def _shape_routing(
     order, as ``snap.pool_nodes`` lists them, without their views."""
     cols = fleet_columns(snap)
     lo, hi = cols.bounds.get(d.pool_id, (0, 0))
-    in_rows = row_ids(snap)[lo:hi]
-    ids = sorted(in_rows)  # node-id order already: a pass over sorted input
-    stale_of = dict(zip(in_rows, cols.stale[lo:hi].tolist(), strict=True))
-    warm_of = dict(zip(in_rows, cols.warm[lo:hi].tolist(), strict=True))
-    weights: dict[str, float] = {}
-    probes: dict[str, float] = {}
-    zeroed: list[str] = []
-    given = d.weights
-    # The union of the decision's nodes and the pool's, sorted: the pool's own ids when they match.
-    for node_id in ids if list(given) == ids else sorted(set(given) | set(ids)):
-        w = given.get(node_id, 0.0)
-        stale = stale_of.get(node_id)
-        b = breakers.get(node_id)
-        if stale is None or stale:
-            w = 0.0
-            zeroed.append(node_id)
-        elif b is not None and b.enforced and b.state == "open":
-            w = 0.0
-        elif b is not None and b.enforced and b.state == "half_open":
-            probes[node_id] = b.probe_frac if warm_of[node_id] else 0.0
-            w = 0.0
-        weights[node_id] = w
-    total = sum(weights.values())
-    reason = d.reason
-    if total <= 0:
-        # Fail open (panic threshold): spread evenly over warm nodes, ignoring breakers and staleness.
-        draining_of = dict(zip(in_rows, cols.draining[lo:hi].tolist(), strict=True))
-        candidates = [n for n in ids if warm_of[n]] or [n for n in ids if not draining_of[n]]
-        weights = {n: (1.0 if n in candidates else 0.0) for n in weights}
-        total = float(len(candidates))
-        probes = {}
-        reason = "fail-open" if candidates else "no-node"
+    weights, probes, zeroed, total, reason = _unscaled(
+        d,
+        breakers,
+        row_ids(snap)[lo:hi],
+        stale=cols.stale[lo:hi].tolist(),
+        warm=cols.warm[lo:hi].tolist(),
+        draining=lambda: cols.draining[lo:hi].tolist(),  # noqa: PLW0108 (read only on fail-open)
+    )
     # Probing nodes share at most half of the traffic, however many are half-open at once.
     asked = sum(probes.values())
     probe_scale = min(1.0, 0.5 / asked) if asked > 0 else 0.0
@@ -263,7 +239,7 @@ def _shape_routing(
     for n, p in probes.items():
         out[n] = r6(p * probe_scale)
     inputs = dict(d.inputs)
-    inputs["stale_nodes"] = float(len(zeroed))
+    inputs["stale_nodes"] = float(zeroed)
     inputs["probing_nodes"] = float(len(probes))
     by_priority = {
         cls: _renormalize({n: w for n, w in ws.items() if out.get(n, 0.0) > 0})
@@ -278,6 +254,55 @@ def _shape_routing(
             "spill_to": d.spill_to[: env.max_spill_pools],
         }
     )
+
+
+def _unscaled(
+    d: RoutingDecision,
+    breakers: Mapping[str, BreakerDecision],
+    in_rows: Sequence[str],
+    *,
+    stale: Sequence[bool],
+    warm: Sequence[bool],
+    draining: Callable[[], Sequence[bool]],
+) -> tuple[dict[str, float], dict[str, float], int, float, str]:
+    """Routing shaping's first step, shared by :func:`_shape_routing` and
+    :func:`_shape_routing_many`: a pool's weights before scaling (stale, unknown and ejected nodes
+    zeroed, half-open nodes moved to probes), its probes, how many nodes were zeroed as stale, the
+    weights' total and the reason; fail open (spread evenly over warm nodes, ignoring breakers and
+    staleness) when nothing is left. ``in_rows`` are the pool's rows with their ``stale`` and
+    ``warm`` flags; ``draining`` gives theirs, read only on fail-open."""
+    ids = sorted(in_rows)  # node-id order already: a pass over sorted input
+    stale_of = dict(zip(in_rows, stale, strict=True))
+    warm_of = dict(zip(in_rows, warm, strict=True))
+    weights: dict[str, float] = {}
+    probes: dict[str, float] = {}
+    zeroed = 0
+    given = d.weights
+    # The union of the decision's nodes and the pool's, sorted: the pool's own ids when they match.
+    for node_id in ids if list(given) == ids else sorted(set(given) | set(ids)):
+        w = given.get(node_id, 0.0)
+        is_stale = stale_of.get(node_id)
+        b = breakers.get(node_id)
+        if is_stale is None or is_stale:
+            w = 0.0
+            zeroed += 1
+        elif b is not None and b.enforced and b.state == "open":
+            w = 0.0
+        elif b is not None and b.enforced and b.state == "half_open":
+            probes[node_id] = b.probe_frac if warm_of[node_id] else 0.0
+            w = 0.0
+        weights[node_id] = w
+    total = sum(weights.values())
+    reason = d.reason
+    if total <= 0:
+        # Fail open (panic threshold): spread evenly over warm nodes, ignoring breakers and staleness.
+        draining_of = dict(zip(in_rows, draining(), strict=True))
+        candidates = [n for n in ids if warm_of[n]] or [n for n in ids if not draining_of[n]]
+        weights = {n: (1.0 if n in candidates else 0.0) for n in weights}
+        total = float(len(candidates))
+        probes = {}
+        reason = "fail-open" if candidates else "no-node"
+    return weights, probes, zeroed, total, reason
 
 
 def _shape_routing_many(
@@ -299,7 +324,6 @@ def _shape_routing_many(
     all_ids = row_ids(snap)
     stale_all: list[bool] = cols.stale.tolist()
     warm_all: list[bool] = cols.warm.tolist()
-    draining_all: list[bool] | None = None
     # Step 1, per decision: the weights before scaling, the probes, the reason (as _shape_routing).
     staged: list[tuple[dict[str, float], dict[str, float], float, int, str]] = []
     values: list[float] = []
@@ -307,38 +331,14 @@ def _shape_routing_many(
     counts: list[int] = []
     for d, breakers in items:
         lo, hi = bounds.get(d.pool_id, (0, 0))
-        in_rows = all_ids[lo:hi]
-        ids = sorted(in_rows)
-        stale_of = dict(zip(in_rows, stale_all[lo:hi], strict=True))
-        warm_of = dict(zip(in_rows, warm_all[lo:hi], strict=True))
-        weights: dict[str, float] = {}
-        probes: dict[str, float] = {}
-        zeroed = 0
-        given = d.weights
-        for node_id in ids if list(given) == ids else sorted(set(given) | set(ids)):
-            w = given.get(node_id, 0.0)
-            stale = stale_of.get(node_id)
-            b = breakers.get(node_id)
-            if stale is None or stale:
-                w = 0.0
-                zeroed += 1
-            elif b is not None and b.enforced and b.state == "open":
-                w = 0.0
-            elif b is not None and b.enforced and b.state == "half_open":
-                probes[node_id] = b.probe_frac if warm_of[node_id] else 0.0
-                w = 0.0
-            weights[node_id] = w
-        total = sum(weights.values())
-        reason = d.reason
-        if total <= 0:
-            if draining_all is None:
-                draining_all = cols.draining.tolist()
-            draining_of = dict(zip(in_rows, draining_all[lo:hi], strict=True))
-            candidates = [n for n in ids if warm_of[n]] or [n for n in ids if not draining_of[n]]
-            weights = {n: (1.0 if n in candidates else 0.0) for n in weights}
-            total = float(len(candidates))
-            probes = {}
-            reason = "fail-open" if candidates else "no-node"
+        weights, probes, zeroed, total, reason = _unscaled(
+            d,
+            breakers,
+            all_ids[lo:hi],
+            stale=stale_all[lo:hi],
+            warm=warm_all[lo:hi],
+            draining=lambda: cols.draining[lo:hi].tolist(),  # noqa: B023, PLW0108 (called before lo, hi move)
+        )
         asked = sum(probes.values())
         probe_scale = min(1.0, 0.5 / asked) if asked > 0 else 0.0
         probe_total = asked * probe_scale
