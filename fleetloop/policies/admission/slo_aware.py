@@ -89,6 +89,10 @@ within a window of the first lost tasks (the losses and the window's p99 lag the
 and is still climbing back after the queue has drained, so for about a minute nodes run ~30
 sequences while new low-priority tasks are shed; holding a decrease for a window, or while no queue
 stands, moved tasks by -321 to +222 over seeds 29-33 (not consistently), so the rule is unchanged.
+Those sheds are the overflow of the six warm nodes the autoscaler holds at the step, not shedding
+that capacity could carry: without admission seed 29 loses 514 more tasks (queues run past the
+clients' timeouts), and a ``min_level`` of 32, 64 or 128 recovers 127, 311 or 379 of the 2,897
+tasks it is short of classic (classic holds 12 warm nodes there).
 It cannot tell latency from long prompts or a slow decode batch from latency shedding would cure;
 ``min_level`` keeps it from shedding lightly loaded nodes for it.
 Failure mode: an SLO set far below what the pool can do, with calls failing for another reason (a

@@ -152,8 +152,18 @@ the demand it sees, plus ``spare_nodes``, and keeps no reserve for a surge it ha
 faster does not help (asking for the maximum 1 s into the burst recovers 231 of the 2,897 tasks
 seed 29 is short of classic: the nodes warm a cold start later), nor does using the warm nodes
 better (during that burst they complete more calls per warm node-second than classic's, 4.1
-against 3.8): only nodes warm before the step do. A standing reserve is not derived here because
-nothing before a first step tells a bursty pool from a steady one: ``need x 1.83`` everywhere
+against 3.8): only nodes warm before the step do. Seed 29 by lever: before the step this policy
+reads the 8B pool at pressure 0.31-0.38 (need 4 with the spare) and has scaled it from 8 to 6
+nodes, where classic's HPA holds 12; all but 37 of the 3,006 lost trial tasks end in 200-350 s,
+before the new nodes warm (~325-400 s), shed by admission as the overflow of six nodes
+(admission off loses 514 more tasks; the retry budget refuses nothing: the row is unchanged
+without it). The same policy held at 8 nodes there still loses 1,568 tasks against classic; held
+at 12 it meets all five seeds (+36 to +151 tasks, 0.84-0.93x classic's cost per success; seed 29
+peaks at 17 nodes instead of 24). burst-cold-nodes is the same case on its 70B pool (a ~290 s cold
+start, its 4th node asked at ~90 s warms 90 s into the step): held at classic's 5 nodes, seeds 9
+and 12 go from -12 and -3 tasks to +5 and +2 (``bench/results/burst-s10.md``). A standing reserve
+is not derived here because nothing before a first step tells a bursty pool from a steady one:
+``need x 1.83`` everywhere
 (headroom 0.27, kv_target 0.44) meets burst-cold-nodes at seed 9 but still misses burst-a100-2x at
 seed 29 and costs the other stress scenarios up to 64% more per success (the stress geometric mean
 would go from 0.69 to about 0.81x classic's), and even held only on pools whose cold start exceeds
