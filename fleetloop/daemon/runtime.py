@@ -186,6 +186,7 @@ class DaemonStats:
     ticks_duplicate: int = 0
     ticks_skipped: int = 0  # boundaries published as skipped (an outage beyond the catch-up)
     ticks_failed: int = 0  # ticks whose decision raised: published as skipped with the reason
+    fold_steps: int = 0  # far cuts' folds split with a yield after each step (FOLD_STEP_ROWS)
     last_tick_failure: str = ""
     dead_letters_lost: int = 0  # dead letters the broker refused to take (counted, logged)
     dead_letters_suppressed: int = 0  # not published again after a restore: published before
@@ -215,6 +216,75 @@ class DaemonStats:
     breaker_open_nodes: set[str] = field(default_factory=set)
 
 
+LOOP_REPORT_S = 30.0  # how often the daemon logs where its consumer loop's time went ("loop")
+
+
+@dataclass(slots=True)
+class LoopTimes:
+    """Where the consumer loop's wall time goes, by what it was doing or waiting on: per phase the
+    wall seconds, and of them the seconds the loop's thread ran (``cpu``) and was runnable but not
+    run (``runq``: the machine's other work had the cores, :func:`clock.thread_sched_s`); the rest
+    is time the loop waited on something (the broker, a fetch with nothing to do). A daemon behind
+    its boundaries that waits rather than computes, or is not run, shows it here.
+
+    Phases (each :meth:`lap` gives the time since the previous one to its phase): ``fetch`` (a fetch
+    with ticks queued: their cuts' records on the way), ``fetch_idle`` (a fetch with no tick queued:
+    every published boundary decided, the next one not yet on the topic), ``fetch_held_back`` (the
+    same while the ticker holds pools back for overload: the shard has decided what waited and gets
+    the held-back boundaries' tick at the next boundary), ``read`` (decode into the shards),
+    ``decide`` (folding, deciding and staging; the ticker's and the client's turns between batches
+    included), ``acks`` (waiting for the broker to acknowledge the decisions), ``summaries``,
+    ``dead_letters``, ``checkpoint``, ``commit``, ``restore``, ``loop`` (the rest).
+    ``ticker_late_s``: the latest the ticker woke after a boundary; ``ticker_s``: the ticker's
+    rounds (reads awaited, ticks sent and acknowledged)."""
+
+    wall_s: dict[str, float] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    runq_s: dict[str, float] = field(default_factory=dict)
+    mark: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (monotonic, cpu, runq) at the last lap
+    since_s: float = 0.0  # monotonic start of the current report window
+    ticker_late_s: float = 0.0
+    ticker_s: float = 0.0
+
+    def lap(self, phase: str) -> None:
+        """Give the time since the previous lap to ``phase``."""
+        now = clock.monotonic_s()
+        cpu, runq = clock.thread_sched_s()
+        w0, c0, r0 = self.mark
+        if w0:
+            self.wall_s[phase] = self.wall_s.get(phase, 0.0) + (now - w0)
+            self.cpu_s[phase] = self.cpu_s.get(phase, 0.0) + (cpu - c0)
+            self.runq_s[phase] = self.runq_s.get(phase, 0.0) + (runq - r0)
+        self.mark = (now, cpu, runq)
+
+    def report(self) -> dict[str, Any] | None:
+        """The window's figures once ``LOOP_REPORT_S`` passed (then a new window), else None: per
+        phase "wall/cpu/runq" seconds, and the totals."""
+        now = clock.monotonic_s()
+        if self.since_s == 0.0:
+            self.since_s = now
+            return None
+        span = now - self.since_s
+        if span < LOOP_REPORT_S:
+            return None
+        wall, cpu, runq = (sum(d.values()) for d in (self.wall_s, self.cpu_s, self.runq_s))
+        out: dict[str, Any] = {
+            "window_s": round(span, 1),
+            "cpu_s": round(cpu, 2),
+            "runq_s": round(runq, 2),
+            "waiting_s": round(max(0.0, wall - cpu - runq), 2),
+            **{
+                k: f"{v:.2f}/{self.cpu_s[k]:.2f}/{self.runq_s[k]:.2f}" for k, v in sorted(self.wall_s.items())
+            },
+            "ticker_late_s": round(self.ticker_late_s, 2),
+            "ticker_s": round(self.ticker_s, 2),
+        }
+        self.wall_s, self.cpu_s, self.runq_s = {}, {}, {}
+        self.since_s = now
+        self.ticker_late_s = self.ticker_s = 0.0
+        return out
+
+
 OnDecisions = Callable[[Sequence[Decision]], None]
 MAX_FETCH_BYTES = 2 * 1024 * 1024
 
@@ -222,6 +292,11 @@ MAX_FETCH_BYTES = 2 * 1024 * 1024
 # Ticks of one shard and boundary decided in one call at most: a batch is decided without yielding
 # to the loop (~1 ms per pool of 40 nodes), so the ticker and the consumer wait at most that long.
 DECIDE_BATCH_MAX = 64
+# Records folded without yielding to the loop, at most, before a cut is decided (Shard.step_toward):
+# a far cut (40 s of one 10k shard's records, 167,731 rows: 1.33 CPU-s, ~6.6 s at a fifth of a core)
+# held the loop past the group's 6 s session timeout, and the group took the partitions away
+# (bench/results/latency-s9.md). 10,000 rows: ~0.05 CPU-s.
+FOLD_STEP_ROWS = 10_000
 
 
 def _boundary_run(held: Sequence[_HeldTick], done: Collection[int]) -> int:
@@ -342,6 +417,7 @@ class Daemon:
         self.config = config
         self.engine = Engine(config.policy)  # holds the active policy; state lives in the shards
         self.stats = DaemonStats()
+        self.loop_times = LoopTimes()
         self._on_decisions = on_decisions
         p = config.prefix
         self._topics = {
@@ -373,6 +449,9 @@ class Daemon:
         self._ticked: dict[tuple[int, str], int] = {}  # (shard, pool) -> last boundary published
         # (shard, pool) -> (first boundary held back, boundaries waiting then): overload, per pool
         self._withheld: dict[tuple[int, str], tuple[int, int]] = {}
+        # Set by the loop when a shard has decided every tick it held while the ticker holds pools
+        # of it back: the ticker publishes them then, not at the next boundary (_wake_held_back).
+        self._tick_now = asyncio.Event()
         # Shards in overload -> (when it began, monotonic s; boundaries since without a tick held back)
         self._overloaded: dict[int, tuple[float, int]] = {}
         self._broker_gap = False  # the broker was unreachable since the ticker last published
@@ -852,11 +931,21 @@ class Daemon:
     # -- the loop -------------------------------------------------------------------------------
 
     async def _loop(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        times = self.loop_times
         while not stop.is_set():
             try:
+                if (figures := times.report()) is not None:
+                    log.info("loop", **figures)
+                times.lap("loop")
                 if self._restore_needed:
                     await self._restore_assignment()
+                    times.lap("restore")
+                queued = any(self._held.values())
                 batch = await consumer.getmany(timeout_ms=200, max_records=self.config.max_batch)
+                if queued:
+                    times.lap("fetch")  # with ticks queued (their cuts' records on the way)
+                else:
+                    times.lap("fetch_held_back" if self._withheld else "fetch_idle")
                 if self._pending_policy is not None:
                     await self._activate(self._pending_policy, self._pending_offset)
                     self._pending_policy = None
@@ -867,6 +956,7 @@ class Daemon:
                     await self.process(batch)
                 elif self._dirty:
                     await self._checkpoint()
+                    times.lap("checkpoint")
             except (KafkaError, OSError) as exc:
                 # The broker went away mid-batch (or came back empty). What was decided but not
                 # acknowledged is not committed: start again from the checkpoints, which decides
@@ -898,6 +988,7 @@ class Daemon:
         """Read one batch into the shards, decide the ticks that are ready, publish, checkpoint, commit."""
         assert self._publisher is not None
         dead: list[DeadLetter] = []
+        times = self.loop_times
         with tracer.start_as_current_span("fleetloop.batch") as span:
             n = 0
             for tp in sorted(batch, key=lambda t: (t.topic, t.partition)):
@@ -937,11 +1028,15 @@ class Daemon:
                     )
             self.stats.events_in += n
             span.set_attribute("records", n)
+            times.lap("read")
             if dead:
                 await self._dead_letter(dead)
+                times.lap("dead_letters")
             if n:
                 faults.reach("mid-batch")
             decisions = await self._decide_ready()
+            self._wake_held_back()
+            times.lap("decide")
             shadowed, self._shadow_out = self._shadow_out, []
             # Records the shards did not fold (a cap, a fold that raised) and ticks whose decision
             # raised: published before the checkpoint and the commit that cover them.
@@ -950,6 +1045,7 @@ class Daemon:
                 await self._dead_letter(refused, stage="fold")
             if self._failed_ticks:
                 await self._retrying("tick-failed", self._publish_failed_ticks)
+            times.lap("dead_letters")
             if decisions or shadowed:
                 publisher = self._publisher
                 try:  # every decision was sent as its tick was decided: wait for the acks
@@ -973,10 +1069,14 @@ class Daemon:
                 if self._on_decisions is not None:
                     self._on_decisions(decisions)
                 faults.reach("after-publish")
+            times.lap("acks")
             if self._summary_due:
                 await self._retrying("summaries", self._publish_summaries)
+            times.lap("summaries")
             await self._checkpoint()
+            times.lap("checkpoint")
             await self._retrying("commit", self._commit)
+            times.lap("commit")
         return decisions
 
     def _fresh(self, p: int, logical: str, offset: int, at_door: bool) -> bool:
@@ -1289,6 +1389,8 @@ class Daemon:
             ticks.append(h.tick)
         batch_cut = cut if cut is not None else hs[0].cut
         assert batch_cut is not None
+        if not await self._fold_in_steps(p, shard, ticks, batch_cut):
+            return  # the shard went during a yield: its new owner decides from its checkpoint
         started_s = clock.monotonic_s()
         policy = self._policy_at(ticks[0].ts_ms)
         decided: list[tuple[Decision, ...] | Exception | None]
@@ -1324,6 +1426,24 @@ class Daemon:
         # The client hands the batch over; the ticker, the consumer's fetches and the group
         # heartbeat get a turn (also between ticks decided again after a restore, not published).
         await asyncio.sleep(0)
+
+    async def _fold_in_steps(
+        self, p: int, shard: Shard, ticks: Sequence[Tick], cut: Mapping[str, int]
+    ) -> bool:
+        """Fold what ``ticks`` (one boundary) would fold first, ``FOLD_STEP_ROWS`` records at a time
+        with a yield to the loop after each step, and leave the rest (at most that many) to the
+        decide; the shard ends as the decide's own fold would leave it (:meth:`Shard.step_toward`).
+        Nothing is folded when every tick is a duplicate (the decide folds nothing then either).
+        False when the shard went during a yield."""
+        if all((last := shard.last_tick.get(t.pool_id)) is not None and t.tick_id <= last[0] for t in ticks):
+            return True
+        while (step := shard.step_toward(cut, FOLD_STEP_ROWS)) is not None:
+            shard.fold_to(step)
+            self.stats.fold_steps += 1
+            await asyncio.sleep(0)
+            if self.shards.get(p) is not shard:
+                return False
+        return True
 
     def _shadow_at(self, ts_ms: int) -> Shadow | None:
         for from_ts, shadow in reversed(self._shadows):
@@ -1577,23 +1697,75 @@ class Daemon:
         del self._catchup[p]
         return True
 
+    def _waiting(self, p: int, pool: str, tick_ms: int) -> int:
+        """Boundaries of ``pool`` this instance published and shard ``p`` has not decided yet."""
+        published = self._ticked.get((p, pool))
+        decided = self.shards[p].last_tick.get(pool)
+        if published is not None and decided is not None and published > decided[1]:
+            return (published - decided[1]) // tick_ms
+        return 0
+
+    def _wake_held_back(self) -> None:
+        """Wake the ticker when a shard has decided every tick it held while the ticker holds pools
+        of it back and fewer than ``overload_max_ticks`` of such a pool's boundaries wait now.
+
+        Without this the shard sat idle until the next boundary (up to a tick period, and the tick's
+        way through the broker) while the records it will fold piled up: measured on a 10k daemon
+        behind its boundaries, a sixth of its loop's wall time (``fetch_held_back`` in the "loop"
+        line, bench/results/latency-s10.md)."""
+        if not self._withheld or self._tick_now.is_set():
+            return
+        tick_ms = self.engine.policy.tick_ms
+        limit = self.config.overload_max_ticks
+        for p, pool in self._withheld:
+            if p in self.shards and not self._held.get(p) and self._waiting(p, pool, tick_ms) < limit:
+                self._tick_now.set()
+                return
+
+    async def _sleep_to(self, boundary: int, now: int, stop: asyncio.Event) -> None:
+        """Until the wall clock reaches ``boundary``, ``stop`` is set or the loop wakes the ticker."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._tick_now.wait())]
+        try:
+            await asyncio.wait(waits, timeout=(boundary - now) / 1000.0, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
     async def _ticker(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
         topic = topic_name(self.config.prefix, TICKS)
         while not stop.is_set():
             tick_ms = self.engine.policy.tick_ms
             now = clock.wall_ms()
             boundary = (now // tick_ms + 1) * tick_ms
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=(boundary - now) / 1000.0)
+            await self._sleep_to(boundary, now, stop)
+            if stop.is_set():
                 return
+            if self._tick_now.is_set() and clock.wall_ms() < boundary:
+                # Woken between boundaries: a shard has decided what waited. Its held-back pools
+                # get their ticks now (the newest boundary passed; those before it as skipped).
+                self._tick_now.clear()
+                try:
+                    passed = boundary - tick_ms
+                    await self._publish_ticks(
+                        producer, topic, passed, tick_ms, held_up=True, held_back_only=True
+                    )
+                except (KafkaError, OSError) as exc:
+                    self._broker_trouble("tick", exc)
+                continue
+            self._tick_now.clear()  # the boundary's round covers the held-back pools too
             # Woken a tick period or more after its boundary: the loop held the ticker up (it was
             # deciding); boundaries missed so are overload's. On time, boundaries missed since the
             # last round are an outage's (a publish the broker held, a restart).
-            held_up = clock.wall_ms() - boundary >= tick_ms
+            late_ms = clock.wall_ms() - boundary
+            held_up = late_ms >= tick_ms
+            times = self.loop_times
+            times.ticker_late_s = max(times.ticker_late_s, late_ms / 1000.0)
+            started_s = clock.monotonic_s()
             try:
                 if wait_s := self.config.tick_read_wait_s:
                     await self._read_to_now(wait_s)
                 await self._publish_ticks(producer, topic, boundary, tick_ms, held_up=held_up)
+                times.ticker_s += clock.monotonic_s() - started_s
             except (KafkaError, OSError) as exc:  # the broker is away: the next round catches up
                 self._broker_trouble("tick", exc)
 
@@ -1627,11 +1799,19 @@ class Daemon:
             await asyncio.sleep(0.005)
 
     async def _publish_ticks(
-        self, producer: AIOKafkaProducer, topic: str, now_b: int, tick_ms: int, *, held_up: bool = False
+        self,
+        producer: AIOKafkaProducer,
+        topic: str,
+        now_b: int,
+        tick_ms: int,
+        *,
+        held_up: bool = False,
+        held_back_only: bool = False,
     ) -> None:
         """Publish each owned, caught-up pool's ticks due at boundary ``now_b`` (and those missed since
         its last), under the catch-up and overload rules; ``held_up``: the loop held this round up
-        (see :meth:`_ticker`)."""
+        (see :meth:`_ticker`); ``held_back_only``: only the pools held back for overload (a round
+        between boundaries, :meth:`_wake_held_back`)."""
         limit = self.config.catchup_max_ticks
         overload = self.config.overload_max_ticks
         futures = []
@@ -1639,7 +1819,10 @@ class Daemon:
         # Boundaries missed while the broker was unreachable, or with the ticker on time, are an
         # outage's, caught up in full (up to catchup_max_ticks); missed because the loop held the
         # ticker up, they are overload's.
-        broker_gap, self._broker_gap = self._broker_gap, False
+        if held_back_only:
+            broker_gap = self._broker_gap  # left for the boundary's round
+        else:
+            broker_gap, self._broker_gap = self._broker_gap, False
         outage = broker_gap or not held_up
         for p in sorted(self.shards):
             if self._tp(TICKS, p) not in self._owned or not self._caught_up(p):
@@ -1654,6 +1837,8 @@ class Daemon:
             # CPU, and more the further it fell behind; bench/results/latency-s7.md).
             headers: dict[int, bytes] = {}
             for pool in shard.pools():
+                if held_back_only and (p, pool) not in self._withheld:
+                    continue
                 published = self._ticked.get((p, pool))
                 decided = shard.last_tick.get(pool)
                 last = max(published if published is not None else -1, decided[1] if decided else -1)
@@ -1661,9 +1846,7 @@ class Daemon:
                 boundaries = list(range(first, now_b + 1, tick_ms))
                 if not boundaries:
                     continue
-                waiting = 0  # boundaries published (by this instance) and not yet decided
-                if published is not None and decided is not None and published > decided[1]:
-                    waiting = (published - decided[1]) // tick_ms
+                waiting = self._waiting(p, pool, tick_ms)  # published (by this instance), not decided
                 n = overload_step(waiting, len(boundaries), overload, outage or published is None)
                 if n == 0:
                     self._withheld.setdefault((p, pool), (first, waiting))
@@ -1709,7 +1892,8 @@ class Daemon:
                             topic, key=pool.encode(), value=value, headers=[(CUT_HEADER, cut)]
                         )
                     )
-            self._note_overload(p, held_back, skipped_here)
+            if not held_back_only or held_back or skipped_here:
+                self._note_overload(p, held_back, skipped_here)
         self.health.overloaded = sorted(self._overloaded)
         self.health.ticks_overload = self.stats.ticks_overload
         if futures:

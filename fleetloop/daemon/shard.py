@@ -247,6 +247,45 @@ class Shard:
         if moved:
             self._forget_gone()
 
+    def fold_to(self, cut: Mapping[str, int]) -> None:
+        """Fold every pending record before ``cut`` (as deciding a tick at ``cut`` does first)."""
+        self._fold_to(cut)
+
+    def step_toward(self, cut: Mapping[str, int], max_rows: int) -> dict[str, int] | None:
+        """A cut on the way to ``cut`` whose fold takes at most ``max_rows`` pending records, in the
+        order :meth:`_fold_to` folds them (every telemetry record before ``cut`` first, then the
+        outcomes); None when folding to ``cut`` itself takes no more than ``max_rows``.
+
+        Folding to each step in turn and then to ``cut`` leaves the shard as one fold to ``cut``:
+        the same records, one batch fold per topic and step, in the same order (a batch fold is a
+        fold per record, :func:`fleetloop.daemon.model.fleet.FleetModel.fold_telemetries`), and
+        the bookkeeping after each fold drops only pools no later record of the cut brings back
+        (a pool with a record still pending is kept). The daemon folds a far cut (a shard that
+        skipped boundaries for overload, or caught up on minutes of records: 40 s of one 10k
+        shard's records took 1.33 CPU-s) in such steps with a yield between them, so the loop, the
+        group's heartbeat among its tasks, is never held for the whole fold."""
+        step = dict(self.folded)
+        left = max(1, max_rows)
+        for logical in INPUTS:
+            upto = min(int(cut.get(logical, self.folded[logical])), self.read[logical])
+            queue = self.pending[logical]
+            if len(queue) > left and queue[left].offset < upto:
+                step[logical] = queue[left].offset  # folds exactly the first ``left`` pending rows
+                return step
+            n = 0
+            for row in queue:
+                if row.offset >= upto:
+                    break
+                n += 1
+            step[logical] = max(upto, self.folded[logical])
+            left -= n
+            if left <= 0 and any(
+                (q := self.pending[k]) and q[0].offset < int(cut.get(k, self.folded[k]))
+                for k in INPUTS[INPUTS.index(logical) + 1 :]
+            ):
+                return step
+        return None
+
     def _forget_gone(self) -> None:
         """Keep per-pool bookkeeping (pools with records pending, last ticks, policy state) to the
         pools the model holds or has pending: a pool the model evicted or refused leaves it, so

@@ -328,3 +328,108 @@ def test_an_outages_catch_up_goes_out_boundary_by_boundary() -> None:
         ("b", 3000),
     ]
     assert not any(SKIPPED_HEADER in h for _, _, h in sent)
+
+
+# -- a shard that decided what waited gets its held-back ticks at once -----------------------------
+
+
+async def _held_back(limit: int = 2, t0: int = T0) -> tuple[Daemon, _Shard, _Producer]:
+    """Pools a, b, c ticked at boundaries ``t0`` .. ``t0`` + 3 s; a and b decided only ``t0``, so 2
+    boundaries wait (the limit) and they are held back at the last one; c decided on time."""
+    daemon, shard = _daemon(limit, ["a", "b", "c"])
+    producer = _Producer()
+    for s in range(4):
+        await daemon._publish_ticks(producer, "ticks", t0 + s * TICK_MS, TICK_MS)  # type: ignore[arg-type]
+        shard.last_tick["c"] = ((t0 + s * TICK_MS) // TICK_MS, t0 + s * TICK_MS)
+        if s == 0:
+            for pool in ("a", "b"):
+                shard.last_tick[pool] = (t0 // TICK_MS, t0)
+    return daemon, shard, producer
+
+
+def test_the_loop_wakes_the_ticker_once_a_held_back_shard_has_decided_what_waited() -> None:
+    daemon, shard, _ = asyncio.run(_held_back())
+    assert set(daemon._withheld) == {(0, "a"), (0, "b")}  # 2 waiting at boundary 3: held back
+    daemon._held[0] = [object()]  # type: ignore[list-item]  # ticks still queued: not yet
+    daemon._wake_held_back()
+    assert not daemon._tick_now.is_set()
+    daemon._held[0] = []
+    daemon._wake_held_back()  # the queue is empty but a's and b's ticks are not decided yet
+    assert not daemon._tick_now.is_set()
+    shard.last_tick["a"] = ((T0 + TICK_MS) // TICK_MS, T0 + TICK_MS)  # a: 1 waiting, under the limit
+    daemon._wake_held_back()
+    assert daemon._tick_now.is_set()
+    daemon._tick_now.clear()
+    daemon.config = DaemonConfig(  # type: ignore[misc]
+        bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default"), overload_max_ticks=1
+    )
+    daemon._wake_held_back()  # a still has 1 waiting: not under a limit of 1
+    assert not daemon._tick_now.is_set()
+
+
+def test_a_round_between_boundaries_publishes_only_the_held_back_pools() -> None:
+    """Between boundaries 4 and 5, a and b decided what waited: each gets one skipped record (the
+    boundaries held back but the newest) and a tick at boundary 4 (the newest passed); c, on time,
+    gets nothing more; the episode goes on until boundaries are published whole."""
+
+    async def run() -> tuple[Daemon, list[tuple[str, Tick, dict[str, bytes]]]]:
+        daemon, shard, producer = await _held_back()
+        await daemon._publish_ticks(producer, "ticks", T0 + 4 * TICK_MS, TICK_MS)  # type: ignore[arg-type]
+        shard.last_tick["c"] = ((T0 + 4 * TICK_MS) // TICK_MS, T0 + 4 * TICK_MS)
+        for pool in ("a", "b"):
+            shard.last_tick[pool] = ((T0 + 2 * TICK_MS) // TICK_MS, T0 + 2 * TICK_MS)
+        start = len(producer.sent)
+        await daemon._publish_ticks(  # type: ignore[arg-type]
+            producer, "ticks", T0 + 4 * TICK_MS, TICK_MS, held_up=True, held_back_only=True
+        )
+        return daemon, producer.sent[start:]
+
+    daemon, sent = asyncio.run(run())
+    assert [(k, "skip" if SKIPPED_HEADER in h else "tick", t.ts_ms - T0) for k, t, h in sent] == [
+        ("a", "skip", 3000),
+        ("b", "skip", 3000),
+        ("a", "tick", 4000),
+        ("b", "tick", 4000),
+    ]
+    assert {int(h[SKIPPED_FROM_HEADER]) for _, _, h in sent if SKIPPED_HEADER in h} == {T0 // TICK_MS + 3}
+    assert not daemon._withheld
+    assert daemon.health.overloaded == [0]
+
+
+async def test_the_ticker_publishes_held_back_ticks_when_woken_not_at_the_next_boundary() -> None:
+    """The ticker task itself (real clock, 1 s ticks): woken by the loop just after a boundary, it
+    publishes the held-back pools' ticks within a fraction of the tick period; without the wake
+    (the loop's call removed) they would wait for the next boundary."""
+    from fleetloop.daemon import clock
+
+    now = clock.wall_ms()
+    daemon, shard, producer = await _held_back(t0=now // TICK_MS * TICK_MS - 10 * TICK_MS)
+    for pool in ("a", "b", "c"):  # everything published so far decided; a, b still held back
+        published = daemon._ticked[(0, pool)]
+        shard.last_tick[pool] = (published // TICK_MS, published)
+    now = clock.wall_ms()
+    await asyncio.sleep((TICK_MS - now % TICK_MS) / 1000.0 + 0.05)  # just after a boundary
+    stop = asyncio.Event()
+    daemon.config = DaemonConfig(  # type: ignore[misc]
+        bootstrap_servers="127.0.0.1:9",
+        policy=builtin_policy("default"),
+        overload_max_ticks=2,
+        tick_read_wait_s=0.0,
+    )
+    start = len(producer.sent)
+    ticker = asyncio.create_task(daemon._ticker(producer, stop))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    woke_at = clock.wall_ms()
+    daemon._wake_held_back()
+    assert daemon._tick_now.is_set()
+    while len(producer.sent) == start and clock.wall_ms() - woke_at < 2 * TICK_MS:
+        await asyncio.sleep(0.005)
+    took_ms = clock.wall_ms() - woke_at
+    stop.set()
+    await ticker
+    sent = producer.sent[start:]
+    assert took_ms < 300, took_ms
+    assert sent
+    assert {k for k, _, _ in sent} <= {"a", "b"}  # only the held-back pools between boundaries
+    newest = max(t.ts_ms for _, t, h in sent if SKIPPED_HEADER not in h)
+    assert newest == woke_at // TICK_MS * TICK_MS  # the newest boundary passed

@@ -1,0 +1,194 @@
+"""A far cut folded in steps (``Shard.step_toward`` then ``fold_to``, as the daemon folds it with a
+yield to the loop between steps) leaves the shard as one fold to the cut: its checkpoint byte for
+byte, the refused records and their reasons, the pending records and pools, and the decisions of
+the tick decided next. Checked on the bench's generated fleet and on hostile sequences (tight caps
+with evictions, 100k new ids, late and far-future records, 1e308, NaN, -0.0, wrong types that make
+a fold raise, door-refused rows), with steps of 1, 7, 333 rows and more than the whole cut.
+And the daemon folds a far cut in steps: the loop's other tasks (the group heartbeat among them)
+run between steps, and the decisions are the same."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from fleetloop.bench.fleetgen import BASE_TS_MS
+from fleetloop.daemon import checkpoint, clock
+from fleetloop.daemon.act.publish import decision_bytes
+from fleetloop.daemon.model.fleet import ModelConfig
+from fleetloop.daemon.shard import INPUTS, Row, Shard
+from fleetloop.policies.registry import builtin_policy
+from fleetloop.schemas import Tick
+from fleetloop.schemas.topics import REQUESTS, TELEMETRY
+from tests.unit.test_fold_batch import TIGHT, _hostile
+from tests.unit.test_shard_many import cut_at, records
+
+
+def _hostile_rows() -> dict[str, list[Row]]:
+    """The hostile batches of test_fold_batch as one shard's rows (offsets ascending, some gaps)."""
+    rows: dict[str, list[Row]] = {TELEMETRY: [], REQUESTS: []}
+    for kind, items in _hostile():
+        logical = TELEMETRY if kind == "telemetry" else REQUESTS
+        for item in items:
+            queue = rows[logical]
+            offset = (queue[-1].offset + 1 + (len(queue) % 17 == 0)) if queue else 0  # a gap now and then
+            rows[logical].append(Row(offset, BASE_TS_MS + offset, item))
+    return rows
+
+
+def _state(shard: Shard) -> tuple[Any, ...]:
+    return (
+        checkpoint.encode(shard.checkpoint_value()),
+        [(r.logical, r.offset, r.reason) for r in shard.refusals or ()],
+        {k: [r.offset for r in shard.pending[k]] for k in INPUTS},
+        sorted(shard.pending_pools),
+        dict(shard._pending_n),
+        dict(shard.folded),
+        shard.fold_errors,
+    )
+
+
+def _fold_in_steps(shard: Shard, cut: dict[str, int], max_rows: int) -> int:
+    steps = 0
+    while (step := shard.step_toward(cut, max_rows)) is not None:
+        before = sum(len(q) for q in shard.pending.values())
+        shard.fold_to(step)
+        moved = before - sum(len(q) for q in shard.pending.values())
+        assert 0 < moved <= max_rows  # progress, never more than a step's worth
+        steps += 1
+    left = sum(1 for k in INPUTS for r in shard.pending[k] if r.offset < cut[k])
+    assert left <= max_rows
+    shard.fold_to(cut)
+    return steps
+
+
+def _compare(
+    rows: dict[str, list[Row]], cuts: Sequence[dict[str, int]], max_rows: int, config: ModelConfig | None
+) -> int:
+    """Read ``rows`` up to each cut's next one in turn and fold to the cut, one shard at once and
+    one in steps; the two stay equal after every cut. Returns the steps taken."""
+    one, stepped = Shard(0, config), Shard(0, config)
+    one.refusals, stepped.refusals = [], []
+    steps = 0
+    for k, cut in enumerate(cuts):
+        ahead = cuts[k + 1] if k + 1 < len(cuts) else cut  # records read past the cut stay pending
+        for shard in (one, stepped):
+            for logical in INPUTS:
+                new = [r for r in rows[logical] if shard.read[logical] <= r.offset < ahead[logical]]
+                shard.add(logical, new)
+        one.fold_to(cut)
+        steps += _fold_in_steps(stepped, cut, max_rows)
+        assert _state(stepped) == _state(one), (k, max_rows)
+    return steps
+
+
+@pytest.mark.parametrize("max_rows", [1, 7, 333, 10**9])
+def test_the_hostile_sequence_folded_in_steps_is_one_fold(max_rows: int) -> None:
+    rows = _hostile_rows()
+    ends = {k: rows[k][-1].offset + 1 for k in INPUTS}
+    # Far cuts: a few records, then most of the telemetry with none of the outcomes, then all.
+    cuts = [
+        {TELEMETRY: 30, REQUESTS: 20},
+        {TELEMETRY: ends[TELEMETRY] - 5000, REQUESTS: 20},
+        {TELEMETRY: ends[TELEMETRY] - 5000, REQUESTS: ends[REQUESTS] // 2},
+        ends,
+    ]
+    for config in (TIGHT, None):
+        steps = _compare(rows, cuts, max_rows, config)
+        assert (steps > 0) == (max_rows < 10**9)
+
+
+@pytest.mark.parametrize("max_rows", [1, 7, 333])
+def test_the_bench_fleet_folded_in_steps_decides_the_same(max_rows: int) -> None:
+    """Far cuts of a generated fleet (a failing pool, a late pool), then the boundary's ticks
+    decided on both shards: the same decisions, the same shard."""
+    rows, pools = records(120, 12)
+    policy = builtin_policy("default")
+    one, stepped = Shard(0), Shard(0)
+    for s in (2, 7, 8, 12):  # 2 s, then 5 s at once, then 1 s, then 4 s
+        ts = BASE_TS_MS + s * 1000
+        cut = cut_at(rows, ts)
+        for shard in (one, stepped):
+            for logical in INPUTS:
+                shard.add(logical, rows[logical][shard.read[logical] :])  # everything read: far ahead
+        _fold_in_steps(stepped, cut, max_rows)
+        ticks = [Tick(ts_ms=ts, tick_id=ts // 1000, pool_id=p) for p in pools]
+        got = stepped.decide_many(ticks, cut, policy)
+        want = one.decide_many(ticks, cut, policy)
+        assert [None if d is None else [decision_bytes(x) for x in d] for d in got] == [  # type: ignore[union-attr]
+            None if d is None else [decision_bytes(x) for x in d]  # type: ignore[union-attr]
+            for d in want
+        ], s
+        assert _state(stepped) == _state(one), s
+
+
+async def test_the_daemon_folds_a_far_cut_in_steps_and_the_loop_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shard with 30 s of a 400-node fleet's records pending decides one boundary (a far cut, as
+    after skipped boundaries): with the daemon's steps, another task (the group heartbeat runs
+    so) gets the loop many times during the fold, never after a gap near the whole fold's; the
+    decisions and the shard equal those of one fold. With the step as large as the cut (the fold
+    in one piece, as before), that task waits for the whole fold: the test's mutation check."""
+    from fleetloop.daemon import runtime
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+
+    rows, pools = records(400, 30)
+    policy = builtin_policy("default")
+    ts = BASE_TS_MS + 30 * 1000
+    cut = cut_at(rows, ts)
+    ticks = [Tick(ts_ms=ts, tick_id=ts // 1000, pool_id=p) for p in pools]
+
+    class Consumer:
+        def highwater(self, tp: Any) -> None:
+            return None
+
+    staged: list[bytes] = []
+
+    class Publisher:
+        async def stage(self, decisions: Any, shadow: Any = ()) -> None:
+            staged.extend(decision_bytes(d) for d in (*shadow, *decisions))
+
+    async def run(step_rows: int) -> tuple[float, float, int, list[bytes], Any]:
+        monkeypatch.setattr(runtime, "FOLD_STEP_ROWS", step_rows)
+        daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=policy))
+        daemon._consumer = Consumer()  # type: ignore[assignment]
+        daemon._publisher = Publisher()  # type: ignore[assignment]
+        shard = daemon.shards[0] = Shard(0)
+        for logical in INPUTS:
+            shard.add(logical, rows[logical])
+        daemon._publish_from[0] = 0
+        daemon._held[0] = [_HeldTick(k, t, ts, dict(cut), None, 0.0) for k, t in enumerate(ticks)]
+        staged.clear()
+        turns: list[float] = []
+        done = asyncio.Event()
+
+        async def heartbeat() -> None:
+            while not done.is_set():
+                turns.append(clock.monotonic_s())
+                await asyncio.sleep(0)
+
+        beat = asyncio.create_task(heartbeat())
+        await asyncio.sleep(0)
+        started = clock.monotonic_s()
+        await daemon._decide_ready()
+        # The fold is the first thing the boundary does: the longest gap before the decide began.
+        folded_s = clock.monotonic_s() - started
+        done.set()
+        await beat
+        gaps = [b - a for a, b in itertools.pairwise(turns)]
+        return max(gaps, default=folded_s), folded_s, daemon.stats.fold_steps, list(staged), shard
+
+    one_gap, _, one_steps, one_staged, one_shard = await run(10**9)
+    gap, _, steps, got_staged, shard = await run(2_000)
+    assert one_steps == 0
+    assert steps >= 10
+    assert got_staged == one_staged
+    assert got_staged
+    assert checkpoint.encode(shard.checkpoint_value()) == checkpoint.encode(one_shard.checkpoint_value())
+    # In one piece the heartbeat waits for the whole fold (and a batch's decide); in steps, for one
+    # step or one batch's decide: the longest wait is well below the one-piece wait.
+    assert gap < one_gap * 0.7, (gap, one_gap)
