@@ -52,8 +52,11 @@ from fleetloop.bench.loadgen import (
     WALL_S,
     LoadProcess,
     LoadSpec,
+    add_daemon_log_arg,
     add_overload_arg,
     bench_fleet,
+    daemon_log_path,
+    loop_shares,
     overload_args,
     overload_skipped,
     trial_targets,
@@ -83,6 +86,7 @@ def register(subparsers: Any) -> None:
         "--daemons", type=int, default=1, help="fleetloop run processes in one consumer group (default 1)"
     )
     add_overload_arg(p)
+    add_daemon_log_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
 
@@ -107,8 +111,10 @@ def _failure(node_id: str, pool_id: str, model: str, ts_ms: int, n: int) -> byte
     )
 
 
-def _cpu_s(pid: int | None) -> float | None:
-    """CPU seconds (user + system) a process has used so far, from /proc; None where unreadable."""
+def _cpu_s(pid: int | None, *, children: bool = False) -> float | None:
+    """CPU seconds (user + system) a process has used so far, from /proc; with ``children``, also
+    its children's that it has waited for (a daemon's checkpoint encoders, forked and reaped every
+    few seconds); None where unreadable."""
     if pid is None:
         return None
     try:
@@ -116,7 +122,22 @@ def _cpu_s(pid: int | None) -> float | None:
             fields = f.read().rsplit(b")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds every core of the machine has been busy so far (``/proc/stat``: all but idle
+    and I/O wait), so the share the bench's own processes did not use (other work) shows too."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            cpu = f.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in cpu[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _loadavg() -> float:
@@ -185,11 +206,17 @@ async def _run(
                         stamped[node_id] = r.timestamp
 
     def cpu_now() -> dict[str, float | None]:
+        each = {f"daemon{k}": _cpu_s(d.pid, children=True) for k, d in enumerate(daemons)}
         return {
             "generator": _cpu_s(load.pid),
-            "broker": _cpu_s(broker_pid),
+            "broker": _cpu_s(broker_pid, children=True),
+            # The daemons' own processes (as every earlier session measured them), then with their
+            # checkpoint children, in all and one by one: where a missed trial's cores went.
             "daemons": sum(c for d in daemons if (c := _cpu_s(d.pid)) is not None) if daemons else None,
+            "daemons_with_children": sum(c for c in each.values() if c is not None) if daemons else None,
+            **each,
             "bench": clock.cpu_s(),
+            "machine": _machine_busy_s(),
         }
 
     tasks = [asyncio.create_task(watch())]
@@ -306,6 +333,10 @@ async def _run(
         for k in cpu1
         if cpu1[k] is not None
     }
+    machine = cpu_per_s.get("machine")
+    if machine is not None:  # what the machine ran besides this bench's processes
+        ours = ("generator", "broker", "daemons_with_children", "bench")
+        cpu_per_s["other"] = max(0.0, machine - sum(cpu_per_s.get(k) or 0.0 for k in ours))
     return {
         "bench": "latency",
         "nodes": args.nodes,
@@ -347,6 +378,11 @@ async def _run(
         if load_wall
         else None,
         "cpu_per_s_during_trials": {k: round(v, 3) for k, v in cpu_per_s.items() if v is not None},
+        "cores": os.cpu_count(),
+        # Each daemon's consumer loop over its whole run (its "loop" log lines): the share of wall
+        # time it ran, was runnable but not run (the machine busy), and waited (on the broker, or
+        # with nothing to decide), and the phases that took the most wall time.
+        "daemon_loops": [loop_shares(f"{log_path}.{k}") for k in range(args.daemons)],
         "load_average_min": min((r["load_average"] for r in per_trial), default=None),
         "load_average_max": max((r["load_average"] for r in per_trial), default=None),
         "per_trial": per_trial,
@@ -392,9 +428,7 @@ def handle(args: argparse.Namespace) -> int:
             assert main_task is not None
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
             await ensure_topics(broker.bootstrap_servers, prefix)
-            return await _run(
-                broker.bootstrap_servers, prefix, args, os.path.join(tmp, "daemon.log"), broker.pid
-            )
+            return await _run(broker.bootstrap_servers, prefix, args, daemon_log_path(args, tmp), broker.pid)
 
         try:
             result = asyncio.run(main())

@@ -65,6 +65,52 @@ def add_overload_arg(p: Any) -> None:
     )
 
 
+def add_daemon_log_arg(p: Any) -> None:
+    """The benches' ``--daemon-log PATH``: keep the daemons' logs (a temporary file otherwise)."""
+    p.add_argument(
+        "--daemon-log",
+        default=None,
+        metavar="PATH",
+        help="write the daemon's log to PATH (bench latency: PATH.0, PATH.1, ... one per daemon) "
+        "instead of a temporary file removed at the end",
+    )
+
+
+def daemon_log_path(args: Any, tmp: str) -> str:
+    """Where the benches write the daemon's log: ``--daemon-log``, or ``daemon.log`` in ``tmp``
+    (read with getattr: an args namespace built without the flag runs as without it)."""
+    kept = getattr(args, "daemon_log", None)
+    return str(kept) if kept else f"{tmp}/daemon.log"
+
+
+def loop_shares(log_path: str) -> dict[str, Any] | None:
+    """A daemon's consumer loop over its run, from its "loop" log lines (``runtime.LoopTimes``):
+    the shares of wall time it ran (``cpu``), was runnable but not run (``runq``) and waited
+    (``waiting``), and each phase's share of wall time, largest first. None: no such line."""
+    totals: dict[str, float] = {}
+    phases: dict[str, float] = {}
+    with contextlib.suppress(OSError), open(log_path, "rb") as f:
+        for line in f:
+            if b" loop " not in line or b"window_s=" not in line:
+                continue
+            for key, value in re.findall(rb"(\w+)=(\S+)", line):
+                k = key.decode()
+                if k in ("window_s", "cpu_s", "runq_s", "waiting_s"):
+                    totals[k] = totals.get(k, 0.0) + float(value)
+                elif b"/" in value:
+                    phases[k] = phases.get(k, 0.0) + float(value.split(b"/")[0])
+    window = totals.get("window_s", 0.0)
+    if not window:
+        return None
+    return {
+        "window_s": round(window, 1),
+        "cpu": round(totals.get("cpu_s", 0.0) / window, 3),
+        "runq": round(totals.get("runq_s", 0.0) / window, 3),
+        "waiting": round(totals.get("waiting_s", 0.0) / window, 3),
+        "phases": {k: round(v / window, 3) for k, v in sorted(phases.items(), key=lambda kv: -kv[1])},
+    }
+
+
 def overload_args(args: Any) -> list[str]:
     """``fleetloop run`` flags for the benches' ``--overload-max-ticks`` (none: the daemon's default)."""
     n = getattr(args, "overload_max_ticks", None)

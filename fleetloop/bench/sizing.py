@@ -55,8 +55,10 @@ from fleetloop.bench.loadgen import (
     SENT,
     LoadProcess,
     LoadSpec,
+    add_daemon_log_arg,
     add_overload_arg,
     bench_fleet,
+    daemon_log_path,
     overload_args,
     overload_skipped,
 )
@@ -87,6 +89,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu", help="default: tansu")
     add_overload_arg(p)
+    add_daemon_log_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
 
@@ -303,7 +306,7 @@ def handle(args: argparse.Namespace) -> int:
         tempfile.TemporaryDirectory(prefix="fleetloop-sizing-") as tmp,
     ):
         prefix = f"size-{uuid.uuid4().hex[:8]}"
-        log_path = os.path.join(tmp, "daemon.log")
+        log_path = daemon_log_path(args, tmp)
 
         async def main() -> dict[str, Any]:
             await ensure_topics(broker.bootstrap_servers, prefix)

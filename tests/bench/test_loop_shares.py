@@ -1,0 +1,46 @@
+"""How the benches read a daemon's "loop" log lines back (``loadgen.loop_shares``), and bench
+latency's per-process CPU (a daemon with its reaped checkpoint children, the machine's busy time)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fleetloop.bench import latency
+from fleetloop.bench.loadgen import loop_shares
+
+
+def test_the_benches_read_a_daemons_loop_lines_back(tmp_path: Any) -> None:
+    """The daemon's own log line, as ``fleetloop run`` writes it, parsed into shares of wall time."""
+    # Two lines as fleetloop run's console log writes them (copied from a bench's daemon log).
+    line = (
+        "2026-12-01T17:30:02.963010Z [info     ] loop                           [fleetloop.daemon] "
+        "acks=9.00/0.50/7.50 cpu_s=6.0 decide=12.00/5.00/7.00 fetch_held_back=10.00/0.50/0.50 "
+        "runq_s=15.0 ticker_late_s=2.0 ticker_s=1.5 waiting_s=9.0 window_s=30.0\n"
+    )
+    path = tmp_path / "daemon.log"
+    path.write_text("noise loop=1\n" + line + "[info] daemon stopped events_in=3\n" + line)
+    shares = loop_shares(str(path))
+    assert shares is not None
+    assert shares["window_s"] == 60.0
+    assert (shares["cpu"], shares["runq"], shares["waiting"]) == (0.2, 0.5, 0.3)
+    assert list(shares["phases"]) == ["decide", "fetch_held_back", "acks"]
+    assert shares["phases"]["decide"] == 0.4
+    assert loop_shares(str(tmp_path / "absent.log")) is None
+
+
+def test_bench_latency_counts_a_process_with_its_reaped_children() -> None:
+    pid = os.fork()
+    if pid == 0:  # the child burns a little CPU and leaves
+        sum(i * i for i in range(3_000_000))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    own = latency._cpu_s(os.getpid())
+    with_children = latency._cpu_s(os.getpid(), children=True)
+    assert own is not None
+    assert with_children is not None
+    assert with_children > own
+    assert latency._cpu_s(None) is None
+    busy = latency._machine_busy_s()
+    assert busy is not None
+    assert busy > 0
