@@ -152,6 +152,12 @@ class DaemonConfig:
     max_tick_hold_s: float = 2.0  # a tick without a cut waits at most this long for its inputs
     checkpoint_interval_s: float = 5.0  # checkpoint a changed shard at most this often
     catchup_max_ticks: int = 600  # missed boundaries decided after an outage, per pool; older: skipped
+    # ... and fewer when the shard is already slow: when its recent pace (wall seconds per boundary
+    # decided) says the catch-up would take longer than this, the newest boundaries that fit it (at
+    # least overload_max_ticks) are decided and the older ones skipped. A new owner after a
+    # rebalance on a starved machine otherwise decided 20-90 boundaries before the newest, seconds
+    # each (bench/results/latency-s10.md). 0: off (catchup_max_ticks alone).
+    catchup_budget_s: float = 10.0
     # Overload: a pool with this many boundaries published and not yet decided gets no new tick; once
     # fewer are waiting, the ticker publishes the boundaries it held back as one tick marked skipped
     # ("overload: ...") and the newest boundary. 0: never (every boundary is decided, however late).
@@ -193,6 +199,7 @@ class DaemonStats:
     dead_letter_scans: int = 0  # reads of the dead-letter topic at a restore: one per assignment
     dead_letter_marks_lost: int = 0  # restored shards whose dead-letter range retention removed
     ticks_caught_up: int = 0  # missed boundaries this instance's ticker published late
+    ticks_catchup_capped: int = 0  # missed boundaries published as skipped: beyond catchup_budget_s
     ticks_overload: int = 0  # boundaries this instance's ticker published as skipped: overload
     overload_episodes: int = 0  # times a shard of this instance went into overload
     dead_letters: int = 0
@@ -456,6 +463,7 @@ class Daemon:
         self._overloaded: dict[int, tuple[float, int]] = {}
         self._broker_gap = False  # the broker was unreachable since the ticker last published
         self._ticks_read: dict[int, int] = {}  # next ticks offset read, per shard
+        self._pace_s: dict[int, float] = {}  # per shard: recent wall seconds to decide one boundary
         self._ckpt_seq: dict[int, int] = {}
         self._ckpt_at: dict[int, float] = {}
         self._dirty: set[int] = set()
@@ -595,6 +603,7 @@ class Daemon:
             "ticks_caught_up": s.ticks_caught_up,
             "ticks_skipped": s.ticks_skipped,
             "ticks_overload": s.ticks_overload,
+            "ticks_catchup_capped": s.ticks_catchup_capped,
             "overload_episodes": s.overload_episodes,
             "decisions_published": s.decisions_published,
             "dead_letters": s.dead_letters,
@@ -1306,9 +1315,11 @@ class Daemon:
                     if cut is None:
                         break  # ticks of one partition are decided in order
                     run = _boundary_run(held, done)
+                    started_s = clock.monotonic_s()
                     await self._decide_held(
                         p, shard, [x for x in held[:run] if x.offset not in done], out, cut
                     )
+                    self._note_pace(p, clock.monotonic_s() - started_s)
                     if self.shards.get(p) is not shard or self._held.get(p) is not held:
                         break  # the shard went during the yield: its new owner decides from its checkpoint
                 elif h.tick is not None and shard.skip(h.tick):
@@ -1324,6 +1335,29 @@ class Daemon:
                 del held[:run]
                 self._dirty.add(p)
         return out
+
+    def _note_pace(self, p: int, took_s: float) -> None:
+        """Shard ``p`` decided a boundary's ticks in ``took_s`` of wall time (yields and the
+        machine's other work included: how long it really takes): its recent pace, each boundary
+        weighing half. Kept when the partition goes (``_forget``): it measures this machine."""
+        was = self._pace_s.get(p)
+        self._pace_s[p] = took_s if was is None else (was + took_s) / 2.0
+
+    def _catch_up_keeps(self, p: int, missed: int) -> int:
+        """How many of an outage's ``missed`` boundaries of a pool of shard ``p`` (the newest) are
+        caught up: ``catchup_max_ticks`` at most, and when the shard's recent pace says deciding them
+        would take longer than ``catchup_budget_s``, those that fit it (at least
+        ``overload_max_ticks``, at least one). A shard this instance has not decided a boundary of
+        yet (a new owner whose checkpoint was written at the revoke: nothing to decide again) takes
+        the mean pace of the shards it has decided (kept when a partition goes: the same machine);
+        with none at all, every missed boundary is decided."""
+        cfg = self.config
+        keep = cfg.catchup_max_ticks
+        paces = self._pace_s
+        pace = paces.get(p) or (sum(paces.values()) / len(paces) if paces else None)
+        if cfg.catchup_budget_s > 0 and pace and missed * pace > cfg.catchup_budget_s:
+            keep = min(keep, max(1, cfg.overload_max_ticks, int(cfg.catchup_budget_s / pace)))
+        return keep
 
     def _troubled_heads(self) -> list[tuple[int, list[_HeldTick]]]:
         """Per shard, the ticks of the boundary at the head of its queue (same time, same cut, all
@@ -1867,9 +1901,17 @@ class Daemon:
                     self.stats.ticks_overload += len(skipped)
                     skipped_here += 1
                     metrics.ticks.add(len(skipped), {"outcome": "overload"})
-                elif len(boundaries) > limit:
-                    skipped, boundaries = boundaries[:-limit], boundaries[-limit:]
-                    reason = f"outage: {len(skipped)} ticks missed, beyond the catch-up of {limit}"
+                elif len(boundaries) > (keep := self._catch_up_keeps(p, len(boundaries))):
+                    skipped, boundaries = boundaries[:-keep], boundaries[-keep:]
+                    if keep == limit:
+                        reason = f"outage: {len(skipped)} ticks missed, beyond the catch-up of {limit}"
+                    else:
+                        self.stats.ticks_catchup_capped += len(skipped)
+                        reason = (
+                            f"outage: {len(skipped)} ticks missed, beyond the catch-up of {keep}: "
+                            f"deciding all {keep + len(skipped)} would take longer than catchup_budget_s "
+                            f"{self.config.catchup_budget_s:g} at this shard's pace"
+                        )
                     futures.append(
                         await _send_skipped(producer, topic, pool, skipped, reason=reason, tick_ms=tick_ms)
                     )

@@ -433,3 +433,69 @@ async def test_the_ticker_publishes_held_back_ticks_when_woken_not_at_the_next_b
     assert {k for k, _, _ in sent} <= {"a", "b"}  # only the held-back pools between boundaries
     newest = max(t.ts_ms for _, t, h in sent if SKIPPED_HEADER not in h)
     assert newest == woke_at // TICK_MS * TICK_MS  # the newest boundary passed
+
+
+# -- an outage's catch-up, capped when the shard is already slow -------------------------------------
+
+
+def _outage(
+    pace: dict[int, float], budget: float = 10.0
+) -> tuple[Daemon, list[tuple[str, Tick, dict[str, bytes]]]]:
+    """A new owner of shard 0 (pools a and b last decided at T0 by the previous owner) publishes
+    at T0 + 30 s: 30 boundaries missed, an outage's."""
+
+    async def run() -> tuple[Daemon, list[tuple[str, Tick, dict[str, bytes]]]]:
+        daemon, shard = _daemon(2, ["a", "b"])
+        daemon.config = DaemonConfig(  # type: ignore[misc]
+            bootstrap_servers="127.0.0.1:9",
+            policy=builtin_policy("default"),
+            overload_max_ticks=2,
+            catchup_budget_s=budget,
+        )
+        daemon._pace_s.update(pace)
+        for pool in ("a", "b"):
+            shard.last_tick[pool] = (T0 // TICK_MS, T0)
+        producer = _Producer()
+        await daemon._publish_ticks(producer, "ticks", T0 + 30 * TICK_MS, TICK_MS)  # type: ignore[arg-type]
+        return daemon, producer.sent
+
+    return asyncio.run(run())
+
+
+def test_a_slow_shards_outage_catch_up_is_capped_to_what_fits_the_budget() -> None:
+    """2 s a boundary, a 10 s budget: the newest 5 boundaries are caught up, the 25 before them go
+    out as one skipped record per pool (every boundary covered once); fast, or with the budget off,
+    all 30 are caught up as before."""
+    daemon, sent = _outage({0: 2.0})
+    ticks = [(k, t.ts_ms - T0) for k, t, h in sent if SKIPPED_HEADER not in h]
+    marks = [(k, t, h) for k, t, h in sent if SKIPPED_HEADER in h]
+    assert ticks == [(pool, s * TICK_MS) for s in range(26, 31) for pool in ("a", "b")]
+    assert [k for k, _, _ in marks] == ["a", "b"]
+    for _, tick, headers in marks:
+        assert int(headers[SKIPPED_FROM_HEADER]) == T0 // TICK_MS + 1
+        assert tick.ts_ms == T0 + 25 * TICK_MS
+        assert headers[SKIPPED_HEADER].startswith(b"outage: 25 ticks missed, beyond the catch-up of 5: ")
+    assert daemon.stats.ticks_catchup_capped == 50
+    assert daemon.stats.ticks_caught_up == 2 * 4
+    # A shard this instance never decided takes the mean pace of those it did (the same machine).
+    _, sent = _outage({3: 1.0, 5: 3.0})
+    assert sum(1 for _, _, h in sent if SKIPPED_HEADER not in h) == 2 * 5
+    # At least overload_max_ticks, whatever the pace.
+    _, sent = _outage({0: 60.0})
+    assert sum(1 for _, _, h in sent if SKIPPED_HEADER not in h) == 2 * 2
+    for pace, budget in (({0: 0.2}, 10.0), ({0: 2.0}, 0.0), ({}, 10.0)):
+        daemon, sent = _outage(pace, budget)
+        assert not any(SKIPPED_HEADER in h for _, _, h in sent), (pace, budget)
+        assert len(sent) == 2 * 30
+        assert daemon.stats.ticks_catchup_capped == 0
+
+
+def test_the_pace_is_each_boundarys_wall_time_each_weighing_half() -> None:
+    daemon, _ = _daemon(2, ["a"])
+    daemon._note_pace(0, 4.0)
+    assert daemon._pace_s[0] == 4.0
+    daemon._note_pace(0, 2.0)
+    daemon._note_pace(0, 1.0)
+    assert daemon._pace_s[0] == 2.0
+    daemon._forget(0)
+    assert daemon._pace_s[0] == 2.0  # the machine's pace outlives the partition
