@@ -161,7 +161,8 @@ without it). The same policy held at 8 nodes there still loses 1,568 tasks again
 at 12 it meets all five seeds (+36 to +151 tasks, 0.84-0.93x classic's cost per success; seed 29
 peaks at 17 nodes instead of 24). burst-cold-nodes is the same case on its 70B pool (a ~290 s cold
 start, its 4th node asked at ~90 s warms 90 s into the step): held at classic's 5 nodes, seeds 9
-and 12 go from -12 and -3 tasks to +5 and +2 (``bench/results/burst-s10.md``). A standing reserve
+and 12 go from -12 and -3 tasks to +5 and +2 and all five seeds are met, at 0.55-0.58x classic's
+cost against 0.52-0.55x (``bench/results/burst-s10.md``). A standing reserve
 is not derived here because nothing before a first step tells a bursty pool from a steady one:
 ``need x 1.83`` everywhere
 (headroom 0.27, kv_target 0.44) meets burst-cold-nodes at seed 9 but still misses burst-a100-2x at
