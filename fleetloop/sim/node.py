@@ -170,6 +170,14 @@ class Node:
         self.prefilling: list[Req] = []
         self.decoding: dict[int, Req] = {}
         self._done_heap: list[tuple[int, int, int]] = []
+        # Fast forms (each keeps its plain statement; tests/sim/test_node_fast.py holds them equal):
+        # _cancelled_hint is 0 only when no running request is cancelled, so _sweep_cancelled can
+        # skip its scans (it counts cancellations of running requests and admissions of cancelled
+        # ones, and is reset by a full sweep or a crash); _newest_heap holds (-admitted_seq, rid)
+        # of every decoding request (stale entries skipped lazily), so the preemption victim (the
+        # newest admitted) is found without a scan of every decoding request.
+        self._cancelled_hint = 0
+        self._newest_heap: list[tuple[int, int]] = []
         self.counter = 0
         self.acc = 0.0  # cumulative cost per decode slot
         self.ctx_decode = 0  # context tokens of decoding requests (read every step)
@@ -248,6 +256,7 @@ class Node:
             self.stats.timeouts += 1
             return
         self.stats.timeouts += 1
+        self._cancelled_hint += 1  # a running request (prefill or decode) is now cancelled
         if self.run is None:
             self._sweep_cancelled()
         elif self.run.kind == "decode":
@@ -291,6 +300,8 @@ class Node:
         self.decoding.clear()
         self._sum_done_at = 0
         self._done_heap.clear()
+        self._newest_heap.clear()
+        self._cancelled_hint = 0
         self.ctx_decode = 0
         self.kv_used = 0
         self.cache.clear()
@@ -394,6 +405,8 @@ class Node:
             r.pos = cached
             r.prefill_left = r.p_len - cached
             r.state = "prefill"
+            if r.cancelled:  # a cancelled request preempted back to the queue runs again
+                self._cancelled_hint += 1
             self._admit_seq += 1
             r.admitted_seq = self._admit_seq
             self.kv_used += r.p_len - cached
@@ -417,10 +430,27 @@ class Node:
             return done_at
         return None
 
+    def _newest_decoding_plain(self) -> Req:
+        """The decoding request admitted last (the statement; ``decoding`` is not empty)."""
+        return max(self.decoding.values(), key=lambda r: r.admitted_seq)
+
+    def _newest_decoding(self) -> Req:
+        """:meth:`_newest_decoding_plain` (admission numbers are unique, so there are no ties): the
+        top of ``_newest_heap`` once entries of requests that left decoding (or were admitted again
+        since) are dropped."""
+        heap = self._newest_heap
+        decoding = self.decoding
+        while True:
+            neg_seq, rid = heap[0]
+            r = decoding.get(rid)
+            if r is not None and r.admitted_seq == -neg_seq:
+                return r
+            heapq.heappop(heap)
+
     def _preempt_newest(self, now: float) -> bool:
         if not self.decoding:
             return False
-        victim = max(self.decoding.values(), key=lambda r: r.admitted_seq)
+        victim = self._newest_decoding()
         gen_since = self.counter - victim.join_counter
         victim.cost += self.acc - victim.join_acc
         del self.decoding[victim.rid]
@@ -608,6 +638,12 @@ class Node:
             self.decoding[r.rid] = r
             self._sum_done_at += r.done_at
             heapq.heappush(self._done_heap, (r.done_at, r.admitted_seq, r.rid))
+            newest = self._newest_heap
+            if len(newest) > 2 * len(self.decoding) + 64:  # mostly stale: rebuild it
+                newest[:] = [(-q.admitted_seq, q.rid) for q in self.decoding.values()]
+                heapq.heapify(newest)
+            else:
+                heapq.heappush(newest, (-r.admitted_seq, r.rid))
 
     def _cache_insert(self, r: Req, tokens: int) -> None:
         """``r`` computed its prefix: its first ``tokens`` KV tokens become the shared cache entry
@@ -678,6 +714,14 @@ class Node:
                 self.listener.on_waste(r, extra)
 
     def _sweep_cancelled(self) -> None:
+        """:meth:`_sweep_cancelled_plain`, skipped when no running request can be cancelled."""
+        if not self._cancelled_hint:  # no running request is cancelled: both scans find nothing
+            return
+        self._cancelled_hint = 0
+        self._sweep_cancelled_plain()
+
+    def _sweep_cancelled_plain(self) -> None:
+        """Take every cancelled request out of the batch (the statement)."""
         for r in [r for r in self.prefilling if r.cancelled]:
             self._remove_running(r, 0.0)
         for r in sorted((r for r in self.decoding.values() if r.cancelled), key=lambda r: r.rid):
