@@ -12,18 +12,28 @@ and the end through the same code path (:mod:`fleetloop.daemon.shard`), deciding
 between again without publishing the ones already published. Restore + fold-forward is the
 continuous computation, so the state is equal, not approximately equal.
 
-Encoding. A tagged JSON tree compressed with zlib: floats are written with the shortest repr that
-reads back to the same double (orjson), so values round-trip bit for bit; tuples, dicts with
-non-string keys, numpy scalars and instances are tagged. Only classes defined in ``fleetloop``
-modules that are dataclasses, pydantic models or listed in ``_PLAIN`` can be named, and decoding
-never calls a constructor or any code of theirs (fields are set on a bare instance; slots a class
-names in ``_TRANSIENT``, state derived from the rest such as the model's snapshot caches, are
-not written; a decoded instance gets the plain values that mapping gives), so a forged
+Encoding (format 2, stated value by value above ``_enc_plain``). A tagged JSON tree compressed with
+zlib: floats are written with the shortest repr that reads back to the same double (orjson), so
+values round-trip bit for bit, and a float that is not finite as its 8 bytes (a NaN keeps its sign
+and payload); ints beyond 64 bits, tuples, dicts, sets, numpy scalars and instances are tagged; a
+numpy array of numbers is its raw bytes with dtype and shape. Each state class's field names are
+written once per checkpoint (``"classes"``), an instance as its values in that order. Only classes
+defined in ``fleetloop`` modules that are dataclasses, pydantic models, msgspec structs or listed
+in ``_PLAIN`` can be named, and decoding never calls a constructor or any code of theirs (fields
+are set on a bare instance; slots a class names in ``_TRANSIENT``, state derived from the rest
+such as the model's snapshot caches, are not written; a decoded instance gets the plain values
+that mapping gives; a struct is built by msgspec from its values, checked), so a forged
 checkpoint can at worst produce a wrong state, never run code. A dataclass field added since a
 checkpoint was written decodes as its declared default (a field without a default, or one removed,
-does not decode). A value that does not decode (for
-example written by another fleetloop version whose state classes changed) raises
-:class:`CheckpointError`; the runtime then starts that shard clean and says so.
+does not decode). A value that does not decode (for example written by another fleetloop version
+whose state classes changed) raises :class:`CheckpointError`; the runtime then starts that shard
+clean and says so. Format 1 (session 9 and before: every instance with its class and field names,
+every list element tagged one by one) is still decoded.
+
+Cost (``fleetloop bench checkpoint``, ``bench/results/checkpoint-s10.md``): the encoder resolves
+each class's fields once and passes runs of plain values (a window's row of finite floats, a
+struct's scalar fields) to orjson as they are, without a Python call per element; an int beyond
+64 bits makes orjson refuse the fast tree, and the value is then written by the plain statement.
 
 Chunking. A checkpoint larger than ``CHUNK_BYTES`` is split over several records; records are
 written to one of two slots alternately (``<group>/<partition>/<slot>/<chunk>``), so a crash while
@@ -32,14 +42,19 @@ writing one slot leaves the other complete, and compaction keeps exactly the new
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import functools
 import importlib
 import math
+import operator
+import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import msgspec
@@ -47,7 +62,8 @@ import numpy as np
 import orjson
 from pydantic import BaseModel
 
-FORMAT = 1
+FORMAT = 2
+OLD_FORMATS = frozenset({1})  # still decoded: a fleet upgraded in place restores what it wrote before
 CHUNK_BYTES = 512 * 1024  # under every broker's default max message size (1 MB) with headers
 
 
@@ -66,46 +82,265 @@ def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _fields(obj: Any) -> list[str]:
+# -- encoding, format 2 -------------------------------------------------------------------------
+#
+# The tree is ``{"format": 2, "classes": {name: [field, ...], ...}, "v": value}`` (classes sorted by
+# name), where a value is written as:
+# - None, a bool, a str, an int in [-2**63, 2**64): itself; any other int: ``{"$i": hex(n)}``;
+# - a finite float: itself (orjson writes the shortest repr that reads back to the same double);
+#   inf, -inf, NaN: ``{"$d": its 8 bytes, big-endian, in hex}`` (a NaN keeps its sign and payload);
+# - a list: a JSON array of its values; a tuple: ``{"$t": [its values]}``;
+# - a dict (or another Mapping): ``{"$m": [its keys], "v": [its values]}``, keys written first;
+# - a set or frozenset: ``{"$s": [its values, sorted by their JSON], "frozen": bool}``;
+# - a numpy scalar: ``{"$np": dtype, "v": its .item()}``; a numpy array whose dtype is numbers,
+#   bools or times: ``{"$a": dtype, "shape": [..], "b": its bytes in C order, base64}``, any other
+#   array: ``{"$a": dtype, "shape": [..], "v": [its values, flattened]}``;
+# - an instance of a state class: ``{"$o": its class name, "f": [its values in the order the
+#   class's entry in "classes" lists the fields]}``.
+# ``_enc_plain`` states it one value at a time; ``_Encoder`` writes the same tree with runs of
+# plain values passed through unvisited (``tests/unit/test_checkpoint_codec.py`` holds them equal).
+
+_INT_LO, _INT_HI = -(2**63), 2**64  # the ints orjson writes as JSON numbers
+_RAW_KINDS = frozenset("biufcmM")  # array dtypes whose bytes are the values (no object pointers)
+_SCALARS = frozenset({str, int, bool, type(None)})  # written as they are (an int: within 64 bits)
+_NUMBERS = frozenset({float, int, bool})
+_LISTS = frozenset({list})
+
+
+def _bits(x: float) -> dict[str, str]:
+    return {"$d": struct.pack(">d", x).hex()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Class:
+    """How the instances of one state class are written: its name and fields (read in one call)."""
+
+    name: str
+    fields: tuple[str, ...]
+    get: Callable[[Any], Any]
+
+
+def _ordered_fields(cls: type) -> tuple[str, ...]:
+    if issubclass(cls, BaseModel):
+        return tuple(cls.model_fields)
+    if issubclass(cls, msgspec.Struct):
+        return tuple(cls.__struct_fields__)
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
     names: list[str] = []
-    transient = getattr(type(obj), "_TRANSIENT", ())
-    for klass in type(obj).__mro__:
+    transient = getattr(cls, "_TRANSIENT", ())
+    for klass in cls.__mro__:
         slots = klass.__dict__.get("__slots__", ())
         for s in (slots,) if isinstance(slots, str) else slots:
             if s not in names and not s.startswith("__") and s not in transient:
                 names.append(s)
-    if hasattr(obj, "__dict__"):
-        names.extend(n for n in vars(obj) if n not in names)
-    return names
+    return tuple(names)
 
 
-def _enc(o: Any) -> Any:
+def _getter(fields: tuple[str, ...]) -> Callable[[Any], Any]:
+    if len(fields) >= 2:
+        return operator.attrgetter(*fields)  # a tuple of the values, in one C call
+    if fields:
+        one = operator.attrgetter(fields[0])
+        return lambda o: (one(o),)
+    return lambda o: ()
+
+
+_KINDS: dict[type, str | _Class] = {}
+
+
+def _kind(cls: type) -> str | _Class:
+    """How a value of type ``cls`` (not a plain scalar, float, list, tuple or dict) is written."""
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _kind_of(cls)
+    return kind
+
+
+def _kind_of(cls: type) -> str | _Class:
+    if cls is set or cls is frozenset:
+        return "set"
+    if issubclass(cls, np.generic):
+        return "npscalar"
+    if issubclass(cls, np.ndarray):
+        return "array"
+    if issubclass(cls, (BaseModel, msgspec.Struct)) or dataclasses.is_dataclass(cls) or _name(cls) in _PLAIN:
+        fields = _ordered_fields(cls)
+        return _Class(_name(cls), fields, _getter(fields))
+    if issubclass(cls, Mapping):  # e.g. MappingProxyType in a frozen state: kept as a dict
+        return "mapping"
+    return "unknown"
+
+
+def _fields_of(klass: _Class, o: Any) -> Any:
+    try:
+        return klass.get(o)
+    except AttributeError:
+        raise CheckpointError(f"cannot checkpoint a {klass.name} with a field unset") from None
+
+
+def _array_head(a: np.ndarray[Any, Any]) -> dict[str, Any]:
+    return {"$a": a.dtype.str, "shape": list(a.shape)}
+
+
+def _set_order(encoded: Any) -> bytes:
+    return orjson.dumps(encoded)
+
+
+def _enc_plain(o: Any, classes: dict[str, list[str]]) -> Any:
+    """The encoding's statement: ``o`` as the tree the format describes, one value at a time
+    (``classes`` collects each state class's field list)."""
     t = type(o)
-    if o is None or t is bool or t is int or t is str:
+    if o is None or t is bool or t is str:
         return o
+    if t is int:
+        return o if _INT_LO <= o < _INT_HI else {"$i": hex(o)}
     if t is float:
-        return o if math.isfinite(o) else {"$f": repr(o)}
+        return o if math.isfinite(o) else _bits(o)
     if t is list:
-        return [_enc(x) for x in o]
+        return [_enc_plain(x, classes) for x in o]
     if t is tuple:
-        return {"$t": [_enc(x) for x in o]}
-    if t is dict:
-        return {"$m": [[_enc(k), _enc(v)] for k, v in o.items()]}
-    if t is frozenset or t is set:
-        return {"$s": sorted((_enc(x) for x in o), key=orjson.dumps), "frozen": t is frozenset}
-    if isinstance(o, np.generic):
-        return {"$np": o.dtype.str, "v": _enc(o.item())}
-    if isinstance(o, np.ndarray):
-        return {"$a": o.dtype.str, "shape": list(o.shape), "v": _enc(o.ravel().tolist())}
-    if isinstance(o, BaseModel):
-        return {"$o": _name(t), "f": {k: _enc(getattr(o, k)) for k in t.model_fields}}
-    if isinstance(o, msgspec.Struct):  # decoded input records (fleetloop.schemas.fast)
-        return {"$o": _name(t), "f": {k: _enc(getattr(o, k)) for k in o.__struct_fields__}}
-    if dataclasses.is_dataclass(o) or _name(t) in _PLAIN:
-        return {"$o": _name(t), "f": {k: _enc(getattr(o, k)) for k in _fields(o) if hasattr(o, k)}}
-    if isinstance(o, Mapping):  # e.g. MappingProxyType in a frozen state: kept as a dict
-        return {"$m": [[_enc(k), _enc(v)] for k, v in o.items()]}
+        return {"$t": [_enc_plain(x, classes) for x in o]}
+    kind = "mapping" if t is dict else _kind(t)
+    if kind == "mapping":
+        keys = [_enc_plain(k, classes) for k in o]
+        return {"$m": keys, "v": [_enc_plain(v, classes) for v in o.values()]}
+    if kind == "set":
+        return {"$s": sorted((_enc_plain(x, classes) for x in o), key=_set_order), "frozen": t is frozenset}
+    if kind == "npscalar":
+        return {"$np": o.dtype.str, "v": _enc_plain(o.item(), classes)}
+    if kind == "array":
+        if o.dtype.kind in _RAW_KINDS:
+            return {**_array_head(o), "b": base64.b64encode(o.tobytes()).decode("ascii")}
+        return {**_array_head(o), "v": [_enc_plain(x, classes) for x in o.ravel().tolist()]}
+    if isinstance(kind, _Class):
+        classes[kind.name] = list(kind.fields)
+        values = []
+        for k in kind.fields:
+            if not hasattr(o, k):
+                raise CheckpointError(f"cannot checkpoint a {kind.name} with a field unset")
+            values.append(_enc_plain(getattr(o, k), classes))
+        return {"$o": kind.name, "f": values}
     raise CheckpointError(f"cannot checkpoint a value of type {_name(t)}")
+
+
+def _plain_run(types: AbstractSet[type], values: Iterable[Any]) -> bool:
+    """True if ``values``, whose types are ``types``, are all written as they are (an int beyond 64
+    bits is not caught here: see :class:`_Encoder`). Their sum is finite only if every one is."""
+    if types <= _SCALARS:
+        return True
+    if types <= _NUMBERS:
+        try:
+            total = sum(values)
+        except OverflowError:  # an int too large for a float among floats
+            return False
+        return bool(total - total == 0)
+    return False
+
+
+class _Encoder:
+    """:func:`_enc_plain`'s tree, faster: a run of values that are all plain (None, bools, strs,
+    ints, finite floats) is handed to orjson as it is, checked with a few C calls (the types in
+    it; for numbers, that their sum is finite, which it is not if one of them is inf or NaN, and
+    may not be when they are huge: then they are visited one by one). Ints are passed unchecked:
+    one beyond 64 bits makes ``orjson.dumps`` refuse the tree, and :func:`encode` falls back to
+    the statement."""
+
+    __slots__ = ("classes",)
+
+    def __init__(self) -> None:
+        self.classes: dict[str, list[str]] = {}
+
+    def enc(self, o: Any) -> Any:
+        t = type(o)
+        if t in _SCALARS:
+            return o
+        if t is float:
+            return o if o - o == 0.0 else _bits(o)
+        if t is list:
+            return self.seq(o)
+        if t is tuple:
+            return {"$t": self.seq(o)}
+        if t is dict:
+            return {"$m": self.seq(list(o)), "v": self.seq(list(o.values()))}
+        kind = _KINDS.get(t)
+        if type(kind) is _Class:  # the common case first: an instance of a state class seen before
+            if kind.name not in self.classes:
+                self.classes[kind.name] = list(kind.fields)
+            return {"$o": kind.name, "f": self.seq(_fields_of(kind, o))}
+        return self.other(o, t)
+
+    def seq(self, xs: list[Any] | tuple[Any, ...]) -> Any:
+        """The values of ``xs`` written in order (``xs`` itself when every one is plain)."""
+        types = set(map(type, xs))
+        if _plain_run(types, xs):
+            return xs
+        if types == _LISTS and _plain_run(set(map(type, chain.from_iterable(xs))), chain.from_iterable(xs)):
+            return xs  # lists of plain values (a window's rows), checked in one go
+        enc = self.enc
+        return [x if (tx := type(x)) in _SCALARS or (tx is float and x - x == 0.0) else enc(x) for x in xs]
+
+    def other(self, o: Any, t: type) -> Any:
+        kind = _kind(t)
+        if isinstance(kind, _Class):
+            if kind.name not in self.classes:
+                self.classes[kind.name] = list(kind.fields)
+            return {"$o": kind.name, "f": self.seq(_fields_of(kind, o))}
+        if kind == "mapping":
+            return {"$m": self.seq(list(o)), "v": self.seq(list(o.values()))}
+        if kind == "set":
+            return {"$s": sorted(map(self.enc, o), key=_set_order), "frozen": t is frozenset}
+        if kind == "npscalar":
+            return {"$np": o.dtype.str, "v": self.enc(o.item())}
+        if kind == "array":
+            if o.dtype.kind in _RAW_KINDS:
+                return {**_array_head(o), "b": base64.b64encode(o.tobytes()).decode("ascii")}
+            return {**_array_head(o), "v": self.seq(o.ravel().tolist())}
+        raise CheckpointError(f"cannot checkpoint a value of type {_name(t)}")
+
+
+def _dumps(classes: dict[str, list[str]], tree: Any) -> bytes:
+    return orjson.dumps({"format": FORMAT, "classes": dict(sorted(classes.items())), "v": tree})
+
+
+def encode_plain(value: Any) -> bytes:
+    """:func:`encode` as the format states it, one value at a time (the reference the tests hold
+    :func:`encode` to)."""
+    classes: dict[str, list[str]] = {}
+    tree = _enc_plain(value, classes)
+    try:
+        raw = _dumps(classes, tree)
+    except TypeError as exc:  # e.g. a str orjson cannot write (a lone surrogate)
+        raise CheckpointError(f"cannot checkpoint: {exc}") from None
+    return zlib.compress(raw, 1)
+
+
+def encode(value: Any) -> bytes:
+    """``value`` as compressed tagged JSON; :func:`decode` gives an equal value back."""
+    encoder = _Encoder()
+    try:
+        raw = _dumps(encoder.classes, encoder.enc(value))
+    except TypeError:  # an int beyond 64 bits (passed unchecked): the statement tags it
+        return encode_plain(value)
+    return zlib.compress(raw, 1)
+
+
+def encode_many(values: list[Any]) -> bytes:
+    """Several values' :func:`encode` blobs in one byte string (each behind its 8-byte length)."""
+    return b"".join(len(b).to_bytes(8, "big") + b for b in (encode(v) for v in values))
+
+
+def split_many(data: bytes) -> list[bytes]:
+    out: list[bytes] = []
+    i = 0
+    while i < len(data):
+        n = int.from_bytes(data[i : i + 8], "big")
+        out.append(data[i + 8 : i + 8 + n])
+        i += 8 + n
+    return out
+
+
+# -- decoding -----------------------------------------------------------------------------------
 
 
 @functools.cache
@@ -124,65 +359,6 @@ def _resolve(name: str) -> type:
     if not (dataclasses.is_dataclass(obj) or issubclass(obj, (BaseModel, msgspec.Struct)) or name in _PLAIN):
         raise CheckpointError(f"class {name!r} is not a state class")
     return obj
-
-
-def _dec(o: Any) -> Any:
-    t = type(o)
-    if t is list:
-        # The bulk of a checkpoint is lists of numbers (window rows): returned as parsed, no copy.
-        for x in o:
-            if type(x) is list or type(x) is dict:
-                return [_dec(x) for x in o]
-        return o
-    if t is not dict:
-        return o
-    if "$m" in o:
-        return {
-            (k if type(k) is not dict and type(k) is not list else _dec(k)): (
-                v if type(v) is not dict and type(v) is not list else _dec(v)
-            )
-            for k, v in o["$m"]
-        }
-    if "$t" in o:
-        return tuple(_dec(x) for x in o["$t"])
-    if "$f" in o:
-        return float(o["$f"])
-    if "$s" in o:
-        items = [_dec(x) for x in o["$s"]]
-        return frozenset(items) if o.get("frozen") else set(items)
-    if "$np" in o:
-        return np.dtype(o["$np"]).type(_dec(o["v"]))
-    if "$a" in o:
-        return np.asarray(_dec(o["v"]), dtype=np.dtype(o["$a"])).reshape(o["shape"])
-    if "$o" in o:
-        cls = _resolve(o["$o"])
-        values = {k: _dec(v) for k, v in o["f"].items()}
-        if issubclass(cls, BaseModel):
-            unknown = set(values) - set(cls.model_fields)
-            if unknown:
-                raise CheckpointError(f"{o['$o']} has no fields {sorted(unknown)}")
-            return cls.model_construct(**values)
-        if issubclass(cls, msgspec.Struct):
-            # Builds the struct from the values (checking their types and bounds); a struct twin
-            # has no code of its own (no __post_init__) to run.
-            try:
-                return msgspec.convert(values, cls)
-            except msgspec.ValidationError as exc:
-                raise CheckpointError(f"{o['$o']}: {exc}") from None
-        obj = object.__new__(cls)
-        expected = _fields_of_class(cls)
-        if expected and set(values) != expected:
-            values.update(_added_defaults(cls, expected - set(values)))
-            if set(values) != expected:
-                raise CheckpointError(f"{o['$o']} fields changed: {sorted(set(values) ^ expected)}")
-        for k, v in values.items():
-            object.__setattr__(obj, k, v)
-        for k, v in getattr(cls, "_TRANSIENT", {}).items():  # derived state's starting values
-            if not (v is None or type(v) is int):
-                raise CheckpointError(f"{o['$o']}: transient {k!r} is not plain data")
-            object.__setattr__(obj, k, v)
-        return obj
-    raise CheckpointError(f"unknown tag in checkpoint: {sorted(o)[:3]}")
 
 
 def _added_defaults(cls: type, missing: AbstractSet[str]) -> dict[str, Any]:
@@ -226,24 +402,142 @@ def _class_fields(cls: type) -> frozenset[str]:
     return frozenset(names)
 
 
-def encode(value: Any) -> bytes:
-    """``value`` as compressed tagged JSON; :func:`decode` gives an equal value back."""
-    return zlib.compress(orjson.dumps({"format": FORMAT, "v": _enc(value)}), 1)
+def _build(cls: type, name: str, values: dict[str, Any]) -> Any:
+    """An instance of ``cls`` holding ``values`` without running any code of the class."""
+    if issubclass(cls, BaseModel):
+        unknown = set(values) - set(cls.model_fields)
+        if unknown:
+            raise CheckpointError(f"{name} has no fields {sorted(unknown)}")
+        return cls.model_construct(**values)
+    if issubclass(cls, msgspec.Struct):
+        # Builds the struct from the values (checking their types and bounds); a struct twin has
+        # no code of its own (no __post_init__) to run.
+        try:
+            return msgspec.convert(values, cls)
+        except msgspec.ValidationError as exc:
+            raise CheckpointError(f"{name}: {exc}") from None
+    obj = object.__new__(cls)
+    expected = _fields_of_class(cls)
+    if expected and set(values) != expected:
+        values.update(_added_defaults(cls, expected - set(values)))
+        if set(values) != expected:
+            raise CheckpointError(f"{name} fields changed: {sorted(set(values) ^ expected)}")
+    for k, v in values.items():
+        object.__setattr__(obj, k, v)
+    for k, v in getattr(cls, "_TRANSIENT", {}).items():  # derived state's starting values
+        if not (v is None or type(v) is int):
+            raise CheckpointError(f"{name}: transient {k!r} is not plain data")
+        object.__setattr__(obj, k, v)
+    return obj
 
 
-def encode_many(values: list[Any]) -> bytes:
-    """Several values' :func:`encode` blobs in one byte string (each behind its 8-byte length)."""
-    return b"".join(len(b).to_bytes(8, "big") + b for b in (encode(v) for v in values))
+def _dec1(o: Any) -> Any:
+    """A format 1 tree (every instance ``{"$o": name, "f": {field: value}}``) as its value."""
+    t = type(o)
+    if t is list:
+        # The bulk of a checkpoint is lists of numbers (window rows): returned as parsed, no copy.
+        for x in o:
+            if type(x) is list or type(x) is dict:
+                return [_dec1(x) for x in o]
+        return o
+    if t is not dict:
+        return o
+    if "$m" in o:
+        return {
+            (k if type(k) is not dict and type(k) is not list else _dec1(k)): (
+                v if type(v) is not dict and type(v) is not list else _dec1(v)
+            )
+            for k, v in o["$m"]
+        }
+    if "$t" in o:
+        return tuple(_dec1(x) for x in o["$t"])
+    if "$f" in o:
+        return float(o["$f"])
+    if "$s" in o:
+        items = [_dec1(x) for x in o["$s"]]
+        return frozenset(items) if o.get("frozen") else set(items)
+    if "$np" in o:
+        return np.dtype(o["$np"]).type(_dec1(o["v"]))
+    if "$a" in o:
+        return np.asarray(_dec1(o["v"]), dtype=np.dtype(o["$a"])).reshape(o["shape"])
+    if "$o" in o:
+        return _build(_resolve(o["$o"]), o["$o"], {k: _dec1(v) for k, v in o["f"].items()})
+    raise CheckpointError(f"unknown tag in checkpoint: {sorted(o)[:3]}")
 
 
-def split_many(data: bytes) -> list[bytes]:
-    out: list[bytes] = []
-    i = 0
-    while i < len(data):
-        n = int.from_bytes(data[i : i + 8], "big")
-        out.append(data[i + 8 : i + 8 + n])
-        i += 8 + n
-    return out
+def _raw_array(o: dict[str, Any]) -> np.ndarray[Any, Any]:
+    dtype = np.dtype(o["$a"])
+    if dtype.kind not in _RAW_KINDS:
+        raise CheckpointError(f"an array of dtype {dtype.str} cannot be written as bytes")
+    shape = tuple(o["shape"])
+    if not all(type(n) is int and n >= 0 for n in shape):
+        raise CheckpointError(f"bad array shape {list(shape)[:8]}")
+    try:
+        raw = base64.b64decode(o["b"], validate=True)
+    except (binascii.Error, TypeError) as exc:
+        raise CheckpointError(f"array bytes are not base64: {exc}") from None
+    if len(raw) != math.prod(shape) * dtype.itemsize:
+        raise CheckpointError("array bytes do not fit its shape")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+class _Decoder:
+    """A format 2 tree as its value (the classes it names resolved and checked once)."""
+
+    __slots__ = ("classes",)
+
+    def __init__(self, classes: Any) -> None:
+        if type(classes) is not dict:
+            raise CheckpointError("checkpoint has no class table")
+        self.classes: dict[str, tuple[type, tuple[str, ...]]] = {}
+        for name, fields in classes.items():
+            if (
+                type(fields) is not list
+                or not all(type(f) is str for f in fields)
+                or len(set(fields)) != len(fields)
+            ):
+                raise CheckpointError(f"bad field list for {name!r}")
+            self.classes[name] = (_resolve(name), tuple(fields))
+
+    def dec(self, o: Any) -> Any:
+        t = type(o)
+        if t is list:
+            # The bulk of a checkpoint is lists of numbers (window rows): returned as parsed, no copy.
+            for x in o:
+                if type(x) is list or type(x) is dict:
+                    return [self.dec(x) for x in o]
+            return o
+        if t is not dict:
+            return o
+        if "$o" in o:
+            name = o["$o"]
+            try:
+                cls, fields = self.classes[name]
+            except (KeyError, TypeError):
+                raise CheckpointError(f"class {name!r} is not in the checkpoint's class table") from None
+            values = o["f"]
+            if type(values) is not list or len(values) != len(fields):
+                raise CheckpointError(f"{name}: {len(fields)} fields named, other values given")
+            return _build(cls, name, dict(zip(fields, self.dec(values), strict=True)))
+        if "$m" in o:
+            return dict(zip(self.dec(o["$m"]), self.dec(o["v"]), strict=True))
+        if "$t" in o:
+            return tuple(self.dec(o["$t"]))
+        if "$d" in o:
+            (x,) = struct.unpack(">d", bytes.fromhex(o["$d"]))
+            return float(x)
+        if "$i" in o:
+            return int(o["$i"], 16)
+        if "$s" in o:
+            items = self.dec(o["$s"])
+            return frozenset(items) if o["frozen"] else set(items)
+        if "$np" in o:
+            return np.dtype(o["$np"]).type(self.dec(o["v"]))
+        if "$a" in o:
+            if "b" in o:
+                return _raw_array(o)
+            return np.asarray(self.dec(o["v"]), dtype=np.dtype(o["$a"])).reshape(o["shape"])
+        raise CheckpointError(f"unknown tag in checkpoint: {sorted(o)[:3]}")
 
 
 def decode(data: bytes) -> Any:
@@ -251,13 +545,15 @@ def decode(data: bytes) -> Any:
         tree = orjson.loads(zlib.decompress(data))
     except (zlib.error, orjson.JSONDecodeError) as exc:
         raise CheckpointError(f"checkpoint is not readable: {exc}") from None
-    if not isinstance(tree, dict) or tree.get("format") != FORMAT:
+    if not isinstance(tree, dict) or (tree.get("format") != FORMAT and tree.get("format") not in OLD_FORMATS):
         raise CheckpointError("checkpoint written in another format")
     try:
-        return _dec(tree["v"])
+        if tree["format"] == FORMAT:
+            return _Decoder(tree["classes"]).dec(tree["v"])
+        return _dec1(tree["v"])
     except CheckpointError:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, struct.error) as exc:
         raise CheckpointError(f"checkpoint is malformed: {type(exc).__name__}: {exc}") from None
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from fleetloop.daemon.checkpoint import FORMAT, CheckpointError, decode, encode
+from fleetloop.daemon.checkpoint import CheckpointError, decode, encode
 from fleetloop.daemon.decide.engine import Engine
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.breaker.latency_outlier import (
@@ -307,7 +307,7 @@ def test_breaker_state_from_before_the_pool_memory_is_refused_with_its_reason() 
             "ramp_from_ms": None, "was_warm": True, "obs": {"$t": []},
         },
     }  # fmt: skip
-    old = zlib.compress(orjson.dumps({"format": FORMAT, "v": old_node}))
+    old = zlib.compress(orjson.dumps({"format": 1, "v": old_node}))  # as session 9 wrote it
     with pytest.raises(CheckpointError, match=r"latency_outlier:NodeState fields changed: \['obs'\]"):
         decode(old)
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import ast
 import json
 import math
+import zlib
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import orjson
 import pytest
 from fleetloop.daemon import checkpoint
 from fleetloop.daemon.model.fleet import FleetModel, snapshot
@@ -381,8 +383,9 @@ def test_folding_structs_or_models_gives_the_same_snapshot_and_checkpoint_round_
 
 
 def test_a_forged_struct_in_a_checkpoint_is_refused_not_built() -> None:
-    tree = checkpoint._enc(TELEMETRY_TWIN.of(telemetry("a", ts_ms=NOW)))
-    tree["f"]["queue_depth"] = -5  # beyond the bounds
-    with pytest.raises(checkpoint.CheckpointError):
-        checkpoint._dec(tree)
+    tree = orjson.loads(zlib.decompress(checkpoint.encode(TELEMETRY_TWIN.of(telemetry("a", ts_ms=NOW)))))
+    fields = tree["classes"][tree["v"]["$o"]]
+    tree["v"]["f"][fields.index("queue_depth")] = -5  # beyond the bounds
+    with pytest.raises(checkpoint.CheckpointError, match="queue_depth"):
+        checkpoint.decode(zlib.compress(orjson.dumps(tree)))
     assert math.isfinite(1.0)

@@ -4,6 +4,7 @@ decides, and a shard's decisions do not depend on how its input is split into ba
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -213,17 +214,28 @@ def test_a_checkpoint_written_before_a_field_was_added_decodes_with_its_default(
     shard.model.ledger.tasks_handed_off = 7
     tree = orjson.loads(zlib.decompress(encode(shard.checkpoint_value())))
 
-    def edit(node: object, drop: str, add: str | None = None) -> None:
-        if isinstance(node, dict):
-            if node.get("$o", "").endswith(":_Ledger"):
-                node["f"].pop(drop)
-                if add:
-                    node["f"][add] = 1
-            for v in node.values():
-                edit(v, drop, add)
-        elif isinstance(node, list):
-            for v in node:
-                edit(v, drop, add)
+    ledger = "fleetloop.daemon.model.fleet:_Ledger"
+
+    def edit(tree: dict[str, Any], drop: str, add: str | None = None) -> None:
+        fields = tree["classes"][ledger]
+        i = fields.index(drop)
+        del fields[i]
+        if add:
+            fields.append(add)
+
+        def visit(node: object) -> None:
+            if isinstance(node, dict):
+                if node.get("$o") == ledger:
+                    del node["f"][i]
+                    if add:
+                        node["f"].append(1)
+                for v in node.values():
+                    visit(v)
+            elif isinstance(node, list):
+                for v in node:
+                    visit(v)
+
+        visit(tree["v"])
 
     old = orjson.loads(orjson.dumps(tree))
     edit(old, "tasks_handed_off")
