@@ -557,6 +557,21 @@ def decode(data: bytes) -> Any:
         raise CheckpointError(f"checkpoint is malformed: {type(exc).__name__}: {exc}") from None
 
 
+# -- how often ------------------------------------------------------------------------------
+
+
+def gap_s(interval_s: float, cpu_s: float, share: float, max_stretch: float) -> float:
+    """Seconds until a changed shard's next periodic checkpoint, after one whose encoding used
+    ``cpu_s`` CPU seconds: ``interval_s``, or ``cpu_s / share`` if longer (so checkpointing costs
+    about ``share`` of one core), at most ``max_stretch * interval_s``. ``share`` 0 or a CPU figure
+    that is not a positive number: ``interval_s``. The trade-off: a longer gap is that many more
+    seconds of records a new owner folds forward from the checkpoint after a restart or a
+    rebalance (``bench/results/checkpoint-s10.md``)."""
+    if not (share > 0.0 and cpu_s > 0.0 and math.isfinite(cpu_s)):
+        return interval_s
+    return max(interval_s, min(cpu_s / share, max_stretch * interval_s))
+
+
 # -- records on control.checkpoint ------------------------------------------------------------
 
 

@@ -151,6 +151,12 @@ class DaemonConfig:
     warmup_records: int = 10_000  # history read by a group without a checkpoint (its first start)
     max_tick_hold_s: float = 2.0  # a tick without a cut waits at most this long for its inputs
     checkpoint_interval_s: float = 5.0  # checkpoint a changed shard at most this often
+    # ... and, when checkpoints are costly, less often: so the encoding children's CPU stays near
+    # this share of one core (the next gap is the last checkpoint's CPU over it), at most
+    # ``checkpoint_max_stretch`` times the interval (``checkpoint.gap_s``). A longer gap costs a new
+    # owner (a restart, a rebalance) that much more fold-forward of records. 0: no stretch.
+    checkpoint_cpu_share: float = 0.05
+    checkpoint_max_stretch: float = 6.0
     catchup_max_ticks: int = 600  # missed boundaries decided after an outage, per pool; older: skipped
     # ... and fewer when the shard is already slow: when its recent pace (wall seconds per boundary
     # decided) says the catch-up would take longer than this, the newest boundaries that fit it (at
@@ -214,6 +220,9 @@ class DaemonStats:
     checkpoint_bytes: int = 0  # the largest shard's checkpoint last written, compressed
     checkpoint_loop_ms: float = 0.0  # time the loop spent starting the last checkpoint (the fork)
     checkpoint_encode_s: float = 0.0  # time from that start to the encoded bytes (in the child)
+    checkpoint_cpu_s: float = 0.0  # the CPU the last checkpoint's child used (its own, not in /proc's)
+    checkpoint_cpu_s_total: float = 0.0  # ... and every checkpoint's since the start
+    checkpoint_gap_s: float = 0.0  # how often a changed shard is checkpointed now (checkpoint.gap_s)
     checkpoint_decode_s: float = 0.0  # the last assignment's checkpoint decoding (in a thread)
     shards_restored: int = 0
     shards_started_clean: int = 0
@@ -466,6 +475,7 @@ class Daemon:
         self._pace_s: dict[int, float] = {}  # per shard: recent wall seconds to decide one boundary
         self._ckpt_seq: dict[int, int] = {}
         self._ckpt_at: dict[int, float] = {}
+        self._ckpt_gap_s = config.checkpoint_interval_s  # stretched by the checkpoints' cost
         self._dirty: set[int] = set()
         self._ckpt_task: asyncio.Task[None] | None = None  # the checkpoint being written, if any
         self._owned: set[TopicPartition] = set()
@@ -610,6 +620,7 @@ class Daemon:
             "breaker_opens": s.breaker_opens,
             "commits": s.commits,
             "checkpoints_written": s.checkpoints_written,
+            "checkpoint_cpu_ms": round(s.checkpoint_cpu_s_total * 1000.0),
         }
 
     # -- assignment -----------------------------------------------------------------------------
@@ -1639,8 +1650,7 @@ class Daemon:
         due = [
             p
             for p in sorted(self._dirty)
-            if p in self.shards
-            and (force or now_s - self._ckpt_at.get(p, 0.0) >= self.config.checkpoint_interval_s)
+            if p in self.shards and (force or now_s - self._ckpt_at.get(p, 0.0) >= self._ckpt_gap_s)
         ]
         if not due:
             return False
@@ -1657,7 +1667,7 @@ class Daemon:
             self._dirty.discard(p)
             self._ckpt_at[p] = now_s
         started_s = clock.monotonic_s()
-        encoded = offload.encode_in_child(checkpoint.encode_many, values)  # the state, as of now
+        encoded = offload.encode_timed_in_child(checkpoint.encode_many, values)  # the state, as of now
         self.stats.checkpoint_loop_ms = round((clock.monotonic_s() - started_s) * 1000.0, 3)
         write = self._write_checkpoints(producer, seqs, encoded, started_s)
         if force:
@@ -1670,11 +1680,19 @@ class Daemon:
         self,
         producer: AIOKafkaProducer,
         seqs: Mapping[int, int],
-        encoded: Coroutine[Any, Any, bytes],
+        encoded: Coroutine[Any, Any, tuple[bytes, float]],
         started_s: float,
     ) -> None:
-        blobs = checkpoint.split_many(await encoded)
+        data, cpu_s = await encoded
+        blobs = checkpoint.split_many(data)
         self.stats.checkpoint_encode_s = round(clock.monotonic_s() - started_s, 3)
+        self.stats.checkpoint_cpu_s = round(cpu_s, 3)
+        self.stats.checkpoint_cpu_s_total += cpu_s
+        cfg = self.config
+        self._ckpt_gap_s = checkpoint.gap_s(
+            cfg.checkpoint_interval_s, cpu_s, cfg.checkpoint_cpu_share, cfg.checkpoint_max_stretch
+        )
+        self.stats.checkpoint_gap_s = round(self._ckpt_gap_s, 3)
         chunks = [
             chunk
             for (p, seq), blob in zip(seqs.items(), blobs, strict=True)

@@ -70,3 +70,78 @@ def test_many_concurrent_children_do_not_mix_answers() -> None:
         )
 
     assert [checkpoint.decode(b) for b in asyncio.run(main())] == [{"i": i} for i in range(8)]
+
+
+async def test_the_child_says_how_much_cpu_it_used() -> None:
+    shard = shard_of(200)
+    data, cpu_s = await offload.encode_timed_in_child(checkpoint.encode_many, [shard.checkpoint_value()])
+    assert data == checkpoint.encode_many([shard.checkpoint_value()])
+    assert 0.0 < cpu_s < 60.0
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "cpu_s", "share", "stretch", "gap_s"),
+    [
+        (5.0, 0.1, 0.05, 6.0, 5.0),  # cheap: the interval
+        (5.0, 0.5, 0.05, 6.0, 10.0),  # 0.5 CPU-s every 10 s: 5% of a core
+        (5.0, 3.0, 0.05, 6.0, 30.0),  # at most 6 intervals
+        (5.0, 3.0, 0.0, 6.0, 5.0),  # no share: the interval
+        (0.0, 3.0, 0.05, 6.0, 0.0),  # every batch stays every batch
+        (5.0, float("nan"), 0.05, 6.0, 5.0),
+        (5.0, float("inf"), 0.05, 6.0, 5.0),
+        (5.0, -1.0, 0.05, 6.0, 5.0),
+        (5.0, 0.5, 0.05, 1.0, 5.0),  # no stretch
+    ],
+)
+def test_the_gap_keeps_checkpointing_near_its_cpu_share(
+    interval_s: float, cpu_s: float, share: float, stretch: float, gap_s: float
+) -> None:
+    assert checkpoint.gap_s(interval_s, cpu_s, share, stretch) == gap_s
+
+
+async def test_a_costly_checkpoint_stretches_the_next_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Daemon._checkpoint``: a shard is written again only once the gap the last checkpoint's CPU
+    set has passed; the CPU is counted in the stats."""
+    from fleetloop.daemon import clock
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+
+    now = [1000.0]
+    monkeypatch.setattr(clock, "monotonic_s", lambda: now[0])
+    cpu = [1.0]
+
+    async def timed(encode: Any, values: Any) -> tuple[bytes, float]:
+        return encode(values), cpu[0]
+
+    monkeypatch.setattr(offload, "encode_timed_in_child", timed)
+    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
+    sent: list[bytes] = []
+
+    class Producer:
+        async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[None]:
+            sent.append(key)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+    daemon._producer = Producer()
+    daemon.shards[0] = shard_of(20)
+
+    async def write_at(t: float) -> bool:
+        now[0] = t
+        daemon._dirty.add(0)
+        wrote = await daemon._checkpoint()
+        if daemon._ckpt_task is not None:
+            await daemon._ckpt_task
+        return wrote
+
+    assert await write_at(1000.0)  # 1 CPU-s at 5%: the next in 20 s
+    assert daemon.stats.checkpoint_gap_s == 20.0
+    assert daemon.stats.checkpoint_cpu_s_total == 1.0
+    assert not await write_at(1010.0)
+    assert not await write_at(1019.9)
+    cpu[0] = 0.01
+    assert await write_at(1020.0)  # cheap now: back to the interval
+    assert daemon.stats.checkpoint_gap_s == 5.0
+    assert await write_at(1025.0)
+    assert daemon.stats.checkpoints_written == 3
+    assert daemon.summary()["checkpoint_cpu_ms"] == 1020
