@@ -18,6 +18,11 @@ Usage::
 priority and then an insertion counter, so the order is total and deterministic) and returns the
 records produced in ``(previous t, t_ms]``: telemetry every 1000 ms for every provisioned node
 (cold and loading ones too) and one RequestOutcome per call attempt, each list in ``ts_ms`` order.
+``advance_twins`` is the same with the records as their msgspec twins
+(:mod:`fleetloop.schemas.fast`, what the daemon folds): each is the twin of the wire record
+``advance_to`` builds (``TWIN.of(Model(**fields))``, the statement), built without the pydantic
+model when the twin's own checks accept it (``msgspec.convert`` plus the twin's pattern and
+``after`` checks), through the model otherwise (so a record the model refuses raises its error).
 Randomness comes from one ``numpy.random.SeedSequence(seed)``, spawned into one stream per
 component (arrivals and call sizes per workload, backoff jitter, router picks, fault targets, cold
 starts), so a change in one component's draws does not shift another's. No wall clock is read here.
@@ -29,8 +34,9 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import numpy as np
 
 from fleetloop.schemas.decisions import (
@@ -38,6 +44,7 @@ from fleetloop.schemas.decisions import (
     BatchingDecision,
     Decision,
 )
+from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, OutcomeRec, TelemetryRec, Twin
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.sim import faults as faults_mod
@@ -57,6 +64,35 @@ _P_NODE, _P_FAULT, _P_CLIENT, _P_ARRIVAL, _P_TELEMETRY = range(5)
 class Emitted:
     telemetry: list[NodeTelemetry]
     outcomes: list[RequestOutcome]
+
+
+@dataclass(frozen=True, slots=True)
+class TwinEmitted:
+    telemetry: list[TelemetryRec]
+    outcomes: list[OutcomeRec]
+
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def twin_record(twin: Twin[S], accepts: Callable[[S], bool], fields: dict[str, Any]) -> S:
+    """``twin.of(twin.model(**fields))`` (the statement), without building the pydantic model when
+    the twin accepts ``fields`` as they are: ``msgspec.convert`` checks types and bounds (an int
+    given for a float becomes that float, as pydantic's lax mode makes it), the twin's own checks
+    the identifier patterns and the model's ``after`` validator (``accepts``, the twin's
+    ``decoder()[1]``). Anything either refuses takes the statement's path (the model raises its own
+    error for a record it refuses)."""
+    try:
+        rec = msgspec.convert(fields, twin.struct)
+    except msgspec.ValidationError:
+        return twin.of(twin.model(**fields))
+    if accepts(rec):
+        return rec
+    return twin.of(twin.model(**fields))
+
+
+_TELEMETRY_ACCEPTS = TELEMETRY_TWIN.decoder()[1]
+_OUTCOME_ACCEPTS = OUTCOME_TWIN.decoder()[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +138,9 @@ def _wpct(samples: list[tuple[float, float]], q: float) -> float | None:
 class _Window:
     lo_ms: int = 0  # relative to start, exclusive
     hi_ms: int = 0  # relative to start, inclusive
-    telemetry: list[NodeTelemetry] = field(default_factory=list)
-    outcomes: list[RequestOutcome] = field(default_factory=list)
+    twins: bool = False  # records as their msgspec twins (advance_twins) or wire models
+    telemetry: list[Any] = field(default_factory=list)
+    outcomes: list[Any] = field(default_factory=list)
 
 
 def scale_in_victims(active: Sequence[Node], drain: Sequence[str], k: int) -> list[Node]:
@@ -204,11 +241,20 @@ class FleetSim:
 
     def advance_to(self, t_ms: int) -> Emitted:
         """Run the world up to event time ``t_ms`` (absolute epoch ms) and return what it emitted."""
+        w = self._advance(t_ms, twins=False)
+        return Emitted(telemetry=w.telemetry, outcomes=w.outcomes)
+
+    def advance_twins(self, t_ms: int) -> TwinEmitted:
+        """:meth:`advance_to` with the records as their msgspec twins (see the module docstring)."""
+        w = self._advance(t_ms, twins=True)
+        return TwinEmitted(telemetry=w.telemetry, outcomes=w.outcomes)
+
+    def _advance(self, t_ms: int, *, twins: bool) -> _Window:
         rel_ms = t_ms - self.start_ms
         if rel_ms < self._advanced_ms:
             raise ValueError(f"advance_to({t_ms}) goes back in time (at {self.start_ms + self._advanced_ms})")
         limit = rel_ms / 1000.0
-        self._window = _Window(lo_ms=self._advanced_ms, hi_ms=rel_ms)
+        self._window = _Window(lo_ms=self._advanced_ms, hi_ms=rel_ms, twins=twins)
         heap = self._heap
         while heap and heap[0][0] <= limit:
             t, _, _, fn, args = heapq.heappop(heap)
@@ -216,8 +262,7 @@ class FleetSim:
             fn(*args)
         self.now = max(self.now, limit)
         self._advanced_ms = rel_ms
-        w = self._window
-        return Emitted(telemetry=w.telemetry, outcomes=w.outcomes)
+        return self._window
 
     def _ts(self) -> int:
         w = self._window
@@ -499,31 +544,34 @@ class FleetSim:
         generated = 0
         if req is not None:
             generated = task.output if outcome == "ok" else min(task.output, req.generated)
-        self._window.outcomes.append(
-            RequestOutcome(
-                ts_ms=self._ts(),
-                request_id=f"{task.task_id}.{task.step}",
-                attempt=min(att.attempt, 100),
-                workflow_id=task.task_id,
-                step_index=task.step,
-                workflow_spend_usd=round(task.spend_usd, 9),
-                tenant_id=task.tenant_id,
-                priority=task.priority,
-                latency_budget_ms=att.budget_ms,
-                pool_id=att.pool_id,
-                node_id=att.node_id,
-                model=att.model,
-                prompt_tokens=task.prompt,
-                cached_prompt_tokens=min(req.cached, task.prompt) if req is not None else 0,
-                output_tokens=generated,
-                prefix_digest=task.prefix_digest,
-                ttft_ms=round(ttft_ms, 3) if ttft_ms is not None else None,
-                e2e_ms=round((self.now - att.sent_t) * 1000.0, 3),
-                outcome=outcome,
-                cost_usd=round(cost, 9),
-                task_outcome=task_outcome,
-            )
-        )
+        fields: dict[str, Any] = {
+            "ts_ms": self._ts(),
+            "request_id": f"{task.task_id}.{task.step}",
+            "attempt": min(att.attempt, 100),
+            "workflow_id": task.task_id,
+            "step_index": task.step,
+            "workflow_spend_usd": round(task.spend_usd, 9),
+            "tenant_id": task.tenant_id,
+            "priority": task.priority,
+            "latency_budget_ms": att.budget_ms,
+            "pool_id": att.pool_id,
+            "node_id": att.node_id,
+            "model": att.model,
+            "prompt_tokens": task.prompt,
+            "cached_prompt_tokens": min(req.cached, task.prompt) if req is not None else 0,
+            "output_tokens": generated,
+            "prefix_digest": task.prefix_digest,
+            "ttft_ms": round(ttft_ms, 3) if ttft_ms is not None else None,
+            "e2e_ms": round((self.now - att.sent_t) * 1000.0, 3),
+            "outcome": outcome,
+            "cost_usd": round(cost, 9),
+            "task_outcome": task_outcome,
+        }
+        w = self._window
+        if w.twins:
+            w.outcomes.append(twin_record(OUTCOME_TWIN, _OUTCOME_ACCEPTS, fields))
+        else:
+            w.outcomes.append(RequestOutcome(**fields))
         task.spend_usd += cost
 
     def _ok(self, att: Attempt) -> None:
@@ -586,7 +634,12 @@ class FleetSim:
                     continue
                 stats = node.take_stats(now)
                 self.acct.tbt(stats.tbt)
-                self._window.telemetry.append(self._node_record(node, pool, stats, ts, now))
+                fields = self._node_record(node, pool, stats, ts, now)
+                w = self._window
+                if w.twins:
+                    w.telemetry.append(twin_record(TELEMETRY_TWIN, _TELEMETRY_ACCEPTS, fields))
+                else:
+                    w.telemetry.append(NodeTelemetry(**fields))
                 node.last_report = now
                 provisioned += 1
                 warm += int(node.warm)
@@ -594,43 +647,44 @@ class FleetSim:
         self._timeline_row(provisioned, warm, rate)
         self._push(now + TELEMETRY_S, _P_TELEMETRY, self._telemetry, ())
 
-    def _node_record(self, node: Node, pool: Pool, s: IntervalStats, ts: int, now: float) -> NodeTelemetry:
+    def _node_record(self, node: Node, pool: Pool, s: IntervalStats, ts: int, now: float) -> dict[str, Any]:
+        """The fields of the node's telemetry record (a ``NodeTelemetry`` or its twin)."""
         interval_s = max(0.001, now - max(node.last_report, node.provisioned_at))
         spec = node.spec
         used = node.kv_used + node.cache_tokens
         cap = max(1, node.capacity)
         hbm_free = spec.hbm_bytes - spec.model.weight_bytes - used * spec.model.kv_bytes_per_token
-        return NodeTelemetry(
-            ts_ms=ts,
-            node_id=node.node_id,
-            pool_id=node.pool_id,
-            model=pool.model,
-            gpu_type=pool.gpu,
-            gpu_count=spec.gpus,
-            weights_state=node.weights_state,
-            draining=node.draining,
-            interval_ms=max(1, round(interval_s * 1000.0)),
-            ttft_p50_ms=_pct(s.ttft_ms, 0.5),
-            ttft_p99_ms=_pct(s.ttft_ms, 0.99),
-            tbt_p50_ms=_wpct(s.tbt, 0.5),
-            tbt_p99_ms=_wpct(s.tbt, 0.99),
-            queue_depth=node.queue_depth,
-            running_requests=node.running,
-            queued_prompt_tokens=node.queued_tokens,
-            kv_cache_used_frac=min(1.0, node.kv_used / cap),
-            hbm_free_gib=max(0.0, round(hbm_free / 2**30, 3)),
-            gpu_util_frac=min(1.0, round(s.busy_s / interval_s, 6)),
-            prefix_cache_hit_frac=round(s.prefix_hits / s.prefix_lookups, 6) if s.prefix_lookups else 0.0,
-            hot_prefixes=node.hot_prefixes(),
-            max_batch_tokens=node.max_batch_tokens,
-            errors=s.errors,
-            timeouts=s.timeouts,
-            preemptions=s.preemptions,
-            requests_completed=s.completed,
-            prompt_tokens=s.prompt_tokens,
-            output_tokens=s.output_tokens,
-            cost_rate_usd_per_h=spec.usd_per_h,
-        )
+        return {
+            "ts_ms": ts,
+            "node_id": node.node_id,
+            "pool_id": node.pool_id,
+            "model": pool.model,
+            "gpu_type": pool.gpu,
+            "gpu_count": spec.gpus,
+            "weights_state": node.weights_state,
+            "draining": node.draining,
+            "interval_ms": max(1, round(interval_s * 1000.0)),
+            "ttft_p50_ms": _pct(s.ttft_ms, 0.5),
+            "ttft_p99_ms": _pct(s.ttft_ms, 0.99),
+            "tbt_p50_ms": _wpct(s.tbt, 0.5),
+            "tbt_p99_ms": _wpct(s.tbt, 0.99),
+            "queue_depth": node.queue_depth,
+            "running_requests": node.running,
+            "queued_prompt_tokens": node.queued_tokens,
+            "kv_cache_used_frac": min(1.0, node.kv_used / cap),
+            "hbm_free_gib": max(0.0, round(hbm_free / 2**30, 3)),
+            "gpu_util_frac": min(1.0, round(s.busy_s / interval_s, 6)),
+            "prefix_cache_hit_frac": round(s.prefix_hits / s.prefix_lookups, 6) if s.prefix_lookups else 0.0,
+            "hot_prefixes": node.hot_prefixes(),
+            "max_batch_tokens": node.max_batch_tokens,
+            "errors": s.errors,
+            "timeouts": s.timeouts,
+            "preemptions": s.preemptions,
+            "requests_completed": s.completed,
+            "prompt_tokens": s.prompt_tokens,
+            "output_tokens": s.output_tokens,
+            "cost_rate_usd_per_h": spec.usd_per_h,
+        }
 
     def _timeline_row(self, provisioned: int, warm: int, rate: float) -> None:
         a = self.acct

@@ -8,6 +8,11 @@ Every ``policy.tick_ms`` of virtual time ``t`` (tick ``n``)::
     for result in engine.tick_many(snap, [Tick(ts_ms=t, tick_id=n, pool_id=p) for p in sorted(pools)]):
         sim.apply(result.decisions)
 
+The records are folded as their msgspec twins (``sim.advance_twins``, what the daemon folds):
+each is the twin of the wire record ``sim.advance_to`` makes, and the model folds either alike;
+``run(..., wire_records=True)`` folds the wire models instead (the statement;
+``tests/sim/test_sim_fast.py`` holds the two equal, decision for decision).
+
 The policy runs against the scenario's SLO: the scenario's ``slo`` becomes the policy's
 ``spec.slo`` default and the policy's classes are scaled with it
 (:func:`fleetloop.policies.slo.restated`; :func:`under_scenario_slo`), so the objective the report
@@ -32,6 +37,7 @@ from fleetloop.daemon.model import FleetModel, apply, snapshot
 from fleetloop.policies.registry import CompiledPolicy, with_slo
 from fleetloop.policies.slo import restated
 from fleetloop.schemas.control import Tick
+from fleetloop.schemas.decisions import Decision
 from fleetloop.sim.fleet import FleetSim, SimReport
 from fleetloop.sim.scenario import Scenario
 
@@ -86,8 +92,11 @@ def run(
     *,
     seed: int | None = None,
     progress: Callable[[float, float], None] | None = None,
+    wire_records: bool = False,
+    on_tick: Callable[[int, list[Decision]], None] | None = None,
 ) -> RunResult:
-    """Run ``scenario`` under ``policy`` to the end; ``progress(virtual_s, horizon_s)`` now and then."""
+    """Run ``scenario`` under ``policy`` to the end; ``progress(virtual_s, horizon_s)`` now and then,
+    ``on_tick(tick, decisions)`` after every tick (for tests)."""
     started = monotonic_s()
     seed = scenario.seed if seed is None else seed
     policy = under_scenario_slo(policy, scenario)
@@ -106,7 +115,7 @@ def run(
         n += 1
         rel = n * tick_ms
         t = EPOCH_MS + rel
-        emitted = sim.advance_to(t)
+        emitted = sim.advance_to(t) if wire_records else sim.advance_twins(t)
         model = apply(model, [*emitted.telemetry, *emitted.outcomes])
         # One snapshot serves every pool of the tick: deciding does not change the model.
         snap = snapshot(model, t, window_ms=env.window_ms, stale_after_ms=env.stale_after_ms)
@@ -115,6 +124,8 @@ def run(
         for result in engine.tick_many(snap, [Tick(ts_ms=t, tick_id=n, pool_id=pool) for pool in pools]):
             decisions += len(result.decisions)
             sim.apply(result.decisions)
+            if on_tick is not None:
+                on_tick(n, list(result.decisions))
         if progress is not None and n % 60 == 0:
             progress(rel / 1000.0, horizon_ms / 1000.0)
     return RunResult(
