@@ -244,10 +244,11 @@ class LoopTimes:
     its boundaries that waits rather than computes, or is not run, shows it here.
 
     Phases (each :meth:`lap` gives the time since the previous one to its phase): ``fetch`` (a fetch
-    with ticks queued: their cuts' records on the way), ``fetch_idle`` (a fetch with no tick queued:
-    every published boundary decided, the next one not yet on the topic), ``fetch_held_back`` (the
-    same while the ticker holds pools back for overload: the shard has decided what waited and gets
-    the held-back boundaries' tick at the next boundary), ``read`` (decode into the shards),
+    with ticks queued: their cuts' records on the way), ``fetch_in_flight`` (no tick queued, but
+    ticks this instance published are not read back yet: the broker's round trip),
+    ``fetch_idle`` (a fetch with no tick queued or in flight: every published boundary decided, the
+    next one not yet due), ``fetch_held_back`` (the same while the ticker holds pools back for
+    overload, which :meth:`Daemon._wake_held_back` ends), ``read`` (decode into the shards),
     ``decide`` (folding, deciding and staging; the ticker's and the client's turns between batches
     included), ``acks`` (waiting for the broker to acknowledge the decisions), ``summaries``,
     ``dead_letters``, ``checkpoint``, ``commit``, ``restore``, ``loop`` (the rest).
@@ -964,6 +965,8 @@ class Daemon:
                 batch = await consumer.getmany(timeout_ms=200, max_records=self.config.max_batch)
                 if queued:
                     times.lap("fetch")  # with ticks queued (their cuts' records on the way)
+                elif self._ticks_in_flight():
+                    times.lap("fetch_in_flight")
                 else:
                     times.lap("fetch_held_back" if self._withheld else "fetch_idle")
                 if self._pending_policy is not None:
@@ -1756,6 +1759,12 @@ class Daemon:
         if published is not None and decided is not None and published > decided[1]:
             return (published - decided[1]) // tick_ms
         return 0
+
+    def _ticks_in_flight(self) -> bool:
+        """Whether a tick this instance published for a shard it owns is not decided yet while no
+        tick is queued: on its way through the broker (``fetch_in_flight`` in the "loop" line)."""
+        tick_ms = self.engine.policy.tick_ms
+        return any(p in self.shards and self._waiting(p, pool, tick_ms) > 0 for p, pool in self._ticked)
 
     def _wake_held_back(self) -> None:
         """Wake the ticker when a shard has decided every tick it held while the ticker holds pools

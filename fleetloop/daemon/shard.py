@@ -264,8 +264,10 @@ class Shard:
         skipped boundaries for overload, or caught up on minutes of records: 40 s of one 10k
         shard's records took 1.33 CPU-s) in such steps with a yield between them, so the loop, the
         group's heartbeat among its tasks, is never held for the whole fold."""
-        step = dict(self.folded)
         left = max(1, max_rows)
+        if sum(len(q) for q in self.pending.values()) <= left:
+            return None  # everything pending fits in one step, whatever the cut
+        step = dict(self.folded)
         for logical in INPUTS:
             upto = min(int(cut.get(logical, self.folded[logical])), self.read[logical])
             queue = self.pending[logical]

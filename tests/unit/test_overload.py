@@ -499,3 +499,16 @@ def test_the_pace_is_each_boundarys_wall_time_each_weighing_half() -> None:
     assert daemon._pace_s[0] == 2.0
     daemon._forget(0)
     assert daemon._pace_s[0] == 2.0  # the machine's pace outlives the partition
+
+
+def test_ticks_published_and_not_decided_are_in_flight() -> None:
+    """The loop line's ``fetch_in_flight``: a tick this instance published that its shard has not
+    decided (read back) yet; none once each pool's newest published boundary is decided."""
+    daemon, shard, _ = asyncio.run(_held_back())
+    assert daemon._ticks_in_flight()  # a and b: 2 boundaries waiting
+    for pool in ("a", "b", "c"):
+        published = daemon._ticked[(0, pool)]
+        shard.last_tick[pool] = (published // TICK_MS, published)
+    assert not daemon._ticks_in_flight()
+    daemon._forget(0)
+    assert not daemon._ticks_in_flight()
