@@ -83,3 +83,24 @@ def test_the_readmes_final_10k_trial_figures_are_the_results_files() -> None:
     assert f"p50 {_ms(now['p50_ms'])}, p99 {_ms(now['p99_ms'])}" in readme
     assert f"at most {behind_now:.1f} s behind" in readme
     assert f"missed {missed_start} of 20 and ended {round(behind_start)} s behind" in readme
+
+
+def test_the_readmes_session_10_loaded_run_is_the_results_file() -> None:
+    """Session 10's 4-daemon run on the loaded machine (bench/results/latency-s10-10000-kafka-
+    4daemons-final-loaded.json): where the cores went, and the daemons' run-queue share."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    r = _result("latency-s10-10000-kafka-4daemons-final-loaded.json")
+    assert r["nodes"] == 10_000
+    assert r["daemons"] == 4
+    assert r["broker"] == "kafka"
+    assert f"missed {r['missed']} of {r['trials']}" in readme
+    cpu = r["cpu_per_s_during_trials"]
+    assert isinstance(cpu, dict)
+    assert f"other work took {cpu['other']:.2f} CPU-s/s" in readme
+    assert f"the four daemons {cpu['daemons_with_children']:.3f} with their checkpoint children" in readme
+    loops = r["daemon_loops"]
+    assert isinstance(loops, list)
+    runq = [round(loop["runq"] * 100) for loop in loops]
+    assert f"runnable but not run {min(runq)}-{max(runq)}% of its wall time" in readme
+    lo, hi = (round(float(r[k])) for k in ("load_average_min", "load_average_max"))  # type: ignore[arg-type]
+    assert f"load {lo}-{hi})" in readme
