@@ -58,7 +58,9 @@ class Accounting:
         self.timeouts = 0
         self.ok = 0
         self.ttft_ms: list[float] = []
-        self.tbt_hist = np.zeros(_TBT_BINS, dtype=np.float64)
+        # The TBT histogram's weights, added in a list (a float64 add either way: the same sums as
+        # adding into the numpy array, without a numpy scalar round trip per sample).
+        self._tbt_weights: list[float] = [0.0] * _TBT_BINS
 
     def cls(self, priority: int) -> ClassAcc:
         c = self.classes.get(priority)
@@ -105,15 +107,22 @@ class Accounting:
             c.tasks_failed += 1
             c.wasted_usd += sum(task.attempts_cost)
 
+    @property
+    def tbt_hist(self) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """The TBT histogram: weight (tokens) per log bin."""
+        return np.array(self._tbt_weights, dtype=np.float64)
+
     def tbt(self, samples: list[tuple[float, float]]) -> None:
+        w = self._tbt_weights
         for ms, weight in samples:
-            self.tbt_hist[_tbt_bin(ms)] += weight
+            w[_tbt_bin(ms)] += weight
 
     def tbt_quantile(self, q: float) -> float | None:
-        total = float(self.tbt_hist.sum())
+        hist = self.tbt_hist
+        total = float(hist.sum())
         if total <= 0:
             return None
-        idx = int(np.searchsorted(np.cumsum(self.tbt_hist), q * total))
+        idx = int(np.searchsorted(np.cumsum(hist), q * total))
         idx = min(idx, _TBT_BINS - 1)
         if idx == 0:
             return _TBT_MIN_MS

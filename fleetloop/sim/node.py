@@ -358,6 +358,28 @@ class Node:
             self._truncate(now)
 
     def _evict_cache(self, need: int, keep: str | None = None) -> None:
+        """:meth:`_evict_cache_plain` without copying the cache's keys on every call (thousands of
+        prefixes on a busy node, while the eviction usually stops after a few): the victims are
+        chosen in one pass over the LRU order with the same test before each, then removed."""
+        kv = self.kv_used + need  # token counts: integers, so the sums are exact in any order
+        left = self.cache_tokens
+        if kv + left <= self.capacity:
+            return
+        pins = self._pins
+        victims: list[str] = []
+        for digest, tokens in self.cache.items():
+            if kv + left <= self.capacity:
+                break
+            if digest == keep or pins.get(digest, 0) > 0:
+                continue
+            victims.append(digest)
+            left -= tokens
+        cache = self.cache
+        for digest in victims:
+            del cache[digest]
+        self.cache_tokens = left
+
+    def _evict_cache_plain(self, need: int, keep: str | None = None) -> None:
         """Evict LRU prefixes until ``need`` more KV tokens fit (never ``keep``, never a pinned one)."""
         for digest in list(self.cache):
             if self.kv_used + self.cache_tokens + need <= self.capacity:

@@ -1,8 +1,9 @@
 """The node's fast forms equal their statements, bit for bit, on generated request sequences.
 
-``Node`` skips ``_sweep_cancelled``'s scans when no running request can be cancelled and finds the
-preemption victim on a heap; ``PlainNode`` runs the statements (``_sweep_cancelled_plain``,
-``_newest_decoding_plain``). Both are fed the same generated sequence of submissions (small KV, so
+``Node`` skips ``_sweep_cancelled``'s scans when no running request can be cancelled, finds the
+preemption victim on a heap and evicts prefixes without copying the cache's keys; ``PlainNode``
+runs the statements (``_sweep_cancelled_plain``, ``_newest_decoding_plain``,
+``_evict_cache_plain``). Both are fed the same generated sequence of submissions (small KV, so
 preemption is frequent; shared prefixes), cancellations, abandonments, degradations, crashes and
 events, and every callback, every request's fields and the node's books must be equal after every
 step."""
@@ -23,6 +24,7 @@ from fleetloop.sim.node import Node, Req
 class PlainNode(Node):
     _sweep_cancelled = Node._sweep_cancelled_plain
     _newest_decoding = Node._newest_decoding_plain
+    _evict_cache = Node._evict_cache_plain
 
 
 def _fields(r: Req) -> tuple[Any, ...]:
@@ -98,12 +100,13 @@ def _actions(seed: int, n: int) -> list[tuple[Any, ...]]:
     out: list[tuple[Any, ...]] = []
     t = 0.0
     rid = 0
+    digests = 4 if seed % 2 == 0 else 60  # few shared prefixes, or many (a long LRU to evict from)
     for _ in range(n):
         t += float(rng.exponential(0.05))
         k = float(rng.random())
         if k < 0.45:
             rid += 1
-            digest = f"d{int(rng.integers(0, 4))}" if rng.random() < 0.6 else None
+            digest = f"d{int(rng.integers(0, digests))}" if rng.random() < 0.6 else None
             prompt = int(rng.integers(1, 1500))
             output = int(rng.integers(1, 2000))
             out.append(("submit", t, rid, prompt, output, digest, int(rng.integers(0, prompt))))
@@ -163,7 +166,7 @@ def test_fast_node_equals_the_statements_on_generated_sequences(seed: int) -> No
 def test_the_generated_sequences_reach_every_path() -> None:
     """Preemption with several decoding requests, cancellation of running requests, and both
     skipped and full sweeps happen in these sequences (else the equality above proves little)."""
-    counts = {"preempt": 0, "preempt_choice": 0, "swept": 0, "skipped": 0, "cancel_running": 0}
+    counts = {"preempt": 0, "preempt_choice": 0, "swept": 0, "skipped": 0, "cancel_running": 0, "evicted": 0}
 
     class Counting(Node):
         def _newest_decoding(self) -> Req:
@@ -171,14 +174,20 @@ def test_the_generated_sequences_reach_every_path() -> None:
             counts["preempt_choice"] += len(self.decoding) > 1
             return Node._newest_decoding(self)
 
+        def _evict_cache(self, need: int, keep: str | None = None) -> None:
+            before = len(self.cache)
+            Node._evict_cache(self, need, keep)
+            counts["evicted"] += before - len(self.cache)
+
         def _sweep_cancelled(self) -> None:
             running = [*self.prefilling, *self.decoding.values()]
             counts["cancel_running"] += any(r.cancelled for r in running)
             counts["swept" if self._cancelled_hint else "skipped"] += 1
             Node._sweep_cancelled(self)
 
-    for seed in range(3):
-        _play(Counting, _actions(seed, 600), [4_000, 9_000, 30_000][seed], 2048)
+    for seed in range(4):
+        _play(Counting, _actions(seed, 600), [4_000, 9_000, 30_000, 30_000][seed], 2048)
     assert counts["preempt_choice"] > 20
     assert counts["cancel_running"] > 20
     assert counts["skipped"] > 100
+    assert counts["evicted"] > 40

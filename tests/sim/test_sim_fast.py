@@ -7,10 +7,12 @@ import math
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 from fleetloop.policies.registry import builtin_policy, load_policy
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, Twin
+from fleetloop.sim.accounting import Accounting, _tbt_bin
 from fleetloop.sim.fleet import _OUTCOME_ACCEPTS, _TELEMETRY_ACCEPTS, FleetSim, twin_record
 from fleetloop.sim.runner import EPOCH_MS, run
 from fleetloop.sim.scenario import Scenario
@@ -120,3 +122,22 @@ def test_a_run_folding_twins_decides_what_a_run_folding_wire_records_decides(
     assert sum(len(ds) for _, ds in logs[True]) > 100
     assert logs[True] == logs[False]
     assert results[True] == results[False]
+
+
+def test_tbt_histogram_in_a_list_equals_the_numpy_accumulation() -> None:
+    """``Accounting.tbt`` adds weights in a list; the statement added them into a float64 array."""
+    rng = np.random.default_rng(5)
+    acct = Accounting()
+    ref = np.zeros(len(acct.tbt_hist), dtype=np.float64)
+    for k in range(300):
+        ms = rng.lognormal(3.0, 2.0, size=int(rng.integers(0, 40)))
+        weights = rng.integers(1, 300, size=len(ms)).astype(float) * rng.random()
+        samples = [(float(a), float(b)) for a, b in zip(ms, weights, strict=True)]
+        if k % 50 == 7:
+            samples += [(1e300, 1e308), (0.0, -0.0), (-1.0, 1.0), (1e-300, 5e-324)]
+        acct.tbt(samples)
+        with np.errstate(over="ignore"):
+            for a, b in samples:
+                ref[_tbt_bin(a)] += b
+        assert acct.tbt_hist.tobytes() == ref.tobytes()
+    assert np.isinf(ref).any()  # the hostile samples reached the histogram
