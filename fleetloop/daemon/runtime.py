@@ -410,9 +410,11 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.daemon = daemon
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        self.daemon._assign_gen += 1
         await self.daemon._on_revoked(sorted(revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.daemon._assign_gen += 1
         try:
             await self.daemon._on_assigned(sorted(assigned))
         except (KafkaError, OSError) as exc:  # the loop restores once the broker answers again
@@ -469,6 +471,9 @@ class Daemon:
         # Set by the loop when a shard has decided every tick it held while the ticker holds pools
         # of it back: the ticker publishes them then, not at the next boundary (_wake_held_back).
         self._tick_now = asyncio.Event()
+        # Counts the group's rebalance callbacks: a restore that saw it change while it awaited
+        # the broker restores again (_restore_assignment).
+        self._assign_gen = 0
         # Shards in overload -> (when it began, monotonic s; boundaries since without a tick held back)
         self._overloaded: dict[int, tuple[float, int]] = {}
         self._broker_gap = False  # the broker was unreachable since the ticker last published
@@ -770,12 +775,18 @@ class Daemon:
         consumer = self._consumer
         assert consumer is not None
         t0 = clock.monotonic_s()
+        mine = consumer.assignment()
+        tps = [tp for tp in tps if tp in mine]  # a rebalance may have taken some since they were listed
         polled = {tp: consumer.last_poll_timestamp(tp) for tp in tps}
         consumer.resume(*tps)
         try:
-            while clock.monotonic_s() - t0 < 1.0 and any(
-                consumer.last_poll_timestamp(tp) == was for tp, was in polled.items()
-            ):
+            while clock.monotonic_s() - t0 < 1.0:
+                mine = consumer.assignment()
+                waiting = [
+                    tp for tp, was in polled.items() if tp in mine and consumer.last_poll_timestamp(tp) == was
+                ]
+                if not waiting:
+                    break
                 await asyncio.sleep(0.01)
         finally:
             mine = consumer.assignment()
@@ -786,7 +797,10 @@ class Daemon:
         consumer = self._consumer
         assert consumer is not None
         end = await consumer.end_offsets(list(tps))
-        return {tp: max(end[tp], consumer.highwater(tp) or 0) for tp in tps}
+        # The client knows a high watermark only of a partition still assigned: a rebalance during
+        # the await may have taken some (its accessors assert on a partition not assigned).
+        mine = consumer.assignment()
+        return {tp: max(end[tp], (consumer.highwater(tp) if tp in mine else None) or 0) for tp in tps}
 
     def _beyond(self, p: int, end: Mapping[TopicPartition, int]) -> bool:
         """Whether shard ``p``, kept in memory, has read past the partitions' ends."""
@@ -997,6 +1011,7 @@ class Daemon:
         broker error, or when the client had to reset a position: the broker lost records)."""
         consumer = self._consumer
         assert consumer is not None
+        gen = self._assign_gen
         assigned = sorted(tp for tp in consumer.assignment() if tp.topic in self._topics)
         if assigned:
             end = await self._end_offsets(assigned)
@@ -1006,6 +1021,11 @@ class Daemon:
         self._restore_needed = False
         if assigned:
             await self._on_assigned(assigned)
+        if self._assign_gen != gen:
+            # The group moved partitions while this restore awaited the broker (the rebalance
+            # callbacks run beside the loop): what it restored may be another owner's now.
+            # Restore the current assignment again, from the checkpoints.
+            self._restore_needed = True
 
     async def process(self, batch: Mapping[TopicPartition, Sequence[Any]]) -> list[Decision]:
         """Read one batch into the shards, decide the ticks that are ready, publish, checkpoint, commit."""
