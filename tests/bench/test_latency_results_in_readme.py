@@ -104,3 +104,24 @@ def test_the_readmes_session_10_loaded_run_is_the_results_file() -> None:
     assert f"runnable but not run {min(runq)}-{max(runq)}% of its wall time" in readme
     lo, hi = (round(float(r[k])) for k in ("load_average_min", "load_average_max"))  # type: ignore[arg-type]
     assert f"load {lo}-{hi})" in readme
+
+
+def test_the_readmes_quiet_10k_figures_are_session_10s_results_file() -> None:
+    """Session 10's quiet 4-daemon 10,000-node run at its end
+    (bench/results/latency-s10-10000-kafka-4daemons-quiet.json)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    r = _result("latency-s10-10000-kafka-4daemons-quiet.json")
+    assert r["nodes"] == 10_000
+    assert r["daemons"] == 4
+    assert r["broker"] == "kafka"
+    assert r["met"] is False
+    trials, missed = r["trials"], r["missed"]
+    assert isinstance(trials, int)
+    assert isinstance(missed, int)
+    assert f"{trials - missed} of {trials} trials were decided" in readme
+    assert f"p50 {_ms(r['p50_ms'])}, p99 {_ms(r['p99_ms'])}" in readme
+    behind = r["daemon_behind_s_max"]
+    assert isinstance(behind, float | int)
+    assert f"at most {behind:.1f} s behind" in readme
+    over = sum(1 for x in r["latencies_ms"] if x > r["target_ms"])  # type: ignore[attr-defined,operator]
+    assert f"{over} trials of {trials} over the 1,100 ms target" in readme
