@@ -245,9 +245,23 @@ def _shape_routing(
         cls: _renormalize({n: w for n, w in ws.items() if out.get(n, 0.0) > 0})
         for cls, ws in d.by_priority.items()
     }
+    return _shaped(d, env, weights=out, reason=reason, inputs=inputs, by_priority=by_priority)
+
+
+def _shaped(
+    d: RoutingDecision,
+    env: Envelope,
+    *,
+    weights: dict[str, float],
+    reason: str,
+    inputs: dict[str, Any],
+    by_priority: dict[Any, dict[str, float]],
+) -> RoutingDecision:
+    """``d`` with its shaped weights and per-priority tables, reason, inputs and spill list cut to
+    the envelope: the last step of both routing shaping forms."""
     return d.model_copy(
         update={
-            "weights": out,
+            "weights": weights,
             "reason": reason,
             "inputs": inputs,
             "by_priority": by_priority,
@@ -393,17 +407,7 @@ def _shape_routing_many(
             c += 1
             by_priority[cls] = dict(zip(keys, shares[at : at + len(keys)], strict=True))
             at += len(keys)
-        shaped.append(
-            d.model_copy(
-                update={
-                    "weights": out,
-                    "reason": reason,
-                    "inputs": inputs,
-                    "by_priority": by_priority,
-                    "spill_to": d.spill_to[: env.max_spill_pools],
-                }
-            )
-        )
+        shaped.append(_shaped(d, env, weights=out, reason=reason, inputs=inputs, by_priority=by_priority))
     return shaped
 
 
