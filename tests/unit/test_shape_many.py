@@ -118,3 +118,46 @@ def test_an_empty_batch_and_a_batch_of_one() -> None:
     (d, b) = decisions_for(snap, np.random.default_rng(1))[0]
     want = _shape_routing(d, snap, b, ENV)
     assert body_bits(_shape_routing_many([(d, b)], snap, ENV)[0]) == body_bits(want)
+
+
+def test_the_row_path_meets_breakers_in_any_order_and_on_stale_nodes() -> None:
+    """Decisions whose weights name exactly their pools' rows (cache-aware routing's, the path
+    without a step per node, ``_unscaled_rows``) with a breaker on every node, listed in reverse node
+    order: half-open ones whose probe shares sum differently in another order (0.1 + 0.2 + 0.3),
+    open ones, not enforced ones, and breakers on stale and cold nodes (a stale node is zeroed as
+    stale, its breaker ignored; a cold half-open one probes 0.0)."""
+    rng = np.random.default_rng(11)
+    fracs = (0.1, 0.2, 0.3, 0.7, 1e-300, 5e-324, 0.0)
+    row_path = stale_breakers = 0
+    for snap in perturbed_snapshots(320, 24):
+        cols = fleet_columns(snap)
+        assert cols.table is not None
+        stale = cols.stale.tolist()
+        items: Items = []
+        for pool_id in sorted(cols.bounds):
+            lo, hi = cols.bounds[pool_id]
+            ids = list(cols.table.ids[lo:hi])
+            weights = {n: pick(rng, (0.25, 0.5, 1.0, 1e308, -0.0, 3.0)) for n in ids}
+            breakers: dict[str, Any] = {}
+            for r, n in reversed(list(enumerate(ids))):
+                state = pick(rng, ("half_open", "half_open", "open", *("closed",) * 5))
+                breakers[n] = BreakerDecision.model_construct(
+                    pool_id=pool_id,
+                    node_id=n,
+                    state=state,
+                    enforced=rng.random() < 0.9,
+                    probe_frac=pick(rng, fracs),
+                )
+                stale_breakers += stale[lo + r] and state == "half_open"
+            classes = {"0": dict(weights), "5": {n: w * 0.5 for n, w in reversed(weights.items())}}
+            d = RoutingDecision.model_construct(
+                pool_id=pool_id, weights=weights, by_priority=classes, spill_to=(), reason="scored",
+                inputs={},
+            )  # fmt: skip
+            row_path += ids == sorted(ids)
+            items.append((d, breakers))
+        want = [_shape_routing(d, snap, b, ENV) for d, b in items]
+        got = _shape_routing_many(items, snap, ENV)
+        assert [body_bits(d) for d in got] == [body_bits(d) for d in want]
+    assert row_path > 0
+    assert stale_breakers > 0

@@ -14,6 +14,7 @@ import math
 import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any, cast
 
 import numpy as np
@@ -330,7 +331,14 @@ def _shape_routing_many(
     and every rounding (each weight's ``r6(w * scale)``, each class's ``r6(w / total)``) is done in
     two :func:`r6_array` calls for the whole batch, instead of two or more array pipelines (or a
     loop of ``r6``, the same doubles) per pool. Each element is the same one IEEE product or
-    quotient either way, rounded by ``r6`` or the bit-identical ``r6_array``."""
+    quotient either way, rounded by ``r6`` or the bit-identical ``r6_array``.
+
+    No Python step per node where a decision's weights name exactly its pool's rows, in the rows'
+    (node-id) order, as cache-aware routing gives them (:func:`_unscaled_rows`): the weights are
+    taken as they are, stale rows zeroed by their flags, and only the pool's enforced open and
+    half-open breakers looked at; a class table with the same keys is cut to the nodes left
+    serving by one mask. Any other decision, and one that fails open, goes through
+    :func:`_unscaled` as :func:`_shape_routing` does."""
     if not items:
         return []
     cols = fleet_columns(snap)
@@ -339,27 +347,35 @@ def _shape_routing_many(
     stale_all: list[bool] = cols.stale.tolist()
     warm_all: list[bool] = cols.warm.tolist()
     # Step 1, per decision: the weights before scaling, the probes, the reason (as _shape_routing).
-    staged: list[tuple[dict[str, float], dict[str, float], float, int, str]] = []
+    staged: list[tuple[Sequence[str], dict[str, float], float, int, str]] = []
     values: list[float] = []
     scales: list[float] = []
     counts: list[int] = []
     for d, breakers in items:
         lo, hi = bounds.get(d.pool_id, (0, 0))
-        weights, probes, zeroed, total, reason = _unscaled(
-            d,
-            breakers,
-            all_ids[lo:hi],
-            stale=stale_all[lo:hi],
-            warm=warm_all[lo:hi],
-            draining=lambda: cols.draining[lo:hi].tolist(),  # noqa: B023, PLW0108 (called before lo, hi move)
-        )
+        in_rows = all_ids[lo:hi]
+        fast = _unscaled_rows(d, breakers, in_rows, lo, stale_all, warm_all)
+        if fast is not None:
+            keys: Sequence[str] = in_rows
+            vals, probes, zeroed, total, reason = fast
+        else:
+            weights, probes, zeroed, total, reason = _unscaled(
+                d,
+                breakers,
+                in_rows,
+                stale=stale_all[lo:hi],
+                warm=warm_all[lo:hi],
+                draining=lambda: cols.draining[lo:hi].tolist(),  # noqa: B023, PLW0108 (called before lo, hi move)
+            )
+            keys = list(weights)
+            vals = list(weights.values())
         asked = sum(probes.values())
         probe_scale = min(1.0, 0.5 / asked) if asked > 0 else 0.0
         probe_total = asked * probe_scale
         scales.append((1.0 - probe_total) / total if total > 0 else 0.0)
-        counts.append(len(weights))
-        values.extend(weights.values())
-        staged.append((weights, probes, probe_scale, zeroed, reason))
+        counts.append(len(keys))
+        values.extend(vals)
+        staged.append((keys, probes, probe_scale, zeroed, reason))
     # Step 2: every weight's r6(w * scale) at once.
     with np.errstate(over="ignore", invalid="ignore"):
         products = np.array(values, dtype=np.float64) * np.repeat(np.array(scales, dtype=np.float64), counts)
@@ -370,25 +386,38 @@ def _shape_routing_many(
     class_values: list[float] = []
     class_totals: list[float] = []
     class_counts: list[int] = []
+    positive = _ZERO.__lt__  # 0.0 < w: w > 0, False for NaN, as ``out.get(n, 0.0) > 0``
     at = 0
-    for (d, _), (weights, probes, probe_scale, _, _) in zip(items, staged, strict=True):
-        k = len(weights)
-        out = dict(zip(weights, rounded[at : at + k], strict=True))
+    for (d, _), (keys, probes, probe_scale, _, _) in zip(items, staged, strict=True):
+        k = len(keys)
+        out = dict(zip(keys, rounded[at : at + k], strict=True))
         at += k
         for n, p in probes.items():
             out[n] = r6(p * probe_scale)
         outs.append(out)
+        if not d.by_priority:
+            continue
+        out_keys = list(out)
+        serving = list(map(positive, out.values()))
         for ws in d.by_priority.values():
-            kept = {n: w for n, w in ws.items() if out.get(n, 0.0) > 0}
-            total = sum(kept.values())
+            if list(ws) == out_keys:
+                # The class names the shaped weights' nodes, in their (sorted) order: the nodes kept
+                # are those the mask keeps, already sorted, their weights in that order.
+                kept_keys = list(compress(out_keys, serving))
+                kept_values = list(compress(ws.values(), serving))
+                total = sum(kept_values)
+            else:
+                kept = {n: w for n, w in ws.items() if out.get(n, 0.0) > 0}
+                total = sum(kept.values())
+                kept_keys = sorted(kept)
+                kept_values = [kept[n] for n in kept_keys]
             if not total > 0:
                 class_keys.append([])
                 continue
-            keys = sorted(kept)
-            class_keys.append(keys)
-            class_values.extend([kept[n] for n in keys])
+            class_keys.append(kept_keys)
+            class_values.extend(kept_values)
             class_totals.append(total)
-            class_counts.append(len(keys))
+            class_counts.append(len(kept_keys))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         quotients = np.array(class_values, dtype=np.float64) / np.repeat(
             np.array(class_totals, dtype=np.float64), class_counts
@@ -409,6 +438,67 @@ def _shape_routing_many(
             at += len(keys)
         shaped.append(_shaped(d, env, weights=out, reason=reason, inputs=inputs, by_priority=by_priority))
     return shaped
+
+
+_ZERO = 0.0
+_MOVED = frozenset(("open", "half_open"))  # the breaker states shaping zeroes a node for
+
+
+def _unscaled_rows(  # noqa: PLR0917
+    d: RoutingDecision,
+    breakers: Mapping[str, BreakerDecision],
+    in_rows: list[str],
+    lo: int,
+    stale_all: list[bool],
+    warm_all: list[bool],
+) -> tuple[list[float], dict[str, float], int, float, str] | None:
+    """:func:`_unscaled` of a decision whose weights name exactly its pool's rows ``in_rows`` (from
+    row ``lo`` of the columns), in that order, the rows sorted: the weights as a list in that
+    order, without a step per node. None for any other decision, and for one that fails open
+    (nothing left: :func:`_unscaled` spreads it over the warm nodes).
+
+    The statement's loop visits the pool's ids in order; a stale node gets 0.0 (and counts as
+    zeroed), an enforced open breaker's node 0.0, an enforced half-open one's 0.0 and a probe (its
+    ``probe_frac`` when warm, else 0.0); every other node keeps its weight. Here: the weights list,
+    stale rows overwritten with 0.0, then the breakers that can change a node (enforced, open or
+    half-open, on a node of the pool that is not stale) applied in row order, so the probes are
+    listed in the order the loop meets them; the total is Python's ``sum`` of the same list."""
+    given = d.weights
+    n = len(in_rows)
+    if not n or len(given) != n or list(given) != in_rows or in_rows != sorted(in_rows):
+        return None
+    vals = list(given.values())
+    hi = lo + n
+    stale = stale_all[lo:hi]
+    zeroed = stale.count(True)
+    if zeroed:
+        vals = [0.0 if s else w for w, s in zip(vals, stale, strict=True)]
+    probes: dict[str, float] = {}
+    hits: list[tuple[int, str, BreakerDecision]] | None = None
+    where: dict[str, int] | None = None
+    for node_id, b in breakers.items():
+        if b.enforced and b.state in _MOVED:
+            if where is None:
+                where = dict(zip(in_rows, range(n), strict=True))
+                hits = []
+            r = where.get(node_id)
+            if r is not None and not stale[r]:
+                assert hits is not None
+                hits.append((r, node_id, b))
+    if hits:
+        hits.sort(key=_first)
+        for r, node_id, b in hits:
+            vals[r] = 0.0
+            if b.state == "half_open":
+                probes[node_id] = b.probe_frac if warm_all[lo + r] else 0.0
+    total = sum(vals)
+    if total <= 0:
+        return None
+    return vals, probes, zeroed, total, d.reason
+
+
+def _first(hit: tuple[int, str, BreakerDecision]) -> int:
+    return hit[0]
 
 
 def _renormalize(ws: Mapping[str, float]) -> dict[str, float]:
