@@ -169,6 +169,10 @@ is not derived here because nothing before a first step tells a bursty pool from
 seed 29 and costs the other stress scenarios up to 64% more per success (the stress geometric mean
 would go from 0.69 to about 0.81x classic's), and even held only on pools whose cold start exceeds
 their tasks' deadlines (a figure the policy does not see) it misses burst-a100-2x on 5 of 5 seeds.
+A reserve held on scale-downs only (keep ``S x`` the need's nodes) cannot stand in for it: that
+pool starts at 8 and needs ~12 warm, and S = 3 (it keeps all 8) still loses 1,565 tasks against
+classic on seed 29, while steady-chat-2x already pays 13% more per success; the 70B pool of
+burst-cold-nodes is never scaled down before its step (``bench/results/burst-s11.md``).
 An operator who expects unannounced steps sets ``pools.<id>.min_nodes``. A need above
 ``MAX_NEED_NODES`` (10**6, from a hostile figure such as 10**12 queued tokens) is capped there, so one
 record cannot fail its pool's tick. While tasks

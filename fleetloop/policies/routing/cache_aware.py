@@ -129,7 +129,10 @@ once a tick from one-second telemetry: within a tick the router's weighted pick 
 does not chase the least loaded node per call (that would herd). Spill-over only acts when the
 admission section would shed a call on the preferred pool; it lists pools of the pool's own model
 only: a call that accepts other models reaches those only through the router's model fallback,
-when no pool of its own model has a routable node.
+when no pool of its own model has a routable node. Also offering other models' pools to calls that
+would queue here (measured in session 11, ``bench/results/burst-s11.md``) meets burst-cold-nodes'
+seeds 9 and 12 but takes that pool's capacity from its own tenants (cascade-degraded-gpu seed 7:
+-26 tasks against classic), and gated to nodes below 16 outstanding calls it no longer meets seed 9.
 
 Failure mode: scores lag load by up to one tick plus one telemetry interval; a burst within that
 time lands by the old weights. A node whose ``hot_prefixes`` is stale keeps attracting affinity
