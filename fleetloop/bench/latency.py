@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -138,6 +139,54 @@ def _machine_busy_s() -> float | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in cpu[:8])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+TRIP_STAGES = (
+    "woke", "read_up", "ticks_acked", "ticks_read", "cut_ready", "folded", "decided", "staged", "acked",
+)  # fmt: skip
+
+
+def trip_lines(log_paths: list[str]) -> dict[int, dict[str, int]]:
+    """The daemons' "trip path" lines (``runtime.TripTrace``): boundary -> stage -> ms after it
+    (the earliest of the daemons' for a stage, as a trial's pool is one daemon's)."""
+    out: dict[int, dict[str, int]] = {}
+    for path in log_paths:
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            for line in f:
+                if b"trip path" not in line:
+                    continue
+                fields = {k.decode(): v for k, v in re.findall(rb"(\w+)=(-?\d+)", line)}
+                if "boundary" not in fields:
+                    continue
+                marks = out.setdefault(int(fields.pop("boundary")), {})
+                for k, v in fields.items():
+                    marks[k] = min(int(v), marks.get(k, int(v)))
+    return out
+
+
+def trip_path_stages(per_trial: list[dict[str, Any]], log_paths: list[str]) -> dict[str, Any]:
+    """Per stage of the after-boundary part, p50 / p99 / max ms after the boundary over the trials
+    the daemons traced, then ``arrived`` (on control.state, the bench's clock); each trial's stages
+    go into its row (``path_ms``)."""
+    lines = trip_lines(log_paths)
+    seen: dict[str, list[float]] = {}
+    for row in per_trial:
+        marks = lines.get(row.get("boundary_ms", -1))
+        if marks is None:
+            continue
+        path = {k: marks[k] for k in TRIP_STAGES if k in marks}
+        if row.get("after_boundary_ms") is not None:
+            path["arrived"] = row["after_boundary_ms"]
+        row["path_ms"] = path
+        for k, v in path.items():
+            seen.setdefault(k, []).append(float(v))
+    return {
+        "trials_traced": sum(1 for row in per_trial if "path_ms" in row),
+        **{
+            k: {"p50": round(pct(v, 50), 1), "p99": round(pct(v, 99), 1), "max": round(max(v), 1)}
+            for k, v in seen.items()
+        },
+    }
 
 
 def _loadavg() -> float:
@@ -279,6 +328,7 @@ async def _run(
             acked = await asyncio.gather(*futures)
             sent = clock.monotonic_s()
             boundary = -(-max(m.timestamp for m in acked) // tick_ms) * tick_ms  # its tick's cut has it
+            row["boundary_ms"] = boundary
             deadline = sent + 30.0
             while node_id not in arrivals and clock.monotonic_s() < deadline:
                 await asyncio.sleep(0.01)
@@ -383,6 +433,9 @@ async def _run(
         # time it ran, was runnable but not run (the machine busy), and waited (on the broker, or
         # with nothing to decide), and the phases that took the most wall time.
         "daemon_loops": [loop_shares(f"{log_path}.{k}") for k in range(args.daemons)],
+        # The after-boundary part by stage, from the daemons' "trip path" lines (runtime.TripTrace)
+        # joined to the trials by boundary: per stage p50 / p99 / max ms after the boundary.
+        "trip_path_ms": trip_path_stages(per_trial, [f"{log_path}.{k}" for k in range(args.daemons)]),
         "load_average_min": min((r["load_average"] for r in per_trial), default=None),
         "load_average_max": max((r["load_average"] for r in per_trial), default=None),
         "per_trial": per_trial,

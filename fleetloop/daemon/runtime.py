@@ -302,6 +302,41 @@ class LoopTimes:
         return out
 
 
+TRACE_BOUNDARIES = 16  # boundaries whose stage times the trace keeps (the oldest go first)
+
+
+@dataclass(slots=True)
+class TripTrace:
+    """When each stage of a tripping breaker's way out happened after its tick boundary: one
+    "trip path" log line per boundary at which a shard decided a pool with a failed call among the
+    records its cut folds (``Shard.troubled``: decided first, :meth:`Daemon._decide_ready`), in
+    milliseconds after the boundary. The stages, in order: ``woke`` (the ticker woke for the
+    boundary), ``read_up`` (its read-up-to-now wait ended, :meth:`Daemon._read_to_now`),
+    ``ticks_acked`` (every tick of the boundary acknowledged by the broker), ``ticks_read`` (the
+    loop read the tripping pool's tick back), ``cut_ready`` (the loop started deciding it: its
+    cut's records read), ``folded`` (the shard folded up to the cut), ``decided``, ``staged`` (its
+    decisions handed to the publisher), ``acked`` (the broker acknowledged them). What a boundary
+    did not reach is left out. Observation only: nothing is decided or published differently."""
+
+    marks: dict[int, dict[str, int]] = field(default_factory=dict)  # boundary -> stage -> wall ms
+    trips: set[int] = field(default_factory=set)  # boundaries with a trip staged, not yet acked
+
+    def stamp(self, boundary: int, stage: str, at_ms: int | None = None) -> None:
+        """Note ``stage`` of ``boundary`` now (or at ``at_ms``): the first time only."""
+        marks = self.marks.get(boundary)
+        if marks is None:
+            while len(self.marks) >= TRACE_BOUNDARIES:
+                old = min(self.marks)
+                del self.marks[old]
+                self.trips.discard(old)
+            marks = self.marks[boundary] = {}
+        marks.setdefault(stage, clock.wall_ms() if at_ms is None else at_ms)
+
+    def after(self, boundary: int) -> dict[str, int]:
+        """Each noted stage of ``boundary`` in milliseconds after it."""
+        return {k: v - boundary for k, v in self.marks.get(boundary, {}).items()}
+
+
 OnDecisions = Callable[[Sequence[Decision]], None]
 MAX_FETCH_BYTES = 2 * 1024 * 1024
 
@@ -437,6 +472,7 @@ class Daemon:
         self.engine = Engine(config.policy)  # holds the active policy; state lives in the shards
         self.stats = DaemonStats()
         self.loop_times = LoopTimes()
+        self.trace = TripTrace()
         self._on_decisions = on_decisions
         p = config.prefix
         self._topics = {
@@ -1112,6 +1148,7 @@ class Daemon:
                 if self._on_decisions is not None:
                     self._on_decisions(decisions)
                 faults.reach("after-publish")
+                self._log_trips()
             times.lap("acks")
             if self._summary_due:
                 await self._retrying("summaries", self._publish_summaries)
@@ -1332,7 +1369,7 @@ class Daemon:
             shard = self.shards.get(p)
             if shard is None or self._held.get(p) is None:
                 continue  # the shard went (a rebalance during a yield)
-            await self._decide_held(p, shard, hs, out)
+            await self._decide_held(p, shard, hs, out, trip=True)
             early.setdefault(p, set()).update(h.offset for h in hs)
             self._dirty.add(p)
         for p in sorted(self._held):
@@ -1369,6 +1406,15 @@ class Daemon:
                 del held[:run]
                 self._dirty.add(p)
         return out
+
+    def _log_trips(self) -> None:
+        """The broker acknowledged what was staged: one "trip path" line per boundary whose
+        tripping pools' decisions were among it (:class:`TripTrace`)."""
+        trace = self.trace
+        for boundary in sorted(trace.trips):
+            trace.stamp(boundary, "acked")
+            log.info("trip path", boundary=boundary, **trace.after(boundary))
+        trace.trips.clear()
 
     def _note_pace(self, p: int, took_s: float) -> None:
         """Shard ``p`` decided a boundary's ticks in ``took_s`` of wall time (yields and the
@@ -1426,9 +1472,12 @@ class Daemon:
         hs: Sequence[_HeldTick],
         out: list[Decision],
         cut: dict[str, int] | None = None,
+        *,
+        trip: bool = False,
     ) -> None:
         """Decide held ticks of one boundary (their cut ready), in batches of distinct pools of at
-        most ``DECIDE_BATCH_MAX``; stage each tick's decisions in queue order, yielding after each batch."""
+        most ``DECIDE_BATCH_MAX``; stage each tick's decisions in queue order, yielding after each
+        batch. ``trip``: pools with a failed call, decided first (their stages go to ``trace``)."""
         start = 0
         while start < len(hs):
             pools: set[str] = set()
@@ -1440,13 +1489,20 @@ class Daemon:
                     break  # the same pool twice (a duplicate tick record): the second in the next batch
                 pools.add(tick.pool_id)
                 end += 1
-            await self._decide_batch(p, shard, hs[start:end], out, cut)
+            await self._decide_batch(p, shard, hs[start:end], out, cut, trip=trip)
             if self.shards.get(p) is not shard:
                 return  # the shard went during the yield: its new owner decides from its checkpoint
             start = end
 
     async def _decide_batch(
-        self, p: int, shard: Shard, hs: Sequence[_HeldTick], out: list[Decision], cut: dict[str, int] | None
+        self,
+        p: int,
+        shard: Shard,
+        hs: Sequence[_HeldTick],
+        out: list[Decision],
+        cut: dict[str, int] | None,
+        *,
+        trip: bool = False,
     ) -> None:
         """Decide held ticks of one boundary and distinct pools in one :meth:`Shard.decide_many`, as
         one :meth:`Shard.decide` each would (a tick that raises costs only itself); stage their
@@ -1457,8 +1513,16 @@ class Daemon:
             ticks.append(h.tick)
         batch_cut = cut if cut is not None else hs[0].cut
         assert batch_cut is not None
+        trace = self.trace
+        boundary = ticks[0].ts_ms
+        if trip:
+            now_ms, now_s = clock.wall_ms(), clock.monotonic_s()
+            trace.stamp(boundary, "ticks_read", now_ms - int((now_s - min(h.since_s for h in hs)) * 1000))
+            trace.stamp(boundary, "cut_ready", now_ms)
         if not await self._fold_in_steps(p, shard, ticks, batch_cut):
             return  # the shard went during a yield: its new owner decides from its checkpoint
+        if trip:
+            trace.stamp(boundary, "folded")
         started_s = clock.monotonic_s()
         policy = self._policy_at(ticks[0].ts_ms)
         decided: list[tuple[Decision, ...] | Exception | None]
@@ -1476,6 +1540,8 @@ class Daemon:
         )
         # Each tick's share of the batch's time: what a tick costs to decide (snapshot + policies).
         share_s = (clock.monotonic_s() - started_s) / len(ticks)
+        if trip:
+            trace.stamp(boundary, "decided")
         for h, d in zip(hs, decided, strict=True):
             assert h.tick is not None
             if isinstance(d, Exception):  # one pool's bad tick must not stop the others' decisions
@@ -1491,6 +1557,9 @@ class Daemon:
                 await self._publisher.stage(published, shadow)
                 if self.shards.get(p) is not shard:
                     return  # the shard went during the hand-over (as it would have between ticks)
+        if trip and out:
+            trace.stamp(boundary, "staged")
+            trace.trips.add(boundary)
         # The client hands the batch over; the ticker, the consumer's fetches and the group
         # heartbeat get a turn (also between ticks decided again after a restore, not published).
         await asyncio.sleep(0)
@@ -1842,10 +1911,14 @@ class Daemon:
             times = self.loop_times
             times.ticker_late_s = max(times.ticker_late_s, late_ms / 1000.0)
             started_s = clock.monotonic_s()
+            trace = self.trace
+            trace.stamp(boundary, "woke")
             try:
                 if wait_s := self.config.tick_read_wait_s:
                     await self._read_to_now(wait_s)
+                trace.stamp(boundary, "read_up")
                 await self._publish_ticks(producer, topic, boundary, tick_ms, held_up=held_up)
+                trace.stamp(boundary, "ticks_acked")
                 times.ticker_s += clock.monotonic_s() - started_s
             except (KafkaError, OSError) as exc:  # the broker is away: the next round catches up
                 self._broker_trouble("tick", exc)

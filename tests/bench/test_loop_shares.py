@@ -44,3 +44,34 @@ def test_bench_latency_counts_a_process_with_its_reaped_children() -> None:
     busy = latency._machine_busy_s()
     assert busy is not None
     assert busy > 0
+
+
+def test_bench_latency_joins_the_daemons_trip_path_lines_to_its_trials(tmp_path: Any) -> None:
+    """``latency.trip_path_stages``: a daemon's "trip path" lines (as ``fleetloop run`` writes them)
+    joined to the trials by boundary, each stage's earliest over the daemons, ``arrived`` from the
+    bench; a trial no daemon traced has no ``path_ms``."""
+    line = (
+        "2026-12-01T21:00:00.071284Z [info     ] trip path                      [fleetloop.daemon] "
+        "acked=71 boundary={b} cut_ready=26 decided=44 folded=26 read_up=15 staged=45 "
+        "ticks_acked=65 ticks_read=26 woke=1\n"
+    )
+    a, b = tmp_path / "d.log.0", tmp_path / "d.log.1"
+    a.write_text("noise boundary=5\n" + line.format(b=1000) + line.format(b=2000))
+    b.write_text(line.format(b=2000).replace("acked=71", "acked=60").replace("woke=1", "woke=3"))
+    rows: list[dict[str, Any]] = [
+        {"boundary_ms": 1000, "after_boundary_ms": 80.0},
+        {"boundary_ms": 2000, "after_boundary_ms": 70.0},
+        {"boundary_ms": 3000, "after_boundary_ms": 90.0},
+    ]
+    stages = latency.trip_path_stages(rows, [str(a), str(b), str(tmp_path / "absent")])
+    assert stages["trials_traced"] == 2
+    assert rows[0]["path_ms"] == {
+        "woke": 1, "read_up": 15, "ticks_acked": 65, "ticks_read": 26, "cut_ready": 26,
+        "folded": 26, "decided": 44, "staged": 45, "acked": 71, "arrived": 80.0,
+    }  # fmt: skip
+    assert rows[1]["path_ms"]["acked"] == 60
+    assert rows[1]["path_ms"]["woke"] == 1
+    assert "path_ms" not in rows[2]
+    assert stages["acked"]["max"] == 71.0
+    assert stages["arrived"]["p50"] in (70.0, 75.0, 80.0)
+    assert list(stages)[1:] == [*latency.TRIP_STAGES, "arrived"]
