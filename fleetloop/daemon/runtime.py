@@ -1356,7 +1356,8 @@ class Daemon:
 
         First, across shards, the ticks at the head of each shard's queue (one boundary, one cut)
         whose pool has a failed call among the records the cut folds: a tripping breaker goes out
-        before the other pools' routine decisions. Then every ready tick in offset order. A pool's
+        before the other pools' routine decisions, and is acknowledged before they are decided
+        (:meth:`Publisher.settle`). Then every ready tick in offset order. A pool's
         decisions depend only on its tick, the shard's cut and that pool's own state, so this order
         decides nothing differently (replay, in log order, produces the same bytes). The ticks of
         one shard at one boundary (the same time and cut, consecutive in its queue) are decided in
@@ -1372,6 +1373,14 @@ class Daemon:
             await self._decide_held(p, shard, hs, out, trip=True)
             early.setdefault(p, set()).update(h.offset for h in hs)
             self._dirty.add(p)
+        if early and self._publisher is not None:
+            # The tripping pools' decisions are on the broker before any routine pool is decided.
+            # Staged only, they went out when the client's tasks got turns of the loop between the
+            # routine batches (tens of ms each) and shared a request with them: ~80 ms from staged
+            # to control.state at p50, half the after-boundary part (one 2,500-node daemon,
+            # bench/results/latency-s11.md). A failure is raised by process()'s flush, as before.
+            await self._publisher.settle()
+            self._log_trips()
         for p in sorted(self._held):
             shard = self.shards.get(p)
             held = self._held.get(p)
