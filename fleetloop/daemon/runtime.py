@@ -1924,7 +1924,7 @@ class Daemon:
             trace.stamp(boundary, "woke")
             try:
                 if wait_s := self.config.tick_read_wait_s:
-                    await self._read_to_now(wait_s)
+                    await self._read_to_now(wait_s, boundary)
                 trace.stamp(boundary, "read_up")
                 await self._publish_ticks(producer, topic, boundary, tick_ms, held_up=held_up)
                 trace.stamp(boundary, "ticks_acked")
@@ -1932,9 +1932,13 @@ class Daemon:
             except (KafkaError, OSError) as exc:  # the broker is away: the next round catches up
                 self._broker_trouble("tick", exc)
 
-    async def _read_to_now(self, limit_s: float) -> None:
+    async def _read_to_now(self, limit_s: float, boundary: int | None = None) -> None:
         """Wait, at most ``limit_s``, until every owned input partition is read up to its end as the
-        broker reports it now (a round trip; then the loop's own fetches)."""
+        broker reports it now (a round trip; then the loop's own fetches) or, given the tick
+        ``boundary``, holds a read record stamped after it: the boundary's cut is the longest prefix
+        of records stamped at or before it (:meth:`Shard.cut_by_time`), so it ends before that
+        record and reading on cannot change it. When every partition holds one, the wait ends
+        without asking the broker (the cut is the one the whole wait would have given)."""
         consumer = self._consumer
         if consumer is None:
             return
@@ -1943,19 +1947,35 @@ class Daemon:
         ]
         if not tps:
             return
+        topics = self._topics
+
+        def past(tp: TopicPartition) -> bool:
+            shard = self.shards.get(tp.partition)
+            return shard is None or (boundary is not None and shard.seen_after(topics[tp.topic], boundary))
+
+        if all(past(tp) for tp in tps):
+            return
         deadline = clock.monotonic_s() + limit_s
         known = {tp: consumer.highwater(tp) or 0 for tp in tps}  # as of the last fetch, before the boundary
+        listing = asyncio.ensure_future(consumer.end_offsets(tps))
         try:
-            listed = await asyncio.wait_for(consumer.end_offsets(tps), timeout=limit_s)
-        except (KafkaError, TimeoutError):
-            return  # the boundary does not wait on a broker that does not answer
+            while not listing.done():
+                if clock.monotonic_s() >= deadline or all(past(tp) for tp in tps):
+                    return  # the boundary does not wait on a broker that does not answer
+                await asyncio.wait([listing], timeout=0.005)
+            listed = listing.result()
+        except KafkaError:
+            return
+        finally:
+            listing.cancel()
         # The embedded broker's ListOffsets answers the last batch's base offset: the high watermark
         # a fetch saw before the boundary covers that batch when it was fetched by then.
         end = {tp: max(listed[tp], known[tp]) for tp in tps}
         while clock.monotonic_s() < deadline:
             if all(
                 (shard := self.shards.get(tp.partition)) is None
-                or shard.read[self._topics[tp.topic]] >= end[tp]
+                or shard.read[topics[tp.topic]] >= end[tp]
+                or past(tp)
                 for tp in tps
             ):
                 return

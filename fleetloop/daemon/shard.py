@@ -180,8 +180,9 @@ class Shard:
         return cut
 
     def seen_after(self, logical: str, ts_ms: int) -> bool:
-        """True when a read record of ``logical`` has a broker timestamp after ``ts_ms``."""
-        return any(row.timestamp_ms > ts_ms for row in self.pending[logical])
+        """True when a read record of ``logical`` has a broker timestamp after ``ts_ms`` (from the
+        newest: such a record is most often among the last read)."""
+        return any(row.timestamp_ms > ts_ms for row in reversed(self.pending[logical]))
 
     def troubled(self, cut: Mapping[str, int]) -> set[str]:
         """Pools with a failed call (error or timeout) among the records the tick at ``cut`` folds:

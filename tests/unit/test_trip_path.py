@@ -80,3 +80,79 @@ async def test_a_tripping_pools_decisions_are_acknowledged_before_any_routine_po
     stages = daemon.trace.after(boundary)
     assert list(stages) == ["ticks_read", "cut_ready", "folded", "decided", "staged", "acked"]
     assert daemon.trace.trips == set()  # logged once, at the settle
+
+
+async def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_the_boundary() -> None:
+    """``Daemon._read_to_now``: a partition that holds a read record stamped after the boundary
+    needs no more reading (the boundary's cut ends before that record); when all do, the wait ends
+    without asking the broker, and the cut is the one a full wait gives. A partition without one
+    still waits for the broker's end (here one that never answers: the wait's limit)."""
+    import asyncio
+    from typing import Any
+
+    from aiokafka import TopicPartition
+    from fleetloop.daemon import clock
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from fleetloop.daemon.shard import INPUTS, Row, Shard
+    from fleetloop.policies.registry import builtin_policy
+    from fleetloop.schemas.topics import REQUESTS, TELEMETRY, topic_name
+    from tests.support.records import outcome, telemetry
+
+    t0 = 1_700_000_000_000
+    boundary = t0 + 1000
+    asked: list[int] = []
+
+    class Consumer:  # a broker that never answers ListOffsets
+        def highwater(self, tp: Any) -> None:
+            return None
+
+        async def end_offsets(self, tps: Any) -> dict[Any, int]:
+            asked.append(len(tps))
+            await asyncio.sleep(3600)
+            return {}
+
+    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
+    daemon._consumer = Consumer()  # type: ignore[assignment]
+    shard = daemon.shards[0] = Shard(0)
+    for logical in INPUTS:
+        daemon._owned.add(TopicPartition(topic_name("", logical), 0))
+    # Telemetry: one record before the boundary, one after; requests: one before only.
+    shard.add(
+        TELEMETRY,
+        [
+            Row(0, t0 + 10, telemetry("a/0", "a", ts_ms=t0 + 10)),
+            Row(1, boundary + 5, telemetry("a/0", "a", ts_ms=boundary + 5)),
+        ],
+    )
+    shard.add(REQUESTS, [Row(0, t0 + 20, outcome("a/0", "ok", "a", ts_ms=t0 + 20))])
+    cut = shard.cut_by_time(boundary)
+
+    started = clock.monotonic_s()
+    await daemon._read_to_now(0.3, boundary)
+    assert clock.monotonic_s() - started >= 0.29  # requests has nothing past the boundary: it waits
+    assert asked == [2]
+
+    shard.add(REQUESTS, [Row(1, boundary + 7, outcome("a/0", "ok", "a", ts_ms=boundary + 7))])
+    started = clock.monotonic_s()
+    await daemon._read_to_now(0.3, boundary)
+    assert clock.monotonic_s() - started < 0.05
+    assert asked == [2]  # not asked again
+    assert shard.cut_by_time(boundary) == cut  # the records past the boundary are not in its cut
+
+    # A record past the boundary arriving while the broker is asked ends the wait too.
+    shard2 = daemon.shards[1] = Shard(1)
+    for logical in INPUTS:
+        daemon._owned.add(TopicPartition(topic_name("", logical), 1))
+    shard2.add(TELEMETRY, [Row(0, boundary + 1, telemetry("b/0", "b", ts_ms=boundary + 1))])
+
+    async def arrive() -> None:
+        await asyncio.sleep(0.05)
+        shard2.add(REQUESTS, [Row(0, boundary + 2, outcome("b/0", "ok", "b", ts_ms=boundary + 2))])
+
+    task = asyncio.create_task(arrive())
+    started = clock.monotonic_s()
+    await daemon._read_to_now(0.3, boundary)
+    took = clock.monotonic_s() - started
+    await task
+    assert 0.04 <= took < 0.2
+    assert asked == [2, 4]
