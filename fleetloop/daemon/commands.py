@@ -59,6 +59,31 @@ def register(sub: Any) -> None:
         help="checkpoint each changed shard to control.checkpoint at most this often (default 5)",
     )
     run.add_argument(
+        "--checkpoint-cpu-share",
+        type=float,
+        default=0.05,
+        metavar="SHARE",
+        help="when checkpoints are costly, checkpoint less often so their encoding uses about this "
+        "share of one core (default 0.05; 0: every --checkpoint-interval-s)",
+    )
+    run.add_argument(
+        "--checkpoint-max-stretch",
+        type=float,
+        default=6.0,
+        metavar="X",
+        help="... at most this many times --checkpoint-interval-s apart: a longer gap is more records a "
+        "new owner folds forward after a restart or a rebalance (default 6)",
+    )
+    run.add_argument(
+        "--session-timeout-s",
+        type=float,
+        default=6.0,
+        metavar="S",
+        help="the consumer group's session timeout: a member not heard from this long loses its "
+        "partitions (default 6; longer for large fleets on a busy machine, whose heartbeats come late; "
+        "failover after a crash takes about this long)",
+    )
+    run.add_argument(
         "--wait-for-topics",
         type=float,
         default=0.0,
@@ -124,6 +149,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("fleetloop run: --checkpoint-interval-s must be between 0.05 and 3600")
     if not 0 <= args.overload_max_ticks <= 1_000_000:
         raise UsageError("fleetloop run: --overload-max-ticks must be between 0 and 1000000")
+    if not 0.0 <= args.checkpoint_cpu_share <= 1.0:
+        raise UsageError("fleetloop run: --checkpoint-cpu-share must be between 0 and 1")
+    if not 1.0 <= args.checkpoint_max_stretch <= 1000.0:
+        raise UsageError("fleetloop run: --checkpoint-max-stretch must be between 1 and 1000")
+    if not 1.0 <= args.session_timeout_s <= 300.0:
+        raise UsageError("fleetloop run: --session-timeout-s must be between 1 and 300")
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
         raise UsageError(f"fleetloop run: --http-port {args.http_port} is not a port (0..65535)")
     if args.wait_for_topics < 0:
@@ -244,6 +275,9 @@ async def _run_daemon(
             run_ticker=not args.no_ticker,
             idempotence=idempotence,
             checkpoint_interval_s=args.checkpoint_interval_s,
+            checkpoint_cpu_share=args.checkpoint_cpu_share,
+            checkpoint_max_stretch=args.checkpoint_max_stretch,
+            session_timeout_s=args.session_timeout_s,
             overload_max_ticks=args.overload_max_ticks,
             door=args.door,
         ),

@@ -157,6 +157,12 @@ class DaemonConfig:
     # owner (a restart, a rebalance) that much more fold-forward of records. 0: no stretch.
     checkpoint_cpu_share: float = 0.05
     checkpoint_max_stretch: float = 6.0
+    # The consumer group's session timeout: a member whose heartbeats stop this long loses its
+    # partitions (the failover time after a crash). Short, the embedded broker completes a join in
+    # about half of it; a large fleet on a busy machine may need longer (its heartbeats come late and
+    # the group rebalances over and over: every 15-26 s at 10,000 nodes, load 13-19, Kafka;
+    # bench/results/latency-s10.md). The heartbeat interval is a sixth of it, at most 1 s.
+    session_timeout_s: float = 6.0
     catchup_max_ticks: int = 600  # missed boundaries decided after an outage, per pool; older: skipped
     # ... and fewer when the shard is already slow: when its recent pace (wall seconds per boundary
     # decided) says the catch-up would take longer than this, the newest boundaries that fit it (at
@@ -580,8 +586,8 @@ class Daemon:
             # Costs at most fifty empty fetches a second on an idle partition set.
             fetch_max_wait_ms=20,
             # Short sessions: the embedded broker completes a join in about half the session timeout.
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=1000,
+            session_timeout_ms=int(cfg.session_timeout_s * 1000),
+            heartbeat_interval_ms=int(min(1.0, cfg.session_timeout_s / 6.0) * 1000),
             # Above any record the broker accepts (Kafka's default limit is 1 MiB): a record larger
             # than the fetch size would stall the partition; fetched, the door refuses it.
             max_partition_fetch_bytes=MAX_FETCH_BYTES,
