@@ -156,3 +156,44 @@ async def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_th
     await task
     assert 0.04 <= took < 0.2
     assert asked == [2, 4]
+
+
+async def test_a_batch_that_moved_no_offset_commits_nothing() -> None:
+    """``Daemon._commit``: the offsets of the last commit under the same assignment are not sent
+    again (a round trip the loop waited on after every batch of input records); a moved offset, or
+    a new assignment (a rebalance callback), commits again."""
+    from typing import Any
+
+    from aiokafka import TopicPartition
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from fleetloop.daemon.shard import INPUTS, Row, Shard
+    from fleetloop.policies.registry import builtin_policy
+    from fleetloop.schemas.topics import TELEMETRY, TICKS, topic_name
+    from tests.support.records import telemetry
+
+    sent: list[dict[Any, int]] = []
+
+    class Consumer:
+        async def commit(self, offsets: Any) -> None:
+            sent.append({tp.topic.split(".")[-1]: o.offset for tp, o in offsets.items()})
+
+    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
+    daemon._consumer = Consumer()  # type: ignore[assignment]
+    shard = daemon.shards[0] = Shard(0)
+    daemon._publish_from[0] = 0
+    for logical in (*INPUTS, TICKS):
+        daemon._owned.add(TopicPartition(topic_name("", logical), 0))
+    shard.add(TELEMETRY, [Row(0, 5, telemetry("a/0", "a", ts_ms=5))])
+    await daemon._commit()
+    await daemon._commit()  # nothing moved
+    assert len(sent) == 1
+    assert daemon.stats.commits_skipped == 1
+    shard.ticks_at = 3  # a tick decided
+    await daemon._commit()
+    assert len(sent) == 2
+    assert sent[-1][TICKS.split(".")[-1]] == 3
+    daemon._assign_gen += 1  # the group moved partitions: commit again, even the same offsets
+    await daemon._commit()
+    await daemon._commit()
+    assert len(sent) == 3
+    assert (daemon.stats.commits, daemon.stats.commits_skipped) == (3, 2)
