@@ -89,14 +89,17 @@ def loop_shares(log_path: str) -> dict[str, Any] | None:
     (``waiting``), and each phase's share of wall time, largest first. None: no such line."""
     totals: dict[str, float] = {}
     phases: dict[str, float] = {}
+    gc_max = 0.0
     with contextlib.suppress(OSError), open(log_path, "rb") as f:
         for line in f:
             if b" loop " not in line or b"window_s=" not in line:
                 continue
             for key, value in re.findall(rb"(\w+)=(\S+)", line):
                 k = key.decode()
-                if k in ("window_s", "cpu_s", "runq_s", "waiting_s"):
+                if k in ("window_s", "cpu_s", "runq_s", "waiting_s", "gc_s", "gc_full"):
                     totals[k] = totals.get(k, 0.0) + float(value)
+                elif k == "gc_max_s":
+                    gc_max = max(gc_max, float(value))
                 elif b"/" in value:
                     phases[k] = phases.get(k, 0.0) + float(value.split(b"/")[0])
     window = totals.get("window_s", 0.0)
@@ -108,6 +111,11 @@ def loop_shares(log_path: str) -> dict[str, Any] | None:
         "runq": round(totals.get("runq_s", 0.0) / window, 3),
         "waiting": round(totals.get("waiting_s", 0.0) / window, 3),
         "phases": {k: round(v / window, 3) for k, v in sorted(phases.items(), key=lambda kv: -kv[1])},
+        # The cyclic collector's pauses (the loop waits through each): share of wall time, the
+        # longest, and how many full collections.
+        "gc": round(totals.get("gc_s", 0.0) / window, 4),
+        "gc_max_s": round(gc_max, 3),
+        "gc_full": int(totals.get("gc_full", 0.0)),
     }
 
 

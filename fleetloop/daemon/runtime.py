@@ -269,6 +269,27 @@ class LoopTimes:
     since_s: float = 0.0  # monotonic start of the current report window
     ticker_late_s: float = 0.0
     ticker_s: float = 0.0
+    # The cyclic collector's pauses (``gc.callbacks``, process-wide: the loop waits through each):
+    # seconds in all, the longest one, and how many were full (generation 2) collections.
+    gc_s: float = 0.0
+    gc_max_s: float = 0.0
+    gc_full: int = 0
+    gc_started: float = 0.0
+
+    def on_gc(self, phase: str, info: Mapping[str, Any]) -> None:
+        """A ``gc.callbacks`` entry: time each collection."""
+        now = clock.monotonic_s()
+        if phase == "start":
+            self.gc_started = now
+            return
+        if not self.gc_started:
+            return
+        took = now - self.gc_started
+        self.gc_started = 0.0
+        self.gc_s += took
+        self.gc_max_s = max(self.gc_max_s, took)
+        if info.get("generation") == 2:
+            self.gc_full += 1
 
     def lap(self, phase: str) -> None:
         """Give the time since the previous lap to ``phase``."""
@@ -302,10 +323,15 @@ class LoopTimes:
             },
             "ticker_late_s": round(self.ticker_late_s, 2),
             "ticker_s": round(self.ticker_s, 2),
+            "gc_s": round(self.gc_s, 3),
+            "gc_max_s": round(self.gc_max_s, 3),
+            "gc_full": self.gc_full,
         }
         self.wall_s, self.cpu_s, self.runq_s = {}, {}, {}
         self.since_s = now
         self.ticker_late_s = self.ticker_s = 0.0
+        self.gc_s = self.gc_max_s = 0.0
+        self.gc_full = 0
         return out
 
 
@@ -561,6 +587,15 @@ class Daemon:
         cfg = self.config
         if cfg.gc_gen0_threshold:
             tune_gc(cfg.gc_gen0_threshold)
+        gc.callbacks.append(self.loop_times.on_gc)
+        try:
+            await self._run(stop)
+        finally:
+            with contextlib.suppress(ValueError):
+                gc.callbacks.remove(self.loop_times.on_gc)
+
+    async def _run(self, stop: asyncio.Event) -> None:
+        cfg = self.config
         producer = AIOKafkaProducer(
             **connect(cfg.bootstrap_servers),
             client_id=f"{cfg.client_id}-producer",

@@ -16,6 +16,7 @@ def test_the_benches_read_a_daemons_loop_lines_back(tmp_path: Any) -> None:
     line = (
         "2026-12-01T17:30:02.963010Z [info     ] loop                           [fleetloop.daemon] "
         "acks=9.00/0.50/7.50 cpu_s=6.0 decide=12.00/5.00/7.00 fetch_held_back=10.00/0.50/0.50 "
+        "gc_full=1 gc_max_s=0.25 gc_s=0.3 "
         "runq_s=15.0 ticker_late_s=2.0 ticker_s=1.5 waiting_s=9.0 window_s=30.0\n"
     )
     path = tmp_path / "daemon.log"
@@ -26,6 +27,7 @@ def test_the_benches_read_a_daemons_loop_lines_back(tmp_path: Any) -> None:
     assert (shares["cpu"], shares["runq"], shares["waiting"]) == (0.2, 0.5, 0.3)
     assert list(shares["phases"]) == ["decide", "fetch_held_back", "acks"]
     assert shares["phases"]["decide"] == 0.4
+    assert (shares["gc"], shares["gc_max_s"], shares["gc_full"]) == (0.01, 0.25, 2)
     assert loop_shares(str(tmp_path / "absent.log")) is None
 
 

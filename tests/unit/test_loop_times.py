@@ -44,3 +44,35 @@ def test_the_thread_sched_clock_moves_with_work() -> None:
     cpu1, runq1 = clock.thread_sched_s()
     assert cpu1 > cpu0
     assert runq1 >= runq0
+
+
+def test_the_collectors_pauses_are_timed_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LoopTimes.on_gc`` (a ``gc.callbacks`` entry): each collection's pause, the longest one and
+    the full ones in the window's line, then a new window; a stop without its start is ignored.
+    And a real collection reaches it once installed."""
+    import gc
+
+    now = [100.0]
+    monkeypatch.setattr(clock, "monotonic_s", lambda: now[0])
+    monkeypatch.setattr(clock, "thread_sched_s", lambda: (0.0, 0.0))
+    times = LoopTimes()
+    assert times.report() is None
+    times.on_gc("stop", {"generation": 2})  # no start seen: ignored
+    for gen, took in ((0, 0.01), (2, 0.25), (1, 0.05)):
+        times.on_gc("start", {"generation": gen})
+        now[0] += took
+        times.on_gc("stop", {"generation": gen})
+    now[0] = 100.0 + runtime.LOOP_REPORT_S
+    figures = times.report()
+    assert figures is not None
+    assert (figures["gc_s"], figures["gc_max_s"], figures["gc_full"]) == (0.31, 0.25, 1)
+    assert (times.gc_s, times.gc_max_s, times.gc_full) == (0.0, 0.0, 0)
+    monkeypatch.undo()
+    real = LoopTimes()
+    gc.callbacks.append(real.on_gc)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(real.on_gc)
+    assert real.gc_full == 1
+    assert real.gc_s > 0.0
