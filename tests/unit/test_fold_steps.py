@@ -154,6 +154,9 @@ async def test_the_daemon_folds_a_far_cut_in_steps_and_the_loop_goes_on(
         async def stage(self, decisions: Any, shadow: Any = ()) -> None:
             staged.extend(decision_bytes(d) for d in (*shadow, *decisions))
 
+        async def settle(self) -> bool:  # a tripping pool's decisions, acknowledged at once
+            return True
+
     async def run(step_rows: int) -> tuple[float, float, int, list[bytes], Any]:
         monkeypatch.setattr(runtime, "FOLD_STEP_ROWS", step_rows)
         daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=policy))

@@ -182,6 +182,9 @@ async def test_the_daemon_decides_a_boundarys_ticks_in_batches_as_it_did_one_by_
         async def stage(self, decisions: Any, shadow: Any = ()) -> None:
             staged.extend(decision_bytes(d) for d in (*shadow, *decisions))
 
+        async def settle(self) -> bool:  # a tripping pool's decisions, acknowledged at once
+            return True
+
     daemon._publisher = Publisher()  # type: ignore[assignment]
     reference = {p: Shard(p) for p in (0, 1)}
     expected: list[bytes] = []
