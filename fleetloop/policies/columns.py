@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import chain
 from operator import attrgetter
 from typing import Any, overload
 
@@ -96,6 +97,21 @@ _TEL_NUMBERS = (
 _TEL_COLUMN = {name: j for j, name in enumerate(_TEL_NUMBERS)}
 _TEL_ROW = attrgetter(*_TEL_NUMBERS)
 _EXACT = 2.0**53  # every integer of smaller magnitude is a double exactly
+N_TEL = len(_TEL_NUMBERS)
+
+
+def tel_numbers(tels: Sequence[Any]) -> Floats:
+    """Every field of ``_TEL_NUMBERS`` of each record as one row of doubles: a ``(len(tels), N_TEL)``
+    array, read in one flat pass (``np.fromiter`` over the fields, record after record). Each element
+    is numpy's conversion of that value to a double (``float(value)``; None is NaN), the one
+    ``np.array`` of the nested rows makes, so row ``r`` column ``j`` is ``floats_plain`` of field
+    ``j`` at record ``r``. Raises ``TypeError`` / ``ValueError`` / ``OverflowError`` when a value is
+    not one number (a sequence among them too: where ``np.array`` of the rows would add a dimension,
+    this refuses it); the caller then reads each column on its own (:meth:`NodeTable.numbers`).
+    About a quarter cheaper than ``np.array`` of the rows, which first discovers the nesting."""
+    n = len(tels)
+    flat = np.fromiter(chain.from_iterable(map(_TEL_ROW, tels)), dtype=np.float64, count=n * N_TEL)
+    return flat.reshape(n, N_TEL)
 
 
 class NodeTable(Mapping[str, NodeView]):
@@ -141,6 +157,7 @@ class NodeTable(Mapping[str, NodeView]):
         bounds: Mapping[str, tuple[int, int]],
         index: Mapping[str, int] | None = None,
         sorted_ids: Sequence[str] | None = None,
+        numbers: Floats | None = None,
     ) -> None:
         self.now_ms = now_ms
         self.stale_after_ms = stale_after_ms
@@ -155,7 +172,10 @@ class NodeTable(Mapping[str, NodeView]):
         self._sorted = sorted_ids if sorted_ids is not None else sorted(ids)
         self._views: list[NodeView | None] = [None] * len(ids)
         self._memo: dict[str, npt.NDArray[np.generic]] = {}
-        self._numbers: Floats | bool | None = None  # False: the one pass could not read them
+        # ``numbers``: the ``(fields, rows)`` block :meth:`numbers` would read from these records,
+        # already read (the model keeps it up to date as it folds); None: read on first use.
+        # False: the one pass could not read them.
+        self._numbers: Floats | bool | None = numbers
 
     # -- the mapping: node id -> NodeView -------------------------------------------------------
 
@@ -317,26 +337,18 @@ class NodeTable(Mapping[str, NodeView]):
 
     def numbers(self) -> Floats | None:
         """Every field of ``_TEL_NUMBERS`` for every row as one ``(fields, rows)`` array of doubles,
-        read in one pass over the records (built once): row ``j`` is ``floats_plain`` of field
-        ``j``, value for value, because numpy converts each element of the nested list the way it
-        converts each element of a flat one (``float(value)``; None is NaN). None when a record
-        holds something that is not one number in one of those fields (numpy refuses it, or a
-        sequence would add a dimension): then each column is read on its own, as before, and only a
-        column that holds it fails, as it always did."""
+        read in one pass over the records (:func:`tel_numbers`, built once, or handed over already
+        read by the model): row ``j`` is ``floats_plain`` of field ``j``, value for value, because
+        numpy converts each element the way it converts each element of a flat list
+        (``float(value)``; None is NaN). None when a record holds something that is not one number
+        in one of those fields: then each column is read on its own, as before, and only a column
+        that holds it fails, as it always did."""
         block = self._numbers
         if block is None:
-            n = len(self.tels)
             try:
-                rows = np.array(list(map(_TEL_ROW, self.tels)), dtype=np.float64)
+                block = np.ascontiguousarray(tel_numbers(self.tels).T)
             except (TypeError, ValueError, OverflowError):
                 block = False
-            else:
-                if n == 0:
-                    block = np.empty((len(_TEL_NUMBERS), 0), dtype=np.float64)
-                elif rows.shape == (n, len(_TEL_NUMBERS)):
-                    block = np.ascontiguousarray(rows.T)
-                else:
-                    block = False
             self._numbers = block
         return None if block is False else block  # type: ignore[return-value]
 

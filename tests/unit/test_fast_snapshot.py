@@ -68,6 +68,9 @@ def assert_same(fast: FleetSnapshot, plain: FleetSnapshot) -> None:
         ]
     assert [_fields(t) for t in fast.tenants.values()] == [_fields(t) for t in plain.tenants.values()]
     assert _fields(fast.ledger) == _fields(plain.ledger)
+    # The numbers the model kept as it folded (handed to the table) are the table's own one pass
+    # over its records, bit for bit, and absent exactly when that pass cannot read them.
+    _assert_numbers_as_read(fast.nodes)
     # The columns read from the table equal the columns read from the views.
     got, want = fleet_columns(fast), fleet_columns(_as_dict_snapshot(plain))
     assert got.table is fast.nodes
@@ -88,6 +91,28 @@ def assert_same(fast: FleetSnapshot, plain: FleetSnapshot) -> None:
     for pool_id, (a, b) in got.bounds.items():
         assert [_fields(v) for v in got.nodes[a:b]] == [_fields(v) for v in plain.pool_nodes(pool_id)]
         assert nan or got.nodes[a:b] == want.nodes[a:b] == plain.pool_nodes(pool_id)
+
+
+def _assert_numbers_as_read(table: NodeTable) -> None:
+    handed = table._numbers
+    fresh = NodeTable(
+        now_ms=table.now_ms,
+        stale_after_ms=table.stale_after_ms,
+        ids=table.ids,
+        tels=table.tels,
+        consecutive=table.consecutive,
+        totals=table.totals,
+        ts=table.ts,
+        pool_ids=table.pool_ids,
+        bounds=table.bounds,
+    ).numbers()
+    if fresh is None:
+        assert handed is None or handed is False
+        return
+    assert isinstance(handed, np.ndarray)
+    assert handed.shape == fresh.shape
+    assert handed.dtype == fresh.dtype
+    assert handed.tobytes() == fresh.tobytes()
 
 
 def _pairs(model: FleetModel, now: int, **kw: Any) -> None:

@@ -49,6 +49,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import repeat
+from operator import attrgetter
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -65,7 +67,7 @@ from fleetloop.daemon.model.windows import (
     quantile_from_bins,
 )
 from fleetloop.policies.base import FleetSnapshot, LedgerView, NodeView, PoolView, TenantView
-from fleetloop.policies.columns import NodeTable
+from fleetloop.policies.columns import N_TEL, NodeTable, tel_numbers
 from fleetloop.schemas.fast import Outcome, OutcomeRec, Telemetry, TelemetryRec
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
@@ -666,6 +668,13 @@ class FleetModel:
                     win.add_at(b, _N_PRE, t.preemptions)
             except Exception as exc:  # a record the model cannot take must not stop the batch
                 out.append((i, f"fold-error: {type(exc).__name__}: {exc}"[:500]))
+        # The snapshot's numbers of the records this batch made newest, read here rather than at
+        # the tick, into the rows of the last snapshot's layout (carried by node id when the next
+        # one lays its rows out again; a node new since is read there). The snapshot checks every
+        # row by identity, so nothing here can make it read a wrong value.
+        kept = self._snapshots
+        if kept is not None and kept.nodes is not None:
+            kept.nodes.take(items)
         return out
 
     def fold_outcomes(self, items: Sequence[Outcome | None]) -> list[tuple[int, str]]:
@@ -1283,12 +1292,29 @@ def _ledger_view(model: FleetModel) -> LedgerView:
 
 
 class _NodeRows:
-    """The model's nodes in snapshot row order (by pool, then node id) and their windows' columns;
-    valid while ``FleetModel._nodes_changed`` stays at ``changed``."""
+    """The model's nodes in snapshot row order (by pool, then node id), their windows' columns and
+    their newest telemetry's numbers; valid while ``FleetModel._nodes_changed`` stays at ``changed``.
 
-    __slots__ = ("bounds", "changed", "ids", "index", "nodes", "pool_ids", "sorted_ids", "windows")
+    ``numbers[:, r]`` is :func:`~fleetloop.policies.columns.tel_numbers` of ``held[r]``, the record
+    it was read from (None: not read). The batch fold reads the records it makes a node's newest
+    (:meth:`take`, one array write per batch), so the snapshot reads only the rows whose newest
+    record is not the one held (:meth:`numbers_of`): the check is by identity, so a record folded
+    any other way (one at a time, a restore) is read there, and nothing else is trusted."""
 
-    def __init__(self, model: FleetModel) -> None:
+    __slots__ = (
+        "bounds",
+        "changed",
+        "held",
+        "ids",
+        "index",
+        "nodes",
+        "numbers",
+        "pool_ids",
+        "sorted_ids",
+        "windows",
+    )
+
+    def __init__(self, model: FleetModel, before: _NodeRows | None = None) -> None:
         self.changed = model._nodes_changed
         items = sorted(model.nodes.items(), key=lambda kv: (kv[1].telemetry.pool_id, kv[0]))
         self.ids = [k for k, _ in items]
@@ -1297,6 +1323,63 @@ class _NodeRows:
         self.sorted_ids = sorted(self.ids)
         self.pool_ids, self.bounds = _pool_bounds([n.telemetry.pool_id for n in self.nodes])
         self.windows = WindowColumns([n.win for n in self.nodes], 8)
+        n = len(self.ids)
+        # Row ``n`` is spare: what :meth:`take` reads for a node not in these rows lands there.
+        self.numbers: npt.NDArray[np.float64] = np.zeros((N_TEL, n + 1), dtype=np.float64)
+        self.held: list[object] = [None] * (n + 1)
+        if before is not None:  # keep the rows already read of the nodes still here
+            was = before.index
+            pairs = [(r, i) for r, k in enumerate(self.ids) if (i := was.get(k)) is not None]
+            if pairs:
+                to, fro = zip(*pairs, strict=True)
+                self.numbers[:, list(to)] = before.numbers[:, list(fro)]
+                held, old = self.held, before.held
+                for r, i in pairs:
+                    held[r] = old[i]
+
+    def _read(self, rows: list[int], recs: Sequence[object]) -> bool:
+        """Read ``recs`` into ``rows`` (one array write); False, and nothing written, when a record
+        holds something that is not one number."""
+        try:
+            values = tel_numbers(recs)
+        except (TypeError, ValueError, OverflowError):
+            return False
+        self.numbers[:, rows] = values.T
+        held = self.held
+        for r, t in zip(rows, recs, strict=True):
+            held[r] = t
+        return True
+
+    def take(self, items: Sequence[object | None]) -> None:
+        """After a batch fold: read the batch's records into their nodes' rows (one array write;
+        a node not in these rows writes the spare row at the end). Nearly every record of a batch is
+        then its node's newest; one that is not (refused, older, out of order in the batch) is held
+        by no row whose node holds it, so the snapshot reads that row again:
+        checking it here would cost more than the few rows it saves. A batch that holds something
+        odd is read record by record, leaving the odd ones unread."""
+        if None in items:
+            items = [t for t in items if t is not None]
+        if not items:
+            return
+        try:
+            rows = list(map(self.index.get, map(_NODE_ID, items), repeat(len(self.ids))))
+        except AttributeError:  # not a telemetry record (the fold reported it): nothing to read
+            return
+        # One record per row, the batch's last (numpy does not promise which of a repeated index's
+        # values an array write keeps; the row must hold the values of the record it says it holds).
+        last = dict(zip(rows, items, strict=True))
+        if not self._read(list(last), list(last.values())):
+            for r, t in last.items():
+                self._read([r], [t])
+
+    def numbers_of(self, tels: Sequence[object]) -> npt.NDArray[np.float64] | None:
+        """``tel_numbers(tels).T`` (``tels``: every row's newest record, in row order), reading only
+        the rows whose record is not the one held; None when one of them holds something odd."""
+        held = self.held
+        stale = [r for r, (a, b) in enumerate(zip(held[:-1], tels, strict=True)) if a is not b]
+        if stale and not self._read(stale, [tels[r] for r in stale]):
+            return None
+        return self.numbers[:, :-1]
 
 
 class _PoolRows:
@@ -1325,6 +1408,9 @@ class _Snapshots:
     def __init__(self) -> None:
         self.nodes: _NodeRows | None = None
         self.pools: _PoolRows | None = None
+
+
+_NODE_ID = attrgetter("node_id")
 
 
 def _pool_bounds(row_pools: Sequence[str]) -> tuple[tuple[str, ...], dict[str, tuple[int, int]]]:
@@ -1378,10 +1464,11 @@ def snapshot(
         rows.windows.forget(written, evicted)
     if rows is None or rows.changed != model._nodes_changed or len(rows.ids) != len(model.nodes):
         before = rows
-        rows = kept.nodes = _NodeRows(model)
+        rows = kept.nodes = _NodeRows(model, before)
         if before is not None:  # keep what was read for the nodes still here
             rows.windows.carry(before.windows, [n.win for n in rows.nodes], [n.win for n in before.nodes])
     tels = [n.telemetry for n in rows.nodes]
+    numbers = rows.numbers_of(tels)  # the fold may write it on while policies read: a copy
     consecutive = [n.consecutive_failures for n in rows.nodes]
     ts = np.array([t.ts_ms for t in tels], dtype=np.int64)
     totals = rows.windows.totals(now_ms, window_ms)
@@ -1399,6 +1486,7 @@ def snapshot(
             bounds=rows.bounds,
             index=rows.index,
             sorted_ids=rows.sorted_ids,
+            numbers=None if numbers is None else numbers.copy(),
         )
     else:  # some nodes are past forget_node_after_ms at this now: the rows of the others
         keep = np.flatnonzero(live).tolist()
@@ -1415,6 +1503,7 @@ def snapshot(
             ts=ts[live],
             pool_ids=row_pools,
             bounds=row_bounds,
+            numbers=None if numbers is None else numbers[:, live],
         )
     # Pools.
     pool_ids = sorted(model.pools)
