@@ -457,3 +457,47 @@ def test_outstanding_work_limits_get_the_same_floor() -> None:
     assert shaped.max_outstanding == {"0": 4, "1": 0, "2": 7}
     assert shaped.new_task_max_outstanding == {"0": 4, "1": 0}
     assert shaped.max_queue_depth == {"0": 4, "1": 0}
+
+
+def test_the_fast_admission_shaping_is_the_statement() -> None:
+    """``_shape_admission_fast`` (decide_many's: each distinct table floored once) builds what
+    ``_shape_admission`` builds, twice over (the second time from its memo): tables out of priority
+    order, priorities of two digits and below zero, values below and above the floors, huge, and
+    of other types the schema's ints admit when a body is built without validation (``True``,
+    ``1.0``: never read from an ``int`` table's entry)."""
+    from fleetloop.daemon.decide.engine import _shape_admission, _shape_admission_fast
+    from fleetloop.policies.envelope import Envelope
+
+    tables: list[dict[str, Any]] = [
+        {},
+        {"0": 0, "1": 0},
+        {"10": 0, "2": 5, "-1": 0, "0": 3},
+        {"0": True, "1": True},
+        {"0": 1, "1": 1},
+        {"0": 1.0, "1": 0.0},
+        {"0": 10**30, "3": 2**63},
+        {"1": 4, "0": 4},
+    ]
+    envs = [
+        Envelope(protected_priority=0, min_queue_threshold=4),
+        Envelope(protected_priority=0, min_queue_threshold=1),
+        Envelope(protected_priority=2, min_queue_threshold=1),
+        Envelope(protected_priority=-1, min_queue_threshold=1_000_000),
+    ]
+    for env in envs:
+        for _ in range(2):
+            for i, a in enumerate(tables):
+                b = tables[(i + 3) % len(tables)]
+                d = AdmissionDecision.model_construct(
+                    pool_id="p", reason="r", max_queue_depth=a, new_task_max_queue_depth=b,
+                    max_outstanding=b, new_task_max_outstanding=a,
+                )  # fmt: skip
+                want = _shape_admission(d, env)
+                got = _shape_admission_fast(d, env)
+                assert got.model_fields_set == want.model_fields_set
+                assert [(k, repr(v), [(p, type(x)) for p, x in v.items()] if isinstance(v, dict) else None)
+                        for k, v in got.__dict__.items()] == [
+                    (k, repr(v), [(p, type(x)) for p, x in v.items()] if isinstance(v, dict) else None)
+                    for k, v in want.__dict__.items()
+                ]  # fmt: skip
+                assert got.max_queue_depth is not a

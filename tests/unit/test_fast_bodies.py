@@ -77,3 +77,46 @@ def test_retry_budget_body_out_of_bounds_is_refused_by_validation() -> None:
         ratio.budget_decision("pool/p/tenant/t", retries_allowed_now=1, inputs={"x": 1e300}, **common)
     with pytest.raises(ValidationError):
         ratio.budget_decision("", retries_allowed_now=1, inputs={}, **common)
+
+
+def test_updated_is_model_copy() -> None:
+    """``updated`` (the decide tick's envelope copies) builds what ``model_copy(update=...)`` builds:
+    for every decision kind, built by validation or by ``model_construct`` (fields set partly), with
+    one field or several replaced, by values of other types too; the original is left as it was; a
+    model with extras or private attributes goes through ``model_copy``."""
+    from fleetloop.schemas.base import updated
+    from fleetloop.schemas.decisions import AdmissionDecision, BreakerDecision, RoutingDecision
+
+    made: list[tuple[BaseModel, dict[str, object]]] = [
+        (
+            RoutingDecision(entity="pool/p", pool_id="p", reason="r", weights={"a": 0.5, "b": 0.5}),
+            {"weights": {"b": 1.0}, "reason": "x", "spill_to": ()},
+        ),
+        (
+            RoutingDecision.model_construct(pool_id="p", weights={"a": -0.0}),
+            {"inputs": {"stale_nodes": float("nan")}, "by_priority": {}},
+        ),
+        (
+            BreakerDecision(entity="node/n", pool_id="p", node_id="n", reason="r", state="open"),
+            {"enforced": False, "reason": "r:cap"},
+        ),
+        (
+            AdmissionDecision(entity="pool/p", pool_id="p", reason="r", max_queue_depth={"1": 3, "0": 1}),
+            {"max_queue_depth": {"0": 4, "1": True}, "new_task_max_outstanding": {}},
+        ),
+        (AdmissionDecision.model_construct(pool_id="p"), {"reject_if_budget_below_ms": 10**30}),
+    ]
+    for d, update in made:
+        before = (dict(d.__dict__), set(d.model_fields_set))
+        same_model(updated(d, dict(update)), d.model_copy(update=dict(update)))
+        assert updated(d, dict(update)).__pydantic_fields_set__ is not d.__pydantic_fields_set__
+        assert (dict(d.__dict__), set(d.model_fields_set)) == before
+
+    class Private(BaseModel):
+        x: int = 0
+        _p: int = 1
+
+    m = Private()
+    got = updated(m, {"x": 2})
+    assert got.x == 2
+    assert got._p == 1

@@ -25,7 +25,7 @@ from fleetloop.policies.columns import fleet_columns
 from fleetloop.policies.envelope import Envelope
 from fleetloop.policies.pool_figures import pool_figures, row_ids
 from fleetloop.policies.registry import CompiledPolicy
-from fleetloop.schemas.base import assemble
+from fleetloop.schemas.base import assemble, updated
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import (
     AdmissionDecision,
@@ -260,14 +260,15 @@ def _shaped(
 ) -> RoutingDecision:
     """``d`` with its shaped weights and per-priority tables, reason, inputs and spill list cut to
     the envelope: the last step of both routing shaping forms."""
-    return d.model_copy(
-        update={
+    return updated(
+        d,
+        {
             "weights": weights,
             "reason": reason,
             "inputs": inputs,
             "by_priority": by_priority,
             "spill_to": d.spill_to[: env.max_spill_pools],
-        }
+        },
     )
 
 
@@ -539,6 +540,47 @@ def _shape_admission(d: AdmissionDecision, env: Envelope) -> AdmissionDecision:
             "max_outstanding": floor(d.max_outstanding),
             "new_task_max_outstanding": floor(d.new_task_max_outstanding),
         }
+    )
+
+
+# Floored tables by (protected priority, queue floor, the table's items): a pool's admission tables
+# take a handful of shapes across a fleet, and a tick floors four per pool.
+_FLOORED: dict[tuple[int, int, tuple[tuple[str, int], ...]], tuple[tuple[str, int], ...]] = {}
+
+
+def _shape_admission_fast(d: AdmissionDecision, env: Envelope) -> AdmissionDecision:
+    """:func:`_shape_admission` (the statement; ``tests/unit/test_engine.py`` holds the two equal),
+    each table floored once per distinct table and envelope (its items, every value an ``int``
+    exactly, so a ``True`` or a ``1.0`` equal to ``1`` never reads another's entry) and the decision
+    copied by :func:`updated`: the same dicts, in the same order, the same fields set."""
+    protected, least = env.protected_priority, env.min_queue_threshold
+
+    def floor(table: Mapping[str, int]) -> dict[str, int]:
+        items = tuple(table.items())
+        if not all(type(v) is int for _, v in items):
+            return {
+                p: (max(v, least) if int(p) <= protected else max(v, 0))
+                for p, v in sorted(items, key=lambda kv: int(kv[0]))
+            }
+        key = (protected, least, items)
+        found = _FLOORED.get(key)
+        if found is None:
+            if len(_FLOORED) >= 4096:  # bounded, whatever the tables
+                _FLOORED.clear()
+            found = _FLOORED[key] = tuple(
+                (p, max(v, least) if int(p) <= protected else max(v, 0))
+                for p, v in sorted(items, key=lambda kv: int(kv[0]))
+            )
+        return dict(found)
+
+    return updated(
+        d,
+        {
+            "max_queue_depth": floor(d.max_queue_depth),
+            "new_task_max_queue_depth": floor(d.new_task_max_queue_depth),
+            "max_outstanding": floor(d.max_outstanding),
+            "new_task_max_outstanding": floor(d.new_task_max_outstanding),
+        },
     )
 
 
@@ -854,7 +896,7 @@ def decide_many(
                     (
                         mode,
                         [
-                            _shape_admission(d, env) if isinstance(d, AdmissionDecision) else d
+                            _shape_admission_fast(d, env) if isinstance(d, AdmissionDecision) else d
                             for d in result.decisions
                         ],
                     )
