@@ -20,21 +20,221 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
+from pydantic import BaseModel
 
 from fleetloop.daemon.observe.decode import DeadLetter, digest
-from fleetloop.schemas.decisions import Decision
+from fleetloop.schemas.decisions import Decision, PolicyStamp
 from fleetloop.schemas.topics import DEADLETTER, DECISIONS, SHADOW, STATE, topic_name
 
 
-def decision_bytes(decision: Decision) -> bytes:
+def decision_bytes_plain(decision: Decision) -> bytes:
+    """A decision's bytes on the wire: pydantic's JSON form of it (python mode, written by orjson),
+    keys sorted. The statement :func:`decision_bytes` is held to, byte for byte."""
     return orjson.dumps(decision.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+
+
+# How a field's values are checked before orjson writes them. pydantic's JSON form (python mode,
+# which leaves a NaN or an infinity a float, as orjson writes it: null) and orjson write every value
+# alike, with two exceptions, both conversions by pydantic: a bool or an int in a float field is
+# written as a float, a bool in an int field as an int. So only float and int fields are checked.
+_ANY = 0  # str, Literal: written alike, whatever they hold (so are bools and tuples of str)
+_FLOAT = 1  # float: exactly a float
+_INT = 2  # int: exactly an int
+_FLOATS = 3  # dict[str, float]
+_INTS = 4  # dict[str, int]
+_FLOATS2 = 5  # dict[str, dict[str, float]]
+_STRS = 6  # tuple[str, ...] (its own kind, so that a dict of them can be planned: _ANY once planned)
+_STRS2 = 7
+_BOOL = 8
+_DICT_OF = {
+    (_FLOAT, False): (_FLOATS, False),
+    (_INT, False): (_INTS, False),
+    (_FLOATS, False): (_FLOATS2, False),
+    (_STRS, False): (_STRS2, False),
+}
+
+
+def _field_kind(annotation: object) -> tuple[int, bool] | None:
+    """(kind, None allowed) of a field type; None for a type this module does not plan (a nested
+    model, a float in a sequence): its body class always takes the plain form."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType):
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        inner = _field_kind(members[0]) if len(members) == 1 else None
+        return None if inner is None else (inner[0], True)
+    if annotation is float:
+        return _FLOAT, False
+    if annotation is int:
+        return _INT, False
+    if annotation is bool:
+        return _BOOL, False
+    if annotation is str or origin is Literal:
+        return _ANY, False
+    if origin is tuple:
+        args = get_args(annotation)
+        plain_items = len(args) == 2 and args[1] is Ellipsis and _field_kind(args[0]) == (_ANY, False)
+        return (_STRS, False) if plain_items else None
+    if origin is dict:
+        key, value = get_args(annotation)
+        if _field_kind(key) != (_ANY, False):
+            return None
+        inner = _field_kind(value)
+        return _DICT_OF.get(inner) if inner is not None else None
+    return None
+
+
+_FLOAT_ONLY = frozenset((float,))
+_INT_ONLY = frozenset((int,))
+# None is written null by both, in any field.
+_FLOAT_OR_NONE = frozenset((float, type(None)))
+_INT_OR_NONE = frozenset((int, type(None)))
+
+
+class _Plan:
+    """What :func:`_plain_values` checks in one model class's field dict, grouped so that each group
+    is one C-level pass: the float fields' values (exactly floats, or None), the int fields'
+    (exactly ints, or None), and each dict of floats, of ints and of dicts of floats."""
+
+    __slots__ = ("dicts2", "float_dicts", "floats", "int_dicts", "ints", "width")
+
+    def __init__(self, cls: type[BaseModel], fields: list[tuple[str, int, bool]]) -> None:
+        def getter(names: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+            if not names:
+                return lambda _: ()
+            get = itemgetter(*names)
+            return get if len(names) > 1 else lambda values: (get(values),)
+
+        floats = [n for n, k, _ in fields if k == _FLOAT]
+        ints = [n for n, k, _ in fields if k == _INT]
+        self.width = len(cls.model_fields)
+        self.floats = getter(floats)
+        self.ints = getter(ints)
+        self.float_dicts = tuple(n for n, k, _ in fields if k == _FLOATS)
+        self.int_dicts = tuple(n for n, k, _ in fields if k == _INTS)
+        self.dicts2 = tuple(n for n, k, _ in fields if k == _FLOATS2)
+
+
+def _plan(cls: type[BaseModel]) -> _Plan | None:
+    """The checks of ``cls``'s float and int fields; None when a field's type is one
+    :func:`_field_kind` does not plan."""
+    fields = []
+    for name, field in cls.model_fields.items():
+        kind = _field_kind(field.annotation)
+        if kind is None:
+            return None
+        fields.append((name, *kind))
+    return _Plan(cls, fields)
+
+
+# Each body class the envelope's union holds, planned once (a new body class is planned or refused
+# here, and a test names every class).
+_PLANS: dict[type[BaseModel], _Plan] = {
+    cls: plan
+    for cls in get_args(Decision.model_fields["body"].annotation)
+    if (plan := _plan(cls)) is not None
+}
+_ENVELOPE = ("body", "input_offsets", "policy", "tick_id", "ts_ms")
+_ENVELOPE_READY = tuple(sorted(Decision.model_fields)) == _ENVELOPE
+_STAMP_PLAN = _plan(PolicyStamp)
+
+
+def _floats_only(d: Any) -> bool:
+    return type(d) is dict and (not d or _FLOAT_ONLY.issuperset(map(type, d.values())))
+
+
+def _plain_values(values: dict[str, Any], plan: _Plan) -> bool:
+    """Every float field holds exactly a float (or None where allowed), every int field exactly an
+    int, every dict of them exactly a dict of those: then orjson writes what pydantic's JSON form
+    writes."""
+    if len(values) != plan.width:  # a field missing, or a key that is not a field
+        return False
+    if not _FLOAT_OR_NONE.issuperset(map(type, plan.floats(values))):
+        return False
+    if not _INT_OR_NONE.issuperset(map(type, plan.ints(values))):
+        return False
+    for name in plan.float_dicts:
+        if not _floats_only(values[name]):
+            return False
+    for name in plan.int_dicts:
+        d = values[name]
+        if type(d) is not dict or (d and not _INT_ONLY.issuperset(map(type, d.values()))):
+            return False
+    for name in plan.dicts2:
+        d = values[name]
+        if type(d) is not dict or not all(map(_floats_only, d.values())):
+            return False
+    return True
+
+
+# Stamps already checked (a tick's thousands of decisions share a few), kept alive by the entry so
+# that an id is never another stamp's.
+_STAMPS_SEEN: dict[int, PolicyStamp] = {}
+
+
+def _stamp_ok(stamp: PolicyStamp, plan: _Plan) -> bool:
+    if not _plain_values(stamp.__dict__, plan):
+        return False
+    if len(_STAMPS_SEEN) >= 64:
+        _STAMPS_SEEN.clear()
+    _STAMPS_SEEN[id(stamp)] = stamp
+    return True
+
+
+def decision_bytes(decision: Decision) -> bytes:
+    """:func:`decision_bytes_plain`'s bytes, from the models' own field dicts: orjson writes every
+    value a decision holds (str, int, float, bool, None, tuples, dicts) itself and sorts keys at
+    every depth as the plain form does, so only the two nested models need their dict. The two
+    forms differ only where pydantic converts a value that is not its field's type (a bool or an
+    int in a float field, a bool in an int field), so a decision's float and int fields are checked
+    against its class's plan first; one that fails the check, a body class not planned, or a value
+    orjson refuses (a numpy scalar, an int past 64 bits) goes the plain way. A 10,000-node tick
+    publishes ~5,300 decisions; ``model_dump(mode="json")`` was about two thirds of what encoding
+    them cost."""
+    body = decision.body
+    plan = _PLANS.get(type(body))
+    values = body.__dict__
+    stamp = decision.policy
+    if (
+        plan is None
+        or _STAMP_PLAN is None
+        or not _ENVELOPE_READY
+        or type(stamp) is not PolicyStamp
+        or type(decision.input_offsets) is not dict
+    ):
+        return decision_bytes_plain(decision)
+    try:
+        if not (
+            _plain_values(values, plan)
+            and (_STAMPS_SEEN.get(id(stamp)) is stamp or _stamp_ok(stamp, _STAMP_PLAN))
+            and type(decision.ts_ms) is int
+            and type(decision.tick_id) is int
+            and _INT_ONLY.issuperset(map(type, decision.input_offsets.values()))
+        ):
+            return decision_bytes_plain(decision)
+        return orjson.dumps(
+            {
+                "body": values,
+                "input_offsets": decision.input_offsets,
+                "policy": stamp.__dict__,
+                "tick_id": decision.tick_id,
+                "ts_ms": decision.ts_ms,
+            },
+            option=orjson.OPT_SORT_KEYS,
+        )
+    except (TypeError, ValueError, KeyError):
+        return decision_bytes_plain(decision)
 
 
 def _raise_if_transient(exc: Exception) -> None:
