@@ -1410,13 +1410,19 @@ class Daemon:
         loop yields: the client sends what was staged, the ticker publishes on time, and the
         consumer keeps fetching while a large fleet is decided."""
         out: list[Decision] = []
-        early: dict[int, set[int]] = {}  # per shard: offsets of held ticks decided ahead of order
+        # Per shard: its queue and the offsets in it of held ticks decided ahead of order. The queue
+        # too: a shard that went and came back during an await (a rebalance; the settle below is a
+        # round trip) has a new queue, restored from a checkpoint, whose ticks are all its own to decide.
+        early: dict[int, tuple[list[_HeldTick], set[int]]] = {}
         for p, hs in self._troubled_heads():
             shard = self.shards.get(p)
-            if shard is None or self._held.get(p) is None:
+            queue = self._held.get(p)
+            if shard is None or queue is None:
                 continue  # the shard went (a rebalance during a yield)
             await self._decide_held(p, shard, hs, out, trip=True)
-            early.setdefault(p, set()).update(h.offset for h in hs)
+            if self.shards.get(p) is not shard or self._held.get(p) is not queue:
+                continue  # it went during a yield: decided again from its checkpoint
+            early.setdefault(p, (queue, set()))[1].update(h.offset for h in hs)
             self._dirty.add(p)
         if early and self._publisher is not None:
             # The tripping pools' decisions are on the broker before any routine pool is decided.
@@ -1429,7 +1435,8 @@ class Daemon:
         for p in sorted(self._held):
             shard = self.shards.get(p)
             held = self._held.get(p)
-            done = early.get(p, set())
+            mark = early.get(p)
+            done = mark[1] if mark is not None and mark[0] is held else set()
             while held and shard is not None and self.shards.get(p) is shard and self._held.get(p) is held:
                 h = held[0]
                 run = 1  # held ticks this step passes

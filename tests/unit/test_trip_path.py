@@ -197,3 +197,71 @@ async def test_a_batch_that_moved_no_offset_commits_nothing() -> None:
     await daemon._commit()
     assert len(sent) == 3
     assert (daemon.stats.commits, daemon.stats.commits_skipped) == (3, 2)
+
+
+async def test_a_shard_that_came_back_during_the_settle_decides_its_whole_queue() -> None:
+    """A rebalance while the loop awaits the trip's acknowledgement takes the shard away and gives
+    it back, restored (a new shard and queue): the new queue's ticks are all decided by the new
+    shard, the tripping pool's included, not passed as "decided above" (they were, by the old one).
+    Mutation: the offsets decided early applied to whatever queue the shard has -> the new shard
+    never decides the trip pool's tick."""
+    from typing import Any
+
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    from fleetloop.daemon.shard import Row, Shard
+    from fleetloop.policies.registry import builtin_policy
+    from fleetloop.schemas import Tick
+    from fleetloop.schemas.topics import REQUESTS, TELEMETRY
+    from tests.support.records import outcome, telemetry
+
+    t0 = 1_700_000_000_000
+    boundary = t0 + 1000
+    pools = ("a", "b")
+    cut = {TELEMETRY: 2, REQUESTS: 2}
+
+    def fresh() -> tuple[Shard, list[_HeldTick]]:
+        shard = Shard(0)
+        shard.add(
+            TELEMETRY, [Row(i, t0 + i, telemetry(f"{q}/0", q, ts_ms=t0 + i)) for i, q in enumerate(pools)]
+        )
+        shard.add(
+            REQUESTS,
+            [
+                Row(0, t0 + 5, outcome("a/0", "ok", "a", ts_ms=t0 + 5)),
+                Row(1, t0 + 6, outcome("b/0", "error", "b", ts_ms=t0 + 6)),
+            ],
+        )
+        held = [
+            _HeldTick(
+                k, Tick(ts_ms=boundary, tick_id=boundary // 1000, pool_id=q), boundary, dict(cut), None, 0.0
+            )
+            for k, q in enumerate(pools)
+        ]
+        return shard, held
+
+    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
+    restored: list[Shard] = []
+
+    class Publisher:
+        async def stage(self, decisions: Any, shadow: Any = ()) -> None:
+            pass
+
+        async def settle(self) -> bool:  # the group takes partition 0 away and gives it back
+            shard, held = fresh()
+            daemon.shards[0], daemon._held[0] = shard, held
+            restored.append(shard)
+            return True
+
+    class Consumer:
+        def highwater(self, tp: Any) -> None:
+            return None
+
+    daemon._consumer = Consumer()  # type: ignore[assignment]
+    daemon._publisher = Publisher()  # type: ignore[assignment]
+    daemon.shards[0], daemon._held[0] = fresh()
+    daemon._publish_from[0] = 0
+    await daemon._decide_ready()
+    assert restored
+    assert daemon.shards[0] is restored[0]
+    assert daemon._held[0] == []
+    assert set(restored[0].last_tick) == {"a", "b"}  # the trip pool b decided by the new shard too
