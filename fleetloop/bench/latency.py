@@ -164,17 +164,26 @@ def trip_lines(log_paths: list[str]) -> dict[int, dict[str, int]]:
     return out
 
 
-def trip_path_stages(per_trial: list[dict[str, Any]], log_paths: list[str]) -> dict[str, Any]:
+def trip_path_stages(
+    per_trial: list[dict[str, Any]], log_paths: list[str], tick_ms: int = 1000
+) -> dict[str, Any]:
     """Per stage of the after-boundary part, p50 / p99 / max ms after the boundary over the trials
     the daemons traced, then ``arrived`` (on control.state, the bench's clock); each trial's stages
-    go into its row (``path_ms``)."""
+    go into its row (``path_ms``). A trial whose trigger missed its boundary's cut (acknowledged
+    just before it, read after) trips at the next boundary: its stages are that line's, counted
+    from the trial's boundary (a tick more), and its row says ``path_next_boundary``."""
     lines = trip_lines(log_paths)
     seen: dict[str, list[float]] = {}
     for row in per_trial:
-        marks = lines.get(row.get("boundary_ms", -1))
+        boundary = row.get("boundary_ms", -1)
+        late = 0
+        marks = lines.get(boundary)
+        if marks is None and (marks := lines.get(boundary + tick_ms)) is not None:
+            late = tick_ms
+            row["path_next_boundary"] = True
         if marks is None:
             continue
-        path = {k: marks[k] for k in TRIP_STAGES if k in marks}
+        path = {k: marks[k] + late for k in TRIP_STAGES if k in marks}
         if row.get("after_boundary_ms") is not None:
             path["arrived"] = row["after_boundary_ms"]
         row["path_ms"] = path
@@ -182,6 +191,7 @@ def trip_path_stages(per_trial: list[dict[str, Any]], log_paths: list[str]) -> d
             seen.setdefault(k, []).append(float(v))
     return {
         "trials_traced": sum(1 for row in per_trial if "path_ms" in row),
+        "trials_at_the_next_boundary": sum(1 for row in per_trial if row.get("path_next_boundary")),
         **{
             k: {"p50": round(pct(v, 50), 1), "p99": round(pct(v, 99), 1), "max": round(max(v), 1)}
             for k, v in seen.items()
@@ -435,7 +445,9 @@ async def _run(
         "daemon_loops": [loop_shares(f"{log_path}.{k}") for k in range(args.daemons)],
         # The after-boundary part by stage, from the daemons' "trip path" lines (runtime.TripTrace)
         # joined to the trials by boundary: per stage p50 / p99 / max ms after the boundary.
-        "trip_path_ms": trip_path_stages(per_trial, [f"{log_path}.{k}" for k in range(args.daemons)]),
+        "trip_path_ms": trip_path_stages(
+            per_trial, [f"{log_path}.{k}" for k in range(args.daemons)], tick_ms
+        ),
         "load_average_min": min((r["load_average"] for r in per_trial), default=None),
         "load_average_max": max((r["load_average"] for r in per_trial), default=None),
         "per_trial": per_trial,

@@ -58,15 +58,20 @@ def test_bench_latency_joins_the_daemons_trip_path_lines_to_its_trials(tmp_path:
         "ticks_acked=65 ticks_read=26 woke=1\n"
     )
     a, b = tmp_path / "d.log.0", tmp_path / "d.log.1"
-    a.write_text("noise boundary=5\n" + line.format(b=1000) + line.format(b=2000))
+    a.write_text("noise boundary=5\n" + line.format(b=1000) + line.format(b=2000) + line.format(b=6000))
     b.write_text(line.format(b=2000).replace("acked=71", "acked=60").replace("woke=1", "woke=3"))
     rows: list[dict[str, Any]] = [
         {"boundary_ms": 1000, "after_boundary_ms": 80.0},
         {"boundary_ms": 2000, "after_boundary_ms": 70.0},
         {"boundary_ms": 3000, "after_boundary_ms": 90.0},
+        {"boundary_ms": 5000, "after_boundary_ms": 1100.0},  # missed its cut: tripped at 6000
     ]
     stages = latency.trip_path_stages(rows, [str(a), str(b), str(tmp_path / "absent")])
-    assert stages["trials_traced"] == 2
+    assert stages["trials_traced"] == 3
+    assert stages["trials_at_the_next_boundary"] == 1
+    assert rows[3]["path_next_boundary"] is True
+    assert rows[3]["path_ms"]["woke"] == 1001
+    assert rows[3]["path_ms"]["arrived"] == 1100.0
     assert rows[0]["path_ms"] == {
         "woke": 1, "read_up": 15, "ticks_acked": 65, "ticks_read": 26, "cut_ready": 26,
         "folded": 26, "decided": 44, "staged": 45, "acked": 71, "arrived": 80.0,
@@ -74,6 +79,6 @@ def test_bench_latency_joins_the_daemons_trip_path_lines_to_its_trials(tmp_path:
     assert rows[1]["path_ms"]["acked"] == 60
     assert rows[1]["path_ms"]["woke"] == 1
     assert "path_ms" not in rows[2]
-    assert stages["acked"]["max"] == 71.0
-    assert stages["arrived"]["p50"] in (70.0, 75.0, 80.0)
-    assert list(stages)[1:] == [*latency.TRIP_STAGES, "arrived"]
+    assert stages["acked"]["max"] == 1071.0
+    assert stages["arrived"]["p50"] == 80.0
+    assert list(stages)[2:] == [*latency.TRIP_STAGES, "arrived"]
