@@ -185,15 +185,16 @@ async def test_the_daemon_folds_a_far_cut_in_steps_and_the_loop_goes_on(
         done.set()
         await beat
         gaps = [b - a for a, b in itertools.pairwise(turns)]
-        return max(gaps, default=folded_s), folded_s, daemon.stats.fold_steps, list(staged), shard
+        return len(turns), max(gaps, default=folded_s), daemon.stats.fold_steps, list(staged), shard
 
-    one_gap, _, one_steps, one_staged, one_shard = await run(10**9)
-    gap, _, steps, got_staged, shard = await run(2_000)
+    one_turns, _, one_steps, one_staged, one_shard = await run(10**9)
+    turns, _, steps, got_staged, shard = await run(2_000)
     assert one_steps == 0
     assert steps >= 10
     assert got_staged == one_staged
     assert got_staged
     assert checkpoint.encode(shard.checkpoint_value()) == checkpoint.encode(one_shard.checkpoint_value())
-    # In one piece the heartbeat waits for the whole fold (and a batch's decide); in steps, for one
-    # step or one batch's decide: the longest wait is well below the one-piece wait.
-    assert gap < one_gap * 0.7, (gap, one_gap)
+    # In one piece the heartbeat gets the loop only around the fold; in steps, once after every
+    # step as well. Counted, not timed: a wall-clock comparison of the longest wait (the check
+    # before) failed on a busy machine, where a preempted step looks like a held loop.
+    assert turns >= one_turns + steps, (turns, one_turns, steps)
