@@ -1,11 +1,17 @@
-"""The telemetry numbers the model keeps as it folds (``_NodeRows``: one ``(fields, rows)`` block,
-written by the batch fold for the records it makes a node's newest, checked by identity at each
-snapshot) are, at every snapshot, the table's own one pass over its records
-(:meth:`NodeTable.numbers` of a table built without them), bit for bit, and absent exactly when
-that pass cannot read them: on the bench fleet with nodes arriving, leaving, moving pools and
-forgotten, with folds one record at a time between the batches, with hostile values (None,
-1e308, -0.0, NaN, integers past 2**53 and past float range, strings, sequences) and 100k new ids.
-The columns policies read from the snapshot are the ones read from fresh tables."""
+"""The columns the model keeps for the snapshot as it folds.
+
+The telemetry numbers (``_NodeRows``: one ``(fields, rows)`` block, written by the batch fold for
+the records it makes a node's newest, checked by identity at each snapshot) are, at every
+snapshot, the table's own one pass over its records (:meth:`NodeTable.numbers` of a table built
+without them), bit for bit, and absent exactly when that pass cannot read them: on the bench fleet
+with nodes arriving, leaving, moving pools and forgotten, with folds one record at a time between
+the batches, with hostile values (None, 1e308, -0.0, NaN, integers past 2**53 and past float range,
+strings, sequences) and 100k new ids. The columns policies read from the snapshot are the ones read
+from fresh tables.
+
+The node windows' bucket arrays (``WindowColumns``) are re-read by the batch folds for the rows
+they wrote (``WindowColumns.refresh``), so the snapshot reads no node bucket whole in a daemon's
+steady state; ``tests/unit/test_fast_snapshot.py`` holds those snapshots to the plain ones."""
 
 from __future__ import annotations
 
@@ -177,3 +183,58 @@ def test_a_snapshot_keeps_its_numbers_while_the_model_folds_on() -> None:
     want = fresh_table(table).numbers()
     assert want is not None
     assert before.tobytes() == want.tobytes()
+
+
+def _count_reads(monkeypatch: Any) -> list[tuple[int, int]]:
+    from fleetloop.daemon.model import windows
+
+    reads: list[tuple[int, int]] = []
+    real = windows.WindowColumns._read
+
+    def counted(self: windows.WindowColumns, b: int) -> Any:
+        reads.append((self.width, b))
+        return real(self, b)
+
+    monkeypatch.setattr(windows.WindowColumns, "_read", counted)
+    return reads
+
+
+def test_the_tick_reads_no_node_bucket_whole_once_the_folds_keep_them(monkeypatch: Any) -> None:
+    from fleetloop.daemon.model.fleet import snapshot_plain
+    from tests.unit.test_fast_snapshot import assert_same
+
+    reads = _count_reads(monkeypatch)
+    fleet = make_fleet(300, degraded_per_1000=40.0)  # degraded nodes report errors: telemetry writes
+    model = FleetModel()
+    ts = BASE_TS_MS
+    at_tick: list[int] = []
+    for k in range(8):
+        ts += 1000
+        model.fold_telemetries([TELEMETRY_TWIN.of(t) for t in telemetry_at(fleet, ts)])
+        outs = [OUTCOME_TWIN.of(o) for o in outcomes_at(fleet, ts, workflow_base=k * 1000)]
+        model.fold_outcomes(outs[: len(outs) // 2])  # two batches a second, as fetches come
+        model.fold_outcomes(outs[len(outs) // 2 :])
+        reads.clear()
+        fast = snapshot(model, ts)
+        at_tick.append(sum(1 for width, _ in reads if width == 8))
+        assert_same(fast, snapshot_plain(model, ts))
+    assert at_tick[0] == 10  # the first snapshot reads its window's buckets
+    assert at_tick[2:] == [0] * 6  # then the folds keep them
+
+
+def test_a_backlog_folded_without_a_tick_keeps_two_new_buckets_at_most() -> None:
+    fleet = make_fleet(100, degraded_per_1000=40.0)
+    model = FleetModel()
+    ts = BASE_TS_MS + 1000
+    model.fold_outcomes([OUTCOME_TWIN.of(o) for o in outcomes_at(fleet, ts, workflow_base=0)])
+    model.fold_telemetries([TELEMETRY_TWIN.of(t) for t in telemetry_at(fleet, ts)])
+    snapshot(model, ts)
+    kept = model._snapshots
+    assert kept is not None
+    assert kept.nodes is not None
+    before = len(kept.nodes.windows.cols)
+    for k in range(1, 40):  # forty seconds caught up on, no snapshot between
+        ts += 1000
+        model.fold_telemetries([TELEMETRY_TWIN.of(t) for t in telemetry_at(fleet, ts)])
+        model.fold_outcomes([OUTCOME_TWIN.of(o) for o in outcomes_at(fleet, ts, workflow_base=k * 1000)])
+    assert len(kept.nodes.windows.cols) <= before + 2

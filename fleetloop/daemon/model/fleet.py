@@ -50,7 +50,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, is_not
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -259,6 +259,7 @@ class FleetModel:
     __slots__ = (
         "_evicted_below",
         "_fleet_evicted_to",
+        "_node_written_from",
         "_nodes_changed",
         "_pools_full_checked_bucket",
         "_snapshots",
@@ -275,14 +276,22 @@ class FleetModel:
         "watermark_ms",
     )
     # What the snapshot keeps between ticks (:class:`_Snapshots`) and the marks the fold leaves it,
-    # derived from the rest and never checkpointed: ``_written_from`` the lowest bucket folded into
-    # since the last snapshot, ``_evicted_below`` the highest eviction horizon, ``_nodes_changed``
+    # derived from the rest and never checkpointed: ``_written_from`` the lowest bucket of a pool's
+    # window folded into since the last snapshot, ``_node_written_from`` the same for the nodes'
+    # windows (the batch folds re-read what they wrote into the snapshot's kept node columns
+    # instead, :meth:`_NodeRows.refresh`), ``_evicted_below`` the highest eviction horizon, ``_nodes_changed``
     # counts node arrivals, departures and moves. A model decoded from a checkpoint gets these values
     # (plain data the decoder sets, no code of ours): everything written, nothing kept. (Not a
     # ``__getattr__`` fallback: a class with one loses Python's fast attribute access, which tripled
     # the cost of every ``self.`` in the fold.)
     _TRANSIENT: ClassVar[Mapping[str, int | None]] = MappingProxyType(
-        {"_evicted_below": _FAR_PAST, "_nodes_changed": 0, "_snapshots": None, "_written_from": _FAR_PAST}
+        {
+            "_evicted_below": _FAR_PAST,
+            "_node_written_from": _FAR_PAST,
+            "_nodes_changed": 0,
+            "_snapshots": None,
+            "_written_from": _FAR_PAST,
+        }
     )
 
     def __init__(self, config: ModelConfig | None = None) -> None:
@@ -299,6 +308,7 @@ class FleetModel:
         self._fleet_evicted_to = 0
         self._pools_full_checked_bucket = -1
         self._written_from = _NEVER
+        self._node_written_from = _NEVER
         self._evicted_below = _FAR_PAST
         self._nodes_changed = 0
         self._snapshots: _Snapshots | None = None
@@ -394,8 +404,8 @@ class FleetModel:
             node.telemetry = t
         if t.errors or t.timeouts or t.preemptions:
             b = ts // BUCKET_MS
-            if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
-                self._written_from = b
+            if b < self._node_written_from:  # noqa: PLR1730 (a compare, not a call, per record)
+                self._node_written_from = b
             node.win.add_at(b, _N_ERR, t.errors)
             node.win.add_at(b, _N_TO, t.timeouts)
             node.win.add_at(b, _N_PRE, t.preemptions)
@@ -444,6 +454,8 @@ class FleetModel:
         b = ts // BUCKET_MS
         if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
             self._written_from = b
+        if b < self._node_written_from:  # noqa: PLR1730 (a compare, not a call, per record)
+            self._node_written_from = b
         outcome = o.outcome
         ok = outcome == "ok"
         failed = outcome in FAILED_OUTCOMES
@@ -615,6 +627,8 @@ class FleetModel:
         cfg = self.config
         max_per_pool, max_nodes = cfg.max_nodes_per_pool, cfg.max_nodes
         bucket_ms = BUCKET_MS
+        wrote_ids: list[str] = []  # the node windows written, and their buckets
+        wrote_at: list[int] = []
         for i, t in enumerate(items):
             if t is None:
                 continue
@@ -660,8 +674,8 @@ class FleetModel:
                     node.telemetry = t
                 if t.errors or t.timeouts or t.preemptions:
                     b = ts // bucket_ms
-                    if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
-                        self._written_from = b
+                    wrote_ids.append(node_id)  # re-read below (_NodeRows.refresh)
+                    wrote_at.append(b)
                     win = node.win
                     win.add_at(b, _N_ERR, t.errors)
                     win.add_at(b, _N_TO, t.timeouts)
@@ -675,6 +689,8 @@ class FleetModel:
         kept = self._snapshots
         if kept is not None and kept.nodes is not None:
             kept.nodes.take(items)
+        if wrote_ids:
+            self._wrote_nodes(wrote_ids, wrote_at)
         return out
 
     def fold_outcomes(self, items: Sequence[Outcome | None]) -> list[tuple[int, str]]:
@@ -703,6 +719,8 @@ class FleetModel:
         failed_outcomes = FAILED_OUTCOMES
         lat_edges = LAT_EDGES_MS
         top_priority = N_PRIORITIES - 1
+        wrote_ids: list[str] = []  # the node windows written, and their buckets (_NodeRows.refresh)
+        wrote_at: list[int] = []
         for i, o in enumerate(items):
             if o is None:
                 continue
@@ -851,6 +869,8 @@ class FleetModel:
                                 if why is None:
                                     why = PARTIAL_UNPLACED
                     if win is not None:
+                        wrote_ids.append(node_id)
+                        wrote_at.append(b)
                         rows = win.buckets
                         row = rows.get(b)
                         ttft = ttft_ms if ttft_ms is not None else 0.0
@@ -883,7 +903,20 @@ class FleetModel:
                     out.append((i, why))
             except Exception as exc:  # a record the model cannot take must not stop the batch
                 out.append((i, f"fold-error: {type(exc).__name__}: {exc}"[:500]))
+        if wrote_ids:
+            self._wrote_nodes(wrote_ids, wrote_at)
         return out
+
+    def _wrote_nodes(self, ids: list[str], buckets: list[int]) -> None:
+        """After a batch fold wrote bucket ``buckets[k]`` of node ``ids[k]``'s window: re-read those
+        rows into the snapshot's kept columns here (rather than all of every such bucket at the
+        tick); with no kept columns, or a value they cannot take, mark them written, and the
+        snapshot reads those buckets again, as before."""
+        kept = self._snapshots
+        if kept is None or kept.nodes is None or not kept.nodes.refresh(ids, buckets):
+            low = min(buckets)
+            if low < self._node_written_from:  # noqa: PLR1730
+                self._node_written_from = low
 
     def _finish(self, wf_id: str, ts_ms: int) -> None:
         finished = self.ledger.finished
@@ -1372,11 +1405,30 @@ class _NodeRows:
             for r, t in last.items():
                 self._read([r], [t])
 
+    def refresh(self, ids: Sequence[str], buckets: Sequence[int]) -> bool:
+        """After a batch fold wrote bucket ``buckets[k]`` of node ``ids[k]``'s window:
+        re-read those rows of the kept bucket arrays (:meth:`WindowColumns.refresh`). By node id,
+        whichever window the row holds (re-reading a row nobody wrote changes nothing), so a node
+        that arrived, left or moved since the rows were laid out is read right too. False when a
+        bucket could not be read (the caller marks it written instead)."""
+        index = self.index
+        rows = list(map(index.get, ids))
+        if len(set(buckets)) == 1:
+            groups = {buckets[0]: rows}
+        else:
+            groups = {}
+            for r, b in zip(rows, buckets, strict=True):
+                groups.setdefault(b, []).append(r)
+        ok = True
+        for b, at in groups.items():
+            ok = self.windows.refresh(b, [r for r in dict.fromkeys(at) if r is not None]) and ok
+        return ok
+
     def numbers_of(self, tels: Sequence[object]) -> npt.NDArray[np.float64] | None:
         """``tel_numbers(tels).T`` (``tels``: every row's newest record, in row order), reading only
         the rows whose record is not the one held; None when one of them holds something odd."""
-        held = self.held
-        stale = [r for r, (a, b) in enumerate(zip(held[:-1], tels, strict=True)) if a is not b]
+        differ = list(map(is_not, self.held[:-1], tels))
+        stale = [r for r, d in enumerate(differ) if d] if True in differ else []
         if stale and not self._read(stale, [tels[r] for r in stale]):
             return None
         return self.numbers[:, :-1]
@@ -1457,11 +1509,12 @@ def snapshot(
     if kept is None:
         kept = model._snapshots = _Snapshots()
     written, evicted = model._written_from, model._evicted_below
-    model._written_from = _NEVER
+    node_written = model._node_written_from
+    model._written_from = model._node_written_from = _NEVER
     # Nodes.
     rows = kept.nodes
     if rows is not None:
-        rows.windows.forget(written, evicted)
+        rows.windows.forget(node_written, evicted)
     if rows is None or rows.changed != model._nodes_changed or len(rows.ids) != len(model.nodes):
         before = rows
         rows = kept.nodes = _NodeRows(model, before)

@@ -96,16 +96,19 @@ class WindowColumns:
     every bucket.
 
     The caller keeps the rows fixed (the same windows in the same order) for the life of the object,
-    and calls :meth:`forget` with the lowest bucket written and the eviction horizon before reading.
+    and calls :meth:`forget` with the lowest bucket written and the eviction horizon before reading,
+    or, for rows it wrote, :meth:`refresh` right after writing (the model's batch folds do, so a
+    tick reads no node bucket whole once the folds keep them).
     """
 
-    __slots__ = ("_gets", "cols", "n", "width")
+    __slots__ = ("_gets", "cols", "made", "n", "width")
 
     def __init__(self, wins: Sequence[Window], width: int) -> None:
         self.width = width
         self.n = len(wins)
         self._gets: list[Callable[[int], list[float] | None]] = [w.buckets.get for w in wins]
         self.cols: dict[int, npt.NDArray[np.float64] | None] = {}
+        self.made = 0  # buckets :meth:`refresh` read whole since the last :meth:`totals`
 
     def forget(self, written_from: int, evicted_below: int) -> None:
         """Drop what a write may have changed: buckets at or after ``written_from`` (the lowest
@@ -152,12 +155,51 @@ class WindowColumns:
         out[present] = [rows[i] for i in present]
         return out
 
+    def refresh(self, b: int, rows: Sequence[int]) -> bool:
+        """Re-read ``rows``' bucket ``b`` where its array is kept (the rows' windows were written
+        there since it was read): the same doubles :meth:`_read` would give those rows (numpy's
+        conversion of each value; a row without the bucket holds zeros). A bucket not kept is read
+        whole: here when it is the next second or two after the newest kept, else when a total
+        needs it. False, and the bucket's array dropped, when a value cannot be read (the total
+        then reads it whole, raising where the read raises)."""
+        cols = self.cols
+        if b not in cols:
+            # The second after the newest kept (the one a tick reads next): read it whole here,
+            # once, rather than at the tick; then each batch re-reads the rows it wrote.
+            # At most two between totals: a fold catching up on a backlog with no tick between
+            # does not keep a bucket array for every second it folds.
+            if cols and max(cols) < b <= max(cols) + 2 and self.made < 2:
+                try:
+                    cols[b] = self._read(b)
+                except (TypeError, ValueError, OverflowError):
+                    return False
+                self.made += 1
+            return True
+        if not rows:
+            return True
+        gets = self._gets
+        present = [gets[i](b) for i in rows]
+        col = cols[b]
+        if col is None:
+            if present.count(None) == len(present):
+                return True  # still no row holds it
+            col = np.zeros((self.n, self.width), dtype=np.float64)
+        zero = [0.0] * self.width  # a row without it (only eviction deletes one, and forgets it)
+        try:
+            col[rows] = [zero if r is None else r for r in present]
+        except (TypeError, ValueError, OverflowError):
+            del cols[b]
+            return False
+        cols[b] = col
+        return True
+
     def totals(self, now_ms: int, window_ms: int) -> npt.NDArray[np.float64]:
         """Every row's ``Window.total(now_ms, window_ms)``."""
         hi = now_ms // BUCKET_MS
         lo = hi - max(1, window_ms // BUCKET_MS)
         acc = np.zeros((self.n, self.width), dtype=np.float64)
         cols = self.cols
+        self.made = 0
         for b in range(lo + 1, hi + 1):
             if b in cols:
                 col = cols[b]
