@@ -1328,7 +1328,7 @@ class _NodeRows:
     """The model's nodes in snapshot row order (by pool, then node id), their windows' columns and
     their newest telemetry's numbers; valid while ``FleetModel._nodes_changed`` stays at ``changed``.
 
-    ``numbers[:, r]`` is :func:`~fleetloop.policies.columns.tel_numbers` of ``held[r]``, the record
+    ``numbers[r]`` is :func:`~fleetloop.policies.columns.tel_numbers` of ``held[r]``, the record
     it was read from (None: not read). The batch fold reads the records it makes a node's newest
     (:meth:`take`, one array write per batch), so the snapshot reads only the rows whose newest
     record is not the one held (:meth:`numbers_of`): the check is by identity, so a record folded
@@ -1357,15 +1357,16 @@ class _NodeRows:
         self.pool_ids, self.bounds = _pool_bounds([n.telemetry.pool_id for n in self.nodes])
         self.windows = WindowColumns([n.win for n in self.nodes], 8)
         n = len(self.ids)
-        # Row ``n`` is spare: what :meth:`take` reads for a node not in these rows lands there.
-        self.numbers: npt.NDArray[np.float64] = np.zeros((N_TEL, n + 1), dtype=np.float64)
+        # Row ``n`` is spare: what :meth:`take` reads for a node not in these rows lands there. One
+        # row per node (a fold writes whole rows; the snapshot hands the table its transpose).
+        self.numbers: npt.NDArray[np.float64] = np.zeros((n + 1, N_TEL), dtype=np.float64)
         self.held: list[object] = [None] * (n + 1)
         if before is not None:  # keep the rows already read of the nodes still here
             was = before.index
             pairs = [(r, i) for r, k in enumerate(self.ids) if (i := was.get(k)) is not None]
             if pairs:
                 to, fro = zip(*pairs, strict=True)
-                self.numbers[:, list(to)] = before.numbers[:, list(fro)]
+                self.numbers[list(to)] = before.numbers[list(fro)]
                 held, old = self.held, before.held
                 for r, i in pairs:
                     held[r] = old[i]
@@ -1377,7 +1378,7 @@ class _NodeRows:
             values = tel_numbers(recs)
         except (TypeError, ValueError, OverflowError):
             return False
-        self.numbers[:, rows] = values.T
+        self.numbers[rows] = values
         held = self.held
         for r, t in zip(rows, recs, strict=True):
             held[r] = t
@@ -1431,7 +1432,7 @@ class _NodeRows:
         stale = [r for r, d in enumerate(differ) if d] if True in differ else []
         if stale and not self._read(stale, [tels[r] for r in stale]):
             return None
-        return self.numbers[:, :-1]
+        return self.numbers[:-1].T
 
 
 class _PoolRows:
@@ -1556,7 +1557,7 @@ def snapshot(
             ts=ts[live],
             pool_ids=row_pools,
             bounds=row_bounds,
-            numbers=None if numbers is None else numbers[:, live],
+            numbers=None if numbers is None else np.ascontiguousarray(numbers[:, live]),
         )
     # Pools.
     pool_ids = sorted(model.pools)
