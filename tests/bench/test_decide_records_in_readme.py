@@ -39,3 +39,29 @@ def test_the_readmes_records_sentence_is_the_start_files_and_the_default() -> No
         "since session 10 `bench decide` folds what the daemon folds by default (`--records twin`" in readme
     )
     assert bench_decide.run_size.__kwdefaults__["records"] == "twin"
+
+
+def test_the_readmes_session_11_tick_figures_are_the_quiet_files() -> None:
+    """Session 11's quiet start and end runs of ``fleetloop bench decide --nodes 10000 --ticks 20
+    --json`` (bench/results/decide-s11-{start,end}-quiet.json)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    sizes = []
+    for name in ("start", "end"):
+        result = orjson.loads((ROOT / "bench" / "results" / f"decide-s11-{name}-quiet.json").read_bytes())
+        assert result["records"] == "twin"
+        (size,) = result["sizes"]
+        assert size["nodes"] == 10_000
+        sizes.append(size)
+    start, end = sizes
+
+    def ms(x: float) -> str:
+        return f"{int(x + 0.5)}"
+
+    assert (
+        f"{ms(start['tick_cpu_p50_ms'])} / {ms(start['tick_cpu_p99_ms'])} ms (p50 / p99)"
+        " at the session's start"
+        f" to {ms(end['tick_cpu_p50_ms'])} / {ms(end['tick_cpu_p99_ms'])} ms at its end, the snapshot from"
+        f" {ms(start['snapshot_cpu_p50_ms'])} to {ms(end['snapshot_cpu_p50_ms'])} ms, the fold of one second"
+        f" from {ms(start['fold_1s_cpu_p50_ms'])} to {ms(end['fold_1s_cpu_p50_ms'])} ms"
+    ) in readme
+    assert f"the tick's {end['decisions_per_tick']:,} decision records" in readme

@@ -125,3 +125,29 @@ def test_the_readmes_quiet_10k_figures_are_session_10s_results_file() -> None:
     assert f"at most {behind:.1f} s behind" in readme
     over = sum(1 for x in r["latencies_ms"] if x > r["target_ms"])  # type: ignore[attr-defined,operator]
     assert f"{over} trials of {trials} over the 1,100 ms target" in readme
+
+
+def test_the_readmes_quiet_10k_figures_are_session_11s_results_files() -> None:
+    """Session 11's quiet 4-daemon 10,000-node runs at its end, both brokers, and the 10-trial
+    Kafka run before them (bench/results/latency-s11-10000-*-4daemons-quiet*.json)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for broker, label in (("kafka", "on Apache Kafka"), ("tansu", "on Tansu")):
+        r = _result(f"latency-s11-10000-{broker}-4daemons-quiet.json")
+        assert r["nodes"] == 10_000
+        assert r["daemons"] == 4
+        assert r["broker"] == broker
+        assert r["met"] is False
+        trials, missed = r["trials"], r["missed"]
+        assert isinstance(trials, int)
+        assert isinstance(missed, int)
+        over = sum(1 for x in r["latencies_ms"] if x > r["target_ms"])  # type: ignore[attr-defined,operator]
+        assert f"{label} {trials - missed} of {trials}" in readme
+        assert f"p50 {_ms(r['p50_ms'])}, p99 {_ms(r['p99_ms'])}" in readme
+        assert f"{over} of {trials} over" in readme or f"{over} trial of {trials} over" in readme
+        a50, a99 = (int(float(r[k]) + 0.5) for k in ("after_boundary_p50_ms", "after_boundary_p99_ms"))  # type: ignore[arg-type]
+        after = f"{a50} / {a99} ms"
+        assert after in readme
+    ten = _result("latency-s11-10000-kafka-4daemons-quiet-10.json")
+    assert ten["met"] is True
+    assert ten["missed"] == 0
+    assert f"(p50 {_ms(ten['p50_ms'])}, p99 {_ms(ten['p99_ms'])}," in readme
