@@ -66,6 +66,13 @@ def body(cls: type[Any], **values: Any) -> Any:
     return assemble(cls, full, set(values))
 
 
+def draining(drain: tuple[Any, ...]) -> Any:
+    """An autoscale body whose drain list holds what the test puts there."""
+    return body(
+        AutoscaleDecision, entity="p", reason="r", pool_id="p", current_nodes=1, desired_nodes=1, drain=drain
+    )
+
+
 def test_every_decision_of_generated_fleets_is_the_same_bytes() -> None:
     kinds: set[str] = set()
     fast = 0
@@ -205,15 +212,7 @@ def test_sums_that_overflow_and_ints_past_64_bits_and_odd_strings() -> None:
     same(envelope(body(BreakerDecision, entity=odd, reason=odd, pool_id="p", node_id="null", state="closed")))
     same(
         envelope(
-            body(
-                AutoscaleDecision,
-                entity="p",
-                reason="r",
-                pool_id="p",
-                current_nodes=1,
-                desired_nodes=1,
-                drain=("a", odd),
-            ),
+            draining(("a", odd)),
             input_offsets={odd: 2**63 - 1},
             tick_id=2**53,
         )
@@ -306,19 +305,7 @@ def test_a_value_that_is_not_its_fields_type_is_written_as_the_plain_form_writes
         b.__dict__[name] = x
         same(envelope(b))
     same(envelope(body(AdmissionDecision, entity="p", reason="r", pool_id="p", max_queue_depth={"0": x})))
-    same(
-        envelope(
-            body(
-                AutoscaleDecision,
-                entity="p",
-                reason="r",
-                pool_id="p",
-                current_nodes=1,
-                desired_nodes=1,
-                drain=("a", x),
-            )
-        )
-    )
+    same(envelope(draining(("a", x))))
     same(
         envelope(
             body(

@@ -23,6 +23,7 @@ from fleetloop.policies.base import FleetSnapshot, NodeView
 from fleetloop.policies.columns import FleetColumns, NodeTable, fleet_columns
 from hypothesis import HealthCheck, given, settings
 from tests.unit.test_fold_batch import T0, TIGHT, Batch, _hostile, _sequences, out, tel
+from tests.unit.test_kept_numbers import fresh_table
 
 TEXT_FIELDS = {"node_id", "pool_id", "model", "gpu_type", "weights_state", "hot_prefixes"}
 NUMERIC = [f.name for f in dataclasses.fields(NodeView) if f.name not in TEXT_FIELDS]
@@ -95,17 +96,7 @@ def assert_same(fast: FleetSnapshot, plain: FleetSnapshot) -> None:
 
 def _assert_numbers_as_read(table: NodeTable) -> None:
     handed = table._numbers
-    fresh = NodeTable(
-        now_ms=table.now_ms,
-        stale_after_ms=table.stale_after_ms,
-        ids=table.ids,
-        tels=table.tels,
-        consecutive=table.consecutive,
-        totals=table.totals,
-        ts=table.ts,
-        pool_ids=table.pool_ids,
-        bounds=table.bounds,
-    ).numbers()
+    fresh = fresh_table(table).numbers()
     if fresh is None:
         assert handed is None or handed is False
         return
