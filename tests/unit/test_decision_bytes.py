@@ -66,6 +66,11 @@ def body(cls: type[Any], **values: Any) -> Any:
     return assemble(cls, full, set(values))
 
 
+def routing(**fields: Any) -> Any:
+    """A routing body of pool "p" holding these fields."""
+    return body(RoutingDecision, entity="p", reason="r", pool_id="p", **fields)
+
+
 def draining(drain: tuple[Any, ...]) -> Any:
     """An autoscale body whose drain list holds what the test puts there."""
     return body(
@@ -95,7 +100,7 @@ def test_every_decision_of_generated_fleets_is_the_same_bytes() -> None:
 
 def test_the_fast_form_does_not_call_the_plain_one_for_finite_bodies(monkeypatch: pytest.MonkeyPatch) -> None:
     # Without this the equality tests above would pass with a fast form that always fell back.
-    d = envelope(body(RoutingDecision, entity="p", reason="r", pool_id="p", weights={"a": 0.5, "b": 1.0}))
+    d = envelope(routing(weights={"a": 0.5, "b": 1.0}))
     want = decision_bytes_plain(d)
 
     def refuse(_: Decision) -> bytes:
@@ -147,9 +152,9 @@ HOSTILE_FLOATS = [
 @pytest.mark.parametrize("x", HOSTILE_FLOATS, ids=repr)
 def test_hostile_floats_anywhere_a_body_holds_one(x: Any) -> None:
     bodies = [
-        body(RoutingDecision, entity="p", reason="r", pool_id="p", weights={"a": x, "b": 1.0}),
-        body(RoutingDecision, entity="p", reason="r", pool_id="p", weights={}, by_priority={"0": {"a": x}}),
-        body(RoutingDecision, entity="p", reason="r", pool_id="p", weights={"a": 1.0}, inputs={"load": x}),
+        routing(weights={"a": x, "b": 1.0}),
+        routing(weights={}, by_priority={"0": {"a": x}}),
+        routing(weights={"a": 1.0}, inputs={"load": x}),
         body(BreakerDecision, entity="n", reason="r", pool_id="p", node_id="n", state="open", probe_frac=x),
         body(
             RetryBudgetDecision,
@@ -202,9 +207,7 @@ def test_hostile_floats_anywhere_a_body_holds_one(x: Any) -> None:
 
 
 def test_sums_that_overflow_and_ints_past_64_bits_and_odd_strings() -> None:
-    same(
-        envelope(body(RoutingDecision, entity="p", reason="r", pool_id="p", weights={"a": 1e308, "b": 1e308}))
-    )
+    same(envelope(routing(weights={"a": 1e308, "b": 1e308})))
     same(envelope(body(AdmissionDecision, entity="p", reason="r", pool_id="p", max_queue_depth={"0": 2**70})))
     same(envelope(body(BatchingDecision, entity="p", reason="r", pool_id="p", max_batch_tokens=2**64)))
     same(envelope(body(BatchingDecision, entity="p", reason="r", pool_id="p", max_batch_tokens=-(2**63))))
@@ -218,7 +221,7 @@ def test_sums_that_overflow_and_ints_past_64_bits_and_odd_strings() -> None:
         )
     )
     ids = {f"n{i:06d}": float(i) / 7 for i in range(100_000)}
-    same(envelope(body(RoutingDecision, entity="p", reason="r", pool_id="p", weights=ids)))
+    same(envelope(routing(weights=ids)))
 
 
 def test_a_body_missing_a_field_goes_the_plain_way() -> None:
@@ -250,11 +253,7 @@ def test_generated_routing_bodies(
 ) -> None:
     same(
         envelope(
-            body(
-                RoutingDecision,
-                entity="p",
-                reason="r",
-                pool_id="p",
+            routing(
                 weights=weights,
                 by_priority=by_priority,
                 inputs=inputs,
@@ -308,24 +307,14 @@ def test_a_value_that_is_not_its_fields_type_is_written_as_the_plain_form_writes
     same(envelope(draining(("a", x))))
     same(
         envelope(
-            body(
-                RoutingDecision,
-                entity="p",
-                reason="r",
-                pool_id="p",
+            routing(
                 weights={},
                 prefix_affinity={"h": ("a", x)},
                 by_priority={"0": x},
             )
         )
     )
-    same(
-        envelope(
-            body(
-                RoutingDecision, entity="p", reason="r", pool_id="p", weights={}, by_priority={"0": {"a": x}}
-            )
-        )
-    )
+    same(envelope(routing(weights={}, by_priority={"0": {"a": x}})))
     batching = body(BatchingDecision, entity="p", reason="r", pool_id="p", max_batch_tokens=1)
     same(envelope(batching, ts_ms=x))
     same(envelope(batching, tick_id=x))

@@ -47,51 +47,38 @@ def decision_bytes_plain(decision: Decision) -> bytes:
 # which leaves a NaN or an infinity a float, as orjson writes it: null) and orjson write every value
 # alike, with two exceptions, both conversions by pydantic: a bool or an int in a float field is
 # written as a float, a bool in an int field as an int. So only float and int fields are checked.
-_ANY = 0  # str, Literal: written alike, whatever they hold (so are bools and tuples of str)
+_ANY = 0  # str, Literal, bool, and tuples or dicts of those: written alike, whatever they hold
 _FLOAT = 1  # float: exactly a float
 _INT = 2  # int: exactly an int
 _FLOATS = 3  # dict[str, float]
 _INTS = 4  # dict[str, int]
 _FLOATS2 = 5  # dict[str, dict[str, float]]
-_STRS = 6  # tuple[str, ...] (its own kind, so that a dict of them can be planned: _ANY once planned)
-_STRS2 = 7
-_BOOL = 8
-_DICT_OF = {
-    (_FLOAT, False): (_FLOATS, False),
-    (_INT, False): (_INTS, False),
-    (_FLOATS, False): (_FLOATS2, False),
-    (_STRS, False): (_STRS2, False),
-}
+_DICT_OF = {_ANY: _ANY, _FLOAT: _FLOATS, _INT: _INTS, _FLOATS: _FLOATS2}
 
 
-def _field_kind(annotation: object) -> tuple[int, bool] | None:
-    """(kind, None allowed) of a field type; None for a type this module does not plan (a nested
-    model, a float in a sequence): its body class always takes the plain form."""
+def _field_kind(annotation: object) -> int | None:
+    """The kind of a field type (None, allowed anywhere, is written null by both forms); None for
+    a type this module does not plan (a nested model, a float in a sequence): its body class
+    always takes the plain form."""
     while get_origin(annotation) is Annotated:
         annotation = get_args(annotation)[0]
     origin = get_origin(annotation)
     if origin in (Union, UnionType):
         members = [a for a in get_args(annotation) if a is not type(None)]
-        inner = _field_kind(members[0]) if len(members) == 1 else None
-        return None if inner is None else (inner[0], True)
+        return _field_kind(members[0]) if len(members) == 1 else None
     if annotation is float:
-        return _FLOAT, False
+        return _FLOAT
     if annotation is int:
-        return _INT, False
-    if annotation is bool:
-        return _BOOL, False
-    if annotation is str or origin is Literal:
-        return _ANY, False
+        return _INT
+    if annotation in (str, bool) or origin is Literal:
+        return _ANY
     if origin is tuple:
         args = get_args(annotation)
-        plain_items = len(args) == 2 and args[1] is Ellipsis and _field_kind(args[0]) == (_ANY, False)
-        return (_STRS, False) if plain_items else None
+        return _ANY if len(args) == 2 and args[1] is Ellipsis and _field_kind(args[0]) == _ANY else None
     if origin is dict:
         key, value = get_args(annotation)
-        if _field_kind(key) != (_ANY, False):
-            return None
         inner = _field_kind(value)
-        return _DICT_OF.get(inner) if inner is not None else None
+        return _DICT_OF.get(inner) if _field_kind(key) == _ANY and inner is not None else None
     return None
 
 
@@ -109,21 +96,21 @@ class _Plan:
 
     __slots__ = ("dicts2", "float_dicts", "floats", "int_dicts", "ints", "width")
 
-    def __init__(self, cls: type[BaseModel], fields: list[tuple[str, int, bool]]) -> None:
+    def __init__(self, cls: type[BaseModel], fields: list[tuple[str, int]]) -> None:
         def getter(names: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
             if not names:
                 return lambda _: ()
             get = itemgetter(*names)
             return get if len(names) > 1 else lambda values: (get(values),)
 
-        floats = [n for n, k, _ in fields if k == _FLOAT]
-        ints = [n for n, k, _ in fields if k == _INT]
+        floats = [n for n, k in fields if k == _FLOAT]
+        ints = [n for n, k in fields if k == _INT]
         self.width = len(cls.model_fields)
         self.floats = getter(floats)
         self.ints = getter(ints)
-        self.float_dicts = tuple(n for n, k, _ in fields if k == _FLOATS)
-        self.int_dicts = tuple(n for n, k, _ in fields if k == _INTS)
-        self.dicts2 = tuple(n for n, k, _ in fields if k == _FLOATS2)
+        self.float_dicts = tuple(n for n, k in fields if k == _FLOATS)
+        self.int_dicts = tuple(n for n, k in fields if k == _INTS)
+        self.dicts2 = tuple(n for n, k in fields if k == _FLOATS2)
 
 
 def _plan(cls: type[BaseModel]) -> _Plan | None:
@@ -134,7 +121,7 @@ def _plan(cls: type[BaseModel]) -> _Plan | None:
         kind = _field_kind(field.annotation)
         if kind is None:
             return None
-        fields.append((name, *kind))
+        fields.append((name, kind))
     return _Plan(cls, fields)
 
 
