@@ -73,17 +73,11 @@ def updated(m: _M, update: dict[str, object]) -> _M:
     ``tests/unit/test_fast_bodies.py`` holds the two equal."""
     if m.__pydantic_extra__ is not None or m.__pydantic_private__ is not None:
         return m.model_copy(update=update)
-    cls = type(m)
-    copied = cls.__new__(cls)
     values = m.__dict__.copy()
     values.update(update)
-    _object_setattr(copied, "__dict__", values)
-    _set_extra(copied, None)
     fields_set = set(m.__pydantic_fields_set__)
     fields_set.update(update)
-    _set_fields_set(copied, fields_set)
-    _set_private(copied, None)
-    return copied
+    return assemble(type(m), values, fields_set)
 
 
 # BaseModel's slots, set through their descriptors (what ``object.__setattr__`` finds for them, without
