@@ -111,6 +111,9 @@ class PoolView:
     # a reason other than our own shedding (timeouts, errors, refused retries): tasks lost here.
     tasks_ended_w: int = 0
     tasks_lost_w: int = 0
+    # Tokens per second of calls the router moved from this pool to a pool of another model the
+    # caller accepts (its model spill): demand this pool's size should still carry.
+    diverted_tokens_rate_per_s: float = 0.0
     # The workflow ledger split by pool, cumulative since the start: open tasks that have called
     # this pool, tasks that first called it, those of them that ended here or elsewhere (or were
     # let go as handed off), and tasks whose final call was here and failed (our sheds included).

@@ -36,6 +36,21 @@ Per call (:meth:`Router.pick`), in order:
    depth + running requests) is at or above ``max_outstanding[p]`` (``new_task_max_outstanding[p]``
    for a first call), or when the call's remaining latency budget is below
    ``reject_if_budget_below_ms``.
+6. **Model spill**: the pools of ``spill_to`` that serve *another* model the call accepts are
+   not part of step 1's spill chain; a call that chain would shed, or admits on a node that
+   already has calls queued, goes instead to the first of them (in ``spill_to`` order) whose
+   picked node has none queued, whose admission sets no new-task outstanding limit, and which
+   admits it (reason ``model-spill``). Under continuous batching a queued call waits until a
+   running one ends (the node is at its KV or sequence limit), and the caller listed the other
+   model as acceptable. A pool whose admission limits new tasks' outstanding work is losing
+   tasks of its own (slo-aware sets those limits only then), so it takes no other model's calls:
+   they would displace its own tenants. The routing policy decides which pools are offered
+   (cache-aware: another model's pool only while its average node is at least half free). A call
+   that accepts one model never leaves it, and without another model's pool in ``spill_to``
+   (every baseline) nothing changes. The route names the pool the call was moved from
+   (``Route.routed_from``); the call's outcome carries it (``RequestOutcome.routed_from``) so that
+   pool's autoscaler keeps sizing for the calls it did not serve
+   (:mod:`fleetloop.policies.autoscale.predictive`).
 
 Fail static: with no routing decision for a pool, or none newer than ``fail_static_s`` (default 30 s,
 bounds (0, 3600]), the router falls back to plain round robin over the pool's live, warm,
@@ -110,7 +125,9 @@ N = TypeVar("N", bound=NodeLike)
 class Route(Generic[N]):
     pool_id: str
     node: N | None  # None: shed (or no node anywhere)
-    reason: str  # primary | spill | model-fallback | shed | no-node | no-pool
+    reason: str  # primary | spill | model-spill | model-fallback | shed | no-node | no-pool
+    # model-spill: the pool the call was moved from (RequestOutcome.routed_from), else None
+    routed_from: str | None = None
 
 
 @dataclass(slots=True)
@@ -427,7 +444,7 @@ class Router(Generic[N]):
         now_s: float,
         prompt_tokens: int = 0,
     ) -> Route[N]:
-        """Steps 1-5 for one call: where it goes, or why it is shed (see the module docstring).
+        """Steps 1-6 for one call: where it goes, or why it is shed (see the module docstring).
         ``prompt_tokens`` (0: unknown) keeps the call off pools whose nodes cannot hold it."""
         first, pools = self._candidates(models)
         if not pools:
@@ -437,6 +454,12 @@ class Router(Generic[N]):
         candidates = pools if primary == pools[0] else [primary, *(p for p in pools if p != primary)]
         st = self.state.pools.get(primary)
         spill = st.routing.spill_to if st is not None and st.routing is not None else ()
+        others: list[str] = []
+        if spill and len(models) > 1:
+            # Step 6's pools: those of another model the call accepts (and whose nodes hold it).
+            own = self._model_of(primary)
+            others = [p for p in spill if p in candidates and self._model_of(p) != own]
+            spill = tuple(p for p in spill if p not in others)
         chain = [primary] + [p for p in spill if p in candidates and p != primary] if spill else [primary]
         shed_pool: str | None = None
         for pool_id in chain:
@@ -444,11 +467,17 @@ class Router(Generic[N]):
             if node is None:
                 continue
             if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
-                return Route(pool_id, node, "spill" if pool_id != primary else "primary")
+                route = Route(pool_id, node, "spill" if pool_id != primary else "primary")
+                if others and node.queue_depth >= 1:
+                    return self._model_spill(route, others, priority, digest, new_task, budget_ms, now_s)
+                return route
             if shed_pool is None:
                 shed_pool = pool_id
         if shed_pool is not None:
-            return Route(shed_pool, None, "shed")
+            shed: Route[N] = Route(shed_pool, None, "shed")
+            if others:
+                return self._model_spill(shed, others, priority, digest, new_task, budget_ms, now_s)
+            return shed
         for pool_id in candidates:
             if pool_id in chain:
                 continue
@@ -459,3 +488,32 @@ class Router(Generic[N]):
                 return Route(pool_id, node, "model-fallback")
             return Route(pool_id, None, "shed")
         return Route(primary, None, "no-node")
+
+    def _model_spill(  # noqa: PLR0917 - the route and the call's figures
+        self,
+        route: Route[N],
+        others: list[str],
+        priority: int,
+        digest: str | None,
+        new_task: bool,
+        budget_ms: float,
+        now_s: float,
+    ) -> Route[N]:
+        """Step 6: the first of ``others`` (pools of another model the call accepts, in the primary's
+        ``spill_to`` order) whose picked node has no call queued, whose admission limits no new
+        task's outstanding work, and which admits the call; else ``route`` (the call admitted on a
+        node with calls queued, or shed)."""
+        for pool_id in others:
+            other = self.pick_node(pool_id, priority, digest, now_s)
+            if other is None or other.queue_depth > 0 or self._limits_new_tasks(pool_id):
+                continue
+            if self.admit(pool_id, other, priority, new_task=new_task, budget_ms=budget_ms):
+                return Route(pool_id, other, "model-spill", routed_from=route.pool_id)
+        return route
+
+    def _limits_new_tasks(self, pool_id: str) -> bool:
+        """Whether the pool's admission limits new tasks' outstanding work (a pool that does is
+        losing tasks of its own, :mod:`fleetloop.policies.admission.slo_aware`)."""
+        st = self.state.pools.get(pool_id)
+        adm = st.admission if st is not None else None
+        return adm is not None and bool(adm.new_task_max_outstanding)

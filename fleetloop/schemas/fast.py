@@ -340,6 +340,7 @@ if TYPE_CHECKING:
         outcome: Literal["ok", "error", "timeout", "shed", "retry"]
         cost_usd: float = 0.0
         task_outcome: Literal["succeeded", "failed"] | None = None
+        routed_from: str | None = None
 
 else:
     TelemetryRec = twin_struct(NodeTelemetry, "TelemetryRec")

@@ -12,13 +12,19 @@ Outcome = Literal["ok", "error", "timeout", "shed", "retry"]
 TaskOutcome = Literal["succeeded", "failed"]
 
 
+def _unset(value: object) -> bool:
+    return value is None
+
+
 class RequestOutcome(Wire):
     """One attempt of one call. ``retry`` means this attempt failed and the client will retry it.
 
     ``workflow_spend_usd`` is what the workflow had spent before this call (a call at step 3 of 5
     carries the spend of steps 1-2); ``cost_usd`` is this attempt's own GPU cost. The last call of a
     task carries ``task_outcome``. ``node_id`` is absent when the router shed the call before placing it.
-    Keyed by ``pool_id`` on the wire.
+    ``routed_from`` names the pool the router preferred when it moved the call to a pool of another
+    model the caller accepts (its model spill, :mod:`fleetloop.router.pick`): that pool's demand
+    includes the call, though it did not serve it. Keyed by ``pool_id`` on the wire.
     """
 
     ts_ms: EpochMs
@@ -42,6 +48,10 @@ class RequestOutcome(Wire):
     outcome: Outcome
     cost_usd: Usd = 0.0
     task_outcome: TaskOutcome | None = None
+    # Written only when set: a record of a call that was not moved is byte for byte what daemons
+    # before this field read (``extra="forbid"``), so routers and daemons upgrade in either order
+    # until a router moves a call.
+    routed_from: Ident | None = Field(default=None, exclude_if=_unset)
 
     @model_validator(mode="after")
     def _consistent(self) -> RequestOutcome:

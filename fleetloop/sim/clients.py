@@ -63,6 +63,7 @@ class Attempt:
     req: Req | None = None
     ttft_s: float | None = None
     done: bool = False
+    routed_from: str | None = None  # the router's model spill moved it from this pool
 
 
 @dataclass(slots=True, eq=False)

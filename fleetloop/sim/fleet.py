@@ -464,6 +464,7 @@ class FleetSim:
         model = self.pools[pool_id].model if pool_id in self.pools else w.models[0]
         node = route.node
         att = Attempt(task, attempt_no, pool_id, node.node_id if node else None, model, now, budget_ms)
+        att.routed_from = route.routed_from
         task.attempt = att
         if node is None:
             self._failed(att, "shed")
@@ -567,6 +568,8 @@ class FleetSim:
             "cost_usd": round(cost, 9),
             "task_outcome": task_outcome,
         }
+        if att.routed_from is not None:
+            fields["routed_from"] = att.routed_from
         w = self._window
         if w.twins:
             w.outcomes.append(twin_record(OUTCOME_TWIN, _OUTCOME_ACCEPTS, fields))

@@ -158,9 +158,30 @@ def _spill(views: list[NodeView], models: dict[str, str] | None = None) -> tuple
 @pytest.mark.parametrize(
     ("views", "models", "expected"),
     [
-        # only pools of the deciding pool's model: q serves another model, r the same
+        # the deciding pool's model first (r), then other models' pools (q; the router sends them
+        # only calls that accept their model, and only a call that would queue here)
         (
             [node("a", pool_id="p"), node("b", pool_id="q", ok_w=2), node("c", pool_id="r", ok_w=2)],
+            {"q": "qwen-72b"},
+            ("r", "q"),
+        ),
+        # ... even when the other model's pool has more headroom
+        (
+            [
+                node("a", pool_id="p"),
+                node("b", pool_id="q", ok_w=2),
+                node("c", pool_id="r", ok_w=2, queue_depth=2),
+            ],
+            {"q": "qwen-72b"},
+            ("r", "q"),
+        ),
+        # and another model's pool below spill_min_headroom stays out as well
+        (
+            [
+                node("a", pool_id="p"),
+                node("b", pool_id="q", ok_w=4, queue_depth=100, running_requests=200, kv_cache_used_frac=1.0),
+                node("c", pool_id="r", ok_w=2),
+            ],
             {"q": "qwen-72b"},
             ("r",),
         ),
@@ -195,7 +216,7 @@ def _spill(views: list[NodeView], models: dict[str, str] | None = None) -> tuple
         ),
     ],
 )
-def test_spill_same_model_and_proven_nodes_only(
+def test_spill_own_model_first_and_proven_nodes_only(
     views: list[NodeView], models: dict[str, str], expected: tuple[str, ...]
 ) -> None:
     assert _spill(views, models) == expected

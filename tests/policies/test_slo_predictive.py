@@ -434,3 +434,39 @@ def test_a_cold_start_from_a_clock_that_jumped_is_not_learned(seen_cold_at: int)
         assert isinstance(d, AutoscaleDecision)
     (batch,) = ALGO.decide_pools(snap, SloPredictiveParams(headroom=0.8), [state], [ctx(snap)])
     assert batch == ALGO.decide(snap, SloPredictiveParams(headroom=0.8), state, ctx(snap))
+
+
+@pytest.mark.parametrize("diverted", [0.0, 4_000.0, 40_000.0])
+def test_demand_the_router_diverted_is_still_this_pools_to_carry(diverted: float) -> None:
+    """Calls the router's model spill moved to another model's pool (``routed_from``) leave the
+    pool's served demand; sized on that alone the pool shrinks by what was moved and the other
+    pool's room becomes its only reserve. The need adds ``V / C`` nodes, in every form."""
+    state = settled(capacity_tok_s=1_000.0)
+    snap = pool_snap(loaded(6, 10), diverted_tokens_rate_per_s=diverted)
+    base = pool_snap(loaded(6, 10))
+    d, _ = decide(snap, state)
+    d0, _ = decide(base, state)
+    capacity = d.inputs["capacity_tok_s"]
+    assert d.inputs["need_nodes"] == pytest.approx(d0.inputs["need_nodes"] + diverted / capacity, abs=1e-5)
+    if diverted:
+        assert d.inputs["diverted_tok_s"] == diverted
+        assert d.desired_nodes > d0.desired_nodes
+    else:
+        assert "diverted_tok_s" not in d.inputs
+        assert d == d0
+    params = SloPredictiveParams(headroom=0.8)
+    plain = ALGO.decide_plain(snap, params, state, ctx(snap))
+    (batch,) = ALGO.decide_pools(snap, params, [state], [ctx(snap)])
+    assert plain == batch == ALGO.decide(snap, params, state, ctx(snap))
+
+
+def test_diverted_demand_needs_a_learned_capacity() -> None:
+    """Without a learned capacity the diverted tokens cannot be turned into nodes: nothing is added
+    (the pressure term still sizes the pool for what it serves)."""
+    state = settled()
+    snap = pool_snap(loaded(6, 10), diverted_tokens_rate_per_s=4_000.0, requests_w=5)  # too few to learn
+    d, _ = decide(snap, state)
+    d0, _ = decide(pool_snap(loaded(6, 10), requests_w=5), state)
+    assert "capacity_tok_s" not in d.inputs
+    assert d.inputs["need_nodes"] == d0.inputs["need_nodes"]
+    assert d.desired_nodes == d0.desired_nodes

@@ -86,7 +86,8 @@ class World:
         kw.setdefault("new_task", False)
         kw.setdefault("budget_ms", 10_000)
         r = self.router.pick(tuple(kw.pop("models", ("m",))), priority, digest, now_s=now, **kw)
-        return f"{r.reason}:{r.node.node_id}" if r.node is not None else f"{r.reason}:{r.pool_id}"
+        where = f"{r.reason}:{r.node.node_id}" if r.node is not None else f"{r.reason}:{r.pool_id}"
+        return where if r.routed_from is None else f"{where}<{r.routed_from}"  # moved from that pool
 
 
 AFF1 = {"d": ("p/1",)}
@@ -143,7 +144,8 @@ def test_spill_over_and_model_fallback() -> None:
     full = admission("a", max_queue_depth={"0": 1})
     w.eps["a/0"].queue_depth = 3
     w.apply(routing("a", {"a/0": 1.0}, spill_to=("b",)), routing("b", {"b/1": 1.0}), full)
-    assert w.pick(models=("big", "mid")) == "spill:b/1"
+    # b serves another model the call accepts: it takes what a would shed (step 6: model spill)
+    assert w.pick(models=("big", "mid")) == "model-spill:b/1<a"
     assert w.pick(models=("big",)) == "shed:a"  # spill only to pools serving an acceptable model
     # without spill_to the call is shed in its own pool
     w.apply(routing("a", {"a/0": 1.0}, tick=2))
@@ -155,6 +157,37 @@ def test_spill_over_and_model_fallback() -> None:
     w.apply(routing("b", {}, tick=3))
     w.router.fleet_changed()
     assert w.pick(models=("big", "mid", "small")) == "model-fallback:c/0"
+
+
+def test_a_call_that_would_queue_goes_to_another_models_spill_pool() -> None:
+    """Step 6: a call admitted on a node with calls queued goes to a pool of another model it
+    accepts, named in spill_to, whose picked node has none queued and whose admission sets no
+    new-task outstanding limit; never to a same-model pool, never for a one-model call."""
+    w = World({"a": 1, "b": 1, "c": 1}, models={"big": ["a", "b"], "small": ["c"]})
+    w.apply(
+        routing("a", {"a/0": 1.0}, spill_to=("b", "c")),
+        routing("b", {"b/0": 1.0}, spill_to=("a", "c")),
+        routing("c", {"c/0": 1.0}),
+    )
+    two = ("big", "small")
+    assert sorted(w.pick(models=two) for _ in range(2)) == ["primary:a/0", "primary:b/0"]  # nothing queued
+    w.eps["a/0"].queue_depth = 1
+    w.eps["b/0"].queue_depth = 1
+    # the same model's spill pool takes only what would be shed: only c takes it
+    assert sorted(w.pick(models=two) for _ in range(2)) == ["model-spill:c/0<a", "model-spill:c/0<b"]
+    assert w.pick(models=("big",)) in ("primary:a/0", "primary:b/0")  # one model: never leaves it
+    w.eps["c/0"].queue_depth = 1
+    assert w.pick(models=two).startswith("primary:")  # c would queue it too
+    w.eps["c/0"].queue_depth = 0
+    w.apply(admission("c", new_task_max_outstanding={"2": 16}))
+    assert w.pick(models=two).startswith("primary:")  # c is losing tasks of its own
+    w.apply(admission("c", tick=2, max_queue_depth={"0": 0}))
+    assert w.pick(models=two).startswith("primary:")  # c's admission refuses it
+    w.apply(admission("c", tick=3))
+    assert w.pick(models=two).startswith("model-spill:c/0<")  # moved from a or b, and says which
+    # not offered in spill_to: stays
+    w.apply(routing("a", {"a/0": 1.0}, tick=4), routing("b", {"b/0": 1.0}, tick=4))
+    assert sorted(w.pick(models=two) for _ in range(2)) == ["primary:a/0", "primary:b/0"]
 
 
 @pytest.mark.parametrize(
@@ -196,7 +229,7 @@ def test_a_prompt_no_pool_of_the_preferred_model_holds_goes_to_the_next_model() 
         admission("a", max_queue_depth={"0": 1}),
     )
     w.eps["a/0"].queue_depth = 3
-    assert w.pick(models=("big", "mid"), prompt_tokens=1_200) == "spill:b/0"
+    assert w.pick(models=("big", "mid"), prompt_tokens=1_200) == "model-spill:b/0<a"
     assert w.pick(models=("big", "mid"), prompt_tokens=1_800) == "shed:a"
     assert w.pick(models=("big", "mid", "small"), prompt_tokens=3_000) == "primary:c/0"
 

@@ -80,5 +80,6 @@ def bits(v: Any) -> Any:
 def bit_fields(item: Any) -> dict[str, Any]:
     """A decoded record's fields (a pydantic model or its msgspec twin), each compared bit for bit."""
     if isinstance(item, BaseModel):
-        return {k: bits(v) for k, v in item.model_dump().items()}
+        # every field's value, as the struct has them (a dump leaves out a field excluded when unset)
+        return {k: bits(getattr(item, k)) for k in type(item).model_fields}
     return {k: bits(v) for k, v in msgspec.structs.asdict(item).items()}

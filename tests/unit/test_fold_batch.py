@@ -126,6 +126,7 @@ def _hostile() -> list[Batch]:
                     ttft_ms=None if kind != "ok" else 10.0 * (n % 40),
                     task_outcome=(None, "succeeded", "failed")[n % 3] if n % 4 == 0 else None,
                     workflow_spend_usd=0.01 * n,
+                    routed_from=(None, None, f"p{(i + 1) % 6}", f"p{i % 6}", "nosuch")[n % 5],
                 )
             )
         batches.append(("telemetry", tels))
@@ -170,6 +171,24 @@ def _hostile() -> list[Batch]:
     ]
     batches += [("telemetry", hostile_t), ("outcome", hostile_o)]
     # The schema's last millisecond: a far-future clock for one pool, then records behind it.
+    # Calls moved from a pool (routed_from): far ahead of its clock, an hour late, an unknown pool,
+    # the serving pool itself, a wrong type.
+    batches += [
+        (
+            "outcome",
+            [
+                out("n1", "p0", T0 + 31_000, 10_400, routed_from="p2"),
+                out("n1", "p0", T0 + 31_001, 10_401, routed_from="p2", prompt_tokens=10**30),
+                out("n1", "p0", T0 + 31_002, 10_402, routed_from="p0"),
+                out("n1", "p0", T0 + 31_003, 10_403, routed_from="new-pool"),
+                out("n1", "p0", T0 + 31_004, 10_404, routed_from=5),
+                out(None, "p0", T0 + 31_005, 10_405, routed_from="p2", outcome="shed"),
+                out("n1", "p3", T0 + 10_000_000, 10_406, routed_from="p2"),
+                out("n1", "p3", T0 + 10_000_001, 10_407, routed_from="p4"),
+                out("n1", "p0", T0 - 3_600_000, 10_408, routed_from="p2"),
+            ],
+        )
+    ]
     batches += [
         ("telemetry", [tel("far", "p1", 4_102_444_800_000), tel("n1", "p1", T0 + 50_000)]),
         ("outcome", [out("n1", "p1", 4_102_444_800_000, 10_300), out("n1", "p1", T0 + 50_000, 10_301)]),
@@ -242,6 +261,7 @@ def _sequences(draw: st.DrawFn) -> list[Batch]:
                         ),
                         cost_usd=draw(st.sampled_from((0.0, 0.0021, 3.5, 1e308, math.nan))),
                         task_outcome=draw(st.sampled_from((None, None, "succeeded", "failed"))),
+                        routed_from=draw(st.sampled_from((None, None, f"p{draw(_ids)}", "zz"))),
                     )
                 )
         batches.append((kind, items))

@@ -4,7 +4,6 @@ decides, and a shard's decisions do not depend on how its input is split into ba
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import pytest
@@ -205,6 +204,7 @@ def test_a_checkpoint_written_before_a_field_was_added_decodes_with_its_default(
     import zlib
 
     import orjson
+    from tests.support.checkpoints import edit_field
 
     rows, _ = stream(seconds=20)
     shard = Shard(0)
@@ -216,33 +216,12 @@ def test_a_checkpoint_written_before_a_field_was_added_decodes_with_its_default(
 
     ledger = "fleetloop.daemon.model.fleet:_Ledger"
 
-    def edit(tree: dict[str, Any], drop: str, add: str | None = None) -> None:
-        fields = tree["classes"][ledger]
-        i = fields.index(drop)
-        del fields[i]
-        if add:
-            fields.append(add)
-
-        def visit(node: object) -> None:
-            if isinstance(node, dict):
-                if node.get("$o") == ledger:
-                    del node["f"][i]
-                    if add:
-                        node["f"].append(1)
-                for v in node.values():
-                    visit(v)
-            elif isinstance(node, list):
-                for v in node:
-                    visit(v)
-
-        visit(tree["v"])
-
     old = orjson.loads(orjson.dumps(tree))
-    edit(old, "tasks_handed_off")
+    edit_field(old, ledger, "tasks_handed_off")
     restored = Shard.from_checkpoint(decode(zlib.compress(orjson.dumps(old))))
     assert restored.model.ledger.tasks_handed_off == 0
     assert restored.model.ledger.tasks_started == shard.model.ledger.tasks_started > 0
     renamed = orjson.loads(orjson.dumps(tree))
-    edit(renamed, "tasks_handed_off", "tasks_gone")
+    edit_field(renamed, ledger, "tasks_handed_off", "tasks_gone")
     with pytest.raises(CheckpointError, match="fields changed"):
         decode(zlib.compress(orjson.dumps(renamed)))

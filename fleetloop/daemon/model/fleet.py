@@ -131,6 +131,9 @@ class _Pool:
     ttft: Window = field(default_factory=lambda: Window(N_LAT_BINS))
     by_priority: Window = field(default_factory=lambda: Window(N_PRIORITIES))  # calls per class
     tasks: Window = field(default_factory=lambda: Window(2))  # tasks ended here, tasks lost here
+    # Tokens of calls the router moved from this pool to another model's pool (its model spill):
+    # demand this pool did not serve (RequestOutcome.routed_from).
+    diverted: Window = field(default_factory=lambda: Window(1))
     watermark_ms: int = -1  # newest event time of this pool's own records: its clock, nobody else's
     outcomes_ms: int = -1  # newest event time of its request outcomes alone (the ledger's clock)
     evicted_to: int = -(2**62)  # buckets at or before this are gone
@@ -358,6 +361,22 @@ class FleetModel:
             return False
         return True
 
+    def _fold_diverted(self, o: Outcome, pool_id: str, b: int) -> None:
+        """A call the router moved from the pool it preferred (``o.routed_from``) to another
+        model's pool: its tokens count as that pool's diverted demand, in bucket ``b``. Only a pool
+        this model already holds (a record names no new pool), only a bucket within the pool's own
+        retention (not evicted, and not further ahead of its clock than its retention: a far-future
+        stamp cannot pin buckets the pool's eviction never reaches)."""
+        pref_id = o.routed_from
+        if pref_id is None or pref_id == pool_id:
+            return
+        pref = self.pools.get(pref_id)
+        if pref is None or b <= pref.evicted_to:
+            return
+        if b * BUCKET_MS > pref.watermark_ms + self.config.retention_ms:
+            return
+        pref.diverted.add_at(b, 0, float(o.prompt_tokens + o.output_tokens))
+
     def fold(self, e: Telemetry | Outcome) -> str | None:
         """Fold one record of either kind (a wire model or its twin); returns why it was refused."""
         if isinstance(e, TELEMETRY_TYPES):
@@ -493,6 +512,8 @@ class FleetModel:
             row[min(max(o.priority, 0), N_PRIORITIES - 1)] += 1.0
         if o.task_outcome is not None:  # a task ended on this call; lost unless ok or our own shed
             pool.tasks.add(b, (1.0, float(o.task_outcome == "failed" and not shed)))
+        if o.routed_from is not None and not shed:
+            self._fold_diverted(o, pool_id, b)
         tenant = self.tenants.get(o.tenant_id)
         if tenant is None:
             if len(self.tenants) < self.config.max_tenants:
@@ -832,6 +853,8 @@ class FleetModel:
                     row[priority if in_range else min(max(priority, 0), top_priority)] += 1.0
                 if o.task_outcome is not None:
                     pool.tasks.add(b, (1.0, float(o.task_outcome == "failed" and not shed)))
+                if o.routed_from is not None and not shed:
+                    self._fold_diverted(o, pool_id, b)
                 why: str | None = None
                 tenant_id = o.tenant_id
                 tenant = tenants.get(tenant_id)
@@ -933,6 +956,7 @@ class FleetModel:
         pool.ttft.evict_before(horizon_bucket)
         pool.by_priority.evict_before(horizon_bucket)
         pool.tasks.evict_before(horizon_bucket)
+        pool.diverted.evict_before(horizon_bucket)
         now = pool.watermark_ms
         forget = self.config.forget_node_after_ms
         nodes = self.nodes
@@ -1261,6 +1285,7 @@ def snapshot_plain(
         hist = pool.ttft.total(now_ms, window_ms)
         prio = pool.by_priority.total(now_ms, window_ms)
         tasks = pool.tasks.total(now_ms, window_ms)
+        diverted = pool.diverted.total(now_ms, window_ms)
         ids = tuple(by_pool.get(pool_id, ()))
         first = nodes[ids[0]] if ids else None
         pools[pool_id] = PoolView(
@@ -1282,6 +1307,7 @@ def snapshot_plain(
             requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
             tasks_ended_w=int(tasks[0]),
             tasks_lost_w=int(tasks[1]),
+            diverted_tokens_rate_per_s=diverted[0] / seconds,
             open_workflows=pool.wf_open,
             workflows_started=pool.wf_started,
             workflows_ended=pool.wf_ended,
@@ -1439,7 +1465,7 @@ class _PoolRows:
     """The model's pools in id order and their four windows' columns, valid while the model holds
     these same pool objects."""
 
-    __slots__ = ("by_priority", "ids", "pools", "tasks", "ttft", "win")
+    __slots__ = ("by_priority", "diverted", "ids", "pools", "tasks", "ttft", "win")
 
     def __init__(self, ids: list[str], pools: list[_Pool]) -> None:
         self.ids = ids
@@ -1448,9 +1474,10 @@ class _PoolRows:
         self.ttft = WindowColumns([p.ttft for p in pools], N_LAT_BINS)
         self.by_priority = WindowColumns([p.by_priority for p in pools], N_PRIORITIES)
         self.tasks = WindowColumns([p.tasks for p in pools], 2)
+        self.diverted = WindowColumns([p.diverted for p in pools], 1)
 
     def columns(self) -> tuple[WindowColumns, ...]:
-        return (self.win, self.ttft, self.by_priority, self.tasks)
+        return (self.win, self.ttft, self.by_priority, self.tasks, self.diverted)
 
 
 class _Snapshots:
@@ -1572,6 +1599,7 @@ def snapshot(
     hist = prows.ttft.totals(now_ms, window_ms)
     prio_all = prows.by_priority.totals(now_ms, window_ms).tolist()
     tasks_all = prows.tasks.totals(now_ms, window_ms).tolist()
+    diverted_all = prows.diverted.totals(now_ms, window_ms).tolist()
     p50 = _quantiles(hist, 0.50)
     p99 = _quantiles(hist, 0.99)
     seconds = window_ms / 1000.0
@@ -1603,6 +1631,7 @@ def snapshot(
             requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
             tasks_ended_w=int(tasks[0]),
             tasks_lost_w=int(tasks[1]),
+            diverted_tokens_rate_per_s=diverted_all[k][0] / seconds,
             open_workflows=pool.wf_open,
             workflows_started=pool.wf_started,
             workflows_ended=pool.wf_ended,

@@ -98,6 +98,7 @@ class _Attempt:
     e2e_ms: float
     tokens: int
     budget_ms: int
+    routed_from: str | None = None  # the router's model spill moved it from this pool
 
 
 class Agents:
@@ -265,6 +266,7 @@ class Agents:
                 e2e_ms=(fleet.t() - sent_t) * 1000.0,
                 tokens=tokens,
                 budget_ms=int(budget_s * 1000.0),
+                routed_from=route.routed_from,
             )
             if kind == "ok":
                 self.stats.ok += 1
@@ -406,5 +408,6 @@ class Agents:
                 e2e_ms=round(max(0.0, e2e_ms), 3),
                 outcome=outcome,
                 task_outcome=task_outcome,
+                routed_from=a.routed_from,
             )
         )

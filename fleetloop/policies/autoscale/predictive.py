@@ -43,6 +43,8 @@ cold or loading ones ``A`` (arriving)::
 
     D      = prompt_tokens_rate_per_s + output_tokens_rate_per_s      (served token demand)
     B      = sum(queued_prompt_tokens) / lead                          (backlog, drained over lead)
+    V      = diverted_tokens_rate_per_s                                (diverted: tokens/s of calls the
+             router moved from this pool to a pool of another model the caller accepts)
     C_obs  = (D / n_w) / P                              tokens/s a warm node carries at P = 1
     C      = EWMA(C_obs), half-life ``capacity_halflife_s``, learned only when the window holds
              >= ``min_requests`` calls and P >= 0.05 (an idle node says nothing about capacity)
@@ -56,7 +58,8 @@ cold or loading ones ``A`` (arriving)::
     short  = max over the model's other pools s of (P_s * n_s - a_s), when positive: the nodes a
              sibling with n_s warm nodes at pressure P_s (KV, TTFT, queue; not its smoothed TBT)
              needs beyond its a_s warm and arriving ones (:func:`sibling_excess`)
-    need   = max(n_w * P, (D + B) / C) * max(1, D_proj / D) + short  (+ spare_nodes when need > 0)
+    need   = (max(n_w * P, (D + B) / C) + V / C) * max(1, D_proj / D) + short
+             (+ spare_nodes when need > 0; V / C is 0 while no C is learned)
     raw    = current                        if |need / current - 1| <= tolerance
            = ceil(need)                     otherwise            (current = |W| + |A|)
     desired = min(max(current, min(raw over up window)), max(raw over down window))
@@ -92,6 +95,18 @@ pool at 24 nodes for 380 s after its burst, against a need of 7). A task that ca
 counts as open on both; a failed task is charged to the pool of its final call, the one that
 could not serve it in time (our own sheds included: a shed task is lost too).
 
+Why diverted demand: the router moves a call that would queue here to another model's pool the
+caller accepts (its model spill, :mod:`fleetloop.router.pick` step 6), to bridge this pool's cold
+start. Those calls leave ``D``, so a pool sized on ``D`` alone shrinks by what was moved, and the
+other pool's room, now its only reserve, closes when that pool's own tenants need it
+(cascade-degraded-gpu seed 7: the 70B pool went from 12 to 8 nodes while 20% of its priority-0
+calls ran on the L40S 8B pool, then a 2x spike filled that pool and the task gain over classic fell
+from +187 to -26; ``bench/results/burst-s11.md``). Counting them (``RequestOutcome.routed_from``,
+folded into the preferred pool's window) keeps the pool sized for its whole demand: the spill
+bridges a cold start, it does not replace capacity, and once the pool has grown its nodes stop
+queueing, the calls stop moving and ``V`` returns into ``D``. Both pools carry the moved calls for
+that time (the serving pool grows for what it serves), the price of not losing them.
+
 Why a sibling's shortfall: a router splits a model's calls among its pools by routable capacity
 (node count, or decode bandwidth), so each pool of a model carries a share proportional to its
 size, and a pool that cannot grow (its ``max_nodes``, a provider's step limit; bounds the policy
@@ -111,7 +126,8 @@ Inputs: per node ``weights_state``, ``draining``, ``stale``, ``kv_cache_used_fra
 ``gpu_count``, ``prefix_cache_hit_frac``; per pool ``open_workflows``, ``workflows_started``,
 ``workflows_ended``, ``tasks_failed`` (its share of the ledger), ``model`` (its siblings: the other
 pools of that model, with their nodes' KV, queue and TTFT), ``prompt_tokens_rate_per_s``,
-``output_tokens_rate_per_s``, ``request_rate_per_s``, ``ttft_p50_ms_w``, ``requests_w``; the SLO
+``output_tokens_rate_per_s``, ``diverted_tokens_rate_per_s``, ``request_rate_per_s``,
+``ttft_p50_ms_w``, ``requests_w``; the SLO
 (``ctx.slo``; no copy here);
 the snapshot's ``window_ms``; event time ``ctx.now_ms``. State: demand samples over the trend
 window, the learned capacity and cold start, the smoothed TBT, first-seen times of not-warm nodes,
@@ -162,7 +178,10 @@ at 12 it meets all five seeds (+36 to +151 tasks, 0.84-0.93x classic's cost per 
 peaks at 17 nodes instead of 24). burst-cold-nodes is the same case on its 70B pool (a ~290 s cold
 start, its 4th node asked at ~90 s warms 90 s into the step): held at classic's 5 nodes, seeds 9
 and 12 go from -12 and -3 tasks to +5 and +2 and all five seeds are met, at 0.55-0.58x classic's
-cost against 0.52-0.55x (``bench/results/burst-s10.md``). A standing reserve
+cost against 0.52-0.55x (``bench/results/burst-s10.md``). There the callers accept the 8B model
+too, so the router's model spill bridges the cold start instead, with this pool sized for the
+calls it moved (``V`` above): all five seeds are met with no floor (``bench/results/burst-s12.md``).
+burst-a100-2x's trial tasks accept one model only, so nothing bridges its step. A standing reserve
 is not derived here because nothing before a first step tells a bursty pool from a steady one:
 ``need x 1.83`` everywhere
 (headroom 0.27, kv_target 0.44) meets burst-cold-nodes at seed 9 but still misses burst-a100-2x at
@@ -728,10 +747,12 @@ class SloPredictive:
         growth = max(1.0, projected / demand) if demand > 0 else 1.0
         level = len(warm) * p_now
         by_capacity = (demand + backlog) / capacity if capacity else 0.0
+        # Calls the router moved to another model's pool: demand this pool still has to carry.
+        diverted = pool.diverted_tokens_rate_per_s / capacity if pool is not None and capacity else 0.0
         # A pool of the same model short of the nodes its pressure asks for: this pool carries it.
         sib_p, sib_short = sibling_excess(snap, ctx, params, pool, len(warm), nodes_of=nodes_of)
         sibling_binds = sib_short > 0
-        need = max(level, by_capacity) * growth + sib_short
+        need = (max(level, by_capacity) + diverted) * growth + sib_short
         if need > 0:
             need += params.spare_nodes  # N+k: survive losing k nodes while replacements warm up
         # A hostile figure the schema accepts (a node reporting 10**12 queued prompt tokens) reads
@@ -765,6 +786,8 @@ class SloPredictive:
             inputs["pressure_tbt"] = r6(p.tbt)
         if capacity is not None:
             inputs["capacity_tok_s"] = r6(capacity)
+        if pool is not None and pool.diverted_tokens_rate_per_s > 0:
+            inputs["diverted_tok_s"] = r6(pool.diverted_tokens_rate_per_s)
 
         t = _target(
             state, params, pool, now=now, has_nodes=bool(nodes), current=current, n_warm=len(warm),
@@ -1317,6 +1340,8 @@ def _decide_pools(
         growth = max(1.0, projected / demand) if demand > 0 else 1.0
         level = n_warm * p_now
         by_capacity = (demand + backlog) / capacity if capacity else 0.0
+        # Calls the router moved to another model's pool: demand this pool still has to carry.
+        diverted = pool.diverted_tokens_rate_per_s / capacity if pool is not None and capacity else 0.0
 
         # The siblings (:func:`sibling_excess`).
         sib_p, sib_short = 0.0, 0.0
@@ -1338,7 +1363,7 @@ def _decide_pools(
                     if sid != pid and short > sib_short:
                         sib_p, sib_short = p_s, short
         sibling_binds = sib_short > 0
-        need = max(level, by_capacity) * growth + sib_short
+        need = (max(level, by_capacity) + diverted) * growth + sib_short
         if need > 0:
             need += params.spare_nodes
         need = min(need, MAX_NEED_NODES)
@@ -1349,7 +1374,8 @@ def _decide_pools(
             float(n_warm), float(n_arriving), p_now, p.kv, p.queue, demand, projected, backlog, lead_s,
             slo.ttft_ms, slo.tbt_ms, prefill, float(counts[1]), open_rise, open_noise, sib_p, sib_short,
         )  # fmt: skip
-        if p.ttft is not None or p.tbt is not None or capacity is not None:
+        diverted_tok_s = pool.diverted_tokens_rate_per_s if pool is not None else 0.0
+        if p.ttft is not None or p.tbt is not None or capacity is not None or diverted_tok_s > 0:
             more = []
             if p.ttft is not None:
                 more.append("pressure_ttft")
@@ -1360,6 +1386,9 @@ def _decide_pools(
             if capacity is not None:
                 more.append("capacity_tok_s")
                 flat.append(capacity)
+            if diverted_tok_s > 0:
+                more.append("diverted_tok_s")
+                flat.append(diverted_tok_s)
             keys = (*keys, *more)
 
         t = _target(

@@ -29,7 +29,8 @@ Formula, for each node ``i`` of the pool (``serving_i`` = warm, not draining, te
                      router-observed outcomes, not the node's own telemetry)
     spill_to       = other pools serving the same model as this pool (PoolView.model) with a proven
                      node and spill_headroom >= spill_min_headroom, by spill_headroom descending
-                     (pool id breaks ties); spill_headroom = mean S_i over the pool's proven nodes.
+                     (pool id breaks ties), then the pools of other models that pass the same test,
+                     ranked the same way; spill_headroom = mean S_i over the pool's proven nodes.
                      Another pool's scores are taken from the snapshot alone (its nodes' newest
                      step times stand in for the remembered medians, which are that pool's own
                      state), once per snapshot
@@ -69,10 +70,29 @@ a task first). Failure mode: a node with FP8 KV or another memory setting holds 
 number of tokens than predicted (see :mod:`..prefill`); the router only acts on the figure while
 another pool of an acceptable model holds the prompt.
 
-Spill-over rule, and why: a spilled call must be servable where it lands (same model), and the
+Spill-over rule, and why: a spilled call must be servable where it lands, so the router sends a
+call only to a listed pool of a model the call accepts; the pool's own model comes first, and the
 list is capped by the engine's envelope (``max_spill_pools``, 8), so whoever ranks first takes the
-overflow. Telemetry alone is cheap to invent (a misconfigured scraper, or anyone who can write to
-the telemetry topic): an invented pool or node reports itself idle and would rank first. Only
+overflow. Another model's pools are listed for the router's model spill
+(:mod:`fleetloop.router.pick`, step 6): a call that accepts that model and would be shed, or
+would queue on a saturated node of this pool, goes to one of them whose picked node has nothing
+queued and whose admission is not limiting new tasks. Why: on burst-cold-nodes the 70B pool's
+new nodes take ~290 s to load, longer than the priority-0 copilot tasks' 180 s deadline, and
+during the step its queued calls missed those deadlines while the 8B pool the tasks also accept
+had room (seeds 9 and 12 lost 12 and 3 tasks against classic; ``bench/results/burst-s11.md``).
+Moving calls alone is not enough: the preferred pool's autoscaler then sees less demand and
+shrinks, and the other pool's room, now its only reserve, closes under the next spike
+(cascade-degraded-gpu seed 7 fell from +187 to -26 tasks against classic). So each moved call's
+outcome names the pool it was moved from (``routed_from``) and slo-predictive keeps sizing that
+pool for it: the move bridges a cold start and does not replace capacity. Over both suites the two
+together meet every burst-cold-nodes seed (+0 to +4 tasks against classic) and raise the
+cascade-degraded-gpu seeds from +68..+335 to +166..+422 tasks; they cost most where another
+model's pool is small (gpu-mix-cascade: 0.89 -> 0.94-0.97x classic's cost per success, its tasks
++14..+40 -> +37..+78) (``bench/results/burst-s12.md``). The price is the smaller model's answer
+for the calls moved, which the caller accepted by listing it.
+
+Telemetry alone is cheap to invent (a misconfigured scraper, or anyone who can write to the
+telemetry topic): an invented pool or node reports itself idle and would rank first. Only
 nodes the router has actually completed calls on (``ok_w``) count towards a pool's spill ranking,
 so an unproven pool is never a spill target and unproven nodes in a real pool do not lift its
 rank. Cost: a pool that served nothing in the last window (new, or idle with no traffic) is not
@@ -126,13 +146,11 @@ Parameters (defaults, bounds; the reasoning behind each):
 Trade-offs: prefix affinity saves prefill compute and TTFT on every call after a task's first, but
 pins a task to one node; the keep fraction releases it when that node fills. Weights are refreshed
 once a tick from one-second telemetry: within a tick the router's weighted pick spreads calls, it
-does not chase the least loaded node per call (that would herd). Spill-over only acts when the
-admission section would shed a call on the preferred pool; it lists pools of the pool's own model
-only: a call that accepts other models reaches those only through the router's model fallback,
-when no pool of its own model has a routable node. Also offering other models' pools to calls that
-would queue here (measured in session 11, ``bench/results/burst-s11.md``) meets burst-cold-nodes'
-seeds 9 and 12 but takes that pool's capacity from its own tenants (cascade-degraded-gpu seed 7:
--26 tasks against classic), and gated to nodes below 16 outstanding calls it no longer meets seed 9.
+does not chase the least loaded node per call (that would herd). Same-model spill-over only acts
+when the admission section would shed a call on the preferred pool; another model's pool also
+takes a call that would queue (above), while its nodes are at least half free on average, the node
+picked there has nothing queued (a call that would queue there too gains nothing from the move)
+and its admission limits no new task's work (it is not losing tasks of its own).
 
 Failure mode: scores lag load by up to one tick plus one telemetry interval; a burst within that
 time lands by the old weights. A node whose ``hot_prefixes`` is stale keeps attracting affinity
@@ -706,17 +724,19 @@ def fleet_headroom_plain(snap: FleetSnapshot, params: CacheAwareParams) -> Mappi
 
 def spill_targets_plain(snap: FleetSnapshot, params: CacheAwareParams, pool_id: str) -> tuple[str, ...]:
     """The pools ``pool_id`` spills over to: the other pools of its model whose headroom is at least
-    ``spill_min_headroom``, by headroom descending (pool id breaks ties). The rule's statement, which
+    ``spill_min_headroom``, by headroom descending (pool id breaks ties), then the pools of every
+    other model with that headroom, likewise ranked. The rule's statement, which
     :func:`spill_targets` computes once per snapshot and model (the tests hold them equal)."""
     own_pool = snap.pools.get(pool_id)
     model = own_pool.model if own_pool is not None else ""
     spill: list[tuple[float, str]] = []
+    other_models: list[tuple[float, str]] = []
     for other, h in fleet_headroom(snap, params).items():
-        if other == pool_id or not model or snap.pools[other].model != model:
+        if other == pool_id or not model:
             continue
         if h is not None and h >= params.spill_min_headroom:
-            spill.append((-h, other))
-    return tuple(p for _, p in sorted(spill))
+            (spill if snap.pools[other].model == model else other_models).append((-h, other))
+    return tuple(p for _, p in sorted(spill)) + tuple(p for _, p in sorted(other_models))
 
 
 def spill_targets(snap: FleetSnapshot, params: CacheAwareParams, pool_id: str) -> tuple[str, ...]:
@@ -733,20 +753,19 @@ def spill_targets(snap: FleetSnapshot, params: CacheAwareParams, pool_id: str) -
 
 def _ranked(snap: FleetSnapshot, params: CacheAwareParams, model: str) -> tuple[str, ...]:
     """The pools of ``model`` with at least ``spill_min_headroom``, by headroom descending (pool id
-    breaks ties), once per snapshot and model."""
+    breaks ties), then the other models' pools with that headroom, likewise; once per snapshot and
+    model."""
     key = ("cache-aware.spill", id(params), model)
     memo = snap.memo.get(key)
     ranked: tuple[str, ...] | None = memo[1] if memo is not None and memo[0] is params else None
     if ranked is None:
         pools = snap.pools
         floor = params.spill_min_headroom
-        ranked = tuple(
-            p
-            for _, p in sorted(
-                (-h, other)
-                for other, h in fleet_headroom(snap, params).items()
-                if h is not None and h >= floor and pools[other].model == model
-            )
+        able = sorted(
+            (-h, other) for other, h in fleet_headroom(snap, params).items() if h is not None and h >= floor
+        )
+        ranked = tuple(p for _, p in able if pools[p].model == model) + tuple(
+            p for _, p in able if pools[p].model != model
         )
         snap.memo[key] = (params, ranked)
     return ranked

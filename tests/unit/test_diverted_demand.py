@@ -1,0 +1,138 @@
+"""Calls the router moved to another model's pool (``RequestOutcome.routed_from``): their tokens
+count as the preferred pool's diverted demand (``PoolView.diverted_tokens_rate_per_s``), so its
+autoscaler keeps sizing for them (:mod:`fleetloop.policies.autoscale.predictive`).
+
+A record cannot use the field to make a pool, pin buckets past the pool's retention, or count a call
+it never placed; both snapshot forms and both folds agree (``test_fast_snapshot``,
+``test_fold_batch`` hold them equal on records with the field)."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import orjson
+import pytest
+from fleetloop.daemon import checkpoint
+from fleetloop.daemon.model import FleetModel, apply, snapshot
+from fleetloop.daemon.model.fleet import fold_plain, snapshot_plain
+from fleetloop.schemas import RequestOutcome
+from fleetloop.schemas.fast import OUTCOME_TWIN
+from tests.support.checkpoints import edit_field
+from tests.support.records import outcome, telemetry
+
+T = 1_700_000_000_000
+
+
+def moved(ts_ms: int, n: int, **kw: Any) -> RequestOutcome:
+    """A call the router moved from pool ``big`` to node ``s0`` of pool ``small``: 100 + 10 tokens."""
+    kw.setdefault("routed_from", "big")
+    return outcome("s0", "ok", pool="small", ts_ms=ts_ms, n=n, **kw)
+
+
+def fleet(*records: RequestOutcome) -> FleetModel:
+    base = [telemetry("b0", pool="big", ts_ms=T), telemetry("s0", pool="small", ts_ms=T)]
+    return apply(FleetModel(), [*base, *records])
+
+
+def rates(model: FleetModel, now: int = T + 10_000) -> dict[str, tuple[float, float]]:
+    """Pool -> (diverted tokens/s, served tokens/s) over the default 10 s window, both snapshot forms."""
+    fast, plain = snapshot(model, now), snapshot_plain(model, now)
+    got = {
+        p: (v.diverted_tokens_rate_per_s, v.prompt_tokens_rate_per_s + v.output_tokens_rate_per_s)
+        for p, v in fast.pools.items()
+    }
+    assert got == {
+        p: (v.diverted_tokens_rate_per_s, v.prompt_tokens_rate_per_s + v.output_tokens_rate_per_s)
+        for p, v in plain.pools.items()
+    }
+    return got
+
+
+def test_a_moved_call_counts_as_the_preferred_pools_diverted_demand() -> None:
+    model = fleet(*(moved(T + 1_000 + k, k) for k in range(10)))
+    # 10 calls x 110 tokens over 10 s; the serving pool served them, the preferred one did not
+    assert rates(model) == {"big": (110.0, 0.0), "small": (0.0, 110.0)}
+    assert rates(model, T + 30_000) == {"big": (0.0, 0.0), "small": (0.0, 0.0)}  # out of the window
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        (moved(T + 1_000, 1, routed_from=None), "not moved"),
+        (moved(T + 1_000, 1, routed_from="small"), "moved from the pool that served it"),
+        (moved(T + 1_000, 1, routed_from="nosuch"), "a pool the model does not hold"),
+        (
+            outcome(None, "shed", pool="small", ts_ms=T + 1_000, n=1, routed_from="big"),
+            "never placed: shed",
+        ),
+    ],
+)
+def test_what_does_not_count(record: RequestOutcome, why: str) -> None:
+    model = fleet(record)
+    assert rates(model)["big"][0] == 0.0, why
+    assert set(model.pools) == {"big", "small"}, why  # routed_from never makes a pool
+
+
+def test_a_stamp_beyond_the_preferred_pools_retention_pins_no_bucket() -> None:
+    """The serving pool's clock admits a record far ahead of the preferred pool's; a bucket there
+    would outlive every eviction of that pool until its own clock got there."""
+    retention = FleetModel().config.retention_ms
+    model = fleet(moved(T + retention + 10_000, 1), moved(T + retention - 10_000, 2))
+    assert sorted(model.pools["big"].diverted.buckets) == [(T + retention - 10_000) // 1_000]
+
+
+def test_a_bucket_the_preferred_pool_evicted_is_not_written_again() -> None:
+    retention = FleetModel().config.retention_ms
+    model = fleet(telemetry("b0", pool="big", ts_ms=T + 2 * retention), moved(T + 1_000, 1))
+    assert not model.pools["big"].diverted.buckets
+
+
+def test_the_twin_carries_the_field_and_both_folds_agree() -> None:
+    raw = moved(T + 1_000, 1).model_dump_json().encode()
+    rec = OUTCOME_TWIN.validate_json(raw)
+    assert rec.routed_from == "big"
+    base = [telemetry("b0", pool="big", ts_ms=T), telemetry("s0", pool="small", ts_ms=T)]
+    fast = apply(FleetModel(), base)
+    fast.fold_outcomes([rec])
+    plain = apply(FleetModel(), base)
+    fold_plain(plain, [rec], outcomes=True)
+    assert checkpoint.encode(fast) == checkpoint.encode(plain)
+    assert rates(fast) == rates(plain) == {"big": (11.0, 0.0), "small": (0.0, 11.0)}
+
+
+def test_a_checkpoint_round_trips_the_diverted_window() -> None:
+    model = fleet(*(moved(T + 1_000 + k, k) for k in range(3)))
+    back = checkpoint.decode(checkpoint.encode(model))
+    assert isinstance(back, FleetModel)
+    assert back.pools["big"].diverted.buckets == model.pools["big"].diverted.buckets
+    assert rates(back) == rates(model)
+
+
+def _without_field(data: bytes, cls: str, name: str) -> bytes:
+    """The checkpoint as a build without ``cls.name`` wrote it (the field and its values removed)."""
+    tree = orjson.loads(zlib.decompress(data))
+    edit_field(tree, cls, name)
+    return zlib.compress(orjson.dumps(tree))
+
+
+def test_a_checkpoint_from_before_the_field_restores_with_an_empty_window() -> None:
+    model = fleet(*(moved(T + 1_000 + k, k) for k in range(3)))
+    old = _without_field(checkpoint.encode(model), "fleetloop.daemon.model.fleet:_Pool", "diverted")
+    back = checkpoint.decode(old)
+    assert isinstance(back, FleetModel)
+    assert back.pools["big"].diverted.buckets == {}
+    assert back.pools["big"].diverted.width == 1
+    assert rates(back)["big"] == (0.0, 0.0)
+    back.fold_outcome(moved(T + 2_000, 9))  # and folds on
+    assert rates(back)["big"] == (11.0, 0.0)
+
+
+def test_a_call_that_was_not_moved_is_written_as_before_the_field() -> None:
+    """Daemons refuse unknown fields, so a record without a move must not name the field: routers
+    and daemons then upgrade in either order until a router moves a call."""
+    plain = outcome("s0", "ok", pool="small", ts_ms=T, n=1)
+    assert "routed_from" not in orjson.loads(plain.model_dump_json())
+    assert "routed_from" not in plain.model_dump(mode="json")
+    assert orjson.loads(moved(T, 1).model_dump_json())["routed_from"] == "big"
+    assert RequestOutcome.model_validate_json(plain.model_dump_json()) == plain
