@@ -50,7 +50,8 @@ def test_overload_protects_priority_zero_and_keeps_success() -> None:
 
 
 def test_prefix_affinity_cuts_ttft_p99_against_none() -> None:
-    # Today about 7.0x (7.1x before the per-pool scale-down holds, 6.8x before issue 15's levers;
+    # Today about 7.4x (7.0x before the model spill, 7.1x before the per-pool scale-down holds, 6.8x
+    # before issue 15's levers;
     # 12x before the issue-14 physics, whose faster FP8-era prefill and per-request costs narrow
     # the gap): round robin recomputes the shared context on every call.
     d, n = outcome("prefix-heavy-copilot", "default"), outcome("prefix-heavy-copilot", "none")
@@ -64,8 +65,10 @@ def _lost_to_timeouts(o: dict[str, Any]) -> int:
 
 def test_cascade_classic_loses_more_tasks_to_the_storm_than_default() -> None:
     # Today classic loses 321 of ~8,000 tasks to timed-out calls (871 timeouts, each leaving an
-    # orphan), default 128 (258 timeouts); priority-0 success 86% against 94% (152 and 93% before
-    # issue 15's levers and the scenario's SLO reaching the policy). Before the issue-14
+    # orphan), default 13 (30 timeouts, 17 orphans); priority-0 success 86% against 100% (128 and
+    # 94% before the router's model spill moved priority-0 calls that would queue on the 70B pool
+    # to the 8B pool, with the 70B pool sized for them; 152 and 93% before issue 15's levers and
+    # the scenario's SLO reaching the policy). Before the issue-14
     # physics it was 245 against 5: with cold starts drawn from published timings (~270 s for a
     # cached 70B TP4 node instead of a fixed 120 s) and decode that slows with batch size, the
     # autoscaler's new nodes arrive after the load spike, so default loses tasks too. Still half of
