@@ -81,3 +81,62 @@ def test_shipped_table_sentences_match_the_table() -> None:
     m = re.search(r"fleetloop costs (?:more|less) per successful task \(geometric mean ([0-9.]+)x\)", text)
     assert m, "README lost the shipped-table sentence against modern"
     assert float(m.group(1)) == round(_table_geomean("modern"), len(m.group(1).split(".")[1]))
+
+
+def _rows(name: str) -> list[dict[str, Any]]:
+    data = orjson.loads((ROOT / "bench" / "results" / f"{name}.json").read_bytes())
+    rows: list[dict[str, Any]] = data["rows"]
+    return rows
+
+
+def _same(said: str, value: float) -> bool:
+    """The README's figure is ``value`` at the precision the README writes it."""
+    digits = len(said.split(".")[1]) if "." in said else 0
+    return float(said) == round(value, digits)
+
+
+def test_burst_a100_sentence_matches_the_table() -> None:
+    """The stress sentence's account of the five misses: the success gap to classic in points, the
+    cost ratio, and priority-0 success under default and classic, each as a range over the seeds."""
+    m = re.search(
+        r"ends (\d+) to (\d+) points below classic's task success, at ([0-9.]+)x to ([0-9.]+)x its cost "
+        r"per successful task; its priority-0 tasks, .{0,80}?, succeed far more often than under classic, "
+        r"(\d+)% to (\d+)% against (\d+)% to (\d+)%",
+        _readme(),
+    )
+    assert m, "README lost the burst-a100-2x sentence"
+    rows = [r for r in _rows("sim-stress") if r["scenario"] == "burst-a100-2x"]
+    by = {(r["seed"], r["policy"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    gap = [100 * (by[s, "classic"]["success_rate"] - by[s, "default"]["success_rate"]) for s in seeds]
+    usd = {k: r["per_successful_task_usd"] for k, r in by.items()}
+    ratio = [usd[s, "default"] / usd[s, "classic"] for s in seeds]
+    p0 = [100 * by[s, "default"]["p0_success_rate"] for s in seeds]
+    p0_classic = [100 * by[s, "classic"]["p0_success_rate"] for s in seeds]
+    figures = [min(gap), max(gap), min(ratio), max(ratio), min(p0), max(p0), min(p0_classic), max(p0_classic)]
+    assert len(seeds) == 5
+    for said, value in zip(m.groups(), figures, strict=True):
+        assert _same(said, value), (said, value)
+
+
+def test_shipped_table_headlines_match_the_table() -> None:
+    """The one-seed table's headlines: priority 0 under overload, the prefix cache against round
+    robin, and the cascade's tasks lost to timed-out calls."""
+    from fleetloop.sim.table import timed_out
+
+    text = _readme()
+    t = {(r["scenario"].rsplit("/", 1)[-1].removesuffix(".yaml"), r["policy"]): r for r in _rows("sim-table")}
+    m = re.search(r"priority-0 work alive under overload \((\d+)% against classic's (\d+)%\)", text)
+    assert m, "README lost the overload headline"
+    assert _same(m.group(1), 100 * t["overload-mixed-priorities", "default"]["p0_success_rate"])
+    assert _same(m.group(2), 100 * t["overload-mixed-priorities", "classic"]["p0_success_rate"])
+    m = re.search(r"prefix-heavy TTFT p99 ([0-9.]+)x lower than none", text)
+    assert m, "README lost the prefix headline"
+    none, default = t["prefix-heavy-copilot", "none"], t["prefix-heavy-copilot", "default"]
+    assert _same(m.group(1), none["ttft_p99_ms"] / default["ttft_p99_ms"])
+    m = re.search(r"classic loses (\d+) of ~([0-9,]+) tasks to timed-out calls and fleetloop (\d+)", text)
+    assert m, "README lost the cascade headline"
+    classic, default = t["cascade-degraded-gpu", "classic"], t["cascade-degraded-gpu", "default"]
+    assert int(m.group(1)) == timed_out(classic)
+    assert int(m.group(3)) == timed_out(default)
+    assert round(classic["tasks_started"], -3) == int(m.group(2).replace(",", ""))

@@ -1462,7 +1462,7 @@ class _NodeRows:
 
 
 class _PoolRows:
-    """The model's pools in id order and their four windows' columns, valid while the model holds
+    """The model's pools in id order and their five windows' columns, valid while the model holds
     these same pool objects."""
 
     __slots__ = ("by_priority", "diverted", "ids", "pools", "tasks", "ttft", "win")
