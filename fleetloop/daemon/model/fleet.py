@@ -361,14 +361,14 @@ class FleetModel:
             return False
         return True
 
-    def _fold_diverted(self, o: Outcome, pool_id: str, b: int) -> None:
-        """A call the router moved from the pool it preferred (``o.routed_from``) to another
-        model's pool: its tokens count as that pool's diverted demand, in bucket ``b``. Only a pool
-        this model already holds (a record names no new pool), only a bucket within the pool's own
-        retention (not evicted, and not further ahead of its clock than its retention: a far-future
-        stamp cannot pin buckets the pool's eviction never reaches)."""
-        pref_id = o.routed_from
-        if pref_id is None or pref_id == pool_id:
+    def _fold_diverted(self, pref_id: str, o: Outcome, pool_id: str, b: int) -> None:
+        """A call the router moved from the pool it preferred (``pref_id``, the record's
+        ``routed_from``; the callers skip records without one) to another model's pool: its tokens
+        count as that pool's diverted demand, in bucket ``b``. Only a pool this model already holds
+        (a record names no new pool), only a bucket within the pool's own retention (not evicted,
+        and not further ahead of its clock than its retention: a far-future stamp cannot pin
+        buckets the pool's eviction never reaches)."""
+        if pref_id == pool_id:
             return
         pref = self.pools.get(pref_id)
         if pref is None or b <= pref.evicted_to:
@@ -512,8 +512,8 @@ class FleetModel:
             row[min(max(o.priority, 0), N_PRIORITIES - 1)] += 1.0
         if o.task_outcome is not None:  # a task ended on this call; lost unless ok or our own shed
             pool.tasks.add(b, (1.0, float(o.task_outcome == "failed" and not shed)))
-        if o.routed_from is not None and not shed:
-            self._fold_diverted(o, pool_id, b)
+        if (routed_from := o.routed_from) is not None and not shed:
+            self._fold_diverted(routed_from, o, pool_id, b)
         tenant = self.tenants.get(o.tenant_id)
         if tenant is None:
             if len(self.tenants) < self.config.max_tenants:
@@ -853,8 +853,8 @@ class FleetModel:
                     row[priority if in_range else min(max(priority, 0), top_priority)] += 1.0
                 if o.task_outcome is not None:
                     pool.tasks.add(b, (1.0, float(o.task_outcome == "failed" and not shed)))
-                if o.routed_from is not None and not shed:
-                    self._fold_diverted(o, pool_id, b)
+                if (routed_from := o.routed_from) is not None and not shed:
+                    self._fold_diverted(routed_from, o, pool_id, b)
                 why: str | None = None
                 tenant_id = o.tenant_id
                 tenant = tenants.get(tenant_id)

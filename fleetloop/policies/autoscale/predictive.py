@@ -748,7 +748,8 @@ class SloPredictive:
         level = len(warm) * p_now
         by_capacity = (demand + backlog) / capacity if capacity else 0.0
         # Calls the router moved to another model's pool: demand this pool still has to carry.
-        diverted = pool.diverted_tokens_rate_per_s / capacity if pool is not None and capacity else 0.0
+        diverted_tok_s = pool.diverted_tokens_rate_per_s if pool is not None else 0.0
+        diverted = diverted_tok_s / capacity if capacity else 0.0
         # A pool of the same model short of the nodes its pressure asks for: this pool carries it.
         sib_p, sib_short = sibling_excess(snap, ctx, params, pool, len(warm), nodes_of=nodes_of)
         sibling_binds = sib_short > 0
@@ -786,8 +787,8 @@ class SloPredictive:
             inputs["pressure_tbt"] = r6(p.tbt)
         if capacity is not None:
             inputs["capacity_tok_s"] = r6(capacity)
-        if pool is not None and pool.diverted_tokens_rate_per_s > 0:
-            inputs["diverted_tok_s"] = r6(pool.diverted_tokens_rate_per_s)
+        if diverted_tok_s > 0:
+            inputs["diverted_tok_s"] = r6(diverted_tok_s)
 
         t = _target(
             state, params, pool, now=now, has_nodes=bool(nodes), current=current, n_warm=len(warm),
@@ -1341,7 +1342,8 @@ def _decide_pools(
         level = n_warm * p_now
         by_capacity = (demand + backlog) / capacity if capacity else 0.0
         # Calls the router moved to another model's pool: demand this pool still has to carry.
-        diverted = pool.diverted_tokens_rate_per_s / capacity if pool is not None and capacity else 0.0
+        diverted_tok_s = pool.diverted_tokens_rate_per_s if pool is not None else 0.0
+        diverted = diverted_tok_s / capacity if capacity else 0.0
 
         # The siblings (:func:`sibling_excess`).
         sib_p, sib_short = 0.0, 0.0
@@ -1374,7 +1376,6 @@ def _decide_pools(
             float(n_warm), float(n_arriving), p_now, p.kv, p.queue, demand, projected, backlog, lead_s,
             slo.ttft_ms, slo.tbt_ms, prefill, float(counts[1]), open_rise, open_noise, sib_p, sib_short,
         )  # fmt: skip
-        diverted_tok_s = pool.diverted_tokens_rate_per_s if pool is not None else 0.0
         if p.ttft is not None or p.tbt is not None or capacity is not None or diverted_tok_s > 0:
             more = []
             if p.ttft is not None:
