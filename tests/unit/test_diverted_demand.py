@@ -136,3 +136,14 @@ def test_a_call_that_was_not_moved_is_written_as_before_the_field() -> None:
     assert "routed_from" not in plain.model_dump(mode="json")
     assert orjson.loads(moved(T, 1).model_dump_json())["routed_from"] == "big"
     assert RequestOutcome.model_validate_json(plain.model_dump_json()) == plain
+
+
+def test_a_flood_of_new_routed_from_ids_makes_nothing() -> None:
+    """100k records naming 100k pools the model never saw (a forged or misconfigured router): no
+    pool, no bucket, no diverted demand anywhere; the records still count where they were served."""
+    flood = [moved(T + 1_000 + k // 100, k, routed_from=f"ghost-{k}") for k in range(100_000)]
+    model = fleet(*flood)
+    assert set(model.pools) == {"big", "small"}
+    assert not model.pools["big"].diverted.buckets
+    assert not model.pools["small"].diverted.buckets
+    assert rates(model, T + 1_000 + 1_000)["small"][1] > 0.0
