@@ -34,18 +34,18 @@ Per call (:meth:`Router.pick`), in order:
 5. **Admission**: shed when the node's queue depth is at or above ``max_queue_depth[p]``
    (``new_task_max_queue_depth[p]`` for the first call of a task), when its outstanding work (queue
    depth + running requests) is at or above ``max_outstanding[p]`` (``new_task_max_outstanding[p]``
-   for a first call), or when the call's remaining latency budget is below
-   ``reject_if_budget_below_ms``.
+   for a first call on a node with calls queued), or when the call's remaining latency budget is
+   below ``reject_if_budget_below_ms``. A first call on a node with nothing queued meets
+   ``max_outstanding[p]`` only: the node admits it into its running batch at once, which costs the
+   batch some time between tokens, while a shed first call is a lost task (the KPI counts tasks).
 6. **Model spill**: the pools of ``spill_to`` that serve *another* model the call accepts are
    not part of step 1's spill chain; a call that chain would shed, or admits on a node that
    already has calls queued, goes instead to the first of them (in ``spill_to`` order) whose
-   picked node has none queued, whose admission sets no new-task outstanding limit, and which
-   admits it (reason ``model-spill``). Under continuous batching a queued call waits until a
-   running one ends (the node is at its KV or sequence limit), and the caller listed the other
-   model as acceptable. A pool whose admission limits new tasks' outstanding work is losing
-   tasks of its own (slo-aware sets those limits only then), so it takes no other model's calls:
-   they would displace its own tenants. The routing policy decides which pools are offered
-   (cache-aware: another model's pool only while its average node is at least half free). A call
+   picked node has none queued and which admits it (reason ``model-spill``). Under continuous
+   batching a queued call waits until a running one ends (the node is at its KV or sequence
+   limit), and the caller listed the other model as acceptable. The routing policy decides which
+   pools are offered (cache-aware: another model's pool only while its average node is at least
+   half free). A call
    that accepts one model never leaves it, and without another model's pool in ``spill_to``
    (every baseline) nothing changes. The route names the pool the call was moved from
    (``Route.routed_from``); the call's outcome carries it (``RequestOutcome.routed_from``) so that
@@ -362,7 +362,8 @@ class Router(Generic[N]):
             limit = adm.max_queue_depth.get(key)
         if limit is not None and node.queue_depth >= limit:
             return False
-        cap = adm.new_task_max_outstanding.get(key) if new_task else None
+        # A first call's own limit binds only on a node with calls queued (step 5).
+        cap = adm.new_task_max_outstanding.get(key) if new_task and node.queue_depth > 0 else None
         if cap is None:
             cap = adm.max_outstanding.get(key)
         if cap is not None and node.queue_depth + node.running >= cap:
@@ -500,20 +501,12 @@ class Router(Generic[N]):
         now_s: float,
     ) -> Route[N]:
         """Step 6: the first of ``others`` (pools of another model the call accepts, in the primary's
-        ``spill_to`` order) whose picked node has no call queued, whose admission limits no new
-        task's outstanding work, and which admits the call; else ``route`` (the call admitted on a
-        node with calls queued, or shed)."""
+        ``spill_to`` order) whose picked node has no call queued and which admits the call; else
+        ``route`` (the call admitted on a node with calls queued, or shed)."""
         for pool_id in others:
             other = self.pick_node(pool_id, priority, digest, now_s)
-            if other is None or other.queue_depth > 0 or self._limits_new_tasks(pool_id):
+            if other is None or other.queue_depth > 0:
                 continue
             if self.admit(pool_id, other, priority, new_task=new_task, budget_ms=budget_ms):
                 return Route(pool_id, other, "model-spill", routed_from=route.pool_id)
         return route
-
-    def _limits_new_tasks(self, pool_id: str) -> bool:
-        """Whether the pool's admission limits new tasks' outstanding work (a pool that does is
-        losing tasks of its own, :mod:`fleetloop.policies.admission.slo_aware`)."""
-        st = self.state.pools.get(pool_id)
-        adm = st.admission if st is not None else None
-        return adm is not None and bool(adm.new_task_max_outstanding)

@@ -92,8 +92,10 @@ class AdmissionDecision(_Body):
     first call of a task (later calls of a task that has already spent money are protected).
     ``max_outstanding[p]`` (and ``new_task_max_outstanding[p]``) do the same on the node's
     outstanding work, queue depth plus running requests: under continuous batching the queue stays
-    empty until the KV cache fills, so outstanding work is the signal that moves first. A class
-    absent from a table has no limit of that kind."""
+    empty until the KV cache fills, so outstanding work is the signal that moves first.
+    ``new_task_max_outstanding[p]`` binds only on a node with calls queued: one with none admits
+    the first call into its running batch at once, which costs the batch time between tokens,
+    while a shed first call is a lost task. A class absent from a table has no limit of that kind."""
 
     kind: Literal["admission"] = "admission"
     pool_id: Ident

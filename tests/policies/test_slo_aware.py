@@ -175,7 +175,8 @@ def _router_with(d: AdmissionDecision) -> Router[Any]:
     ("priority", "new_task", "queue", "running", "admitted"),
     [
         (2, True, 0, 15, True),
-        (2, True, 0, 16, False),  # first call of a new low-priority task: outstanding 16 >= 16
+        (2, True, 1, 15, False),  # first call of a new low-priority task: outstanding 16 >= 16
+        (2, True, 0, 16, True),  # ... but a node with nothing queued takes it into its batch
         (2, False, 0, 200, True),  # a later call of a task under way: no outstanding limit
         (2, False, 16, 0, False),  # ... but a full node's queue still sheds it
         (1, True, 1, 31, False),

@@ -180,7 +180,8 @@ def test_a_call_that_would_queue_goes_to_another_models_spill_pool() -> None:
     assert w.pick(models=two).startswith("primary:")  # c would queue it too
     w.eps["c/0"].queue_depth = 0
     w.apply(admission("c", new_task_max_outstanding={"2": 16}))
-    assert w.pick(models=two).startswith("primary:")  # c is losing tasks of its own
+    # limits on c's own low-class first calls do not keep a moved call out
+    assert w.pick(models=two).startswith("model-spill:c/0<")
     w.apply(admission("c", tick=2, max_queue_depth={"0": 0}))
     assert w.pick(models=two).startswith("primary:")  # c's admission refuses it
     w.apply(admission("c", tick=3))
@@ -528,3 +529,31 @@ def test_the_simulators_router_is_this_library() -> None:
     root = Path(__file__).resolve().parents[2]
     sim = FleetSim(load_scenario(root / "scenarios" / "steady-chat.yaml"), seed=1)
     assert type(sim.router) is Router
+
+
+@pytest.mark.parametrize(
+    ("queued", "running", "new_task", "admitted"),
+    [
+        (0, 40, True, True),  # nothing queued: admitted into the batch at once, max_outstanding only
+        (0, 40, False, True),
+        (1, 40, True, False),  # calls waiting: a first call meets its own, tighter limit
+        (1, 40, False, True),  # a later call of a task under way: max_outstanding (64)
+        (0, 70, True, False),  # max_outstanding binds every call
+        (1, 70, False, False),
+    ],
+)
+def test_a_first_call_meets_its_outstanding_limit_only_on_a_node_with_calls_queued(
+    queued: int, running: int, new_task: bool, admitted: bool
+) -> None:
+    """Step 5: a node with nothing queued admits a first call into its running batch at once (it
+    costs the batch some time between tokens); shed, the first call is a lost task. So the new-task
+    outstanding limit binds only while calls wait."""
+    w = World({"p": 1})
+    w.apply(
+        routing("p", {"p/0": 1.0}),
+        admission("p", new_task_max_outstanding={"2": 16}, max_outstanding={"2": 64}),
+    )
+    w.eps["p/0"].queue_depth = queued
+    w.eps["p/0"].running = running
+    got = w.pick(priority=2, new_task=new_task)
+    assert got == ("primary:p/0" if admitted else "shed:p"), (queued, running, new_task)

@@ -81,24 +81,28 @@ cost it almost nothing and shedding below that only loses work; ``max_level`` 25
 class gets twice the room); ``queue_depth_p0`` 64 (1-100 000); ``reject_cap_ms`` 2000 (0-600 000;
 0 turns early rejection off); ``classes`` 3 (1-10); ``protect_priority`` 0 (-1-9; -1 protects none).
 Trade-offs: every shed first call is a task lost, so this lever buys priority-0 and in-flight work
-with low-priority tasks; in a fleet where the low class is the bulk of the tasks that lowers the
-success rate, which the failure gate limits to real distress. The level is pool-wide; the additive
-climb back (60 ticks from 16 to 256) keeps the pool conservative for about a minute after a breach.
-In an overload that outlasts the tasks' deadlines (burst-a100-2x) the level falls to ``min_level``
-within a window of the first lost tasks (the losses and the window's p99 lag the queue behind them)
-and is still climbing back after the queue has drained, so for about a minute nodes run ~30
-sequences while new low-priority tasks are shed; holding a decrease for a window, or while no queue
-stands, moved tasks by -321 to +222 over seeds 29-33 (not consistently), so the rule is unchanged.
-Those sheds are the overflow of the six warm nodes the autoscaler holds at the step, not shedding
-that capacity could carry: without admission seed 29 loses 514 more tasks (queues run past the
-clients' timeouts), and a ``min_level`` of 32, 64 or 128 recovers 127, 311 or 379 of the 2,897
-tasks it is short of classic (classic holds 12 warm nodes there).
+with low-priority tasks; the routers apply the new-task outstanding limit only on a node with calls
+queued (:mod:`fleetloop.router.pick` step 5: a node with none admits the call into its batch at
+once, at some cost in time between tokens, and the shed would lose the task for that). Measured
+over both suites (``bench/results/admission-s13.md``): gpu-mix-cascade went from +37..+78 tasks
+against classic to +443..+484 at 0.87x its cost (the lever there from -1,175 tasks over three
+seeds to -45), burst-a100-2x came 101-381 tasks closer to classic, and no row lost a target. In
+a fleet where the low class is the bulk of the tasks, shedding lowers the success rate, which the
+failure gate limits to real distress. The level is pool-wide; the additive climb back (60 ticks
+from 16 to 256) keeps the pool conservative for about a minute after a breach, but only nodes
+with calls queued shed for it. In an overload that outlasts the tasks' deadlines
+(burst-a100-2x) the level falls to ``min_level`` within a window of the first lost tasks (the
+losses and the window's p99 lag the queue behind them). Those sheds are the overflow of the six
+warm nodes the autoscaler holds at the step, not shedding that capacity could carry: with the
+lever off the pool loses 894 more tasks over seeds 29-31 (queues run past the clients' 15 s wait
+for a first token; ``bench/results/sim-stress-ablation.md``), while classic holds 12 warm nodes
+there.
 It cannot tell latency from long prompts or a slow decode batch from latency shedding would cure;
 ``min_level`` keeps it from shedding lightly loaded nodes for it.
 Failure mode: an SLO set far below what the pool can do, with calls failing for another reason (a
 crashed node), pins the level at ``min_level`` and sheds new low-class tasks beyond 16 outstanding
-per node; a missing TTFT/TBT figure holds the level, and a stale one delays the reaction by a
-window. Classes at or below ``protect_priority`` are never shed on outstanding work.
+on any node with calls queued; a missing TTFT/TBT figure holds the level, and a stale one delays
+the reaction by a window. Classes at or below ``protect_priority`` are never shed on outstanding work.
 """
 
 from __future__ import annotations

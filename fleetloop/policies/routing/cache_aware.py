@@ -88,8 +88,11 @@ pool for it: the move bridges a cold start and does not replace capacity. Over b
 together meet every burst-cold-nodes seed (+0 to +4 tasks against classic) and raise the
 cascade-degraded-gpu seeds from +68..+335 to +166..+422 tasks; they cost most where another
 model's pool is small (gpu-mix-cascade: 0.89 -> 0.94-0.97x classic's cost per success, its tasks
-+14..+40 -> +37..+78) (``bench/results/burst-s12.md``). The price is the smaller model's answer
-for the calls moved, which the caller accepted by listing it.
++14..+40 -> +37..+78; ``bench/results/burst-s12.md``). Since the new-task limit binds only on a
+node with calls queued and the spill no longer skips a pool whose admission limits new tasks
+(session 13), gpu-mix-cascade is at +443..+484 tasks and 0.87x (``bench/results/admission-s13.md``).
+The price is the smaller model's answer for the calls moved, which the caller accepted by listing
+it.
 
 Telemetry alone is cheap to invent (a misconfigured scraper, or anyone who can write to the
 telemetry topic): an invented pool or node reports itself idle and would rank first. Only
@@ -148,9 +151,9 @@ pins a task to one node; the keep fraction releases it when that node fills. Wei
 once a tick from one-second telemetry: within a tick the router's weighted pick spreads calls, it
 does not chase the least loaded node per call (that would herd). Same-model spill-over only acts
 when the admission section would shed a call on the preferred pool; another model's pool also
-takes a call that would queue (above), while its nodes are at least half free on average, the node
-picked there has nothing queued (a call that would queue there too gains nothing from the move)
-and its admission limits no new task's work (it is not losing tasks of its own).
+takes a call that would queue (above), while its nodes are at least half free on average and the
+node picked there has nothing queued (a call that would queue there too gains nothing from the
+move) and admits it.
 
 Failure mode: scores lag load by up to one tick plus one telemetry interval; a burst within that
 time lands by the old weights. A node whose ``hot_prefixes`` is stale keeps attracting affinity
