@@ -18,6 +18,15 @@ any scale. ``--ablation`` also runs the default policy with each lever off (see
 :data:`fleetloop.sim.table.LEVER_OFF`) over the same seeds and reports, per lever and scenario,
 the geometric-mean cost ratio against the full policy and the tasks gained or lost.
 
+Latency is reported beside the targets, not held to one: per policy, the (scenario, seed) pairs
+whose priority-0 TTFT p99 is within the scenario's ``slo.ttft_ms`` (priority 0 is the interactive
+class the scenario's SLO states; the default policy's looser best-effort class keeps its ratio to
+it), and whose TBT p99 over every call is within ``slo.tbt_ms`` (under continuous batching every
+call on a node sees the same step time, so a pool meets its strictest class or none:
+:mod:`fleetloop.policies.slo`). The simulator measures TBT per node iteration, not per class, so
+a pool serving only best-effort calls is held here to the interactive TBT too: strict for default,
+whose best-effort SLO is looser.
+
 ``modern`` (the engine-signal autoscaler baseline) runs beside them and is reported against
 default (geometric-mean cost ratio, tasks and priority-0 tasks won), not held to a target.
 
@@ -56,6 +65,23 @@ COST_RATIO_MAX = 1.02
 GEOMEAN_MAX = 0.7
 TASK_SLACK = 1  # "within one task"
 
+# Every field a suite row must carry; ``--reuse`` takes no row that lacks one (an older run's row is
+# run again rather than leave a column of the table empty).
+ROW_FIELDS = (
+    "scenario",
+    "scenario_sha",
+    "policy",
+    "seed",
+    "tasks_succeeded",
+    "p0_tasks_succeeded",
+    "per_successful_task_usd",
+    "ttft_p99_ms",
+    "p0_ttft_p99_ms",
+    "tbt_p99_ms",
+    "slo_ttft_ms",
+    "slo_tbt_ms",
+)
+
 Job = tuple[str, str, str, int]
 Key = tuple[str, int]
 
@@ -90,7 +116,8 @@ def reuse_rows(
 ) -> tuple[list[Job], list[dict[str, Any]]]:
     """(jobs still to run, rows taken from ``sources``): a job of one of ``policies`` (the
     baselines by default) whose (scenario file SHA, seed, policy) has a row in one of the earlier
-    suite JSON files is not run again."""
+    suite JSON files is not run again. A row missing one of :data:`ROW_FIELDS` (written by an
+    older version of the table) is not reused."""
     reusable = set(policies)
     have: dict[tuple[str, int, str], dict[str, Any]] = {}
     for src in sources:
@@ -98,7 +125,7 @@ def reuse_rows(
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             raise ValueError(f"{src}: not a suite JSON (no rows)")
         for r in data["rows"]:
-            if r.get("policy") in reusable and r.get("scenario_sha"):
+            if r.get("policy") in reusable and r.get("scenario_sha") and all(f in r for f in ROW_FIELDS):
                 have[(r["scenario_sha"], int(r["seed"]), r["policy"])] = r
     todo: list[Job] = []
     taken: list[dict[str, Any]] = []
@@ -256,8 +283,80 @@ def suite_markdown(
     missed = [c for c in checks if not (c["cost_ok"] and c["tasks_ok"] and c["p0_ok"])]
     lines.append(f"- (scenario, seed) pairs missing a target: **{len(missed)}** of {len(checks)}")
     lines.append(f"- every target met: **{'yes' if ok else 'no'}**")
+    lines += latency_lines(rows)
     lines += against_modern_lines(rows)
     return "\n".join(lines) + "\n"
+
+
+def within_slo(row: dict[str, Any]) -> tuple[bool | None, bool | None]:
+    """(priority-0 TTFT p99 within the scenario's TTFT SLO, TBT p99 within its TBT SLO) for one
+    row; ``None`` where the row has no figure (no priority-0 call got a first token, or an older
+    row without the field)."""
+    ttft, tbt = row.get("p0_ttft_p99_ms"), row.get("tbt_p99_ms")
+    slo_ttft, slo_tbt = row.get("slo_ttft_ms"), row.get("slo_tbt_ms")
+    return (
+        None if ttft is None or slo_ttft is None else float(ttft) <= float(slo_ttft),
+        None if tbt is None or slo_tbt is None else float(tbt) <= float(slo_tbt),
+    )
+
+
+def latency_counts(rows: list[dict[str, Any]], policy: str) -> tuple[int, int, int, int]:
+    """(pairs whose priority-0 TTFT p99 is within SLO, pairs with that figure, pairs whose TBT p99
+    is within SLO, pairs with that figure) over ``policy``'s rows."""
+    ttft_ok = ttft_n = tbt_ok = tbt_n = 0
+    for r in rows:
+        if r["policy"] != policy:
+            continue
+        a, b = within_slo(r)
+        ttft_n += a is not None
+        ttft_ok += a is True
+        tbt_n += b is not None
+        tbt_ok += b is True
+    return ttft_ok, ttft_n, tbt_ok, tbt_n
+
+
+def latency_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Latency against each scenario's SLO (reported, not a target): per scenario and policy, the
+    seeds whose priority-0 TTFT p99 and whose TBT p99 are within it, and the median over seeds of
+    the priority-0 TTFT p99."""
+    t = _index(rows)
+    policies = [p for p in ("classic", "modern", "default") if any(k[2] == p for k in t)]
+    if not any(r.get("slo_ttft_ms") is not None for r in rows) or not policies:
+        return []
+    head = " | ".join(f"{p} TTFT / TBT" for p in policies)
+    lines = [
+        "",
+        "## Latency against each scenario's SLO (reported, not a target)",
+        "",
+        "Seeds whose priority-0 TTFT p99 is within the scenario's `slo.ttft_ms`, and seeds whose TBT",
+        "p99 over every call is within its `slo.tbt_ms`; then the median over seeds of the priority-0",
+        "TTFT p99 (ms).",
+        "",
+        f"| scenario | SLO TTFT / TBT ms | {head} | p0 TTFT p99 " + " / ".join(policies) + " |",
+        "|---|---:|" + "---:|" * len(policies) + "---:|",
+    ]
+    for s in sorted({k[0] for k in t}):
+        cells: list[str] = []
+        medians: list[str] = []
+        slo = ""
+        for p in policies:
+            rs = [r for (sc, _, pol), r in sorted(t.items()) if sc == s and pol == p]
+            got = [within_slo(r) for r in rs]
+            ttft = [x for x, _ in got if x is not None]
+            tbt = [y for _, y in got if y is not None]
+            cells.append(f"{sum(ttft)}/{len(ttft)} / {sum(tbt)}/{len(tbt)}")
+            vals = sorted(float(r["p0_ttft_p99_ms"]) for r in rs if r.get("p0_ttft_p99_ms") is not None)
+            medians.append(f"{vals[len(vals) // 2]:.0f}" if vals else "-")
+            if rs and rs[0].get("slo_ttft_ms") is not None:
+                slo = f"{rs[0]['slo_ttft_ms']:.0f} / {rs[0]['slo_tbt_ms']:.0f}"
+        lines.append(f"| {s} | {slo or '-'} | " + " | ".join(cells) + " | " + " / ".join(medians) + " |")
+    lines.append("")
+    for p in policies:
+        a, an, b, bn = latency_counts(rows, p)
+        lines.append(
+            f"- {p}: priority-0 TTFT p99 within SLO on **{a}** of {an} pairs, TBT p99 on **{b}** of {bn}"
+        )
+    return lines
 
 
 def against_modern_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -19,7 +19,9 @@ and writes ``sim-ablation.md``: what each lever contributes.
 ``--suite stress|shipped|all|fleet [--seeds N] [--only A,B]`` runs a suite over seeds instead
 (classic and default, ``N`` seeds per scenario, 5 by default; ``--policies`` may add ``modern``,
 reported against default per run) and checks issue 15's per-seed targets; see
-:mod:`fleetloop.sim.suite`. It writes ``sim-<suite>.md`` and ``.json`` beside the table.
+:mod:`fleetloop.sim.suite`. It writes ``sim-<suite>.md`` and ``.json`` beside the table, or, with
+``--ablation``, ``sim-<suite>-ablation.md`` and ``.json`` (so an ablation over fewer seeds never
+replaces the suite's own table).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from fleetloop.sim.scenario import ScenarioError, load_scenario
 from fleetloop.sim.suite import (
     BASELINES,
     SUITES,
+    latency_counts,
     progress_line,
     reuse_rows,
     run_jobs,
@@ -124,6 +127,10 @@ def run_one(job: tuple[str, str, str] | tuple[str, str, str, int]) -> dict[str, 
         "total_usd": data["cost"]["total_usd"],
         "wasted_usd": data["cost"]["wasted_usd"],
         "ttft_p99_ms": data["latency"]["ttft_p99_ms"],
+        "p0_ttft_p99_ms": p0["ttft_p99_ms"] if p0 else None,
+        "tbt_p99_ms": data["latency"]["tbt_p99_ms"],
+        "slo_ttft_ms": scenario.slo.ttft_ms,
+        "slo_tbt_ms": scenario.slo.tbt_ms,
         "p0_success_rate": p0["success_rate"] if p0 else None,
         "tasks_failed": data["tasks"]["failed"],
         "failed_by": data["tasks"].get("failed_by", {}),
@@ -493,7 +500,9 @@ def main_suite(args: argparse.Namespace) -> int:
         md += "\n" + suite_ablation_markdown(rows, levers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"sim-{args.suite}.md").write_text(md)
+    # An ablation runs fewer seeds or levers than the suite table: its own files, never the suite's.
+    stem = f"sim-{args.suite}-ablation" if args.ablation else f"sim-{args.suite}"
+    (out / f"{stem}.md").write_text(md)
     checks, met = suite_targets(rows)
     payload = {
         "suite": args.suite,
@@ -501,9 +510,20 @@ def main_suite(args: argparse.Namespace) -> int:
         "rows": rows,
         "checks": checks,
         "targets_met": met,
+        "latency": {
+            p: dict(
+                zip(
+                    ("p0_ttft_within_slo", "p0_ttft_pairs", "tbt_within_slo", "tbt_pairs"),
+                    latency_counts(rows, p),
+                    strict=True,
+                )
+            )
+            for p in ("classic", "modern", "default")
+            if any(r["policy"] == p for r in rows)
+        },
         "reused_from": sources if reused else [],
     }
-    (out / f"sim-{args.suite}.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
+    (out / f"{stem}.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
     sys.stdout.write(orjson.dumps(payload).decode() + "\n" if args.json else md)
     return 0
 

@@ -30,6 +30,10 @@ def _row(scenario: str, seed: int, policy: str, usd: float, ok: int = 990, p0: i
         "p0_tasks_succeeded": p0,
         "per_successful_task_usd": usd,
         "ttft_p99_ms": 1000.0,
+        "p0_ttft_p99_ms": 900.0,
+        "tbt_p99_ms": 50.0,
+        "slo_ttft_ms": 1000.0,
+        "slo_tbt_ms": 80.0,
         "wall_s": 1.0,
     }
 
@@ -171,3 +175,76 @@ def test_markdown_reports_default_against_modern_and_names_reused_rows() -> None
     assert "| a | 2 | 2.000 | +20 | +10 |" in md
     assert "`--reuse earlier.json`" in md
     assert "--reuse" not in suite_markdown("stress", _pairs(), 2)
+
+
+def test_reuse_runs_again_a_row_written_before_a_field_existed(tmp_path: Path) -> None:
+    import orjson
+    from fleetloop.sim.suite import reuse_rows, scenario_sha
+
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\n")
+    sha = scenario_sha(scen)
+    old = {**_row("s", 1, "classic", 1.0), "scenario_sha": sha}
+    del old["p0_ttft_p99_ms"]  # written by a table without the latency columns
+    src = tmp_path / "earlier.json"
+    src.write_bytes(orjson.dumps({"rows": [old, {**_row("s", 1, "modern", 1.0), "scenario_sha": sha}]}))
+    todo, taken = reuse_rows([(str(scen), "classic", "spec", 1), (str(scen), "modern", "spec", 1)], [src])
+    assert todo == [(str(scen), "classic", "spec", 1)]
+    assert [r["policy"] for r in taken] == ["modern"]
+
+
+@pytest.mark.parametrize(
+    ("change", "ttft_ok", "tbt_ok"),
+    [
+        ({}, True, True),
+        ({"p0_ttft_p99_ms": 1000.0}, True, True),  # at the SLO is within it
+        ({"p0_ttft_p99_ms": 1000.5}, False, True),
+        ({"tbt_p99_ms": 80.5}, True, False),
+        ({"p0_ttft_p99_ms": None}, None, True),  # no priority-0 call got a first token
+        ({"slo_tbt_ms": None}, True, None),  # a row without the field says nothing
+    ],
+)
+def test_latency_is_judged_against_the_scenarios_slo(
+    change: dict[str, Any], ttft_ok: bool | None, tbt_ok: bool | None
+) -> None:
+    from fleetloop.sim.suite import within_slo
+
+    assert within_slo({**_row("a", 1, "default", 1.0), **change}) == (ttft_ok, tbt_ok)
+
+
+def test_markdown_counts_latency_within_slo_per_policy_without_changing_the_targets() -> None:
+    from fleetloop.sim.suite import latency_counts
+
+    rows = _pairs()
+    rows[1]["p0_ttft_p99_ms"] = 4000.0  # default, a seed 1: priority-0 TTFT p99 four times the SLO
+    rows[3]["tbt_p99_ms"] = 120.0  # default, a seed 2: TBT over
+    rows[5]["p0_ttft_p99_ms"] = None  # default, b seed 1: no figure
+    assert latency_counts(rows, "default") == (2, 3, 3, 4)
+    assert latency_counts(rows, "classic") == (4, 4, 4, 4)
+    md = suite_markdown("stress", rows, 2)
+    assert "| a | 1000 / 80 | 2/2 / 2/2 | 1/2 / 1/2 | 900 / 4000 |" in md
+    assert "| b | 1000 / 80 | 2/2 / 2/2 | 1/1 / 2/2 | 900 / 900 |" in md
+    assert "- default: priority-0 TTFT p99 within SLO on **2** of 3 pairs, TBT p99 on **3** of 4" in md
+    assert suite_targets(rows)[1]  # reported, not a target
+
+
+def test_a_suite_ablation_writes_its_own_files_and_leaves_the_suites_alone(tmp_path: Path) -> None:
+    from fleetloop.sim.table import main
+
+    kept = tmp_path / "sim-stress.json"
+    kept.write_text("the 5-seed table")
+    rc = main(
+        [
+            "--suite", "stress", "--seeds", "1", "--only", "black-hole-node", "--ablation",
+            "--levers", "retry_budget", "--policies", "classic,default", "--workers", "1",
+            "--out", str(tmp_path), "--json",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    assert kept.read_text() == "the 5-seed table"
+    import orjson
+
+    data = orjson.loads((tmp_path / "sim-stress-ablation.json").read_bytes())
+    assert {r["policy"] for r in data["rows"]} == {"classic", "default", "no-retry_budget"}
+    assert set(data["latency"]) == {"classic", "default"}
+    assert (tmp_path / "sim-stress-ablation.md").read_text().count("## Latency") == 1
