@@ -140,3 +140,61 @@ def test_shipped_table_headlines_match_the_table() -> None:
     assert int(m.group(1)) == timed_out(classic)
     assert int(m.group(3)) == timed_out(default)
     assert round(classic["tasks_started"], -3) == int(m.group(2).replace(",", ""))
+
+
+def test_latency_sentence_matches_the_tables() -> None:
+    """The latency counts (priority-0 TTFT p99 and TBT p99 within the scenario's SLO) per policy,
+    both suites, as the tables' JSON states them and as recounted from their rows."""
+    from fleetloop.sim.suite import latency_counts
+
+    m = re.search(
+        r"priority-0 TTFT p99 is within the scenario's SLO on (\d+) of (\d+) shipped pairs under default, "
+        r"against (\d+) under classic and (\d+) under modern, and the TBT p99 on (\d+) of (\d+), against "
+        r"(\d+) and (\d+); on the stress suite the priority-0 TTFT p99 is within it on (\d+) of (\d+) pairs, "
+        r"against (\d+) and (\d+), and the TBT p99 on (\d+) of (\d+), against (\d+) and (\d+)\.",
+        _readme(),
+    )
+    assert m, "README lost the latency sentence"
+    said = [int(x) for x in m.groups()]
+    figures: list[int] = []
+    for name in ("shipped", "stress"):
+        data = orjson.loads((ROOT / "bench" / "results" / f"sim-{name}.json").read_bytes())
+        counts = {p: latency_counts(data["rows"], p) for p in ("default", "classic", "modern")}
+        for p, (a, an, b, bn) in counts.items():
+            assert data["latency"][p] == {
+                "p0_ttft_within_slo": a,
+                "p0_ttft_pairs": an,
+                "tbt_within_slo": b,
+                "tbt_pairs": bn,
+            }
+        d, c, mo = counts["default"], counts["classic"], counts["modern"]
+        figures += [d[0], d[1], c[0], mo[0], d[2], d[3], c[2], mo[2]]
+    assert said == figures
+
+
+def _p0_ttft_median_s(rows: list[dict[str, Any]], scenario: str, policy: str) -> float:
+    """The latency section's median over seeds of the priority-0 TTFT p99, in seconds."""
+    vals = sorted(r["p0_ttft_p99_ms"] for r in rows if r["scenario"] == scenario and r["policy"] == policy)
+    return float(vals[len(vals) // 2]) / 1000.0
+
+
+def test_latency_examples_match_the_tables() -> None:
+    text = _readme()
+    shipped, stress = _rows("sim-shipped"), _rows("sim-stress")
+    m = re.search(
+        r"host-loss-mid-decode's is ([0-9.]+) s at p99 \(median over seeds\) against classic's ([0-9.]+) s "
+        r"and an SLO of ([0-9.]+) s, autonomous-workflows' ([0-9.]+) s against ([0-9.]+) s and ([0-9.]+) s",
+        text,
+    )
+    assert m, "README lost the latency examples"
+    want = []
+    for s in ("host-loss-mid-decode", "autonomous-workflows"):
+        slo = next(r["slo_ttft_ms"] for r in shipped if r["scenario"] == s) / 1000.0
+        want += [_p0_ttft_median_s(shipped, s, "default"), _p0_ttft_median_s(shipped, s, "classic"), slo]
+    for said, value in zip(m.groups(), want, strict=True):
+        assert _same(said, value), (said, value)
+    m = re.search(r"Where classic's queues build \(([a-z0-9, -]+)\) default's are earlier", text)
+    assert m, "README lost the list of scenarios where default's first tokens come earlier"
+    rows = shipped + stress
+    for s in m.group(1).split(", "):
+        assert _p0_ttft_median_s(rows, s, "default") < _p0_ttft_median_s(rows, s, "classic"), s
