@@ -300,22 +300,51 @@ def _with_workflows(
     twins: bool = False,
 ) -> dict[str, Any]:
     """Open ``n`` workflows (one call each, none finished), then tick again and measure RSS. The
-    records are folded as the size's other phases fold them (``twins``)."""
+    records are folded as the size's other phases fold them (``twins``). When the ledger is then
+    full (its cap is ``n``, or lower), one more second of new tasks is folded, each letting go of
+    the earliest open one, and its CPU per outcome is reported beside the opening's (a fold that
+    let go in O(open tasks) was ~8x slower there, ``bench/results/ledger-s13.md``)."""
     gc.collect()
     rss0 = rss_mib()
     opened = 0
     sent = 0  # workflow ids used so far: each outcome opens a new one
     per_s = max(1, n // 10)
+    open_cpu = 0.0
+
+    def new_tasks(ts: int, count: int) -> tuple[int, float]:
+        """Fold a second's telemetry, then ``count`` outcomes of new tasks; (outcomes, their CPU s)."""
+        _fold(model, telemetry_at(fleet, ts), (), twins=twins)
+        out = outcomes_at(fleet, ts, count / fleet.n_nodes, workflow_base=10**9 + sent, open_only=True)
+        c0 = clock.cpu_s()
+        k = _fold(model, (), out, twins=twins)
+        return k, clock.cpu_s() - c0
+
     while opened < n:
         chunk = min(per_s, n - opened)
         ts += engine.policy.tick_ms
-        per_node = chunk / fleet.n_nodes
-        out = outcomes_at(fleet, ts, per_node, workflow_base=10**9 + sent, open_only=True)
-        sent += _fold(model, telemetry_at(fleet, ts), out, twins=twins)
+        if chunk / fleet.n_nodes < 1e-9:
+            break
+        k, cpu_s = new_tasks(ts, chunk)
+        sent += k
+        open_cpu += cpu_s
         before, opened = opened, len(model.ledger.active)
         progress(f"  {fleet.n_nodes:,} nodes: {opened:,} open workflows")
-        if per_node < 1e-9 or opened <= before:
+        if opened <= before:
             break  # the model holds no more (a cap): measure what it holds
+    at_cap: dict[str, Any] = {}
+    if sent and len(model.ledger.active) >= model.config.max_open_workflows:
+        ts += engine.policy.tick_ms
+        handed0, opening = model.ledger.tasks_handed_off, sent
+        k, cpu_s = new_tasks(ts, per_s)
+        sent += k
+        below = open_cpu / opening * 1e6
+        full = cpu_s / max(1, k) * 1e6
+        at_cap = {
+            "new_task_us_below_cap": round(below, 2),
+            "new_task_us_at_cap": round(full, 2),
+            "at_cap_ratio": round(full / below, 2) if below > 0 else None,
+            "handed_off_at_cap": model.ledger.tasks_handed_off - handed0,
+        }
     gc.collect()
     times: list[float] = []
     cpu: list[float] = []
@@ -334,6 +363,7 @@ def _with_workflows(
         "tick_p99_ms": round(pct(times, 99), 2),
         "tick_cpu_p50_ms": round(pct(cpu, 50), 2),
         "tick_cpu_p99_ms": round(pct(cpu, 99), 2),
+        **at_cap,
     }
 
 
@@ -447,4 +477,10 @@ def _print(result: dict[str, Any]) -> None:
                 f" RSS {w['rss_total_mib']:,.0f} MiB"
                 f" (+{w['rss_added_mib']:,.0f} MiB for the workflows)"
             )
+            if "new_task_us_at_cap" in w:
+                console.print(
+                    f"  the ledger full: a new task's outcome folds in {w['new_task_us_at_cap']} us"
+                    f" CPU, {w['new_task_us_below_cap']} us below the cap (x{w['at_cap_ratio']};"
+                    f" {w['handed_off_at_cap']:,} earliest tasks let go)"
+                )
     console.print(f"targets: {result['targets']}")

@@ -153,7 +153,7 @@ def test_the_workflow_phase_holds_n_workflows_past_the_default_cap(monkeypatch: 
     assert row["workflows"]["open_workflows"] >= 5_000
 
 
-def test_the_workflow_phase_ends_when_the_model_holds_no_more() -> None:
+def test_the_workflow_phase_ends_when_the_model_holds_no_more_and_times_new_tasks_then() -> None:
     from fleetloop.bench.decide import _with_workflows
     from fleetloop.daemon.model.fleet import ModelConfig
 
@@ -162,3 +162,10 @@ def test_the_workflow_phase_ends_when_the_model_holds_no_more() -> None:
     engine = Engine(builtin_policy("default"))
     row = _with_workflows(fleet, model, engine, sorted(fleet.pool_ids), ts=BASE_TS_MS, n=5_000, ticks=1)
     assert row["open_workflows"] == 1_000
+    # Full: one more second of new tasks (n / 10), each letting go of the earliest open one.
+    assert row["handed_off_at_cap"] >= 450
+    assert row["new_task_us_at_cap"] > 0
+    assert row["new_task_us_below_cap"] > 0
+    roomy = FleetModel(ModelConfig(max_open_workflows=2_000))
+    row = _with_workflows(fleet, roomy, engine, sorted(fleet.pool_ids), ts=BASE_TS_MS, n=1_000, ticks=1)
+    assert "new_task_us_at_cap" not in row  # not full: nothing to time

@@ -293,3 +293,36 @@ def test_an_empty_batch_changes_nothing() -> None:
         assert fold(model, []) == []
         assert fold(model, [None, None]) == []
     assert checkpoint.encode(model) == before
+
+
+def test_a_ledger_held_as_an_ordered_dict_is_the_plain_dict_to_every_reader(monkeypatch: Any) -> None:
+    """Past half its cap the ledger's dicts become ``OrderedDict``s (an O(1) front for the cap's
+    "let go of the earliest"): the same entries in the same order, so the same state, bytes and
+    reasons as a model that keeps plain dicts; a checkpoint restores plain dicts, and a model
+    folding on from one ends where the continuous one does."""
+    from collections import OrderedDict
+
+    batches = _hostile()
+    half = len(batches) // 2
+    held = FleetModel(TIGHT)
+    held_reasons = [held.fold_outcomes(b) if k == "outcome" else held.fold_telemetries(b) for k, b in batches]
+    assert type(held.ledger.active) is OrderedDict
+    assert type(held.ledger.finished) is OrderedDict
+    with monkeypatch.context() as m:
+        m.setattr(FleetModel, "_ledger_fifo", lambda self: None)
+        plain = FleetModel(TIGHT)
+        plain_reasons = [
+            plain.fold_outcomes(b) if k == "outcome" else plain.fold_telemetries(b) for k, b in batches
+        ]
+        assert type(plain.ledger.active) is dict
+    assert held_reasons == plain_reasons
+    assert checkpoint.encode(held) == checkpoint.encode(plain)
+    # Restored halfway (plain dicts again), then folded on: the continuous model's bytes.
+    first = FleetModel(TIGHT)
+    for k, b in batches[:half]:
+        first.fold_outcomes(b) if k == "outcome" else first.fold_telemetries(b)
+    restored = checkpoint.decode(checkpoint.encode(first))
+    assert type(restored.ledger.active) is dict
+    for k, b in batches[half:]:
+        restored.fold_outcomes(b) if k == "outcome" else restored.fold_telemetries(b)
+    assert checkpoint.encode(restored) == checkpoint.encode(held)

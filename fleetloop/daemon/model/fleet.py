@@ -47,6 +47,7 @@ watermark happens to pass), and memory is reclaimed only well behind the retenti
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import repeat
@@ -377,6 +378,27 @@ class FleetModel:
             return
         pref.diverted.add_at(b, 0, float(o.prompt_tokens + o.output_tokens))
 
+    def _ledger_fifo(self) -> None:
+        """Hold a ledger dict that has filled to half its cap as an ``OrderedDict``: same entries,
+        same order, same checkpoint bytes (a mapping is written as its keys and values in order),
+        and the cap's "let go of the earliest" reads its front in O(1).
+
+        A plain dict does not close the holes deletions leave until it is resized, so
+        ``next(iter(d))`` steps over every entry deleted from the front since: at the cap every new
+        task deletes one, and folding a new task's outcome cost 77 us at the default 500,000 open
+        tasks against 10 us below the cap (``bench/results/ledger-s13.md``): a flood of new
+        workflow ids, which the schema accepts, would hold a shard to ~13,000 outcomes a second.
+        An ``OrderedDict`` keeps its order in a linked list, so its front is one step away; it
+        costs ~50 ns more per lookup and ~50 bytes more per entry, which is why a ledger below
+        half its cap stays a plain dict. Called before a fold takes its local names for the
+        dicts (a dict replaced mid-batch would leave them on the old one); a checkpoint restores
+        plain dicts, and the first fold after it converts them again."""
+        ledger, cfg = self.ledger, self.config
+        if type(ledger.active) is dict and 2 * len(ledger.active) >= cfg.max_open_workflows:
+            ledger.active = OrderedDict(ledger.active)
+        if type(ledger.finished) is dict and 2 * len(ledger.finished) >= cfg.max_finished_workflows:
+            ledger.finished = OrderedDict(ledger.finished)
+
     def fold(self, e: Telemetry | Outcome) -> str | None:
         """Fold one record of either kind (a wire model or its twin); returns why it was refused."""
         if isinstance(e, TELEMETRY_TYPES):
@@ -569,6 +591,7 @@ class FleetModel:
         return None
 
     def _fold_ledger(self, o: Outcome) -> None:
+        self._ledger_fifo()
         ledger = self.ledger
         wf_id = o.workflow_id
         wf = ledger.active.get(wf_id)
@@ -729,6 +752,7 @@ class FleetModel:
         nodes = self.nodes
         node_wins = self.node_wins
         tenants = self.tenants
+        self._ledger_fifo()
         ledger = self.ledger
         active, finished, gaps = ledger.active, ledger.finished, ledger.gaps
         refused = self.refused
