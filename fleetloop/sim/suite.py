@@ -315,14 +315,30 @@ def latency_counts(rows: list[dict[str, Any]], policy: str) -> tuple[int, int, i
     return ttft_ok, ttft_n, tbt_ok, tbt_n
 
 
+LATENCY_POLICIES = ("classic", "modern", "default")
+
+
+def latency_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """:func:`latency_counts` by name, for each of :data:`LATENCY_POLICIES` that has rows (the
+    suite JSON's ``latency`` and the markdown's closing lines)."""
+    keys = ("p0_ttft_within_slo", "p0_ttft_pairs", "tbt_within_slo", "tbt_pairs")
+    present = {r["policy"] for r in rows}
+    return {
+        p: dict(zip(keys, latency_counts(rows, p), strict=True)) for p in LATENCY_POLICIES if p in present
+    }
+
+
 def latency_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Latency against each scenario's SLO (reported, not a target): per scenario and policy, the
     seeds whose priority-0 TTFT p99 and whose TBT p99 are within it, and the median over seeds of
     the priority-0 TTFT p99."""
-    t = _index(rows)
-    policies = [p for p in ("classic", "modern", "default") if any(k[2] == p for k in t)]
+    summary = latency_summary(rows)
+    policies = list(summary)
     if not any(r.get("slo_ttft_ms") is not None for r in rows) or not policies:
         return []
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for key, r in sorted(_index(rows).items()):  # seed order within each (scenario, policy)
+        by.setdefault((key[0], key[2]), []).append(r)
     head = " | ".join(f"{p} TTFT / TBT" for p in policies)
     lines = [
         "",
@@ -335,12 +351,12 @@ def latency_lines(rows: list[dict[str, Any]]) -> list[str]:
         f"| scenario | SLO TTFT / TBT ms | {head} | p0 TTFT p99 " + " / ".join(policies) + " |",
         "|---|---:|" + "---:|" * len(policies) + "---:|",
     ]
-    for s in sorted({k[0] for k in t}):
+    for s in sorted({sc for sc, _ in by}):
         cells: list[str] = []
         medians: list[str] = []
         slo = ""
         for p in policies:
-            rs = [r for (sc, _, pol), r in sorted(t.items()) if sc == s and pol == p]
+            rs = by.get((s, p), [])
             got = [within_slo(r) for r in rs]
             ttft = [x for x, _ in got if x is not None]
             tbt = [y for _, y in got if y is not None]
@@ -351,10 +367,10 @@ def latency_lines(rows: list[dict[str, Any]]) -> list[str]:
                 slo = f"{rs[0]['slo_ttft_ms']:.0f} / {rs[0]['slo_tbt_ms']:.0f}"
         lines.append(f"| {s} | {slo or '-'} | " + " | ".join(cells) + " | " + " / ".join(medians) + " |")
     lines.append("")
-    for p in policies:
-        a, an, b, bn = latency_counts(rows, p)
+    for p, c in summary.items():
         lines.append(
-            f"- {p}: priority-0 TTFT p99 within SLO on **{a}** of {an} pairs, TBT p99 on **{b}** of {bn}"
+            f"- {p}: priority-0 TTFT p99 within SLO on **{c['p0_ttft_within_slo']}** of {c['p0_ttft_pairs']}"
+            f" pairs, TBT p99 on **{c['tbt_within_slo']}** of {c['tbt_pairs']}"
         )
     return lines
 

@@ -47,7 +47,7 @@ from fleetloop.sim.scenario import ScenarioError, load_scenario
 from fleetloop.sim.suite import (
     BASELINES,
     SUITES,
-    latency_counts,
+    latency_summary,
     progress_line,
     reuse_rows,
     run_jobs,
@@ -510,17 +510,7 @@ def main_suite(args: argparse.Namespace) -> int:
         "rows": rows,
         "checks": checks,
         "targets_met": met,
-        "latency": {
-            p: dict(
-                zip(
-                    ("p0_ttft_within_slo", "p0_ttft_pairs", "tbt_within_slo", "tbt_pairs"),
-                    latency_counts(rows, p),
-                    strict=True,
-                )
-            )
-            for p in ("classic", "modern", "default")
-            if any(r["policy"] == p for r in rows)
-        },
+        "latency": latency_summary(rows),
         "reused_from": sources if reused else [],
     }
     (out / f"{stem}.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
