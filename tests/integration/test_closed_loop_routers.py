@@ -24,10 +24,10 @@ from fleetloop.router import clock
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import TELEMETRY, TICKS
 from tests.integration.test_haproxy import Traffic, haproxy_config
-from tests.integration.test_vllm_router import VLLM_ROUTER
 from tests.support.http import free_port, nodes
 from tests.support.kafka import producer, running_daemon, send
 from tests.support.records import telemetry
+from tests.support.vllm_router import start_vllm_router
 
 NODES = ("chat/0", "chat/1", "chat/2")
 
@@ -76,9 +76,6 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
     servers = contextlib.AsyncExitStack()
     ports = await servers.enter_async_context(nodes(3, answer))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    fe_port, log_port, vr_port = free_port(), free_port(socket.SOCK_DGRAM), free_port()
-    cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(haproxy_config(tmp_path, fe_port, log_port, ports))
     (tmp_path / "backends.yaml").write_text(
         "pools:\n  chat:\n    backend: chat\n    model: llama-8b\n"
         "    servers: {chat/0: s0, chat/1: s1, chat/2: s2}\n"
@@ -145,35 +142,15 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
     policy = _degraded_policy(tmp_path) if degraded else None
     async with running_daemon(kafka_env, policy=policy) as _daemon, producer(kafka_env) as p:
         try:
+            # ports picked once the daemon's clients hold theirs (see tests/support/vllm_router.py)
+            fe_port, log_port = free_port(), free_port(socket.SOCK_DGRAM)
+            cfg = tmp_path / "haproxy.cfg"
+            cfg.write_text(haproxy_config(tmp_path, fe_port, log_port, ports))
             procs.append(subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stderr=subprocess.DEVNULL))
-            procs.append(
-                subprocess.Popen(
-                    [
-                        str(VLLM_ROUTER),
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(vr_port),
-                        "--worker-urls",
-                        *urls,
-                        "--policy",
-                        "power_of_two",
-                        "--prometheus-port",
-                        str(free_port()),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
+            vr_proc, vr_port = await start_vllm_router(
+                urls, "power_of_two", tmp_path / "vllm-router-server.log"
             )
-            async with httpx.AsyncClient(timeout=2.0) as probe:  # the actuators start once it answers
-                deadline = clock.monotonic_s() + 60
-                while clock.monotonic_s() < deadline:
-                    try:
-                        if (await probe.get(f"http://127.0.0.1:{vr_port}/health")).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    await asyncio.sleep(0.1)
+            procs.append(vr_proc)  # the actuators start once it answers
             for name, extra in (
                 (
                     "haproxy",

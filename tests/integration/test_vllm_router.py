@@ -25,11 +25,11 @@ from fleetloop.schemas.decisions import (
     RoutingDecision,
 )
 from fleetloop.schemas.topics import STATE
-from tests.support.http import Handler, free_port, nodes
+from tests.support.http import Handler, nodes
 from tests.support.kafka import producer
+from tests.support.vllm_router import start_vllm_router
 
 STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
-VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
 
 
 @contextlib.asynccontextmanager
@@ -64,29 +64,10 @@ async def _until(pred: Any, timeout_s: float, what: str) -> None:
 async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_router(
     kafka_env: Any, tmp_path: Path
 ) -> None:
-    if not VLLM_ROUTER.exists():
-        pytest.fail(f"vllm-router is not installed at {VLLM_ROUTER} (pip install -e '.[dev]' installs it)")
     async with workers(3) as urls, producer(kafka_env) as prod:
         wmap = tmp_path / "workers.yaml"
         wmap.write_text("pools:\n  chat:\n" + "".join(f"    chat/{i}: {u}\n" for i, u in enumerate(urls)))
-        port = free_port()
-        vr = subprocess.Popen(
-            [
-                str(VLLM_ROUTER),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--worker-urls",
-                urls[0],
-                "--policy",
-                "round_robin",
-                "--prometheus-port",
-                str(free_port()),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        vr, port = await start_vllm_router([urls[0]], "round_robin", tmp_path / "vllm-router.log")
         log_path = tmp_path / "actuator.log"
         act: subprocess.Popen[bytes] | None = None
         client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10.0)
@@ -116,14 +97,6 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_route
             return RoutingDecision(entity="pool/chat", reason="r", pool_id="chat", weights=weights)
 
         try:
-
-            async def up() -> bool:
-                try:
-                    return (await client.get("/health")).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            await _until(up, 60, "vllm-router to start")
             await publish(1, routing({"chat/0": 0.5, "chat/1": 0.5}))  # chat/2 not provisioned yet
             with log_path.open("wb") as log_file:
                 act = subprocess.Popen(
