@@ -17,6 +17,9 @@ layers, hidden 4096; Llama 3.1 70B: 70.6e9, 80 layers, hidden 8192. ``efficiency
 default: serving engines reach about half of dense peak in prefill (attention, norms and sampling
 are not GEMMs); a lower value predicts longer prefills and so treats more latency as unfixable.
 
+The longest prompt a node prefills within a time (:func:`prompt_tokens_within`, for a TTFT SLO) is
+the positive root of ``flops(n) = ms x F / 1000``, rounded down.
+
 The longest prompt a node can take (:func:`max_prompt_tokens`): a prompt's KV must fit the node's
 KV cache whole before its first token, and the cache is what HBM holds beside the weights::
 
@@ -40,6 +43,7 @@ little queueing as compute.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 PEAK_BF16_FLOPS: dict[str, float] = {
@@ -84,9 +88,30 @@ def prefill_ms(
     peak = PEAK_BF16_FLOPS.get(gpu_type)
     if shape is None or peak is None or gpu_count < 1 or efficiency <= 0:
         return None
-    n = max(0.0, prompt_tokens)
+    return _prefill_ms(shape, peak, gpu_count, max(0.0, prompt_tokens), efficiency)
+
+
+def _prefill_ms(shape: ModelShape, peak: float, gpu_count: int, n: float, efficiency: float) -> float:
     flops = 2.0 * shape.params * n + 2.0 * shape.layers * shape.hidden * n * n
     return 1000.0 * flops / (gpu_count * peak * efficiency)
+
+
+def prompt_tokens_within(
+    model: str, gpu_type: str, gpu_count: int, ms: float, efficiency: float = DEFAULT_EFFICIENCY
+) -> int | None:
+    """The longest prompt one node prefills on its own within ``ms`` milliseconds (the inverse of
+    :func:`prefill_ms`: the positive root of ``2 L d n^2 + 2 P n = ms x F / 1000``, rounded down);
+    None when the model or GPU is unknown."""
+    shape = MODEL_SHAPES.get(model)
+    peak = PEAK_BF16_FLOPS.get(gpu_type)
+    if shape is None or peak is None or gpu_count < 1 or efficiency <= 0 or not ms > 0:
+        return None
+    budget = min(ms, 1e9) * gpu_count * peak * efficiency / 1000.0  # FLOPs; 1e9 ms bounds the root
+    a, b = 2.0 * shape.layers * shape.hidden, 2.0 * shape.params
+    n = int(2.0 * budget / (b + math.sqrt(b * b + 4.0 * a * budget)))  # the stable form of the root
+    while n > 0 and _prefill_ms(shape, peak, gpu_count, n, efficiency) > ms:  # rounding
+        n -= 1
+    return n
 
 
 def max_prompt_tokens(model: str, gpu_type: str, gpu_count: int) -> int | None:

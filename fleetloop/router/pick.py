@@ -38,6 +38,16 @@ Per call (:meth:`Router.pick`), in order:
    below ``reject_if_budget_below_ms``. A first call on a node with nothing queued meets
    ``max_outstanding[p]`` only: the node admits it into its running batch at once, which costs the
    batch some time between tokens, while a shed first call is a lost task (the KPI counts tasks).
+5b. **Prefill fit**: a call admitted on a pool whose routing decision says it prefills no prompt
+   that long within the call's class TTFT SLO (``slo_prompt_tokens[p]``, physics: the model's
+   FLOPs over the GPU's) goes instead to the first pool of the same model in that pool's
+   ``spill_to`` whose figure the prompt is within (and whose nodes hold it), when that pool's
+   picked node has nothing queued and admits it (reason ``prefill-fit``). On the first pool the
+   call misses its SLO however idle the node; on the other it can meet it. The routing policy
+   lists a pool in ``spill_to`` only while it has room, and the queue test keeps the move from
+   trading the prefill for a wait. A figure unknown on either side, or a stale decision, moves
+   nothing. The call's outcome does not name the first pool (``routed_from`` is for step 6): the
+   call belongs where it went, so that pool sizes for it.
 6. **Model spill**: the pools of ``spill_to`` that serve *another* model the call accepts are
    not part of step 1's spill chain; a call that chain would shed, or admits on a node that
    already has calls queued, goes instead to the first of them (in ``spill_to`` order) whose
@@ -125,7 +135,7 @@ N = TypeVar("N", bound=NodeLike)
 class Route(Generic[N]):
     pool_id: str
     node: N | None  # None: shed (or no node anywhere)
-    reason: str  # primary | spill | model-spill | model-fallback | shed | no-node | no-pool
+    reason: str  # primary | spill | prefill-fit | model-spill | model-fallback | shed | no-node | no-pool
     # model-spill: the pool the call was moved from (RequestOutcome.routed_from), else None
     routed_from: str | None = None
 
@@ -446,7 +456,8 @@ class Router(Generic[N]):
         prompt_tokens: int = 0,
     ) -> Route[N]:
         """Steps 1-6 for one call: where it goes, or why it is shed (see the module docstring).
-        ``prompt_tokens`` (0: unknown) keeps the call off pools whose nodes cannot hold it."""
+        ``prompt_tokens`` (0: unknown) keeps the call off pools whose nodes cannot hold it and
+        moves it to a pool that prefills it within its SLO (step 5b)."""
         first, pools = self._candidates(models)
         if not pools:
             return Route("", None, "no-pool")
@@ -469,6 +480,9 @@ class Router(Generic[N]):
                 continue
             if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
                 route = Route(pool_id, node, "spill" if pool_id != primary else "primary")
+                moved = self._prefill_fit(route, priority, digest, new_task, budget_ms, now_s, prompt_tokens)
+                if moved is not None:
+                    return moved
                 if others and node.queue_depth >= 1:
                     return self._model_spill(route, others, priority, digest, new_task, budget_ms, now_s)
                 return route
@@ -489,6 +503,49 @@ class Router(Generic[N]):
                 return Route(pool_id, node, "model-fallback")
             return Route(pool_id, None, "shed")
         return Route(primary, None, "no-node")
+
+    def _prefill_fit(  # noqa: PLR0917 - the route and the call's figures
+        self,
+        route: Route[N],
+        priority: int,
+        digest: str | None,
+        new_task: bool,
+        budget_ms: float,
+        now_s: float,
+        prompt_tokens: int,
+    ) -> Route[N] | None:
+        """Step 5b: the call's route on the first pool of the same model in the admitting pool's
+        ``spill_to`` that prefills ``prompt_tokens`` within the class's TTFT SLO where the admitting
+        pool does not (both routing decisions' ``slo_prompt_tokens``), whose picked node has nothing
+        queued and admits it; None when the call stays (the figure unknown on either side, the
+        admitting pool's decision stale, or no such pool)."""
+        if prompt_tokens <= 0:
+            return None
+        st = self.state.pools.get(route.pool_id)
+        d = st.routing if st is not None else None
+        if d is None or not d.spill_to:
+            return None
+        key = str(priority)
+        here = d.slo_prompt_tokens.get(key)
+        if here is None or prompt_tokens <= here:
+            return None
+        if self._eligible_for(route.pool_id, priority, now_s) is None:  # stale: fail static
+            return None
+        model = self._model_of(route.pool_id)
+        for pool_id in d.spill_to:
+            other = self.state.pools.get(pool_id)
+            od = other.routing if other is not None else None
+            fits = od.slo_prompt_tokens.get(key) if od is not None else None
+            if fits is None or prompt_tokens > fits or self._model_of(pool_id) != model:
+                continue
+            if not self._holds(pool_id, prompt_tokens):
+                continue
+            node = self.pick_node(pool_id, priority, digest, now_s)
+            if node is None or node.queue_depth > 0:
+                continue
+            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
+                return Route(pool_id, node, "prefill-fit")
+        return None
 
     def _model_spill(  # noqa: PLR0917 - the route and the call's figures
         self,

@@ -63,6 +63,13 @@ class RoutingDecision(_Body):
         description="the longest prompt (tokens) a node of this pool holds in its KV cache; a longer prompt "
         "goes to another pool of an acceptable model that holds it, when one does (none: no limit known)",
     )
+    slo_prompt_tokens: dict[str, Tokens] = Field(
+        default_factory=dict,
+        description="priority class -> the longest prompt one node of this pool prefills on its own "
+        "within that class's TTFT SLO; a call admitted here with a longer prompt goes to a pool of the "
+        "same model in `spill_to` whose figure it is within, when that pool's picked node has nothing "
+        "queued (empty: unknown)",
+    )
 
 
 class BreakerDecision(_Body):

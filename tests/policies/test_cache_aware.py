@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import pytest
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.memory import PoolMemory
+from fleetloop.policies.prefill import prefill_ms, prompt_tokens_within
 from fleetloop.policies.routing.cache_aware import (
     CacheAware,
     CacheAwareParams,
     combine,
     components,
 )
+from fleetloop.policies.slo import Slo, SloBook
 from fleetloop.schemas.decisions import RoutingDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from tests.policies.snapshots import NOW_MS, ctx, node, snapshot
+from tests.policies.snapshots import NOW_MS, POOL, ctx, node, snapshot
 
 
 def decide(
@@ -336,3 +339,55 @@ def test_a_pool_of_mixed_tensor_parallel_degrees_is_held_to_its_smallest_node() 
     (d,) = CacheAware().decide(snap, CacheAwareParams(), {}, ctx(snap)).decisions
     assert isinstance(d, RoutingDecision)
     assert d.max_prompt_tokens == 343_627
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "gpus", "ms"),
+    [("llama-8b", "A100", 1, 800.0), ("llama-8b", "H100", 1, 800.0), ("llama-70b", "MI300X", 1, 5000.0),
+     ("llama-70b", "H200", 2, 5000.0), ("llama-70b", "H100", 8, 50.0), ("llama-8b", "L40S", 1, 600_000.0)],
+)  # fmt: skip
+def test_the_prefill_figure_is_the_longest_prompt_within_the_time(
+    model: str, gpu: str, gpus: int, ms: float
+) -> None:
+    n = prompt_tokens_within(model, gpu, gpus, ms)
+    assert n is not None
+    assert n > 0
+    within, over = prefill_ms(model, gpu, gpus, n), prefill_ms(model, gpu, gpus, n + 1)
+    assert within is not None
+    assert over is not None
+    assert within <= ms < over
+
+
+def test_the_prefill_figure_is_unknown_for_an_unknown_part_or_no_time() -> None:
+    assert prompt_tokens_within("llama-8b", "TPU", 1, 800.0) is None
+    assert prompt_tokens_within("mistral-7b", "H100", 1, 800.0) is None
+    assert prompt_tokens_within("llama-8b", "H100", 0, 800.0) is None
+    assert prompt_tokens_within("llama-8b", "H100", 1, 0.0) is None
+    assert prompt_tokens_within("llama-8b", "H100", 1, math.nan) is None
+
+
+def test_the_pools_prefill_figure_follows_each_class_slo_and_its_slowest_node() -> None:
+    # llama-8b on A100s: an 800 ms SLO by default, 2 s for priority 2, 400 ms for priority 1 on this pool
+    book = SloBook(
+        default=Slo(800.0, 50.0),
+        by_priority={2: Slo(2000.0, 100.0)},
+        by_pool={(1, POOL): Slo(400.0, 50.0)},
+    )
+    views = [
+        node("a", model="llama-8b", gpu_type="A100", gpu_count=2),
+        node("b", model="llama-8b", gpu_type="A100", gpu_count=1),
+    ]
+    snap = snapshot(views, pool_fields={POOL: {"model": "llama-8b", "gpu_type": "A100"}})
+    (d,) = CacheAware().decide(snap, CacheAwareParams(), {}, ctx(snap, slo=book)).decisions
+    assert isinstance(d, RoutingDecision)
+    one = {ms: prompt_tokens_within("llama-8b", "A100", 1, ms) for ms in (400.0, 800.0, 2000.0)}
+    want = {str(p): one[800.0] for p in range(10)} | {"1": one[400.0], "2": one[2000.0]}
+    assert d.slo_prompt_tokens == want
+    assert one[400.0] < one[800.0] < one[2000.0] == 15_503  # and the node with one GPU sets it
+    # an unknown GPU: no figure at all, and the field stays unset (older readers see the same record)
+    views = [node("a", model="llama-8b", gpu_type="TPU", gpu_count=1)]
+    snap = snapshot(views, pool_fields={POOL: {"model": "llama-8b", "gpu_type": "TPU"}})
+    (d,) = CacheAware().decide(snap, CacheAwareParams(), {}, ctx(snap, slo=book)).decisions
+    assert isinstance(d, RoutingDecision)
+    assert d.slo_prompt_tokens == {}
+    assert "slo_prompt_tokens" not in d.model_fields_set

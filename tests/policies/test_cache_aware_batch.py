@@ -16,6 +16,7 @@ from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, Poli
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.routing import cache_aware
 from fleetloop.policies.routing.cache_aware import CacheAware, CacheAwareParams
+from fleetloop.policies.slo import DEFAULT_BOOK, Slo, SloBook
 from fleetloop.schemas.decisions import RoutingDecision
 from pydantic import ValidationError
 from tests.policies.snapshots import NOW_MS, node, pool, snapshot
@@ -50,9 +51,17 @@ PARAM_IDS = ["default", "edgy", "exact"]
 
 
 def contexts(snap: FleetSnapshot, pool_ids: Iterable[str], tick_id: int = 1) -> list[PolicyContext]:
+    """On odd ticks the SLO book names the first pool (a class of its own), so the batch's
+    per-pool prefill figures are remembered per pool there and per model and GPU otherwise."""
+    ids = list(pool_ids)
+    book = DEFAULT_BOOK
+    if ids and tick_id % 2:
+        book = SloBook(default=Slo(800.0, 50.0), by_pool={(1, ids[0]): Slo(300.0, 40.0)})
     return [
-        PolicyContext(now_ms=snap.now_ms, tick_id=tick_id, tick_ms=1000, pool_id=p, seed=(tick_id, k))
-        for k, p in enumerate(pool_ids)
+        PolicyContext(
+            now_ms=snap.now_ms, tick_id=tick_id, tick_ms=1000, pool_id=p, seed=(tick_id, k), slo=book
+        )
+        for k, p in enumerate(ids)
     ]
 
 
@@ -88,6 +97,7 @@ def same(a: PolicyResult[Any], b: PolicyResult[Any]) -> None:
             assert [v.hex() for v in x.weights.values()] == [v.hex() for v in y.weights.values()]
             assert [v.hex() for v in x.inputs.values()] == [v.hex() for v in y.inputs.values()]
             assert type(x.spill_to) is type(y.spill_to)
+            assert list(x.slo_prompt_tokens.items()) == list(y.slo_prompt_tokens.items())
     assert list(a.diagnostics) == list(b.diagnostics)
     assert [float(v).hex() for v in a.diagnostics.values()] == [
         float(v).hex() for v in b.diagnostics.values()

@@ -557,3 +557,72 @@ def test_a_first_call_meets_its_outstanding_limit_only_on_a_node_with_calls_queu
     w.eps["p/0"].running = running
     got = w.pick(priority=2, new_task=new_task)
     assert got == ("primary:p/0" if admitted else "shed:p"), (queued, running, new_task)
+
+
+# -- step 5b: prefill fit ---------------------------------------------------------------------------
+
+
+def _prefill_world(
+    *, slow: dict[str, int] | None, fast: dict[str, int] | None, spill: tuple[str, ...] = ("fast",)
+) -> World:
+    """Two pools of model m: "slow" prefills 1,000 tokens of a priority-0 call within its SLO, "fast"
+    5,000 (unless a figure is given); "other" serves model n and would fit anything."""
+    w = World({"fast": 1, "slow": 1, "other": 1}, models={"m": ["slow", "fast"], "n": ["other"]})
+    w.apply(
+        routing("slow", {"slow/0": 1.0}, spill_to=spill, **({"slo_prompt_tokens": slow} if slow else {})),
+        routing("fast", {"fast/0": 1.0}, **({"slo_prompt_tokens": fast} if fast else {})),
+        routing("other", {"other/0": 1.0}, slo_prompt_tokens={"0": 10**9}),
+    )
+    return w
+
+
+FIG_SLOW, FIG_FAST = {"0": 1_000, "2": 4_000}, {"0": 5_000, "2": 20_000}
+
+
+@pytest.mark.parametrize(
+    ("case", "prompt", "priority", "expected"),
+    [
+        # beyond the slow pool's figure, within the fast one's: every call ends on the fast pool
+        ("base", 2_000, 0, ["prefill-fit:fast/0", "primary:fast/0"] * 2),
+        # within both figures, or beyond both: the capacity split, nothing moved
+        ("base", 1_000, 0, ["primary:slow/0", "primary:fast/0"] * 2),
+        ("base", 6_000, 0, ["primary:slow/0", "primary:fast/0"] * 2),
+        # the class's own figure: priority 2 has a looser SLO, so 2,000 tokens fit the slow pool
+        ("base", 2_000, 2, ["primary:slow/0", "primary:fast/0"] * 2),
+        # a class without a figure moves nothing
+        ("base", 2_000, 1, ["primary:slow/0", "primary:fast/0"] * 2),
+        # an unknown prompt size moves nothing
+        ("base", 0, 0, ["primary:slow/0", "primary:fast/0"] * 2),
+        # the fast pool is not in the slow pool's spill_to (no room there): it stays
+        ("no-room", 2_000, 0, ["primary:slow/0", "primary:fast/0"] * 2),
+        # the fast pool's picked node has a call queued: a wait there is not a saving
+        ("queued", 2_000, 0, ["primary:slow/0", "primary:fast/0"] * 2),
+        # the fast pool's admission sheds it: it stays where it was admitted
+        ("shed", 2_000, 0, ["primary:slow/0", "shed:fast"] * 2),
+        # a figure unknown on either side moves nothing
+        ("slow-unknown", 2_000, 0, ["primary:slow/0", "primary:fast/0"] * 2),
+        ("fast-unknown", 2_000, 0, ["primary:slow/0", "primary:fast/0"] * 2),
+        # another model's pool never takes a call for its prefill (that is step 6's, for a queue)
+        ("other-model", 2_000, 0, ["primary:slow/0", "primary:fast/0"] * 2),
+    ],
+)
+def test_prefill_fit_decision_table(case: str, prompt: int, priority: int, expected: list[str]) -> None:
+    slow = None if case == "slow-unknown" else FIG_SLOW
+    fast = None if case == "fast-unknown" else FIG_FAST
+    spill = {"no-room": (), "other-model": ("other",)}.get(case, ("fast",))
+    w = _prefill_world(slow=slow, fast=fast, spill=spill)
+    if case == "queued":
+        w.eps["fast/0"].queue_depth = 1
+    if case == "shed":
+        w.apply(admission("fast", max_outstanding={"0": 0}, tick=2))
+    got = [w.pick(priority, models=("m", "n"), prompt_tokens=prompt) for _ in range(4)]
+    assert got == expected
+
+
+def test_prefill_fit_waits_for_a_fresh_decision_and_names_no_pool_it_moved_from() -> None:
+    w = _prefill_world(slow=FIG_SLOW, fast=FIG_FAST)
+    r = w.router.pick(("m",), 0, None, new_task=False, budget_ms=10_000, now_s=1.0, prompt_tokens=2_000)
+    assert (r.reason, r.pool_id, r.routed_from) == ("prefill-fit", "fast", None)  # the call belongs there
+    # past fail_static_s the slow pool's decision no longer speaks: plain round robin, nothing moved
+    late = [w.pick(models=("m",), prompt_tokens=2_000, now=31.0) for _ in range(4)]
+    assert "prefill-fit:fast/0" not in late

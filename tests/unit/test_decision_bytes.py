@@ -126,6 +126,7 @@ def test_every_body_class_of_the_envelope_is_planned() -> None:
     assert routing.float_dicts == ("inputs", "weights")
     assert routing.dicts2 == ("by_priority",)
     assert routing.ints({"max_prompt_tokens": 5}) == (5,)
+    assert routing.int_dicts == ("slo_prompt_tokens",)
     budget = publish._PLANS[RetryBudgetDecision]
     assert budget.floats({"retry_ratio": 0.5, "min_retries_per_s": 1.5}) == (0.5, 1.5)
 
@@ -242,6 +243,7 @@ names = st.text(min_size=1, max_size=6)
     affinity=st.dictionaries(names, st.tuples(names, names), max_size=3),
     spill=st.tuples(names),
     cap=st.one_of(st.none(), st.integers(min_value=-(2**64), max_value=2**64)),
+    slo_fit=st.dictionaries(names, st.integers(min_value=-(2**64), max_value=2**64), max_size=10),
 )
 def test_generated_routing_bodies(
     weights: dict[str, float],
@@ -250,6 +252,7 @@ def test_generated_routing_bodies(
     affinity: dict[str, tuple[str, ...]],
     spill: tuple[str, ...],
     cap: int | None,
+    slo_fit: dict[str, int],
 ) -> None:
     same(
         envelope(
@@ -260,6 +263,7 @@ def test_generated_routing_bodies(
                 prefix_affinity=affinity,
                 spill_to=spill,
                 max_prompt_tokens=cap,
+                slo_prompt_tokens=slo_fit,
             )
         )
     )

@@ -145,11 +145,12 @@ def distance(enforced: Decision, shadow: Decision) -> tuple[bool, float, str]:
     e, s = enforced.body, shadow.body
     if isinstance(e, RoutingDecision) and isinstance(s, RoutingDecision):
         tv = total_variation(e.weights, s.weights)
-        other = (e.picker, e.by_priority, e.spill_to, e.max_prompt_tokens) != (
+        other = (e.picker, e.by_priority, e.spill_to, e.max_prompt_tokens, e.slo_prompt_tokens) != (
             s.picker,
             s.by_priority,
             s.spill_to,
             s.max_prompt_tokens,
+            s.slo_prompt_tokens,
         )
         return tv > EPS or other, tv, "" if tv > EPS or not other else "picker/priority/spill"
     if isinstance(e, BreakerDecision) and isinstance(s, BreakerDecision):

@@ -37,6 +37,12 @@ Formula, for each node ``i`` of the pool (``serving_i`` = warm, not draining, te
     max_prompt_tokens = min over the pool's nodes' tensor-parallel degrees of the tokens one node's
                      KV cache holds, from the pool's model and GPU (:mod:`..prefill`; none when
                      either is unknown): the router keeps longer prompts on pools that hold them
+    slo_prompt_tokens[p] = per priority class p (0-9), the longest prompt one node of the pool
+                     prefills on its own within the class's TTFT SLO (``ctx.slo``, per model and
+                     pool where the book says so; :func:`..prefill.prompt_tokens_within` at the
+                     pool's fewest GPUs per node; none when the model or GPU is unknown): the
+                     router moves a longer prompt to a pool of the same model in ``spill_to`` that
+                     prefills it within the SLO (:mod:`fleetloop.router.pick`, step 5b)
 
 Picker: a weighted random draw (``weighted-random``). Smooth weighted round robin (the router's
 ``round-robin``) was measured in its place (session 8) and not adopted. Within a tick the weights
@@ -69,6 +75,25 @@ load, so it is stated once per pool and tick and never learned from failures (a 
 a task first). Failure mode: a node with FP8 KV or another memory setting holds a different
 number of tokens than predicted (see :mod:`..prefill`); the router only acts on the figure while
 another pool of an acceptable model holds the prompt.
+
+Why a prefill figure per class: two pools of one model on different GPUs split its calls by
+capacity, but a prompt's prefill time is its own FLOPs over the GPU's, so a long prompt on the
+slower GPU misses a tight TTFT SLO on an idle node (autonomous-workflows: llama-8b with an 800 ms
+SLO prefills ~7k tokens within it on an A100 and ~19k on an H100; every priority-0 call in the
+TTFT p99 tail was a long prompt, or a short one queued behind it, on the A100 pool, and the p99
+sat at 1.2-1.35 s, over classic's ~0.87 s). Moving only the prompts that miss for certain, only to
+a pool where they can meet it, and only while that pool has room (``spill_to``) and the picked
+node nothing queued, took the p99 to 0.72-0.85 s on all five seeds (classic 0.84-0.91 s) with the
+same tasks, at 0.41-0.45x classic's cost per successful task (0.44-0.47x before); research-long-
+context's p99 fell from 37-46 s to 30-35 s at 2-7% less cost, tasks within one of before
+(``bench/results/prefill-fit-s14.md``). Moving every long prompt to the fastest pool
+instead, even where it misses there too, or without the room test, concentrated research-long-
+context's 30k-96k-token prompts on its H200 pool, which hit its maximum while the MI300X pool
+shrank, and lost 2-6 tasks a seed to deadlines. The figure is a prediction for an idle node (the
+whole prompt, no cached prefix): it overstates the prefill of a call whose prefix is cached, so it
+moves a little more than needed, never less. Failure mode: a GPU slower than its datasheet
+(throttled, degraded) prefills fewer tokens than its figure says, so the prompts in between stay
+where they miss, as they did without the figure (the breaker and the speed score handle the node).
 
 Spill-over rule, and why: a spilled call must be servable where it lands, so the router sends a
 call only to a listed pool of a model the call accepts; the pool's own model comes first, and the
@@ -193,8 +218,9 @@ from fleetloop.policies.base import (
 from fleetloop.policies.columns import FleetColumns, Floats, Ints, fleet_columns, segment_medians
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.pool_figures import records, row_ids
-from fleetloop.policies.prefill import max_prompt_tokens
+from fleetloop.policies.prefill import max_prompt_tokens, prompt_tokens_within
 from fleetloop.policies.registry import register
+from fleetloop.policies.slo import SloBook
 from fleetloop.schemas.base import MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import Picker, RoutingDecision
 
@@ -658,6 +684,29 @@ def pool_max_prompt(pool: PoolView | None, gpu_counts: Iterable[int]) -> int | N
     return None if any(f is None for f in fits) else min(f for f in fits if f is not None)
 
 
+PRIORITIES = tuple(range(10))  # the schema's priority classes (``priority`` 0-9)
+
+
+def pool_slo_prompt(
+    pool: PoolView | None, pool_id: str, gpu_counts: Iterable[int], slo: SloBook
+) -> dict[str, int]:
+    """Per priority class, the longest prompt every node of the pool prefills on its own within that
+    class's TTFT SLO (:func:`fleetloop.policies.prefill.prompt_tokens_within` of the pool's model and
+    GPU at each tensor-parallel degree its nodes report, the smallest); empty without nodes or for an
+    unknown model or GPU."""
+    degrees = sorted(set(gpu_counts))
+    if pool is None or not degrees:
+        return {}
+    out: dict[str, int] = {}
+    for p in PRIORITIES:
+        ms = slo.target(p, model=pool.model, pool=pool_id).ttft_ms
+        fits = [prompt_tokens_within(pool.model, pool.gpu_type, c, ms) for c in degrees]
+        if any(f is None for f in fits):
+            return {}
+        out[str(p)] = min(f for f in fits if f is not None)
+    return out
+
+
 def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str, float | None]:
     """:func:`fleet_headroom_plain` for every pool at once, over the snapshot's fleet-wide columns
     (:func:`fleetloop.policies.columns.fleet_columns`): each scorer is one array operation over the
@@ -835,7 +884,9 @@ class CacheAware:
         live_scores = [v for v in scores.values() if v > 0]
         own = sum(live_scores) / len(live_scores) if live_scores else None
         spill_to = spill_targets(snap, params, ctx.pool_id)
-        fit = pool_max_prompt(snap.pools.get(ctx.pool_id), cols.ints("gpu_count")[rows].tolist())
+        degrees = cols.ints("gpu_count")[rows].tolist()
+        fit = pool_max_prompt(snap.pools.get(ctx.pool_id), degrees)
+        slo_fit = pool_slo_prompt(snap.pools.get(ctx.pool_id), ctx.pool_id, degrees, ctx.slo)
 
         stale = cols.stale[rows]
         n_serving = int((cols.warm[rows] & ~stale).sum())
@@ -856,6 +907,7 @@ class CacheAware:
             affinity,
             spill_to,
             fit,
+            slo_fit,
         )
         diagnostics = {"headroom": r6(own) if own is not None else 0.0, "hot_prefixes": float(len(affinity))}
         return PolicyResult(decisions=(decision,), state=memory, diagnostics=diagnostics)
@@ -878,7 +930,7 @@ PICKER: Picker = "weighted-random"
 
 _ROUTING_FIELDS = (
     "entity", "reason", "inputs", "kind", "pool_id", "weights", "picker", "by_priority", "prefix_affinity",
-    "spill_to", "max_prompt_tokens",
+    "spill_to", "max_prompt_tokens", "slo_prompt_tokens",
 )  # fmt: skip
 assert tuple(RoutingDecision.model_fields) == _ROUTING_FIELDS  # ``_routing_decision`` lists them in order
 
@@ -896,6 +948,7 @@ def _routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
     affinity: dict[str, tuple[str, ...]],
     spill_to: tuple[str, ...],
     max_prompt_tokens: int | None = None,
+    slo_prompt_tokens: dict[str, int] | None = None,
 ) -> RoutingDecision:
     """The pool's decision, assembled without validation when every figure is within the schema's
     bounds (ids and digests come from validated telemetry, the tick and the snapshot's pools):
@@ -913,6 +966,8 @@ def _routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
     }
     if max_prompt_tokens is not None:  # set only when known, as validation would record it
         given["max_prompt_tokens"] = max_prompt_tokens
+    if slo_prompt_tokens:
+        given["slo_prompt_tokens"] = slo_prompt_tokens
     if (
         reason
         and _within(inputs.values(), -MAX_FIGURE)
@@ -920,8 +975,9 @@ def _routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
         and all(_within(ws.values(), 0.0) for ws in by_priority.values())
     ):
         return _assembled(
-            pool_id, weights, reason, inputs, by_priority, affinity, spill_to, max_prompt_tokens
-        )
+            pool_id, weights, reason, inputs, by_priority, affinity, spill_to, max_prompt_tokens,
+            slo_prompt_tokens or {},
+        )  # fmt: skip
     return RoutingDecision.model_validate(given)
 
 
@@ -938,6 +994,12 @@ _GIVEN = frozenset(
     )
 )
 _GIVEN_FIT = _GIVEN | {"max_prompt_tokens"}
+_GIVEN_SETS = {
+    (False, False): set(_GIVEN),
+    (True, False): set(_GIVEN_FIT),
+    (False, True): set(_GIVEN | {"slo_prompt_tokens"}),
+    (True, True): set(_GIVEN_FIT | {"slo_prompt_tokens"}),
+}
 
 
 def _assembled(  # noqa: PLR0917 (the decision's fields, in order)
@@ -949,9 +1011,11 @@ def _assembled(  # noqa: PLR0917 (the decision's fields, in order)
     affinity: dict[str, tuple[str, ...]],
     spill_to: tuple[str, ...],
     max_prompt_tokens: int | None,
+    slo_prompt_tokens: dict[str, int],
 ) -> RoutingDecision:
     """The decision of figures already known to be within the schema's bounds, not validated again
-    (its fields set as validation records them: ``max_prompt_tokens`` only when known)."""
+    (its fields set as validation records them: ``max_prompt_tokens`` and ``slo_prompt_tokens``
+    only when known)."""
     values: dict[str, object] = {
         "entity": f"pool/{pool_id}",
         "reason": reason,
@@ -964,8 +1028,10 @@ def _assembled(  # noqa: PLR0917 (the decision's fields, in order)
         "prefix_affinity": affinity,
         "spill_to": spill_to,
         "max_prompt_tokens": max_prompt_tokens,
+        "slo_prompt_tokens": slo_prompt_tokens,
     }
-    return assemble(RoutingDecision, values, set(_GIVEN if max_prompt_tokens is None else _GIVEN_FIT))
+    given = _GIVEN_SETS[(max_prompt_tokens is not None, bool(slo_prompt_tokens))]
+    return assemble(RoutingDecision, values, set(given))
 
 
 # -- every pool of a batch at once ---------------------------------------------------------------
@@ -1133,6 +1199,7 @@ def _decide_pools(
     pools = snap.pools
     spill_of = _spill_targets_of(snap, params)
     fits: dict[tuple[str, str, int] | None, int | None] = {}  # pool_max_prompt by model, GPU, degree
+    slo_fits: dict[tuple[str, str, int, str], dict[str, int]] = {}  # pool_slo_prompt, remembered
     for i, pool_id, ids, k, lo, hi in items:
         # ``decide``'s loop over holders, best first, each appended to its digests' lists. A plain
         # loop: on 3.11 its specialized bytecode (a ``get``, an ``append``) costs less per entry than
@@ -1161,6 +1228,7 @@ def _decide_pools(
                 fit = fits[fit_key] = pool_max_prompt(view, (g_lo[k],))
         else:
             fit = pool_max_prompt(pools.get(pool_id), gpus[lo:hi].tolist())
+        slo_fit = _slo_fit(slo_fits, pools.get(pool_id), pool_id, g_lo[k], ctxs[i].slo)
         decision = _assembled(
             pool_id,
             dict(zip(ids, weights_l[lo:hi], strict=False)),
@@ -1178,6 +1246,7 @@ def _decide_pools(
             affinity,
             spill_to,
             fit,
+            slo_fit,
         )
         ts, vals, a, z = held[i]
         out[i] = PolicyResult(
@@ -1189,6 +1258,25 @@ def _decide_pools(
         found if found is not None else algo.decide(snap, params, s, c)
         for found, s, c in zip(out, states, ctxs, strict=True)
     ]
+
+
+def _slo_fit(
+    memo: dict[tuple[str, str, int, str], dict[str, int]],
+    view: PoolView | None,
+    pool_id: str,
+    g_lo: int,
+    slo: SloBook,
+) -> dict[str, int]:
+    """:func:`pool_slo_prompt` of a pool whose fewest GPUs per node are ``g_lo`` (the figure only
+    grows with the degree, so the smallest degree sets the pool's), remembered per model, GPU and
+    degree, and per pool only when the book names pools; a copy each."""
+    if view is None:
+        return {}
+    key = (view.model, view.gpu_type, g_lo, pool_id if slo.by_pool else "")
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = pool_slo_prompt(view, pool_id, (g_lo,), slo)
+    return dict(found)
 
 
 def _advance(  # noqa: PLR0917

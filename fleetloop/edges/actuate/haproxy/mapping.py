@@ -15,7 +15,8 @@ The mapping (the README's table; tests check each row):
 - every member slot of a pool ejected -> breakers ignored there (never eject every node).
 
 Not mapped (HAProxy cannot express it per request without a config change; listed, not faked):
-``by_priority`` weights, ``prefix_affinity``, ``spill_to``, ``max_prompt_tokens``, the picker,
+``by_priority`` weights, ``prefix_affinity``, ``spill_to``, ``max_prompt_tokens``,
+``slo_prompt_tokens``, the picker,
 per-class and new-task shed thresholds (``max_queue_depth``, ``new_task_*``,
 ``reject_if_budget_below_ms``), per-class ``max_outstanding`` below the loosest, retry budgets,
 batching caps, and autoscale's ``desired_nodes`` (HAProxy cannot provision a node; it only enables
@@ -39,6 +40,7 @@ UNMAPPED: dict[str, str] = {
     "routing.prefix_affinity": "no per-request server choice from a runtime table without config",
     "routing.spill_to": "backend choice is configuration (use_backend rules), not runtime state",
     "routing.max_prompt_tokens": "HAProxy does not read a call's prompt size",
+    "routing.slo_prompt_tokens": "HAProxy does not read a call's prompt size",
     "routing.picker": "the balance algorithm is configuration",
     "admission.max_queue_depth": "no per-class queue limit per server",
     "admission.new_task_*": "HAProxy cannot tell a task's first call from its later ones",

@@ -13,7 +13,8 @@ vllm-router balances over its workers by its own policy (cache_aware, power_of_t
 - a pool whose every mapped worker would be removed -> every worker present (never eject all).
 
 Not mapped: weights (and so probe shares and slow start), ``by_priority``, ``prefix_affinity``
-(vllm-router's cache_aware policy does its own), ``spill_to``, ``max_prompt_tokens``, shed thresholds,
+(vllm-router's cache_aware policy does its own), ``spill_to``, ``max_prompt_tokens``, ``slo_prompt_tokens``,
+shed thresholds,
 retry budgets (vllm-router has its own retries and circuit breaker, configured at start), batching caps.
 """
 
@@ -34,6 +35,7 @@ UNMAPPED: dict[str, str] = {
     "routing.prefix_affinity": "its cache_aware policy keeps its own prefix tree",
     "routing.spill_to": "one router serves one worker list",
     "routing.max_prompt_tokens": "one router serves one worker list",
+    "routing.slo_prompt_tokens": "one router serves one worker list",
     "admission.*": "no shed thresholds per worker",
     "retry_budget": "its own retries and breaker, set at start",
     "batching.max_batch_tokens": "an engine setting",
