@@ -183,16 +183,26 @@ def test_latency_examples_match_the_tables() -> None:
     shipped, stress = _rows("sim-shipped"), _rows("sim-stress")
     m = re.search(
         r"host-loss-mid-decode's is ([0-9.]+) s at p99 \(median over seeds\) against classic's ([0-9.]+) s "
-        r"and an SLO of ([0-9.]+) s, autonomous-workflows' ([0-9.]+) s against ([0-9.]+) s and ([0-9.]+) s",
+        r"and an SLO of ([0-9.]+) s, overload-mixed-priorities' ([0-9.]+) s against ([0-9.]+) s"
+        r"\s+and ([0-9.]+) s",
         text,
     )
     assert m, "README lost the latency examples"
+    m2 = re.search(
+        r"autonomous-workflows' is ([0-9.]+) s against\s+classic's ([0-9.]+) s and an SLO of ([0-9.]+) s",
+        text,
+    )
+    assert m2, "README lost the prefill-fit example"
     want = []
-    for s in ("host-loss-mid-decode", "autonomous-workflows"):
+    for s in ("host-loss-mid-decode", "overload-mixed-priorities", "autonomous-workflows"):
         slo = next(r["slo_ttft_ms"] for r in shipped if r["scenario"] == s) / 1000.0
         want += [_p0_ttft_median_s(shipped, s, "default"), _p0_ttft_median_s(shipped, s, "classic"), slo]
-    for said, value in zip(m.groups(), want, strict=True):
+    for said, value in zip(m.groups() + m2.groups(), want, strict=True):
         assert _same(said, value), (said, value)
+    # the later first tokens are later, the prefill-fit example earlier, than classic's
+    assert want[0] > want[1]
+    assert want[3] > want[4]
+    assert want[6] < want[7]
     m = re.search(r"Where classic's queues build \(([a-z0-9, -]+)\) default's are earlier", text)
     assert m, "README lost the list of scenarios where default's first tokens come earlier"
     rows = shipped + stress
