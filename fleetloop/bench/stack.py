@@ -261,6 +261,53 @@ async def _wait_http(url: str, procs: dict[str, asyncio.subprocess.Process], log
     raise UsageError(f"fleetloop bench stack: {url} did not answer within {START_TIMEOUT_S:g} s")
 
 
+# What a router's log says when its port was taken between picking it and binding it.
+BIND_FAILED = ("Address already in use", "cannot bind socket")
+START_ATTEMPTS = 3
+
+
+async def _start_router(
+    arm: str,
+    urls: dict[str, str],
+    servers: dict[str, str],
+    logdir: Path,
+    procs: dict[str, asyncio.subprocess.Process],
+) -> tuple[int, int | None]:
+    """The arm's router (vllm-router, or HAProxy with the fleetloop arm's log port), answering on
+    the returned port. Ports are picked just before the start; another process can still take one
+    before the router binds it (the fleet's, the broker's and the agents' connections use the same
+    ephemeral range), so a start whose log says so is retried on fresh ports, its log kept as
+    ``router-attempt<N>.log``. Any other failure is the user's to see."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        port = _free_port()
+        log_port: int | None = None
+        if arm in VLLM_POLICY:
+            argv = [
+                _vllm_router_bin(), "--host", "127.0.0.1", "--port", str(port),
+                "--worker-urls", *[urls[n] for n in sorted(urls)], "--policy", VLLM_POLICY[arm],
+                "--prometheus-port", str(_free_port()),
+            ]  # fmt: skip
+            probe = "/health"
+        else:
+            addr = [(servers[n], urls[n].removeprefix("http://")) for n in sorted(urls)]
+            log_port = _free_port(socket.SOCK_DGRAM) if arm == "fleetloop" else None
+            (logdir / "haproxy.cfg").write_text(haproxy_config(logdir, port, log_port, addr))
+            argv = ["haproxy", "-db", "-f", str(logdir / "haproxy.cfg")]
+            probe = "/v1/models"
+        procs["router"] = await _spawn(argv, logdir, "router")
+        try:
+            await _wait_http(f"http://127.0.0.1:{port}{probe}", procs, logdir)
+        except UsageError:
+            log = logdir / "router.log"
+            bind_failed = any(m in log.read_text(errors="replace") for m in BIND_FAILED)
+            if procs["router"].returncode is None or not bind_failed or attempt == START_ATTEMPTS:
+                raise
+            log.rename(logdir / f"router-attempt{attempt}.log")
+            continue
+        return port, log_port
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 def _child(*args: str) -> list[str]:
     return [sys.executable, "-m", "fleetloop.daemon.cli", *args]
 
@@ -331,36 +378,17 @@ async def _arm(
     t0 = 0.0
     try:
         urls = fleet.urls()
-        port = _free_port()
+        servers = {nid: f"s{i}" for i, nid in enumerate(sorted(urls))}
+        port, log_port = await _start_router(arm, urls, servers, logdir, procs)
         router_url = f"http://127.0.0.1:{port}"
-        if arm in VLLM_POLICY:
-            procs["router"] = await _spawn(
-                [
-                    _vllm_router_bin(), "--host", "127.0.0.1", "--port", str(port),
-                    "--worker-urls", *[urls[n] for n in sorted(urls)], "--policy", VLLM_POLICY[arm],
-                    "--prometheus-port", str(_free_port()),
-                ],
-                logdir,
-                "router",
+        if arm == "fleetloop":
+            assert bootstrap is not None
+            assert log_port is not None
+            await _fleetloop_parts(
+                scenario, fleet=fleet, servers=servers, bootstrap=bootstrap,
+                log_port=log_port, logdir=logdir, procs=procs,
             )  # fmt: skip
-            await _wait_http(f"{router_url}/health", procs, logdir)
-        else:
-            servers = {nid: f"s{i}" for i, nid in enumerate(sorted(urls))}
-            addr = [(servers[n], urls[n].removeprefix("http://")) for n in sorted(urls)]
-            log_port = _free_port(socket.SOCK_DGRAM) if arm == "fleetloop" else None
-            (logdir / "haproxy.cfg").write_text(haproxy_config(logdir, port, log_port, addr))
-            procs["router"] = await _spawn(
-                ["haproxy", "-db", "-f", str(logdir / "haproxy.cfg")], logdir, "router"
-            )
-            await _wait_http(f"{router_url}/v1/models", procs, logdir)
-            if arm == "fleetloop":
-                assert bootstrap is not None
-                assert log_port is not None
-                await _fleetloop_parts(
-                    scenario, fleet=fleet, servers=servers, bootstrap=bootstrap,
-                    log_port=log_port, logdir=logdir, procs=procs,
-                )  # fmt: skip
-                await asyncio.sleep(3.0)  # the daemon's first ticks and the actuator's first pass
+            await asyncio.sleep(3.0)  # the daemon's first ticks and the actuator's first pass
         agents = Agents(fleet, router_url=router_url)
         t0 = fleet.t()
         fleet.schedule_faults()

@@ -4,11 +4,14 @@ fails the command (exit 1) instead of printing a table that looks like a result.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fleetloop.bench.stack import haproxy_config
@@ -106,3 +109,47 @@ def test_the_stack_scenarios_load_with_one_pool_and_one_model() -> None:
         s = load_scenario(f)
         assert len(s.pools) == 1, f
         assert len({m for w in s.workload for m in w.models}) == 1, f
+
+
+@pytest.mark.parametrize("arm", ["vllm-p2c", "haproxy-classic"])
+def test_a_router_port_taken_before_the_router_binds_it_is_retried_on_a_fresh_one(
+    arm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first port handed out is held by another socket (as an outgoing connection of the fleet or
+    the broker can take a picked port before the router binds it): the start is retried on fresh
+    ports, and the failed attempt's log is kept."""
+    from aiohttp import web
+    from fleetloop.bench import stack
+    from tests.support.http import nodes
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = int(held.getsockname()[1])
+    real, handed = stack._free_port, iter([taken])
+    monkeypatch.setattr(stack, "_free_port", lambda kind=socket.SOCK_STREAM: next(handed, 0) or real(kind))
+
+    def answer(node: str) -> Any:
+        async def reply(_: web.Request) -> web.Response:
+            return web.json_response({"data": [], "node": node})
+
+        return reply
+
+    async def start() -> int:
+        async with nodes(2, answer) as ports:  # vllm-router's power of two needs two workers
+            urls = {f"p/{i}": f"http://127.0.0.1:{p}" for i, p in enumerate(ports)}
+            procs: dict[str, asyncio.subprocess.Process] = {}
+            try:
+                port, _ = await stack._start_router(arm, urls, {"p/0": "s0", "p/1": "s1"}, tmp_path, procs)
+            finally:
+                for p in procs.values():
+                    await stack._stop(p)
+            return port
+
+    try:
+        port = asyncio.run(start())
+    finally:
+        held.close()
+    assert port != taken
+    first = (tmp_path / "router-attempt1.log").read_text(errors="replace")
+    assert any(m in first for m in stack.BIND_FAILED), first[-1000:]
