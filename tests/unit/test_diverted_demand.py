@@ -147,3 +147,16 @@ def test_a_flood_of_new_routed_from_ids_makes_nothing() -> None:
     assert not model.pools["big"].diverted.buckets
     assert not model.pools["small"].diverted.buckets
     assert rates(model, T + 1_000 + 1_000)["small"][1] > 0.0
+
+
+def test_across_shards_the_preferred_pool_does_not_see_the_moved_call_yet() -> None:
+    """The README's limit, pinned: outcomes are keyed by the pool that served them, so when the two
+    pools' records fall in different partitions of ``fleet.requests`` (4 by default) the moved call
+    reaches the serving pool's shard only, which does not hold the preferred pool, and the preferred
+    pool's shard never counts it. (One partition, or the simulator's single model: it does.)"""
+    shard_big = apply(FleetModel(), [telemetry("b0", pool="big", ts_ms=T)])
+    shard_small = apply(FleetModel(), [telemetry("s0", pool="small", ts_ms=T)])
+    apply(shard_small, [moved(T + 1_000 + k, k) for k in range(10)])
+    assert rates(shard_big) == {"big": (0.0, 0.0)}
+    assert rates(shard_small) == {"small": (0.0, 110.0)}
+    assert set(shard_small.pools) == {"small"}
