@@ -4,7 +4,10 @@
 (False, counted in ``stats.dropped``, when the queue is full: a router must not stall its request
 path because Kafka is slow; fleetloop reads a missing outcome as missing, never as "no demand").
 A background task serializes and sends them, keyed by pool id (DESIGN.md, "Topics"), and waits for
-acknowledgements in batches. ``stop()`` flushes what is queued.
+acknowledgements in batches. ``stop()`` flushes what is queued. A call the router moved to another
+model's pool (``routed_from`` set) also goes out as its copy keyed by the pool it was moved from
+(:func:`fleetloop.schemas.requests.diverted_copy`), so the shard that sizes that pool counts it
+wherever the two pools' partitions fall; ``stats.sent`` counts both records.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from fleetloop.kafka_security import Bootstrap, connect
-from fleetloop.schemas.requests import RequestOutcome
+from fleetloop.schemas.requests import RequestOutcome, diverted_copy
 from fleetloop.schemas.topics import REQUESTS, topic_name
 
 
@@ -91,12 +94,16 @@ class OutcomePublisher:
                 if o is None:
                     end = True
                     continue
-                value = orjson.dumps(o.model_dump(mode="json"))
-                try:
-                    futures.append(await self._producer.send(self.topic, value=value, key=o.pool_id.encode()))
-                except KafkaError as exc:
-                    self.stats.failed += 1
-                    self.stats.last_error = str(exc)
+                copy = diverted_copy(o)
+                for rec in (o,) if copy is None else (o, copy):
+                    value = orjson.dumps(rec.model_dump(mode="json"))
+                    try:
+                        futures.append(
+                            await self._producer.send(self.topic, value=value, key=rec.pool_id.encode())
+                        )
+                    except KafkaError as exc:
+                        self.stats.failed += 1
+                        self.stats.last_error = str(exc)
             for f in asyncio.as_completed(futures):
                 try:
                     await f

@@ -50,7 +50,9 @@ MEMO_MAX: Final = 1 << 16  # identifiers remembered as valid (cleared when full:
 # A failing record takes the pydantic path, which raises the model's own message.
 _AFTER: dict[type[BaseModel], Callable[[Any], bool]] = {
     RequestOutcome: lambda r: (
-        r.cached_prompt_tokens <= r.prompt_tokens and (r.outcome == "shed" or r.node_id is not None)
+        r.cached_prompt_tokens <= r.prompt_tokens
+        and (r.outcome == "shed" or r.node_id is not None)
+        and (r.diverted_to is None or (r.diverted_to != r.pool_id and r.outcome != "shed"))
     ),
 }
 _MIRRORED_VALIDATORS: dict[type[BaseModel], frozenset[str]] = {RequestOutcome: frozenset({"_consistent"})}
@@ -341,6 +343,7 @@ if TYPE_CHECKING:
         cost_usd: float = 0.0
         task_outcome: Literal["succeeded", "failed"] | None = None
         routed_from: str | None = None
+        diverted_to: str | None = None
 
 else:
     TelemetryRec = twin_struct(NodeTelemetry, "TelemetryRec")

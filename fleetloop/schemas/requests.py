@@ -25,6 +25,11 @@ class RequestOutcome(Wire):
     ``routed_from`` names the pool the router preferred when it moved the call to a pool of another
     model the caller accepts (its model spill, :mod:`fleetloop.router.pick`): that pool's demand
     includes the call, though it did not serve it. Keyed by ``pool_id`` on the wire.
+
+    ``diverted_to`` marks the *copy* of such a record (:func:`diverted_copy`): the same call with
+    ``pool_id`` set to the pool it was moved from, so that it is keyed, and partitioned, with that
+    pool's records and reaches the shard that sizes it. The daemon folds a copy as that pool's
+    diverted demand (its tokens) and as nothing else: not a request, not a task's call, not a node's.
     """
 
     ts_ms: EpochMs
@@ -52,6 +57,8 @@ class RequestOutcome(Wire):
     # before this field read (``extra="forbid"``), so routers and daemons upgrade in either order
     # until a router moves a call.
     routed_from: Ident | None = Field(default=None, exclude_if=_unset)
+    # Set only on a moved call's copy (written only when set, as ``routed_from``).
+    diverted_to: Ident | None = Field(default=None, exclude_if=_unset)
 
     @model_validator(mode="after")
     def _consistent(self) -> RequestOutcome:
@@ -59,4 +66,24 @@ class RequestOutcome(Wire):
             raise ValueError("cached_prompt_tokens exceeds prompt_tokens")
         if self.outcome != "shed" and self.node_id is None:
             raise ValueError(f"outcome {self.outcome!r} needs node_id (only a shed call has no node)")
+        if self.diverted_to is not None and (self.diverted_to == self.pool_id or self.outcome == "shed"):
+            raise ValueError("a diverted copy names another pool, and a call that was placed")
         return self
+
+
+def diverted_copy(o: RequestOutcome) -> RequestOutcome | None:
+    """The copy to publish beside ``o`` when the router moved the call (``o.routed_from`` set, and
+    placed: not shed): keyed by the pool it was moved from, carrying the call's tokens, no cost and
+    no task outcome. None when there is nothing to copy."""
+    pref = o.routed_from
+    if pref is None or pref == o.pool_id or o.outcome == "shed" or o.diverted_to is not None:
+        return None
+    return o.model_copy(
+        update={
+            "pool_id": pref,
+            "diverted_to": o.pool_id,
+            "routed_from": None,
+            "cost_usd": 0.0,
+            "task_outcome": None,
+        }
+    )

@@ -568,13 +568,18 @@ class FleetSim:
             "cost_usd": round(cost, 9),
             "task_outcome": task_outcome,
         }
+        copy: dict[str, Any] | None = None
         if att.routed_from is not None:
             fields["routed_from"] = att.routed_from
+            if outcome != "shed":  # the copy a router publishes beside it (diverted_copy)
+                copy = {**fields, "pool_id": att.routed_from, "diverted_to": att.pool_id}
+                copy.update(routed_from=None, cost_usd=0.0, task_outcome=None)
         w = self._window
-        if w.twins:
-            w.outcomes.append(twin_record(OUTCOME_TWIN, _OUTCOME_ACCEPTS, fields))
-        else:
-            w.outcomes.append(RequestOutcome(**fields))
+        for rec in (fields,) if copy is None else (fields, copy):
+            if w.twins:
+                w.outcomes.append(twin_record(OUTCOME_TWIN, _OUTCOME_ACCEPTS, rec))
+            else:
+                w.outcomes.append(RequestOutcome(**rec))
         task.spend_usd += cost
 
     def _ok(self, att: Attempt) -> None:

@@ -213,6 +213,7 @@ async def _read(bootstrap: Bootstrap, prefix: str) -> _Recorded:
             f"{PROG}: cannot read from {shown(bootstrap)}: {type(exc).__name__}: {exc}"
         ) from None
     rec.outcomes, bad_out = _decode(raw_out, RequestOutcome)
+    rec.outcomes = [o for o in rec.outcomes if o.diverted_to is None]  # a moved call's copy is no call
     rec.telemetry, bad_tel = _decode(raw_tel, NodeTelemetry)
     rec.decisions, bad_dec = _decode(raw_dec, Decision)
     rec.actives, _ = _decode(raw_active, ActivePolicy)  # its newest record per group is what counts

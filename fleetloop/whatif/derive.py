@@ -224,6 +224,8 @@ def _tasks(
     """Outcomes by task; ``failures`` collects, per node, when a call placed on it failed."""
     tasks: dict[tuple[str, str], _Task] = {}
     for o in outcomes:
+        if o.diverted_to is not None:  # a moved call's copy (diverted_copy): the call is counted once
+            continue
         key = (o.tenant_id, o.workflow_id)
         t = tasks.get(key)
         if t is None:

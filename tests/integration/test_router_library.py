@@ -132,6 +132,26 @@ async def test_publisher_delivers_every_outcome_keyed_by_pool(kafka_env: Any) ->
     assert sorted(o.request_id for o in got) == sorted(o.request_id for o in sent)
 
 
+async def test_publisher_sends_a_moved_calls_copy_keyed_by_the_pool_it_was_moved_from(kafka_env: Any) -> None:
+    """A call the router moved from pool a to pool b goes out twice: as served (keyed b) and as its
+    copy keyed a, so a's shard sizes for it wherever the partitions fall; a shed call has no copy."""
+    pub = OutcomePublisher(kafka_env.bootstrap_servers, topic_prefix=kafka_env.prefix)
+    await pub.start()
+    sent = [outcome("b/0", "ok", pool="b", n=i, routed_from="a") for i in range(5)]
+    sent.append(outcome(None, "shed", pool="b", n=9, routed_from="a"))
+    try:
+        assert all(pub.publish(o) for o in sent)
+    finally:
+        await pub.stop()
+    assert (pub.stats.sent, pub.stats.dropped, pub.stats.failed) == (11, 0, 0)
+    records = await read_all(kafka_env, REQUESTS, until=lambda rs: len(rs) >= 11)
+    got = [(r.key.decode(), RequestOutcome.model_validate_json(r.value)) for r in records]
+    seen = sorted((key, o.pool_id, o.routed_from, o.diverted_to, o.cost_usd) for key, o in got)
+    served = [("b", "b", "a", None, o.cost_usd) for o in sent]
+    copies = [("a", "a", None, "b", 0.0)] * 5
+    assert seen == sorted(served + copies)
+
+
 async def test_publisher_never_blocks_when_its_queue_is_full(kafka_env: Any) -> None:
     pub = OutcomePublisher(kafka_env.bootstrap_servers, topic_prefix=kafka_env.prefix, max_pending=5)
     await pub.start()

@@ -1,10 +1,12 @@
-"""Calls the router moved to another model's pool (``RequestOutcome.routed_from``): their tokens
-count as the preferred pool's diverted demand (``PoolView.diverted_tokens_rate_per_s``), so its
-autoscaler keeps sizing for them (:mod:`fleetloop.policies.autoscale.predictive`).
+"""Calls the router moved to another model's pool (``RequestOutcome.routed_from``): each goes out
+with its copy keyed by the pool it was moved from (``diverted_to``, :func:`diverted_copy`), whose
+tokens count as that pool's diverted demand (``PoolView.diverted_tokens_rate_per_s``), so its
+autoscaler keeps sizing for them (:mod:`fleetloop.policies.autoscale.predictive`), in whichever
+shard that pool's records land.
 
-A record cannot use the field to make a pool, pin buckets past the pool's retention, or count a call
-it never placed; both snapshot forms and both folds agree (``test_fast_snapshot``,
-``test_fold_batch`` hold them equal on records with the field)."""
+A copy cannot make a pool, pin buckets past the pool's retention, or count as a call; a call never
+placed has no copy; both snapshot forms and both folds agree (``test_fast_snapshot``,
+``test_fold_batch`` hold them equal on records with the fields)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from fleetloop.daemon.model import FleetModel, apply, snapshot
 from fleetloop.daemon.model.fleet import fold_plain, snapshot_plain
 from fleetloop.schemas import RequestOutcome
 from fleetloop.schemas.fast import OUTCOME_TWIN
+from fleetloop.schemas.requests import diverted_copy
 from tests.support.checkpoints import edit_field
 from tests.support.records import outcome, telemetry
 
@@ -30,9 +33,20 @@ def moved(ts_ms: int, n: int, **kw: Any) -> RequestOutcome:
     return outcome("s0", "ok", pool="small", ts_ms=ts_ms, n=n, **kw)
 
 
+def with_copies(records: Any) -> list[RequestOutcome]:
+    """Each record followed by its copy, when it has one: what a router publishes."""
+    out: list[RequestOutcome] = []
+    for r in records:
+        out.append(r)
+        copy = diverted_copy(r) if isinstance(r, RequestOutcome) else None
+        if copy is not None:
+            out.append(copy)
+    return out
+
+
 def fleet(*records: RequestOutcome) -> FleetModel:
     base = [telemetry("b0", pool="big", ts_ms=T), telemetry("s0", pool="small", ts_ms=T)]
-    return apply(FleetModel(), [*base, *records])
+    return apply(FleetModel(), [*base, *with_copies(records)])
 
 
 def rates(model: FleetModel, now: int = T + 10_000) -> dict[str, tuple[float, float]]:
@@ -89,14 +103,18 @@ def test_a_bucket_the_preferred_pool_evicted_is_not_written_again() -> None:
 
 
 def test_the_twin_carries_the_field_and_both_folds_agree() -> None:
-    raw = moved(T + 1_000, 1).model_dump_json().encode()
-    rec = OUTCOME_TWIN.validate_json(raw)
-    assert rec.routed_from == "big"
+    recs = [
+        OUTCOME_TWIN.validate_json(r.model_dump_json().encode()) for r in with_copies([moved(T + 1_000, 1)])
+    ]
+    assert [(r.pool_id, r.routed_from, r.diverted_to) for r in recs] == [
+        ("small", "big", None),
+        ("big", None, "small"),
+    ]
     base = [telemetry("b0", pool="big", ts_ms=T), telemetry("s0", pool="small", ts_ms=T)]
     fast = apply(FleetModel(), base)
-    fast.fold_outcomes([rec])
+    fast.fold_outcomes(recs)
     plain = apply(FleetModel(), base)
-    fold_plain(plain, [rec], outcomes=True)
+    fold_plain(plain, recs, outcomes=True)
     assert checkpoint.encode(fast) == checkpoint.encode(plain)
     assert rates(fast) == rates(plain) == {"big": (11.0, 0.0), "small": (0.0, 11.0)}
 
@@ -124,7 +142,8 @@ def test_a_checkpoint_from_before_the_field_restores_with_an_empty_window() -> N
     assert back.pools["big"].diverted.buckets == {}
     assert back.pools["big"].diverted.width == 1
     assert rates(back)["big"] == (0.0, 0.0)
-    back.fold_outcome(moved(T + 2_000, 9))  # and folds on
+    for r in with_copies([moved(T + 2_000, 9)]):  # and folds on
+        back.fold_outcome(r)
     assert rates(back)["big"] == (11.0, 0.0)
 
 
@@ -149,14 +168,43 @@ def test_a_flood_of_new_routed_from_ids_makes_nothing() -> None:
     assert rates(model, T + 1_000 + 1_000)["small"][1] > 0.0
 
 
-def test_across_shards_the_preferred_pool_does_not_see_the_moved_call_yet() -> None:
-    """The README's limit, pinned: outcomes are keyed by the pool that served them, so when the two
-    pools' records fall in different partitions of ``fleet.requests`` (4 by default) the moved call
-    reaches the serving pool's shard only, which does not hold the preferred pool, and the preferred
-    pool's shard never counts it. (One partition, or the simulator's single model: it does.)"""
+def test_across_shards_the_preferred_pool_counts_the_moved_call_from_its_copy() -> None:
+    """Outcomes are keyed by their ``pool_id``: with ``fleet.requests``' 4 partitions the two pools'
+    records usually land in different shards. The served record reaches the serving pool's shard,
+    the copy the preferred pool's; each shard counts what is its own, and the copy is no call."""
     shard_big = apply(FleetModel(), [telemetry("b0", pool="big", ts_ms=T)])
     shard_small = apply(FleetModel(), [telemetry("s0", pool="small", ts_ms=T)])
-    apply(shard_small, [moved(T + 1_000 + k, k) for k in range(10)])
-    assert rates(shard_big) == {"big": (0.0, 0.0)}
+    for r in with_copies(moved(T + 1_000 + k, k) for k in range(10)):
+        apply(shard_big if r.pool_id == "big" else shard_small, [r])
+    assert rates(shard_big) == {"big": (110.0, 0.0)}
     assert rates(shard_small) == {"small": (0.0, 110.0)}
     assert set(shard_small.pools) == {"small"}
+    assert shard_big.ledger.tasks_started == 0  # the copy is not a task's call
+    assert shard_small.ledger.tasks_started == 10
+
+
+def test_a_record_without_its_copy_counts_no_diverted_demand() -> None:
+    """A router older than the copy (only ``routed_from``): the moved call is served and counted
+    where it ran, and the preferred pool sees nothing of it, in one shard or two."""
+    model = apply(
+        FleetModel(),
+        [telemetry("b0", pool="big", ts_ms=T), telemetry("s0", pool="small", ts_ms=T), moved(T + 1_000, 1)],
+    )
+    assert rates(model) == {"big": (0.0, 0.0), "small": (0.0, 11.0)}
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"diverted_to": "small", "pool_id": "small"}, "a copy names another pool"),
+        ({"diverted_to": "small", "outcome": "shed", "node_id": None}, "a shed call has no copy"),
+    ],
+)
+def test_a_copy_that_cannot_be_is_refused(fields: dict[str, Any], why: str) -> None:
+    raw = orjson.loads(moved(T + 1_000, 1, routed_from=None).model_dump_json())
+    raw |= {"pool_id": "big", **fields}
+    with pytest.raises(ValueError, match="diverted copy"):
+        RequestOutcome.model_validate(raw)
+    # the twin's mirror of the check refuses it too (the record then takes the model's path)
+    decode, accepts, _ = OUTCOME_TWIN.decoder()
+    assert not accepts(decode(orjson.dumps(raw))), why

@@ -133,7 +133,7 @@ class _Pool:
     by_priority: Window = field(default_factory=lambda: Window(N_PRIORITIES))  # calls per class
     tasks: Window = field(default_factory=lambda: Window(2))  # tasks ended here, tasks lost here
     # Tokens of calls the router moved from this pool to another model's pool (its model spill):
-    # demand this pool did not serve (RequestOutcome.routed_from).
+    # demand this pool did not serve (the calls' copies keyed by this pool, RequestOutcome.diverted_to).
     diverted: Window = field(default_factory=lambda: Window(1))
     watermark_ms: int = -1  # newest event time of this pool's own records: its clock, nobody else's
     outcomes_ms: int = -1  # newest event time of its request outcomes alone (the ledger's clock)
@@ -362,21 +362,23 @@ class FleetModel:
             return False
         return True
 
-    def _fold_diverted(self, pref_id: str, o: Outcome, pool_id: str, b: int) -> None:
-        """A call the router moved from the pool it preferred (``pref_id``, the record's
-        ``routed_from``; the callers skip records without one) to another model's pool: its tokens
-        count as that pool's diverted demand, in bucket ``b``. Only a pool this model already holds
-        (a record names no new pool), only a bucket within the pool's own retention (not evicted,
-        and not further ahead of its clock than its retention: a far-future stamp cannot pin
-        buckets the pool's eviction never reaches)."""
-        if pref_id == pool_id:
+    def _fold_copy(self, o: Outcome) -> None:
+        """A moved call's copy (``diverted_to`` set; :func:`fleetloop.schemas.requests.diverted_copy`),
+        keyed by the pool the router moved it from (``pool_id``): its tokens count as that pool's
+        diverted demand, in the bucket of its stamp, and nothing else (no request, no ledger entry,
+        no node, no clock moved). Only a pool this model already holds (a copy names no new pool),
+        only a bucket within the pool's own retention (not evicted, and not further ahead of its
+        clock than its retention: a far-future stamp cannot pin buckets the pool's eviction never
+        reaches)."""
+        pool = self.pools.get(o.pool_id)
+        if pool is None:
             return
-        pref = self.pools.get(pref_id)
-        if pref is None or b <= pref.evicted_to:
+        b = o.ts_ms // BUCKET_MS
+        if b <= pool.evicted_to or b * BUCKET_MS > pool.watermark_ms + self.config.retention_ms:
             return
-        if b * BUCKET_MS > pref.watermark_ms + self.config.retention_ms:
-            return
-        pref.diverted.add_at(b, 0, float(o.prompt_tokens + o.output_tokens))
+        if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
+            self._written_from = b
+        pool.diverted.add_at(b, 0, float(o.prompt_tokens + o.output_tokens))
 
     def _ledger_fifo(self) -> None:
         """Hold a ledger dict that has filled to half its cap as an ``OrderedDict``: same entries,
@@ -476,6 +478,9 @@ class FleetModel:
         The hot path of ingest: window rows are updated in place, column by column, rather than
         through :meth:`Window.add` (the same sums: adding 0.0 to a count column is skipped, which
         changes nothing, since those columns hold sums of non-negative integers)."""
+        if o.diverted_to is not None:
+            self._fold_copy(o)
+            return None
         pool_id, ts = o.pool_id, o.ts_ms
         pool = self.pools.get(pool_id)
         if pool is None:
@@ -534,8 +539,6 @@ class FleetModel:
             row[min(max(o.priority, 0), N_PRIORITIES - 1)] += 1.0
         if o.task_outcome is not None:  # a task ended on this call; lost unless ok or our own shed
             pool.tasks.add(b, (1.0, float(o.task_outcome == "failed" and not shed)))
-        if (routed_from := o.routed_from) is not None and not shed:
-            self._fold_diverted(routed_from, o, pool_id, b)
         tenant = self.tenants.get(o.tenant_id)
         if tenant is None:
             if len(self.tenants) < self.config.max_tenants:
@@ -770,6 +773,9 @@ class FleetModel:
             if o is None:
                 continue
             try:
+                if o.diverted_to is not None:
+                    self._fold_copy(o)
+                    continue
                 pool_id, ts = o.pool_id, o.ts_ms
                 pool = pools.get(pool_id)
                 if pool is None:
@@ -877,8 +883,6 @@ class FleetModel:
                     row[priority if in_range else min(max(priority, 0), top_priority)] += 1.0
                 if o.task_outcome is not None:
                     pool.tasks.add(b, (1.0, float(o.task_outcome == "failed" and not shed)))
-                if (routed_from := o.routed_from) is not None and not shed:
-                    self._fold_diverted(routed_from, o, pool_id, b)
                 why: str | None = None
                 tenant_id = o.tenant_id
                 tenant = tenants.get(tenant_id)

@@ -101,11 +101,12 @@ start. Those calls leave ``D``, so a pool sized on ``D`` alone shrinks by what w
 other pool's room, now its only reserve, closes when that pool's own tenants need it
 (cascade-degraded-gpu seed 7: the 70B pool went from 12 to 8 nodes while 20% of its priority-0
 calls ran on the L40S 8B pool, then a 2x spike filled that pool and the task gain over classic fell
-from +187 to -26; ``bench/results/burst-s11.md``). Counting them (``RequestOutcome.routed_from``,
-folded into the preferred pool's window) keeps the pool sized for its whole demand: the spill
-bridges a cold start, it does not replace capacity, and once the pool has grown its nodes stop
-queueing, the calls stop moving and ``V`` returns into ``D``. Both pools carry the moved calls for
-that time (the serving pool grows for what it serves), the price of not losing them.
+from +187 to -26; ``bench/results/burst-s11.md``). Counting them (each moved call's copy keyed by
+the preferred pool, ``RequestOutcome.diverted_to``, folded into its window in its own shard) keeps
+the pool sized for its whole demand: the spill bridges a cold start, it does not replace
+capacity, and once the pool has grown its nodes stop queueing, the calls stop moving and ``V``
+returns into ``D``. Both pools carry the moved calls for that time (the serving pool grows for what
+it serves), the price of not losing them.
 
 Why a sibling's shortfall: a router splits a model's calls among its pools by routable capacity
 (node count, or decode bandwidth), so each pool of a model carries a share proportional to its
