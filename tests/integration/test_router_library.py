@@ -25,6 +25,13 @@ def _state(body: Any, tick: int, ts_ms: int) -> bytes:
     return orjson.dumps(d.model_dump(mode="json"))
 
 
+def _newer(record: bytes) -> bytes:
+    """A decision as a daemon newer than this router writes it: one more field in its body."""
+    d = orjson.loads(record)
+    d["body"]["a_field_from_a_newer_daemon"] = {}
+    return orjson.dumps(d)
+
+
 def _routing(weights: dict[str, float]) -> RoutingDecision:
     return RoutingDecision(entity="pool/p", reason="r", pool_id="p", weights=weights)
 
@@ -59,6 +66,7 @@ async def test_follower_catches_up_then_follows_and_survives_bad_records(kafka_e
                 _state(_routing({"p/0": 1.0}), 7, now_ms),
                 _state(_routing({"p/1": 1.0}), 6, now_ms),  # older tick, read later: dropped
                 b'{"tick_id": "not a decision"}',
+                _newer(_state(_routing({"p/2": 1.0}), 8, now_ms)),  # a field this reader does not know
             ],
             key=b"routing/pool/p",
         )
@@ -68,7 +76,7 @@ async def test_follower_catches_up_then_follows_and_survives_bad_records(kafka_e
         await follower.start()
         try:
             assert follower.stats.caught_up
-            assert follower.stats.malformed == 1
+            assert follower.stats.malformed == 2
             assert router.state.dropped_stale == 1
             assert _pick(router) == "p/0"
             # live: a breaker opens and the routing moves; the router follows within a poll or two
