@@ -78,12 +78,11 @@ def diverted_copy(o: RequestOutcome) -> RequestOutcome | None:
     pref = o.routed_from
     if pref is None or pref == o.pool_id or o.outcome == "shed" or o.diverted_to is not None:
         return None
-    return o.model_copy(
-        update={
-            "pool_id": pref,
-            "diverted_to": o.pool_id,
-            "routed_from": None,
-            "cost_usd": 0.0,
-            "task_outcome": None,
-        }
-    )
+    return o.model_copy(update=diverted_copy_update(o.pool_id, pref))
+
+
+def diverted_copy_update(served_by: str, moved_from: str) -> dict[str, object]:
+    """The fields a moved call's copy changes (:func:`diverted_copy`; the simulator applies them to
+    a record's fields directly)."""
+    return {"pool_id": moved_from, "diverted_to": served_by, "routed_from": None, "cost_usd": 0.0,
+            "task_outcome": None}  # fmt: skip

@@ -45,7 +45,7 @@ from fleetloop.schemas.decisions import (
     Decision,
 )
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, OutcomeRec, TelemetryRec, Twin
-from fleetloop.schemas.requests import RequestOutcome
+from fleetloop.schemas.requests import RequestOutcome, diverted_copy_update
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.sim import faults as faults_mod
 from fleetloop.sim.accounting import Accounting
@@ -572,8 +572,7 @@ class FleetSim:
         if att.routed_from is not None:
             fields["routed_from"] = att.routed_from
             if outcome != "shed":  # the copy a router publishes beside it (diverted_copy)
-                copy = {**fields, "pool_id": att.routed_from, "diverted_to": att.pool_id}
-                copy.update(routed_from=None, cost_usd=0.0, task_outcome=None)
+                copy = {**fields, **diverted_copy_update(att.pool_id, att.routed_from)}
         w = self._window
         for rec in (fields,) if copy is None else (fields, copy):
             if w.twins:
