@@ -10,6 +10,13 @@
   fleet's total split by attributed GPU cost (idle capacity is shared in proportion to use).
 - Latency: TTFT over attempts that received a first token; TBT p99 over every generated token
   (each iteration's step time, weighted by the tokens it produced).
+- First tokens as the caller sees them, per priority class (an SLI in the SRE sense: good events
+  over valid events): every call a task made counts once, its first token timed from the call's
+  first attempt to the first token of the attempt that completed it (shed attempts, timeouts,
+  backoff and retries included), and a call that never completed (its task failed during it) is
+  a miss. ``calls_ttft_within_slo`` counts the calls whose first token came within the scenario's
+  TTFT SLO. TTFT over successful attempts alone flatters a policy that fails its slowest calls:
+  under a slowdown, the call that timed out drops out of that percentile.
 """
 
 from __future__ import annotations
@@ -46,10 +53,13 @@ class ClassAcc:
     attributed_usd: float = 0.0
     wasted_usd: float = 0.0
     ttft_ms: list[float] = field(default_factory=list)
+    calls: int = 0  # calls made (each counted once, whatever its retries)
+    calls_ttft_within_slo: int = 0  # of them, first token within the TTFT SLO from the first attempt
 
 
 class Accounting:
-    def __init__(self) -> None:
+    def __init__(self, slo_ttft_ms: float | None = None) -> None:
+        self.slo_ttft_ms = slo_ttft_ms
         self.classes: dict[int, ClassAcc] = {}
         self.sent = 0
         self.retries = 0
@@ -93,6 +103,17 @@ class Accounting:
         if ttft_ms is not None and outcome == "ok":
             self.ttft_ms.append(ttft_ms)
             c.ttft_ms.append(ttft_ms)
+
+    def call_completed(self, priority: int, first_token_ms: float) -> None:
+        """A call completed; its first token came ``first_token_ms`` after its first attempt was sent."""
+        c = self.cls(priority)
+        c.calls += 1
+        if self.slo_ttft_ms is not None and first_token_ms <= self.slo_ttft_ms:
+            c.calls_ttft_within_slo += 1
+
+    def call_missed(self, priority: int) -> None:
+        """A call never completed: its task failed during it (a miss for every latency SLO)."""
+        self.cls(priority).calls += 1
 
     def waste(self, priority: int, usd: float) -> None:
         c = self.cls(priority)
@@ -151,6 +172,8 @@ class Accounting:
                     total_usd * share / c.tasks_succeeded if c.tasks_succeeded else None
                 ),
                 "wasted_usd": _r(c.wasted_usd),
+                "calls": c.calls,
+                "calls_ttft_within_slo": c.calls_ttft_within_slo if self.slo_ttft_ms is not None else None,
             }
         return {
             "tasks": {

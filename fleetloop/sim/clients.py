@@ -81,6 +81,7 @@ class Task:
     deadline_t: float
     prefix_digest: str | None
     step: int = 0
+    call_t: float = 0.0  # when the call in progress sent its first attempt
     prompt: int = 0
     output: int = 0
     spend_usd: float = 0.0

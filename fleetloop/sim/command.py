@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, builtin_policy, load_policy
-from fleetloop.sim.report import causes_text
+from fleetloop.sim.report import calls_within_text, causes_text
 from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import ScenarioError, load_scenario
 
@@ -110,7 +110,8 @@ def _print_table(result: RunResult, data: dict[str, Any]) -> None:
         t.add_row(k, v)
     console.print(t)
     bp = Table(title="by priority class", show_header=True)
-    for col in ("priority", "tasks", "success", "TTFT p99 ms", "$ / successful task", "wasted $"):
+    cols = ("priority", "tasks", "success", "TTFT p99 ms", "calls, first token within SLO")
+    for col in (*cols, "$ / successful task", "wasted $"):
         bp.add_column(col, justify="right")
     for p, row in data["by_priority"].items():
         bp.add_row(
@@ -118,6 +119,7 @@ def _print_table(result: RunResult, data: dict[str, Any]) -> None:
             str(row["tasks_started"]),
             _fmt(row["success_rate"], ".2%"),
             _fmt(row["ttft_p99_ms"], ".0f"),
+            calls_within_text(row),
             _fmt(row["cost_per_successful_task_usd"], ".5f"),
             f"{row['wasted_usd']:.2f}",
         )
@@ -203,6 +205,10 @@ def _compare(args: argparse.Namespace, scenario: Any, policies: list[tuple[str, 
         ("wasted", lambda d: f"${d['cost']['wasted_usd']:.2f}"),
         ("TTFT p99 ms", lambda d: _fmt(d["latency"]["ttft_p99_ms"], ".0f")),
         ("priority-0 success", lambda d: _fmt(d["by_priority"].get("0", {}).get("success_rate"), ".2%")),
+        (
+            "priority-0 calls, first token within SLO",
+            lambda d: calls_within_text(d["by_priority"].get("0", {})),
+        ),
         ("retries / shed", lambda d: f"{d['requests']['retries']} / {d['requests']['shed']}"),
         ("timeouts / orphans", lambda d: f"{d['requests']['timeouts']} / {d['requests'].get('orphaned', 0)}"),
         ("tasks failed", lambda d: str(d["tasks"]["failed"])),

@@ -201,7 +201,7 @@ class FleetSim:
         self.router: SimRouter = sim_router(pools_by_model, self._rng_router, self._members, self.nodes)
         self._next_index: dict[str, int] = dict.fromkeys(self.pools, 0)
         self._max_batch: dict[str, int] = dict.fromkeys(self.pools, DEFAULT_MAX_BATCH_TOKENS)
-        self.acct = Accounting()
+        self.acct = Accounting(slo_ttft_ms=float(scenario.slo.ttft_ms))
         self.tasks_active: dict[int, Task] = {}
         self._task_seq = 0
         self._rid = 0
@@ -441,6 +441,7 @@ class FleetSim:
 
     def _start_call(self, task: Task) -> None:
         draw_call(task, self._rng_tasks[task.workload])
+        task.call_t = self.now
         self._send(task, 0)
 
     def _send(self, task: Task, attempt_no: int) -> None:
@@ -587,6 +588,8 @@ class FleetSim:
         cost = att.req.cost if att.req is not None else 0.0
         last = task.step + 1 >= task.calls
         self._emit(att, "ok", cost, "succeeded" if last else None)
+        first_token_t = att.sent_t + att.ttft_s if att.ttft_s is not None else self.now
+        self.acct.call_completed(task.priority, (first_token_t - task.call_t) * 1000.0)
         if last:
             self._finish_task(task, succeeded=True)
         else:
@@ -618,6 +621,7 @@ class FleetSim:
         self._emit(att, outcome, cost, None if retry_at is not None else "failed", kind)
         if retry_at is None:
             self.failed_by[f"{cause}:{kind}"] = self.failed_by.get(f"{cause}:{kind}", 0) + 1
+            self.acct.call_missed(task.priority)
             self._finish_task(task, succeeded=False)
         else:
             self._push(retry_at, _P_CLIENT, self._send, (task, att.attempt + 1))

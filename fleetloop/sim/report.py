@@ -134,6 +134,10 @@ def _summary_rows(runs: Sequence[Run]) -> str:
         ),
         ("failed tasks by cause", lambda d: causes_text(d["tasks"].get("failed_by", {}))),
         ("priority-0 success", lambda d: _pct(d["by_priority"].get("0", {}).get("success_rate"))),
+        (
+            "priority-0 calls, first token within SLO",
+            lambda d: calls_within_text(d["by_priority"].get("0", {})),
+        ),
     ]
     body = "\n".join(
         f"<tr><th>{html.escape(name)}</th>"
@@ -147,6 +151,14 @@ def _summary_rows(runs: Sequence[Run]) -> str:
 def causes_text(failed_by: dict[str, int]) -> str:
     """``failed_by`` in one line: ``deadline:timeout 4, retries_exhausted:timeout 1`` (or ``none``)."""
     return ", ".join(f"{k} {v}" for k, v in failed_by.items()) or "none"
+
+
+def calls_within_text(row: dict[str, Any]) -> str:
+    """The share of a class's calls whose first token came within the scenario's TTFT SLO as their
+    callers saw it (from the call's first attempt; a call that never completed is a miss), from a
+    ``by_priority`` entry of a run's JSON; ``-`` without calls."""
+    calls, within = row.get("calls"), row.get("calls_ttft_within_slo")
+    return "-" if not calls or within is None else f"{within / calls:.2%}"
 
 
 def _pct(x: float | None) -> str:

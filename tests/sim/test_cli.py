@@ -45,6 +45,8 @@ def test_json_has_the_design_keys(scenario_file: Path, capsys: pytest.CaptureFix
     assert data["policy"] == "baseline-none"
     for row in data["by_priority"].values():
         assert {"tasks_started", "tasks_succeeded", "success_rate", "ttft_p99_ms"} <= set(row)
+        assert 0 <= row["calls_ttft_within_slo"] <= row["calls"]
+        assert row["calls"] >= row["tasks_started"]  # every task made at least one call
     assert set(data["by_priority"]) == {"0", "2"}
 
 
@@ -55,7 +57,10 @@ def test_table_and_report(scenario_file: Path, tmp_path: Path, capsys: pytest.Ca
     assert "cost per successful task" in out
     assert "failed tasks by cause" in out
     assert "orphans" in out
-    assert (report / "index.html").read_text().count("<img") == 6
+    assert "within SLO" in out  # the by-priority column of calls whose first token came within it
+    page = (report / "index.html").read_text()
+    assert "priority-0 calls, first token within SLO" in page
+    assert page.count("<img") == 6
     for png in ("ttft.png", "tasks.png", "cost.png", "nodes.png", "control.png", "storm.png"):
         assert (report / png).read_bytes()[:4] == b"\x89PNG"
 

@@ -220,3 +220,78 @@ def test_a_non_streaming_client_leaves_an_orphan_that_runs_on_as_waste() -> None
     # The orphans' GPU time is waste, and more of it than the streaming client's.
     streaming = _drain(_long_calls(stream=True)).report().summary
     assert s["cost"]["wasted_usd"] > streaming["cost"]["wasted_usd"]
+
+
+def _caller_view(
+    sc: Scenario, seed: int
+) -> tuple[dict[str, Any], dict[int, tuple[int, int, int]], dict[int, int]]:
+    """The run's summary; per priority (calls, calls within the TTFT SLO, calls within 5 ms of
+    it) recounted from the outcome records a router would publish: a call is a request id, timed
+    from its first attempt's send (``ts_ms - e2e_ms``) to the first token of its ``ok`` attempt;
+    and per priority the ``ok`` attempts whose own TTFT is within the SLO."""
+    sim = FleetSim(sc, seed, start_ms=EPOCH_MS)
+    t = EPOCH_MS
+    records = []
+    while not sim.done and t < EPOCH_MS + 900_000:
+        t += 1000
+        records.extend(o for o in sim.advance_to(t).outcomes if o.diverted_to is None)
+    start: dict[str, float] = {}
+    first: dict[str, float] = {}
+    prio: dict[str, int] = {}
+    for o in records:
+        sent = o.ts_ms - o.e2e_ms
+        start[o.request_id] = min(start.get(o.request_id, sent), sent)
+        prio[o.request_id] = o.priority
+        if o.outcome == "ok":
+            assert o.ttft_ms is not None
+            first[o.request_id] = sent + o.ttft_ms
+    slo = sc.slo.ttft_ms
+    attempts_within: dict[int, int] = {}
+    for o in records:
+        if o.outcome == "ok" and o.ttft_ms is not None and o.ttft_ms <= slo:
+            attempts_within[o.priority] = attempts_within.get(o.priority, 0) + 1
+    out: dict[int, tuple[int, int, int]] = {}
+    for rid, p in prio.items():
+        calls, within, edge = out.get(p, (0, 0, 0))
+        ft = first.get(rid)
+        waited = None if ft is None else ft - start[rid]
+        out[p] = (
+            calls + 1,
+            within + (waited is not None and waited <= slo),
+            edge + (waited is not None and abs(waited - slo) <= 5.0),
+        )
+    return sim.report().summary, out, attempts_within
+
+
+def test_first_tokens_as_callers_see_them_count_each_call_once_from_its_first_attempt() -> None:
+    """The caller-view SLI (``calls``, ``calls_ttft_within_slo`` per class) agrees with a recount
+    from the wire records, and a call retried after a crash is timed from its first attempt: fewer
+    calls are within the SLO than successful attempts are."""
+    d = small_scenario_dict()
+    d["faults"] = [{"at_s": 30, "kind": "crash", "pool": "small", "count": 2}]
+    d["workload"][1]["output_tokens"] = {"median": 300, "max": 3000}
+    sc = parse_scenario(d, "crash-retries")
+    summary, recount, attempts_within = _caller_view(sc, 1)
+    bp = summary["by_priority"]
+    for p, (calls, within, edge) in recount.items():
+        got = bp[str(p)]
+        assert got["calls"] == calls
+        assert abs(got["calls_ttft_within_slo"] - within) <= edge  # ms rounding on the wire
+    # The calls the crash cut short mid-decode were retried and completed, each counted once from
+    # its first attempt: their retries' own first tokens came fast, the callers' did not.
+    free = bp["2"]
+    ok_fast = attempts_within[2]
+    assert summary["requests"]["retries"] > 0
+    assert free["calls_ttft_within_slo"] < ok_fast
+
+
+def test_a_call_that_never_completes_is_a_miss_for_the_caller_view() -> None:
+    """Every attempt outlasts its 5 s non-streaming timeout: no call completes, each counts once
+    as a miss, and no attempt-level TTFT exists to flatter the run."""
+    sim = _drain(_long_calls(stream=False))
+    s = sim.report().summary
+    free = s["by_priority"]["2"]
+    assert s["tasks"]["succeeded"] == 0
+    assert free["calls"] == s["tasks"]["started"] > 0  # one call per task, whatever its retries
+    assert free["calls_ttft_within_slo"] == 0
+    assert s["requests"]["retries"] > 0

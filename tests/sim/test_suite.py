@@ -31,6 +31,8 @@ def _row(scenario: str, seed: int, policy: str, usd: float, ok: int = 990, p0: i
         "per_successful_task_usd": usd,
         "ttft_p99_ms": 1000.0,
         "p0_ttft_p99_ms": 900.0,
+        "p0_calls": 600,
+        "p0_calls_ttft_within_slo": 597,
         "tbt_p99_ms": 50.0,
         "slo_ttft_ms": 1000.0,
         "slo_tbt_ms": 80.0,
@@ -225,6 +227,46 @@ def test_markdown_counts_latency_within_slo_per_policy_without_changing_the_targ
     assert "| a | 1000 / 80 | 2/2 / 2/2 | 1/2 / 1/2 | 900 / 4000 |" in md
     assert "| b | 1000 / 80 | 2/2 / 2/2 | 1/1 / 2/2 | 900 / 900 |" in md
     assert "- default: priority-0 TTFT p99 within SLO on **2** of 3 pairs, TBT p99 on **3** of 4" in md
+    assert suite_targets(rows)[1]  # reported, not a target
+
+
+@pytest.mark.parametrize(
+    ("change", "ok"),
+    [
+        ({}, True),  # 597 of 600: 99.5%
+        ({"p0_calls_ttft_within_slo": 594}, True),  # exactly 99%: the p99 call is within the SLO
+        ({"p0_calls_ttft_within_slo": 593}, False),
+        ({"p0_calls": 0, "p0_calls_ttft_within_slo": 0}, None),  # no priority-0 call
+        ({"p0_calls_ttft_within_slo": None}, None),  # a row without the figure
+    ],
+)
+def test_the_caller_view_is_met_when_99_percent_of_calls_got_a_first_token_within_the_slo(
+    change: dict[str, Any], ok: bool | None
+) -> None:
+    from fleetloop.sim.suite import caller_ttft_ok
+
+    assert caller_ttft_ok({**_row("a", 1, "default", 1.0), **change}) is ok
+
+
+def test_markdown_reports_first_tokens_as_callers_see_them_beside_the_attempt_percentiles() -> None:
+    """A policy whose successful attempts are fast but which fails calls (classic here: the
+    attempt p99 within the SLO on every seed) meets the caller view on fewer pairs."""
+    from fleetloop.sim.suite import caller_ttft_counts, latency_summary
+
+    rows = _pairs()
+    rows[0]["p0_calls_ttft_within_slo"] = 560  # classic, a seed 1: 40 calls failed or were late
+    rows[4]["p0_calls"] = 0  # classic, b seed 1: no priority-0 call, no figure
+    assert caller_ttft_counts(rows, "classic") == (2, 3, 560 + 597 * 2, 1800)
+    assert caller_ttft_counts(rows, "default") == (4, 4, 597 * 4, 2400)
+    assert latency_summary(rows)["classic"]["p0_caller_ttft_pairs_met"] == 2
+    md = suite_markdown("stress", rows, 2)
+    assert "### Priority-0 first tokens as callers see them" in md
+    assert "| a | 1000 | 1/2 | 2/2 | 96.42% / 99.50% |" in md
+    assert "| b | 1000 | 1/1 | 2/2 | 99.50% / 99.50% |" in md
+    assert (
+        "- classic: at least 99% of priority-0 calls within the TTFT SLO as callers see it on **2** of 3"
+        " pairs; 97.44% of all priority-0 calls"
+    ) in md
     assert suite_targets(rows)[1]  # reported, not a target
 
 
