@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -385,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"--reuse: {exc}\n")
             return 2
         sys.stderr.write(f"reused {len(reused)} rows; {len(jobs)} runs to go\n")
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        all_rows = reused + list(pool.map(run_one, jobs))
+    # One line per finished run on stderr (the table with --ablation is ~80 runs, minutes long).
+    all_rows = reused + run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
     order = [label for label, _ in policies] + [f"no-{section}" for section in LEVER_OFF]
     all_rows.sort(key=lambda r: (r["scenario"], order.index(r["policy"])))
     labels = {label for label, _ in policies}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fleetloop.sim.table import against_modern, available_policies, targets, timed_out
 
 
@@ -79,3 +81,29 @@ def test_default_is_reported_against_modern_per_scenario() -> None:
 
 def test_the_table_runs_every_baseline() -> None:
     assert [label for label, _ in available_policies()] == ["none", "classic", "modern", "default"]
+
+
+def test_the_table_reports_each_finished_run_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A table of several minutes says how far it is, one line per run, as the suites do; the
+    markdown still goes to stdout and ``--json`` keeps stderr quiet."""
+    import yaml
+    from fleetloop.sim.table import main
+    from tests.sim.conftest import small_scenario_dict
+
+    scen = tmp_path / "scenarios"
+    scen.mkdir()
+    d = small_scenario_dict()
+    d["duration_s"] = 20
+    (scen / "tiny.yaml").write_text(yaml.safe_dump(d))
+    out = tmp_path / "out"
+    assert main(["--scenarios", str(scen), "--out", str(out), "--workers", "1"]) == 0
+    got = capsys.readouterr()
+    n = len(available_policies())
+    lines = [x for x in got.err.splitlines() if x.startswith("[")]
+    assert [x.split("]")[0] for x in lines] == [f"[{i}/{n}" for i in range(1, n + 1)]
+    assert all(" tiny seed 11 " in x and "success" in x for x in lines)
+    assert "| tiny |" in got.out
+    assert main(["--scenarios", str(scen), "--out", str(out), "--workers", "1", "--json"]) == 0
+    assert capsys.readouterr().err == ""
