@@ -58,7 +58,7 @@ class ClassAcc:
 
 
 class Accounting:
-    def __init__(self, slo_ttft_ms: float | None = None) -> None:
+    def __init__(self, slo_ttft_ms: float) -> None:
         self.slo_ttft_ms = slo_ttft_ms
         self.classes: dict[int, ClassAcc] = {}
         self.sent = 0
@@ -108,7 +108,7 @@ class Accounting:
         """A call completed; its first token came ``first_token_ms`` after its first attempt was sent."""
         c = self.cls(priority)
         c.calls += 1
-        if self.slo_ttft_ms is not None and first_token_ms <= self.slo_ttft_ms:
+        if first_token_ms <= self.slo_ttft_ms:
             c.calls_ttft_within_slo += 1
 
     def call_missed(self, priority: int) -> None:
@@ -173,7 +173,7 @@ class Accounting:
                 ),
                 "wasted_usd": _r(c.wasted_usd),
                 "calls": c.calls,
-                "calls_ttft_within_slo": c.calls_ttft_within_slo if self.slo_ttft_ms is not None else None,
+                "calls_ttft_within_slo": c.calls_ttft_within_slo,
             }
         return {
             "tasks": {

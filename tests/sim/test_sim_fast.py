@@ -127,7 +127,7 @@ def test_a_run_folding_twins_decides_what_a_run_folding_wire_records_decides(
 def test_tbt_histogram_in_a_list_equals_the_numpy_accumulation() -> None:
     """``Accounting.tbt`` adds weights in a list; the statement added them into a float64 array."""
     rng = np.random.default_rng(5)
-    acct = Accounting()
+    acct = Accounting(slo_ttft_ms=1000.0)
     ref = np.zeros(len(acct.tbt_hist), dtype=np.float64)
     for k in range(300):
         ms = rng.lognormal(3.0, 2.0, size=int(rng.integers(0, 40)))
