@@ -425,7 +425,7 @@ def suite_against_modern(rows: list[dict[str, Any]]) -> str:
         return ""
     lines = [
         "",
-        "## Against modern (reported; no target)",
+        "## Against modern, seed by seed (reported, not a target)",
         "",
         "| scenario | seed | $/success default / modern | success default - modern | p0 default - modern "
         "| TTFT p99 modern / default ms |",

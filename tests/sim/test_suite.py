@@ -124,6 +124,8 @@ def test_modern_is_reported_against_default_per_run_and_unknown_policies_are_ref
     rows = [_row("f", 9, "classic", 1.0), _row("f", 9, "default", 0.5), _row("f", 9, "modern", 0.8, ok=980)]
     md = suite_against_modern(rows)
     assert "| f | 9 | 0.625 | +1.00% |" in md
+    # its heading is not the summary section's ("## Against modern (reported, not a target)")
+    assert "## Against modern, seed by seed (reported, not a target)" in md
     assert suite_against_modern(rows[:2]) == ""
     assert main(["--suite", "fleet", "--policies", "default,bogus"]) == 2
     assert "known: none, classic, modern, default" in capsys.readouterr().err
