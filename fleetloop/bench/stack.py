@@ -123,7 +123,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
             results.append(r)
             t = r["tasks"]
             err.print(
-                f"  {arm}: tasks ok {t['succeeded']} failed {t['failed']}, "
+                f"  {arm}: tasks ok {t['succeeded']} failed {t['failed']} unfinished {t['unfinished']}, "
                 f"TTFT p50 {r['latency']['ttft_p50_ms']} ms, "
                 f"emulator lag p99 {r['realtime_lag']['node_events']['p99_ms']} ms"
             )
@@ -442,16 +442,15 @@ def _f(v: Any, nd: int = 1) -> str:
 
 def table_markdown(doc: dict[str, Any]) -> str:
     head = (
-        "| arm | tasks ok / done | success | p0 success | $ / successful task | TTFT p50 ms | TTFT p99 ms "
+        "| arm | tasks ok / started | success | p0 success | $ / successful task | TTFT p50 ms | TTFT p99 ms "
         "| calls | retries | timeouts | errors | emulator lag p99 / max ms | loop lag p99 ms |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for r in doc["arms"]:
         t, q, la, lag = r["tasks"], r["requests"], r["latency"], r["realtime_lag"]
-        done = t["succeeded"] + t["failed"]
         rows.append(
-            f"| {r['arm']} | {t['succeeded']} / {done} | {_f(t['success_rate'], 3)} "
+            f"| {r['arm']} | {t['succeeded']} / {t['started']} | {_f(t['success_rate'], 3)} "
             f"| {_f(t['p0_success_rate'], 3)} | {_f(r['cost_per_successful_task_usd'], 6)} "
             f"| {_f(la['ttft_p50_ms'])} | {_f(la['ttft_p99_ms'])} "
             f"| {q['sent']} | {q['retries']} | {q['timeouts']} | {q['errors']} "

@@ -49,6 +49,7 @@ class AgentStats:
     tasks_started: int = 0
     tasks_succeeded: int = 0
     tasks_failed: int = 0
+    p0_started: int = 0
     p0_succeeded: int = 0
     p0_failed: int = 0
     sent: int = 0
@@ -65,16 +66,20 @@ class AgentStats:
         def pct(q: float) -> float | None:
             return round(ttft[min(len(ttft) - 1, max(0, math.ceil(q * len(ttft)) - 1))], 1) if ttft else None
 
-        done = self.tasks_succeeded + self.tasks_failed
-        p0 = self.p0_succeeded + self.p0_failed
+        # Rates are over tasks started, as the simulator's (fleetloop/sim/accounting.py): a task
+        # still in flight when the run ended (``unfinished``) counts against them, not for them.
+        started, p0 = self.tasks_started, self.p0_started
         return {
             "tasks": {
-                "started": self.tasks_started,
+                "started": started,
                 "succeeded": self.tasks_succeeded,
                 "failed": self.tasks_failed,
-                "success_rate": round(self.tasks_succeeded / done, 4) if done else None,
+                "unfinished": started - self.tasks_succeeded - self.tasks_failed,
+                "success_rate": round(self.tasks_succeeded / started, 4) if started else None,
+                "p0_started": p0,
                 "p0_succeeded": self.p0_succeeded,
                 "p0_failed": self.p0_failed,
+                "p0_unfinished": p0 - self.p0_succeeded - self.p0_failed,
                 "p0_success_rate": round(self.p0_succeeded / p0, 4) if p0 else None,
             },
             "requests": {
@@ -191,6 +196,7 @@ class Agents:
                 rng=self._rng_tasks[i],
             )
             self.stats.tasks_started += 1
+            self.stats.p0_started += task.priority == 0
             t = asyncio.create_task(self._task(task))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)

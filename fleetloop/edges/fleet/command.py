@@ -14,8 +14,10 @@ node counts and every workload's arrival rate by K (the same load per node on a 
 fleet). ``--no-agents`` serves only (for an outside load generator or router); ``--nodes-file``
 writes ``{node_id: base_url}`` as JSON once every initial node listens, and again at the end.
 The run ends after the scenario's ``duration_s`` (or ``--seconds``) plus a drain for tasks in
-flight, or on SIGINT/SIGTERM, with a table (or ``--json``): tasks, requests, latency, the fleet's
-real-time lag (how late node events fired: p50/p99/max) and the event loop's own lag.
+flight, or on SIGINT/SIGTERM, with a table (or ``--json``): tasks (started, succeeded, failed and
+unfinished, i.e. still in flight at the end; the success rate is over tasks started, as the
+simulator's), requests, latency, the fleet's real-time lag (how late node events fired:
+p50/p99/max) and the event loop's own lag.
 """
 
 from __future__ import annotations
@@ -284,6 +286,10 @@ async def _progress(
         err.print(line, soft_wrap=True)
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
 def _print(r: dict[str, Any]) -> None:
     out = Console(highlight=False)
     t = Table(
@@ -296,7 +302,11 @@ def _print(r: dict[str, Any]) -> None:
     if "tasks" in r:
         tk, rq, la = r["tasks"], r["requests"], r["latency"]
         rows += [
-            ("tasks started / succeeded / failed", f"{tk['started']} / {tk['succeeded']} / {tk['failed']}"),
+            (
+                "tasks started / succeeded / failed / unfinished",
+                f"{tk['started']} / {tk['succeeded']} / {tk['failed']} / {tk['unfinished']}",
+            ),
+            ("task success (of started)", _pct(tk["success_rate"])),
             ("calls sent / ok / errors / timeouts / shed", f"{rq['sent']} / {rq['ok']} / {rq['errors']} / "
              f"{rq['timeouts']} / {rq['shed']}"),
             ("retries", rq["retries"]),

@@ -1,0 +1,58 @@
+"""`fleetloop fleet`'s summary accounts for every task it started: one still in flight when the run
+ended is ``unfinished`` and counts against the success rate, which is over tasks started (as the
+simulator's, fleetloop/sim/accounting.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fleetloop.daemon.cli import main
+from fleetloop.edges.fleet.agents import AgentStats
+from fleetloop.edges.fleet.command import _print
+
+
+def test_unfinished_tasks_count_against_the_success_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    s = AgentStats(tasks_started=8, tasks_succeeded=2, p0_started=3, p0_succeeded=1, p0_failed=1)
+    t = s.summary()["tasks"]
+    assert (t["started"], t["succeeded"], t["failed"], t["unfinished"]) == (8, 2, 0, 6)
+    assert t["success_rate"] == 0.25
+    assert (t["p0_started"], t["p0_unfinished"], t["p0_success_rate"]) == (3, 1, 0.3333)
+    assert AgentStats().summary()["tasks"]["success_rate"] is None
+    run = {
+        "scenario": "s",
+        "seconds": 3.0,
+        "scale": 1,
+        "nodes": {"provisioned": 1},
+        "realtime_lag": {
+            "node_events": {"p50_ms": 0, "p99_ms": 0, "max_ms": 0, "n": 0},
+            "event_loop": {"p50_ms": 0, "p99_ms": 0, "max_ms": 0},
+        },
+        "aborted_by_disconnect": 6,
+        "decisions_applied": 0,
+        "faults": [],
+        **s.summary(),
+    }
+    _print(run)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "unfinished" in out
+    assert "8 / 2 / 0 / 6" in out
+    assert "25.0%" in out
+
+
+def test_a_short_run_reports_every_started_task(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "fleet",
+        "--scenario",
+        "scenarios/steady-chat.yaml",
+        "--seconds",
+        "1.5",
+        "--drain-s",
+        "0",
+        "--json",
+    ]
+    assert main(argv) == 0
+    t = json.loads(capsys.readouterr().out)["tasks"]
+    assert t["started"] > 0
+    assert t["started"] == t["succeeded"] + t["failed"] + t["unfinished"]
+    assert t["success_rate"] == round(t["succeeded"] / t["started"], 4)
