@@ -122,17 +122,35 @@ def register(sub: Any) -> None:
     pol = sub.add_parser("policy", help="validate, apply, diff, roll back policy documents; status")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True, parser_class=type(pol))
     v = pol_sub.add_parser(
-        "validate", help="check documents; exit 2 naming the first problem of each bad one"
+        "validate",
+        help="check documents; exit 2 naming the first problem of each bad one",
+        description="Check policy documents: each valid one is printed with its name, version and hash.",
+        epilog="exit status: 0 every document is valid; 2 at least one is not (each bad one named on "
+        "stderr, or in --json); the others are still checked.",
     )
-    v.add_argument("files", nargs="+", metavar="FILE")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("files", nargs="+", metavar="FILE", help="a policy document (YAML); several may be given")
+    v.add_argument("--json", action="store_true", help="print one JSON object: per-file results and counts")
     v.set_defaults(handler=cmd_policy_validate)
     lifecycle.register(pol_sub)
     compare_command.register(pol_sub)
-    d = pol_sub.add_parser("diff", help="what changes between two documents")
-    d.add_argument("old", metavar="OLD")
-    d.add_argument("new", metavar="NEW")
-    d.add_argument("--json", action="store_true")
+    d = pol_sub.add_parser(
+        "diff",
+        help="what changes between two documents (exit 1 when they differ)",
+        description="What takes effect differently under NEW than under OLD: each section's params and "
+        "the envelope are compared with the algorithm's defaults filled in, so a default written out "
+        "or left out is no change; a value changed from or to its default says '(default X)'.",
+        epilog="exit status, as diff(1): 0 no changes; 1 the documents differ (under 'set -e' a "
+        "difference stops the script: 'fleetloop policy diff OLD NEW || [ $? -eq 1 ]' shows it and "
+        "still stops on 2); "
+        "2 a document cannot be read or is invalid.",
+    )
+    d.add_argument("old", metavar="OLD", help="the policy document before (YAML), e.g. the one in force")
+    d.add_argument("new", metavar="NEW", help="the policy document after (YAML)")
+    d.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON object: {"old", "new", "changes": [{"path", "old", "new", "default"?}]}',
+    )
     d.set_defaults(handler=cmd_policy_diff)
 
     replay_command.register(sub)
@@ -336,13 +354,50 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+def effective(policy: CompiledPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The document as it takes effect, flattened: each section's ``params`` (and the envelope) as
+    its compiled ``Params`` model, defaults filled; and each of those paths' default value."""
+    from pydantic_core import to_jsonable_python
+
+    from fleetloop.policies.envelope import Envelope
+
+    doc = policy.document.model_dump(mode="json")
+    models = {f"{name}.params": s.params for name, s in policy.sections.items()}
+    models["envelope"] = Envelope.model_validate(policy.document.spec.envelope)
+    defaults: dict[str, Any] = {}
+    for where, params in models.items():
+        section, _, key = where.partition(".")
+        if key:
+            doc["spec"][section][key] = params.model_dump(mode="json")
+        else:
+            doc["spec"][section] = params.model_dump(mode="json")
+        for name, field in type(params).model_fields.items():
+            if not field.is_required():
+                value = to_jsonable_python(field.get_default(call_default_factory=True))
+                defaults.update(flatten(value, f"spec.{where}.{name}"))
+    return flatten(doc), defaults
+
+
+_NONE = object()
+
+
 def cmd_policy_diff(args: argparse.Namespace) -> int:
     old, new = load_policy(args.old), load_policy(args.new)
-    a = flatten(old.document.model_dump(mode="json"))
-    b = flatten(new.document.model_dump(mode="json"))
-    changes = [
-        {"path": k, "old": a.get(k), "new": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-    ]
+    # Effective values: a default written out or left out is no change.
+    (a, a_default), (b, b_default) = effective(old), effective(new)
+    changes: list[dict[str, Any]] = []
+    for k in sorted(set(a) | set(b)):
+        if a.get(k) == b.get(k):
+            continue
+        if (k not in b and a_default.get(k, _NONE) == a[k]) or (
+            k not in a and b_default.get(k, _NONE) == b[k]
+        ):
+            continue  # the section's algorithm changed (its type line says so); this one was a default
+        c: dict[str, Any] = {"path": k, "old": a.get(k), "new": b.get(k)}
+        default = b_default.get(k, a_default.get(k))
+        if (k in a_default or k in b_default) and default in (c["old"], c["new"]):
+            c["default"] = default
+        changes.append(c)
     if args.json:
         sys.stdout.write(json.dumps({"old": args.old, "new": args.new, "changes": changes}) + "\n")
     else:
@@ -350,5 +405,6 @@ def cmd_policy_diff(args: argparse.Namespace) -> int:
             sys.stdout.write("no changes\n")
         width = max((len(str(c["path"])) for c in changes), default=0)
         for c in changes:
-            sys.stdout.write(f"{c['path']:<{width}}  {c['old']!r} -> {c['new']!r}\n")
+            note = f" (default {c['default']!r})" if "default" in c else ""
+            sys.stdout.write(f"{c['path']:<{width}}  {c['old']!r} -> {c['new']!r}{note}\n")
     return 1 if changes else 0

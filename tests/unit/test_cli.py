@@ -121,7 +121,7 @@ def test_diff_lists_the_changed_path(tmp_path: Path, capsys: pytest.CaptureFixtu
     new = edited(tmp_path, "new.yaml", "alpha: 2.0", "alpha: 3.0")
     assert main(["policy", "diff", str(DEFAULT_YAML), new]) == 1  # like diff(1): 1 when they differ
     out, err = capsys.readouterr()
-    assert one_line(out).split() == ["spec.routing.params.alpha", "2.0", "->", "3.0"]
+    assert one_line(out).split() == ["spec.routing.params.alpha", "2.0", "->", "3.0", "(default", "2.0)"]
     assert err == ""
 
 
