@@ -271,3 +271,21 @@ def test_scenarios_where_callers_see_later_first_tokens_under_default_are_named(
     for s, (d, c) in named.items():
         assert abs(d - share(rows, s, "default")) < 0.051, s  # one decimal
         assert abs(c - share(rows, s, "classic")) < 0.051, s
+
+
+def test_ten_seed_sentence_matches_the_ten_seed_tables() -> None:
+    """The tables over ten seeds (the committed five plus five more) say what the README says."""
+    m = re.search(
+        r"sim-shipped-10-seeds\.md`\) the targets hold as they do on the first five: (\d+) of (\d+) stress "
+        r"pairs meet every target, every miss `([a-z0-9-]+)`, at a geometric mean of ([0-9.]+)x, and "
+        r"(\d+) of (\d+) shipped pairs at ([0-9.]+)x",
+        _readme(),
+    )
+    assert m, "README lost the ten-seed sentence"
+    stress, shipped = _checks("stress-10-seeds"), _checks("shipped-10-seeds")
+    assert {c["seed"] for c in stress} > {c["seed"] for c in _checks("stress")}  # more seeds than the five
+    assert (int(m.group(1)), int(m.group(2))) == (sum(map(_met, stress)), len(stress))
+    assert {c["scenario"] for c in stress if not _met(c)} == {m.group(3)}
+    assert float(m.group(4)) == round(_geomean(stress), len(m.group(4).split(".")[1]))
+    assert (int(m.group(5)), int(m.group(6))) == (sum(map(_met, shipped)), len(shipped))
+    assert float(m.group(7)) == round(_geomean(shipped), len(m.group(7).split(".")[1]))
