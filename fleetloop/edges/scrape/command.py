@@ -67,11 +67,20 @@ def parse_targets(spec: str, pool: str) -> list[Target]:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"fleetloop scrape: --target {raw!r} is not an http(s) URL")
+        try:
+            port = parts.port  # ValueError: not a number, or above 65535
+        except ValueError:
+            port = 0
+        if port == 0 or (port is None and parts.netloc.endswith(":")):
+            raise UsageError(f"fleetloop scrape: --target {raw!r}: the port must be in 1-65535")
         if parts.path in ("", "/"):
             url = url.rstrip("/") + "/metrics"
         if not node_id:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            node_id = f"{pool}/{parts.hostname}:{port}"
+            node_id = f"{pool}/{parts.hostname}:{port or (443 if parts.scheme == 'https' else 80)}"
+        if not _IDENT.match(node_id):  # the record would fail NodeTelemetry's node_id on every scrape
+            raise UsageError(
+                f"fleetloop scrape: --target {raw!r}: node id {node_id!r} is not a valid identifier"
+            )
         out.append(Target(node_id, url))
     if not out:
         raise UsageError("fleetloop scrape: --target names no URL")
