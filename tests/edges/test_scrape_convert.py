@@ -14,6 +14,7 @@ import pytest
 from fleetloop.edges.scrape.convert import (
     Converter,
     ExpositionError,
+    MissingMetrics,
     NodeIdentity,
     bucket_quantile,
     parse_exposition,
@@ -136,7 +137,9 @@ def test_fixture_converts(name: str) -> None:
     assert first is None, "the first scrape is a baseline: it publishes no rate it cannot know"
     assert second is not None
     assert third is not None
-    assert detect(runtime, parse_exposition(_scrape(name, 2)).names()).version == version
+    detected = detect(runtime, parse_exposition(_scrape(name, 2)).names())
+    assert detected is not None
+    assert detected.version == version
     # gauges as they are
     assert second.running_requests == 5
     assert second.queue_depth == 2
@@ -229,7 +232,7 @@ def test_bad_exposition_is_an_error_not_a_crash() -> None:
             parse_exposition(bad)
     # what parses but makes no sense (a bucket bound that is no number) is skipped, not fatal
     conv = _converter("vllm")
-    odd = parse_exposition('vllm:time_to_first_token_seconds_bucket{le="a"} 1\n')
+    odd = parse_exposition('vllm:num_requests_running 0\nvllm:time_to_first_token_seconds_bucket{le="a"} 1\n')
     assert conv.update(odd, ts_ms=1, mono_ms=1000) is None
     rec = conv.update(odd, ts_ms=2, mono_ms=2000)
     assert rec is not None
@@ -273,3 +276,80 @@ def test_readme_carries_the_generated_tables() -> None:
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     for runtime in RUNTIMES:
         assert field_table(runtime) in readme, f"README's {runtime} table drifted: regenerate it"
+
+
+NODE_EXPORTER = """# HELP node_load1 1m load average.
+# TYPE node_load1 gauge
+node_load1 0.42
+# HELP node_cpu_seconds_total Seconds the CPUs spent in each mode.
+# TYPE node_cpu_seconds_total counter
+node_cpu_seconds_total{cpu="0",mode="idle"} 12345.6
+# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.7e+09
+"""
+
+
+@pytest.mark.parametrize("runtime", sorted(RELEASES))
+def test_a_page_without_the_runtimes_metrics_is_no_record(runtime: str) -> None:
+    """Another server's page (node_exporter here) is a failed scrape, never an idle node; no release
+    is made up for it."""
+    expo = parse_exposition(NODE_EXPORTER)
+    assert detect(runtime, expo.names()) is None
+    conv = _converter(runtime)
+    for i in range(3):
+        with pytest.raises(MissingMetrics, match=rf"^no {runtime} metrics$"):
+            conv.update(expo, ts_ms=1 + i, mono_ms=1000 * (i + 1))
+    assert conv.release is None
+
+
+@pytest.mark.parametrize("other", ["vllm-0.33.0", "dynamo-1.6.1", "trtllm-serve"])
+def test_another_runtimes_page_is_no_record(other: str) -> None:
+    """``--runtime sglang`` pointed at a vLLM (or Dynamo, trtllm-serve) engine reads nothing from it."""
+    conv = _converter("sglang")
+    for n in (1, 2):
+        with pytest.raises(MissingMetrics, match=r"^no sglang metrics$"):
+            conv.update(parse_exposition(_scrape(other, n)), ts_ms=n, mono_ms=1000 * n)
+    assert conv.release is None
+
+
+def test_a_failed_page_between_good_ones_keeps_the_baseline() -> None:
+    conv = _converter("vllm")
+    assert conv.update(parse_exposition(_scrape("vllm-0.33.0", 1)), ts_ms=1, mono_ms=1000) is None
+    with pytest.raises(MissingMetrics):
+        conv.update(parse_exposition(NODE_EXPORTER), ts_ms=2, mono_ms=2000)
+    rec = conv.update(parse_exposition(_scrape("vllm-0.33.0", 2)), ts_ms=3, mono_ms=3000)
+    assert rec is not None
+    assert rec.prompt_tokens == 1500  # the increase since the last good page
+    assert rec.interval_ms == 2000
+    assert conv.release is not None
+    assert conv.release.version == "0.33.0 (V1)"
+
+
+def _without(text: str, *prefixes: str) -> str:
+    """``text`` without the samples, HELP and TYPE lines of metrics whose names start with ``prefixes``."""
+
+    def name(line: str) -> str:
+        return line.split()[2] if line.startswith(("# HELP ", "# TYPE ")) else line
+
+    return "".join(ln + "\n" for ln in text.splitlines() if not name(ln).startswith(prefixes))
+
+
+def test_no_request_gauges_is_no_record() -> None:
+    """A page that is the runtime's but lacks both request gauges would claim an idle node: a Dynamo
+    worker's own port (``dynamo_component_*`` only, its load is on the frontend's page)."""
+    worker = _without(_scrape("dynamo-1.6.1", 2), "dynamo_frontend_")
+    assert "dynamo_component_gpu_cache_usage_percent" in worker
+    conv = _converter("dynamo")
+    with pytest.raises(MissingMetrics, match="no dynamo request gauges") as info:
+        conv.update(parse_exposition(worker), ts_ms=1, mono_ms=1000)
+    assert "dynamo_frontend_inflight_requests" in str(info.value)
+    assert conv.release is not None  # the runtime was told; only the load is missing
+    # one request gauge is enough: the other reads 0, as a missing counter does
+    conv = _converter("vllm")
+    page = _without(_scrape("vllm-0.33.0", 2), "vllm:num_requests_waiting")
+    assert conv.update(parse_exposition(page), ts_ms=1, mono_ms=1000) is None
+    rec = conv.update(parse_exposition(page), ts_ms=2, mono_ms=2000)
+    assert rec is not None
+    assert rec.running_requests == 5
+    assert rec.queue_depth == 0

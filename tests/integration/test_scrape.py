@@ -1,8 +1,9 @@
 """``fleetloop scrape`` against real HTTP endpoints and a real broker (both brokers).
 
 One target serves a vLLM 0.33 engine's pages (the fixtures: baseline, +1 s, restarted), one serves
-an HTML error page, one is a closed port. The good node's records reach ``fleet.telemetry`` keyed
-by the pool; the others only count failures and go stale, without stopping the good one.
+an HTML error page, one a node_exporter-style page (good exposition, no vLLM metric), one is a closed
+port. The good node's records reach ``fleet.telemetry`` keyed by the pool; the others only count
+failures and go stale, without stopping the good one (the node_exporter one is no idle vLLM node).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from fleetloop.schemas.telemetry import NodeTelemetry
 from tests.support.kafka import read_all
 
 FIXTURES = Path(__file__).resolve().parents[1] / "edges" / "fixtures"
+NODE_EXPORTER = (
+    "# HELP node_load1 1m load average.\n# TYPE node_load1 gauge\nnode_load1 0.42\n"
+    "# HELP process_start_time_seconds Start time.\n# TYPE process_start_time_seconds gauge\n"
+    "process_start_time_seconds 1.7e+09\n"
+)
 
 
 async def _serve(pages: list[str]) -> tuple[web.AppRunner, int]:
@@ -42,6 +48,7 @@ async def test_scrape_publishes_good_targets_and_survives_bad_ones(kafka_env: An
     pages = [(FIXTURES / f"vllm-0.33.0.{n}.prom").read_text() for n in (1, 2, 3)]
     good, good_port = await _serve(pages)
     bad, bad_port = await _serve(["<html><body>502 Bad Gateway</body></html>\n"])
+    other, other_port = await _serve([NODE_EXPORTER])
     dead_port = free_port()
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -50,13 +57,14 @@ async def test_scrape_publishes_good_targets_and_survives_bad_ones(kafka_env: An
             "--topic-prefix", kafka_env.prefix, "--interval-s", "0.3", "--duration-s", "4",
             "--gpu-type", "L40S", "--usd-per-h", "1.5", "--json",
             "--target", f"chat/good=http://127.0.0.1:{good_port},chat/bad=127.0.0.1:{bad_port},"
-            f"chat/dead=http://127.0.0.1:{dead_port}/metrics",
+            f"chat/dead=http://127.0.0.1:{dead_port}/metrics,chat/other=127.0.0.1:{other_port}",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await asyncio.wait_for(proc.communicate(), 90)
     finally:
         await good.cleanup()
         await bad.cleanup()
+        await other.cleanup()
     assert proc.returncode == 0, err.decode()
     report = {t["node_id"]: t for t in json.loads(out)["targets"]}
     assert report["chat/good"]["up"] is True
@@ -66,6 +74,13 @@ async def test_scrape_publishes_good_targets_and_survives_bad_ones(kafka_env: An
     assert report["chat/bad"]["published"] == 0
     assert report["chat/dead"]["failures"] > 0
     assert report["chat/dead"]["published"] == 0
+    assert report["chat/other"]["up"] is False
+    assert report["chat/other"]["published"] == 0
+    assert report["chat/other"]["release"] is None
+    assert report["chat/other"]["last_error"] == (
+        f"no vllm metrics at http://127.0.0.1:{other_port}/metrics (is this a vllm server?)"
+    )
+    assert "down chat/other" in err.decode()
     assert "down" in err.decode()
 
     recs = await read_all(kafka_env, "fleet.telemetry", until=lambda rs: len(rs) >= 2, timeout_s=30)

@@ -2,10 +2,10 @@
 
 One asyncio task per target, each on its own schedule (every ``--interval-s``): GET the endpoint
 (timeout: the interval, at most 5 s), parse, convert, publish to ``fleet.telemetry`` keyed by
-``--pool``. A target that fails (refused, timed out, HTTP error, bad text) publishes nothing for
-that round, so it goes stale in the daemon's model (which treats stale as saturated); the others
-go on. Failures are counted per target and logged when a target changes state (up <-> down), not
-on every round, so a dead target cannot flood the log.
+``--pool``. A target that fails (refused, timed out, HTTP error, bad text, a page without the
+runtime's request gauges) publishes nothing for that round, so it goes stale in the daemon's model
+(which treats stale as saturated); the others go on. Failures are counted per target and logged
+when a target changes state (up <-> down), not on every round, so a dead target cannot flood the log.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from fleetloop.edges.scrape.convert import (
     ConversionError,
     Converter,
     ExpositionError,
+    MissingMetrics,
     NodeIdentity,
     parse_exposition,
 )
@@ -293,6 +294,10 @@ async def _scrape_once(
     try:
         expo = parse_exposition(text)
         rec = s.converter.update(expo, ts_ms=clock.wall_ms(), mono_ms=round(clock.monotonic_s() * 1000))
+    except MissingMetrics as exc:  # another server's page: down and stale, never an idle node
+        s.parse_errors += 1
+        s.last_error = f"{exc} at {s.target.url} ({exc.hint})"
+        return s.last_error
     except (ExpositionError, ConversionError) as exc:
         s.parse_errors += 1
         s.last_error = str(exc)

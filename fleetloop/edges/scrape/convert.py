@@ -16,6 +16,9 @@
   TTFT buckets, 0.25 s between 0.25 s and 0.5 s, 1.5 s between 1 s and 2.5 s); linear interpolation
   assumes requests spread evenly inside the bucket. A quantile in the ``+Inf`` bucket is reported
   as the highest finite bound (a lower bound of the truth). No request in the interval: ``None``.
+- **Another server's page** (none of the runtime's core names: node_exporter, another runtime) and
+  a page without both request gauges (the record would claim an idle node) are a
+  :class:`MissingMetrics`: no record, and the baseline stays the last page that was read.
 - **The first scrape** of a target publishes nothing: it is the baseline every increase needs, and a
   record with zero counters would claim a rate nobody measured. So does the first scrape after a
   gap longer than ``MAX_INTERVAL_MS``.
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from fleetloop.edges.scrape.runtimes import FIELD_KINDS, RELEASES, Release, Source, detect
+from fleetloop.edges.scrape.runtimes import FIELD_KINDS, LOAD_FIELDS, RELEASES, Release, Source, detect
 from fleetloop.schemas.telemetry import NodeTelemetry
 
 MAX_INTERVAL_MS = 600_000  # NodeTelemetry.interval_ms's bound
@@ -46,6 +49,16 @@ class ExpositionError(ValueError):
 
 class ConversionError(ValueError):
     """The exposition parsed but its values cannot make a valid NodeTelemetry."""
+
+
+class MissingMetrics(ConversionError):
+    """The exposition parsed but lacks the names a record needs: ``no vllm metrics`` (another server's
+    page) or ``no vllm request gauges (...)`` (the runtime's, but a record would claim an idle node).
+    ``hint`` says what the user may have got wrong."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +152,14 @@ class Converter:
         """Fold one scrape taken at ``ts_ms`` (wall, event time) / ``mono_ms`` (monotonic)."""
         release = detect(self.runtime, expo.names())
         self.release = release
+        if release is None:
+            raise MissingMetrics(f"no {self.runtime} metrics", f"is this a {self.runtime} server?")
+        load = release.names_of(LOAD_FIELDS)
+        if not load & expo.names():
+            raise MissingMetrics(
+                f"no {self.runtime} request gauges ({', '.join(sorted(load))})",
+                "a record would claim an idle node",
+            )
         st = self._st
         start = self._process_start(expo)
         restarted = st.process_start is not None and start is not None and start != st.process_start

@@ -13,7 +13,11 @@ A runtime has several releases whose spellings differ (vLLM V0 -> V1 renamed
 ``inter_token_latency_seconds``, ``gpu_prefix_cache_*`` -> ``prefix_cache_*``; TensorRT-LLM's
 Triton backend and ``trtllm-serve`` share nothing). :func:`detect` picks, per scrape, the release
 whose names the exposition carries most of (ties go to the newest), so one ``--runtime vllm``
-reads every vLLM release listed here.
+reads every vLLM release listed here; a page that carries none of a runtime's names has no release.
+
+What a page needs to be read (:data:`CORE_FIELDS`, :data:`LOAD_FIELDS`): a page without any of the
+runtime's core names (request gauges, KV usage) is some other server's; one without both request
+gauges would make a record claiming an idle node (every missing field reads 0), so it is refused too.
 
 Field kinds (how :mod:`fleetloop.edges.scrape.convert` folds the samples that match a source):
 
@@ -47,6 +51,12 @@ FIELD_KINDS: dict[str, Kind] = {
     "ttft": "histogram",
     "tbt": "histogram",
 }
+
+
+# The fields that tell a runtime's page from any other server's: its request gauges and KV usage.
+CORE_FIELDS: tuple[str, ...] = ("running_requests", "queue_depth", "kv_cache_used_frac")
+# Without one of these the record would say "nothing running, nothing waiting": an idle node.
+LOAD_FIELDS: tuple[str, ...] = ("running_requests", "queue_depth")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +93,9 @@ class Release:
 
     def names(self) -> frozenset[str]:
         return frozenset(s.name for srcs in self.fields.values() for s in srcs)
+
+    def names_of(self, fields: tuple[str, ...]) -> frozenset[str]:
+        return frozenset(s.name for f in fields for s in self.fields.get(f, ()))
 
 
 _MS = 1000.0  # seconds -> milliseconds
@@ -246,7 +259,8 @@ RELEASES: dict[str, tuple[Release, ...]] = {
             model_labels=("model",),
             notes=(
                 "`dynamo_frontend_*` come from the frontend (one per pool), `dynamo_component_*` from "
-                "workers: scrape both ports of a node",
+                "workers; a page without the frontend's request gauges (a worker's own port) is a failed "
+                "scrape, since its record would claim an idle node",
                 "`gpu_cache_usage_percent` is a 0-1 fraction (active / total blocks, publisher.py)",
             ),
         ),
@@ -256,12 +270,14 @@ RELEASES: dict[str, tuple[Release, ...]] = {
 RUNTIMES: tuple[str, ...] = tuple(RELEASES)
 
 
-def detect(runtime: str, present: frozenset[str] | set[str]) -> Release:
-    """The release of ``runtime`` whose names ``present`` carries most of (ties: the newest)."""
-    releases = RELEASES[runtime]
-    best = releases[0]
+def detect(runtime: str, present: frozenset[str] | set[str]) -> Release | None:
+    """The release of ``runtime`` whose names ``present`` carries most of (ties: the newest), or None
+    when ``present`` carries none of any release's core names: no evidence it is ``runtime`` at all."""
+    if not any(r.names_of(CORE_FIELDS) & present for r in RELEASES[runtime]):
+        return None
+    best: Release | None = None
     best_hits = -1
-    for r in releases:  # newest first, so a tie keeps the newer
+    for r in RELEASES[runtime]:  # newest first, so a tie keeps the newer
         hits = len(r.names() & present)
         if hits > best_hits:
             best, best_hits = r, hits
