@@ -174,8 +174,9 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _print(result: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from fleetloop import term
 
     t = Table(title="shard checkpoint: size, cost (ms), longest event-loop stall (ms) encoding and decoding")
     cols = (
@@ -207,4 +208,4 @@ def _print(result: dict[str, Any]) -> None:
             f"{r['restore_stall_inline_ms']:,.0f}",
             f"{r['restore_stall_thread_ms']:,.0f}",
         )
-    Console().print(t)
+    term.console().print(t)

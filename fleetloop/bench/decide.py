@@ -433,8 +433,9 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _print(result: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from fleetloop import term
 
     t = Table(title=f"whole-fleet decision tick, ms ({result['policy']})")
     cols = (
@@ -464,7 +465,7 @@ def _print(result: dict[str, Any]) -> None:
             f"{r['fold_1s_cpu_p50_ms']:,.1f}",
             f"{r['rss_added_mib']:,.0f}",
         )
-    console = Console()
+    console = term.console()
     console.print(t)
     console.print(f"growth exponent of p50 against nodes (log-log): {result['growth_exponent']}")
     console.print(f"garbage collector: {result['gc']} settings")

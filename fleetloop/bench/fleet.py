@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Console
 from rich.table import Table
 
+from fleetloop import term
 from fleetloop.bench.common import progress
 from fleetloop.daemon.demo import demo_scenario
 
@@ -108,5 +108,5 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
             f"{r['ttft_p50_ms']} ms",
             "yes" if r["holds"] else "no",
         )
-    Console().print(t)
+    term.console().print(t)
     return 0

@@ -461,8 +461,9 @@ async def fuzz(args: argparse.Namespace, info: BrokerInfo) -> dict[str, Any]:
 
 
 def _print(r: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from fleetloop import term
 
     t = Table(title=f"fleetloop bench fuzz — {r['broker']}", show_header=False)
     t.add_column("figure")
@@ -495,6 +496,6 @@ def _print(r: dict[str, Any]) -> None:
         "{before} / {after_clean} / {after_hostile}".format(**r["rss_mib"]),
     )
     t.add_row("seconds: clean / hostile", f"{r['seconds']['clean']} / {r['seconds']['hostile']}")
-    Console(highlight=False).print(t)
+    term.console().print(t)
     if d["first_difference"]:
-        Console(stderr=True, highlight=False).print(f"first difference: {d['first_difference']}")
+        term.console(stderr=True).print(f"first difference: {d['first_difference']}")

@@ -309,8 +309,9 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _print(result: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from fleetloop import term
 
     t = Table(title=f"ingest: {result['events']:,} events (telemetry + outcomes) per run")
     for col in ("broker", "consumer", "events/s", "events/CPU-s", "vs floor (CPU)", "vs faust (CPU)"):
@@ -335,7 +336,7 @@ def _print(result: dict[str, Any]) -> None:
                 vs_floor,
                 vs_faust,
             )
-    console = Console()
+    console = term.console()
     console.print(t)
     console.print(
         f"targets: fleetloop >= {TARGET_FLOOR_FRAC:.0%} of the floor and >= {TARGET_FAUST_X:.0f}x faust"

@@ -164,8 +164,9 @@ def handle(args: argparse.Namespace) -> int:
         out = {"bench": "router", "floor_us": round(floor, 3), "rows": rows}
         sys.stdout.write(orjson.dumps(out).decode() + "\n")
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from fleetloop import term
 
     t = Table(
         title="fleetloop.router pick, per call (same-run baselines: cache off; one bare numpy draw "
@@ -183,5 +184,5 @@ def handle(args: argparse.Namespace) -> int:
             f"{row['speedup']:.0f}x",
             f"{row['apply_routing_us']:.0f}" if "apply_routing_us" in row else "",
         )
-    Console().print(t)
+    term.console().print(t)
     return 0

@@ -365,8 +365,9 @@ async def soak(args: argparse.Namespace, info: BrokerInfo) -> dict[str, Any]:
 
 
 def _print(r: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from fleetloop import term
 
     t = Table(title=f"fleetloop bench soak — {r['minutes']:g} min on {r['broker']}")
     for col in ("t (s)", "lag", "RSS MiB", "in /s", "ticks", "decision age s", "open wf", "finished wf"):
@@ -382,7 +383,7 @@ def _print(r: dict[str, Any]) -> None:
             f"{x['open_workflows']:,}",
             f"{x['finished_workflows']:,}",
         )
-    out = Console(highlight=False)
+    out = term.console()
     out.print(t)
     b = r["bounded"]
     cap = r["capacity"]

@@ -49,6 +49,7 @@ import httpx
 import yaml
 from rich.console import Console
 
+from fleetloop import term
 from fleetloop.daemon import clock
 from fleetloop.daemon.children import die_with_parent, stop_child
 from fleetloop.daemon.cli_common import UsageError
@@ -98,7 +99,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
     missing = [b for b in _binaries(arms) if shutil.which(b) is None and not Path(b).exists()]
     if missing:
         raise UsageError(f"fleetloop bench stack: not installed: {', '.join(missing)}")
-    err = Console(stderr=True, highlight=False)
+    err = term.console(stderr=True)
     # A client that gives up mid-answer makes aiohttp log a traceback per call ("Cannot write to
     # closing transport"); those calls are counted as timeouts in the table, not printed.
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)

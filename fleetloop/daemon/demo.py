@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from fleetloop import term
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, probe_capabilities, start_broker
 from fleetloop.daemon.cli_common import UsageError, connection_from, policy_from, quiet_client_logs
@@ -151,7 +152,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     observability.configure(level="warning")
     observability.setup_telemetry()
     quiet_client_logs()
-    err = Console(stderr=True, highlight=False)
+    err = term.console(stderr=True)
     external = connection_from(args) if args.bootstrap_servers else None
     with _broker(external, err) as (bootstrap, kind, idempotent):
         result = asyncio.run(
@@ -190,7 +191,7 @@ def _cmd_wire(args: argparse.Namespace) -> int:
             "(or run `fleetloop run`, `fleet` and `scrape` yourself, each with them)"
         )
     quiet_client_logs()
-    err = Console(stderr=True, highlight=False)
+    err = term.console(stderr=True)
     with _broker(args.bootstrap_servers, err) as (bootstrap, _kind, _idempotent):
         assert isinstance(bootstrap, str)
         result = asyncio.run(
@@ -447,7 +448,7 @@ def _fmt(v: Any, unit: str = "") -> str:
 
 
 def _print_summary(r: dict[str, Any]) -> None:
-    out = Console(highlight=False)
+    out = term.console()
     t = Table(
         title=f"fleetloop demo — {r['scenario']}, {r['seconds']} s on {r['broker']['kind']}",
         show_header=False,

@@ -32,6 +32,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from fleetloop import term
 from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.children import stop_child
@@ -189,7 +190,7 @@ async def _watch_state(
 
 
 def print_wire(r: dict[str, Any]) -> None:
-    out = Console(highlight=False)
+    out = term.console()
     t = Table(title=f"fleetloop demo --wire — {r['scenario']}", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value", justify="right")

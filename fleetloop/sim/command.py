@@ -68,10 +68,11 @@ def _fmt(x: Any, spec: str = "", none: str = "-") -> str:
 
 
 def _print_table(result: RunResult, data: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from fleetloop import term
+
+    console = term.console()
     t = Table(title=f"{data['scenario']} under {data['policy']} (seed {data['seed']})", show_header=True)
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -192,8 +193,9 @@ def _compare(args: argparse.Namespace, scenario: Any, policies: list[tuple[str, 
         payload = {"scenario": scenario.name, "runs": {r.label: r.data for r in runs}}
         sys.stdout.write(orjson.dumps(payload).decode() + "\n")
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from fleetloop import term
 
     t = Table(title=f"{scenario.name}: {', '.join(r.label for r in runs)} (seed {runs[0].data['seed']})")
     t.add_column("metric")
@@ -215,7 +217,7 @@ def _compare(args: argparse.Namespace, scenario: Any, policies: list[tuple[str, 
     ]
     for name, f in rows:
         t.add_row(name, *(f(r.data) for r in runs))
-    Console().print(t)
+    term.console().print(t)
     if args.report:
         print(f"report: {args.report}/index.html")
     return 0

@@ -383,10 +383,11 @@ def _rel(v: float | None) -> str:
 
 
 def _print(p: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    out = Console(highlight=False)
+    from fleetloop import term
+
+    out = term.console()
     w = p["window"]
     rec, cand = p["recorded_policy"], p["candidate_policy"]
     obs = p["observed"]["kpis"]

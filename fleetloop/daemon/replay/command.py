@@ -23,9 +23,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from rich.console import Console
 from rich.table import Table
 
+from fleetloop import term
 from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door, decode_batch
@@ -457,7 +457,7 @@ def _as_json(r: ReplayReport, policy: CompiledPolicy, mode: str) -> dict[str, An
 
 
 def _print(r: ReplayReport, policy: CompiledPolicy, mode: str) -> None:
-    out = Console(highlight=False)
+    out = term.console()
     verdict = (
         ("[green]byte-identical[/green]" if r.exact else "[red]DIFFERENT[/red]")
         if mode == "exact"

@@ -14,9 +14,9 @@ import sys
 from typing import Any
 
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
+from fleetloop import term
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import parse_time, read_topic
 from fleetloop.daemon.replay.compare import UNITS, Comparison, compare
@@ -120,9 +120,9 @@ def _fmt(x: float) -> str:
 
 
 def _print(c: Comparison, limit: int) -> None:
-    out = Console(highlight=False)
+    out = term.console()
     if not out.is_terminal:  # a pipe or a file: wide enough that entity names are not cut
-        out = Console(highlight=False, width=160)
+        out = term.console(width=160)
     shadows = ", ".join(f"{n} v{v} ({h})" for n, v, h in sorted(c.shadow_policies)) or "none"
     enforced = ", ".join(f"{n} v{v} ({h})" for n, v, h in sorted(c.enforced_policies)) or "none"
     t = Table(title=f"shadow {shadows} vs enforced {enforced}: {c.ticks_paired} ticks paired")

@@ -37,6 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from fleetloop import term
 from fleetloop.daemon import clock
 from fleetloop.edges.cli import EdgeUsageError, connection_from, one_line_errors
 from fleetloop.edges.fleet.agents import Agents
@@ -151,7 +152,7 @@ async def _follow_state(
 
 
 async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> dict[str, Any]:
-    err = Console(stderr=True, highlight=False)
+    err = term.console(stderr=True)
     seed = args.seed if args.seed is not None else scenario.seed
     fleet = LiveFleet(scenario, seed=seed, base_port=args.base_port)
     stop = asyncio.Event()
@@ -291,7 +292,7 @@ def _pct(v: float | None) -> str:
 
 
 def _print(r: dict[str, Any]) -> None:
-    out = Console(highlight=False)
+    out = term.console()
     t = Table(
         title=f"fleetloop fleet — {r['scenario']}, {r['seconds']:g} s, scale {r['scale']}", show_header=False
     )

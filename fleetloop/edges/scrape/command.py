@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaProducer
 from rich.console import Console
 from rich.table import Table
 
+from fleetloop import term
 from fleetloop.daemon import clock
 from fleetloop.edges.cli import EdgeUsageError as UsageError
 from fleetloop.edges.cli import connection_from, one_line_errors
@@ -173,7 +174,7 @@ def cmd_scrape(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, targets: list[Target]) -> list[TargetStats]:
-    err = Console(stderr=True, highlight=False)
+    err = term.console(stderr=True)
     conn = connection_from(args)
     producer = AIOKafkaProducer(**connect(conn), acks="all", linger_ms=5)
     try:
@@ -325,7 +326,7 @@ async def _progress(stats: list[TargetStats], stop: asyncio.Event, err: Console,
 
 
 def _print_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    out = Console(highlight=False)
+    out = term.console()
     t = Table(title=f"fleetloop scrape — {args.runtime}, pool {args.pool}")
     for col in ("node", "release", "up", "ok", "failed", "bad text", "published", "resets", "last error"):
         t.add_column(col, justify="left" if col in ("node", "release", "last error") else "right")
