@@ -6,9 +6,8 @@ import io
 import sys
 
 import pytest
-from rich.table import Table
-
 from fleetloop import term
+from rich.table import Table
 
 
 def _render(monkeypatch: pytest.MonkeyPatch, *, columns: str | None = None) -> str:
@@ -19,7 +18,8 @@ def _render(monkeypatch: pytest.MonkeyPatch, *, columns: str | None = None) -> s
     else:
         monkeypatch.setenv("COLUMNS", columns)
     out = term.console()
-    out.print("fleetloop scrape: 3 targets (pool chat-l40s) every 1 s, publishing to fleet.telemetry on 127.0.0.1:9092")
+    status = "fleetloop scrape: 3 targets (pool chat-l40s) every 1 s, publishing to fleet.telemetry"
+    out.print(f"{status} on 127.0.0.1:9092")
     t = Table()
     t.add_column("node")
     t.add_column("last error")
