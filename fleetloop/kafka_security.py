@@ -141,9 +141,13 @@ class KafkaConnection:
                 cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
             )
         except (OSError, ssl.SSLError) as exc:
-            raise SecurityError(
-                f"cannot load TLS files: {type(exc).__name__}: {exc.strerror or exc}"
-            ) from None
+            files = (
+                ("--ssl-cafile", self.ssl_cafile),
+                ("--ssl-certfile", self.ssl_certfile),
+                ("--ssl-keyfile", self.ssl_keyfile),
+            )
+            given = ", ".join(f"{flag} {path}" for flag, path in files if path) or "the system CA store"
+            raise SecurityError(f"cannot load TLS files ({given}): {error_text(exc)}") from None
         ctx.check_hostname = self.ssl_check_hostname
         return ctx
 
@@ -178,6 +182,19 @@ def shown(bootstrap: Bootstrap) -> str:
     return str(bootstrap) if isinstance(bootstrap, KafkaConnection) else redact(bootstrap)
 
 
+def error_text(exc: BaseException) -> str:
+    """``exc`` for a one-line error, its type named at most once. aiokafka's errors print as
+    ``KafkaConnectionError: Unable to bootstrap ...``: the message alone says what went wrong there;
+    an error with no message is its type (``KafkaTimeoutError``); any other is ``Type: message``."""
+    name = type(exc).__name__
+    text = " ".join(str(exc).split())
+    if text.startswith(f"{name}: "):
+        return text[len(name) + 2 :]
+    if not text:
+        return name
+    return text if name in text else f"{name}: {text}"
+
+
 def from_settings(
     bootstrap_servers: str,
     *,
@@ -200,6 +217,10 @@ def from_settings(
             raise SecurityError(
                 f"cannot read --sasl-password-file {sasl_password_file}: {exc.strerror}"
             ) from None
+    if not all(a.strip() for a in bootstrap_servers.split(",")):
+        raise SecurityError(
+            f"--bootstrap-servers {bootstrap_servers!r}: an empty address (want HOST:PORT[,HOST:PORT...])"
+        )
     protocol = security_protocol.upper()
     if protocol not in PROTOCOLS:
         raise SecurityError(f"unknown security protocol {security_protocol!r}; known: {', '.join(PROTOCOLS)}")
@@ -217,9 +238,31 @@ def from_settings(
         sasl_username=sasl_username,
         sasl_password=Secret(sasl_password) if sasl_password else None,
     )
+    if conn.tls:  # a missing file is named now, not as the first client's TLS error
+        for flag, path in (
+            ("--ssl-cafile", ssl_cafile),
+            ("--ssl-certfile", ssl_certfile),
+            ("--ssl-keyfile", ssl_keyfile),
+        ):
+            if path is not None:
+                _check_file(flag, path)
+        conn.ssl_context()  # and a file that is no certificate or key is named now too
     if protocol == "PLAINTEXT":
         return conn.bootstrap_servers
     return conn
+
+
+def _check_file(flag: str, path: str) -> None:
+    """``path`` is a file this process can read, or :class:`SecurityError` naming ``flag`` and it."""
+    if not os.path.exists(path):
+        raise SecurityError(f"{flag} {path}: no such file")
+    if os.path.isdir(path):
+        raise SecurityError(f"{flag} {path}: is a directory, not a file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise SecurityError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
 
 
 def bootstrap_arg(p: argparse.ArgumentParser, *, required: bool) -> None:

@@ -28,6 +28,7 @@ from fleetloop.daemon.brokers import (
 )
 from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
 from fleetloop.daemon.runtime import Daemon, DaemonConfig, OnDecisions
+from fleetloop.kafka_security import error_text
 
 __all__ = ["progress", "rss_mib"]
 
@@ -98,8 +99,7 @@ async def fresh_prefix(info: BrokerInfo, name: str) -> tuple[str, bool]:
             idempotent = (await probe_capabilities(info.bootstrap_servers)).idempotent_producer
     except Exception as exc:  # one line for the user, whatever the client raised
         raise UsageError(
-            f"fleetloop bench {name}: cannot use Kafka at {info.bootstrap_servers}: "
-            f"{type(exc).__name__}: {exc}"
+            f"fleetloop bench {name}: cannot use Kafka at {info.bootstrap_servers}: {error_text(exc)}"
         ) from None
     return prefix, idempotent
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+from collections.abc import Iterator
 
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args
@@ -43,6 +46,36 @@ def quiet_client_logs() -> None:
     import logging
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+@contextlib.contextmanager
+def held_client_logs(limit: int = 200) -> Iterator[None]:
+    """The Kafka client's log records during a long-running command's start-up, held back: dropped
+    if the start-up fails (its one-line error says why, and is the only line), emitted in order
+    once it succeeds. The client's logging is as configured before and after."""
+    import logging
+
+    client = logging.getLogger("aiokafka")
+    held: collections.deque[logging.LogRecord] = collections.deque(maxlen=limit)
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record)
+
+    hold = Hold()
+    propagate = client.propagate
+    client.addHandler(hold)
+    client.propagate = False
+    started = False
+    try:
+        yield
+        started = True
+    finally:
+        client.removeHandler(hold)
+        client.propagate = propagate
+    if started:
+        for record in held:
+            logging.getLogger(record.name).handle(record)
 
 
 def door_from(window: str, max_record_bytes: int, verb: str = "run") -> Door:

@@ -13,9 +13,16 @@ import signal
 import sys
 from typing import Any
 
-from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, log_args, policy_from
+from fleetloop.daemon.cli_common import (
+    UsageError,
+    connection_from,
+    door_from,
+    held_client_logs,
+    log_args,
+    policy_from,
+)
 from fleetloop.daemon.observe.decode import Door
-from fleetloop.kafka_security import Bootstrap, bootstrap_arg, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, error_text, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
 
 
@@ -269,21 +276,22 @@ async def _run_daemon(
     from fleetloop.daemon.brokers import ensure_topics, probe_capabilities
     from fleetloop.daemon.observability import logger
     from fleetloop.daemon.runtime import Daemon, DaemonConfig
-    from fleetloop.daemon.service.health import TaskDied, one_line
+    from fleetloop.daemon.service.health import TaskDied
 
     log = logger("fleetloop.run")
     try:
-        if args.create_topics:
-            await ensure_topics(conn, args.topic_prefix)
-        else:
-            await _wait_for_topics(conn, args.topic_prefix, args.wait_for_topics)
-        idempotence = args.idempotence == "on"
-        if args.idempotence == "auto":
-            idempotence = (await probe_capabilities(conn)).idempotent_producer
+        with held_client_logs():  # an unreachable broker is one line, not the client's log first
+            if args.create_topics:
+                await ensure_topics(conn, args.topic_prefix)
+            else:
+                await _wait_for_topics(conn, args.topic_prefix, args.wait_for_topics)
+            idempotence = args.idempotence == "on"
+            if args.idempotence == "auto":
+                idempotence = (await probe_capabilities(conn)).idempotent_producer
     except UsageError:
         raise
     except Exception as exc:
-        raise UsageError(f"fleetloop run: cannot reach Kafka at {shown(conn)}: {one_line(exc)}") from None
+        raise UsageError(f"fleetloop run: cannot reach Kafka at {shown(conn)}: {error_text(exc)}") from None
     daemon = Daemon(
         DaemonConfig(
             bootstrap_servers=conn,

@@ -39,7 +39,7 @@ from fleetloop.daemon.replay.command import Progress, replay_topics
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.daemon.service.http import HttpServer, make_app
 from fleetloop.daemon.service.live import LiveView, add_routes, ledger_of
-from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.policies.registry import CompiledPolicy, compile_policy
 from fleetloop.schemas import Decision
 from fleetloop.schemas.policy import PolicyDocument
@@ -243,7 +243,7 @@ async def _demo(
             idempotent = (await probe_capabilities(bootstrap)).idempotent_producer
     except Exception as exc:  # one line for the user, whatever the client raised
         raise UsageError(
-            f"fleetloop demo: cannot use Kafka at {shown(bootstrap)}: {type(exc).__name__}: {exc}"
+            f"fleetloop demo: cannot use Kafka at {shown(bootstrap)}: {error_text(exc)}"
         ) from None
     err.print(f"broker {kind} at {shown(bootstrap)}, topics under prefix [cyan]{prefix}[/cyan]")
     holder: list[Daemon] = []

@@ -35,8 +35,7 @@ from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.runtime import read_active
-from fleetloop.daemon.service.health import one_line
-from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, document_hash, load_policy
 from fleetloop.schemas.control import ActivePolicy
 from fleetloop.schemas.policy import PolicyDocument
@@ -83,7 +82,9 @@ async def _active(conn: Bootstrap, prefix: str, group: str) -> ActivePolicy | No
         await consumer.start()
     except Exception as exc:
         await consumer.stop()
-        raise UsageError(f"cannot reach Kafka at {shown(conn)}: {type(exc).__name__}: {exc}") from None
+        raise UsageError(
+            f"fleetloop policy: cannot reach Kafka at {shown(conn)}: {error_text(exc)}"
+        ) from None
     try:
         return await read_active(consumer, topic_name(prefix, POLICY_ACTIVE), group)
     finally:
@@ -126,7 +127,9 @@ async def _publish_and_wait(
         await producer.start()
     except Exception as exc:
         await producer.stop()
-        raise UsageError(f"cannot reach Kafka at {shown(conn)}: {type(exc).__name__}: {exc}") from None
+        raise UsageError(
+            f"fleetloop policy: cannot reach Kafka at {shown(conn)}: {error_text(exc)}"
+        ) from None
     topic = topic_name(args.topic_prefix, POLICY)
     shadow = _is_shadow(policy)
     key = f"{policy.stamp.name}/shadow" if shadow else policy.stamp.name
@@ -138,7 +141,7 @@ async def _publish_and_wait(
         if isinstance(exc, TopicAuthorizationFailedError):
             hint = " (this principal may not write it: see SECURITY.md, ACLs)"
         raise UsageError(
-            f"fleetloop policy apply: cannot write {topic} at {shown(conn)}: {one_line(exc)}{hint}"
+            f"fleetloop policy apply: cannot write {topic} at {shown(conn)}: {error_text(exc)}{hint}"
         ) from None
     finally:
         await producer.stop()
@@ -252,7 +255,7 @@ def cmd_remove_shadow(args: argparse.Namespace) -> int:
             meta = await producer.send_and_wait(topic, value=None, key=f"{active.name}/shadow".encode())
         except KafkaError as exc:
             raise UsageError(
-                f"fleetloop policy remove-shadow: cannot write at {shown(conn)}: {one_line(exc)}"
+                f"fleetloop policy remove-shadow: cannot write at {shown(conn)}: {error_text(exc)}"
             ) from None
         finally:
             await producer.stop()

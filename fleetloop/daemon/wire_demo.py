@@ -37,6 +37,7 @@ from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.children import stop_child
 from fleetloop.daemon.cli_common import UsageError
+from fleetloop.kafka_security import error_text
 from fleetloop.schemas import Decision
 from fleetloop.schemas.topics import STATE, topic_name
 from fleetloop.sim.catalog import GPU_MEMORY_UTIL, node_spec
@@ -76,9 +77,7 @@ async def run_wire(
     try:
         await ensure_topics(bootstrap, prefix)
     except Exception as exc:
-        raise UsageError(
-            f"fleetloop demo: cannot use Kafka at {bootstrap}: {type(exc).__name__}: {exc}"
-        ) from None
+        raise UsageError(f"fleetloop demo: cannot use Kafka at {bootstrap}: {error_text(exc)}") from None
     logdir = Path(tempfile.mkdtemp(prefix="fleetloop-wire-"))
     scen_path = logdir / "scenario.yaml"
     scen_path.write_text(yaml.safe_dump(scenario.model_dump(mode="json", exclude_none=True), sort_keys=False))

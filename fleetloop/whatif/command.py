@@ -40,7 +40,7 @@ from pydantic import BaseModel, ValidationError
 
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import _known_policies, parse_time, read_topic
-from fleetloop.kafka_security import Bootstrap, bootstrap_arg, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, error_text, shown
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
 from fleetloop.schemas.control import ActivePolicy
 from fleetloop.schemas.decisions import Decision
@@ -209,9 +209,7 @@ async def _read(bootstrap: Bootstrap, prefix: str) -> _Recorded:
     except UsageError:
         raise
     except Exception as exc:  # one line for the user, whatever the client raised
-        raise UsageError(
-            f"{PROG}: cannot read from {shown(bootstrap)}: {type(exc).__name__}: {exc}"
-        ) from None
+        raise UsageError(f"{PROG}: cannot read from {shown(bootstrap)}: {error_text(exc)}") from None
     rec.outcomes, bad_out = _decode(raw_out, RequestOutcome)
     rec.outcomes = [o for o in rec.outcomes if o.diverted_to is None]  # a moved call's copy is no call
     rec.telemetry, bad_tel = _decode(raw_tel, NodeTelemetry)

@@ -30,7 +30,7 @@ from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door, decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_ticks
-from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.policies.registry import (
     CompiledPolicy,
     PolicyError,
@@ -377,7 +377,7 @@ async def replay_topics(
         raise
     except Exception as exc:  # one line for the user, whatever the client raised
         raise UsageError(
-            f"fleetloop replay: cannot read from {shown(bootstrap)}: {type(exc).__name__}: {exc}"
+            f"fleetloop replay: cannot read from {shown(bootstrap)}: {error_text(exc)}"
         ) from None
     log = [
         (r.offset, Decision.model_validate_json(r.value)) for rs in decided.values() for r in rs if r.value

@@ -20,7 +20,7 @@ from fleetloop import term
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import parse_time, read_topic
 from fleetloop.daemon.replay.compare import UNITS, Comparison, compare
-from fleetloop.kafka_security import bootstrap_arg, shown
+from fleetloop.kafka_security import bootstrap_arg, error_text, shown
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.topics import DECISIONS, SHADOW, topic_name
 
@@ -81,7 +81,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise
         except Exception as exc:
             raise UsageError(
-                f"fleetloop policy compare: cannot read from {shown(conn)}: {type(exc).__name__}: {exc}"
+                f"fleetloop policy compare: cannot read from {shown(conn)}: {error_text(exc)}"
             ) from None
         return _decisions(enforced), _decisions(shadow)
 

@@ -38,7 +38,7 @@ from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError, connection_from, log_args, quiet_client_logs
 from fleetloop.daemon.observability import configure, logger
 from fleetloop.daemon.rollup.fold import Figures, FleetRollup
-from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.schemas.decisions import Decision, PolicyStamp
 from fleetloop.schemas.summary import ShardSummary
 from fleetloop.schemas.topics import STATE, SUMMARIES, topic_name
@@ -113,9 +113,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     except (KafkaError, OSError) as exc:
-        raise UsageError(
-            f"fleetloop rollup: cannot reach {shown(bootstrap)}: {type(exc).__name__}: {exc}"
-        ) from None
+        raise UsageError(f"fleetloop rollup: cannot reach {shown(bootstrap)}: {error_text(exc)}") from None
     return 0
 
 

@@ -29,7 +29,10 @@ class TaskDied(RuntimeError):
 
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    name = type(exc).__name__
+    if text.startswith(f"{name}: "):  # aiokafka's errors name their own type
+        return text
+    return f"{name}: {text}" if text else name
 
 
 @dataclass(slots=True)

@@ -42,7 +42,7 @@ from fleetloop.daemon import clock
 from fleetloop.edges.cli import EdgeUsageError, connection_from, one_line_errors
 from fleetloop.edges.fleet.agents import Agents
 from fleetloop.edges.fleet.live import LiveFleet, _Lag
-from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, shown
+from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.topics import REQUESTS, STATE, topic_name
@@ -180,7 +180,7 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
             except Exception as exc:
                 where = shown(conn)
                 raise EdgeUsageError(
-                    f"fleetloop fleet: cannot use Kafka at {where}: {type(exc).__name__}: {exc}"
+                    f"fleetloop fleet: cannot use Kafka at {where}: {error_text(exc)}"
                 ) from None
             background.append(
                 asyncio.create_task(

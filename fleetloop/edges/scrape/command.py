@@ -40,7 +40,7 @@ from fleetloop.edges.scrape.convert import (
     parse_exposition,
 )
 from fleetloop.edges.scrape.runtimes import RUNTIMES
-from fleetloop.kafka_security import bootstrap_arg, connect, shown
+from fleetloop.kafka_security import bootstrap_arg, connect, error_text, shown
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import TELEMETRY, topic_name
 
@@ -183,9 +183,7 @@ async def _run(args: argparse.Namespace, targets: list[Target]) -> list[TargetSt
     except Exception as exc:
         with contextlib.suppress(Exception):
             await producer.stop()
-        raise UsageError(
-            f"fleetloop scrape: cannot use Kafka at {shown(conn)}: {type(exc).__name__}: {exc}"
-        ) from None
+        raise UsageError(f"fleetloop scrape: cannot use Kafka at {shown(conn)}: {error_text(exc)}") from None
     topic = topic_name(args.topic_prefix, TELEMETRY)
     stats = [
         TargetStats(

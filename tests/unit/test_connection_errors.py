@@ -1,0 +1,119 @@
+"""A broker that cannot be reached, or connection flags that cannot work, end every command in ONE
+line naming the problem (exit 2): the error's type at most once, no client log line before it, and
+a TLS file or an empty --bootstrap-servers named before any connection is tried."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+from fleetloop.daemon.cli import main
+from fleetloop.daemon.cli_common import held_client_logs
+from fleetloop.kafka_security import error_text
+from tests.support.policies import FOUNDATION_YAML
+from tests.support.service import FLEETLOOP
+
+REFUSED = "127.0.0.1:1"  # nothing listens: connection refused at once, no broker needed
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [FLEETLOOP, *args], capture_output=True, text=True, timeout=120, check=False, cwd=REPO, env=env
+    )
+
+
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
+    """In process: these fail before any client (or its log) exists."""
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def _one_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "starts"),
+    [
+        (["run", "--bootstrap-servers", REFUSED], f"fleetloop run: cannot reach Kafka at {REFUSED}: "),
+        (["policy", "apply", str(FOUNDATION_YAML), "--bootstrap-servers", REFUSED],
+         f"fleetloop policy: cannot reach Kafka at {REFUSED}: "),
+        (["fleet", "--scenario", "scenarios/steady-chat.yaml", "--seconds", "1", "--bootstrap-servers",
+          REFUSED], f"fleetloop fleet: cannot use Kafka at {REFUSED}: "),
+    ],
+)  # fmt: skip
+def test_an_unreachable_broker_is_one_line_naming_the_error_once(argv: list[str], starts: str) -> None:
+    line = _one_line(_cli(*argv))
+    assert line.startswith(starts + "Unable to bootstrap from"), line
+    assert "KafkaConnectionError" not in line
+    assert "[aiokafka]" not in line
+
+
+def test_a_missing_tls_file_is_named_with_its_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    ssl = ["run", "--bootstrap-servers", REFUSED, "--security-protocol", "SSL"]
+    done = _main([*ssl, "--ssl-cafile", "/nonexistent"], capsys)
+    assert _one_line(done) == "fleetloop: --ssl-cafile /nonexistent: no such file"
+
+
+def test_a_file_that_is_no_certificate_is_named_before_connecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tmp_path / "key.pem"
+    key.write_text("not a key\n")
+    ssl = ["run", "--bootstrap-servers", REFUSED, "--security-protocol", "SSL"]
+    done = _main([*ssl, "--ssl-certfile", str(tmp_path), "--ssl-keyfile", str(key)], capsys)
+    assert _one_line(done) == f"fleetloop: --ssl-certfile {tmp_path}: is a directory, not a file"
+    done = _main([*ssl, "--ssl-cafile", str(key)], capsys)
+    line = _one_line(done)
+    assert line.startswith(f"fleetloop: cannot load TLS files (--ssl-cafile {key}): "), line
+    assert "cannot reach" not in line
+
+
+@pytest.mark.parametrize("bootstrap", ["", " ", "broker:9092,"])
+def test_an_empty_bootstrap_address_is_refused(bootstrap: str, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line(_main(["run", "--bootstrap-servers", bootstrap], capsys))
+    assert line.startswith("fleetloop: --bootstrap-servers "), line
+    assert "empty address" in line
+
+
+def test_error_text_names_the_type_at_most_once() -> None:
+    assert error_text(KafkaConnectionError("Unable to bootstrap from [x]")) == "Unable to bootstrap from [x]"
+    assert error_text(KafkaTimeoutError()) == "KafkaTimeoutError"
+    assert error_text(TimeoutError()) == "TimeoutError"
+    assert error_text(ConnectionRefusedError("refused\n  twice")) == "ConnectionRefusedError: refused twice"
+
+
+def _failed_start_up(client: logging.Logger) -> None:
+    with held_client_logs():
+        client.error('Unable connect to "127.0.0.1:1"')
+        raise RuntimeError("start-up failed")
+
+
+def test_client_logs_are_dropped_when_start_up_fails_and_kept_when_it_succeeds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = logging.getLogger("aiokafka.conn")
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(RuntimeError):
+            _failed_start_up(client)
+        assert caplog.records == []
+        with held_client_logs():
+            client.warning("first")
+            client.warning("second")
+            assert caplog.records == []
+        assert [r.getMessage() for r in caplog.records] == ["first", "second"]
+        client.warning("after")  # a running command's client logs as configured
+        assert caplog.records[-1].getMessage() == "after"
+    assert logging.getLogger("aiokafka").propagate
+    assert not logging.getLogger("aiokafka").handlers
