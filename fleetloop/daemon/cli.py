@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from fleetloop import __version__
 from fleetloop.daemon.cli_common import UsageError
@@ -18,7 +19,20 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Module docstrings serve as descriptions; their reST literals read as noise in --help.
+        if isinstance(kwargs.get("description"), str):
+            kwargs["description"] = kwargs["description"].replace("``", "")
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        for action in self._actions:
+            # argparse names a missing subcommand by its internal dest ("required: policy_command").
+            if (
+                isinstance(action, argparse._SubParsersAction)
+                and message == f"the following arguments are required: {action.dest}"
+            ):
+                message = f"which command? one of: {', '.join(action.choices)}"
         raise UsageError(f"{self.prog}: {message}")
 
     def parse_known_args(  # type: ignore[override]
@@ -72,7 +86,19 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     from fleetloop.daemon.service.settings import apply_env
 
     apply_env(parser, environ)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """A subcommand registered with only a ``help`` line shows that line atop its own ``--help``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if not sub.description and helps.get(name):
+                    sub.description = str(helps[name])
+                _describe(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

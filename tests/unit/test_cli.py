@@ -160,6 +160,47 @@ def test_an_unknown_subcommand_is_one_line(capsys: pytest.CaptureFixture[str]) -
     assert "invalid choice: 'frobnicate'" in line
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            [],
+            "fleetloop: which command? one of: run, policy, replay, demo, rollup, bench, sim, whatif, "
+            "actuate, fleet, scrape",
+        ),
+        (
+            ["policy"],
+            "fleetloop policy: which command? one of: validate, apply, status, rollback, remove-shadow, "
+            "compare, diff",
+        ),
+        (["actuate"], "fleetloop actuate: which command? one of: vllm-router, haproxy"),
+    ],
+)
+def test_a_missing_subcommand_lists_the_choices_not_argparse_s_internal_name(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = one_line(capsys.readouterr().err)
+    assert err == message
+    assert "_command" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "fleet", "scrape", "sim", "whatif", "replay", "bench", "policy"])
+def test_every_subcommand_s_help_has_a_description_without_rest_markup(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    usage, _, rest = text.partition("\n\n")
+    assert usage.startswith(f"usage: fleetloop {command}")
+    description = rest.split("\n\n")[0]
+    assert description, text[:400]
+    assert not description.startswith(("options:", "positional arguments:")), text[:400]
+    assert "``" not in text
+
+
 @pytest.mark.parametrize("seconds", ["5", "9", "3601"])
 def test_demo_seconds_out_of_bounds_is_one_line(capsys: pytest.CaptureFixture[str], seconds: str) -> None:
     assert main(["demo", "--seconds", seconds]) == 2
