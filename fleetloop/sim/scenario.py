@@ -11,11 +11,19 @@ are documented in ``scenarios/README.md``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fleetloop.schemas.errors import one_line
 from fleetloop.sim.catalog import GPUS, MODELS, node_spec, sample_cold_start
@@ -24,31 +32,42 @@ Ident = str
 _IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$"  # no '/': node ids are '<pool>/<index>'
 
 
+def _not_bool(v: Any) -> Any:
+    # YAML reads `true` as a boolean, and pydantic would take it for the integer 1 (``nodes: true``).
+    if isinstance(v, bool):
+        raise ValueError("a whole number, not true/false")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+
+
 class ScenarioError(ValueError):
     """A scenario that cannot run. ``str()`` is one line naming the file and the field."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No NaN or infinity anywhere: a NaN fails every bound with a message about the bound.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Slo(_Strict):
-    ttft_ms: int = Field(gt=0)
-    tbt_ms: int = Field(gt=0)
+    ttft_ms: Int = Field(gt=0)
+    tbt_ms: Int = Field(gt=0)
 
 
 class Pool(_Strict):
     id: str = Field(pattern=_IDENT, max_length=100)
     model: str
     gpu: str
-    nodes: int = Field(ge=0, le=1000)
-    min_nodes: int = Field(default=0, ge=0, le=1000)
-    max_nodes: int | None = Field(default=None, ge=0, le=1000)
+    nodes: Int = Field(ge=0, le=1000)
+    min_nodes: Int = Field(default=0, ge=0, le=1000)
+    max_nodes: Int | None = Field(default=None, ge=0, le=1000)
     # extension: a fixed cold start in seconds; absent, each boot draws one from the published
     # phase distribution (fleetloop.sim.catalog: init, download, load, compile, capture), per `cache`
     cold_start_s: float | None = Field(default=None, ge=0.0, le=3600.0)
     cache: Literal["cached", "uncached"] = "cached"  # extension: what a booting node finds on disk
-    gpus_per_node: int | None = Field(default=None, ge=1, le=64)  # extension: tensor-parallel degree
+    gpus_per_node: Int | None = Field(default=None, ge=1, le=64)  # extension: tensor-parallel degree
     precision: Literal["bf16", "fp8"] = "bf16"  # extension: weights and KV cache in 2 or 1 bytes
 
     @field_validator("gpu")
@@ -63,6 +82,15 @@ class Pool(_Strict):
     def _known_model(cls, v: str) -> str:
         if v not in MODELS:
             raise ValueError(f"unknown model {v!r} (known: {', '.join(sorted(MODELS))})")
+        return v
+
+    @field_validator("gpus_per_node")
+    @classmethod
+    def _tensor_parallel(cls, v: int | None) -> int | None:
+        # Tensor parallelism splits a model's attention heads evenly across the GPUs (32 or 64 heads
+        # in the catalog's models), and GPU servers come in 1, 2, 4 or 8: a power of two.
+        if v is not None and v & (v - 1):
+            raise ValueError(f"{v} GPUs cannot split a model's attention heads evenly: use 1, 2, 4, 8, ...")
         return v
 
     @model_validator(mode="after")
@@ -96,14 +124,14 @@ class Pool(_Strict):
 
 class Tenant(_Strict):
     id: str = Field(pattern=_IDENT, max_length=100)
-    priority: int = Field(ge=0, le=9)
+    priority: Int = Field(ge=0, le=9)
 
 
 class TokenDist(_Strict):
     """Lognormal with this median, sigma such that ``max`` is the 99.9th percentile, clipped at max."""
 
-    median: int = Field(ge=1, le=1_000_000)
-    max: int = Field(ge=1, le=1_000_000)
+    median: Int = Field(ge=1, le=1_000_000)
+    max: Int = Field(ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _order(self) -> TokenDist:
@@ -114,7 +142,7 @@ class TokenDist(_Strict):
 
 class Client(_Strict):
     timeout_s: float = Field(gt=0.0, le=3600.0)
-    max_retries: int = Field(default=3, ge=0, le=20)
+    max_retries: Int = Field(default=3, ge=0, le=20)
     backoff_s: float = Field(default=0.5, gt=0.0, le=60.0)  # extension: base of exponential backoff
     backoff_max_s: float = Field(default=20.0, gt=0.0, le=600.0)  # extension: backoff cap
     # extension: false = a non-streaming call: the timeout bounds the whole call, and the engine never
@@ -129,10 +157,10 @@ class Workload(_Strict):
     kind: Kind
     tenant: str
     rate_per_s: float = Field(gt=0.0, le=10_000.0)
-    calls: tuple[int, int]
+    calls: tuple[Int, Int]
     prompt_tokens: TokenDist
     output_tokens: TokenDist
-    shared_prefix_tokens: int = Field(default=0, ge=0, le=1_000_000)
+    shared_prefix_tokens: Int = Field(default=0, ge=0, le=1_000_000)
     models: tuple[str, ...] = Field(min_length=1)
     deadline_s: float = Field(gt=0.0, le=86_400.0)
     client: Client
@@ -166,7 +194,7 @@ class Fault(_Strict):
     kind: FaultKind
     node: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*/[0-9]+$")
     pool: str | None = None
-    count: int | None = Field(default=None, ge=1, le=1000)
+    count: Int | None = Field(default=None, ge=1, le=1000)
     factor: float | None = Field(default=None, gt=0.0, le=1000.0)
     duration_s: float | None = Field(default=None, gt=0.0)
     tenant: str | None = None
@@ -192,7 +220,7 @@ class Fault(_Strict):
 class Scenario(_Strict):
     name: str = Field(min_length=1, max_length=200)
     description: str = ""  # extension
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    seed: Int = Field(default=0, ge=0, le=2**63 - 1)
     duration_s: float = Field(gt=0.0, le=86_400.0)
     slo: Slo
     pools: tuple[Pool, ...] = Field(min_length=1)
@@ -216,6 +244,7 @@ class Scenario(_Strict):
             if not served.intersection(w.models):
                 raise ValueError(f"workload[{i}].models: no pool serves any of {list(w.models)}")
         pools = {p.id: p for p in self.pools}
+        last_s = self.duration_s + max(w.deadline_s for w in self.workload)  # arrivals stop, tasks end
         for i, f in enumerate(self.faults):
             target = f.target_pool
             if target is not None and target not in pools:
@@ -226,6 +255,11 @@ class Scenario(_Strict):
                     raise ValueError(
                         f"faults[{i}].node: {f.node!r} does not exist at start ({pools[target].nodes} nodes)"
                     )
+            if f.at_s > last_s:
+                raise ValueError(
+                    f"faults[{i}].at_s: {f.at_s:g} s is after the last task's deadline "
+                    f"({last_s:g} s: duration_s plus the longest deadline_s), so it would never happen"
+                )
             if f.tenant is not None and f.tenant not in tenant_ids:
                 raise ValueError(f"faults[{i}].tenant: unknown tenant {f.tenant!r}")
         return self

@@ -76,6 +76,30 @@ def test_node_bounds_and_token_order(tmp_path: Path) -> None:
     assert "workload[0].prompt_tokens" in _error(tmp_path, d)
 
 
+@pytest.mark.parametrize(
+    ("where", "value", "said"),
+    [
+        (("pools", 0, "nodes"), True, "pools[0].nodes: a whole number, not true/false"),
+        (("workload", 0, "client", "max_retries"), False, "max_retries: a whole number, not true/false"),
+        (("duration_s",), float("nan"), "duration_s: Input should be a finite number"),
+        (("workload", 0, "rate_per_s"), float("inf"), "rate_per_s: Input should be a finite number"),
+        (("faults", 0, "at_s"), 1e9, "faults[0].at_s: 1e+09 s is after the last task's deadline"),
+        (("pools", 0, "gpus_per_node"), 3, "pools[0].gpus_per_node: 3 GPUs cannot split"),
+    ],
+)
+def test_values_the_types_accept_but_no_fleet_has_are_refused(
+    tmp_path: Path, where: tuple[Any, ...], value: Any, said: str
+) -> None:
+    """YAML's true read as 1 node, NaN failing a bound with a message about the bound, a fault after the
+    end that never fires, three-way tensor parallelism: each is one line naming the field."""
+    d = small_scenario_dict()
+    target = d
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = value
+    assert said in _error(tmp_path, d)
+
+
 def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
     p = tmp_path / "x.yaml"
     p.write_text("pools: [unclosed\n")
