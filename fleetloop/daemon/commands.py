@@ -47,7 +47,10 @@ def register(sub: Any) -> None:
         help="idempotent producer: auto probes the broker (the embedded one lacks it)",
     )
     run.add_argument(
-        "--create-topics", action="store_true", help="create any missing topic of the registry first"
+        "--create-topics",
+        action="store_true",
+        help="create any missing topic of the registry first (existing ones are checked either way: "
+        "exit 2 naming a topic with the wrong partition count or cleanup policy)",
     )
     run.add_argument(
         "--overload-max-ticks",
@@ -202,16 +205,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _wait_for_topics(conn: Bootstrap, prefix: str, wait_s: float) -> None:
-    """Exit 2 naming the missing topics, or wait up to ``wait_s`` for them (logged, bounded)."""
+    """Exit 2 naming the missing topics, or wait up to ``wait_s`` for them (logged, bounded); then
+    check their partition counts and cleanup policies (TopicLayoutError)."""
     from fleetloop.daemon import clock
-    from fleetloop.daemon.brokers.admin import missing_topics
+    from fleetloop.daemon.brokers.admin import missing_topics, require_topics
     from fleetloop.daemon.observability import logger
+    from fleetloop.schemas.topics import TOPICS
 
     log = logger("fleetloop.run")
     started = clock.monotonic_s()
     while True:
         missing = await missing_topics(conn, prefix)
         if not missing:
+            await require_topics(conn, prefix, sorted(TOPICS), cleanup=True)
             return
         waited = clock.monotonic_s() - started
         if waited >= wait_s:
@@ -273,7 +279,7 @@ async def _run_daemon(
     holder: list[Any],
     view: Any = None,
 ) -> int:
-    from fleetloop.daemon.brokers import ensure_topics, probe_capabilities
+    from fleetloop.daemon.brokers import TopicLayoutError, ensure_topics, probe_capabilities
     from fleetloop.daemon.observability import logger
     from fleetloop.daemon.runtime import Daemon, DaemonConfig
     from fleetloop.daemon.service.health import TaskDied
@@ -290,6 +296,8 @@ async def _run_daemon(
                 idempotence = (await probe_capabilities(conn)).idempotent_producer
     except UsageError:
         raise
+    except TopicLayoutError as exc:
+        raise UsageError(f"fleetloop run: {exc}") from None
     except Exception as exc:
         raise UsageError(f"fleetloop run: cannot reach Kafka at {shown(conn)}: {error_text(exc)}") from None
     daemon = Daemon(

@@ -21,7 +21,7 @@ from fleetloop.daemon.brokers import (
     free_ports,
     make_broker,
 )
-from fleetloop.daemon.brokers.admin import registry_topics
+from fleetloop.daemon.brokers.admin import layout_problems, registry_topics
 from fleetloop.daemon.brokers.apache import (
     POM_PATH,
     REPO_ROOT,
@@ -33,7 +33,16 @@ from fleetloop.daemon.brokers.apache import (
 )
 from fleetloop.daemon.brokers.base import tail_lines
 from fleetloop.daemon.brokers.tansu import tansu_command
-from fleetloop.schemas.topics import POLICY, STATE, TELEMETRY, TOPICS
+from fleetloop.schemas.topics import (
+    DECISIONS,
+    POLICY,
+    POLICY_ACTIVE,
+    REQUESTS,
+    STATE,
+    TELEMETRY,
+    TICKS,
+    TOPICS,
+)
 
 FETCH_SCRIPT = REPO_ROOT / "scripts" / "kafka-fetch.sh"
 
@@ -230,6 +239,50 @@ def test_registry_topics_partition_override() -> None:
     assert topics[f"p.{TELEMETRY}"].num_partitions == 1
     with pytest.raises(KeyError, match="unknown topics"):
         registry_topics("p", {"fleet.nope": 2})
+
+
+def _registry_layout(prefix: str) -> dict[str, int]:
+    return {f"{prefix}.{logical}": spec.partitions for logical, spec in TOPICS.items()}
+
+
+def test_the_registry_layout_has_no_problem_and_missing_or_foreign_topics_are_not_judged() -> None:
+    assert layout_problems("p", _registry_layout("p")) == []
+    assert layout_problems("p", {}) == []
+    assert layout_problems("p", {"q.control.policy": 4, "control.policy": 4}) == []
+    cleanup = {f"p.{logical}": spec.cleanup for logical, spec in TOPICS.items()}
+    assert layout_problems("p", _registry_layout("p"), cleanup) == []
+
+
+def test_a_topic_read_at_partition_0_must_have_exactly_its_one_partition() -> None:
+    counts = {**_registry_layout("p"), f"p.{POLICY_ACTIVE}": 4, f"p.{DECISIONS}": 2}
+    assert layout_problems("p", counts) == [
+        f"topic p.{DECISIONS} has 2 partitions, fleetloop needs 1",
+        f"topic p.{POLICY_ACTIVE} has 4 partitions, fleetloop needs 1",
+    ]
+
+
+def test_pool_keyed_inputs_may_have_any_count_but_the_same_one() -> None:
+    more = {**_registry_layout("p"), **{f"p.{lg}": 8 for lg in (TELEMETRY, REQUESTS, TICKS)}}
+    assert layout_problems("p", more) == []
+    assert layout_problems("p", {f"p.{TELEMETRY}": 1, f"p.{REQUESTS}": 1}) == []
+    mixed = {**_registry_layout("p"), f"p.{TICKS}": 8}
+    assert layout_problems("p", mixed) == [
+        f"the pool-keyed topics need one partition count, they have "
+        f"p.{TICKS} 8, p.{REQUESTS} 4, p.{TELEMETRY} 4"
+    ]
+
+
+def test_cleanup_policy_compacted_where_the_registry_compacts_and_only_there() -> None:
+    counts = _registry_layout("p")
+    assert layout_problems("p", counts, {f"p.{STATE}": "delete", f"p.{DECISIONS}": "compact,delete"}) == [
+        f"topic p.{DECISIONS} has cleanup.policy compact,delete, fleetloop needs delete",
+        f"topic p.{STATE} has cleanup.policy delete, fleetloop needs compact",
+    ]
+    # Compaction plus retention keeps the latest record per key: still compacted; unset is delete.
+    assert layout_problems("p", counts, {f"p.{STATE}": "compact,delete", f"p.{TELEMETRY}": ""}) == []
+    assert layout_problems("p", counts, {f"p.{POLICY}": ""}) == [
+        f"topic p.{POLICY} has cleanup.policy delete, fleetloop needs compact"
+    ]
 
 
 # --- scripts/kafka-fetch.sh -----------------------------------------------------------------------

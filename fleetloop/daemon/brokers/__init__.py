@@ -4,13 +4,21 @@
 - :class:`ApacheKafka`: Apache Kafka 4.x KRaft from Maven Central jars (``make kafka``); CI's broker.
 
 Both are loopback-only child processes: ``with start_broker("tansu") as broker: ...``.
-:func:`ensure_topics` creates the registry's topics; :func:`probe_capabilities` tells what a
+:func:`ensure_topics` creates the registry's missing topics after checking the existing ones;
+:func:`require_topics` checks, creating nothing; :func:`probe_capabilities` tells what a
 user-supplied broker can do.
 """
 
 from __future__ import annotations
 
-from fleetloop.daemon.brokers.admin import TopicSetupError, delete_topics, ensure_topics, probe_capabilities
+from fleetloop.daemon.brokers.admin import (
+    TopicLayoutError,
+    TopicSetupError,
+    delete_topics,
+    ensure_topics,
+    probe_capabilities,
+    require_topics,
+)
 from fleetloop.daemon.brokers.apache import KAFKA_CAPABILITIES, ApacheKafka
 from fleetloop.daemon.brokers.base import (
     BROKER_KINDS,
@@ -35,6 +43,7 @@ __all__ = [
     "BrokerStartError",
     "EmbeddedTansu",
     "ProcessBroker",
+    "TopicLayoutError",
     "TopicSetupError",
     "delete_topics",
     "ensure_topics",
@@ -42,6 +51,7 @@ __all__ = [
     "free_ports",
     "make_broker",
     "probe_capabilities",
+    "require_topics",
     "start_broker",
 ]
 

@@ -1,4 +1,13 @@
-"""Topic setup from the registry, and capability probing of a broker of unknown kind."""
+"""Topic setup from the registry, and capability probing of a broker of unknown kind.
+
+Nothing here names a topic in a Metadata request before knowing it exists: aiokafka 0.14 sends
+``allow_auto_topic_creation=True`` on every Metadata request that names topics (its
+``MetadataRequest.build`` defaults it, and neither the clients nor ``describe_topics`` let a caller
+turn it off), so a broker that auto-creates topics (Tansu always, Apache Kafka unless
+``auto.create.topics.enable=false``) would create a missing one with its default partition count
+(4 on Tansu). A request for *all* topics (``describe_topics()`` without names, ``list_topics()``)
+creates nothing, so existence and partition counts are read from that (:func:`topic_partitions`).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +20,13 @@ from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
 
 from fleetloop.daemon.brokers.base import BrokerCapabilities
 from fleetloop.daemon.clock import wall_ms
 from fleetloop.kafka_security import Bootstrap, connect
-from fleetloop.schemas.topics import TOPICS, topic_name
+from fleetloop.schemas.topics import POOL_KEYED_INPUTS, TOPICS, topic_name
 
 TOPIC_ALREADY_EXISTS: Final = 36
 REPLICATION_FACTOR: Final = 1
@@ -28,6 +39,125 @@ class TopicSetupError(RuntimeError):
         self.topic = topic
         self.error_code = error_code
         super().__init__(f"cannot create topic {topic!r}: error {error_code} ({message or 'no message'})")
+
+
+class TopicLayoutError(RuntimeError):
+    """Registry topics missing, or laid out otherwise than fleetloop relies on: ``str()`` is one line
+    without the command's name (the caller adds it)."""
+
+
+def layout_problems(
+    prefix: str, partitions: Mapping[str, int], cleanup: Mapping[str, str] | None = None
+) -> list[str]:
+    """What is wrong with the existing registry topics under ``prefix`` (one phrase each; pure).
+
+    ``partitions``: physical topic name -> partition count (topics not under ``prefix`` and
+    missing ones are ignored); ``cleanup``: physical name -> ``cleanup.policy`` where known.
+
+    - A topic the registry gives one partition must have exactly one: its readers read partition 0
+      only (control.policy, control.policy.active, control.checkpoint, control.summaries,
+      fleet.deadletter, and the state/decision topics the demo, the emulated fleet and replay read),
+      so a record keyed onto another partition is never seen.
+    - The pool-keyed inputs (fleet.telemetry, fleet.requests, control.ticks) may have any number of
+      partitions (more spread pools over more daemons, README "Sizing"), but the same number: the
+      daemon decides a pool's tick from the shard of one partition index across the three, so a
+      pool's ticks and its records must hash to the same index.
+    - A topic the registry compacts must be compacted (it holds the latest record per key: a policy,
+      the active policy, a checkpoint, desired state); one it does not must not be (compaction
+      would drop the audit and replay history). An absent ``cleanup.policy`` is Kafka's default,
+      ``delete``.
+    """
+    problems: list[str] = []
+    have = {
+        logical: partitions[name]
+        for logical in sorted(TOPICS)
+        if (name := topic_name(prefix, logical)) in partitions
+    }
+    for logical, count in have.items():
+        spec = TOPICS[logical]
+        if logical not in POOL_KEYED_INPUTS and count != spec.partitions:
+            problems.append(
+                f"topic {topic_name(prefix, logical)} has {count} partitions, "
+                f"fleetloop needs {spec.partitions}"
+            )
+    pooled = {logical: have[logical] for logical in POOL_KEYED_INPUTS if logical in have}
+    if len(set(pooled.values())) > 1:
+        shown_counts = ", ".join(f"{topic_name(prefix, lg)} {n}" for lg, n in sorted(pooled.items()))
+        problems.append(f"the pool-keyed topics need one partition count, they have {shown_counts}")
+    for logical in have:
+        name = topic_name(prefix, logical)
+        if cleanup is None or name not in cleanup:
+            continue
+        policies = {p.strip() for p in (cleanup[name] or "delete").split(",")}
+        compacted = "compact" in policies
+        if compacted != (TOPICS[logical].cleanup == "compact"):
+            problems.append(
+                f"topic {name} has cleanup.policy {cleanup[name] or 'delete'}, fleetloop needs "
+                f"{TOPICS[logical].cleanup}"
+            )
+    return problems
+
+
+async def topic_partitions(bootstrap_servers: Bootstrap) -> dict[str, int]:
+    """Every topic the broker has -> its partition count, from one all-topics Metadata request
+    (which, unlike a request naming topics, auto-creates nothing)."""
+    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        return await _partition_counts(admin)
+    finally:
+        await admin.close()
+
+
+async def _partition_counts(admin: Any) -> dict[str, int]:
+    described = await admin.describe_topics()  # no names: all topics, nothing auto-created
+    return {str(t["topic"]): len(t["partitions"]) for t in described if t["error_code"] == 0}
+
+
+async def _cleanup_policies(admin: Any, topics: list[str]) -> dict[str, str]:
+    """``cleanup.policy`` of each of ``topics`` (existing ones) the broker answers for; an empty
+    string where it answers without one. A broker that cannot answer DescribeConfigs: nothing."""
+    if not topics:
+        return {}
+    # All of each topic's configs: the embedded broker drops the connection when asked for named ones.
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]
+    try:
+        responses = await admin.describe_configs(resources)
+    except KafkaError:
+        return {}
+    out: dict[str, str] = {}
+    for response in responses:
+        for error_code, _msg, _type, name, entries in response.resources:
+            if error_code == 0:
+                out[str(name)] = str({e[0]: e[1] for e in entries}.get("cleanup.policy") or "")
+    return out
+
+
+async def require_topics(
+    bootstrap_servers: Bootstrap, prefix: str, logicals: list[str], *, cleanup: bool = False
+) -> dict[str, int]:
+    """Check, creating nothing, that the registry topics ``logicals`` exist under ``prefix`` with the
+    partition counts (and, with ``cleanup``, the ``cleanup.policy``) fleetloop relies on
+    (:func:`layout_problems`); their partition counts by physical name. Raises
+    :class:`TopicLayoutError` naming the first missing topic (in the order of ``logicals``), or
+    every misfit one."""
+    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        counts = await _partition_counts(admin)
+        wanted = list(dict.fromkeys(topic_name(prefix, logical) for logical in logicals))
+        for name in wanted:  # in the caller's order: the first it would touch is named
+            if name not in counts:
+                raise TopicLayoutError(
+                    f"topic {name} does not exist (start the daemon with --create-topics, "
+                    "or check --topic-prefix)"
+                )
+        policies = await _cleanup_policies(admin, wanted) if cleanup else None
+    finally:
+        await admin.close()
+    if problems := layout_problems(prefix, {n: counts[n] for n in wanted}, policies):
+        raise TopicLayoutError(f"{'; '.join(problems)} (see README, Topics)")
+    return {n: counts[n] for n in wanted}
 
 
 def registry_topics(prefix: str, partitions_override: Mapping[str, int] | None = None) -> list[NewTopic]:
@@ -60,7 +190,7 @@ async def create_topics(admin: Any, topics: list[NewTopic], *, timeout_s: float 
                 for t in await admin.describe_topics(sorted(expected))
                 if t["error_code"] == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
             }
-            # An existing topic may have other partition counts: it exists, which is all we promise.
+            # The callers check partition counts (ensure_topics before creating anything).
             if set(ready) >= set(expected):
                 return
             await asyncio.sleep(0.05)
@@ -69,18 +199,46 @@ async def create_topics(admin: Any, topics: list[NewTopic], *, timeout_s: float 
 async def ensure_topics(
     bootstrap_servers: Bootstrap, prefix: str, *, partitions_override: dict[str, int] | None = None
 ) -> None:
-    """Create every topic of the registry under ``prefix`` with its partitions and ``cleanup.policy``.
+    """Create every missing topic of the registry under ``prefix`` with its partitions and
+    ``cleanup.policy`` (replication factor 1), after checking the existing ones.
 
-    Replication factor 1; topics that already exist are left as they are.
+    An existing topic laid out otherwise than fleetloop relies on (:func:`layout_problems`) raises
+    :class:`TopicLayoutError` before anything is created. A missing pool-keyed input gets the
+    partition count of the existing ones, so the three stay co-partitioned.
     """
-    topics = registry_topics(prefix, partitions_override)
+    wanted = registry_topics(prefix, partitions_override)
     admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=30_000)
     await admin.start()
     try:
-        await create_topics(admin, topics)
+        counts = await _partition_counts(admin)
+        existing = sorted(str(t.name) for t in wanted if str(t.name) in counts)
+        problems = layout_problems(prefix, counts, await _cleanup_policies(admin, existing))
+        if problems:
+            raise TopicLayoutError(
+                f"{'; '.join(problems)} (delete or fix it, or use another --topic-prefix; see README, Topics)"
+            )
+        # Existing topics keep their counts; a missing pool-keyed input takes the existing ones'.
+        pooled = [counts[n] for lg in POOL_KEYED_INPUTS if (n := topic_name(prefix, lg)) in counts]
+        planned_counts = {
+            str(t.name): counts.get(
+                str(t.name), pooled[0] if pooled and lg in POOL_KEYED_INPUTS else t.num_partitions
+            )
+            for lg, t in zip(sorted(TOPICS), wanted, strict=True)
+        }
+        if problems := layout_problems(prefix, {n: c for n, c in planned_counts.items() if n not in counts}):
+            raise TopicLayoutError(f"partitions_override: {'; '.join(problems)}")
+        planned = [
+            NewTopic(
+                str(t.name), planned_counts[str(t.name)], REPLICATION_FACTOR, topic_configs=t.topic_configs
+            )
+            for t in wanted
+        ]
+        missing = [t for t in planned if str(t.name) not in counts]
+        if missing:
+            await create_topics(admin, missing)
     finally:
         await admin.close()
-    await wait_servable(bootstrap_servers, topics)
+    await wait_servable(bootstrap_servers, planned)
 
 
 async def wait_servable(
