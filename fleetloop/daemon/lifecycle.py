@@ -2,7 +2,8 @@
 
 The daemon publishes the policy it *activated* (name, version, hash, the tick it decides from, and
 the last few activations' documents) to the compacted ``control.policy.active``, keyed by consumer
-group. These commands read that record first:
+group. These commands read that record first, after checking (creating nothing) that the topics they
+read and write exist with one partition each (one line and exit 2 otherwise):
 
 - ``apply FILE`` refuses, with one line and exit 2, an invalid document, a version not newer than
   the active one, or another name than the group runs (``--other-name`` publishes it anyway, for a
@@ -33,6 +34,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
 from fleetloop.daemon import clock
+from fleetloop.daemon.brokers.admin import TopicLayoutError, require_topics
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.runtime import read_active
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
@@ -74,6 +76,21 @@ def _common(p: argparse.ArgumentParser, *, wait: bool = True) -> None:
             "--wait-s", type=float, default=30.0, metavar="S", help="wait this long for the activation"
         )
     p.add_argument("--json", action="store_true")
+
+
+async def _require(conn: Bootstrap, prefix: str, verb: str, logicals: list[str]) -> None:
+    """The topics a verb reads or writes exist with one partition each, checked creating nothing:
+    a consumer's or producer's first Metadata request for a missing topic would make an
+    auto-creating broker create it with its own default partition count (4 on Tansu), and a daemon
+    started on that topic later reads partition 0 only."""
+    try:
+        await require_topics(conn, prefix, logicals)
+    except TopicLayoutError as exc:
+        raise UsageError(f"fleetloop policy {verb}: {exc}") from None
+    except KafkaError as exc:
+        raise UsageError(
+            f"fleetloop policy: cannot reach Kafka at {shown(conn)}: {error_text(exc)}"
+        ) from None
 
 
 async def _active(conn: Bootstrap, prefix: str, group: str) -> ActivePolicy | None:
@@ -200,6 +217,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     conn = connection_from(args)
 
     async def go() -> tuple[int, dict[str, Any]]:
+        await _require(conn, args.topic_prefix, "apply", [POLICY_ACTIVE, POLICY])
         before = await _active(conn, args.topic_prefix, args.group_id)
         _check(policy, before, args.other_name, "apply")
         return await _publish_and_wait(args, conn, policy, before)
@@ -214,6 +232,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     conn = connection_from(args)
 
     async def go() -> tuple[int, dict[str, Any]]:
+        await _require(conn, args.topic_prefix, "rollback", [POLICY_ACTIVE, POLICY])
         active = await _active(conn, args.topic_prefix, args.group_id)
         if active is None:
             raise UsageError(f"fleetloop policy rollback: group {args.group_id} has no active policy")
@@ -244,6 +263,7 @@ def cmd_remove_shadow(args: argparse.Namespace) -> int:
     conn = connection_from(args)
 
     async def go() -> tuple[int, dict[str, Any]]:
+        await _require(conn, args.topic_prefix, "remove-shadow", [POLICY_ACTIVE, POLICY])
         active = await _active(conn, args.topic_prefix, args.group_id)
         current = active.shadow_document if active is not None else None
         if active is None or current is None:
@@ -296,7 +316,12 @@ def cmd_remove_shadow(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     quiet_client_logs()
     conn = connection_from(args)
-    active = asyncio.run(_active(conn, args.topic_prefix, args.group_id))
+
+    async def go() -> ActivePolicy | None:
+        await _require(conn, args.topic_prefix, "status", [POLICY_ACTIVE])
+        return await _active(conn, args.topic_prefix, args.group_id)
+
+    active = asyncio.run(go())
     if active is None:
         raise UsageError(f"fleetloop policy status: group {args.group_id} has no active policy")
     if args.json:

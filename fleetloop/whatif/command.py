@@ -193,10 +193,10 @@ async def _read(bootstrap: Bootstrap, prefix: str) -> _Recorded:
 
     async def read(logical: str, *, required: bool) -> list[Any]:
         try:
-            parts = await read_topic(bootstrap, topic_name(prefix, logical))
-        except UsageError as exc:
+            parts = await read_topic(bootstrap, topic_name(prefix, logical), verb="whatif")
+        except UsageError:
             if required:
-                raise UsageError(str(exc).replace("fleetloop replay", PROG)) from None
+                raise
             return []
         return [r for rs in parts.values() for r in rs]
 

@@ -22,11 +22,11 @@ from datetime import datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from rich.table import Table
 
 from fleetloop import term
 from fleetloop.daemon import clock
+from fleetloop.daemon.brokers.admin import topic_partitions
 from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door, decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_ticks
@@ -255,18 +255,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 async def read_topic(
-    bootstrap: Bootstrap, topic: str, progress: Callable[[str], None] | None = None
+    bootstrap: Bootstrap,
+    topic: str,
+    progress: Callable[[str], None] | None = None,
+    *,
+    verb: str = "replay",
 ) -> dict[int, list[Any]]:
-    """Every record of ``topic`` up to its end offsets now, by partition, in offset order."""
-    admin = AIOKafkaAdminClient(**connect(bootstrap))
-    await admin.start()
-    try:
-        described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    partitions = [p["partition"] for t in described if t["error_code"] == 0 for p in t["partitions"]]
-    if not partitions:
-        raise UsageError(f"fleetloop replay: topic {topic!r} does not exist at {shown(bootstrap)}")
+    """Every record of ``topic`` up to its end offsets now, by partition, in offset order.
+
+    A missing topic is a UsageError ("fleetloop VERB: topic ... does not exist"), found without
+    creating it: reading or describing it by name would make an auto-creating broker create it
+    (brokers/admin.py explains).
+    """
+    count = (await topic_partitions(bootstrap)).get(topic, 0)
+    if not count:
+        raise UsageError(
+            f"fleetloop {verb}: topic {topic} does not exist at {shown(bootstrap)} "
+            "(start the daemon with --create-topics, or check --topic-prefix)"
+        )
+    partitions = range(count)
     consumer = AIOKafkaConsumer(**connect(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
@@ -296,18 +303,13 @@ async def read_topic(
 async def _committed(bootstrap: Bootstrap, prefix: str, group: str) -> dict[str, int]:
     """A consumer group's committed offsets on the input topics: 'logical:partition' -> next offset."""
     physical = {topic_name(prefix, logical): logical for logical in (TELEMETRY, REQUESTS)}
-    admin = AIOKafkaAdminClient(**connect(bootstrap))
-    await admin.start()
-    try:
-        described = await admin.describe_topics(sorted(physical))
-    finally:
-        await admin.close()
-    tps = [
-        TopicPartition(t["topic"], p["partition"])
-        for t in described
-        if t["error_code"] == 0
-        for p in t["partitions"]
-    ]
+    counts = await topic_partitions(bootstrap)  # names none: creates none
+    if missing := sorted(set(physical) - set(counts)):
+        raise UsageError(
+            f"fleetloop replay: topic {missing[0]} does not exist at {shown(bootstrap)} "
+            "(start the daemon with --create-topics, or check --topic-prefix)"
+        )
+    tps = [TopicPartition(t, p) for t in sorted(physical) for p in range(counts[t])]
     # The group's committed offsets, asked as a member would (OffsetFetch, without joining it).
     consumer = AIOKafkaConsumer(**connect(bootstrap), group_id=group, enable_auto_commit=False)
     await consumer.start()

@@ -35,6 +35,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from fleetloop.daemon import clock
+from fleetloop.daemon.brokers.admin import TopicLayoutError, require_topics
 from fleetloop.daemon.cli_common import UsageError, connection_from, log_args, quiet_client_logs
 from fleetloop.daemon.observability import configure, logger
 from fleetloop.daemon.rollup.fold import Figures, FleetRollup
@@ -154,11 +155,10 @@ async def run_rollup(
     arrived: dict[int, float] = {}  # boundary -> monotonic time its newest summary arrived
     next_offset = 0
     try:
-        if tp.topic not in await consumer.topics():
-            raise UsageError(
-                f"fleetloop rollup: topic {tp.topic} does not exist "
-                "(fleetloop run --create-topics creates it)"
-            )
+        try:  # created by nobody here: the producer's first send would auto-create control.state
+            await require_topics(bootstrap, prefix, [SUMMARIES, STATE])
+        except TopicLayoutError as exc:
+            raise UsageError(f"fleetloop rollup: {exc}") from None
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         end = (await consumer.end_offsets([tp]))[tp]

@@ -1,0 +1,158 @@
+"""Topics are created by ``fleetloop run --create-topics`` only, and only as fleetloop reads them.
+
+aiokafka names a topic in a Metadata request with ``allow_auto_topic_creation=True`` (always), so a
+command that merely read a missing topic used to make the embedded broker create it with its own
+default of 4 partitions; a daemon started later with ``--create-topics`` accepted it, read its
+partition 0 only and never saw the records keyed onto the others (``policy status`` then said "no
+active policy" while the daemon ran one). Here, on each real broker and a prefix of its own:
+
+- every read-only command (and ``policy apply``, which writes) on a fresh prefix exits 2 with one
+  line naming the missing topic, and the broker has no topic of that prefix afterwards;
+- ``run --create-topics`` (and ``run`` without it) refuses an existing topic with the wrong
+  partition count or cleanup policy, naming it, before creating anything;
+- a missing pool-keyed input is created co-partitioned with the existing ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from fleetloop.daemon.brokers import ProcessBroker, TopicLayoutError, delete_topics, ensure_topics
+from fleetloop.daemon.brokers.admin import create_topics, registry_topics, topic_partitions
+from fleetloop.daemon.cli import main
+from fleetloop.schemas.topics import (
+    DECISIONS,
+    POLICY_ACTIVE,
+    REQUESTS,
+    STATE,
+    TELEMETRY,
+    TICKS,
+    TOPICS,
+    topic_name,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+CLASSIC = str(REPO / "fleetloop/policies/baselines/classic.yaml")
+
+
+@pytest.fixture
+async def prefix(broker: ProcessBroker) -> AsyncIterator[str]:
+    """A prefix with no topic at all (unlike ``kafka_env``); its registry topics deleted after."""
+    name = f"tl-{uuid.uuid4().hex[:10]}"
+    yield name
+    await delete_topics(broker.bootstrap_servers, name)
+
+
+async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = int(await asyncio.to_thread(main, list(argv)))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+async def _under(bootstrap: str, prefix: str) -> dict[str, int]:
+    return {t: n for t, n in (await topic_partitions(bootstrap)).items() if t.startswith(f"{prefix}.")}
+
+
+async def _create(bootstrap: str, topics: list[NewTopic]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await create_topics(admin, topics)
+    finally:
+        await admin.close()
+
+
+READ_ONLY = {
+    "policy status": (["policy", "status"], POLICY_ACTIVE),
+    "policy apply": (["policy", "apply", CLASSIC, "--wait-s", "1"], POLICY_ACTIVE),
+    "policy rollback": (["policy", "rollback", "--wait-s", "1"], POLICY_ACTIVE),
+    "policy remove-shadow": (["policy", "remove-shadow", "--wait-s", "1"], POLICY_ACTIVE),
+    "replay": (["replay"], DECISIONS),
+    "policy compare": (["policy", "compare"], DECISIONS),
+    "whatif": (["whatif", "--from", "beginning", "--to", "end", "--policy", CLASSIC], REQUESTS),
+}
+
+
+@pytest.mark.parametrize("command", sorted(READ_ONLY))
+async def test_a_command_on_a_fresh_prefix_creates_no_topic_and_says_which_is_missing(
+    broker: ProcessBroker, prefix: str, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv, missing = READ_ONLY[command]
+    bs = broker.bootstrap_servers
+    code, out, err = await _cli(capsys, *argv, "--bootstrap-servers", bs, "--topic-prefix", prefix)
+    assert code == 2, (out, err)
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert err.startswith(f"fleetloop {command}: topic {topic_name(prefix, missing)} does not exist"), err
+    assert err.rstrip().endswith("(start the daemon with --create-topics, or check --topic-prefix)"), err
+    assert await _under(bs, prefix) == {}
+
+
+@pytest.mark.parametrize("create", [True, False], ids=["create-topics", "no-create-topics"])
+async def test_run_refuses_a_topic_with_the_wrong_partition_count_naming_it(
+    broker: ProcessBroker, prefix: str, create: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a read-only command used to leave behind: control.policy.active with 4 partitions."""
+    bs = broker.bootstrap_servers
+    active = topic_name(prefix, POLICY_ACTIVE)
+    await _create(bs, [NewTopic(active, 4, 1, topic_configs={"cleanup.policy": "compact"})])
+    if not create:  # every other topic as the registry has it: only the count is wrong
+        await _create(bs, [t for t in registry_topics(prefix) if t.name != active])
+    before = await _under(bs, prefix)
+    flags = ["--create-topics"] if create else []
+    code, out, err = await _cli(
+        capsys, "run", "--bootstrap-servers", bs, "--topic-prefix", prefix, "--idempotence", "off", *flags
+    )
+    assert code == 2, (out, err)
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert err.startswith(f"fleetloop run: topic {active} has 4 partitions, fleetloop needs 1"), err
+    assert await _under(bs, prefix) == before  # refused before creating anything
+
+
+async def test_run_refuses_a_topic_with_the_wrong_cleanup_policy(
+    broker: ProcessBroker, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bs = broker.bootstrap_servers
+    state = topic_name(prefix, STATE)
+    await _create(bs, [NewTopic(state, 1, 1, topic_configs={"cleanup.policy": "delete"})])
+    code, _, err = await _cli(
+        capsys, "run", "--bootstrap-servers", bs, "--topic-prefix", prefix, "--create-topics"
+    )
+    assert code == 2
+    assert err.startswith(f"fleetloop run: topic {state} has cleanup.policy delete, fleetloop needs compact")
+    assert await _under(bs, prefix) == {state: 1}
+
+
+async def test_pool_keyed_inputs_may_have_more_partitions_but_stay_co_partitioned(
+    broker: ProcessBroker, prefix: str
+) -> None:
+    bs = broker.bootstrap_servers
+    telemetry = topic_name(prefix, TELEMETRY)
+    await _create(bs, [NewTopic(telemetry, 2, 1, topic_configs={"cleanup.policy": "delete"})])
+    await ensure_topics(bs, prefix)  # the missing inputs follow telemetry's 2, the rest the registry
+    counts = await _under(bs, prefix)
+    assert counts == {
+        topic_name(prefix, lg): 2 if lg in (TELEMETRY, REQUESTS, TICKS) else spec.partitions
+        for lg, spec in TOPICS.items()
+    }
+    await ensure_topics(bs, prefix)  # existing and right: nothing to do, nothing refused
+    other = f"tl-{uuid.uuid4().hex[:10]}"
+    try:
+        await _create(
+            bs,
+            [
+                NewTopic(topic_name(other, TELEMETRY), 2, 1),
+                NewTopic(topic_name(other, TICKS), 3, 1),
+            ],
+        )
+        with pytest.raises(TopicLayoutError, match="pool-keyed topics need one partition count"):
+            await ensure_topics(bs, other)
+    finally:
+        await delete_topics(bs, other)
