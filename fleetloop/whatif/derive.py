@@ -29,7 +29,9 @@ Workload, one entry per tenant (its most common priority):
 Fleet, one pool per ``pool_id`` seen in telemetry inside the window:
 - ``model``, ``gpu`` mapped to the simulator's catalog by name (``NVIDIA-H100-80GB-HBM3`` -> H100,
   ``meta-llama/Llama-3.1-8B-Instruct`` -> llama-8b); an unknown one is a :class:`DeriveError`.
-  ``gpus_per_node`` only where it differs from the catalog's choice (and ``precision: fp8`` when
+  ``gpus_per_node`` only where it differs from the catalog's choice and is a power of two (the
+  simulator models tensor parallelism, which splits attention heads evenly; 6 GPUs are pipeline
+  stages too, which it does not model, so the catalog's choice stands) (and ``precision: fp8`` when
   the model fits that many GPUs in FP8 only; the telemetry does not say).
 - ``nodes``: those reporting in the pool's first two intervals; ``min_nodes``/``max_nodes``: the
   fewest/most nodes reporting in any two-interval bucket of the window (the recorded autoscaler's
@@ -500,7 +502,7 @@ def _pools(
             "min_nodes": min(*counts, nodes),
             "max_nodes": max(*counts, nodes),
         }
-        if gpus != node_spec(model, gpu).gpus:
+        if gpus != node_spec(model, gpu).gpus and not gpus & (gpus - 1):
             entry["gpus_per_node"] = gpus
             if (
                 node_spec(model, gpu, gpus).kv_capacity_tokens

@@ -392,6 +392,16 @@ def test_a_model_that_fits_its_reported_gpus_in_fp8_only_runs_in_fp8() -> None:
     assert (pool["gpus_per_node"], pool.get("precision")) == (1, "fp8")
 
 
+def test_a_gpu_count_tensor_parallelism_cannot_split_keeps_the_catalog_s_choice() -> None:
+    records = [
+        tel(n, t, model="llama-70b", gpu="H100", gpu_count=6) for t in range(1, 11) for n in ("p/0", "p/1")
+    ]
+    d = derive(one_task(model="llama-70b"), records, from_ms=T0, to_ms=T0 + 10_000)
+    (pool,) = d.document["pools"]
+    assert "gpus_per_node" not in pool
+    parse_scenario(d.document)  # the derived scenario loads (a scenario refuses 6-way tensor parallelism)
+
+
 def test_a_slowdown_starts_at_the_busy_reports_without_a_token_right_before_it() -> None:
     def report(n: str, t: int) -> NodeTelemetry:
         if n != "p/2" or t < 6:
