@@ -104,6 +104,7 @@ def _describe(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from fleetloop.daemon.service.settings import EnvError
     from fleetloop.policies.registry import PolicyError
+    from fleetloop.user_input import UserInputError
 
     try:
         args = build_parser().parse_args(argv)
@@ -117,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except PolicyError as exc:
         sys.stderr.write(f"fleetloop: policy refused: {exc}\n")
+        return 2
+    except UserInputError as exc:  # fleetloop.user_input: a file or flag a command did not word itself
+        msg = str(exc)
+        sys.stderr.write(f"{msg if msg.startswith('fleetloop') else 'fleetloop: ' + msg}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("fleetloop: interrupted\n")

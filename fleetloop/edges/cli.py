@@ -12,6 +12,7 @@ from collections.abc import Callable
 from functools import wraps
 
 from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args
+from fleetloop.user_input import UserInputError
 
 
 class EdgeUsageError(Exception):
@@ -27,14 +28,15 @@ def connection_from(args: argparse.Namespace) -> Bootstrap:
 
 
 def one_line_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turn an :class:`EdgeUsageError` into one line on stderr and exit code 2."""
+    """Turn an :class:`EdgeUsageError` (or a :class:`UserInputError`) into one line on stderr and
+    exit code 2."""
 
     @wraps(handler)
     def run(args: argparse.Namespace) -> int:
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
         try:
             return handler(args)
-        except EdgeUsageError as exc:
+        except (EdgeUsageError, UserInputError) as exc:
             sys.stderr.write(f"{exc}\n")
             return 2
 

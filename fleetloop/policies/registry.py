@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-import yaml
 from pydantic import ValidationError
 
 from fleetloop.policies.base import Algorithm, Params
@@ -23,6 +22,7 @@ from fleetloop.policies.slo import DEFAULT_BOOK, SloBook
 from fleetloop.schemas.decisions import PolicyStamp
 from fleetloop.schemas.errors import one_line
 from fleetloop.schemas.policy import SECTIONS, Mode, PolicyDocument, SloSpec
+from fleetloop.user_input import UserInputError, read_yaml
 
 T = TypeVar("T")
 REGISTRY: dict[str, dict[str, type[Any]]] = {section: {} for section in SECTIONS}
@@ -127,13 +127,9 @@ def load_policy(path: str | Path) -> CompiledPolicy:
     """Read, validate and compile a policy document from a YAML file."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise PolicyError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PolicyError(f"{p}: not valid YAML{where}") from None
+        data = read_yaml(p)  # bounded, UTF-8, not empty: one line naming the file
+    except UserInputError as exc:
+        raise PolicyError(str(exc)) from None
     try:
         return compile_policy(parse_document(data, str(p)))
     except PolicyError as exc:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -27,6 +26,7 @@ from pydantic import (
 
 from fleetloop.schemas.errors import one_line
 from fleetloop.sim.catalog import GPUS, MODELS, node_spec, sample_cold_start
+from fleetloop.user_input import UserInputError, read_yaml
 
 Ident = str
 _IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$"  # no '/': node ids are '<pool>/<index>'
@@ -281,13 +281,7 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises :class:`ScenarioError` (one line) on any problem."""
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ScenarioError(f"{p}: not valid YAML{where}") from None
+        data = read_yaml(p)  # bounded, UTF-8, not empty: one line naming the file
+    except UserInputError as exc:
+        raise ScenarioError(str(exc)) from None
     return parse_scenario(data, str(p))

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from fleetloop.edges.actuate.haproxy.mapping import (
     BackendMap,
     Change,
@@ -34,6 +32,7 @@ from fleetloop.edges.actuate.haproxy.mapping import (
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError
 from fleetloop.edges.actuate.loop import Reconciler
 from fleetloop.router.state import DesiredState
+from fleetloop.user_input import UserInputError, read_yaml
 
 log = logging.getLogger("fleetloop.edges.actuate.haproxy")
 
@@ -54,9 +53,9 @@ def load_backend_map(path: str | Path) -> BackendMap:
           chat-l40s/1: s1
     """
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise BackendMapError(f"--backend-map {path}: {exc}".splitlines()[0]) from None
+        doc = read_yaml(path)
+    except UserInputError as exc:
+        raise BackendMapError(f"--backend-map {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("pools"), dict) or not doc["pools"]:
         raise BackendMapError(f"--backend-map {path}: want a mapping with a non-empty 'pools' mapping")
     pools: list[PoolMap] = []

@@ -24,9 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from fleetloop.router.state import DesiredState
+from fleetloop.user_input import UserInputError, read_yaml
 
 UNMAPPED: dict[str, str] = {
     "routing.weights (values)": "no per-worker weight: a present worker takes its policy's share",
@@ -57,9 +56,9 @@ class WorkerMap:
 def load_worker_map(path: str | Path) -> WorkerMap:
     """``pools: {chat: {chat/0: http://127.0.0.1:8001, chat/1: http://127.0.0.1:8002}}``."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise WorkerMapError(f"--worker-map {path}: {exc}".splitlines()[0]) from None
+        doc = read_yaml(path)
+    except UserInputError as exc:
+        raise WorkerMapError(f"--worker-map {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("pools"), dict) or not doc["pools"]:
         raise WorkerMapError(f"--worker-map {path}: want a mapping with a non-empty 'pools' mapping")
     pools: dict[str, dict[str, str]] = {}
