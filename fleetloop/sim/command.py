@@ -19,6 +19,7 @@ from fleetloop.policies.registry import CompiledPolicy, PolicyError, builtin_pol
 from fleetloop.sim.report import calls_within_text, causes_text
 from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import ScenarioError, load_scenario
+from fleetloop.user_input import check_seed, output_dir
 
 BASELINES = ("none", "classic", "modern")
 
@@ -135,6 +136,20 @@ def _resolve_named(name: str) -> CompiledPolicy:
     return load_policy(name)
 
 
+def compare_names(text: str) -> list[str]:
+    """``--compare A,B,...``: at least one name, none empty, none twice (each is a key of the
+    ``--json`` runs and a column of the table: a second ``default`` would run again and be lost)."""
+    names = [n.strip() for n in text.split(",")]
+    if not any(names):
+        raise PolicyError(f"--compare {text!r}: name at least one baseline or policy file")
+    if not all(names):
+        raise PolicyError(f"--compare {text!r}: an empty name between commas")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise PolicyError(f"--compare {text!r}: {', '.join(twice)} named twice")
+    return names
+
+
 def handle(args: argparse.Namespace) -> int:
     try:
         scenario = load_scenario(args.scenario)
@@ -142,15 +157,18 @@ def handle(args: argparse.Namespace) -> int:
         sys.stderr.write(f"fleetloop sim: {exc}\n")
         return 2
     try:
-        if args.compare:
-            names = [n.strip() for n in args.compare.split(",") if n.strip()]
-            policies = [(n, _resolve_named(n)) for n in names]
+        if args.compare is not None:
+            policies = [(n, _resolve_named(n)) for n in compare_names(args.compare)]
         else:
             policy = resolve_policy(args.policy, args.baseline)
     except PolicyError as exc:
         sys.stderr.write(f"fleetloop sim: {exc}\n")
         return 2
-    if args.compare:
+    # Everything a run needs is checked before it starts: no traceback, or unwritable report, at its end.
+    check_seed(args.seed, prog="fleetloop sim")
+    if args.report:
+        output_dir(args.report, flag="--report", prog="fleetloop sim")
+    if args.compare is not None:
         return _compare(args, scenario, policies)
 
     def progress(virtual_s: float, horizon_s: float) -> None:
