@@ -10,7 +10,9 @@
    its start on ``control.policy.active`` (``--recorded-policy FILE`` names it instead).
 2. Derives the window's workload, fleet and faults (:mod:`fleetloop.whatif.derive`, pure) and writes
    them as a scenario file (``--scenario-out``; default ``DIR/scenario.yaml`` with ``--report``, else
-   ``whatif-scenario.yaml``), loaded back through the simulator's own loader.
+   ``whatif-scenario.yaml`` in the current directory, which is never overwritten: a file there from
+   an earlier run is refused up front, since the user did not name it), loaded back through the
+   simulator's own loader.
 3. Runs ``fleetloop sim`` in process on it under the recorded policy and the candidate, same seed:
    KPI rows, the candidate's delta in cost per successful task, and the fidelity check (the
    recorded-policy run against what the window observed, signed errors). ``--report DIR`` writes
@@ -50,10 +52,12 @@ from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import DECISIONS, POLICY, POLICY_ACTIVE, REQUESTS, TELEMETRY, topic_name
 from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
+from fleetloop.user_input import check_seed, output_dir, output_file
 from fleetloop.whatif.compare import KPIS, comparison, fidelity, kpis, observed_kpis
 from fleetloop.whatif.derive import Derived, DeriveError, derive
 
 PROG = "fleetloop whatif"
+DEFAULT_SCENARIO_OUT = "whatif-scenario.yaml"
 _M = TypeVar("_M", bound=BaseModel)
 
 
@@ -72,7 +76,12 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="the policy the window ran (default: the one stamped on its decisions)",
     )
-    p.add_argument("--scenario-out", metavar="FILE", help="where to write the derived scenario")
+    p.add_argument(
+        "--scenario-out",
+        metavar="FILE",
+        help=f"where to write the derived scenario (default: DIR/scenario.yaml with --report, else "
+        f"{DEFAULT_SCENARIO_OUT} in the current directory, refused if it exists)",
+    )
     p.add_argument("--report", metavar="DIR", help="write index.html and PNG timelines of both runs to DIR")
     p.add_argument(
         "--seed", type=int, default=1, help="the simulator's seed, the same for both runs (default 1)"
@@ -101,8 +110,7 @@ def _progress_line(msg: str) -> None:
 
 def cmd_whatif(args: argparse.Namespace) -> int:
     quiet_client_logs()
-    if not 0 <= args.seed <= 2**63 - 101:
-        raise UsageError(f"{PROG}: --seed must be between 0 and 2**63-101, got {args.seed}")
+    check_seed(args.seed, prog=PROG)
     if not 1 <= args.seeds <= 100:
         raise UsageError(f"{PROG}: --seeds must be between 1 and 100, got {args.seeds}")
     from_ms = _time(args.from_, default=None)
@@ -111,6 +119,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         raise UsageError(f"{PROG}: --from {args.from_} is not before --to {args.to}: an empty window")
     candidate = load_policy(args.policy)  # a bad file: one line, exit 2 (PolicyError)
     recorded_override = load_policy(args.recorded_policy) if args.recorded_policy else None
+    out = _scenario_out(args)  # output paths before the broker is read and anything runs
     _progress_line(f"reading the recorded topics at {shown(connection_from(args))} ...")
     rec = asyncio.run(_read(connection_from(args), args.topic_prefix))
     lo, hi = rec.span()
@@ -125,9 +134,6 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     except DeriveError as exc:
         raise UsageError(f"{PROG}: {exc}") from None
     notes = [*rec.notes, *policy_notes, *derived.notes]
-    out = Path(
-        args.scenario_out or (Path(args.report) / "scenario.yaml" if args.report else "whatif-scenario.yaml")
-    )
     scenario = _write_scenario(out, derived)
     per_seed: list[list[tuple[str, CompiledPolicy, RunResult, dict[str, Any]]]] = []
     for seed in range(args.seed, args.seed + args.seeds):
@@ -290,6 +296,26 @@ def active_at(actives: list[ActivePolicy], at_ms: int) -> PolicyDocument | None:
 
 
 # -- writing and running ---------------------------------------------------------------------------------
+
+
+def _scenario_out(args: argparse.Namespace) -> Path:
+    """Where the derived scenario goes, checked (with ``--report``) before anything runs. A path
+    the user named (``--scenario-out``, or the ``--report`` directory it goes into) may be replaced;
+    the default in the current directory may not: a second whatif there would otherwise silently
+    overwrite the first one's scenario, which its printed rerun command still names."""
+    if args.report:
+        output_dir(args.report, flag="--report", prog=PROG)
+    if args.scenario_out:
+        return output_file(args.scenario_out, flag="--scenario-out", prog=PROG, make_parents=True)
+    if args.report:
+        return Path(args.report) / "scenario.yaml"
+    out = output_file(DEFAULT_SCENARIO_OUT, flag="--scenario-out", prog=PROG)
+    if out.exists() or out.is_symlink():
+        raise UsageError(
+            f"{PROG}: {DEFAULT_SCENARIO_OUT} exists here (an earlier whatif's?) and is not replaced "
+            "unasked: name the derived scenario's file with --scenario-out FILE"
+        )
+    return out
 
 
 def _write_scenario(path: Path, derived: Derived) -> Scenario:
