@@ -47,6 +47,7 @@ from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.topics import REQUESTS, STATE, topic_name
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
+from fleetloop.user_input import check_seed, output_file
 
 PROGRESS_EVERY_S = 5.0
 LOOP_PROBE_S = 0.05
@@ -109,6 +110,11 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     seconds = args.seconds if args.seconds is not None else scenario.duration_s
     if not 0 < seconds <= 86_400:
         raise EdgeUsageError(f"fleetloop fleet: --seconds must be in (0, 86400], got {seconds}")
+    if not 0 <= args.drain_s <= 3600:  # NaN too
+        raise EdgeUsageError(f"fleetloop fleet: --drain-s must be in [0, 3600], got {args.drain_s}")
+    check_seed(args.seed, prog="fleetloop fleet")
+    if args.nodes_file:  # before any node starts: not a traceback once they listen
+        output_file(args.nodes_file, flag="--nodes-file", prog="fleetloop fleet")
     scenario = scaled(scenario, args.scale)
     result = asyncio.run(_run(args, scenario, seconds))
     if args.json:

@@ -153,7 +153,7 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"fleetloop scrape: --gpu-count must be in [1, 64], got {args.gpu_count}")
     if not 0 <= args.usd_per_h < 1e6 or not 0 <= args.kv_gib < 1e6:
         raise UsageError("fleetloop scrape: --usd-per-h and --kv-gib must be >= 0")
-    if args.duration_s is not None and args.duration_s <= 0:
+    if args.duration_s is not None and not args.duration_s > 0:  # NaN too
         raise UsageError("fleetloop scrape: --duration-s must be > 0")
     for name, val in (("--pool", args.pool), ("--model", args.model), ("--gpu-type", args.gpu_type)):
         if val is not None and not _IDENT.match(val):

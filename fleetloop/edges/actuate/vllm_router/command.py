@@ -155,9 +155,16 @@ def register(act_sub: Any) -> None:
 
 @one_line_errors
 def handle(args: argparse.Namespace) -> int:
-    host = urlparse(args.url).hostname or ""
+    url = urlparse(args.url)
+    host = url.hostname or ""
     if not args.url.startswith("http://") or host not in ("127.0.0.1", "localhost", "::1"):
         raise UsageError(f"--url {args.url!r}: want http://127.0.0.1:PORT (loopback only)")
+    try:
+        port = url.port  # urllib refuses a port past 65535 here; the HTTP client would deep in a connect
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise UsageError(f"--url {args.url!r}: the port must be in 1..65535")
     if not 0.05 <= args.period_s <= 60:
         raise UsageError("--period-s must be in [0.05, 60]")
     if not 0 < args.fail_static_s <= 3600:
