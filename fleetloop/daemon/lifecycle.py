@@ -73,7 +73,11 @@ def _common(p: argparse.ArgumentParser, *, wait: bool = True) -> None:
     p.add_argument("--group-id", default="fleetloop", help="the daemon's consumer group (default fleetloop)")
     if wait:
         p.add_argument(
-            "--wait-s", type=float, default=30.0, metavar="S", help="wait this long for the activation"
+            "--wait-s",
+            type=float,
+            default=30.0,
+            metavar="S",
+            help="seconds to wait for the daemon to take the change (default 30)",
         )
     p.add_argument("--json", action="store_true")
 
@@ -193,7 +197,9 @@ async def _publish_and_wait(
     return 1, out
 
 
-def _report(code: int, out: dict[str, Any], as_json: bool, verb: str) -> int:
+def _report(code: int, out: dict[str, Any], as_json: bool, verb: str, command: str) -> int:
+    """The outcome on one line: ``verb`` ("applied") on success on stdout; a refusal or a timeout on
+    stderr under the command's name ("fleetloop policy apply: ..."), never read as a success."""
     if as_json:
         sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
         return code
@@ -203,10 +209,10 @@ def _report(code: int, out: dict[str, Any], as_json: bool, verb: str) -> int:
     if out.get("activated"):
         sys.stdout.write(f"{verb}  {what}  active from tick {out['from_tick_id']} (group {out['group']})\n")
     elif "refused" in out:
-        sys.stderr.write(f"fleetloop policy {verb}: the daemon refused {what}: {out['refused']}\n")
+        sys.stderr.write(f"fleetloop policy {command}: the daemon refused {what}: {out['refused']}\n")
     else:
         where = f"at offset {out['offset']}"
-        sys.stderr.write(f"fleetloop policy {verb}: published {what} {where}; {out['error']}\n")
+        sys.stderr.write(f"fleetloop policy {command}: published {what} {where}; {out['error']}\n")
     return code
 
 
@@ -223,7 +229,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         return await _publish_and_wait(args, conn, policy, before)
 
     code, out = asyncio.run(go())
-    return _report(code, out, args.json, "applied")
+    return _report(code, out, args.json, "applied", "apply")
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
@@ -254,7 +260,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         return await _publish_and_wait(args, conn, policy, active)
 
     code, out = asyncio.run(go())
-    return _report(code, out, args.json, "rolled back")
+    return _report(code, out, args.json, "rolled back", "rollback")
 
 
 def cmd_remove_shadow(args: argparse.Namespace) -> int:
