@@ -217,6 +217,11 @@ def from_settings(
             raise SecurityError(
                 f"cannot read --sasl-password-file {sasl_password_file}: {exc.strerror}"
             ) from None
+        except UnicodeDecodeError as exc:
+            raise SecurityError(
+                f"--sasl-password-file {sasl_password_file}: not UTF-8 text "
+                f"(byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+            ) from None
     if not all(a.strip() for a in bootstrap_servers.split(",")):
         raise SecurityError(
             f"--bootstrap-servers {bootstrap_servers!r}: an empty address (want HOST:PORT[,HOST:PORT...])"

@@ -80,6 +80,18 @@ def test_a_file_that_is_no_certificate_is_named_before_connecting(
     assert "cannot reach" not in line
 
 
+def test_a_password_file_that_is_not_text_is_named_with_its_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"\xc1\x00binary")
+    sasl = ["run", "--bootstrap-servers", REFUSED, "--security-protocol", "SASL_PLAINTEXT"]
+    done = _main([*sasl, "--sasl-username", "u", "--sasl-password-file", str(secret)], capsys)
+    assert (
+        _one_line(done) == f"fleetloop: --sasl-password-file {secret}: not UTF-8 text (byte 0xc1 at offset 0)"
+    )
+
+
 @pytest.mark.parametrize("bootstrap", ["", " ", "broker:9092,"])
 def test_an_empty_bootstrap_address_is_refused(bootstrap: str, capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_line(_main(["run", "--bootstrap-servers", bootstrap], capsys))
