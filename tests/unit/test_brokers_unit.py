@@ -384,3 +384,25 @@ def test_leftover_task_guard_fails_an_async_test_that_leaks(tmp_path: Path) -> N
     assert "3 passed, 1 error" in done.stdout, done.stdout
     assert "ERROR at teardown of test_leaks" in done.stdout
     assert "left 1 asyncio task(s) running" in done.stdout
+
+
+def test_a_missing_topic_seen_by_a_sasl_user_may_be_hidden_by_an_acl() -> None:
+    """A broker lists only the topics a principal may describe: for a SASL user, "does not exist" is
+    said with the other reason, since asking by name to tell them apart would create the topic."""
+    from fleetloop.daemon.brokers.admin import missing_topic
+    from fleetloop.kafka_security import KafkaConnection, Secret
+
+    plain = missing_topic("p.control.policy", "127.0.0.1:9092")
+    assert plain.startswith("topic p.control.policy does not exist (start the daemon with --create-topics")
+    assert "authoriz" not in plain
+    user = KafkaConnection(
+        "127.0.0.1:9093",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_username="intruder",
+        sasl_password=Secret("pw"),
+    )
+    said = missing_topic("p.control.policy", user, " at 127.0.0.1:9093")
+    assert said.startswith("topic p.control.policy does not exist at 127.0.0.1:9093, or user 'intruder' ")
+    assert "not authorized to describe it" in said
+    assert "pw" not in said

@@ -407,15 +407,17 @@ def test_topic_registry_keys_are_the_logical_names() -> None:
     assert TOPICS["control.shadow"].value is Decision
 
 
-def test_the_readme_topics_table_lists_every_registry_topic_with_its_cleanup() -> None:
+def test_the_readme_topics_table_lists_every_registry_topic_with_its_cleanup_and_partitions() -> None:
     from pathlib import Path
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     section = readme.split("## Topics", 1)[1].split("\n## ", 1)[0]
-    rows = {
-        cells[0]: cells[-1]
+    table = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
         for line in section.splitlines()
-        if line.startswith("| ") and not line.startswith("| topic")
-        for cells in [[c.strip() for c in line.strip("|").split("|")]]
-    }
-    assert rows == {name: spec.cleanup for name, spec in TOPICS.items()}
+        if line.startswith("| ")
+    ]
+    header = table[0]
+    cleanup, partitions = header.index("cleanup"), header.index("partitions")
+    rows = {cells[0]: (cells[cleanup], cells[partitions].split()[0]) for cells in table[1:]}
+    assert rows == {name: (spec.cleanup, str(spec.partitions)) for name, spec in TOPICS.items()}

@@ -133,6 +133,18 @@ async def _cleanup_policies(admin: Any, topics: list[str]) -> dict[str, str]:
     return out
 
 
+def missing_topic(name: str, bootstrap_servers: Bootstrap, where: str = "") -> str:
+    """Why ``name`` is not in the broker's topic list, in words: it does not exist, or (for a SASL
+    principal) an ACL hides it. A broker lists only the topics the principal may describe, and asking
+    for the topic by name to tell the two apart would create it on an auto-creating broker."""
+    user = getattr(bootstrap_servers, "sasl_username", None)
+    hidden = f", or user {user!r} is not authorized to describe it (check the ACLs)" if user else ""
+    return (
+        f"topic {name} does not exist{where}{hidden} "
+        "(start the daemon with --create-topics, or check --topic-prefix)"
+    )
+
+
 async def require_topics(
     bootstrap_servers: Bootstrap, prefix: str, logicals: list[str], *, cleanup: bool = False
 ) -> dict[str, int]:
@@ -148,10 +160,7 @@ async def require_topics(
         wanted = list(dict.fromkeys(topic_name(prefix, logical) for logical in logicals))
         for name in wanted:  # in the caller's order: the first it would touch is named
             if name not in counts:
-                raise TopicLayoutError(
-                    f"topic {name} does not exist (start the daemon with --create-topics, "
-                    "or check --topic-prefix)"
-                )
+                raise TopicLayoutError(missing_topic(name, bootstrap_servers))
         policies = await _cleanup_policies(admin, wanted) if cleanup else None
     finally:
         await admin.close()

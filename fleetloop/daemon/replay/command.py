@@ -26,7 +26,7 @@ from rich.table import Table
 
 from fleetloop import term
 from fleetloop.daemon import clock
-from fleetloop.daemon.brokers.admin import topic_partitions
+from fleetloop.daemon.brokers.admin import missing_topic, topic_partitions
 from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door, decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_ticks
@@ -269,10 +269,7 @@ async def read_topic(
     """
     count = (await topic_partitions(bootstrap)).get(topic, 0)
     if not count:
-        raise UsageError(
-            f"fleetloop {verb}: topic {topic} does not exist at {shown(bootstrap)} "
-            "(start the daemon with --create-topics, or check --topic-prefix)"
-        )
+        raise UsageError(f"fleetloop {verb}: {missing_topic(topic, bootstrap, f' at {shown(bootstrap)}')}")
     partitions = range(count)
     consumer = AIOKafkaConsumer(**connect(bootstrap), enable_auto_commit=False)
     await consumer.start()
@@ -306,8 +303,7 @@ async def _committed(bootstrap: Bootstrap, prefix: str, group: str) -> dict[str,
     counts = await topic_partitions(bootstrap)  # names none: creates none
     if missing := sorted(set(physical) - set(counts)):
         raise UsageError(
-            f"fleetloop replay: topic {missing[0]} does not exist at {shown(bootstrap)} "
-            "(start the daemon with --create-topics, or check --topic-prefix)"
+            f"fleetloop replay: {missing_topic(missing[0], bootstrap, f' at {shown(bootstrap)}')}"
         )
     tps = [TopicPartition(t, p) for t in sorted(physical) for p in range(counts[t])]
     # The group's committed offsets, asked as a member would (OffsetFetch, without joining it).
