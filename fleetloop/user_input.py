@@ -6,7 +6,9 @@ bad flag or file is one line on stderr and exit code 2, never a traceback):
 - :func:`read_text` reads a user-supplied input file (a scenario, a policy document, an actuator's
   map): a regular file of at most :data:`MAX_INPUT_BYTES`, UTF-8. Anything else (a missing file, a
   directory, ``/dev/zero``, a binary file) is a :class:`UserInputError` naming the file and, for
-  bad UTF-8, the byte offset. :func:`read_yaml` adds the YAML parse and refuses an empty document.
+  bad UTF-8, the byte offset. :func:`read_yaml` adds the YAML parse and refuses an empty document,
+  and one nested past what the parser can compose (PyYAML composes recursively: a few hundred
+  levels of ``[[[...]]]`` end in a RecursionError, a traceback, well inside the size cap).
 - :func:`output_dir` and :func:`output_file` check an output path (``--report DIR``,
   ``--nodes-file PATH``) *before* a command runs anything long: a run is not thrown away at its end
   because its report cannot be written.
@@ -75,6 +77,8 @@ def read_yaml(path: str | Path) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise UserInputError(f"{p}: not valid YAML{where}") from None
+    except RecursionError:
+        raise UserInputError(f"{p}: nested too deeply to read (a document is a few levels deep)") from None
     if data is None:
         raise UserInputError(f"{p} is empty")
     return data

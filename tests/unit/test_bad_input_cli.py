@@ -4,7 +4,8 @@ code 2, never a traceback, and (the point of checking up front) before anything 
 broker is asked: every row here finishes in well under a second (brokers at 127.0.0.1:9 refuse).
 
 Placeholders in an argv: BIN (a binary, non-UTF-8 file), EMPTY (an empty file), S (a shipped
-scenario), P (the shipped default policy), FILE (an existing regular file), WM (a valid worker map);
+scenario), P (the shipped default policy), FILE (an existing regular file), WM (a valid worker map),
+DEEP (YAML nested 1,000 deep);
 in a message, ``{BIN}`` etc. stand for the same paths.
 """
 
@@ -42,6 +43,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("policy-validate-dev-zero", ["policy", "validate", "/dev/zero"], "invalid  /dev/zero: cannot read (not a regular file)"),
     ("sim-scenario-empty", ["sim", "--scenario", "EMPTY"], "fleetloop sim: {EMPTY} is empty"),
     ("policy-validate-empty", ["policy", "validate", "EMPTY"], "invalid  {EMPTY} is empty"),
+    # -- YAML nested past the parser's recursion (a few KiB, far inside the size cap)
+    ("sim-scenario-deep", ["sim", "--scenario", "DEEP"], "fleetloop sim: {DEEP}: nested too deeply to read"),
+    ("policy-validate-deep", ["policy", "validate", "DEEP"], "invalid  {DEEP}: nested too deeply to read"),
+    ("run-policy-deep", ["run", *BROKER, "--policy", "DEEP"], "fleetloop: policy refused: {DEEP}: nested too deeply"),
     # -- seeds numpy would refuse with a traceback
     ("sim-seed-negative", ["sim", "--scenario", "S", "--seed", "-1"], "fleetloop sim: --seed must be between 0 and 2**63-101, got -1"),
     ("fleet-seed-negative", ["fleet", "--scenario", "S", "--seed", "-1"], "fleetloop fleet: --seed must be between 0 and 2**63-101, got -1"),
@@ -70,11 +75,13 @@ def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "bin.yaml").write_bytes(b"a: \xff\xfe\x00binary")
     (tmp_path / "empty.yaml").write_text("# nothing but a comment\n")
     (tmp_path / "file.txt").write_text("a regular file\n")
+    (tmp_path / "deep.yaml").write_text("spec: " + "[" * 1000 + "]" * 1000 + "\n")
     (tmp_path / "wm.yaml").write_text("pools: {p: {p/0: 'http://127.0.0.1:1'}}\n")
     return {
         "BIN": str(tmp_path / "bin.yaml"),
         "EMPTY": str(tmp_path / "empty.yaml"),
         "FILE": str(tmp_path / "file.txt"),
+        "DEEP": str(tmp_path / "deep.yaml"),
         "WM": str(tmp_path / "wm.yaml"),
         "S": str(REPO_ROOT / "scenarios" / "steady-chat.yaml"),
         "P": str(REPO_ROOT / "policies" / "default.yaml"),

@@ -110,3 +110,20 @@ def test_progress_prints_only_after_its_interval_and_never_with_json(
         "fleetloop replay: 600 of 1,000 ticks replayed (60%) (6 s)",
         "fleetloop replay: 800 of 1,000 ticks replayed (80%) (8 s)",
     ]
+
+
+def test_a_hostile_policy_record_does_not_end_a_replay() -> None:
+    """control.policy takes any bytes a producer sends (the daemon refuses a bad document and keeps
+    its policy): replay reads the same records to know every policy a decision may be stamped with,
+    and a record nested past the decoder's depth is skipped like any other bad one, not a
+    RecursionError that ends the replay."""
+    from types import SimpleNamespace
+
+    from fleetloop.daemon.replay.command import _known_policies
+    from fleetloop.policies.registry import builtin_policy
+
+    deep = SimpleNamespace(value=b"[" * 100_000 + b"]" * 100_000)
+    garbage = SimpleNamespace(value=b"\xff not json")
+    known = _known_policies([deep, garbage])
+    assert builtin_policy("default").stamp.hash in known
+    assert len(known) == 3  # default, none, classic

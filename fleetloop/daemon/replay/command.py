@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rich.table import Table
 
@@ -427,7 +428,9 @@ def _known_policies(records: list[Any]) -> dict[str, CompiledPolicy]:
     candidates = [builtin_policy(name) for name in ("default", "none", "classic")]
     for r in records:
         try:
-            data = json.loads(r.value)
+            # orjson, as the daemon decodes control.policy: its depth limit makes a hostile record
+            # nested past it a ValueError (skipped), where json's recursion would end the replay.
+            data = orjson.loads(r.value)
             docs = [a["document"] for a in data["history"]] if "history" in data else [data]
             candidates.extend(compile_policy(parse_document(d)) for d in docs)
         except (PolicyError, ValueError, KeyError, TypeError):
