@@ -353,3 +353,109 @@ def test_no_request_gauges_is_no_record() -> None:
     assert rec is not None
     assert rec.running_requests == 5
     assert rec.queue_depth == 0
+
+
+def _only(text: str, *prefixes: str) -> str:
+    """``text`` with only the metrics whose names start with ``prefixes`` (and the process' start)."""
+
+    def name(line: str) -> str:
+        return line.split()[2] if line.startswith(("# HELP ", "# TYPE ")) else line
+
+    keep = (*prefixes, "process_start_time_seconds")
+    return "".join(ln + "\n" for ln in text.splitlines() if name(ln).startswith(keep))
+
+
+def _feed(conv: Converter, pages: list[str]) -> list[NodeTelemetry | None]:
+    return [
+        conv.update(parse_exposition(t), ts_ms=1 + i, mono_ms=1000 * (i + 1)) for i, t in enumerate(pages)
+    ]
+
+
+VLLM_ANY = "release unknown: 0.33.0 (V1) or 0.8.5 (V1, before the renames) or 0.6.6 (V0)"
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+@pytest.mark.parametrize("name", ["vllm-0.33.0", "vllm-0.8.5", "vllm-0.6.6"])
+def test_a_page_with_only_the_request_gauges_claims_no_release(name: str) -> None:
+    """Every vLLM release spells the request gauges alike: a page with only those (a proxy's
+    re-export, a scrape allow-list) is no particular release, whichever engine served it."""
+    pages = [_only(_scrape(name, n), *GAUGES) for n in (1, 2)]
+    expo = parse_exposition(pages[1])
+    assert expo.names() >= set(GAUGES)
+    assert not expo.names() - {*GAUGES, "process_start_time_seconds"}
+    rel = detect("vllm", expo.names())
+    assert rel is not None
+    assert rel.version == VLLM_ANY
+    assert [r.version for r in rel.candidates] == [r.version for r in RELEASES["vllm"]]
+    conv = _converter("vllm")
+    recs = _feed(conv, pages)
+    assert conv.release is not None
+    assert conv.release.version == VLLM_ANY
+    rec = recs[1]
+    assert rec is not None  # the load is measured, whichever release it is
+    assert rec.running_requests == 5
+    assert rec.queue_depth == 2
+    assert rec.model == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_an_unknown_release_reads_what_its_releases_read_alike() -> None:
+    """A V0 page without the names that tell releases apart (KV usage, the prefix hit rate, TBT):
+    every release reads its tokens, TTFT and ``finished_reason=stop/length`` completions alike."""
+    strip = ("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache", "vllm:time_per_output_token")
+    pages = [_without(_scrape("vllm-0.6.6", n), *strip) for n in (1, 2)]
+    conv = _converter("vllm")
+    recs = _feed(conv, pages)
+    assert conv.release is not None
+    assert conv.release.version == VLLM_ANY
+    rec = recs[1]
+    assert rec is not None
+    assert (rec.running_requests, rec.queue_depth) == (5, 2)
+    assert (rec.prompt_tokens, rec.output_tokens, rec.preemptions) == (1500, 800, 1)
+    assert rec.requests_completed == 5
+    assert rec.ttft_p50_ms is not None
+    assert rec.tbt_p50_ms is None
+
+
+def test_an_unknown_release_that_would_read_a_field_differently_is_no_record() -> None:
+    """A V1 page without KV usage, prefix counters and inter-token latency: V1 counts
+    ``finished_reason=abort`` as a timeout and ``error`` as an error, the V0 mapping counts both as
+    completed. Any of those numbers would be a guess, so the page is a failed scrape."""
+    strip = ("vllm:kv_cache_usage_perc", "vllm:prefix_cache", "vllm:inter_token_latency")
+    conv = _converter("vllm")
+    for n in (1, 2):
+        page = _without(_scrape("vllm-0.33.0", n), *strip)
+        assert 'finished_reason="abort"' in page
+        with pytest.raises(MissingMetrics, match=r"^vllm release unknown: .* requests_completed") as info:
+            conv.update(parse_exposition(page), ts_ms=n, mono_ms=1000 * n)
+        assert "errors" in str(info.value)
+        assert "timeouts" in str(info.value)
+        assert "tell those releases apart" in info.value.hint
+    assert conv.release is not None
+    assert conv.release.version == VLLM_ANY
+    # the baseline is untouched: the next full page is a baseline, then a record
+    assert conv.update(parse_exposition(_scrape("vllm-0.33.0", 1)), ts_ms=3, mono_ms=3000) is None
+    rec = conv.update(parse_exposition(_scrape("vllm-0.33.0", 2)), ts_ms=4, mono_ms=4000)
+    assert rec is not None
+    assert rec.timeouts == 1
+    assert conv.release is not None
+    assert conv.release.version == "0.33.0 (V1)"
+
+
+def test_a_histogram_name_tells_releases_apart() -> None:
+    """``time_per_output_token_seconds`` (a histogram: only its ``_bucket``/``_count``/``_sum`` are on
+    the page) is V0's and 0.8.5's spelling, not 0.33's: the page is one of those two, and its TBT is read."""
+    pages = [_only(_scrape("vllm-0.8.5", n), *GAUGES, "vllm:time_per_output_token") for n in (1, 2)]
+    rel = detect("vllm", parse_exposition(pages[1]).names())
+    assert rel is not None
+    assert rel.version == "release unknown: 0.8.5 (V1, before the renames) or 0.6.6 (V0)"
+    conv = _converter("vllm")
+    recs = _feed(conv, pages)
+    rec = recs[1]
+    assert rec is not None
+    assert rec.tbt_p50_ms is not None
+    assert rec.tbt_p50_ms < 30.0 < (rec.tbt_p99_ms or 0.0)
+    # and a full page of each release is still that release: every fixture case above says so
+    for name in ("vllm-0.33.0", "vllm-0.8.5", "vllm-0.6.6"):
+        full = detect("vllm", parse_exposition(_scrape(name, 2)).names())
+        assert full is not None
+        assert not full.candidates

@@ -19,6 +19,12 @@
 - **Another server's page** (none of the runtime's core names: node_exporter, another runtime) and
   a page without both request gauges (the record would claim an idle node) are a
   :class:`MissingMetrics`: no record, and the baseline stays the last page that was read.
+- **An unknown release** (the page's names fit several releases equally, see
+  :func:`~fleetloop.edges.scrape.runtimes.detect`): a field is read only when every candidate
+  release reads it from the same series of the page at the same scale (or none reads it). When they
+  would read a field the page carries differently (V1 counts ``finished_reason=abort`` as a
+  timeout, the V0 mapping as completed), picking one would invent the value: a
+  :class:`MissingMetrics` too.
 - **The first scrape** of a target publishes nothing: it is the baseline every increase needs, and a
   record with zero counters would claim a rate nobody measured. So does the first scrape after a
   gap longer than ``MAX_INTERVAL_MS``.
@@ -124,6 +130,40 @@ def _present(expo: Exposition, src: Source) -> bool:
     return src.name in expo.samples or f"{src.name}_bucket" in expo.samples
 
 
+def _first_present(expo: Exposition, sources: tuple[Source, ...]) -> Source | None:
+    return next((s for s in sources if _present(expo, s)), None)
+
+
+def _series(expo: Exposition, src: Source) -> frozenset[SeriesKey]:
+    """The series of the page ``src`` reads (a histogram's by its ``_bucket`` samples)."""
+    name = src.name if src.name in expo.samples else f"{src.name}_bucket"
+    return frozenset(_key(name, labels) for labels, _ in expo.samples.get(name, ()) if src.matches(labels))
+
+
+def read_plan(expo: Exposition, release: Release) -> tuple[dict[str, Source], tuple[str, ...]]:
+    """Which source each field is read from on this page, and the fields an unknown release's
+    candidates would read differently from it (those are read from nothing)."""
+    if not release.candidates:
+        plan = {f: s for f, srcs in release.fields.items() if (s := _first_present(expo, srcs)) is not None}
+        return plan, ()
+    plan = {}
+    disputed: list[str] = []
+    for f in FIELD_KINDS:
+        readings: set[tuple[frozenset[SeriesKey], float] | None] = set()
+        chosen: Source | None = None
+        for r in release.candidates:
+            src = _first_present(expo, r.fields.get(f, ()))
+            series = _series(expo, src) if src is not None else frozenset()
+            readings.add((series, src.scale) if src is not None and series else None)
+            if src is not None and series and chosen is None:
+                chosen = src
+        if len(readings) > 1:
+            disputed.append(f)
+        elif chosen is not None:
+            plan[f] = chosen
+    return plan, tuple(disputed)
+
+
 def _finite(v: float) -> bool:
     return not (math.isnan(v) or math.isinf(v))
 
@@ -160,6 +200,12 @@ class Converter:
                 f"no {self.runtime} request gauges ({', '.join(sorted(load))})",
                 "a record would claim an idle node",
             )
+        plan, disputed = read_plan(expo, release)
+        if disputed:
+            raise MissingMetrics(
+                f"{self.runtime} {release.version}: they read {', '.join(disputed)} differently",
+                "the page lacks the names that tell those releases apart",
+            )
         st = self._st
         start = self._process_start(expo)
         restarted = st.process_start is not None and start is not None and start != st.process_start
@@ -171,13 +217,8 @@ class Converter:
         hists: dict[str, list[tuple[float, float]]] = {}
         new_counters: dict[SeriesKey, float] = {}
         new_buckets: dict[SeriesKey, dict[float, float]] = {}
-        for fname, sources in release.fields.items():
+        for fname, src in plan.items():
             kind = FIELD_KINDS[fname]
-            src = next(
-                (s for s in sources if s.name in expo.samples or f"{s.name}_bucket" in expo.samples), None
-            )
-            if src is None:
-                continue
             if kind in {"gauge_sum", "gauge_max"}:
                 g = self._gauge(expo, src, kind)
                 if g is not None:

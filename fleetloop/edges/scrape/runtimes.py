@@ -12,8 +12,12 @@ A runtime has several releases whose spellings differ (vLLM V0 -> V1 renamed
 ``gpu_cache_usage_perc`` -> ``kv_cache_usage_perc``, ``time_per_output_token_seconds`` ->
 ``inter_token_latency_seconds``, ``gpu_prefix_cache_*`` -> ``prefix_cache_*``; TensorRT-LLM's
 Triton backend and ``trtllm-serve`` share nothing). :func:`detect` picks, per scrape, the release
-whose names the exposition carries most of (ties go to the newest), so one ``--runtime vllm``
-reads every vLLM release listed here; a page that carries none of a runtime's names has no release.
+whose names the exposition carries most of (a histogram counts by its ``_bucket`` samples), so one
+``--runtime vllm`` reads every vLLM release listed here; a page that carries none of a runtime's
+names has no release. A page whose names fit several releases equally (only the request gauges,
+which every vLLM release spells alike) gets no release it cannot show: it is an *unknown* release
+(:attr:`Release.candidates` holds the ones it may be), which the converter reads only where all of
+them read the page alike.
 
 What a page needs to be read (:data:`CORE_FIELDS`, :data:`LOAD_FIELDS`): a page without any of the
 runtime's core names (request gauges, KV usage) is some other server's; one without both request
@@ -90,6 +94,9 @@ class Release:
     fields: dict[str, tuple[Source, ...]]
     model_labels: tuple[str, ...] = ("model_name",)
     notes: tuple[str, ...] = field(default=())
+    # Not empty: the page's names fit each of these releases equally, so which one it is is unknown;
+    # ``fields`` then holds every source any of them reads (the converter checks they agree).
+    candidates: tuple[Release, ...] = ()
 
     def names(self) -> frozenset[str]:
         return frozenset(s.name for srcs in self.fields.values() for s in srcs)
@@ -270,18 +277,38 @@ RELEASES: dict[str, tuple[Release, ...]] = {
 RUNTIMES: tuple[str, ...] = tuple(RELEASES)
 
 
+def _carried(names: frozenset[str], present: frozenset[str] | set[str]) -> frozenset[str]:
+    """The ``names`` a page carries: a histogram's base name by its ``_bucket`` samples."""
+    return frozenset(n for n in names if n in present or f"{n}_bucket" in present)
+
+
+def unknown_release(candidates: tuple[Release, ...]) -> Release:
+    """The label of a page whose names fit each of ``candidates`` (two or more releases of one
+    runtime) equally: it says which releases it may be, never picks one."""
+    fields: dict[str, tuple[Source, ...]] = {}
+    for r in candidates:
+        for f, srcs in r.fields.items():
+            fields[f] = fields.get(f, ()) + tuple(s for s in srcs if s not in fields.get(f, ()))
+    return Release(
+        candidates[0].runtime,
+        "release unknown: " + " or ".join(r.version for r in candidates),
+        "; ".join(r.source for r in candidates),
+        fields,
+        model_labels=tuple(dict.fromkeys(lb for r in candidates for lb in r.model_labels)),
+        candidates=candidates,
+    )
+
+
 def detect(runtime: str, present: frozenset[str] | set[str]) -> Release | None:
-    """The release of ``runtime`` whose names ``present`` carries most of (ties: the newest), or None
+    """The release of ``runtime`` whose names ``present`` carries most of; when several carry as
+    many (the page lacks the names that tell them apart), an unknown release naming them all; None
     when ``present`` carries none of any release's core names: no evidence it is ``runtime`` at all."""
-    if not any(r.names_of(CORE_FIELDS) & present for r in RELEASES[runtime]):
+    releases = RELEASES[runtime]
+    if not any(_carried(r.names_of(CORE_FIELDS), present) for r in releases):
         return None
-    best: Release | None = None
-    best_hits = -1
-    for r in RELEASES[runtime]:  # newest first, so a tie keeps the newer
-        hits = len(r.names() & present)
-        if hits > best_hits:
-            best, best_hits = r, hits
-    return best
+    hits = [len(_carried(r.names(), present)) for r in releases]
+    best = tuple(r for r, h in zip(releases, hits, strict=True) if h == max(hits))
+    return best[0] if len(best) == 1 else unknown_release(best)
 
 
 FIELD_LABELS: dict[str, str] = {
