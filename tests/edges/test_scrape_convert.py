@@ -427,6 +427,7 @@ def test_an_unknown_release_that_would_read_a_field_differently_is_no_record() -
         assert 'finished_reason="abort"' in page
         with pytest.raises(MissingMetrics, match=r"^vllm release unknown: .* requests_completed") as info:
             conv.update(parse_exposition(page), ts_ms=n, mono_ms=1000 * n)
+        assert str(info.value).endswith("differently")
         assert "errors" in str(info.value)
         assert "timeouts" in str(info.value)
         assert "tell those releases apart" in info.value.hint

@@ -59,7 +59,8 @@ class ConversionError(ValueError):
 
 class MissingMetrics(ConversionError):
     """The exposition parsed but lacks the names a record needs: ``no vllm metrics`` (another server's
-    page) or ``no vllm request gauges (...)`` (the runtime's, but a record would claim an idle node).
+    page), ``no vllm request gauges (...)`` (the runtime's, but a record would claim an idle node) or
+    ``vllm release unknown: ...: they read ... differently`` (any reading would be a guess).
     ``hint`` says what the user may have got wrong."""
 
     def __init__(self, message: str, hint: str) -> None:
