@@ -13,7 +13,11 @@ Optionally it follows ``fleet.telemetry`` from its end and keeps :class:`Endpoin
 
 A malformed record is counted and its reason kept (``stats.malformed``, ``stats.last_error``); it
 never stops the follower: the daemon's dead-letter topic is where bad input is reported, a router
-only has to survive it.
+only has to survive it. A record from a daemon newer than this router is not malformed: it is read
+without the fields this version does not know, and a decision of a kind it does not know is skipped
+(:func:`~fleetloop.schemas.decisions.decision_from_newer`); both are counted (``stats.newer``,
+``stats.last_newer`` names what was left out), so an operator can see a router is older than its
+daemon while it goes on following the state.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pydantic import ValidationError
 from fleetloop.kafka_security import Bootstrap, connect
 from fleetloop.router import clock
 from fleetloop.router.pick import Endpoint
-from fleetloop.schemas.decisions import Decision
+from fleetloop.schemas.decisions import Decision, decision_from_newer
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import STATE, TELEMETRY, topic_name
 
@@ -49,6 +53,8 @@ class FollowerStats:
     accepted: int = 0
     malformed: int = 0
     last_error: str = ""
+    newer: int = 0  # records from a newer daemon: read without what this version does not know
+    last_newer: str = ""
     telemetry: int = 0
     last_tick_id: int = -1
     caught_up: bool = False
@@ -148,12 +154,19 @@ class StateFollower:
                     self.stats.records += 1
                     if r.value is None:
                         continue
+                    dropped: list[str] = []
                     try:
-                        decisions.append(Decision.model_validate_json(r.value))
+                        d = decision_from_newer(r.value, dropped)
                     except ValidationError as exc:
                         self.stats.malformed += 1
                         why = exc.errors()[0]["msg"]
                         self.stats.last_error = f"{tp.topic}:{tp.partition}:{r.offset}: {why}"
+                        continue
+                    if dropped:
+                        self.stats.newer += 1
+                        self.stats.last_newer = f"{tp.topic}:{tp.partition}:{r.offset}: {', '.join(dropped)}"
+                    if d is not None:
+                        decisions.append(d)
                 if records and tp in self._targets and records[-1].offset + 1 >= self._targets[tp]:
                     del self._targets[tp]
             if decisions:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
+from pydantic_core import from_json, to_json
 
 from fleetloop.schemas.base import (
     MAX_TICK_ID,
@@ -217,3 +218,68 @@ class Decision(Wire):
     def key(self) -> str:
         """The compaction key: one desired state per kind and entity."""
         return f"{self.body.kind}/{self.body.entity}"
+
+
+_BODIES: dict[str, type[_Body]] = {
+    str(cls.model_fields["kind"].default): cls
+    for cls in (
+        RoutingDecision,
+        BreakerDecision,
+        AdmissionDecision,
+        RetryBudgetDecision,
+        AutoscaleDecision,
+        BatchingDecision,
+        FleetDecision,
+    )
+}
+_NEWER_ONLY = frozenset({"extra_forbidden", "union_tag_invalid"})
+
+
+def decision_from_newer(raw: bytes | str, dropped: list[str] | None = None) -> Decision | None:
+    """A ``control.state`` record as a router or actuator reads it, which may be older than the
+    daemon that wrote it.
+
+    A record this version's :class:`Decision` accepts is returned as it is (every record of the same
+    version: the one parse of the fast path). A record it refuses *only* for names it does not know
+    is a newer daemon's: a field this version lacks is dropped (envelope, policy stamp or body), and
+    a body of a kind it lacks gives ``None``, to be skipped, not counted as malformed. Anything
+    else wrong (a bound, a type, a missing field, bad JSON) raises the strict read's
+    ``ValidationError``, unknown names or not: the known fields are held to their bounds as ever.
+
+    The contract that makes dropping safe, for whoever adds to these models: a new field may only
+    add to what a decision says, so a reader that ignores it still acts correctly on the rest (as
+    ``RoutingDecision.slo_prompt_tokens`` did: without it a router routes by the weights alone). A
+    change of meaning of what a reader already knows is a new kind. So the daemon may be upgraded
+    before its routers: an older router keeps following the state instead of failing static on it.
+
+    ``dropped``, when given, receives what was left out (``body.<field>``, ``policy.<field>``,
+    ``<field>``, or ``kind <name>``), so a reader can say it is older than its writer.
+    """
+    try:
+        return Decision.model_validate_json(raw)
+    except ValidationError as exc:
+        if not {e["type"] for e in exc.errors()} <= _NEWER_ONLY:
+            raise
+        data = from_json(raw)  # parsed once already: it is JSON
+        if not isinstance(data, dict) or not isinstance(data.get("body"), dict):
+            raise
+        body: dict[str, object] = data["body"]
+        kind = body.get("kind")
+        if not isinstance(kind, str):
+            raise
+        cls = _BODIES.get(kind)
+        out = dropped if dropped is not None else []
+        if cls is None:
+            out.append(f"kind {kind}")
+            return None
+        known = _known(Decision, data, "", out)
+        known["body"] = _known(cls, body, "body.", out)
+        stamp = known.get("policy")
+        if isinstance(stamp, dict):
+            known["policy"] = _known(PolicyStamp, stamp, "policy.", out)
+        return Decision.model_validate_json(to_json(known))
+
+
+def _known(model: type[Wire], data: dict[str, object], where: str, dropped: list[str]) -> dict[str, object]:
+    dropped.extend(f"{where}{k}" for k in data if k not in model.model_fields)
+    return {k: v for k, v in data.items() if k in model.model_fields}

@@ -25,10 +25,13 @@ def _state(body: Any, tick: int, ts_ms: int) -> bytes:
     return orjson.dumps(d.model_dump(mode="json"))
 
 
-def _newer(record: bytes) -> bytes:
-    """A decision as a daemon newer than this router writes it: one more field in its body."""
+def _newer(record: bytes, kind: str | None = None) -> bytes:
+    """A decision as a daemon newer than this router writes it: one more field in its body, or (with
+    ``kind``) a kind of decision this router does not know."""
     d = orjson.loads(record)
     d["body"]["a_field_from_a_newer_daemon"] = {}
+    if kind is not None:
+        d["body"]["kind"] = kind
     return orjson.dumps(d)
 
 
@@ -66,7 +69,9 @@ async def test_follower_catches_up_then_follows_and_survives_bad_records(kafka_e
                 _state(_routing({"p/0": 1.0}), 7, now_ms),
                 _state(_routing({"p/1": 1.0}), 6, now_ms),  # older tick, read later: dropped
                 b'{"tick_id": "not a decision"}',
-                _newer(_state(_routing({"p/2": 1.0}), 8, now_ms)),  # a field this reader does not know
+                # a field this reader does not know: read without it (the daemon upgraded first)
+                _newer(_state(_routing({"p/0": 1.0}), 8, now_ms)),
+                _newer(_state(_routing({"p/1": 1.0}), 9, now_ms), kind="placement"),  # skipped
             ],
             key=b"routing/pool/p",
         )
@@ -76,17 +81,20 @@ async def test_follower_catches_up_then_follows_and_survives_bad_records(kafka_e
         await follower.start()
         try:
             assert follower.stats.caught_up
-            assert follower.stats.malformed == 2
+            assert follower.stats.malformed == 1
+            assert follower.stats.newer == 2
+            assert "kind placement" in follower.stats.last_newer
             assert router.state.dropped_stale == 1
+            assert router.state.held.get("routing/pool/p") == 8  # the newer daemon's record, applied
             assert _pick(router) == "p/0"
             # live: a breaker opens and the routing moves; the router follows within a poll or two
             breaker = BreakerDecision(entity="p/0", reason="r", pool_id="p", node_id="p/0", state="open")
-            await send(p, kafka_env, STATE, [_state(breaker, 8, now_ms)], key=b"breaker/p/0")
+            await send(p, kafka_env, STATE, [_state(breaker, 9, now_ms)], key=b"breaker/p/0")
             await send(
-                p, kafka_env, STATE, [_state(_routing({"p/2": 1.0}), 8, now_ms)], key=b"routing/pool/p"
+                p, kafka_env, STATE, [_state(_routing({"p/2": 1.0}), 9, now_ms)], key=b"routing/pool/p"
             )
             st = router.state
-            await _until(lambda: st.ejected("p/0") and st.held.get("routing/pool/p") == 8)
+            await _until(lambda: st.ejected("p/0") and st.held.get("routing/pool/p") == 9)
             assert {_pick(router) for _ in range(20)} == {"p/2"}
             # endpoint load follows fleet.telemetry (the shed thresholds read it)
             await send(p, kafka_env, TELEMETRY, [telemetry("p/2", queue_depth=9, running_requests=4)])

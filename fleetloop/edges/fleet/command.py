@@ -43,7 +43,7 @@ from fleetloop.edges.cli import EdgeUsageError, connection_from, one_line_errors
 from fleetloop.edges.fleet.agents import Agents
 from fleetloop.edges.fleet.live import LiveFleet, _Lag
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
-from fleetloop.schemas.decisions import Decision
+from fleetloop.schemas.decisions import Decision, decision_from_newer
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.topics import REQUESTS, STATE, topic_name
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
@@ -148,9 +148,12 @@ async def _follow_state(
                     if not r.value:
                         continue
                     try:
-                        decisions.append(Decision.model_validate_json(r.value))
+                        d = decision_from_newer(r.value)  # a newer daemon's state is still followed
                     except ValueError:
                         bad[0] += 1
+                        continue
+                    if d is not None:
+                        decisions.append(d)
             if decisions:
                 fleet.apply(decisions)
     finally:
