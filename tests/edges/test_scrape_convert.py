@@ -232,7 +232,10 @@ def test_bad_exposition_is_an_error_not_a_crash() -> None:
             parse_exposition(bad)
     # what parses but makes no sense (a bucket bound that is no number) is skipped, not fatal
     conv = _converter("vllm")
-    odd = parse_exposition('vllm:num_requests_running 0\nvllm:time_to_first_token_seconds_bucket{le="a"} 1\n')
+    odd = parse_exposition(
+        "vllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n"
+        'vllm:time_to_first_token_seconds_bucket{le="a"} 1\n'
+    )
     assert conv.update(odd, ts_ms=1, mono_ms=1000) is None
     rec = conv.update(odd, ts_ms=2, mono_ms=2000)
     assert rec is not None
@@ -388,28 +391,27 @@ def test_a_page_with_only_the_request_gauges_claims_no_release(name: str) -> Non
     assert rel.version == VLLM_ANY
     assert [r.version for r in rel.candidates] == [r.version for r in RELEASES["vllm"]]
     conv = _converter("vllm")
-    recs = _feed(conv, pages)
+    # the load is measured, but a record would claim an empty KV cache: a failed scrape instead
+    with pytest.raises(MissingMetrics, match="no vllm KV-cache gauge") as info:
+        conv.update(expo, ts_ms=1, mono_ms=1000)
+    assert "vllm:gpu_cache_usage_perc, vllm:kv_cache_usage_perc" in str(info.value)
     assert conv.release is not None
     assert conv.release.version == VLLM_ANY
-    rec = recs[1]
-    assert rec is not None  # the load is measured, whichever release it is
-    assert rec.running_requests == 5
-    assert rec.queue_depth == 2
-    assert rec.model == "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def test_an_unknown_release_reads_what_its_releases_read_alike() -> None:
-    """A V0 page without the names that tell releases apart (KV usage, the prefix hit rate, TBT):
-    every release reads its tokens, TTFT and ``finished_reason=stop/length`` completions alike."""
-    strip = ("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache", "vllm:time_per_output_token")
+    """A V0 page without the names that tell it from 0.8.5 (the prefix hit rate, TBT): both
+    releases read its KV usage, tokens, TTFT and ``finished_reason=stop/length`` completions alike."""
+    strip = ("vllm:gpu_prefix_cache", "vllm:time_per_output_token")
     pages = [_without(_scrape("vllm-0.6.6", n), *strip) for n in (1, 2)]
     conv = _converter("vllm")
     recs = _feed(conv, pages)
     assert conv.release is not None
-    assert conv.release.version == VLLM_ANY
+    assert conv.release.version == "release unknown: 0.8.5 (V1, before the renames) or 0.6.6 (V0)"
     rec = recs[1]
     assert rec is not None
     assert (rec.running_requests, rec.queue_depth) == (5, 2)
+    assert rec.kv_cache_used_frac == 0.42
     assert (rec.prompt_tokens, rec.output_tokens, rec.preemptions) == (1500, 800, 1)
     assert rec.requests_completed == 5
     assert rec.ttft_p50_ms is not None
@@ -417,35 +419,35 @@ def test_an_unknown_release_reads_what_its_releases_read_alike() -> None:
 
 
 def test_an_unknown_release_that_would_read_a_field_differently_is_no_record() -> None:
-    """A V1 page without KV usage, prefix counters and inter-token latency: V1 counts
-    ``finished_reason=abort`` as a timeout and ``error`` as an error, the V0 mapping counts both as
-    completed. Any of those numbers would be a guess, so the page is a failed scrape."""
-    strip = ("vllm:kv_cache_usage_perc", "vllm:prefix_cache", "vllm:inter_token_latency")
+    """A 0.8.5 page without its prefix counters and TBT histogram, so it could as well be V0: V1 counts
+    ``finished_reason=abort`` as a timeout, the V0 mapping counts it as completed. Either number would
+    be a guess, so the page is a failed scrape."""
+    strip = ("vllm:gpu_prefix_cache", "vllm:time_per_output_token")
     conv = _converter("vllm")
     for n in (1, 2):
-        page = _without(_scrape("vllm-0.33.0", n), *strip)
+        page = _without(_scrape("vllm-0.8.5", n), *strip)
         assert 'finished_reason="abort"' in page
         with pytest.raises(MissingMetrics, match=r"^vllm release unknown: .* requests_completed") as info:
             conv.update(parse_exposition(page), ts_ms=n, mono_ms=1000 * n)
         assert str(info.value).endswith("differently")
-        assert "errors" in str(info.value)
         assert "timeouts" in str(info.value)
         assert "tell those releases apart" in info.value.hint
     assert conv.release is not None
-    assert conv.release.version == VLLM_ANY
+    assert conv.release.version == "release unknown: 0.8.5 (V1, before the renames) or 0.6.6 (V0)"
     # the baseline is untouched: the next full page is a baseline, then a record
-    assert conv.update(parse_exposition(_scrape("vllm-0.33.0", 1)), ts_ms=3, mono_ms=3000) is None
-    rec = conv.update(parse_exposition(_scrape("vllm-0.33.0", 2)), ts_ms=4, mono_ms=4000)
+    assert conv.update(parse_exposition(_scrape("vllm-0.8.5", 1)), ts_ms=3, mono_ms=3000) is None
+    rec = conv.update(parse_exposition(_scrape("vllm-0.8.5", 2)), ts_ms=4, mono_ms=4000)
     assert rec is not None
     assert rec.timeouts == 1
     assert conv.release is not None
-    assert conv.release.version == "0.33.0 (V1)"
+    assert conv.release.version == "0.8.5 (V1, before the renames)"
 
 
 def test_a_histogram_name_tells_releases_apart() -> None:
     """``time_per_output_token_seconds`` (a histogram: only its ``_bucket``/``_count``/``_sum`` are on
     the page) is V0's and 0.8.5's spelling, not 0.33's: the page is one of those two, and its TBT is read."""
-    pages = [_only(_scrape("vllm-0.8.5", n), *GAUGES, "vllm:time_per_output_token") for n in (1, 2)]
+    keep = (*GAUGES, "vllm:gpu_cache_usage_perc", "vllm:time_per_output_token")
+    pages = [_only(_scrape("vllm-0.8.5", n), *keep) for n in (1, 2)]
     rel = detect("vllm", parse_exposition(pages[1]).names())
     assert rel is not None
     assert rel.version == "release unknown: 0.8.5 (V1, before the renames) or 0.6.6 (V0)"

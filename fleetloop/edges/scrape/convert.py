@@ -16,8 +16,9 @@
   TTFT buckets, 0.25 s between 0.25 s and 0.5 s, 1.5 s between 1 s and 2.5 s); linear interpolation
   assumes requests spread evenly inside the bucket. A quantile in the ``+Inf`` bucket is reported
   as the highest finite bound (a lower bound of the truth). No request in the interval: ``None``.
-- **Another server's page** (none of the runtime's core names: node_exporter, another runtime) and
-  a page without both request gauges (the record would claim an idle node) are a
+- **Another server's page** (none of the runtime's core names: node_exporter, another runtime), a
+  page without both request gauges (the record would claim an idle node) and one without the KV-cache
+  gauge (it would claim an empty cache, which routing and autoscaling read as room) are a
   :class:`MissingMetrics`: no record, and the baseline stays the last page that was read.
 - **An unknown release** (the page's names fit several releases equally, see
   :func:`~fleetloop.edges.scrape.runtimes.detect`): a field is read only when every candidate
@@ -200,6 +201,12 @@ class Converter:
             raise MissingMetrics(
                 f"no {self.runtime} request gauges ({', '.join(sorted(load))})",
                 "a record would claim an idle node",
+            )
+        kv = release.names_of(("kv_cache_used_frac",))
+        if kv and not kv & expo.names():
+            raise MissingMetrics(
+                f"no {self.runtime} KV-cache gauge ({', '.join(sorted(kv))})",
+                "a record would claim an empty KV cache",
             )
         plan, disputed = read_plan(expo, release)
         if disputed:
