@@ -8,7 +8,7 @@ makes a replay comparable byte for byte. Each body carries a reason code and the
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, ValidationError
 from pydantic_core import from_json, to_json
@@ -220,17 +220,9 @@ class Decision(Wire):
         return f"{self.body.kind}/{self.body.entity}"
 
 
+# kind -> body model, read off DecisionBody itself, so a kind added there is known here.
 _BODIES: dict[str, type[_Body]] = {
-    str(cls.model_fields["kind"].default): cls
-    for cls in (
-        RoutingDecision,
-        BreakerDecision,
-        AdmissionDecision,
-        RetryBudgetDecision,
-        AutoscaleDecision,
-        BatchingDecision,
-        FleetDecision,
-    )
+    str(cls.model_fields["kind"].default): cls for cls in get_args(get_args(DecisionBody)[0])
 }
 _NEWER_ONLY = frozenset({"extra_forbidden", "union_tag_invalid"})
 
