@@ -42,6 +42,7 @@ import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     results: list[dict[str, Any]] = []
     broker = None
+    started_utc = datetime.fromtimestamp(clock.wall_ms() / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
     try:
         bootstrap = None
         if "fleetloop" in arms:
@@ -138,6 +140,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
         "scenario_file": str(args.scenario),
         "seconds": args.seconds,
         "command": "fleetloop bench stack " + " ".join(sys.argv[3:]) if len(sys.argv) > 3 else "",
+        "date_utc": started_utc,
         "arms": results,
     }
     stem = out / scenario.name
@@ -462,11 +465,16 @@ def table_markdown(doc: dict[str, Any]) -> str:
         f"{f['kind']} {'/'.join(f['nodes'])} at {f['t_s']:.0f} s"
         for f in (doc["arms"][0]["faults"] if doc["arms"] else [])
     )
+    ran = ""
+    if doc.get("command"):
+        when = f", run {doc['date_utc']}" if doc.get("date_utc") else ""
+        ran = f"\nCommand: `{doc['command']}`{when}.\n"
     return (
         f"## bench stack — {doc['scenario']} ({doc['seconds']:g} s of load per arm)\n\n"
         f"Faults: {faults or 'none'}. Cost = provisioned nodes x usd_per_h x wall time.\n\n"
         + head
         + "".join(rows)
+        + ran
     )
 
 

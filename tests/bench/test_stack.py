@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -49,6 +50,8 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
     assert json.loads(Path(f"{stem}.json").read_text())["arms"] == doc["arms"]
     md = Path(f"{stem}.md").read_text()
     assert Path(f"{stem}.png").stat().st_size > 10_000
+    assert f"Command: `fleetloop bench stack --scenario {SCENARIO} --seconds 15" in md  # what made it
+    assert re.search(r"`, run 20\d\d-\d\d-\d\d \d\d:\d\d UTC\.", md), md  # and when
     assert [a["arm"] for a in doc["arms"]] == ["vllm-p2c", "haproxy-classic"]
     for arm in doc["arms"]:
         assert f"| {arm['arm']} |" in md
