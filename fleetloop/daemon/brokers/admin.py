@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -98,15 +98,22 @@ def layout_problems(
     return problems
 
 
+@contextlib.asynccontextmanager
+async def _admin(bootstrap_servers: Bootstrap, *, timeout_ms: int = 15_000) -> AsyncIterator[Any]:
+    """A started admin client, closed on the way out."""
+    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=timeout_ms)
+    await admin.start()
+    try:
+        yield admin
+    finally:
+        await admin.close()
+
+
 async def topic_partitions(bootstrap_servers: Bootstrap) -> dict[str, int]:
     """Every topic the broker has -> its partition count, from one all-topics Metadata request
     (which, unlike a request naming topics, auto-creates nothing)."""
-    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=15_000)
-    await admin.start()
-    try:
+    async with _admin(bootstrap_servers) as admin:
         return await _partition_counts(admin)
-    finally:
-        await admin.close()
 
 
 async def _partition_counts(admin: Any) -> dict[str, int]:
@@ -153,20 +160,17 @@ async def require_topics(
     (:func:`layout_problems`); their partition counts by physical name. Raises
     :class:`TopicLayoutError` naming the first missing topic (in the order of ``logicals``), or
     every misfit one."""
-    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=15_000)
-    await admin.start()
-    try:
+    wanted = list(dict.fromkeys(topic_name(prefix, logical) for logical in logicals))
+    async with _admin(bootstrap_servers) as admin:
         counts = await _partition_counts(admin)
-        wanted = list(dict.fromkeys(topic_name(prefix, logical) for logical in logicals))
         for name in wanted:  # in the caller's order: the first it would touch is named
             if name not in counts:
                 raise TopicLayoutError(missing_topic(name, bootstrap_servers))
         policies = await _cleanup_policies(admin, wanted) if cleanup else None
-    finally:
-        await admin.close()
-    if problems := layout_problems(prefix, {n: counts[n] for n in wanted}, policies):
+    found = {n: counts[n] for n in wanted}
+    if problems := layout_problems(prefix, found, policies):
         raise TopicLayoutError(f"{'; '.join(problems)} (see README, Topics)")
-    return {n: counts[n] for n in wanted}
+    return found
 
 
 def registry_topics(prefix: str, partitions_override: Mapping[str, int] | None = None) -> list[NewTopic]:
@@ -215,38 +219,24 @@ async def ensure_topics(
     :class:`TopicLayoutError` before anything is created. A missing pool-keyed input gets the
     partition count of the existing ones, so the three stay co-partitioned.
     """
-    wanted = registry_topics(prefix, partitions_override)
-    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=30_000)
-    await admin.start()
-    try:
+    registry_topics(prefix, partitions_override)  # unknown names: KeyError before connecting
+    async with _admin(bootstrap_servers, timeout_ms=30_000) as admin:
         counts = await _partition_counts(admin)
-        existing = sorted(str(t.name) for t in wanted if str(t.name) in counts)
-        problems = layout_problems(prefix, counts, await _cleanup_policies(admin, existing))
-        if problems:
+        existing = {lg: counts[n] for lg in TOPICS if (n := topic_name(prefix, lg)) in counts}
+        policies = await _cleanup_policies(admin, sorted(topic_name(prefix, lg) for lg in existing))
+        if problems := layout_problems(prefix, counts, policies):
             raise TopicLayoutError(
                 f"{'; '.join(problems)} (delete or fix it, or use another --topic-prefix; see README, Topics)"
             )
         # Existing topics keep their counts; a missing pool-keyed input takes the existing ones'.
-        pooled = [counts[n] for lg in POOL_KEYED_INPUTS if (n := topic_name(prefix, lg)) in counts]
-        planned_counts = {
-            str(t.name): counts.get(
-                str(t.name), pooled[0] if pooled and lg in POOL_KEYED_INPUTS else t.num_partitions
-            )
-            for lg, t in zip(sorted(TOPICS), wanted, strict=True)
-        }
-        if problems := layout_problems(prefix, {n: c for n, c in planned_counts.items() if n not in counts}):
-            raise TopicLayoutError(f"partitions_override: {'; '.join(problems)}")
-        planned = [
-            NewTopic(
-                str(t.name), planned_counts[str(t.name)], REPLICATION_FACTOR, topic_configs=t.topic_configs
-            )
-            for t in wanted
-        ]
+        pooled = [existing[lg] for lg in POOL_KEYED_INPUTS if lg in existing]
+        follow = dict.fromkeys(POOL_KEYED_INPUTS, pooled[0]) if pooled else {}
+        planned = registry_topics(prefix, {**(partitions_override or {}), **follow, **existing})
         missing = [t for t in planned if str(t.name) not in counts]
+        if problems := layout_problems(prefix, {str(t.name): int(t.num_partitions) for t in missing}):
+            raise TopicLayoutError(f"partitions_override: {'; '.join(problems)}")
         if missing:
             await create_topics(admin, missing)
-    finally:
-        await admin.close()
     await wait_servable(bootstrap_servers, planned)
 
 
@@ -270,26 +260,18 @@ async def wait_servable(
 
 async def missing_topics(bootstrap_servers: Bootstrap, prefix: str) -> list[str]:
     """The registry topics under ``prefix`` the broker does not have (sorted physical names)."""
-    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=15_000)
-    await admin.start()
-    try:
+    async with _admin(bootstrap_servers) as admin:
         existing = set(await admin.list_topics())
-    finally:
-        await admin.close()
     return sorted({topic_name(prefix, logical) for logical in TOPICS} - existing)
 
 
 async def delete_topics(bootstrap_servers: Bootstrap, prefix: str) -> None:
     """Delete every registry topic under ``prefix`` (missing ones are fine): tests clean up with it."""
-    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=30_000)
-    await admin.start()
-    try:
+    async with _admin(bootstrap_servers, timeout_ms=30_000) as admin:
         existing = set(await admin.list_topics())
         doomed = sorted(existing & {topic_name(prefix, logical) for logical in TOPICS})
         if doomed:
             await admin.delete_topics(doomed)
-    finally:
-        await admin.close()
 
 
 async def _supports_idempotence(bootstrap_servers: Bootstrap, topic: str) -> bool:
@@ -354,14 +336,12 @@ async def probe_capabilities(
     records, and deletes it again.
     """
     topic = scratch_topic or f"fleetloop-probe-{uuid.uuid4().hex[:12]}"
-    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=15_000)
-    await admin.start()
-    try:
-        await create_topics(admin, [NewTopic(topic, 1, REPLICATION_FACTOR)], timeout_s=15)
-        offsets_for_times = await _supports_offsets_for_times(bootstrap_servers, topic)
-        idempotent = await _supports_idempotence(bootstrap_servers, topic)
-        return BrokerCapabilities(idempotent_producer=idempotent, offsets_for_times=offsets_for_times)
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.delete_topics([topic])
-        await admin.close()
+    async with _admin(bootstrap_servers) as admin:
+        try:
+            await create_topics(admin, [NewTopic(topic, 1, REPLICATION_FACTOR)], timeout_s=15)
+            offsets_for_times = await _supports_offsets_for_times(bootstrap_servers, topic)
+            idempotent = await _supports_idempotence(bootstrap_servers, topic)
+            return BrokerCapabilities(idempotent_producer=idempotent, offsets_for_times=offsets_for_times)
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.delete_topics([topic])
