@@ -208,9 +208,10 @@ async def _wait_for_topics(conn: Bootstrap, prefix: str, wait_s: float) -> None:
     """Exit 2 naming the missing topics, or wait up to ``wait_s`` for them (logged, bounded); then
     check their partition counts and cleanup policies (TopicLayoutError)."""
     from fleetloop.daemon import clock
-    from fleetloop.daemon.brokers.admin import missing_topics, require_topics
+    from fleetloop.daemon.brokers.admin import missing_topics
     from fleetloop.daemon.observability import logger
     from fleetloop.schemas.topics import TOPICS
+    from fleetloop.topic_layout import require_topics
 
     log = logger("fleetloop.run")
     started = clock.monotonic_s()

@@ -34,7 +34,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
 from fleetloop.daemon import clock
-from fleetloop.daemon.brokers.admin import TopicLayoutError, require_topics
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.runtime import read_active
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
@@ -42,6 +41,7 @@ from fleetloop.policies.registry import CompiledPolicy, compile_policy, document
 from fleetloop.schemas.control import ActivePolicy
 from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.topics import POLICY, POLICY_ACTIVE, topic_name
+from fleetloop.topic_layout import TopicLayoutError, require_topics
 
 
 def register(pol_sub: Any) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from fleetloop.daemon.brokers import ProcessBroker, TopicLayoutError, delete_topics, ensure_topics
-from fleetloop.daemon.brokers.admin import create_topics, registry_topics, topic_partitions
+from fleetloop.daemon.brokers.admin import create_topics, registry_topics
 from fleetloop.daemon.cli import main
 from fleetloop.schemas.topics import (
     DECISIONS,
@@ -35,6 +35,7 @@ from fleetloop.schemas.topics import (
     TOPICS,
     topic_name,
 )
+from fleetloop.topic_layout import topic_partitions
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSIC = str(REPO / "fleetloop/policies/baselines/classic.yaml")

@@ -21,7 +21,7 @@ from fleetloop.daemon.brokers import (
     free_ports,
     make_broker,
 )
-from fleetloop.daemon.brokers.admin import layout_problems, registry_topics
+from fleetloop.daemon.brokers.admin import registry_topics
 from fleetloop.daemon.brokers.apache import (
     POM_PATH,
     REPO_ROOT,
@@ -43,6 +43,7 @@ from fleetloop.schemas.topics import (
     TICKS,
     TOPICS,
 )
+from fleetloop.topic_layout import layout_problems
 
 FETCH_SCRIPT = REPO_ROOT / "scripts" / "kafka-fetch.sh"
 
@@ -389,8 +390,8 @@ def test_leftover_task_guard_fails_an_async_test_that_leaks(tmp_path: Path) -> N
 def test_a_missing_topic_seen_by_a_sasl_user_may_be_hidden_by_an_acl() -> None:
     """A broker lists only the topics a principal may describe: for a SASL user, "does not exist" is
     said with the other reason, since asking by name to tell them apart would create the topic."""
-    from fleetloop.daemon.brokers.admin import missing_topic
     from fleetloop.kafka_security import KafkaConnection, Secret
+    from fleetloop.topic_layout import missing_topic
 
     plain = missing_topic("p.control.policy", "127.0.0.1:9092")
     assert plain.startswith("topic p.control.policy does not exist (start the daemon with --create-topics")

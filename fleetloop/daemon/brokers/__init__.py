@@ -12,12 +12,10 @@ user-supplied broker can do.
 from __future__ import annotations
 
 from fleetloop.daemon.brokers.admin import (
-    TopicLayoutError,
     TopicSetupError,
     delete_topics,
     ensure_topics,
     probe_capabilities,
-    require_topics,
 )
 from fleetloop.daemon.brokers.apache import KAFKA_CAPABILITIES, ApacheKafka
 from fleetloop.daemon.brokers.base import (
@@ -31,6 +29,7 @@ from fleetloop.daemon.brokers.base import (
     free_ports,
 )
 from fleetloop.daemon.brokers.tansu import TANSU_CAPABILITIES, EmbeddedTansu
+from fleetloop.topic_layout import TopicLayoutError, require_topics
 
 __all__ = [
     "BROKER_KINDS",

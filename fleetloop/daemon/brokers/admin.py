@@ -1,12 +1,8 @@
 """Topic setup from the registry, and capability probing of a broker of unknown kind.
 
-Nothing here names a topic in a Metadata request before knowing it exists: aiokafka 0.14 sends
-``allow_auto_topic_creation=True`` on every Metadata request that names topics (its
-``MetadataRequest.build`` defaults it, and neither the clients nor ``describe_topics`` let a caller
-turn it off), so a broker that auto-creates topics (Tansu always, Apache Kafka unless
-``auto.create.topics.enable=false``) would create a missing one with its default partition count
-(4 on Tansu). A request for *all* topics (``describe_topics()`` without names, ``list_topics()``)
-creates nothing, so existence and partition counts are read from that (:func:`topic_partitions`).
+Nothing here names a topic in a Metadata request before knowing it exists (why:
+:mod:`fleetloop.topic_layout`, which also holds the layout rules and the creating-nothing checks
+that the daemon, the edges and the router library share).
 """
 
 from __future__ import annotations
@@ -15,18 +11,23 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError
+from aiokafka.admin import NewTopic
 
 from fleetloop.daemon.brokers.base import BrokerCapabilities
 from fleetloop.daemon.clock import wall_ms
 from fleetloop.kafka_security import Bootstrap, connect
 from fleetloop.schemas.topics import POOL_KEYED_INPUTS, TOPICS, topic_name
+from fleetloop.topic_layout import (
+    TopicLayoutError,
+    admin_client,
+    cleanup_policies,
+    layout_problems,
+    partition_counts,
+)
 
 TOPIC_ALREADY_EXISTS: Final = 36
 REPLICATION_FACTOR: Final = 1
@@ -39,138 +40,6 @@ class TopicSetupError(RuntimeError):
         self.topic = topic
         self.error_code = error_code
         super().__init__(f"cannot create topic {topic!r}: error {error_code} ({message or 'no message'})")
-
-
-class TopicLayoutError(RuntimeError):
-    """Registry topics missing, or laid out otherwise than fleetloop relies on: ``str()`` is one line
-    without the command's name (the caller adds it)."""
-
-
-def layout_problems(
-    prefix: str, partitions: Mapping[str, int], cleanup: Mapping[str, str] | None = None
-) -> list[str]:
-    """What is wrong with the existing registry topics under ``prefix`` (one phrase each; pure).
-
-    ``partitions``: physical topic name -> partition count (topics not under ``prefix`` and
-    missing ones are ignored); ``cleanup``: physical name -> ``cleanup.policy`` where known.
-
-    - A topic the registry gives one partition must have exactly one: its readers read partition 0
-      only (control.policy, control.policy.active, control.checkpoint, control.summaries,
-      fleet.deadletter, and the state/decision topics the demo, the emulated fleet and replay read),
-      so a record keyed onto another partition is never seen.
-    - The pool-keyed inputs (fleet.telemetry, fleet.requests, control.ticks) may have any number of
-      partitions (more spread pools over more daemons, README "Sizing"), but the same number: the
-      daemon decides a pool's tick from the shard of one partition index across the three, so a
-      pool's ticks and its records must hash to the same index.
-    - A topic the registry compacts must be compacted (it holds the latest record per key: a policy,
-      the active policy, a checkpoint, desired state); one it does not must not be (compaction
-      would drop the audit and replay history). An absent ``cleanup.policy`` is Kafka's default,
-      ``delete``.
-    """
-    problems: list[str] = []
-    have = {
-        logical: partitions[name]
-        for logical in sorted(TOPICS)
-        if (name := topic_name(prefix, logical)) in partitions
-    }
-    for logical, count in have.items():
-        spec = TOPICS[logical]
-        if logical not in POOL_KEYED_INPUTS and count != spec.partitions:
-            problems.append(
-                f"topic {topic_name(prefix, logical)} has {count} partitions, "
-                f"fleetloop needs {spec.partitions}"
-            )
-    pooled = {logical: have[logical] for logical in POOL_KEYED_INPUTS if logical in have}
-    if len(set(pooled.values())) > 1:
-        shown_counts = ", ".join(f"{topic_name(prefix, lg)} {n}" for lg, n in sorted(pooled.items()))
-        problems.append(f"the pool-keyed topics need one partition count, they have {shown_counts}")
-    for logical in have:
-        name = topic_name(prefix, logical)
-        if cleanup is None or name not in cleanup:
-            continue
-        policies = {p.strip() for p in (cleanup[name] or "delete").split(",")}
-        compacted = "compact" in policies
-        if compacted != (TOPICS[logical].cleanup == "compact"):
-            problems.append(
-                f"topic {name} has cleanup.policy {cleanup[name] or 'delete'}, fleetloop needs "
-                f"{TOPICS[logical].cleanup}"
-            )
-    return problems
-
-
-@contextlib.asynccontextmanager
-async def _admin(bootstrap_servers: Bootstrap, *, timeout_ms: int = 15_000) -> AsyncIterator[Any]:
-    """A started admin client, closed on the way out."""
-    admin = AIOKafkaAdminClient(**connect(bootstrap_servers), request_timeout_ms=timeout_ms)
-    await admin.start()
-    try:
-        yield admin
-    finally:
-        await admin.close()
-
-
-async def topic_partitions(bootstrap_servers: Bootstrap) -> dict[str, int]:
-    """Every topic the broker has -> its partition count, from one all-topics Metadata request
-    (which, unlike a request naming topics, auto-creates nothing)."""
-    async with _admin(bootstrap_servers) as admin:
-        return await _partition_counts(admin)
-
-
-async def _partition_counts(admin: Any) -> dict[str, int]:
-    described = await admin.describe_topics()  # no names: all topics, nothing auto-created
-    return {str(t["topic"]): len(t["partitions"]) for t in described if t["error_code"] == 0}
-
-
-async def _cleanup_policies(admin: Any, topics: list[str]) -> dict[str, str]:
-    """``cleanup.policy`` of each of ``topics`` (existing ones) the broker answers for; an empty
-    string where it answers without one. A broker that cannot answer DescribeConfigs: nothing."""
-    if not topics:
-        return {}
-    # All of each topic's configs: the embedded broker drops the connection when asked for named ones.
-    resources = [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]
-    try:
-        responses = await admin.describe_configs(resources)
-    except KafkaError:
-        return {}
-    out: dict[str, str] = {}
-    for response in responses:
-        for error_code, _msg, _type, name, entries in response.resources:
-            if error_code == 0:
-                out[str(name)] = str({e[0]: e[1] for e in entries}.get("cleanup.policy") or "")
-    return out
-
-
-def missing_topic(name: str, bootstrap_servers: Bootstrap, where: str = "") -> str:
-    """Why ``name`` is not in the broker's topic list, in words: it does not exist, or (for a SASL
-    principal) an ACL hides it. A broker lists only the topics the principal may describe, and asking
-    for the topic by name to tell the two apart would create it on an auto-creating broker."""
-    user = getattr(bootstrap_servers, "sasl_username", None)
-    hidden = f", or user {user!r} is not authorized to describe it (check the ACLs)" if user else ""
-    return (
-        f"topic {name} does not exist{where}{hidden} "
-        "(start the daemon with --create-topics, or check --topic-prefix)"
-    )
-
-
-async def require_topics(
-    bootstrap_servers: Bootstrap, prefix: str, logicals: list[str], *, cleanup: bool = False
-) -> dict[str, int]:
-    """Check, creating nothing, that the registry topics ``logicals`` exist under ``prefix`` with the
-    partition counts (and, with ``cleanup``, the ``cleanup.policy``) fleetloop relies on
-    (:func:`layout_problems`); their partition counts by physical name. Raises
-    :class:`TopicLayoutError` naming the first missing topic (in the order of ``logicals``), or
-    every misfit one."""
-    wanted = list(dict.fromkeys(topic_name(prefix, logical) for logical in logicals))
-    async with _admin(bootstrap_servers) as admin:
-        counts = await _partition_counts(admin)
-        for name in wanted:  # in the caller's order: the first it would touch is named
-            if name not in counts:
-                raise TopicLayoutError(missing_topic(name, bootstrap_servers))
-        policies = await _cleanup_policies(admin, wanted) if cleanup else None
-    found = {n: counts[n] for n in wanted}
-    if problems := layout_problems(prefix, found, policies):
-        raise TopicLayoutError(f"{'; '.join(problems)} (see README, Topics)")
-    return found
 
 
 def registry_topics(prefix: str, partitions_override: Mapping[str, int] | None = None) -> list[NewTopic]:
@@ -220,10 +89,10 @@ async def ensure_topics(
     partition count of the existing ones, so the three stay co-partitioned.
     """
     registry_topics(prefix, partitions_override)  # unknown names: KeyError before connecting
-    async with _admin(bootstrap_servers, timeout_ms=30_000) as admin:
-        counts = await _partition_counts(admin)
+    async with admin_client(bootstrap_servers, timeout_ms=30_000) as admin:
+        counts = await partition_counts(admin)
         existing = {lg: counts[n] for lg in TOPICS if (n := topic_name(prefix, lg)) in counts}
-        policies = await _cleanup_policies(admin, sorted(topic_name(prefix, lg) for lg in existing))
+        policies = await cleanup_policies(admin, sorted(topic_name(prefix, lg) for lg in existing))
         if problems := layout_problems(prefix, counts, policies):
             raise TopicLayoutError(
                 f"{'; '.join(problems)} (delete or fix it, or use another --topic-prefix; see README, Topics)"
@@ -260,14 +129,14 @@ async def wait_servable(
 
 async def missing_topics(bootstrap_servers: Bootstrap, prefix: str) -> list[str]:
     """The registry topics under ``prefix`` the broker does not have (sorted physical names)."""
-    async with _admin(bootstrap_servers) as admin:
+    async with admin_client(bootstrap_servers) as admin:
         existing = set(await admin.list_topics())
     return sorted({topic_name(prefix, logical) for logical in TOPICS} - existing)
 
 
 async def delete_topics(bootstrap_servers: Bootstrap, prefix: str) -> None:
     """Delete every registry topic under ``prefix`` (missing ones are fine): tests clean up with it."""
-    async with _admin(bootstrap_servers, timeout_ms=30_000) as admin:
+    async with admin_client(bootstrap_servers, timeout_ms=30_000) as admin:
         existing = set(await admin.list_topics())
         doomed = sorted(existing & {topic_name(prefix, logical) for logical in TOPICS})
         if doomed:
@@ -336,7 +205,7 @@ async def probe_capabilities(
     records, and deletes it again.
     """
     topic = scratch_topic or f"fleetloop-probe-{uuid.uuid4().hex[:12]}"
-    async with _admin(bootstrap_servers) as admin:
+    async with admin_client(bootstrap_servers) as admin:
         try:
             await create_topics(admin, [NewTopic(topic, 1, REPLICATION_FACTOR)], timeout_s=15)
             offsets_for_times = await _supports_offsets_for_times(bootstrap_servers, topic)

@@ -27,7 +27,6 @@ from rich.table import Table
 
 from fleetloop import term
 from fleetloop.daemon import clock
-from fleetloop.daemon.brokers.admin import missing_topic, topic_partitions
 from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door, decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_ticks
@@ -44,6 +43,7 @@ from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import DECISIONS, POLICY, POLICY_ACTIVE, REQUESTS, TELEMETRY, topic_name
+from fleetloop.topic_layout import missing_topic, topic_partitions
 
 WINDOW_HELP = (
     "TIME (epoch ms, ISO-8601 with a zone, 'beginning', 'end'), or TOPIC:PARTITION:OFFSET "

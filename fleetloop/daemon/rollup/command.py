@@ -35,7 +35,6 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from fleetloop.daemon import clock
-from fleetloop.daemon.brokers.admin import TopicLayoutError, require_topics
 from fleetloop.daemon.cli_common import UsageError, connection_from, log_args, quiet_client_logs
 from fleetloop.daemon.observability import configure, logger
 from fleetloop.daemon.rollup.fold import Figures, FleetRollup
@@ -43,6 +42,7 @@ from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_te
 from fleetloop.schemas.decisions import Decision, PolicyStamp
 from fleetloop.schemas.summary import ShardSummary
 from fleetloop.schemas.topics import STATE, SUMMARIES, topic_name
+from fleetloop.topic_layout import TopicLayoutError, require_topics
 
 log = logger("fleetloop.rollup")
 
