@@ -7,7 +7,8 @@ A background task serializes and sends them, keyed by pool id (DESIGN.md, "Topic
 acknowledgements in batches. ``stop()`` flushes what is queued. A call the router moved to another
 model's pool (``routed_from`` set) also goes out as its copy keyed by the pool it was moved from
 (:func:`fleetloop.schemas.requests.diverted_copy`), so the shard that sizes that pool counts it
-wherever the two pools' partitions fall; ``stats.sent`` counts both records.
+wherever the two pools' partitions fall; ``stats.sent`` counts both records. ``start()`` refuses a
+missing or misfit ``fleet.requests`` rather than let the first send auto-create it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from aiokafka.errors import KafkaError
 from fleetloop.kafka_security import Bootstrap, connect
 from fleetloop.schemas.requests import RequestOutcome, diverted_copy
 from fleetloop.schemas.topics import REQUESTS, topic_name
+from fleetloop.topic_layout import require_topics
 
 
 @dataclass(slots=True)
@@ -50,6 +52,8 @@ class OutcomePublisher:
         if max_pending < 1:
             raise ValueError("max_pending must be >= 1")
         self.topic = topic_name(topic_prefix, REQUESTS)
+        self._bootstrap = bootstrap_servers
+        self._prefix = topic_prefix
         self.stats = PublisherStats()
         opts: dict[str, Any] = {"acks": "all", "linger_ms": 5}
         opts.update(producer_options or {})
@@ -58,6 +62,13 @@ class OutcomePublisher:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        """Check ``fleet.requests`` (raises :class:`~fleetloop.topic_layout.TopicLayoutError` naming
+        it when it is missing or laid out otherwise than fleetloop reads it), then connect.
+
+        Checked once, here: the first send names the topic, and a broker that auto-creates topics
+        would create a missing one with its own partition count, which ``fleetloop run`` refuses.
+        """
+        await require_topics(self._bootstrap, self._prefix, [REQUESTS], cleanup=True)
         await self._producer.start()
         self._task = asyncio.create_task(self._run(), name="fleetloop-router-publish")
 

@@ -16,15 +16,18 @@ active policy" while the daemon ran one). Here, on each real broker and a prefix
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from fleetloop.daemon.brokers import ProcessBroker, TopicLayoutError, delete_topics, ensure_topics
+from fleetloop.daemon.brokers import ProcessBroker, TopicLayoutError, delete_topics, ensure_topics, free_port
 from fleetloop.daemon.brokers.admin import create_topics, registry_topics
 from fleetloop.daemon.cli import main
+from fleetloop.router.publish import OutcomePublisher
 from fleetloop.schemas.topics import (
     DECISIONS,
     POLICY_ACTIVE,
@@ -157,3 +160,115 @@ async def test_pool_keyed_inputs_may_have_more_partitions_but_stay_co_partitione
             await ensure_topics(bs, other)
     finally:
         await delete_topics(bs, other)
+
+
+async def _serve_vllm() -> tuple[web.AppRunner, int]:
+    """A vLLM engine's /metrics page (a checked-in fixture): a scrape of it publishes a record."""
+    page = (REPO / "tests/edges/fixtures/vllm-0.33.0.1.prom").read_text()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
+async def _scrape(capsys: pytest.CaptureFixture[str], bs: str, prefix: str) -> tuple[int, str, str]:
+    runner, port = await _serve_vllm()
+    try:
+        return await _cli(
+            capsys, "scrape", "--runtime", "vllm", "--pool", "chat", "--target",
+            f"chat/a=http://127.0.0.1:{port}", "--interval-s", "0.2", "--duration-s", "2",
+            "--bootstrap-servers", bs, "--topic-prefix", prefix,
+        )  # fmt: skip
+    finally:
+        await runner.cleanup()
+
+
+def _fleet_argv(bs: str, prefix: str) -> list[str]:
+    return [
+        "fleet", "--scenario", str(REPO / "scenarios/steady-chat.yaml"), "--seconds", "2",
+        "--drain-s", "0", "--bootstrap-servers", bs, "--topic-prefix", prefix,
+    ]  # fmt: skip
+
+
+def _one_line(code: int, out: str, err: str) -> str:
+    assert code == 2, (out, err)
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+async def test_scrape_on_a_fresh_prefix_creates_no_topic_and_says_which_is_missing(
+    broker: ProcessBroker, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to scrape and publish, and its first send created fleet.telemetry (4 partitions on
+    Tansu): refused once at start-up instead, before any send."""
+    bs = broker.bootstrap_servers
+    err = _one_line(*await _scrape(capsys, bs, prefix))
+    assert err.startswith(f"fleetloop scrape: topic {topic_name(prefix, TELEMETRY)} does not exist"), err
+    assert err.rstrip().endswith("(start the daemon with --create-topics, or check --topic-prefix)"), err
+    assert await _under(bs, prefix) == {}
+
+
+async def test_scrape_refuses_a_telemetry_topic_laid_out_otherwise(
+    broker: ProcessBroker, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bs = broker.bootstrap_servers
+    telemetry = topic_name(prefix, TELEMETRY)
+    await _create(bs, [NewTopic(telemetry, 4, 1, topic_configs={"cleanup.policy": "compact"})])
+    err = _one_line(*await _scrape(capsys, bs, prefix))
+    assert err.startswith(
+        f"fleetloop scrape: topic {telemetry} has cleanup.policy compact, fleetloop needs delete"
+    ), err
+
+
+async def test_fleet_on_a_fresh_prefix_creates_no_topic_and_says_which_is_missing(
+    broker: ProcessBroker, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to follow control.state and send outcomes, creating both (4 partitions on Tansu)."""
+    bs = broker.bootstrap_servers
+    err = _one_line(*await _cli(capsys, *_fleet_argv(bs, prefix)))
+    assert err.startswith(f"fleetloop fleet: topic {topic_name(prefix, STATE)} does not exist"), err
+    assert err.rstrip().endswith("(start the daemon with --create-topics, or check --topic-prefix)"), err
+    assert await _under(bs, prefix) == {}
+    # control.state there, fleet.requests not: the outcomes' topic is named (and not created)
+    await _create(bs, [t for t in registry_topics(prefix) if t.name == topic_name(prefix, STATE)])
+    err = _one_line(*await _cli(capsys, *_fleet_argv(bs, prefix)))
+    assert err.startswith(f"fleetloop fleet: topic {topic_name(prefix, REQUESTS)} does not exist"), err
+    assert await _under(bs, prefix) == {topic_name(prefix, STATE): 1}
+
+
+async def test_fleet_refuses_a_state_topic_with_the_wrong_partition_count(
+    broker: ProcessBroker, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What an auto-created control.state looked like: 4 partitions, of which a reader sees one."""
+    bs = broker.bootstrap_servers
+    state = topic_name(prefix, STATE)
+    await _create(bs, [t for t in registry_topics(prefix) if t.name != state])
+    await _create(bs, [NewTopic(state, 4, 1, topic_configs={"cleanup.policy": "compact"})])
+    err = _one_line(*await _cli(capsys, *_fleet_argv(bs, prefix)))
+    assert err.startswith(f"fleetloop fleet: topic {state} has 4 partitions, fleetloop needs 1"), err
+
+
+async def test_the_router_publisher_refuses_a_missing_or_misfit_requests_topic(
+    broker: ProcessBroker, prefix: str
+) -> None:
+    """The library raises at start() (no per-publish cost), naming the topic; it creates nothing."""
+    bs = broker.bootstrap_servers
+    requests = topic_name(prefix, REQUESTS)
+    pub = OutcomePublisher(bs, topic_prefix=prefix)
+    with pytest.raises(TopicLayoutError, match=f"^topic {re.escape(requests)} does not exist"):
+        await pub.start()
+    await pub.stop()
+    assert await _under(bs, prefix) == {}
+    await _create(bs, [NewTopic(requests, 2, 1, topic_configs={"cleanup.policy": "compact"})])
+    pub = OutcomePublisher(bs, topic_prefix=prefix)
+    with pytest.raises(TopicLayoutError, match=f"^topic {re.escape(requests)} has cleanup.policy compact"):
+        await pub.start()
+    await pub.stop()

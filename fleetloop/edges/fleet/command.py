@@ -47,6 +47,7 @@ from fleetloop.schemas.decisions import Decision, decision_from_newer
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.topics import REQUESTS, STATE, topic_name
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
+from fleetloop.topic_layout import TopicLayoutError, require_topics
 from fleetloop.user_input import check_seed, output_file
 
 PROGRESS_EVERY_S = 5.0
@@ -183,9 +184,15 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
         conn = connection_from(args) if args.bootstrap_servers else None
         if conn is not None:
             producer = AIOKafkaProducer(**connect(conn), acks="all", linger_ms=5)
+            # Once, before the state consumer or the first send names a topic (which would
+            # auto-create a missing one).
+            read_write = [STATE] if args.no_outcomes else [STATE, REQUESTS]
             try:
                 async with asyncio.timeout(30):
+                    await require_topics(conn, args.topic_prefix, read_write, cleanup=True)
                     await producer.start()
+            except TopicLayoutError as exc:
+                raise EdgeUsageError(f"fleetloop fleet: {exc}") from None
             except Exception as exc:
                 where = shown(conn)
                 raise EdgeUsageError(

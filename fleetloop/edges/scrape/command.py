@@ -43,6 +43,7 @@ from fleetloop.edges.scrape.runtimes import RUNTIMES
 from fleetloop.kafka_security import bootstrap_arg, connect, error_text, shown
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import TELEMETRY, topic_name
+from fleetloop.topic_layout import TopicLayoutError, require_topics
 
 PROGRESS_EVERY_S = 10.0
 MAX_HTTP_TIMEOUT_S = 5.0
@@ -179,7 +180,13 @@ async def _run(args: argparse.Namespace, targets: list[Target]) -> list[TargetSt
     producer = AIOKafkaProducer(**connect(conn), acks="all", linger_ms=5)
     try:
         async with asyncio.timeout(30):
+            # Once, before the first send names the topic (which would auto-create a missing one).
+            await require_topics(conn, args.topic_prefix, [TELEMETRY], cleanup=True)
             await producer.start()
+    except TopicLayoutError as exc:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise UsageError(f"fleetloop scrape: {exc}") from None
     except Exception as exc:
         with contextlib.suppress(Exception):
             await producer.stop()

@@ -132,6 +132,7 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
 
     from fleetloop.router.follow import StateFollower, StateOnly
     from fleetloop.router.publish import OutcomePublisher
+    from fleetloop.topic_layout import TopicLayoutError
 
     api = RuntimeApi(args.runtime_api)
     try:
@@ -180,7 +181,10 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
             return 0
         if listen is not None:
             publisher = OutcomePublisher(connection_from(args), topic_prefix=args.topic_prefix)
-            await publisher.start()
+            try:
+                await publisher.start()
+            except TopicLayoutError as exc:
+                raise UsageError(f"fleetloop actuate haproxy: {exc}") from None
             pub = publisher
 
             def on_line(line: str) -> None:
