@@ -198,12 +198,7 @@ async def _read(bootstrap: Bootstrap, prefix: str) -> _Recorded:
     rec.requests_topic = topic_name(prefix, REQUESTS)
 
     async def read(logical: str, *, required: bool) -> list[Any]:
-        try:
-            parts = await read_topic(bootstrap, topic_name(prefix, logical), verb="whatif")
-        except UsageError:
-            if required:
-                raise
-            return []
+        parts = await read_topic(bootstrap, prefix, logical, verb="whatif", optional=not required)
         return [r for rs in parts.values() for r in rs]
 
     try:

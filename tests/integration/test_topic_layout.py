@@ -272,3 +272,21 @@ async def test_the_router_publisher_refuses_a_missing_or_misfit_requests_topic(
     with pytest.raises(TopicLayoutError, match=f"^topic {re.escape(requests)} has cleanup.policy compact"):
         await pub.start()
     await pub.stop()
+
+
+READERS = {name: READ_ONLY[name][0] for name in ("replay", "policy compare", "whatif")}
+
+
+@pytest.mark.parametrize("command", sorted(READERS))
+async def test_a_reader_refuses_a_topic_with_the_wrong_partition_count_naming_it(
+    broker: ProcessBroker, prefix: str, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """control.decisions with 4 partitions (what a reader's first fetch used to leave behind) was read
+    whole: records fleetloop never wrote went into the replay, the comparison or the what-if."""
+    bs = broker.bootstrap_servers
+    decisions = topic_name(prefix, DECISIONS)
+    await _create(bs, [t for t in registry_topics(prefix) if t.name != decisions])
+    await _create(bs, [NewTopic(decisions, 4, 1, topic_configs={"cleanup.policy": "delete"})])
+    argv = [*READERS[command], "--bootstrap-servers", bs, "--topic-prefix", prefix]
+    err = _one_line(*await _cli(capsys, *argv))
+    assert err.startswith(f"fleetloop {command}: topic {decisions} has 4 partitions, fleetloop needs 1"), err

@@ -43,7 +43,7 @@ from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import DECISIONS, POLICY, POLICY_ACTIVE, REQUESTS, TELEMETRY, topic_name
-from fleetloop.topic_layout import missing_topic, topic_partitions
+from fleetloop.topic_layout import TopicLayoutError, TopicMissingError, require_topics
 
 WINDOW_HELP = (
     "TIME (epoch ms, ISO-8601 with a zone, 'beginning', 'end'), or TOPIC:PARTITION:OFFSET "
@@ -257,21 +257,32 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 async def read_topic(
     bootstrap: Bootstrap,
-    topic: str,
+    prefix: str,
+    logical: str,
     progress: Callable[[str], None] | None = None,
     *,
     verb: str = "replay",
+    optional: bool = False,
 ) -> dict[int, list[Any]]:
-    """Every record of ``topic`` up to its end offsets now, by partition, in offset order.
+    """Every record of the registry topic ``logical`` under ``prefix`` up to its end offsets now, by
+    partition, in offset order.
 
-    A missing topic is a UsageError ("fleetloop VERB: topic ... does not exist"), found without
-    creating it: reading or describing it by name would make an auto-creating broker create it
-    (brokers/admin.py explains).
+    Checked first, creating nothing (reading or describing it by name would make an auto-creating
+    broker create it: see :mod:`fleetloop.topic_layout`): a missing topic is a UsageError
+    ("fleetloop VERB: topic ... does not exist"; with ``optional``, no records), and so is one with
+    a partition count other than fleetloop's (a one-partition topic with more was not written by
+    fleetloop, and the records past partition 0 are not the ones it decided on).
     """
-    count = (await topic_partitions(bootstrap)).get(topic, 0)
-    if not count:
-        raise UsageError(f"fleetloop {verb}: {missing_topic(topic, bootstrap, f' at {shown(bootstrap)}')}")
-    partitions = range(count)
+    topic = topic_name(prefix, logical)
+    try:
+        counts = await require_topics(bootstrap, prefix, [logical], where=f" at {shown(bootstrap)}")
+    except TopicMissingError as exc:
+        if optional:
+            return {}
+        raise UsageError(f"fleetloop {verb}: {exc}") from None
+    except TopicLayoutError as exc:
+        raise UsageError(f"fleetloop {verb}: {exc}") from None
+    partitions = range(counts[topic])
     consumer = AIOKafkaConsumer(**connect(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
@@ -301,11 +312,12 @@ async def read_topic(
 async def _committed(bootstrap: Bootstrap, prefix: str, group: str) -> dict[str, int]:
     """A consumer group's committed offsets on the input topics: 'logical:partition' -> next offset."""
     physical = {topic_name(prefix, logical): logical for logical in (TELEMETRY, REQUESTS)}
-    counts = await topic_partitions(bootstrap)  # names none: creates none
-    if missing := sorted(set(physical) - set(counts)):
-        raise UsageError(
-            f"fleetloop replay: {missing_topic(missing[0], bootstrap, f' at {shown(bootstrap)}')}"
+    try:  # checked creating nothing, as read_topic does
+        counts = await require_topics(
+            bootstrap, prefix, [REQUESTS, TELEMETRY], where=f" at {shown(bootstrap)}"
         )
+    except TopicLayoutError as exc:
+        raise UsageError(f"fleetloop replay: {exc}") from None
     tps = [TopicPartition(t, p) for t in sorted(physical) for p in range(counts[t])]
     # The group's committed offsets, asked as a member would (OffsetFetch, without joining it).
     consumer = AIOKafkaConsumer(**connect(bootstrap), group_id=group, enable_auto_commit=False)
@@ -362,16 +374,14 @@ async def replay_topics(
     try:
         committed = {g: await _committed(bootstrap, prefix, g) for g in (*start.groups, *stop.groups)}
         window = window_of(start, stop, committed)
-        decided = await read_topic(bootstrap, topic_name(prefix, DECISIONS), progress)
+        decided = await read_topic(bootstrap, prefix, DECISIONS, progress)
         raw_inputs = {
-            logical: await read_topic(bootstrap, topic_name(prefix, logical), progress)
+            logical: await read_topic(bootstrap, prefix, logical, progress)
             for logical in (TELEMETRY, REQUESTS)
         }
-        policies = await read_topic(bootstrap, topic_name(prefix, POLICY))
-        try:
-            actives = await read_topic(bootstrap, topic_name(prefix, POLICY_ACTIVE))
-        except UsageError:
-            actives = {}  # written by daemons since policy lifecycle; older deployments lack it
+        policies = await read_topic(bootstrap, prefix, POLICY)
+        # Written by daemons since policy lifecycle; older deployments lack it.
+        actives = await read_topic(bootstrap, prefix, POLICY_ACTIVE, optional=True)
     except UsageError:
         raise
     except Exception as exc:  # one line for the user, whatever the client raised

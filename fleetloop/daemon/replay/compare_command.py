@@ -75,8 +75,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     async def read() -> tuple[list[Decision], list[Decision]]:
         try:
-            enforced = await read_topic(conn, topic_name(args.topic_prefix, DECISIONS), verb="policy compare")
-            shadow = await read_topic(conn, topic_name(args.topic_prefix, SHADOW), verb="policy compare")
+            enforced = await read_topic(conn, args.topic_prefix, DECISIONS, verb="policy compare")
+            shadow = await read_topic(conn, args.topic_prefix, SHADOW, verb="policy compare")
         except UsageError:
             raise
         except Exception as exc:
