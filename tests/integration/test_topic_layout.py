@@ -242,6 +242,9 @@ async def test_fleet_on_a_fresh_prefix_creates_no_topic_and_says_which_is_missin
     err = _one_line(*await _cli(capsys, *_fleet_argv(bs, prefix)))
     assert err.startswith(f"fleetloop fleet: topic {topic_name(prefix, REQUESTS)} does not exist"), err
     assert await _under(bs, prefix) == {topic_name(prefix, STATE): 1}
+    code, out, err = await _cli(capsys, *_fleet_argv(bs, prefix), "--no-outcomes")  # writes none
+    assert code == 0, (out, err)
+    assert await _under(bs, prefix) == {topic_name(prefix, STATE): 1}
 
 
 async def test_fleet_refuses_a_state_topic_with_the_wrong_partition_count(
@@ -274,19 +277,17 @@ async def test_the_router_publisher_refuses_a_missing_or_misfit_requests_topic(
     await pub.stop()
 
 
-READERS = {name: READ_ONLY[name][0] for name in ("replay", "policy compare", "whatif")}
-
-
-@pytest.mark.parametrize("command", sorted(READERS))
-async def test_a_reader_refuses_a_topic_with_the_wrong_partition_count_naming_it(
+@pytest.mark.parametrize("command", sorted(READ_ONLY))
+async def test_a_read_only_command_refuses_a_topic_with_the_wrong_partition_count_naming_it(
     broker: ProcessBroker, prefix: str, command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """control.decisions with 4 partitions (what a reader's first fetch used to leave behind) was read
-    whole: records fleetloop never wrote went into the replay, the comparison or the what-if."""
+    """The first one-partition topic each reads, with 4 (what a reader's first fetch used to leave
+    behind): replay, policy compare and whatif read it whole, records fleetloop never wrote included."""
+    argv, first = READ_ONLY[command]
+    misfit = topic_name(prefix, DECISIONS if first in (TELEMETRY, REQUESTS, TICKS) else first)
+    spec = next(t for t in registry_topics(prefix) if t.name == misfit)
     bs = broker.bootstrap_servers
-    decisions = topic_name(prefix, DECISIONS)
-    await _create(bs, [t for t in registry_topics(prefix) if t.name != decisions])
-    await _create(bs, [NewTopic(decisions, 4, 1, topic_configs={"cleanup.policy": "delete"})])
-    argv = [*READERS[command], "--bootstrap-servers", bs, "--topic-prefix", prefix]
-    err = _one_line(*await _cli(capsys, *argv))
-    assert err.startswith(f"fleetloop {command}: topic {decisions} has 4 partitions, fleetloop needs 1"), err
+    await _create(bs, [t for t in registry_topics(prefix) if t.name != misfit])
+    await _create(bs, [NewTopic(misfit, 4, 1, topic_configs=spec.topic_configs)])
+    err = _one_line(*await _cli(capsys, *argv, "--bootstrap-servers", bs, "--topic-prefix", prefix))
+    assert err.startswith(f"fleetloop {command}: topic {misfit} has 4 partitions, fleetloop needs 1"), err
