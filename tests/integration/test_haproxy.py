@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from fleetloop.schemas.decisions import (
 from fleetloop.schemas.topics import REQUESTS, STATE
 from tests.support.http import Handler, free_port, nodes
 from tests.support.kafka import producer, read_all
+from tests.support.tools import require_tool
 
 TICK_S = 1.0
 STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
@@ -151,8 +151,7 @@ async def _wait_for(pred: Any, timeout_s: float, what: str) -> None:
 async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_start_brings_it_back(
     kafka_env: Any, tmp_path: Path
 ) -> None:
-    if shutil.which("haproxy") is None:
-        pytest.fail("haproxy is not installed (.ci/run installs it from Debian: apt-get install haproxy)")
+    require_tool("haproxy")
     fe_port, log_port = free_port(), free_port(socket.SOCK_DGRAM)
     bmap = tmp_path / "backends.yaml"
     bmap.write_text(
@@ -299,8 +298,7 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
     kafka_env: Any, tmp_path: Path
 ) -> None:
     """At the scale users run: 1,000 slots in one backend (more than one runtime-API line holds)."""
-    if shutil.which("haproxy") is None:
-        pytest.fail("haproxy is not installed (.ci/run installs it from Debian: apt-get install haproxy)")
+    require_tool("haproxy")
     n = 1000
     servers = "\n".join(f"    server s{i} 127.0.0.1:{20000 + i} weight 100" for i in range(n))
     cfg = tmp_path / "haproxy.cfg"
