@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 from aiohttp import web
 from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi
@@ -36,6 +35,7 @@ from fleetloop.schemas.topics import REQUESTS, STATE
 from tests.support.http import Handler, free_port, nodes
 from tests.support.kafka import producer, read_all
 from tests.support.tools import require_tool
+from tests.support.wait import wait_until
 
 TICK_S = 1.0
 STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
@@ -139,15 +139,6 @@ async def _drive(fe_port: int, traffic: Traffic, stop: asyncio.Event) -> None:
             await asyncio.sleep(0.004)
 
 
-async def _wait_for(pred: Any, timeout_s: float, what: str) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not pred():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-
-
 async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_start_brings_it_back(
     kafka_env: Any, tmp_path: Path
 ) -> None:
@@ -205,10 +196,10 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
         traffic, stop = Traffic(), asyncio.Event()
         driver = asyncio.create_task(_drive(fe_port, traffic, stop))
         try:
-            await _wait_for(
+            await wait_until(
                 lambda: "chat/s2 admin ready -> maint" in actuator_log.read_text(), 60, "slot 2 disabled"
             )
-            await _wait_for(
+            await wait_until(
                 lambda: traffic.last_to("chat/0") > 0 and traffic.last_to("chat/1") > 0, 30, "traffic"
             )
             t_ok = clock.monotonic_s()
@@ -249,7 +240,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
 
             # drift: someone sets a weight by hand; the actuator re-asserts it and says so
             await api.run(["set server chat/s1 weight 3"])
-            await _wait_for(
+            await wait_until(
                 lambda: "drift: chat/s1 weight was 3" in actuator_log.read_text(), 10, "drift line"
             )
             state_now = await api.run(["show servers state chat"])
@@ -268,7 +259,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
                     drain=("chat/1",),
                 ),
             )
-            await _wait_for(lambda: "chat/s1 admin ready -> drain" in actuator_log.read_text(), 10, "drain")
+            await wait_until(lambda: "chat/s1 admin ready -> drain" in actuator_log.read_text(), 10, "drain")
         finally:
             stop.set()
             await driver

@@ -29,33 +29,38 @@ def _timed_out(what: str, timeout_s: float, last: object) -> str:
 async def wait_until(
     predicate: Callable[[], T | Awaitable[T]],
     timeout_s: float = 30.0,
-    interval_s: float = INTERVAL_S,
-    *,
     what: str = "the condition",
+    *,
+    interval_s: float = INTERVAL_S,
 ) -> T:
     """Poll ``predicate`` (sync or async) every ``interval_s`` until it returns something truthy;
-    return that value. Fails the test naming ``what`` after ``timeout_s``. An exception raised by
-    the predicate propagates at once (a condition that cannot be evaluated is a failure, not a wait).
+    return that value. Fails the test naming ``what`` after ``timeout_s`` (an async predicate still
+    running then is cancelled). An exception raised by the predicate propagates at once: a condition
+    that cannot be evaluated is a failure, not a wait.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value  # type: ignore[return-value]
-        if loop.time() >= deadline:
-            pytest.fail(_timed_out(what, timeout_s, value), pytrace=False)
-        await asyncio.sleep(interval_s)
+    value: object = None
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            while True:
+                value = predicate()
+                if inspect.isawaitable(value):
+                    value = await value
+                if value:
+                    return value  # type: ignore[return-value]
+                await asyncio.sleep(interval_s)
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the predicate's own
+        pytest.fail(_timed_out(what, timeout_s, value), pytrace=False)
 
 
 def wait_until_sync(
     predicate: Callable[[], T],
     timeout_s: float = 30.0,
-    interval_s: float = INTERVAL_S,
-    *,
     what: str = "the condition",
+    *,
+    interval_s: float = INTERVAL_S,
 ) -> T:
     """:func:`wait_until` for code without an event loop (threads, subprocesses, sync tests)."""
     deadline = clock.monotonic_s() + timeout_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -36,7 +37,7 @@ async def test_wait_until_awaits_an_async_predicate() -> None:
 
 async def test_wait_until_fails_the_test_naming_what_it_waited_for() -> None:
     with pytest.raises(pytest.fail.Exception, match=r"timed out after 0.05 s waiting for the ticks .*\[\]"):
-        await wait_until(list, timeout_s=0.05, interval_s=0.01, what="the ticks")
+        await wait_until(list, 0.05, "the ticks", interval_s=0.01)
 
 
 async def test_wait_until_lets_a_predicate_error_through_at_once() -> None:
@@ -53,3 +54,12 @@ def test_wait_until_sync_polls_and_times_out_the_same_way() -> None:
     assert len(calls) == 3
     with pytest.raises(pytest.fail.Exception, match="waiting for a file"):
         wait_until_sync(lambda: None, timeout_s=0.02, interval_s=0.005, what="a file")
+
+
+async def test_wait_until_cancels_a_predicate_still_running_at_the_deadline() -> None:
+    async def hangs() -> bool:
+        await asyncio.sleep(60)
+        return True
+
+    with pytest.raises(pytest.fail.Exception, match="waiting for an answer"):
+        await asyncio.wait_for(wait_until(hangs, 0.05, "an answer"), 5)
