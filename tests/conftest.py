@@ -1,4 +1,11 @@
-"""Fixtures for every test."""
+"""Fixtures for every test, and the two tiers (README, "Development").
+
+- ``make test``: every test not marked ``system`` (lint, unit tests, the integration core on both
+  brokers). A new test lands here unless it is marked.
+- ``make test-system``: tests marked ``system`` (``@pytest.mark.system``, or ``pytestmark`` for a
+  whole file): the long forms, soak, fuzz, restarts, benches, the browser, the simulator tables.
+  ``slow``, the marker's older name, counts as ``system``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,13 @@ import inspect
 from collections.abc import AsyncIterator
 
 import pytest
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.system)
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ SCENARIO = ROOT / "scenarios" / "stack" / "degraded-gpu-small.yaml"
 VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.system,
     pytest.mark.skipif(not VLLM_ROUTER.exists(), reason="vllm-router (the dev extra)"),
 ]
 

@@ -32,10 +32,15 @@ HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Everything under tests/integration is marked ``integration``."""
+    """Everything under tests/integration is marked ``integration``; under pytest-xdist
+    (``--dist loadgroup``, as the Makefile runs it) every test on one broker kind goes to one worker,
+    so each broker starts once per run instead of once per worker."""
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.integration)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("broker") in BROKER_KINDS:
+            item.add_marker(pytest.mark.xdist_group(f"broker-{callspec.params['broker']}"))
 
 
 @pytest.hookimpl(wrapper=True)
