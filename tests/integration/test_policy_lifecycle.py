@@ -26,6 +26,7 @@ from tests.integration.test_restarts import (
     compare_with_an_uninterrupted_run,
     feeding,
 )
+from tests.support.wait import wait_until
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -90,13 +91,12 @@ async def test_apply_refusals_restart_rollback_and_an_exact_replay_across_them(
             await p.send_and_wait(kafka_env.topic(POLICY), value=raw, key=b"foundation")
         finally:
             await p.stop()
-        async with asyncio.timeout(30):
-            while True:
-                code, out, _ = await _cli(capsys, "policy", "status", *base, *group, "--json")
-                status = json.loads(out)
-                if status["refused"] >= 1:
-                    break
-                await asyncio.sleep(0.5)
+
+        async def refused() -> dict[str, Any] | None:
+            status = json.loads((await _cli(capsys, "policy", "status", *base, *group, "--json"))[1])
+            return status if status["refused"] >= 1 else None
+
+        status = await wait_until(refused, 30, "the daemon to refuse v1", interval_s=0.5)
         assert status["version"] == 2, status
         assert status["refused"] == 1, status
         assert "not newer" in status["last_refusal"]

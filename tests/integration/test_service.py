@@ -26,6 +26,7 @@ from tests.support.kafka import producer, send
 from tests.support.policies import FOUNDATION_YAML, foundation
 from tests.support.records import outcome, telemetry, tick
 from tests.support.service import EXPORTED_METRICS, FLEETLOOP, broker_args, fleetloop_run, total
+from tests.support.wait import wait_until
 
 NODES = ("p/0", "p/1", "p/2")
 
@@ -308,12 +309,13 @@ async def test_a_stuck_stderr_reader_does_not_stall_the_loop(kafka_env: Any, tmp
             from tests.support.service import RunningService
 
             svc = RunningService(proc, port, tmp_path / "unused")  # type: ignore[arg-type]
-            async with asyncio.timeout(120):
-                while (
-                    total(m := await svc.metrics(), "fleetloop_ticks_total", outcome="decided") < 20
-                    or total(m, "fleetloop_dead_letters_total") < 16_000
-                ):
-                    await asyncio.sleep(0.5)
+
+            async def all_done() -> Any:
+                m = await svc.metrics()
+                decided = total(m, "fleetloop_ticks_total", outcome="decided") >= 20
+                return m if decided and total(m, "fleetloop_dead_letters_total") >= 16_000 else None
+
+            m = await wait_until(all_done, 120, "20 ticks decided and 16,000 dead letters", interval_s=0.5)
             assert total(m, "fleetloop_dead_letters_total") == 16_000
             assert (await client.get("/healthz")).status_code == 200
     finally:
