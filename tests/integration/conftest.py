@@ -5,12 +5,13 @@
   broker, so only one runs at a time) and stops at the end. A broker that cannot start makes every
   test that uses it error out with the BrokerStartError message: never a silent skip.
 - ``kafka_env``: per test, a fresh topic prefix with every registry topic created, so tests never
-  see each other's records.
+  see each other's records; a session pool per broker creates them ahead of the tests
+  (tests/support/prefixes.py: on Apache Kafka a new topic takes about a second to serve).
 """
 
 from __future__ import annotations
 
-import uuid
+import asyncio
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +24,10 @@ from fleetloop.daemon.brokers import (
     BrokerStartError,
     ProcessBroker,
     delete_topics,
-    ensure_topics,
     make_broker,
 )
 from fleetloop.schemas.topics import topic_name
+from tests.support.prefixes import PrefixPool
 
 HERE = Path(__file__).resolve().parent
 
@@ -90,11 +91,20 @@ class KafkaEnv:
         return f"{self.prefix}.{name}"
 
 
+@pytest.fixture(scope="session")
+def prefix_pool(broker: ProcessBroker) -> Iterator[PrefixPool]:
+    """Fresh prefixes with their topics, made ahead on this broker; stopped before the broker is."""
+    pool = PrefixPool(broker.bootstrap_servers)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-async def kafka_env(broker: ProcessBroker) -> AsyncIterator[KafkaEnv]:
+async def kafka_env(broker: ProcessBroker, prefix_pool: PrefixPool) -> AsyncIterator[KafkaEnv]:
     """Every registry topic under a fresh prefix; deleted again after the test (keeps the broker lean)."""
-    prefix = f"it-{uuid.uuid4().hex[:10]}"
-    await ensure_topics(broker.bootstrap_servers, prefix)
+    prefix = await asyncio.to_thread(prefix_pool.take)
     yield KafkaEnv(
         bootstrap_servers=broker.bootstrap_servers,
         prefix=prefix,
