@@ -185,7 +185,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                 deadline = clock.monotonic_s() + 60
                 while clock.monotonic_s() < deadline:
                     await tick_once(p)
-                    await asyncio.sleep(1.0)
+                    await asyncio.sleep(1.0)  # one tick a second, traffic flowing meanwhile
                     recent = {n for t, n in traffic.seen if t > clock.monotonic_s() - 1.0}
                     if tick_id >= 4 and recent >= set(NODES):
                         break

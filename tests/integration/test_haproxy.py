@@ -203,7 +203,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
                 lambda: traffic.last_to("chat/0") > 0 and traffic.last_to("chat/1") > 0, 30, "traffic"
             )
             t_ok = clock.monotonic_s()
-            await asyncio.sleep(2 * TICK_S)
+            await asyncio.sleep(2 * TICK_S)  # a window of traffic to measure the shares over
             share0, n = traffic.share("chat/0", t_ok, clock.monotonic_s())
             assert n > 20
             assert 0.3 < share0 < 0.7, share0
@@ -211,13 +211,13 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
 
             # tick 2: chat/0's breaker opens (fleetloop zeroes its weight in the same tick)
             t_open = await publish(2, breaker("open"), routing({"chat/0": 0.0, "chat/1": 1.0}))
-            await asyncio.sleep(2 * TICK_S)
+            await asyncio.sleep(2 * TICK_S)  # the claim's bound: traffic leaves within two ticks
             moved_after_s = traffic.last_to("chat/0") - t_open
             assert moved_after_s < 2 * TICK_S, (
                 f"traffic still reached chat/0 {moved_after_s:.2f} s after the breaker"
             )
             t_quiet = t_open + 2 * TICK_S
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # a window in which no request may reach chat/0
             assert traffic.share("chat/0", t_quiet, clock.monotonic_s())[0] == 0.0
 
             # ticks 3-6: half-open probe, then the slow-start ramp fleetloop publishes as weights
@@ -230,7 +230,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
                 )
                 await asyncio.sleep(0.5)  # let the actuator apply it, then measure the rest of the tick
                 t1 = t0 + 0.5
-                await asyncio.sleep(TICK_S * 1.5)
+                await asyncio.sleep(TICK_S * 1.5)  # a window of traffic to measure the share over
                 shares.append(traffic.share("chat/0", t1, clock.monotonic_s()))
             got = [s for s, _ in shares]
             assert all(n > 15 for _, n in shares), shares

@@ -84,12 +84,12 @@ async def test_a_restart_after_real_compaction_resumes_the_activated_policy(
                     ]
                     if versions == [1]:
                         break
-                    await asyncio.sleep(2)
+                    await asyncio.sleep(2)  # the log cleaner runs on its own schedule
             assert await proc.kill9() == -signal.SIGKILL
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # an outage: ticks are missed, then caught up
             proc = Proc(kafka_env, v1_path, log)
             await proc.assigned()
-            await asyncio.sleep(3)
+            await asyncio.sleep(3)  # a window for a restart that forgot the refusal to refuse v1 again
             _, out, _ = await _cli(capsys, "policy", "status", *base, *group, "--json")
             status = json.loads(out)
             assert status["version"] == 2, status

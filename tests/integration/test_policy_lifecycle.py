@@ -67,7 +67,7 @@ async def test_apply_refusals_restart_rollback_and_an_exact_replay_across_them(
     async with feeding(kafka_env):
         proc = Proc(kafka_env, v1_path, log)
         await proc.assigned()
-        await asyncio.sleep(2)
+        await asyncio.sleep(2)  # elapsed time: live ticks under v1
 
         code, out, err = await _cli(capsys, "policy", "apply", str(v2_path), *base, *group)
         assert code == 0, err
@@ -104,10 +104,10 @@ async def test_apply_refusals_restart_rollback_and_an_exact_replay_across_them(
         # kill -9 and restart: the last document written for the name is the refused v1; the
         # restart resumes v2 and does not dead-letter v1 again.
         assert await proc.kill9() == -signal.SIGKILL
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # an outage: ticks are missed, then caught up
         proc = Proc(kafka_env, v1_path, log)
         await proc.assigned()
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # a window for a restart that forgot the refusal to refuse v1 again
         code, out, _ = await _cli(capsys, "policy", "status", *base, *group, "--json")
         assert json.loads(out)["version"] == 2, out
 
@@ -115,8 +115,8 @@ async def test_apply_refusals_restart_rollback_and_an_exact_replay_across_them(
         assert code == 0, err
         assert "v3" in out, out
         assert "active from tick" in out, out
-        await asyncio.sleep(3)
-    await asyncio.sleep(1.5)
+        await asyncio.sleep(3)  # elapsed time: live ticks under v3
+    await asyncio.sleep(1.5)  # elapsed time: the fleet's last records reach their ticks before the stop
     assert await proc.stop() == 0, log.read_text()[-3000:]
 
     letters = [r for rs in (await _read(kafka_env, DEADLETTER)).values() for r in rs]

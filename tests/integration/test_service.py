@@ -201,7 +201,7 @@ async def test_broker_outage_readyz_false_meanwhile_then_recovers_quietly(
             m = await svc.metrics()
             assert total(m, "fleetloop_broker_connected") == 0
             assert total(m, "fleetloop_broker_errors_total", operation="metadata") >= 1
-            await asyncio.sleep(12)
+            await asyncio.sleep(12)  # the outage itself: how many log lines it costs
             during = len(svc.stderr().splitlines()) - before
         finally:
             os.kill(proc.pid, signal.SIGCONT)
@@ -243,7 +243,7 @@ async def test_otlp_export_only_when_the_endpoint_is_set(kafka_env: Any, tmp_pat
         # Without the variable: the daemon runs, the receiver (also on the default port's path) hears nothing.
         async with fleetloop_run(args, tmp_path, port=free_port()) as svc:
             await svc.wait_status("/readyz", 200)
-            await asyncio.sleep(3)
+            await asyncio.sleep(3)  # a window in which nothing may arrive
         assert received == []
         env = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
