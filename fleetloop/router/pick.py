@@ -66,7 +66,9 @@ Fail static: with no routing decision for a pool, or none newer than ``fail_stat
 bounds (0, 3600]), the router falls back to plain round robin over the pool's live, warm,
 non-draining members, ignoring every other held decision (all of it is as old). With a fresh
 decision that leaves no eligible node, it falls back the same way but skips nodes behind an enforced
-open breaker, unless that is every node: a router never ejects every node.
+open breaker, unless that is every node: a router never ejects every node. This is the rotation rule
+every integration keeps (:mod:`fleetloop.router.state`), from its pieces: ``left_out`` for step 2,
+``never_empty`` for the fallback.
 Retries (:meth:`Router.allow_retry`): a retry is let through while this router's retries since the
 newest retry-budget decision are below ``retries_allowed_now`` (the tenant's decision first, then
 the pool's); the retry of an attempt whose outcome the decision lists in ``exempt_retries_of``
@@ -90,7 +92,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from fleetloop.router.state import DesiredState
+from fleetloop.router.state import DesiredState, never_empty
 from fleetloop.schemas.decisions import Decision, RetryBudgetDecision, RoutingDecision
 
 FAIL_STATIC_S = 30.0
@@ -160,6 +162,10 @@ class _PoolCounters:
 
 def _one(node: NodeLike) -> float:
     return 1.0
+
+
+def _node_id(node: NodeLike) -> str:
+    return node.node_id
 
 
 class Router(Generic[N]):
@@ -271,12 +277,11 @@ class Router(Generic[N]):
         nodes_by_id = self.nodes
         nodes: list[N] = []
         ws: list[float] = []
+        left_out = state.left_out
         for node_id in sorted(weights):
             w = weights[node_id]
-            if w <= 0:
-                continue
             node = nodes_by_id.get(node_id)
-            if node is None or node.draining or state.ejected(node_id):
+            if node is None or node.draining or left_out(node_id, w) is not None:
                 continue
             nodes.append(node)
             ws.append(w)
@@ -296,9 +301,8 @@ class Router(Generic[N]):
         """Plain round robin over live, warm, non-draining members (and, while the state is fresh,
         not ejected ones, unless every one is: a router never ejects every node)."""
         live = [n for n in self.members.get(pool_id, ()) if n.alive and n.warm and not n.draining]
-        if honour_breakers and self.state.breakers:
-            healthy = [n for n in live if not self.state.ejected(n.node_id)]
-            live = healthy or live
+        if honour_breakers:
+            live = never_empty(self.state, live, _node_id)
         if not live:
             return None
         c = self._pool(pool_id)

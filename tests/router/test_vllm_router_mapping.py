@@ -50,7 +50,8 @@ def test_membership_rows() -> None:
 def test_stale_state_keeps_every_worker_and_never_ejects_all() -> None:
     assert {p for p, _ in _want(routing("p", {"p/0": 1.0}), now=31.0).values()} == {True}
     got = _want(routing("p", {"p/0": 1.0}), breaker("p/0"))
-    assert set(got.values()) == {(True, "never-eject-all")}
+    assert got["http://w0"] == (True, "never-empty")  # the only member: its breaker is not honoured
+    assert {got[f"http://w{i}"] for i in range(1, 5)} == {(False, "not-a-member")}
 
 
 def test_plan_adds_and_removes_only_differences() -> None:
