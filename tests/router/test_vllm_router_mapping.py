@@ -54,6 +54,14 @@ def test_stale_state_keeps_every_worker_and_never_ejects_all() -> None:
     assert {got[f"http://w{i}"] for i in range(1, 5)} == {(False, "not-a-member")}
 
 
+def test_fresh_state_that_would_remove_every_worker_keeps_the_named_ones_not_ejected() -> None:
+    # it names none (a daemon that lost sight of the pool): every worker, as when stale
+    assert set(_want(routing("p", {})).values()) == {(True, "never-empty")}
+    got = _want(routing("p", {"p/0": 0.0, "p/1": 1.0, "p/2": 0.0}), breaker("p/1"))
+    assert {url for url, (present, _) in got.items() if present} == {"http://w0", "http://w2"}
+    assert got["http://w1"] == (False, "breaker-open")
+
+
 def test_plan_adds_and_removes_only_differences() -> None:
     want = {"http://a": (True, "routing"), "http://b": (False, "breaker-open"), "http://c": (True, "routing")}
     assert plan(want, {"http://a", "http://b", "http://x"}) == [

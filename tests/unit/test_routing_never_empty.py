@@ -5,7 +5,9 @@ Both engine paths (``decide`` and ``decide_many``) agree, through the real fleet
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from fleetloop.daemon.act.publish import decision_bytes
@@ -120,3 +122,12 @@ def test_no_routing_decision_ever_leaves_its_pool_nothing_to_route_to() -> None:
                 dropped += not routing(result)
     assert published > 0
     assert dropped > 0
+
+
+def test_the_readme_says_how_long_the_model_remembers_a_silent_node() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    said = re.search(r"longer\s+than\s+the\s+model\s+remembers\s+a\s+node,\s+(\d+)\s+s\)", readme)
+    assert said is not None
+    assert int(said.group(1)) * 1000 == FORGET_MS
+    for path in re.findall(r"`(tests/[\w/]+\.py)`", readme[said.start() - 3000 : said.end() + 1000]):
+        assert (Path(__file__).resolve().parents[2] / path).exists(), path
