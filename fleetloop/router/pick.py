@@ -72,7 +72,8 @@ every integration keeps (:mod:`fleetloop.router.state`), from its pieces: ``left
 Retries (:meth:`Router.allow_retry`): a retry is let through while this router's retries since the
 newest retry-budget decision are below ``retries_allowed_now`` (the tenant's decision first, then
 the pool's); the retry of an attempt whose outcome the decision lists in ``exempt_retries_of``
-(``shed``, ``error``) goes without spending it.
+(``shed``, ``error``) goes without spending it. Failing static ignores the held shed thresholds
+(step 5) and, when the caller passes ``now_s``, the retry budget: both are as old as the routing.
 
 Cost: steps 2-3 are derived once per (pool, priority) and cached until the desired state or the
 fleet changes (:meth:`Router.fleet_changed`, which the embedder calls when a node joins, leaves or
@@ -242,12 +243,18 @@ class Router(Generic[N]):
     def finished(self, node_id: str) -> None:
         self.outstanding[node_id] = self.outstanding.get(node_id, 1) - 1
 
-    def allow_retry(self, pool_id: str, tenant_id: str, failed_as: str = "timeout") -> bool:
+    def allow_retry(
+        self, pool_id: str, tenant_id: str, failed_as: str = "timeout", now_s: float | None = None
+    ) -> bool:
         """Spend one retry of the budget if one is left; True when the retry may go out. The retry
         of an attempt that ended as an outcome the budget exempts (``exempt_retries_of``) goes
-        without spending it."""
+        without spending it. Given ``now_s``, a pool failing static (no routing decision fresher
+        than ``fail_static_s``) lets every retry go: a budget whose control plane went away is not
+        refilled, and spent it would refuse every retry for good."""
         st = self.state.pools.get(pool_id)
         if st is None:
+            return True
+        if now_s is not None and self.state.routing_fresh(pool_id, now_s, self.fail_static_s) is None:
             return True
         key = tenant_id if tenant_id in st.budgets else ""
         d = st.budgets.get(key)
@@ -364,11 +371,25 @@ class Router(Generic[N]):
         k = bisect_right(el.cum, x)
         return nodes[k] if k < len(nodes) else nodes[-1]
 
-    def admit(self, pool_id: str, node: N, priority: int, *, new_task: bool, budget_ms: float) -> bool:
-        """Step 5: False when the pool's shed thresholds reject this call on this node."""
+    def admit(
+        self,
+        pool_id: str,
+        node: N,
+        priority: int,
+        *,
+        new_task: bool,
+        budget_ms: float,
+        now_s: float | None = None,
+    ) -> bool:
+        """Step 5: False when the pool's shed thresholds reject this call on this node. Given
+        ``now_s``, a pool failing static (no routing decision fresher than ``fail_static_s``)
+        admits every call: its held thresholds are as old as its routing, and a router whose
+        control plane went away must not go on shedding a class for it."""
         st = self.state.pools.get(pool_id)
         adm = st.admission if st is not None else None
         if adm is None:
+            return True
+        if now_s is not None and self.state.routing_fresh(pool_id, now_s, self.fail_static_s) is None:
             return True
         key = str(priority)
         limit = adm.new_task_max_queue_depth.get(key) if new_task else None
@@ -482,7 +503,7 @@ class Router(Generic[N]):
             node = self.pick_node(pool_id, priority, digest, now_s)
             if node is None:
                 continue
-            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
+            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):
                 route = Route(pool_id, node, "spill" if pool_id != primary else "primary")
                 moved = self._prefill_fit(route, priority, digest, new_task, budget_ms, now_s, prompt_tokens)
                 if moved is not None:
@@ -503,7 +524,7 @@ class Router(Generic[N]):
             node = self.pick_node(pool_id, priority, digest, now_s)
             if node is None:
                 continue
-            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
+            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):
                 return Route(pool_id, node, "model-fallback")
             return Route(pool_id, None, "shed")
         return Route(primary, None, "no-node")
@@ -547,7 +568,7 @@ class Router(Generic[N]):
             node = self.pick_node(pool_id, priority, digest, now_s)
             if node is None or node.queue_depth > 0:
                 continue
-            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
+            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):
                 return Route(pool_id, node, "prefill-fit")
         return None
 
@@ -568,6 +589,6 @@ class Router(Generic[N]):
             other = self.pick_node(pool_id, priority, digest, now_s)
             if other is None or other.queue_depth > 0:
                 continue
-            if self.admit(pool_id, other, priority, new_task=new_task, budget_ms=budget_ms):
+            if self.admit(pool_id, other, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):
                 return Route(pool_id, other, "model-spill", routed_from=route.pool_id)
         return route

@@ -4,8 +4,9 @@ random decision streams: HAProxy's targets, vllm-router's membership and the rou
 Whatever fleetloop published (a decision naming no node, weight 0 everywhere, a drain list or
 breakers on every node, shadow decisions, ticks out of order, state gone stale), a pool with a node
 to serve it is never left with none in rotation; an ejection is honoured only while another node of
-the pool serves; stale state is plain load balancing; and a fresh decision is followed exactly
-wherever it leaves a node in rotation.
+the pool serves; stale state is plain load balancing (the router library's held shed thresholds and
+retry budget lapse with it); and a fresh decision is followed exactly wherever it leaves a node in
+rotation.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from fleetloop.edges.actuate.vllm_router.mapping import WorkerMap, desired_worke
 from fleetloop.router import Endpoint, Router
 from fleetloop.router.state import DesiredState
 from fleetloop.schemas.decisions import (
+    AdmissionDecision,
     AutoscaleDecision,
     BreakerDecision,
     Decision,
     PolicyStamp,
+    RetryBudgetDecision,
     RoutingDecision,
 )
 from hypothesis import given, settings
@@ -47,7 +50,7 @@ def decision(draw: st.DrawFn) -> Decision:
     pool = draw(st.sampled_from(sorted(POOLS)))
     tick = draw(st.integers(1, 6))
     mode = draw(st.sampled_from(["enforce", "enforce", "enforce", "shadow"]))
-    kind = draw(st.sampled_from(["routing", "routing", "breaker", "breaker", "autoscale"]))
+    kind = draw(st.sampled_from(["routing", "routing", "breaker", "breaker", "autoscale", "limits"]))
     if kind == "routing":
         # any subset of the pool's nodes (none at all: a daemon that lost sight of them), and ids
         # no router knows
@@ -67,6 +70,35 @@ def decision(draw: st.DrawFn) -> Decision:
             state=draw(st.sampled_from(["open", "open", "half_open", "closed"])),
             enforced=draw(st.booleans()),
             probe_frac=0.1,
+        )
+    elif kind == "limits":  # shed every call of both classes, and no retry at all
+        return draw(
+            st.sampled_from(
+                [
+                    _wrap(
+                        AdmissionDecision(
+                            entity=f"pool/{pool}",
+                            reason="r",
+                            pool_id=pool,
+                            max_queue_depth={"0": 0, "1": 0},
+                        ),
+                        tick,
+                        mode,
+                    ),
+                    _wrap(
+                        RetryBudgetDecision(
+                            entity=f"pool/{pool}",
+                            reason="r",
+                            pool_id=pool,
+                            retry_ratio=0.0,
+                            min_retries_per_s=0.0,
+                            retries_allowed_now=0,
+                        ),
+                        tick,
+                        mode,
+                    ),
+                ]
+            )
         )
     else:
         drain = draw(st.lists(st.sampled_from(POOLS[pool]), unique=True))
@@ -208,6 +240,11 @@ def test_the_router_library_never_leaves_a_pool_without_a_node(
         fresh = state.routing_fresh(pool, s.now, TTL) is not None
         if fresh and ejected(state, node.node_id):
             assert all(ejected(state, n) for n in serving)
+        if not fresh:  # failing static: held shed thresholds and retry budgets are as old
+            assert router.admit(pool, node, priority, new_task=True, budget_ms=10_000, now_s=s.now)
+            assert router.allow_retry(pool, "t", now_s=s.now)
     if any(n not in draining for n in ALL):
         route = router.pick(("m",), priority, None, new_task=False, budget_ms=10_000, now_s=s.now)
-        assert route.node is not None, route.reason
+        if route.node is None:  # only a fresh decision's own shed thresholds turn a call away
+            assert route.reason == "shed", route
+            assert state.routing_fresh(route.pool_id, s.now, TTL) is not None
