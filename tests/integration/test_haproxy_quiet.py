@@ -13,11 +13,9 @@ fleetloop (the rotation rule, fleetloop/router/state.py; the engine's ``NO_NODE`
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,14 @@ from fleetloop.policies.registry import builtin_policy
 from fleetloop.router import clock
 from fleetloop.schemas import RoutingDecision
 from fleetloop.schemas.topics import STATE, TELEMETRY
-from tests.integration.test_haproxy import Traffic, _drive, _wait_for, backends, haproxy_config
+from tests.integration.test_haproxy import (
+    Traffic,
+    _drive,
+    _wait_for,
+    backends,
+    haproxy_config,
+    start_actuator,
+)
 from tests.support.http import free_port
 from tests.support.kafka import decisions_of, producer, read_all, send
 from tests.support.records import telemetry
@@ -73,30 +78,7 @@ async def test_a_pool_without_telemetry_and_after_a_quiet_period_keeps_serving(
                 break
             await asyncio.sleep(0.05)
         running = asyncio.create_task(daemon.run(stop_daemon))
-        with actuator_log.open("wb") as log_file:
-            act = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "fleetloop.daemon.cli",
-                    "actuate",
-                    "haproxy",
-                    "--runtime-api",
-                    f"unix:{tmp_path}/admin.sock",
-                    "--backend-map",
-                    str(bmap),
-                    "--bootstrap-servers",
-                    kafka_env.bootstrap_servers,
-                    "--topic-prefix",
-                    kafka_env.prefix,
-                    "--log-listen",
-                    f"127.0.0.1:{log_port}",
-                    "--period-s",
-                    "0.25",
-                ],
-                stderr=log_file,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        act = start_actuator(tmp_path, bmap, kafka_env, log_port, actuator_log)
         traffic, stop = Traffic(), asyncio.Event()
         driver: asyncio.Task[None] | None = None
         try:
