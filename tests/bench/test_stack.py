@@ -22,7 +22,6 @@ SCENARIO = ROOT / "scenarios" / "stack" / "degraded-gpu-small.yaml"
 VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
 
 pytestmark = [
-    pytest.mark.system,
     pytest.mark.skipif(not VLLM_ROUTER.exists(), reason="vllm-router (the dev extra)"),
 ]
 
@@ -38,6 +37,7 @@ def _bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.system  # a benchmark run
 def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
     require_tool("haproxy")
     r = _bench(
@@ -71,6 +71,7 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
         assert not pids.stdout.strip(), pids.stdout
 
 
+@pytest.mark.system  # a benchmark run
 def test_an_arm_with_no_successful_task_fails_the_run(tmp_path: Path) -> None:
     """Every node crashes as load begins: HAProxy has nothing to send to, no task can succeed."""
     require_tool("haproxy")

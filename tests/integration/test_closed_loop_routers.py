@@ -30,6 +30,8 @@ from tests.support.records import telemetry
 from tests.support.tools import require_tool
 from tests.support.vllm_router import start_vllm_router
 
+pytestmark = pytest.mark.system  # the whole stack: HAProxy, vllm-router, the daemon and both actuators
+
 NODES = ("chat/0", "chat/1", "chat/2")
 
 

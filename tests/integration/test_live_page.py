@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fleetloop.daemon.brokers import free_port
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY, TICKS
 from tests.support.kafka import producer, send
@@ -21,6 +22,8 @@ from tests.support.policies import FOUNDATION_YAML
 from tests.support.records import outcome, telemetry, tick
 from tests.support.service import broker_args, fleetloop_run, total
 from tests.support.tools import require_tool
+
+pytestmark = pytest.mark.system  # headless Chromium
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 NODES = ("p/0", "p/1", "p/2")

@@ -22,6 +22,8 @@ from tests.integration.test_policy_lifecycle import _cli, _variant
 from tests.integration.test_restarts import Proc, _policy, _read, feeding
 from tests.support.wait import wait_until
 
+pytestmark = pytest.mark.system  # a restart after the log cleaner ran
+
 FAST_COMPACTION = {
     "cleanup.policy": "compact",
     "segment.ms": "300",

@@ -28,6 +28,8 @@ from tests.integration.test_restarts import (
 )
 from tests.support.wait import wait_until
 
+pytestmark = pytest.mark.system  # policy changes across a kill -9 restart
+
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     capsys.readouterr()

@@ -38,6 +38,8 @@ from fleetloop.schemas.topics import DECISIONS, REQUESTS, SHADOW, TELEMETRY, TIC
 from tests.support.policies import FOUNDATION_YAML
 from tests.support.records import outcome, telemetry, to_bytes
 
+pytestmark = pytest.mark.system  # kill -9 restarts and outages, minutes of live ticks
+
 FLEETLOOP = Path(sys.executable).parent / "fleetloop"
 TICK_MS = 500
 N_PARTITIONS = 4

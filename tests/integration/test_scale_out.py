@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from fleetloop.daemon import clock
 from fleetloop.schemas.topics import DECISIONS, TELEMETRY, TICKS
 from tests.support.kafka import producer, read_all
 from tests.support.records import telemetry, tick, to_bytes
+
+pytestmark = pytest.mark.system  # one of two daemons killed, the group's session timeout in real time
 
 POOLS = tuple(f"pool-{i}" for i in range(8))
 NODES = {p: tuple(f"{p}/{j}" for j in range(3)) for p in POOLS}

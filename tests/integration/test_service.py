@@ -177,6 +177,7 @@ async def test_a_dying_task_fails_healthz_and_stops_the_daemon(
         stop.set()
 
 
+@pytest.mark.system  # a broker outage
 async def test_broker_outage_readyz_false_meanwhile_then_recovers_quietly(
     kafka_env: Any, broker: Any, tmp_path: Path
 ) -> None:

@@ -27,6 +27,8 @@ from tests.integration.test_restarts import (
     feeding,
 )
 
+pytestmark = pytest.mark.system  # a kill -9 restart across a shadow's life
+
 
 def _shadow_doc(base: Path, tmp: Path, version: int) -> Path:
     text = (

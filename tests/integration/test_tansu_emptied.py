@@ -11,12 +11,15 @@ import asyncio
 import signal
 from pathlib import Path
 
+import pytest
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.brokers.base import free_port
 from fleetloop.daemon.brokers.tansu import TANSU_CAPABILITIES, EmbeddedTansu, tansu_binary, tansu_command
 from fleetloop.schemas.topics import CHECKPOINT, DECISIONS
 from tests.integration.test_restarts import Proc, _committed, _policy, _read, feeding
 from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.system  # a broker restarted under a running daemon
 
 
 class RestartableTansu(EmbeddedTansu):
