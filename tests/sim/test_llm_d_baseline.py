@@ -64,3 +64,13 @@ def test_llm_d_is_a_known_baseline(tmp_path: Path, capsys: pytest.CaptureFixture
     path.write_text(yaml.safe_dump(PREFIX_HEAVY))
     assert main(["sim", "--scenario", str(path), "--baseline", "nope"]) == 2
     assert "known: none, classic, modern, llm-d" in capsys.readouterr().err
+
+
+def test_readme_names_every_baseline_and_its_file() -> None:
+    from fleetloop.sim.command import BASELINES
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `fleetloop sim --scenario"))
+    assert "--baseline " + "\\|".join(BASELINES) in row
+    for name in BASELINES:
+        assert f"policies/baselines/{name}.yaml" in readme, name
