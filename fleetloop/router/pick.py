@@ -239,6 +239,12 @@ class Router(Generic[N]):
         """Tell the router a node joined, left or started draining (drops derived caches)."""
         self._fleet_version += 1
 
+    def node_replaced(self, node_id: str) -> None:
+        """``node_id`` came back empty (a reclaimed host's replacement: in Kubernetes a new pod, which
+        llm-d's endpoint picker has never sent a prompt to): ``llm-d-epp`` forgets what its prefix
+        index credited it with."""
+        self.epp.index.forget(node_id)
+
     def open_breakers(self) -> int:
         return self.state.open_breakers()
 

@@ -371,6 +371,7 @@ class FleetSim:
         node.crash(self.now, keep_alive=comes_back)
         if comes_back:
             node.degrade = 1.0
+            self.router.node_replaced(node.node_id)  # its prefix cache is gone with the host
             self._boot(node)
         else:
             members = self._members[node.pool_id]

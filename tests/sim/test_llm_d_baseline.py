@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 import yaml
 from fleetloop.daemon.cli import main
+from fleetloop.sim.fleet import FleetSim
+from fleetloop.sim.runner import EPOCH_MS
+from fleetloop.sim.scenario import Scenario
 
 PREFIX_HEAVY: dict[str, Any] = {
     "name": "prefix-tiny",
@@ -74,3 +77,14 @@ def test_readme_names_every_baseline_and_its_file() -> None:
     assert "--baseline " + "\\|".join(BASELINES) in row
     for name in BASELINES:
         assert f"policies/baselines/{name}.yaml" in readme, name
+
+
+def test_a_reclaimed_node_comes_back_unknown_to_the_endpoint_pickers_index(tiny: Scenario) -> None:
+    sim = FleetSim(tiny, 1, start_ms=EPOCH_MS)
+    index = sim.router.epp.index
+    for node_id in ("small/0", "small/1"):
+        index.record(node_id, "t", prefix_blocks=10, total_blocks=20, capacity_blocks=1000)
+    sim.crash_node(sim.nodes["small/0"], comes_back=True)  # preempted: a new pod under the same id
+    sim.crash_node(sim.nodes["small/1"], comes_back=False)  # crashed: listed until its readiness fails
+    assert index.matched("small/0", "t", 10) == 0
+    assert index.matched("small/1", "t", 10) == 10
