@@ -50,7 +50,9 @@ eviction loses the same matches, and frees its blocks a little earlier than the 
 stand for characters (4 per token exactly; the EPP hashes the request's JSON). In a real agent
 conversation each call's prompt holds the previous call's, so the EPP matches more than a shared
 system prompt; the simulator's engines cache only the shared prefix, and the index matches what
-they can hit.
+they can hit. The engines' queue and KV figures are read at the call (the EPP's are up to one
+50 ms scrape old). A model's calls are split across its pools by the router first, as for every
+baseline, then picked within the pool: one InferencePool, and one EPP, per pool.
 """
 
 from __future__ import annotations
