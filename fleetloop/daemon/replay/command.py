@@ -517,10 +517,7 @@ def _print(r: ReplayReport, policy: CompiledPolicy | None, mode: str, path: str 
     )
     out.print(f"fleetloop replay ({mode}){given}: {shown_verdict}")
     for s in r.stretches.values():
-        line = (
-            f"  ticks {s.first_tick}-{s.last_tick}: {s.name} v{s.version} ({s.hash}), "
-            f"{s.ticks} tick{'s' if s.ticks != 1 else ''}, {s.mode}: {s.verdict}"
-        )
+        line = f"  {s.label}, {s.mode}: {s.verdict}"
         if s.mode == "exact" and s.changed:
             line += f" ({s.changed} of {s.decisions_compared} decisions)"
         elif s.mode == "what-if" and s.decisions_compared:

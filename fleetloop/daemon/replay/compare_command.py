@@ -33,6 +33,7 @@ from fleetloop import term
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import parse_time, read_topic
 from fleetloop.daemon.replay.compare import UNITS, Comparison, compare
+from fleetloop.daemon.replay.replay import stretch_label
 from fleetloop.kafka_security import bootstrap_arg, error_text, shown
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.topics import DECISIONS, SHADOW, topic_name
@@ -130,10 +131,8 @@ def _decisions(parts: dict[int, list[Any]]) -> list[Decision]:
 
 def stretch_lines(ticks: dict[tuple[str, int, str], list[int]]) -> list[str]:
     """``ticks A-B: NAME vN (HASH), K ticks`` per policy, in the order of their first tick."""
-    return [
-        f"ticks {a}-{b}: {n} v{v} ({h}), {k} tick{'s' if k != 1 else ''}"
-        for (n, v, h), (a, b, k) in sorted(ticks.items(), key=lambda kv: (kv[1][0], kv[0]))
-    ]
+    spans = sorted(ticks.items(), key=lambda kv: (kv[1][0], kv[0]))
+    return [stretch_label(stamp, a, b, k) for stamp, (a, b, k) in spans]
 
 
 def _fmt(x: float) -> str:

@@ -142,6 +142,11 @@ class Stretch:
             return "byte-identical" if self.changed == 0 else "DIFFERENT"
         return f"{self.changed} decision{'s' if self.changed != 1 else ''} would change"
 
+    @property
+    def label(self) -> str:
+        stamp = (self.name, self.version, self.hash)
+        return stretch_label(stamp, self.first_tick, self.last_tick, self.ticks)
+
     def as_json(self) -> dict[str, Any]:
         return {
             "from_tick": self.first_tick,
@@ -156,6 +161,13 @@ class Stretch:
             "extra": self.extra,
             "verdict": self.verdict,
         }
+
+
+def stretch_label(stamp: tuple[str, int, str], first: int, last: int, ticks: int) -> str:
+    """How replay and policy compare name a stretch (``stamp``: name, version, hash):
+    ``ticks A-B: NAME vN (HASH), K ticks``."""
+    name, version, hash_ = stamp
+    return f"ticks {first}-{last}: {name} v{version} ({hash_}), {ticks} tick{'s' if ticks != 1 else ''}"
 
 
 def group_ticks(decisions: Sequence[Decision], offsets: Sequence[int] | None = None) -> list[RecordedTick]:
