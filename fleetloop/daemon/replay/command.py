@@ -23,6 +23,8 @@ recorded under one policy (name, version, hash) are a stretch, and the header li
   verdict rests on state the other left; the mode is then ``mixed``.
 
 Exit 1 when an exact stretch differs; a what-if's changes are its answer, not a failure (exit 0).
+``--json`` adds ``stretches`` (each one's ticks, policy, mode, counts and verdict) and
+``reproduced`` (every exact stretch byte-identical; null when no stretch was exact) to the totals.
 """
 
 from __future__ import annotations
