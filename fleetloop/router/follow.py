@@ -94,8 +94,8 @@ class StateFollower:
     async def start(self, *, catch_up_timeout_s: float = 30.0) -> None:
         """Connect, read ``control.state`` from the beginning up to its end, then follow in the background."""
         c = self._consumer
-        await c.start()
         try:
+            await c.start()  # inside the try: a start that fails closes the consumer too
             parts = await self._partitions(self._state_topic)
             state_tps = [TopicPartition(self._state_topic, p) for p in parts]
             tps = list(state_tps)

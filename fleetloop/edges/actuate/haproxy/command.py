@@ -29,7 +29,7 @@ from fleetloop.edges.actuate.haproxy.mapping import BackendMap
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError, parse_address
 from fleetloop.edges.cli import EdgeUsageError as UsageError
 from fleetloop.edges.cli import connection_from, one_line_errors
-from fleetloop.kafka_security import bootstrap_arg, shown
+from fleetloop.kafka_security import bootstrap_arg, error_text, shown
 from fleetloop.router import clock
 
 
@@ -146,15 +146,18 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
     follower = StateFollower(
         sink, connection_from(args), topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
     )
-    try:
-        await follower.start()
-    except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
-        raise UsageError(f"cannot follow control.state at {shown(connection_from(args))}: {exc}") from None
     publisher: OutcomePublisher | None = None
     transport: asyncio.DatagramTransport | None = None
     parser = LogParser(bmap.by_server(), args.default_priority)
     lag_ms = [0]
     try:
+        try:
+            await follower.start()
+        except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
+            raise UsageError(
+                f"fleetloop actuate haproxy: cannot follow control.state at {shown(connection_from(args))}: "
+                f"{error_text(exc)}"
+            ) from None
         if args.once:
             done = await act.reconcile()
             out = {

@@ -36,7 +36,7 @@ from fleetloop.edges.actuate.vllm_router.mapping import (
 )
 from fleetloop.edges.cli import EdgeUsageError as UsageError
 from fleetloop.edges.cli import connection_from, one_line_errors
-from fleetloop.kafka_security import bootstrap_arg, shown
+from fleetloop.kafka_security import bootstrap_arg, error_text, shown
 from fleetloop.router import clock
 from fleetloop.router.state import DesiredState
 
@@ -205,7 +205,8 @@ async def _main(args: argparse.Namespace, wmap: WorkerMap) -> int:
             await follower.start()
         except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
             raise UsageError(
-                f"cannot follow control.state at {shown(connection_from(args))}: {exc}"
+                f"fleetloop actuate vllm-router: cannot follow control.state at "
+                f"{shown(connection_from(args))}: {error_text(exc)}"
             ) from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
