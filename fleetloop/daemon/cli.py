@@ -8,6 +8,9 @@ on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -102,6 +105,33 @@ def _describe(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit code. A reader that closes the pipe early (``fleetloop policy status
+    | head -3``) ends the command quietly, with the exit code a shell gives a tool SIGPIPE ended (141)."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe often shows only here, after the last write
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # a socket's broken pipe, not the reader's: not ours to hide
+        # The interpreter flushes stdout once more at exit: let that write go nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has gone: poll reports an error on it."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a stream without a descriptor
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from fleetloop.daemon.service.settings import EnvError
     from fleetloop.policies.registry import PolicyError
     from fleetloop.user_input import UserInputError
