@@ -26,6 +26,9 @@ class _Parser(argparse.ArgumentParser):
         # Module docstrings serve as descriptions; their reST literals read as noise in --help.
         if isinstance(kwargs.get("description"), str):
             kwargs["description"] = kwargs["description"].replace("``", "")
+        # A flag is spelled out: argparse would take --bootstrap-server (singular) for
+        # --bootstrap-servers, and a later flag could make an accepted abbreviation ambiguous.
+        kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
