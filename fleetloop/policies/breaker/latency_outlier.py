@@ -178,7 +178,6 @@ from fleetloop.policies.breaker.emission import (
 from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns
 from fleetloop.policies.memory import PoolMemory, median_sorted
 from fleetloop.policies.pool_figures import row_ids
-from fleetloop.policies.registry import register
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.base import MAX_COUNT, MAX_EPOCH_MS, MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import BreakerDecision, BreakerStateName
@@ -605,8 +604,9 @@ def _latency_step(
     return ns, ("latency-suspect" if flagged else "healthy"), False
 
 
-@register("breaker", "latency-outlier")
 class LatencyOutlier:
+    name = "latency-outlier"
+    section = "breaker"
     Params = LatencyOutlierParams
 
     def initial_state(self) -> State:
