@@ -81,11 +81,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
 
     whatif_command.register(sub)
     # The edges: runtime adapters and the emulated fleet.
-    from fleetloop.edges.actuate.haproxy import command as haproxy_command
+    from fleetloop.edges.actuate import command as actuate_command
     from fleetloop.edges.fleet import command as fleet_command
     from fleetloop.edges.scrape import command as scrape_command
 
-    haproxy_command.register(sub)
+    actuate_command.register(sub)
     fleet_command.register(sub)
     scrape_command.register(sub)
     # Every long flag also reads FLEETLOOP_<FLAG> from the environment (service/settings.py).

@@ -144,6 +144,7 @@ class VllmRouterActuator(Reconciler):
 
 
 def register(act_sub: Any) -> None:
+    """``vllm-router`` under ``fleetloop actuate`` (the group: :mod:`fleetloop.edges.actuate.command`)."""
     p = act_sub.add_parser("vllm-router", help="control.state -> vllm-router's worker list")
     p.add_argument("--url", required=True, metavar="URL", help="vllm-router's base URL (loopback)")
     p.add_argument("--worker-map", required=True, metavar="FILE", help="YAML: pool -> node id -> worker URL")
@@ -173,13 +174,7 @@ def handle(args: argparse.Namespace) -> int:
         wmap = load_worker_map(args.worker_map)
     except WorkerMapError as exc:
         raise UsageError(str(exc)) from None
-    from fleetloop.edges.actuate.haproxy.command import _setup_logging
-
-    listener = _setup_logging()
-    try:
-        return asyncio.run(_main(args, wmap))
-    finally:
-        listener.stop()
+    return asyncio.run(_main(args, wmap))
 
 
 async def _main(args: argparse.Namespace, wmap: WorkerMap) -> int:
