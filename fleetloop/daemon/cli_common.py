@@ -10,10 +10,17 @@ from collections.abc import Iterator
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, load_policy
+from fleetloop.user_input import UsageError
 
-
-class UsageError(Exception):
-    """A problem the user can fix: printed as one line, exit code 2."""
+__all__ = [  # UsageError too: the commands import it from here
+    "UsageError",
+    "connection_from",
+    "door_from",
+    "held_client_logs",
+    "log_args",
+    "policy_from",
+    "quiet_client_logs",
+]
 
 
 def connection_from(args: argparse.Namespace) -> Bootstrap:

@@ -1,4 +1,4 @@
-"""Subcommands of the runtime: ``run``, ``policy``, ``replay``, ``demo``.
+"""Subcommands of the runtime: ``run`` and ``policy`` (``replay`` and ``demo`` have their own modules).
 
 Each handler returns an exit code; problems a user can fix raise :class:`UsageError` (one line).
 """
@@ -27,8 +27,8 @@ from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
 
 
 def register(sub: Any) -> None:
-    from fleetloop.daemon import demo, lifecycle
-    from fleetloop.daemon.replay import command as replay_command
+    """``run`` and the ``policy`` group."""
+    from fleetloop.daemon import lifecycle
     from fleetloop.daemon.replay import compare_command
 
     run = sub.add_parser("run", help="run the daemon (the sidecar control loop)")
@@ -162,9 +162,6 @@ def register(sub: Any) -> None:
         help='print one JSON object: {"old", "new", "changes": [{"path", "old", "new", "default"?}]}',
     )
     d.set_defaults(handler=cmd_policy_diff)
-
-    replay_command.register(sub)
-    demo.register(sub)
 
 
 # -- run ----------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any, Final
 import orjson
 from pydantic import ValidationError
 
+from fleetloop.policies import errors
 from fleetloop.policies.base import Algorithm, Params
 from fleetloop.policies.builtin import ALGORITHMS
 from fleetloop.policies.envelope import Envelope
@@ -26,9 +27,8 @@ from fleetloop.schemas.errors import one_line
 from fleetloop.schemas.policy import SECTIONS, Mode, PolicyDocument, SloSpec
 from fleetloop.user_input import UserInputError, read_yaml
 
-
-class PolicyError(ValueError):
-    """A policy document that cannot take effect. ``str()`` is one line naming the problem."""
+# Defined in a leaf, so the CLI names it without loading the algorithms; named here for the callers.
+PolicyError = errors.PolicyError
 
 
 def by_section(table: Iterable[type[Any]]) -> dict[str, dict[str, type[Any]]]:
