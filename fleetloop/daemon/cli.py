@@ -62,65 +62,65 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _runtime(sub: Any) -> None:
-    from fleetloop.daemon import commands
+    from fleetloop.daemon import commands  # noqa: PLC0415 - lazy: imported when its command runs
 
     commands.register(sub)
 
 
 def _replay(sub: Any) -> None:
-    from fleetloop.daemon.replay import command
+    from fleetloop.daemon.replay import command  # noqa: PLC0415 - lazy: imported when its command runs
 
     command.register(sub)
 
 
 def _demo(sub: Any) -> None:
-    from fleetloop.daemon import demo
+    from fleetloop.daemon import demo  # noqa: PLC0415 - lazy: imported when its command runs
 
     demo.register(sub)
 
 
 def _rollup(sub: Any) -> None:
     # The fleet-wide second stage.
-    from fleetloop.daemon.rollup import command
+    from fleetloop.daemon.rollup import command  # noqa: PLC0415 - lazy: imported when its command runs
 
     command.register(sub)
 
 
 def _bench(sub: Any) -> None:
     # Benchmarks drive the runtime and generated fleets.
-    from fleetloop.bench import command
+    from fleetloop.bench import command  # noqa: PLC0415 - lazy: imported when its command runs
 
     command.register(sub)
 
 
 def _sim(sub: Any) -> None:
     # The composition root is the one place that may import the simulator's commands.
-    from fleetloop.sim import command
+    from fleetloop.sim import command  # noqa: PLC0415 - lazy: imported when its command runs
 
     command.register(sub)
 
 
 def _whatif(sub: Any) -> None:
     # Reads the broker like replay, runs the simulator.
-    from fleetloop.whatif import command
+    from fleetloop.whatif import command  # noqa: PLC0415 - lazy: imported when its command runs
 
     command.register(sub)
 
 
 def _actuate(sub: Any) -> None:
-    from fleetloop.edges.actuate import command
+    from fleetloop.edges.actuate import command  # noqa: PLC0415 - lazy: imported when its command runs
 
     command.register(sub)
 
 
 def _fleet(sub: Any) -> None:
-    from fleetloop.edges.fleet import command
+    from fleetloop.edges.fleet import command  # noqa: PLC0415 - lazy: imported when its command runs
 
     command.register(sub)
 
 
 def _scrape(sub: Any) -> None:
-    from fleetloop.edges.scrape import command
+    from fleetloop.edges.scrape import command  # noqa: PLC0415 - lazy: imported when its command runs
 
     command.register(sub)
 

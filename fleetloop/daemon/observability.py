@@ -330,23 +330,25 @@ def setup_telemetry() -> None:
     if _telemetry_ready:
         return
     _telemetry_ready = True
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import (
+    # The SDK is imported here, by the commands that set it up (run, demo); the OTLP exporter only
+    # when it is configured.
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415 - run, demo only
+    from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415 - run, demo only
+    from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415 - run, demo only
         ConsoleMetricExporter,
         MetricReader,
         PeriodicExportingMetricReader,
     )
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+    from opentelemetry.sdk.resources import Resource  # noqa: PLC0415 - run, demo only
+    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - run, demo only
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor  # noqa: PLC0415 - run, demo only
 
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "fleetloop")})
     tracer_provider = TracerProvider(resource=resource)
     readers: list[MetricReader] = [PrometheusMetricReader(registry=registry, scope_info_enabled=False)]
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415 - when configured
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415 - when configured
 
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))

@@ -628,7 +628,8 @@ class LatencyOutlier:
         ``[self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]``: every pool
         of the batch at once over the fleet's columns
         (:func:`fleetloop.policies.breaker.latency_batch.decide_pools`)."""
-        from fleetloop.policies.breaker.latency_batch import decide_pools
+        # latency_batch imports this module: a cycle the cycle contract lists (.importlinter).
+        from fleetloop.policies.breaker.latency_batch import decide_pools  # noqa: PLC0415 - known cycle
 
         return decide_pools(snap, params, states, ctxs)
 

@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 import orjson
+from aiokafka.errors import KafkaError
 
 from fleetloop.edges.actuate.haproxy.actuator import BackendMapError, HaproxyActuator, load_backend_map
 from fleetloop.edges.actuate.haproxy.logs import LogParser, listen_udp
@@ -29,6 +30,9 @@ from fleetloop.edges.cli import EdgeUsageError as UsageError
 from fleetloop.edges.cli import connection_from, one_line_errors
 from fleetloop.kafka_security import bootstrap_arg, error_text, shown
 from fleetloop.router import clock
+from fleetloop.router.follow import StateFollower, StateOnly
+from fleetloop.router.publish import OutcomePublisher
+from fleetloop.topic_layout import TopicLayoutError
 
 
 def register(act_sub: Any) -> None:
@@ -104,12 +108,6 @@ async def _report(parser: LogParser, publisher: Any, lag_ms: list[int], stop: as
 
 
 async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, int] | None) -> int:
-    from aiokafka.errors import KafkaError
-
-    from fleetloop.router.follow import StateFollower, StateOnly
-    from fleetloop.router.publish import OutcomePublisher
-    from fleetloop.topic_layout import TopicLayoutError
-
     api = RuntimeApi(args.runtime_api)
     try:
         await api.run(["show info"])

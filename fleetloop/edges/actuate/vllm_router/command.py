@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import httpx
+from aiokafka.errors import KafkaError
 
 from fleetloop.edges.actuate.loop import Reconciler
 from fleetloop.edges.actuate.vllm_router.mapping import (
@@ -38,6 +39,7 @@ from fleetloop.edges.cli import EdgeUsageError as UsageError
 from fleetloop.edges.cli import connection_from, one_line_errors
 from fleetloop.kafka_security import bootstrap_arg, error_text, shown
 from fleetloop.router import clock
+from fleetloop.router.follow import StateFollower, StateOnly
 from fleetloop.router.state import DesiredState
 
 log = logging.getLogger("fleetloop.actuate.vllm_router")
@@ -178,10 +180,6 @@ def handle(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace, wmap: WorkerMap) -> int:
-    from aiokafka.errors import KafkaError
-
-    from fleetloop.router.follow import StateFollower, StateOnly
-
     api = VllmRouterApi(args.url)
     try:
         await api.list_workers()
