@@ -156,6 +156,11 @@ def _held_and_replayed(client: logging.Logger, caplog: pytest.LogCaptureFixture)
 # -- the actuators: their target answers, the broker does not -------------------------------------
 
 
+def _follow_refused(done: subprocess.CompletedProcess[str], prog: str) -> None:
+    line = _one_line(done)
+    assert line.startswith(f"{prog}: cannot follow control.state at {REFUSED}: Unable to bootstrap"), line
+
+
 async def _cli_async(*args: str) -> subprocess.CompletedProcess[str]:
     """:func:`_cli` off the event loop (the test's own servers keep answering meanwhile)."""
     return await asyncio.to_thread(_cli, *args)
@@ -189,9 +194,7 @@ async def test_actuate_haproxy_with_an_unreachable_broker_is_one_line(tmp_path: 
     finally:
         hap.terminate()
         hap.wait(10)
-    line = _one_line(done)
-    prefix = f"fleetloop actuate haproxy: cannot follow control.state at {REFUSED}: Unable to bootstrap"
-    assert line.startswith(prefix), line
+    _follow_refused(done, "fleetloop actuate haproxy")
 
 
 async def test_actuate_vllm_router_with_an_unreachable_broker_is_one_line(tmp_path: Path) -> None:
@@ -208,9 +211,7 @@ async def test_actuate_vllm_router_with_an_unreachable_broker_is_one_line(tmp_pa
         finally:
             router.terminate()
             router.wait(10)
-    line = _one_line(done)
-    prefix = f"fleetloop actuate vllm-router: cannot follow control.state at {REFUSED}: Unable to bootstrap"
-    assert line.startswith(prefix), line
+    _follow_refused(done, "fleetloop actuate vllm-router")
 
 
 async def _ok(request: web.Request) -> web.Response:

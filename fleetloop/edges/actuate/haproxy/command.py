@@ -20,15 +20,14 @@ import sys
 from typing import Any
 
 import orjson
-from aiokafka.errors import KafkaError
 
 from fleetloop.edges.actuate.haproxy.actuator import BackendMapError, HaproxyActuator, load_backend_map
 from fleetloop.edges.actuate.haproxy.logs import LogParser, listen_udp
 from fleetloop.edges.actuate.haproxy.mapping import BackendMap
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError, parse_address
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import connection_from, one_line_errors
-from fleetloop.kafka_security import bootstrap_arg, error_text, shown
+from fleetloop.edges.cli import connection_from, one_line_errors, start_following
+from fleetloop.kafka_security import bootstrap_arg
 from fleetloop.router import clock
 from fleetloop.router.follow import StateFollower, StateOnly
 from fleetloop.router.publish import OutcomePublisher
@@ -125,13 +124,7 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
     parser = LogParser(bmap.by_server(), args.default_priority)
     lag_ms = [0]
     try:
-        try:
-            await follower.start()
-        except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
-            raise UsageError(
-                f"fleetloop actuate haproxy: cannot follow control.state at {shown(connection_from(args))}: "
-                f"{error_text(exc)}"
-            ) from None
+        await start_following(follower, "fleetloop actuate haproxy", connection_from(args))
         if args.once:
             done = await act.reconcile()
             out = {

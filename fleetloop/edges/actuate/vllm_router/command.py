@@ -25,7 +25,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 import httpx
-from aiokafka.errors import KafkaError
 
 from fleetloop.edges.actuate.loop import Reconciler
 from fleetloop.edges.actuate.vllm_router.mapping import (
@@ -36,8 +35,8 @@ from fleetloop.edges.actuate.vllm_router.mapping import (
     plan,
 )
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import connection_from, one_line_errors
-from fleetloop.kafka_security import bootstrap_arg, error_text, shown
+from fleetloop.edges.cli import connection_from, one_line_errors, start_following
+from fleetloop.kafka_security import bootstrap_arg
 from fleetloop.router import clock
 from fleetloop.router.follow import StateFollower, StateOnly
 from fleetloop.router.state import DesiredState
@@ -194,13 +193,7 @@ async def _main(args: argparse.Namespace, wmap: WorkerMap) -> int:
         sink, connection_from(args), topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
     )
     try:
-        try:
-            await follower.start()
-        except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
-            raise UsageError(
-                f"fleetloop actuate vllm-router: cannot follow control.state at "
-                f"{shown(connection_from(args))}: {error_text(exc)}"
-            ) from None
+        await start_following(follower, "fleetloop actuate vllm-router", connection_from(args))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
