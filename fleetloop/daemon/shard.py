@@ -42,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from fleetloop.daemon.checkpoint import CheckpointError
 from fleetloop.daemon.decide.engine import EngineState, TickResult, decide, decide_many, envelope_of
 from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot
@@ -532,8 +533,6 @@ class Shard:
 
     @classmethod
     def from_checkpoint(cls, value: Any) -> Shard:
-        from fleetloop.daemon.checkpoint import CheckpointError
-
         try:
             shard = cls(int(value["partition"]))
             model, states = value["model"], value["states"]

@@ -39,7 +39,9 @@ from typing import Any, TypeVar
 import orjson
 import yaml
 from pydantic import BaseModel, ValidationError
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import _known_policies, parse_time, read_topic
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, error_text, shown
@@ -50,6 +52,7 @@ from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import DECISIONS, POLICY, POLICY_ACTIVE, REQUESTS, TELEMETRY, topic_name
+from fleetloop.sim.report import Run, write_report
 from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
 from fleetloop.user_input import check_seed, output_dir, output_file
@@ -402,10 +405,6 @@ def _rel(v: float | None) -> str:
 
 
 def _print(p: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from fleetloop import term
-
     out = term.console()
     w = p["window"]
     rec, cand = p["recorded_policy"], p["candidate_policy"]
@@ -472,8 +471,6 @@ def _report(
     runs: list[tuple[str, CompiledPolicy, RunResult, dict[str, Any]]],
     p: dict[str, Any],
 ) -> Path:
-    from fleetloop.sim.report import Run, write_report
-
     labels = dict(KPIS)
     rows = "".join(
         f"<tr><th>{html.escape(labels[k])}</th><td>{html.escape(_fmt(k, r['observed']))}</td>"

@@ -37,7 +37,6 @@ A node that fails fast looks *less* loaded and attracts calls until outlier dete
 from __future__ import annotations
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import RoutingDecision
 
 
@@ -45,8 +44,9 @@ class LeastRequestParams(Params):
     pass
 
 
-@register("routing", "least-request-p2c")
 class LeastRequest:
+    name = "least-request-p2c"
+    section = "routing"
     Params = LeastRequestParams
 
     def initial_state(self) -> None:
