@@ -183,3 +183,30 @@ def test_whatif_engine_argument() -> None:
     for bad, words in (("tgi", "unknown engine"), ("vllm:0.1", "no profile"), ("=vllm", "empty pool")):
         with pytest.raises(ValueError, match=words):
             engine_arg(bad)
+
+
+def test_the_fleet_hands_a_request_to_its_engine_after_the_engines_per_request_cost() -> None:
+    """A pool's engine profile reaches its nodes: every first token a client sees comes at least
+    the engine's per-request cost after the send, and nothing is left in flight at the end."""
+    from fleetloop.sim.fleet import FleetSim
+    from fleetloop.sim.runner import EPOCH_MS
+    from tests.sim.conftest import small_scenario_dict
+
+    doc = small_scenario_dict()
+    doc["faults"] = []
+    for p in doc["pools"]:
+        p.update(engine="vllm", engine_version="0.6")
+    sc = parse_scenario(doc)
+    api_ms = profile("vllm", "0.6").api_s * 1000.0
+    assert api_ms > 1.0
+    sim = FleetSim(sc, 1, start_ms=EPOCH_MS)
+    assert all(n.runtime.name == "vllm 0.6" for n in sim.nodes.values())
+    assert {n.max_num_seqs for n in sim.nodes.values()} == {256}
+    t = EPOCH_MS
+    ttfts: list[float] = []
+    while not sim.done and t < EPOCH_MS + 600_000:
+        t += 1000
+        ttfts.extend(o.ttft_ms for o in sim.advance_to(t).outcomes if o.ttft_ms is not None)
+    assert ttfts
+    assert min(ttfts) >= api_ms - 1e-6
+    assert all(n.inbound == 0 for n in sim.nodes.values())
