@@ -481,7 +481,7 @@ class FleetSim:
         self._rid += 1
         req = Req(self._rid, task.prompt, task.output, task.prefix_digest, prefix_tokens(task), owner=att)
         att.req = req
-        api_s = self.pools[node.pool_id].runtime.api_s if node.pool_id in self.pools else 0.0
+        api_s = node.runtime.api_s
         if api_s > 0.0:  # HTTP, tokenization and the hop to the engine core: the node sees it later
             node.inbound += 1
             self._push(now + api_s, _P_NODE, self._deliver, (att, node, req))
