@@ -176,6 +176,7 @@ def load_rows(path: Path = DATA, *, excluded: bool = False) -> list[Row]:
 
 
 ROWS: tuple[Row, ...] = tuple(load_rows())
+EXCLUDED: tuple[Row, ...] = tuple(r for r in load_rows(excluded=True) if r.split == "excluded")
 
 
 def fitting_rows(rows: Sequence[Row]) -> list[Row]:
@@ -553,6 +554,10 @@ def render(results: Sequence[Result]) -> str:
         f"Fitting half: {_fmt(h['fitting'])}.",
         "",
         f"All rows: {_fmt(h['all'])}.",
+        "",
+        "Excluded (kept in the data file with the reason, in neither half): "
+        + (", ".join(f"`{r.id}`" for r in EXCLUDED) or "none")
+        + ".",
         "",
         "| id | split | source | engine | model | hardware | prec | ISL/OSL | load | metric "
         "| published | simulated | error |",
