@@ -57,7 +57,7 @@ from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
 from fleetloop.user_input import check_seed, output_dir, output_file
 from fleetloop.whatif.compare import KPIS, comparison, fidelity, kpis, observed_kpis
-from fleetloop.whatif.derive import Derived, DeriveError, derive
+from fleetloop.whatif.derive import Derived, DeriveError, derive, engine_arg
 
 PROG = "fleetloop whatif"
 DEFAULT_SCENARIO_OUT = "whatif-scenario.yaml"
@@ -96,6 +96,14 @@ def register(sub: Any) -> None:
         metavar="N",
         help="run both policies on N seeds from --seed and report means (deltas paired by seed; default 1)",
     )
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="[POOL=]ENGINE[:FAMILY]",
+        help="the serving engine a pool ran, as scrape --runtime read it (vllm, sglang, trtllm; "
+        "FAMILY e.g. v1 or 0.6); without POOL= every pool; repeatable (default: vllm v1, noted)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=cmd_whatif)
 
@@ -120,6 +128,13 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     to_ms = _time(args.to, default=None)
     if from_ms is not None and to_ms is not None and to_ms <= from_ms:
         raise UsageError(f"{PROG}: --from {args.from_} is not before --to {args.to}: an empty window")
+    engines: dict[str, tuple[str, str | None]] = {}
+    for text in args.engine:
+        try:
+            pool, given = engine_arg(text)
+        except ValueError as exc:
+            raise UsageError(f"{PROG}: --engine: {exc}") from None
+        engines[pool] = given
     candidate = load_policy(args.policy)  # a bad file: one line, exit 2 (PolicyError)
     recorded_override = load_policy(args.recorded_policy) if args.recorded_policy else None
     out = _scenario_out(args)  # output paths before the broker is read and anything runs
@@ -133,7 +148,15 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     recorded, source, policy_notes = _recorded_policy(rec, recorded_override, from_ms, to_ms)
     try:
         name = f"whatif {datetime.fromtimestamp(from_ms / 1000, tz=UTC):%Y-%m-%dT%H:%M:%SZ}"
-        derived = derive(rec.outcomes, rec.telemetry, from_ms=from_ms, to_ms=to_ms, name=name, seed=args.seed)
+        derived = derive(
+            rec.outcomes,
+            rec.telemetry,
+            from_ms=from_ms,
+            to_ms=to_ms,
+            name=name,
+            seed=args.seed,
+            engines=engines,
+        )
     except DeriveError as exc:
         raise UsageError(f"{PROG}: {exc}") from None
     notes = [*rec.notes, *policy_notes, *derived.notes]
