@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_SECONDS ?= 60
 
-.PHONY: install demo test lint unit integration kafka schemas bench sim-table clean
+.PHONY: install demo test lint unit integration kafka kafka-up kafka-down schemas bench sim-table clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "fleetloop needs $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
@@ -22,6 +22,16 @@ demo: $(STAMP)
 # Apache Kafka 4.x jars from Maven Central, cached under .cache/kafka (the embedded broker needs nothing).
 kafka:
 	scripts/kafka-fetch.sh
+
+# One Apache Kafka on 127.0.0.1:$(KAFKA_PORT) in the background, KRaft, on the config the tests use
+# (fleetloop/daemon/brokers/local.py); its data stays in $(KAFKA_DIR) across kafka-down / kafka-up.
+KAFKA_PORT ?= 9092
+KAFKA_DIR  ?= .cache/kafka-local
+kafka-up: $(STAMP) kafka
+	$(BIN)/python -m fleetloop.daemon.brokers.local up --port $(KAFKA_PORT) --dir $(KAFKA_DIR)
+
+kafka-down: $(STAMP)
+	$(BIN)/python -m fleetloop.daemon.brokers.local down --dir $(KAFKA_DIR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check fleetloop tests

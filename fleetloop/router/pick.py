@@ -72,11 +72,14 @@ Fail static: with no routing decision for a pool, or none newer than ``fail_stat
 bounds (0, 3600]), the router falls back to plain round robin over the pool's live, warm,
 non-draining members, ignoring every other held decision (all of it is as old). With a fresh
 decision that leaves no eligible node, it falls back the same way but skips nodes behind an enforced
-open breaker, unless that is every node: a router never ejects every node.
+open breaker, unless that is every node: a router never ejects every node. This is the rotation rule
+every integration keeps (:mod:`fleetloop.router.state`), from its pieces: ``left_out`` for step 2,
+``never_empty`` for the fallback.
 Retries (:meth:`Router.allow_retry`): a retry is let through while this router's retries since the
 newest retry-budget decision are below ``retries_allowed_now`` (the tenant's decision first, then
 the pool's); the retry of an attempt whose outcome the decision lists in ``exempt_retries_of``
-(``shed``, ``error``) goes without spending it.
+(``shed``, ``error``) goes without spending it. Failing static ignores the held shed thresholds
+(step 5) and, when the caller passes ``now_s``, the retry budget: both are as old as the routing.
 
 Cost: steps 2-3 are derived once per (pool, priority) and cached until the desired state or the
 fleet changes (:meth:`Router.fleet_changed`, which the embedder calls when a node joins, leaves or
@@ -97,7 +100,7 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 
 from fleetloop.router.epp import EppScheduler
-from fleetloop.router.state import DesiredState
+from fleetloop.router.state import DesiredState, never_empty
 from fleetloop.schemas.decisions import Decision, RetryBudgetDecision, RoutingDecision
 
 FAIL_STATIC_S = 30.0
@@ -175,6 +178,10 @@ def _engine_attrs(node: NodeLike) -> tuple[float, int]:
     """A node's (KV cache used fraction, KV capacity tokens) from attributes of those names
     (:class:`Endpoint` has them; (0.0, 0) for a node without them)."""
     return float(getattr(node, "kv_cache_used_frac", 0.0)), int(getattr(node, "kv_capacity_tokens", 0))
+
+
+def _node_id(node: NodeLike) -> str:
+    return node.node_id
 
 
 class Router(Generic[N]):
@@ -263,12 +270,18 @@ class Router(Generic[N]):
     def finished(self, node_id: str) -> None:
         self.outstanding[node_id] = self.outstanding.get(node_id, 1) - 1
 
-    def allow_retry(self, pool_id: str, tenant_id: str, failed_as: str = "timeout") -> bool:
+    def allow_retry(
+        self, pool_id: str, tenant_id: str, failed_as: str = "timeout", now_s: float | None = None
+    ) -> bool:
         """Spend one retry of the budget if one is left; True when the retry may go out. The retry
         of an attempt that ended as an outcome the budget exempts (``exempt_retries_of``) goes
-        without spending it."""
+        without spending it. Given ``now_s``, a pool failing static (no routing decision fresher
+        than ``fail_static_s``) lets every retry go: a budget whose control plane went away is not
+        refilled, and spent it would refuse every retry for good."""
         st = self.state.pools.get(pool_id)
         if st is None:
+            return True
+        if now_s is not None and self.state.routing_fresh(pool_id, now_s, self.fail_static_s) is None:
             return True
         key = tenant_id if tenant_id in st.budgets else ""
         d = st.budgets.get(key)
@@ -298,12 +311,11 @@ class Router(Generic[N]):
         nodes_by_id = self.nodes
         nodes: list[N] = []
         ws: list[float] = []
+        left_out = state.left_out
         for node_id in sorted(weights):
             w = weights[node_id]
-            if w <= 0:
-                continue
             node = nodes_by_id.get(node_id)
-            if node is None or node.draining or state.ejected(node_id):
+            if node is None or node.draining or left_out(node_id, w) is not None:
                 continue
             nodes.append(node)
             ws.append(w)
@@ -323,9 +335,8 @@ class Router(Generic[N]):
         """Plain round robin over live, warm, non-draining members (and, while the state is fresh,
         not ejected ones, unless every one is: a router never ejects every node)."""
         live = [n for n in self.members.get(pool_id, ()) if n.alive and n.warm and not n.draining]
-        if honour_breakers and self.state.breakers:
-            healthy = [n for n in live if not self.state.ejected(n.node_id)]
-            live = healthy or live
+        if honour_breakers:
+            live = never_empty(self.state, live, _node_id)
         if not live:
             return None
         c = self._pool(pool_id)
@@ -420,11 +431,25 @@ class Router(Generic[N]):
             self.rng,
         )
 
-    def admit(self, pool_id: str, node: N, priority: int, *, new_task: bool, budget_ms: float) -> bool:
-        """Step 5: False when the pool's shed thresholds reject this call on this node."""
+    def admit(
+        self,
+        pool_id: str,
+        node: N,
+        priority: int,
+        *,
+        new_task: bool,
+        budget_ms: float,
+        now_s: float | None = None,
+    ) -> bool:
+        """Step 5: False when the pool's shed thresholds reject this call on this node. Given
+        ``now_s``, a pool failing static (no routing decision fresher than ``fail_static_s``)
+        admits every call: its held thresholds are as old as its routing, and a router whose
+        control plane went away must not go on shedding a class for it."""
         st = self.state.pools.get(pool_id)
         adm = st.admission if st is not None else None
         if adm is None:
+            return True
+        if now_s is not None and self.state.routing_fresh(pool_id, now_s, self.fail_static_s) is None:
             return True
         key = str(priority)
         limit = adm.new_task_max_queue_depth.get(key) if new_task else None
@@ -542,7 +567,7 @@ class Router(Generic[N]):
             node = self.pick_node(pool_id, priority, digest, now_s, **size)
             if node is None:
                 continue
-            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
+            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):
                 route = Route(pool_id, node, "spill" if pool_id != primary else "primary")
                 moved = self._prefill_fit(route, priority, digest, new_task, budget_ms, now_s, prompt_tokens)
                 if moved is not None:
@@ -563,7 +588,7 @@ class Router(Generic[N]):
             node = self.pick_node(pool_id, priority, digest, now_s, **size)
             if node is None:
                 continue
-            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
+            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):
                 return Route(pool_id, node, "model-fallback")
             return Route(pool_id, None, "shed")
         return Route(primary, None, "no-node")
@@ -607,7 +632,7 @@ class Router(Generic[N]):
             node = self.pick_node(pool_id, priority, digest, now_s)
             if node is None or node.queue_depth > 0:
                 continue
-            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms):
+            if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):
                 return Route(pool_id, node, "prefill-fit")
         return None
 
@@ -628,6 +653,6 @@ class Router(Generic[N]):
             other = self.pick_node(pool_id, priority, digest, now_s)
             if other is None or other.queue_depth > 0:
                 continue
-            if self.admit(pool_id, other, priority, new_task=new_task, budget_ms=budget_ms):
+            if self.admit(pool_id, other, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):
                 return Route(pool_id, other, "model-spill", routed_from=route.pool_id)
         return route

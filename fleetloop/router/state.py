@@ -9,11 +9,42 @@ decision twice is harmless). Shadow-mode decisions never act.
 ``version`` grows by one with every accepted decision of a kind that changes which node a call may
 go to (routing, breaker), so a picker can cache what it derived from the state and know when to
 recompute. No clock, no I/O: the caller says when (``now_s``, on whatever monotonic clock it runs).
+
+**The rotation rule** every router integration and actuator keeps (HAProxy, vllm-router, the
+:class:`~fleetloop.router.pick.Router`, and any to come): which of a pool's nodes take new calls.
+Fleetloop must never make a pool unreachable that it would not be without fleetloop, so:
+
+1. *No fresh routing decision* (none held, or none newer than the caller's fail-static TTL): the
+   state is unknown, not empty. Every node the caller serves the pool with takes calls, evenly,
+   whatever else is held ("fail-static"): what the router did before fleetloop.
+2. *A fresh decision*: a node takes calls, at its weight, unless :meth:`DesiredState.left_out`
+   names why not (not named by the decision, an enforced open breaker, on autoscale's drain list
+   where the caller enforces that list, weight 0).
+3. *A fresh decision that leaves none of them*: the nodes not behind an enforced open breaker take
+   calls evenly, or all of them if that is every one (:func:`never_empty`; an actuator prefers the
+   nodes the decision names, the best knowledge it has of which of its slots have a node behind
+   them). A decision that names no node (a daemon that lost sight of the pool's nodes), weight 0
+   everywhere, a drain list naming every node, or breakers on every weighted node never empty a
+   pool.
+
+Breakers on every node: the daemon's envelope already enforces at most ``max_ejected_frac`` of a
+pool's nodes, and when that cap lets every node be ejected (1.0) its routing fails open, spreading
+the pool evenly over its nodes with the breakers ignored (``fleetloop.daemon.decide.engine``). A
+router follows that decision: the rule would allow a pool with an enforced open breaker on each
+node to go dark, but neither the daemon nor a router ever asks for it, so no integration has to
+know the policy's cap. An all-failing pool keeps getting calls, as it would without fleetloop.
+
+:func:`rotation` is the whole rule for a caller that holds a pool's nodes by id (the actuators).
+The Router applies the same pieces (:meth:`DesiredState.routing_fresh`, :meth:`DesiredState.left_out`,
+:func:`never_empty`) over its two views of a pool: the nodes it knows for the weighted pick (cached
+per state version) and its live members for the plain one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, TypeVar
 
 from fleetloop.schemas.decisions import (
     AdmissionDecision,
@@ -101,3 +132,116 @@ class DesiredState:
         if st is None or st.routing is None or now_s - st.routing_at_s > ttl_s:
             return None
         return st.routing
+
+    def draining(self, pool_id: str) -> frozenset[str]:
+        """The nodes on the pool's autoscale drain list (empty without an autoscale decision)."""
+        st = self.pools.get(pool_id)
+        if st is None or st.autoscale is None or not st.autoscale.drain:
+            return _NONE
+        return frozenset(st.autoscale.drain)
+
+    def left_out(self, node_id: str, weight: float | None, drain: Container[str] = ()) -> str | None:
+        """Why a fresh routing decision that gives ``node_id`` ``weight`` (None: does not name it)
+        keeps it out of rotation, or None when it takes calls (the rule's step 2, module docstring):
+        ``not-a-member``, ``breaker-open`` (enforced), ``autoscale-drain`` (when ``drain``, the
+        pool's drain list where the caller enforces it, names it), ``weight-zero``."""
+        if weight is None:
+            return "not-a-member"
+        if self.ejected(node_id):
+            return "breaker-open"
+        if node_id in drain:
+            return "autoscale-drain"
+        if not weight > 0:
+            return "weight-zero"
+        return None
+
+    def half_open(self, node_id: str) -> bool:
+        """True when an enforced half-open breaker probes ``node_id`` (it takes calls at its weight)."""
+        b = self.breakers.get(node_id)
+        return b is not None and b.enforced and b.state == "half_open"
+
+
+_NONE: frozenset[str] = frozenset()
+T = TypeVar("T")
+
+
+def _same(x: str) -> str:
+    return x
+
+
+def never_empty(
+    state: DesiredState, nodes: Sequence[T], key: Callable[[T], str], named: Container[str] | None = None
+) -> list[T]:
+    """The nodes that take calls, evenly, when a fresh decision leaves none of ``nodes`` in
+    rotation (the rule's step 3); ``key`` gives a node's id.
+
+    ``named``: the decision's nodes, for a caller that cannot tell which of its nodes exist (an
+    actuator's declared servers or workers, some with nothing behind them): the nodes it names are
+    preferred, all of ``nodes`` when it names none of them. A caller that knows its live nodes (the
+    Router's members) passes None. Of those, the ones not behind an enforced open breaker; every
+    one of them when that is all: a router never ejects every node."""
+    pool = list(nodes)
+    if named is not None:
+        pool = [n for n in pool if key(n) in named] or pool
+    if not state.breakers:
+        return pool
+    healthy = [n for n in pool if not state.ejected(key(n))]
+    return healthy or pool
+
+
+Mode = Literal["routing", "fail-static", "never-empty"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    """One pool's rotation (:func:`rotation`): the nodes that take new calls and why the rest do not.
+
+    ``mode`` ``routing``: ``weights`` are the fresh decision's (each > 0) for the nodes in
+    rotation; ``fail-static`` and ``never-empty``: the nodes in rotation share evenly (1.0 each).
+    ``why`` names every node given: ``routing``, ``half-open``, ``fail-static`` or ``never-empty``
+    for one in rotation, the :meth:`DesiredState.left_out` reason for one out."""
+
+    mode: Mode
+    weights: Mapping[str, float]  # node in rotation -> weight, in the order the nodes were given
+    why: Mapping[str, str]  # every node given -> why it is in or out
+
+    def serves(self, node_id: str) -> bool:
+        return node_id in self.weights
+
+
+def rotation(
+    state: DesiredState,
+    pool_id: str,
+    node_ids: Iterable[str],
+    now_s: float,
+    ttl_s: float,
+    *,
+    drain: bool = True,
+) -> Rotation:
+    """The rotation rule (module docstring) for the pool's nodes ``node_ids`` (the ones the caller
+    can send calls to: its declared servers or workers), from the state held at ``now_s`` with
+    fail-static TTL ``ttl_s``. ``drain``: the caller enforces autoscale's drain list (an actuator
+    of a router that cannot be told a node is draining any other way)."""
+    ids = list(node_ids)
+    routing = state.routing_fresh(pool_id, now_s, ttl_s)
+    if routing is None:
+        return Rotation("fail-static", dict.fromkeys(ids, 1.0), dict.fromkeys(ids, "fail-static"))
+    table = routing.weights
+    drained = state.draining(pool_id) if drain else _NONE
+    weights: dict[str, float] = {}
+    why: dict[str, str] = {}
+    for node_id in ids:
+        w = table.get(node_id)
+        out = state.left_out(node_id, w, drained)
+        if out is not None:
+            why[node_id] = out
+            continue
+        assert w is not None
+        weights[node_id] = w
+        why[node_id] = "half-open" if state.half_open(node_id) else "routing"
+    if weights or not ids:
+        return Rotation("routing", weights, why)
+    spread = never_empty(state, ids, _same, table)
+    for node_id in spread:
+        why[node_id] = "never-empty"
+    return Rotation("never-empty", dict.fromkeys(spread, 1.0), why)

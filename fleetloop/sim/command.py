@@ -14,9 +14,11 @@ import sys
 from typing import Any
 
 import orjson
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, builtin_policy, load_policy
-from fleetloop.sim.report import calls_within_text, causes_text
+from fleetloop.sim.report import Run, calls_within_text, causes_text, write_report
 from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import ScenarioError, load_scenario
 from fleetloop.user_input import check_seed, output_dir
@@ -71,10 +73,6 @@ def _fmt(x: Any, spec: str = "", none: str = "-") -> str:
 
 
 def _print_table(result: RunResult, data: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from fleetloop import term
-
     console = term.console()
     t = Table(title=f"{data['scenario']} under {data['policy']} (seed {data['seed']})", show_header=True)
     t.add_column("metric")
@@ -183,8 +181,6 @@ def handle(args: argparse.Namespace) -> int:
         sys.stderr.write("\r\033[K")
     data = result.to_json(str(args.scenario))
     if args.report:
-        from fleetloop.sim.report import Run, write_report
-
         write_report(args.report, scenario, [Run(data["policy"], result, data)])
     if args.json:
         sys.stdout.write(orjson.dumps(data).decode() + "\n")
@@ -196,8 +192,6 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, scenario: Any, policies: list[tuple[str, CompiledPolicy]]) -> int:
-    from fleetloop.sim.report import Run, write_report
-
     runs = []
     for label, policy in policies:
         if sys.stderr.isatty():
@@ -213,9 +207,6 @@ def _compare(args: argparse.Namespace, scenario: Any, policies: list[tuple[str, 
         payload = {"scenario": scenario.name, "runs": {r.label: r.data for r in runs}}
         sys.stdout.write(orjson.dumps(payload).decode() + "\n")
         return 0
-    from rich.table import Table
-
-    from fleetloop import term
 
     t = Table(title=f"{scenario.name}: {', '.join(r.label for r in runs)} (seed {runs[0].data['seed']})")
     t.add_column("metric")

@@ -94,6 +94,37 @@ backend chat
 """
 
 
+def start_actuator(
+    tmp: Path, bmap: Path, kafka_env: Any, log_port: int, log: Path
+) -> subprocess.Popen[bytes]:
+    """``fleetloop actuate haproxy`` on the runtime API in ``tmp``, HAProxy's log on ``log_port``,
+    reconciling every 0.25 s; its log lines go to ``log``."""
+    with log.open("wb") as log_file:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fleetloop.daemon.cli",
+                "actuate",
+                "haproxy",
+                "--runtime-api",
+                f"unix:{tmp}/admin.sock",
+                "--backend-map",
+                str(bmap),
+                "--bootstrap-servers",
+                kafka_env.bootstrap_servers,
+                "--topic-prefix",
+                kafka_env.prefix,
+                "--log-listen",
+                f"127.0.0.1:{log_port}",
+                "--period-s",
+                "0.25",
+            ],
+            stderr=log_file,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+
 def _decision(body: Any, tick: int) -> tuple[bytes, bytes]:
     d = Decision(ts_ms=clock.wall_ms(), tick_id=tick, policy=STAMP, body=body)
     return d.key.encode(), orjson.dumps(d.model_dump(mode="json"))
@@ -179,30 +210,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
             await asyncio.sleep(0.05)
         # tick 1 before the actuator starts: it must catch up from the compacted topic
         await publish(1, routing({"chat/0": 0.5, "chat/1": 0.5}))
-        with actuator_log.open("wb") as log_file:
-            act = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "fleetloop.daemon.cli",
-                    "actuate",
-                    "haproxy",
-                    "--runtime-api",
-                    f"unix:{tmp_path}/admin.sock",
-                    "--backend-map",
-                    str(bmap),
-                    "--bootstrap-servers",
-                    kafka_env.bootstrap_servers,
-                    "--topic-prefix",
-                    kafka_env.prefix,
-                    "--log-listen",
-                    f"127.0.0.1:{log_port}",
-                    "--period-s",
-                    "0.25",
-                ],
-                stderr=log_file,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        act = start_actuator(tmp_path, bmap, kafka_env, log_port, actuator_log)
         traffic, stop = Traffic(), asyncio.Event()
         driver = asyncio.create_task(_drive(fe_port, traffic, stop))
         try:

@@ -83,7 +83,48 @@ def test_slot_without_a_member_is_disabled_and_autoscale_drain_drains() -> None:
 
 def test_every_slot_ejected_ignores_the_breakers() -> None:
     t = _targets(routing("p", {"p/0": 1.0}), breaker("p/0"))
-    assert t["s0"].admin == "ready"
+    assert (t["s0"].admin, t["s0"].weight, t["s0"].why) == ("ready", 100, "never-empty")
+    assert {t[s].admin for s in ("s1", "s2", "s3")} == {"maint"}  # not members: no node behind them
+
+
+@pytest.mark.parametrize(
+    ("decisions", "ready"),
+    [
+        # a decision naming no node (a daemon that lost sight of the pool): every slot, as when stale
+        pytest.param([routing("p", {})], {"s0", "s1", "s2", "s3"}, id="no-member"),
+        pytest.param([routing("p", {"p/9": 1.0})], {"s0", "s1", "s2", "s3"}, id="members-unknown-here"),
+        pytest.param([routing("p", {}), breaker("p/2")], {"s0", "s1", "s3"}, id="no-member-one-ejected"),
+        # members, none with a weight above 0, or all drained: the members, at the plain weight
+        pytest.param([routing("p", {"p/0": 0.0, "p/1": 0.0})], {"s0", "s1"}, id="weights-zero"),
+        pytest.param(
+            [routing("p", {"p/0": 0.0, "p/1": 1.0}), breaker("p/1")], {"s0"}, id="the-weighted-one-ejected"
+        ),
+        pytest.param(
+            [
+                routing("p", {"p/0": 1.0, "p/1": 1.0}),
+                env(
+                    AutoscaleDecision(
+                        entity="pool/p",
+                        reason="r",
+                        pool_id="p",
+                        current_nodes=2,
+                        desired_nodes=0,
+                        drain=("p/0", "p/1"),
+                    )
+                ),
+            ],
+            {"s0", "s1"},
+            id="every-member-drained",
+        ),
+    ],
+)
+def test_a_fresh_decision_that_leaves_no_slot_never_empties_the_backend(
+    decisions: list[object], ready: set[str]
+) -> None:
+    t = _targets(*decisions)
+    assert {s for s, x in t.items() if x.admin == "ready" and x.weight > 0} == ready
+    assert {t[s].why for s in ready} == {"never-empty"}
+    assert {t[s].weight for s in ready} == {100}
 
 
 def test_maxconn_only_when_every_class_is_limited() -> None:

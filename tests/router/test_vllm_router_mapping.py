@@ -50,7 +50,16 @@ def test_membership_rows() -> None:
 def test_stale_state_keeps_every_worker_and_never_ejects_all() -> None:
     assert {p for p, _ in _want(routing("p", {"p/0": 1.0}), now=31.0).values()} == {True}
     got = _want(routing("p", {"p/0": 1.0}), breaker("p/0"))
-    assert set(got.values()) == {(True, "never-eject-all")}
+    assert got["http://w0"] == (True, "never-empty")  # the only member: its breaker is not honoured
+    assert {got[f"http://w{i}"] for i in range(1, 5)} == {(False, "not-a-member")}
+
+
+def test_fresh_state_that_would_remove_every_worker_keeps_the_named_ones_not_ejected() -> None:
+    # it names none (a daemon that lost sight of the pool): every worker, as when stale
+    assert set(_want(routing("p", {})).values()) == {(True, "never-empty")}
+    got = _want(routing("p", {"p/0": 0.0, "p/1": 1.0, "p/2": 0.0}), breaker("p/1"))
+    assert {url for url, (present, _) in got.items() if present} == {"http://w0", "http://w2"}
+    assert got["http://w1"] == (False, "breaker-open")
 
 
 def test_plan_adds_and_removes_only_differences() -> None:

@@ -32,8 +32,9 @@ def bits(x: Any) -> Any:
     return x
 
 
-def body_bits(d: RoutingDecision) -> Any:
-    return [(k, type(v).__name__, bits(v)) for k, v in d.__dict__.items()]
+def body_bits(d: RoutingDecision | None) -> Any:
+    """None for a pool the shaping gives no decision (no node to route to)."""
+    return None if d is None else [(k, type(v).__name__, bits(v)) for k, v in d.__dict__.items()]
 
 
 def pick(rng: np.random.Generator, options: tuple[Any, ...]) -> Any:
@@ -46,7 +47,9 @@ Items = list[tuple[RoutingDecision, dict[str, Any]]]
 def decisions_for(snap: FleetSnapshot, rng: np.random.Generator) -> Items:
     cols = fleet_columns(snap)
     items: Items = []
-    pools = [*sorted(cols.bounds), "no-such-pool"]
+    # A pool without rows first and last: its decision is dropped (no node to route to), and the
+    # batch's per-class bookkeeping must skip its classes for the decisions after it.
+    pools = ["0-no-rows", *sorted(cols.bounds), "no-such-pool"]
     for pool_id in pools:
         lo, hi = cols.bounds.get(pool_id, (0, 0))
         ids = sorted(cols.table.ids[lo:hi]) if cols.table is not None else []
@@ -106,9 +109,10 @@ def test_the_batch_shaping_equals_the_loop_on_the_perturbed_fleet() -> None:
         want = [_shape_routing(d, snap, b, ENV) for d, b in items]
         got = _shape_routing_many(items, snap, ENV)
         assert [body_bits(d) for d in got] == [body_bits(d) for d in want]
-        seen_reasons.update(d.reason for d in got)
-        probing += sum(d.inputs["probing_nodes"] > 0 for d in got)
-    assert {"fail-open", "no-node", "scored"} <= seen_reasons
+        seen_reasons.update(d.reason if d is not None else "none" for d in got)
+        probing += sum(d.inputs["probing_nodes"] > 0 for d in got if d is not None)
+    assert {"fail-open", "none", "scored"} <= seen_reasons  # none: a pool with no node gets no decision
+    assert "no-node" not in seen_reasons
     assert probing > 0
 
 

@@ -216,8 +216,10 @@ def _cap_ejections_plain(
 
 def _shape_routing(
     d: RoutingDecision, snap: FleetSnapshot, breakers: Mapping[str, BreakerDecision], env: Envelope
-) -> RoutingDecision:
-    """Zero stale and ejected nodes, give probing nodes their probe share, fail open if all zero.
+) -> RoutingDecision | None:
+    """Zero stale and ejected nodes, give probing nodes their probe share, fail open if all zero;
+    None when no node is left to route to even then (:data:`NO_NODE`: the pool gets no routing
+    decision this tick).
 
     The pool's nodes are read from the snapshot's columns (ids, stale, warm, draining), in node-id
     order, as ``snap.pool_nodes`` lists them, without their views."""
@@ -231,6 +233,8 @@ def _shape_routing(
         warm=cols.warm[lo:hi].tolist(),
         draining=lambda: cols.draining[lo:hi].tolist(),  # noqa: PLW0108 (read only on fail-open)
     )
+    if reason == NO_NODE:
+        return None
     # Probing nodes share at most half of the traffic, however many are half-open at once.
     asked = sum(probes.values())
     probe_scale = min(1.0, 0.5 / asked) if asked > 0 else 0.0
@@ -272,6 +276,10 @@ def _shaped(
     )
 
 
+# The reason ``_unscaled`` gives when not even failing open leaves a node to route to.
+NO_NODE = "no-node"
+
+
 def _unscaled(
     d: RoutingDecision,
     breakers: Mapping[str, BreakerDecision],
@@ -286,7 +294,21 @@ def _unscaled(
     zeroed, half-open nodes moved to probes), its probes, how many nodes were zeroed as stale, the
     weights' total and the reason; fail open (spread evenly over warm nodes, ignoring breakers and
     staleness) when nothing is left. ``in_rows`` are the pool's rows with their ``stale`` and
-    ``warm`` flags; ``draining`` gives theirs, read only on fail-open."""
+    ``warm`` flags; ``draining`` gives theirs, read only on fail-open.
+
+    When even failing open leaves nothing (reason :data:`NO_NODE`) the shapers publish **no
+    routing decision** for the pool that tick: a decision naming no node to route to would tell
+    every router to empty the pool. That happens when the daemon sees no node of the pool at all
+    (a pool with outcomes but no telemetry yet: a new pool, a scraper not yet running or down; or a
+    known pool after a quiet period, once its nodes' last telemetry is older than the model's
+    ``forget_node_after_ms``), or only cold draining ones. None of that is evidence that the
+    pool's nodes are gone: silence means unknown, never "no members". Without a decision the
+    routers keep the last one they hold until it goes stale (their fail-static TTL), then balance
+    over the nodes they know themselves, as without fleetloop; when the pool's nodes report again,
+    its decisions resume. Holding the last membership instead would keep re-publishing, as fresh,
+    what the daemon no longer knows, and hold routers off their own fail-static view for as long
+    as the silence lasts. A pool whose nodes the daemon saw stop is routed as before: stale nodes
+    are zeroed while any node reports, and fail open (evenly over them) once none does."""
     ids = sorted(in_rows)  # node-id order already: a pass over sorted input
     stale_of = dict(zip(in_rows, stale, strict=True))
     warm_of = dict(zip(in_rows, warm, strict=True))
@@ -317,7 +339,7 @@ def _unscaled(
         weights = {n: (1.0 if n in candidates else 0.0) for n in weights}
         total = float(len(candidates))
         probes = {}
-        reason = "fail-open" if candidates else "no-node"
+        reason = "fail-open" if candidates else NO_NODE
     return weights, probes, zeroed, total, reason
 
 
@@ -325,7 +347,7 @@ def _shape_routing_many(
     items: Sequence[tuple[RoutingDecision, Mapping[str, BreakerDecision]]],
     snap: FleetSnapshot,
     env: Envelope,
-) -> list[RoutingDecision]:
+) -> list[RoutingDecision | None]:
     """``[_shape_routing(d, snap, breakers, env) for d, breakers in items]``, the same decisions bit
     for bit (:func:`_shape_routing` is the statement; ``tests/unit/test_shape_many.py`` holds the two
     equal): the same steps decision by decision, but the rows' flags are read once for the batch
@@ -425,9 +447,15 @@ def _shape_routing_many(
         )
     shares: list[float] = r6_array(quotients).tolist()
     # Step 4: the decisions.
-    shaped: list[RoutingDecision] = []
+    shaped: list[RoutingDecision | None] = []
     at = c = 0
     for (d, _), (_, probes, _, zeroed, reason), out in zip(items, staged, outs, strict=True):
+        if reason == NO_NODE:  # nothing to route to: no decision (_unscaled, and _shape_routing)
+            for _ in d.by_priority:
+                at += len(class_keys[c])
+                c += 1
+            shaped.append(None)
+            continue
         inputs = dict(d.inputs)
         inputs["stale_nodes"] = float(zeroed)
         inputs["probing_nodes"] = float(len(probes))
@@ -683,10 +711,11 @@ def decide(
             breakers.update({d.node_id: d for d in shaped})
             produced = list(shaped)
         elif section == "routing":
-            produced = [
+            routed: list[DecisionBody | None] = [
                 _shape_routing(d, snap, breakers, env) if isinstance(d, RoutingDecision) else d
                 for d in produced
             ]
+            produced = [d for d in routed if d is not None]
         elif section == "admission":
             produced = [_shape_admission(d, env) if isinstance(d, AdmissionDecision) else d for d in produced]
         elif section == "autoscale":
@@ -918,8 +947,17 @@ def decide_many(
             else:
                 out.append((mode, list(result.decisions)))
         if route_items:
-            for (routed, i), d in zip(to_route, _shape_routing_many(route_items, snap, env), strict=True):
-                routed[i] = d
+            dropped: dict[int, tuple[list[DecisionBody], list[int]]] = {}
+            for (routed, i), shaped_d in zip(
+                to_route, _shape_routing_many(route_items, snap, env), strict=True
+            ):
+                if shaped_d is None:  # nothing to route to: no decision, as in decide
+                    dropped.setdefault(id(routed), (routed, []))[1].append(i)
+                else:
+                    routed[i] = shaped_d
+            for routed, at in dropped.values():
+                for i in reversed(at):
+                    del routed[i]
             to_route.clear()
             route_items.clear()
     offsets = _OFFSETS.validate_python(dict(sorted((input_offsets or {}).items())))

@@ -14,7 +14,9 @@ What it keeps:
 - per node: the newest telemetry (by ``ts_ms``), router-observed calls in event-time buckets
   (requests, ok, failures, TTFT sum and count), node-reported errors/timeouts/preemptions, and the
   run of consecutive failed calls (in the order the router reported them: one pool is one
-  partition, so that order is the same in a replay);
+  partition, so that order is the same in a replay). A shed call is not a node's: it counts in its
+  pool's and tenant's windows only, even when its record names a node, so no breaker or ejection
+  cap reads a router's own sheds (or HAProxy's 503 with no server left) as evidence against a node;
 - per pool: calls, outcomes, tokens and a TTFT histogram in event-time buckets;
 - per tenant: calls, retries, sheds;
 - the workflow ledger: every task's calls, attempts and spend, its outcome when the last call
@@ -559,7 +561,7 @@ class FleetModel:
                 if shed:
                     row[_T_SHED] += 1.0
         node_id = o.node_id
-        if node_id is None:
+        if node_id is None or shed:  # a shed call never reached a node: no evidence about one
             return None
         node = self.nodes.get(node_id)
         if node is not None:
@@ -906,7 +908,7 @@ class FleetModel:
                         if shed:
                             row[_T_SHED] += 1.0
                 node_id = o.node_id
-                if node_id is not None:
+                if node_id is not None and not shed:  # as fold_outcome: a shed is no node's doing
                     node = nodes.get(node_id)
                     if node is not None:
                         win: Window | None = node.win

@@ -69,7 +69,6 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import AutoscaleDecision
 
 INT32_MAX = 2**31 - 1
@@ -463,8 +462,9 @@ def _decision(
     )
 
 
-@register("autoscale", "hpa")
 class Hpa:
+    name = "hpa"
+    section = "autoscale"
     Params = HpaParams
 
     def initial_state(self) -> HpaState:

@@ -68,7 +68,6 @@ from fleetloop.policies.autoscale.hpa import (
     sync,
 )
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 
 
 class KedaEngineParams(ReplicaBounds):
@@ -120,8 +119,9 @@ def metric_replicas(
     return max(q_desired, kv_desired), inputs
 
 
-@register("autoscale", "keda-engine")
 class KedaEngine:
+    name = "keda-engine"
+    section = "autoscale"
     Params = KedaEngineParams
 
     def initial_state(self) -> HpaState:

@@ -65,7 +65,6 @@ from fleetloop.policies.autoscale.hpa import (
 )
 from fleetloop.policies.autoscale.keda_engine import average_value_replicas, ready_nodes
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 
 
 class KedaEppParams(ReplicaBounds):
@@ -100,8 +99,9 @@ def epp_replicas(
     return max(by_queue, by_running), inputs
 
 
-@register("autoscale", "keda-epp")
 class KedaEpp:
+    name = "keda-epp"
+    section = "autoscale"
     Params = KedaEppParams
 
     def initial_state(self) -> HpaState:

@@ -39,7 +39,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import Picker, RoutingDecision
 
 
@@ -62,8 +61,9 @@ def equal_share_decision(nodes: Sequence[NodeView], pool_id: str, picker: Picker
     )
 
 
-@register("routing", "least-request-p2c")
 class LeastRequest:
+    name = "least-request-p2c"
+    section = "routing"
     Params = LeastRequestParams
 
     def initial_state(self) -> None:

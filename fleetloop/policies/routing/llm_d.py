@@ -41,7 +41,6 @@ the others'.
 from __future__ import annotations
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 from fleetloop.policies.routing.least_request import equal_share_decision
 
 
@@ -49,8 +48,9 @@ class LlmDParams(Params):
     pass
 
 
-@register("routing", "llm-d-epp")
 class LlmDEpp:
+    name = "llm-d-epp"
+    section = "routing"
     Params = LlmDParams
 
     def initial_state(self) -> None:

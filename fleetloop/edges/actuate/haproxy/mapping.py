@@ -12,7 +12,10 @@ The mapping (the README's table; tests check each row):
 - admission ``max_outstanding``, when it limits priority 0 too -> ``set maxconn server B/S N``, N the
   loosest class limit (0 otherwise: no limit);
 - no fresh routing for ``fail_static_s`` -> every slot ``ready``, weight 100, maxconn 0;
-- every member slot of a pool ejected -> breakers ignored there (never eject every node).
+- a fresh decision that leaves no slot of a pool ready at a weight above 0 (no member, weights 0,
+  every member drained or ejected) -> the pool's slots not behind an enforced open breaker (every
+  slot, if all are) ``ready`` at weight 100: fleetloop never empties a backend (the router
+  library's rotation rule, :mod:`fleetloop.router.state`).
 
 Not mapped (HAProxy cannot express it per request without a config change; listed, not faked):
 ``by_priority`` weights, ``prefix_affinity``, ``spill_to``, ``max_prompt_tokens``,
@@ -30,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from fleetloop.router.state import DesiredState
+from fleetloop.router.state import DesiredState, rotation
 
 Admin = Literal["ready", "drain", "maint"]
 
@@ -121,31 +124,34 @@ def _maxconn(state: DesiredState, pool_id: str) -> int:
 
 
 def targets(state: DesiredState, bmap: BackendMap, now_s: float, fail_static_s: float) -> dict[Slot, Target]:
-    """What every declared server should be, from the desired state held at ``now_s``."""
+    """What every declared server should be, from the desired state held at ``now_s``.
+
+    Which slots take calls is the router library's rotation rule (:func:`fleetloop.router.state.rotation`):
+    stale or absent routing is plain load balancing, and a fresh decision that would leave no slot
+    of a pool ready at a weight above 0 (it names none of them, weights them all 0, drains or
+    ejects every one) puts the pool's slots not behind an enforced open breaker (all, if every one
+    is) ``ready`` at the plain weight: fleetloop never empties a backend."""
     out: dict[Slot, Target] = {}
     for pool in bmap.pools:
-        routing = state.routing_fresh(pool.pool_id, now_s, fail_static_s)
-        if routing is None:
+        rot = rotation(state, pool.pool_id, (s.node_id for s in pool.slots), now_s, fail_static_s)
+        if rot.mode == "fail-static":
             for s in pool.slots:
                 out[s] = Target("ready", PLAIN_WEIGHT, 0, "fail-static")
             continue
+        routing = state.routing_fresh(pool.pool_id, now_s, fail_static_s)
+        assert routing is not None
         weights = routing.weights
         max_w = max(weights.values(), default=0.0)
         maxconn = _maxconn(state, pool.pool_id)
-        st = state.pools.get(pool.pool_id)
-        drain = set(st.autoscale.drain) if st is not None and st.autoscale is not None else set()
-        members = [s for s in pool.slots if s.node_id in weights]
-        honour_breakers = any(not state.ejected(s.node_id) for s in members)
         for s in pool.slots:
-            if s.node_id not in weights:
-                out[s] = Target("maint", 0, 0, "not-a-member")
-            elif honour_breakers and state.ejected(s.node_id):
-                out[s] = Target("maint", 0, 0, "breaker-open")
-            elif s.node_id in drain:
-                out[s] = Target("drain", scale_weight(weights[s.node_id], max_w), maxconn, "autoscale-drain")
-            else:
-                b = state.breakers.get(s.node_id)
-                why = "half-open" if b is not None and b.enforced and b.state == "half_open" else "routing"
+            why = rot.why[s.node_id]
+            if rot.mode == "never-empty" and rot.serves(s.node_id):
+                out[s] = Target("ready", PLAIN_WEIGHT, maxconn, why)
+            elif why in ("not-a-member", "breaker-open"):
+                out[s] = Target("maint", 0, 0, why)
+            elif why == "autoscale-drain":
+                out[s] = Target("drain", scale_weight(weights[s.node_id], max_w), maxconn, why)
+            else:  # in rotation at its weight, or weight 0 (ready: no new calls, kept warm)
                 out[s] = Target("ready", scale_weight(weights[s.node_id], max_w), maxconn, why)
     return out
 

@@ -10,7 +10,9 @@ vllm-router balances over its workers by its own policy (cache_aware, power_of_t
 - breaker ``half_open`` with weight > 0 -> present, at a full share (vllm-router has no weights:
   the probe and the slow-start ramp are not mapped);
 - no fresh routing for ``fail_static_s`` -> every mapped worker present (plain load balancing);
-- a pool whose every mapped worker would be removed -> every worker present (never eject all).
+- a fresh decision that would remove every mapped worker of a pool -> its workers not behind an
+  enforced open breaker present (every one, if all are): fleetloop never empties a pool (the router
+  library's rotation rule, :mod:`fleetloop.router.state`).
 
 Not mapped: weights (and so probe shares and slow start), ``by_priority``, ``prefix_affinity``
 (vllm-router's cache_aware policy does its own), ``spill_to``, ``max_prompt_tokens``, ``slo_prompt_tokens``,
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetloop.router.state import DesiredState
+from fleetloop.router.state import DesiredState, rotation
 from fleetloop.user_input import UserInputError, read_yaml
 
 UNMAPPED: dict[str, str] = {
@@ -79,33 +81,13 @@ def load_worker_map(path: str | Path) -> WorkerMap:
 def desired_workers(
     state: DesiredState, wmap: WorkerMap, now_s: float, fail_static_s: float
 ) -> dict[str, tuple[bool, str]]:
-    """worker URL -> (present?, why)."""
+    """worker URL -> (present?, why): the router library's rotation rule
+    (:func:`fleetloop.router.state.rotation`) over each pool's mapped nodes."""
     out: dict[str, tuple[bool, str]] = {}
     for pool_id, nodes in sorted(wmap.pools.items()):
-        routing = state.routing_fresh(pool_id, now_s, fail_static_s)
-        if routing is None:
-            out.update(dict.fromkeys(nodes.values(), (True, "fail-static")))
-            continue
-        st = state.pools.get(pool_id)
-        drain = set(st.autoscale.drain) if st is not None and st.autoscale is not None else set()
-        pool_out: dict[str, tuple[bool, str]] = {}
-        for node_id, url in sorted(nodes.items()):
-            w = routing.weights.get(node_id)
-            if w is None:
-                pool_out[url] = (False, "not-a-member")
-            elif state.ejected(node_id):
-                pool_out[url] = (False, "breaker-open")
-            elif node_id in drain:
-                pool_out[url] = (False, "autoscale-drain")
-            elif w <= 0:
-                pool_out[url] = (False, "weight-zero")
-            else:
-                b = state.breakers.get(node_id)
-                half = b is not None and b.enforced and b.state == "half_open"
-                pool_out[url] = (True, "half-open" if half else "routing")
-        if not any(present for present, _ in pool_out.values()):
-            pool_out = dict.fromkeys(pool_out, (True, "never-eject-all"))
-        out.update(pool_out)
+        rot = rotation(state, pool_id, sorted(nodes), now_s, fail_static_s)
+        for node_id in sorted(nodes):
+            out[nodes[node_id]] = (rot.serves(node_id), rot.why[node_id])
     return out
 
 
