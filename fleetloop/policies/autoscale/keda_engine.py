@@ -56,6 +56,8 @@ ready nodes' queue (a sum) still drives scale-up while the KV average counts onl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Protocol
 
 from pydantic import Field
 
@@ -119,6 +121,44 @@ def metric_replicas(
     return max(q_desired, kv_desired), inputs
 
 
+class ScaledObjectRules(Protocol):
+    """What a KEDA ScaledObject's generated HPA takes from a policy's parameters."""
+
+    @property
+    def sync_period_ms(self) -> int: ...
+    @property
+    def scale_up(self) -> ScalingRules: ...
+    @property
+    def scale_down(self) -> ScalingRules: ...
+    def bounds(self, pool_id: str) -> tuple[int, int]: ...
+
+
+def scaled_object(
+    snap: FleetSnapshot,
+    params: ScaledObjectRules,
+    state: HpaState,
+    ctx: PolicyContext,
+    metrics: Callable[[tuple[NodeView, ...], int], tuple[int | None, dict[str, float]]],
+) -> PolicyResult[HpaState]:
+    """One sync of the HPA KEDA generates for a ScaledObject whose triggers ``metrics`` evaluates
+    (the pool's nodes and the current target -> the larger trigger's replica count and its inputs):
+    no scale-to-zero disabling (KEDA's ``minReplicaCount`` may be 0). Shared by ``keda-engine``
+    and ``keda-epp``."""
+    nodes = snap.pool_nodes(ctx.pool_id)
+    return sync(
+        ctx,
+        nodes,
+        state,
+        sync_period_ms=params.sync_period_ms,
+        bounds=params.bounds(ctx.pool_id),
+        up_rules=params.scale_up,
+        down_rules=params.scale_down,
+        recommend=lambda current: metrics(nodes, current),
+        inputs={},
+        zero_disables=False,
+    )
+
+
 class KedaEngine:
     name = "keda-engine"
     section = "autoscale"
@@ -130,16 +170,6 @@ class KedaEngine:
     def decide(
         self, snap: FleetSnapshot, params: KedaEngineParams, state: HpaState, ctx: PolicyContext
     ) -> PolicyResult[HpaState]:
-        nodes = snap.pool_nodes(ctx.pool_id)
-        return sync(
-            ctx,
-            nodes,
-            state,
-            sync_period_ms=params.sync_period_ms,
-            bounds=params.bounds(ctx.pool_id),
-            up_rules=params.scale_up,
-            down_rules=params.scale_down,
-            recommend=lambda current: metric_replicas(nodes, current, params),
-            inputs={},
-            zero_disables=False,
+        return scaled_object(
+            snap, params, state, ctx, lambda nodes, current: metric_replicas(nodes, current, params)
         )

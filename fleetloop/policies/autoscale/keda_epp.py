@@ -61,9 +61,8 @@ from fleetloop.policies.autoscale.hpa import (
     HpaState,
     ReplicaBounds,
     ScalingRules,
-    sync,
 )
-from fleetloop.policies.autoscale.keda_engine import average_value_replicas, ready_nodes
+from fleetloop.policies.autoscale.keda_engine import average_value_replicas, ready_nodes, scaled_object
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
 
 
@@ -110,16 +109,6 @@ class KedaEpp:
     def decide(
         self, snap: FleetSnapshot, params: KedaEppParams, state: HpaState, ctx: PolicyContext
     ) -> PolicyResult[HpaState]:
-        nodes = snap.pool_nodes(ctx.pool_id)
-        return sync(
-            ctx,
-            nodes,
-            state,
-            sync_period_ms=params.sync_period_ms,
-            bounds=params.bounds(ctx.pool_id),
-            up_rules=params.scale_up,
-            down_rules=params.scale_down,
-            recommend=lambda current: epp_replicas(nodes, current, params),
-            inputs={},
-            zero_disables=False,
+        return scaled_object(
+            snap, params, state, ctx, lambda nodes, current: epp_replicas(nodes, current, params)
         )
