@@ -14,6 +14,7 @@ from fleetloop.policies.admission.slo_aware import SloAware
 from fleetloop.policies.autoscale.fixed import Fixed
 from fleetloop.policies.autoscale.hpa import Hpa
 from fleetloop.policies.autoscale.keda_engine import KedaEngine
+from fleetloop.policies.autoscale.keda_epp import KedaEpp
 from fleetloop.policies.autoscale.predictive import SloPredictive
 from fleetloop.policies.batching.static import StaticBatching
 from fleetloop.policies.batching.tbt_feedback import TbtFeedback
@@ -26,6 +27,7 @@ from fleetloop.policies.retry_budget.unlimited import Unlimited
 from fleetloop.policies.routing.cache_aware import CacheAware
 from fleetloop.policies.routing.least_queue import LeastQueue
 from fleetloop.policies.routing.least_request import LeastRequest
+from fleetloop.policies.routing.llm_d import LlmDEpp
 from fleetloop.policies.routing.round_robin import RoundRobin
 
 # Each one meets fleetloop.policies.base.Algorithm (tests/policies/test_contract.py holds them to it).
@@ -38,6 +40,7 @@ ALGORITHMS: Final[tuple[type[Any], ...]] = (
     Fixed,
     Hpa,
     KedaEngine,
+    KedaEpp,
     SloPredictive,
     # batching
     StaticBatching,
@@ -54,5 +57,6 @@ ALGORITHMS: Final[tuple[type[Any], ...]] = (
     CacheAware,
     LeastQueue,
     LeastRequest,
+    LlmDEpp,
     RoundRobin,
 )

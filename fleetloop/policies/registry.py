@@ -131,7 +131,7 @@ BUILTIN_DIR = Path(__file__).parent
 
 def builtin_policy(name: str = "default") -> CompiledPolicy:
     """A policy document shipped with fleetloop: ``default`` or a baseline (``none``, ``classic``,
-    ``modern``)."""
+    ``modern``, ``llm-d``)."""
     path = BUILTIN_DIR / f"{name}.yaml"
     if not path.exists():
         path = BUILTIN_DIR / "baselines" / f"{name}.yaml"

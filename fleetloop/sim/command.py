@@ -1,6 +1,6 @@
 """``fleetloop sim``: run a scenario in process, in virtual time, under a policy or a baseline.
 
-``fleetloop sim --scenario FILE [--policy FILE | --baseline none|classic|modern] [--seed N] [--json]
+``fleetloop sim --scenario FILE [--policy FILE | --baseline none|classic|modern|llm-d] [--seed N] [--json]
 [--report DIR]``. Without ``--policy`` or ``--baseline`` it runs fleetloop's default policy.
 ``--json`` prints one JSON object (keys: DESIGN.md, "Commands"); otherwise a table, with progress
 on stderr for runs that take more than a moment. A bad scenario or policy is one line on stderr and
@@ -23,7 +23,7 @@ from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import ScenarioError, load_scenario
 from fleetloop.user_input import check_seed, output_dir
 
-BASELINES = ("none", "classic", "modern")
+BASELINES = ("none", "classic", "modern", "llm-d")
 
 
 def register(subparsers: Any) -> None:
@@ -39,7 +39,9 @@ def register(subparsers: Any) -> None:
     group.add_argument(
         "--policy", metavar="FILE", help="policy document (default: the built-in default policy)"
     )
-    group.add_argument("--baseline", metavar="NAME", help="a built-in baseline: none | classic | modern")
+    group.add_argument(
+        "--baseline", metavar="NAME", help="a built-in baseline: none | classic | modern | llm-d"
+    )
     group.add_argument(
         "--compare",
         metavar="A,B,...",

@@ -52,7 +52,7 @@ from fleetloop.sim.accounting import Accounting
 from fleetloop.sim.catalog import NodeSpec, node_spec
 from fleetloop.sim.clients import Attempt, Task, backoff_s, draw_call, new_task, prefix_tokens
 from fleetloop.sim.node import IntervalStats, Node, Req
-from fleetloop.sim.router import SimRouter, sim_router
+from fleetloop.sim.router import SimRouter, kv_used_frac, sim_router
 from fleetloop.sim.scenario import Fault, Pool, Scenario
 
 TELEMETRY_S = 1.0
@@ -375,6 +375,7 @@ class FleetSim:
         node.crash(self.now, keep_alive=comes_back)
         if comes_back:
             node.degrade = 1.0
+            self.router.node_replaced(node.node_id)  # its prefix cache is gone with the host
             self._boot(node)
         else:
             members = self._members[node.pool_id]
@@ -464,6 +465,7 @@ class FleetSim:
             budget_ms=budget_ms,
             now_s=now,
             prompt_tokens=task.prompt,
+            prefix_tokens=prefix_tokens(task),
         )
         pool_id = route.pool_id or sorted(self.pools)[0]
         model = self.pools[pool_id].model if pool_id in self.pools else w.models[0]
@@ -689,7 +691,6 @@ class FleetSim:
         interval_s = max(0.001, now - max(node.last_report, node.provisioned_at))
         spec = node.spec
         used = node.kv_used + node.cache_tokens
-        cap = max(1, node.capacity)
         hbm_free = spec.hbm_bytes - spec.model.weight_bytes - used * spec.model.kv_bytes_per_token
         return {
             "ts_ms": ts,
@@ -708,7 +709,7 @@ class FleetSim:
             "queue_depth": node.queue_depth,
             "running_requests": node.running,
             "queued_prompt_tokens": node.queued_tokens,
-            "kv_cache_used_frac": min(1.0, node.kv_used / cap),
+            "kv_cache_used_frac": kv_used_frac(node),
             "hbm_free_gib": max(0.0, round(hbm_free / 2**30, 3)),
             "gpu_util_frac": min(1.0, round(s.busy_s / interval_s, 6)),
             "prefix_cache_hit_frac": round(s.prefix_hits / s.prefix_lookups, 6) if s.prefix_lookups else 0.0,
