@@ -16,7 +16,7 @@ PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-.PHONY: install demo test test-system lint unit integration kafka schemas bench sim-table clean
+.PHONY: install demo test test-system lint unit integration kafka kafka-up kafka-down schemas bench sim-table clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "fleetloop needs $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
@@ -33,6 +33,16 @@ demo: $(STAMP)
 # Apache Kafka 4.x jars from Maven Central, cached under .cache/kafka (the embedded broker needs nothing).
 kafka:
 	scripts/kafka-fetch.sh
+
+# One Apache Kafka on 127.0.0.1:$(KAFKA_PORT) in the background, KRaft, on the config the tests use
+# (fleetloop/daemon/brokers/local.py); its data stays in $(KAFKA_DIR) across kafka-down / kafka-up.
+KAFKA_PORT ?= 9092
+KAFKA_DIR  ?= .cache/kafka-local
+kafka-up: $(STAMP) kafka
+	$(BIN)/python -m fleetloop.daemon.brokers.local up --port $(KAFKA_PORT) --dir $(KAFKA_DIR)
+
+kafka-down: $(STAMP)
+	$(BIN)/python -m fleetloop.daemon.brokers.local down --dir $(KAFKA_DIR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check fleetloop tests

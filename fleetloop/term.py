@@ -5,10 +5,14 @@ On a terminal, rich sizes its output to the window. Into a pipe or a file (CI lo
 lines break mid-phrase. A reader of a log has no window to fit, so there the width is
 ``PIPE_WIDTH`` (or ``COLUMNS`` when the user set it) and a line of text is never broken, only a
 table is laid out to the width.
+
+A reader that closes the pipe early (``| head``) ends the command through the CLI entry point's one
+rule for every command (fleetloop.daemon.cli.main), not through rich's own exit.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -23,12 +27,18 @@ def pipe_width(environ: dict[str, str] | None = None) -> int:
     return int(value) if value.isdigit() and int(value) > 0 else PIPE_WIDTH
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def console(*, stderr: bool = False, width: int | None = None) -> Console:
     """A console on stdout (or stderr) for people: rich's own sizing on a terminal, else
     :func:`pipe_width` columns with no wrapping of plain lines. ``width`` fixes the width anyway."""
     stream = sys.stderr if stderr else sys.stdout
     if width is not None:
-        return Console(stderr=stderr, highlight=False, width=width)
+        return _Console(stderr=stderr, highlight=False, width=width)
     if stream.isatty():
-        return Console(stderr=stderr, highlight=False)
-    return Console(stderr=stderr, highlight=False, width=pipe_width(), soft_wrap=True)
+        return _Console(stderr=stderr, highlight=False)
+    return _Console(stderr=stderr, highlight=False, width=pipe_width(), soft_wrap=True)

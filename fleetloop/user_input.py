@@ -13,6 +13,7 @@ bad flag or file is one line on stderr and exit code 2, never a traceback):
   ``--nodes-file PATH``) *before* a command runs anything long: a run is not thrown away at its end
   because its report cannot be written.
 - :func:`check_seed` bounds ``--seed`` (numpy refuses a negative seed with a traceback).
+- :class:`UsageError` is a refusal a command words itself; :class:`UserInputError` one it does not.
 
 A leaf: it imports nothing of fleetloop, so the schemas, policies, simulator, daemon and edges
 (actuators included) can all use it.
@@ -35,6 +36,11 @@ generated fleet's scenario well under 1 MiB; past this it is not a hand-written 
 SEED_MAX = 2**63 - 101
 """The largest ``--seed``: numpy takes 0 .. 2**64-1, and ``whatif --seeds N`` (N <= 100) runs from
 ``--seed`` upwards, so every command keeps the same headroom below 2**63."""
+
+
+class UsageError(Exception):
+    """A problem the user can fix, worded by the command itself (``fleetloop run: ...``): printed as
+    one line on stderr, exit code 2."""
 
 
 class UserInputError(ValueError):

@@ -21,7 +21,9 @@ import zlib
 from typing import Any
 
 import orjson
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.bench.common import progress, rss_mib, sizes_arg, within
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
 from fleetloop.daemon import checkpoint, clock, offload
@@ -174,10 +176,6 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _print(result: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from fleetloop import term
-
     t = Table(title="shard checkpoint: size, cost (ms), longest event-loop stall (ms) encoding and decoding")
     cols = (
         "nodes",

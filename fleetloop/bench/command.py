@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetloop.bench import (
+    checkpoint,
+    decide,
+    fleet,
+    fuzz,
+    ingest,
+    latency,
+    rollup,
+    router,
+    sizing,
+    soak,
+    stack,
+)
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="benchmarks that print figures (ratios from the same run)")
     sub = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     # Each bench module registers one subcommand. Keep this list sorted.
-    from fleetloop.bench import (
-        checkpoint,
-        decide,
-        fleet,
-        fuzz,
-        ingest,
-        latency,
-        rollup,
-        router,
-        sizing,
-        soak,
-        stack,
-    )
-
     checkpoint.register(sub)
     decide.register(sub)
     fleet.register(sub)

@@ -36,7 +36,9 @@ from itertools import islice
 from typing import Any
 
 import orjson
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.bench.common import growth_exponent, pct, progress, rss_mib
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
 from fleetloop.daemon import clock
@@ -433,10 +435,6 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _print(result: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from fleetloop import term
-
     t = Table(title=f"whole-fleet decision tick, ms ({result['policy']})")
     cols = (
         "nodes",

@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 import orjson
 from aiokafka import AIOKafkaProducer
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.bench.live import (
     BrokerInfo,
     drop_topics,
@@ -461,10 +463,6 @@ async def fuzz(args: argparse.Namespace, info: BrokerInfo) -> dict[str, Any]:
 
 
 def _print(r: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from fleetloop import term
-
     t = Table(title=f"fleetloop bench fuzz — {r['broker']}", show_header=False)
     t.add_column("figure")
     t.add_column("value", justify="right")

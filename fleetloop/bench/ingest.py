@@ -36,7 +36,9 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.bench.common import progress
 from fleetloop.bench.fleetgen import make_fleet, outcomes_at, telemetry_at
 from fleetloop.daemon import clock
@@ -281,7 +283,7 @@ def handle(args: argparse.Namespace) -> int:
     faust = not args.no_faust
     if faust:
         try:
-            import faust as _faust_module  # noqa: F401
+            import faust as _faust_module  # noqa: F401, PLC0415 - optional: is the bench extra installed?
         except ImportError:
             raise UsageError(
                 "fleetloop bench ingest: faust-streaming is not installed "
@@ -309,10 +311,6 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _print(result: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from fleetloop import term
-
     t = Table(title=f"ingest: {result['events']:,} events (telemetry + outcomes) per run")
     for col in ("broker", "consumer", "events/s", "events/CPU-s", "vs floor (CPU)", "vs faust (CPU)"):
         t.add_column(col, justify="right")

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from fleetloop.bench.common import progress, rss_mib
+from fleetloop.daemon import observability
 from fleetloop.daemon.brokers import (
     BrokerStartError,
     delete_topics,
@@ -49,8 +50,6 @@ def run_live(
     """What every live bench's command does around its run: quiet logs, the broker (the named one
     or an embedded one), ``bench(args, broker)`` in an event loop, then one JSON object on stdout
     (``--json``) or ``table(result)``."""
-    from fleetloop.daemon import observability
-
     observability.configure(level="error")
     quiet_client_logs()
     with broker(args.bootstrap_servers, name) as info:

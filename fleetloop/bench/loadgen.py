@@ -38,6 +38,8 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from fleetloop.bench.fleetgen import Fleet, make_fleet, telemetry_at
 from fleetloop.daemon import clock
+from fleetloop.daemon.children import die_with_parent
+from fleetloop.daemon.cli_common import quiet_client_logs
 
 SLICES = 20  # the load goes out in 50 ms slices, stamped with the wall time of each
 FLEET_SEED = 11
@@ -316,9 +318,6 @@ def _main(
     ready: multiprocessing.synchronize.Event,
     stats: LoadStats,
 ) -> None:
-    from fleetloop.daemon.children import die_with_parent
-    from fleetloop.daemon.cli_common import quiet_client_logs
-
     # A SIGKILLed bench must not leave its generator producing: the kernel stops it with the
     # parent (and if the parent is already gone, there is nothing to produce for).
     die_with_parent()

@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 import orjson
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.router import Endpoint, Router
@@ -164,9 +166,6 @@ def handle(args: argparse.Namespace) -> int:
         out = {"bench": "router", "floor_us": round(floor, 3), "rows": rows}
         sys.stdout.write(orjson.dumps(out).decode() + "\n")
         return 0
-    from rich.table import Table
-
-    from fleetloop import term
 
     t = Table(
         title="fleetloop.router pick, per call (same-run baselines: cache off; one bare numpy draw "

@@ -32,6 +32,11 @@ import asyncio
 import multiprocessing
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
+from rich.table import Table
+
+from fleetloop import term
 from fleetloop.bench.live import (
     BrokerInfo,
     drop_topics,
@@ -127,8 +132,6 @@ async def _produce_async(
     """Records built into per-partition batches (``create_batch``/``send_batch``): several times
     faster than one ``send`` per record, so one process can offer twice what the daemon reads."""
     rate, pools, nodes = shape
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.partitioner import DefaultPartitioner
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20)
     await producer.start()
@@ -365,10 +368,6 @@ async def soak(args: argparse.Namespace, info: BrokerInfo) -> dict[str, Any]:
 
 
 def _print(r: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from fleetloop import term
-
     t = Table(title=f"fleetloop bench soak — {r['minutes']:g} min on {r['broker']}")
     for col in ("t (s)", "lag", "RSS MiB", "in /s", "ticks", "decision age s", "open wf", "finished wf"):
         t.add_column(col, justify="right")

@@ -52,11 +52,13 @@ from rich.console import Console
 
 from fleetloop import term
 from fleetloop.daemon import clock
+from fleetloop.daemon.brokers import ensure_topics, start_broker
 from fleetloop.daemon.children import die_with_parent, stop_child
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
 from fleetloop.edges.fleet.agents import Agents
 from fleetloop.edges.fleet.live import LiveFleet, _Lag
+from fleetloop.sim.catalog import GPU_MEMORY_UTIL, node_spec
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
 
 ARMS = ("vllm-cache-aware", "vllm-p2c", "haproxy-classic", "fleetloop")
@@ -110,8 +112,6 @@ def cmd_stack(args: argparse.Namespace) -> int:
     try:
         bootstrap = None
         if "fleetloop" in arms:
-            from fleetloop.daemon.brokers import start_broker
-
             err.print("bench stack: starting the embedded broker (Tansu) on loopback ...")
             broker = start_broker("tansu")
             bootstrap = broker.bootstrap_servers
@@ -326,9 +326,6 @@ async def _fleetloop_parts(
     logdir: Path,
     procs: dict[str, asyncio.subprocess.Process],
 ) -> None:
-    from fleetloop.daemon.brokers import ensure_topics
-    from fleetloop.sim.catalog import GPU_MEMORY_UTIL, node_spec
-
     prefix = f"stack-{uuid.uuid4().hex[:8]}"
     await ensure_topics(bootstrap, prefix)
     pool = scenario.pools[0]
@@ -479,10 +476,10 @@ def table_markdown(doc: dict[str, Any]) -> str:
 
 
 def plot_timelines(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib loads only to draw
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after matplotlib.use('Agg'): no display
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     for r in doc["arms"]:

@@ -5,15 +5,23 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import logging
 from collections.abc import Iterator
 
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, load_policy
+from fleetloop.user_input import UsageError
 
-
-class UsageError(Exception):
-    """A problem the user can fix: printed as one line, exit code 2."""
+__all__ = [  # UsageError too: the commands import it from here
+    "UsageError",
+    "connection_from",
+    "door_from",
+    "held_client_logs",
+    "log_args",
+    "policy_from",
+    "quiet_client_logs",
+]
 
 
 def connection_from(args: argparse.Namespace) -> Bootstrap:
@@ -43,8 +51,6 @@ def policy_from(path: str | None) -> CompiledPolicy:
 
 def quiet_client_logs() -> None:
     """Commands that report connection problems themselves (one line) silence the client's own log."""
-    import logging
-
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
@@ -53,8 +59,6 @@ def held_client_logs(limit: int = 200) -> Iterator[None]:
     """The Kafka client's log records during a long-running command's start-up, held back: dropped
     if the start-up fails (its one-line error says why, and is the only line), emitted in order
     once it succeeds. The client's logging is as configured before and after."""
-    import logging
-
     client = logging.getLogger("aiokafka")
     held: collections.deque[logging.LogRecord] = collections.deque(maxlen=limit)
 

@@ -1,4 +1,4 @@
-"""Subcommands of the runtime: ``run``, ``policy``, ``replay``, ``demo``.
+"""Subcommands of the runtime: ``run`` and ``policy`` (``replay`` and ``demo`` have their own modules).
 
 Each handler returns an exit code; problems a user can fix raise :class:`UsageError` (one line).
 """
@@ -13,6 +13,11 @@ import signal
 import sys
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
+from fleetloop.daemon import clock, lifecycle, observability
+from fleetloop.daemon.brokers import TopicLayoutError, ensure_topics, probe_capabilities
+from fleetloop.daemon.brokers.admin import missing_topics
 from fleetloop.daemon.cli_common import (
     UsageError,
     connection_from,
@@ -21,16 +26,19 @@ from fleetloop.daemon.cli_common import (
     log_args,
     policy_from,
 )
+from fleetloop.daemon.observability import logger
 from fleetloop.daemon.observe.decode import Door
+from fleetloop.daemon.replay import compare_command
+from fleetloop.daemon.service.health import TaskDied
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, error_text, shown
+from fleetloop.policies.envelope import Envelope
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, load_policy
+from fleetloop.schemas.topics import TOPICS
+from fleetloop.topic_layout import require_topics
 
 
 def register(sub: Any) -> None:
-    from fleetloop.daemon import demo, lifecycle
-    from fleetloop.daemon.replay import command as replay_command
-    from fleetloop.daemon.replay import compare_command
-
+    """``run`` and the ``policy`` group."""
     run = sub.add_parser("run", help="run the daemon (the sidecar control loop)")
     bootstrap_arg(run, required=True)
     run.add_argument(
@@ -163,16 +171,13 @@ def register(sub: Any) -> None:
     )
     d.set_defaults(handler=cmd_policy_diff)
 
-    replay_command.register(sub)
-    demo.register(sub)
-
 
 # -- run ----------------------------------------------------------------------------------------
+# The daemon's runtime and HTTP face are imported inside run's functions: this module also serves
+# policy validate and diff, which need neither.
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fleetloop.daemon import observability
-
     if not 0.05 <= args.checkpoint_interval_s <= 3600:
         raise UsageError("fleetloop run: --checkpoint-interval-s must be between 0.05 and 3600")
     if not 0 <= args.overload_max_ticks <= 1_000_000:
@@ -207,12 +212,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 async def _wait_for_topics(conn: Bootstrap, prefix: str, wait_s: float) -> None:
     """Exit 2 naming the missing topics, or wait up to ``wait_s`` for them (logged, bounded); then
     check their partition counts and cleanup policies (TopicLayoutError)."""
-    from fleetloop.daemon import clock
-    from fleetloop.daemon.brokers.admin import missing_topics
-    from fleetloop.daemon.observability import logger
-    from fleetloop.schemas.topics import TOPICS
-    from fleetloop.topic_layout import require_topics
-
     log = logger("fleetloop.run")
     started = clock.monotonic_s()
     while True:
@@ -238,16 +237,15 @@ async def _wait_for_topics(conn: Bootstrap, prefix: str, wait_s: float) -> None:
 
 
 async def _run(args: argparse.Namespace, policy: CompiledPolicy, conn: Bootstrap) -> int:
-    from fleetloop.daemon.observability import logger
-    from fleetloop.daemon.runtime import Daemon
-    from fleetloop.daemon.service.live import LiveView, add_routes
+    from fleetloop.daemon.runtime import Daemon  # noqa: PLC0415 - run only, not policy
+    from fleetloop.daemon.service.live import LiveView, add_routes  # noqa: PLC0415 - run only, not policy
 
     log = logger("fleetloop.run")
     holder: list[Daemon] = []
     view = LiveView()
     server = None
     if args.http_port is not None:
-        from fleetloop.daemon.service.http import HttpServer, make_app
+        from fleetloop.daemon.service.http import HttpServer, make_app  # noqa: PLC0415 - run only, not policy
 
         server = HttpServer(
             make_app(lambda: holder[0].health if holder else None, add_routes(view)),
@@ -280,10 +278,7 @@ async def _run_daemon(
     holder: list[Any],
     view: Any = None,
 ) -> int:
-    from fleetloop.daemon.brokers import TopicLayoutError, ensure_topics, probe_capabilities
-    from fleetloop.daemon.observability import logger
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig
-    from fleetloop.daemon.service.health import TaskDied
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig  # noqa: PLC0415 - run only, not policy
 
     log = logger("fleetloop.run")
     try:
@@ -320,7 +315,7 @@ async def _run_daemon(
     )
     holder.append(daemon)
     if view is not None:
-        from fleetloop.daemon.service.live import ledger_of
+        from fleetloop.daemon.service.live import ledger_of  # noqa: PLC0415 - run only, not policy
 
         view.ledger = ledger_of(daemon)
     stop = asyncio.Event()
@@ -374,10 +369,6 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def effective(policy: CompiledPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
     """The document as it takes effect, flattened: each section's ``params`` (and the envelope) as
     its compiled ``Params`` model, defaults filled; and each of those paths' default value."""
-    from pydantic_core import to_jsonable_python
-
-    from fleetloop.policies.envelope import Envelope
-
     doc = policy.document.model_dump(mode="json")
     models = {f"{name}.params": s.params for name, s in policy.sections.items()}
     models["envelope"] = Envelope.model_validate(policy.document.spec.envelope)

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetloop import term
-from fleetloop.daemon import clock
+from fleetloop.daemon import clock, observability
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, probe_capabilities, start_broker
 from fleetloop.daemon.cli_common import UsageError, connection_from, policy_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door
@@ -39,6 +39,7 @@ from fleetloop.daemon.replay.command import Progress, replay_topics
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.daemon.service.http import HttpServer, make_app
 from fleetloop.daemon.service.live import LiveView, add_routes, ledger_of
+from fleetloop.daemon.wire_demo import print_wire, run_wire
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.policies.registry import CompiledPolicy, compile_policy
 from fleetloop.schemas import Decision
@@ -147,7 +148,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise UsageError("fleetloop demo: --verify-replay runs the in-process demo; drop --wire")
         return _cmd_wire(args)
     policy = policy_from(args.policy)
-    from fleetloop.daemon import observability
 
     observability.configure(level="warning")
     observability.setup_telemetry()
@@ -181,8 +181,6 @@ def bumped(policy: CompiledPolicy) -> CompiledPolicy:
 
 
 def _cmd_wire(args: argparse.Namespace) -> int:
-    from fleetloop.daemon.wire_demo import print_wire, run_wire
-
     if args.policy:
         raise UsageError("fleetloop demo: --wire runs the daemon with its default policy; drop --policy")
     if args.bootstrap_servers and not isinstance(connection_from(args), str):

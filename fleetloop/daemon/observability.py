@@ -10,7 +10,8 @@ Logs
     ``ratelimit_key``. Rendering happens on the caller's thread; writing happens on a writer thread
     behind a bounded queue, so a slow stderr reader never blocks the event loop: when the queue is
     full the line is dropped and counted (``fleetloop_log_lines_dropped_total`` and a
-    ``log lines dropped`` line once the writer catches up).
+    ``log lines dropped`` line once the writer catches up). The Kafka client's known transient
+    start-up conditions (``TRANSIENT_AT_START``) come out at info in the first ``START_GRACE_S``.
 
 Traces and metrics
     :func:`setup_telemetry` installs the OpenTelemetry SDK providers once per process: metrics are
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final
 
 import structlog
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 from opentelemetry import metrics, trace
 from prometheus_client import CollectorRegistry
 
@@ -201,8 +203,35 @@ def _render_notice(event: str, **kw: Any) -> str:
 # -- stdlib -> structlog -------------------------------------------------------------------------
 
 
+# Conditions the Kafka client logs at level error and then retries by itself, harmless while a
+# process starts: on a cluster's first start the group coordinator is not available until the
+# broker has created its offsets topic. Within START_GRACE_S of the logging set-up such a record is
+# logged at info; later it keeps its level (a coordinator that stays away is a real problem).
+START_GRACE_S: Final = 30.0
+TRANSIENT_AT_START: Final[dict[tuple[str, str], tuple[type[BaseException], ...]]] = {
+    ("aiokafka.consumer.group_coordinator", "Group Coordinator Request failed: %s"): (
+        GroupCoordinatorNotAvailableError,
+    ),
+}
+
+
+def start_up_level(record: logging.LogRecord, since_start_s: float) -> int:
+    """The level ``record`` is logged at: info for a known transient start-up condition (above)."""
+    if since_start_s >= START_GRACE_S or record.levelno < logging.ERROR:
+        return record.levelno
+    kinds = TRANSIENT_AT_START.get((record.name, str(record.msg)))
+    args = record.args if isinstance(record.args, tuple) else ()
+    if kinds and args and isinstance(args[0], kinds):
+        return logging.INFO
+    return record.levelno
+
+
 class _StdlibBridge(logging.Handler):
     """Every stdlib record (aiokafka, asyncio, opentelemetry ...) through fleetloop's pipeline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started_s = clock.monotonic_s()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -210,7 +239,8 @@ class _StdlibBridge(logging.Handler):
             if record.exc_info and record.exc_info[1] is not None:
                 exc = record.exc_info[1]
                 fields["error"] = f"{type(exc).__name__}: {exc}"  # one line, never a traceback
-            structlog.get_logger(record.name).log(record.levelno, record.getMessage(), **fields)
+            level = start_up_level(record, clock.monotonic_s() - self.started_s)
+            structlog.get_logger(record.name).log(level, record.getMessage(), **fields)
         except Exception:
             self.handleError(record)
 
@@ -300,23 +330,25 @@ def setup_telemetry() -> None:
     if _telemetry_ready:
         return
     _telemetry_ready = True
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import (
+    # The SDK is imported here, by the commands that set it up (run, demo); the OTLP exporter only
+    # when it is configured.
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415 - run, demo only
+    from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415 - run, demo only
+    from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415 - run, demo only
         ConsoleMetricExporter,
         MetricReader,
         PeriodicExportingMetricReader,
     )
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+    from opentelemetry.sdk.resources import Resource  # noqa: PLC0415 - run, demo only
+    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - run, demo only
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor  # noqa: PLC0415 - run, demo only
 
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "fleetloop")})
     tracer_provider = TracerProvider(resource=resource)
     readers: list[MetricReader] = [PrometheusMetricReader(registry=registry, scope_info_enabled=False)]
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415 - when configured
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415 - when configured
 
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))

@@ -665,13 +665,14 @@ class Daemon:
                 }
                 if cfg.run_ticker:
                     jobs["ticker"] = lambda: self._ticker(producer, stop)
+                in_force = self.engine.policy.stamp  # the resumed one, not --policy's, after a restart
                 log.info(
                     "daemon started",
                     bootstrap=shown(cfg.bootstrap_servers),
                     prefix=cfg.prefix,
-                    policy=cfg.policy.stamp.name,
-                    version=cfg.policy.stamp.version,
-                    hash=cfg.policy.stamp.hash,
+                    policy=in_force.name,
+                    version=in_force.version,
+                    hash=in_force.hash,
                 )
                 # Every task is supervised: the first to die stops the daemon and is raised (TaskDied).
                 await supervise(self.health, jobs, stop)

@@ -22,6 +22,13 @@ Shadow. A shadow policy (a document with ``spec.mode: shadow``) decides the same
 the enforcing one, from the same folded records and the same snapshot inputs, with its own policy
 state per pool (``shadow_states``). It reads the model and never writes it, and the enforcing
 policy never sees its state, so the enforced decisions are the same bytes with or without a shadow.
+It starts, on each pool, from the enforcing policy's state before the first tick it decides, as
+``policy apply`` of the same document would: a section whose algorithm is the enforcing one's keeps
+that state (open breakers and their backoff, autoscale holds), a swapped algorithm starts fresh
+(:class:`~fleetloop.daemon.decide.engine.EngineState` is keyed by algorithm). So the shadow's
+decisions differ from the enforced ones only by what the candidate changes, from its first tick: a
+shadow started empty closed every breaker the enforcing policy held open and read as the
+candidate's doing. A new shadow document (another hash) starts again from the enforced state.
 
 No I/O and no clock here: the runtime feeds records and ticks in, publishes what comes out.
 """
@@ -35,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from fleetloop.daemon.checkpoint import CheckpointError
 from fleetloop.daemon.decide.engine import EngineState, TickResult, decide, decide_many, envelope_of
 from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot
@@ -112,6 +120,11 @@ class Shard:
         self.model = FleetModel(config)
         self.states: dict[str, EngineState] = {}  # per pool: a pool's tick touches only its own
         self.shadow_states: dict[str, EngineState] = {}  # the shadow policy's, per pool: never shared
+        # Per pool, the hash of the shadow document whose state ``shadow_states`` holds ("": one
+        # restored from a checkpoint that did not say, taken as the shadow in force).
+        self.shadow_of: dict[str, str] = {}
+        # Per pool, the enforced state before the tick just decided: where a shadow starts from.
+        self._before: dict[str, EngineState] = {}
         self.folded: dict[str, int] = dict.fromkeys(INPUTS, 0)  # next input offset not folded
         self.ticks_at = 0  # next ticks offset not yet decided (or skipped)
         self.last_tick: dict[str, tuple[int, int]] = {}  # pool -> (tick id, ts_ms) decided or skipped
@@ -298,7 +311,7 @@ class Shard:
         live = self.model.pools
         for pool in [p for p in self.last_tick if p not in live and p not in pending]:
             del self.last_tick[pool]
-        for states in (self.states, self.shadow_states):
+        for states in (self.states, self.shadow_states, self.shadow_of, self._before):
             for pool in [p for p in states if p not in live and p not in pending]:
                 del states[pool]
 
@@ -340,7 +353,7 @@ class Shard:
         snap = self._snapshot(tick, policy)
         if tick.pool_id not in snap.pools:
             return ()
-        state = self.states.get(tick.pool_id, _EMPTY)
+        state = self._before[tick.pool_id] = self.states.get(tick.pool_id, _EMPTY)
         result = decide(snap, policy, state, tick, self.input_offsets())
         self.states[tick.pool_id] = result.state
         return result.decisions
@@ -382,6 +395,8 @@ class Shard:
                 out[i] = ()
         todo = [i for i in todo if ticks[i].pool_id in snap.pools]
         batch = [ticks[i] for i in todo]
+        for t in batch:
+            self._before[t.pool_id] = self.states.get(t.pool_id, _EMPTY)
         results = self._decide_batch(snap, policy, self.states, batch)
         for i, result in zip(todo, results, strict=True):
             if isinstance(result, Exception):
@@ -432,13 +447,15 @@ class Shard:
     def decide_shadow(self, tick: Tick, shadow: Shadow | None) -> tuple[Decision, ...]:
         """Decide ``tick`` under the shadow policy, right after :meth:`decide` decided it (same cut,
         nothing folded). Its own state per pool; ``None`` (no shadow at this tick) forgets it."""
+        before = self._before.pop(tick.pool_id, None)
         if shadow is None:
             self.shadow_states.pop(tick.pool_id, None)
+            self.shadow_of.pop(tick.pool_id, None)
             return ()
         snap = self._snapshot(tick, shadow.runner)
         if tick.pool_id not in snap.pools:
             return ()
-        state = self.shadow_states.get(tick.pool_id, _EMPTY)
+        state = self._shadow_start(tick.pool_id, shadow, before)
         result = decide(snap, shadow.runner, state, tick, self.input_offsets())
         self.shadow_states[tick.pool_id] = result.state
         return tuple(d.model_copy(update={"policy": shadow.stamp}) for d in result.decisions)
@@ -449,9 +466,11 @@ class Shard:
         """:meth:`decide_shadow` for each of ``ticks`` (one boundary, distinct pools, each just
         decided by :meth:`decide_many`), in one :func:`decide_many`; a tick whose shadow decision
         raises gets its exception in its place."""
+        befores = {t.pool_id: self._before.pop(t.pool_id, None) for t in ticks}
         if shadow is None:
             for tick in ticks:
                 self.shadow_states.pop(tick.pool_id, None)
+                self.shadow_of.pop(tick.pool_id, None)
             return [() for _ in ticks]
         out: list[tuple[Decision, ...] | Exception] = [() for _ in ticks]
         if not ticks:
@@ -461,7 +480,11 @@ class Shard:
         except Exception as exc:
             return [exc for _ in ticks]
         todo = [i for i, t in enumerate(ticks) if t.pool_id in snap.pools]
-        results = self._decide_batch(snap, shadow.runner, self.shadow_states, [ticks[i] for i in todo])
+        starts = {
+            ticks[i].pool_id: self._shadow_start(ticks[i].pool_id, shadow, befores[ticks[i].pool_id])
+            for i in todo
+        }
+        results = self._decide_batch(snap, shadow.runner, starts, [ticks[i] for i in todo])
         stamp = shadow.stamp
         for i, result in zip(todo, results, strict=True):
             if isinstance(result, Exception):
@@ -470,6 +493,18 @@ class Shard:
                 self.shadow_states[ticks[i].pool_id] = result.state
                 out[i] = tuple(d.model_copy(update={"policy": stamp}) for d in result.decisions)
         return out
+
+    def _shadow_start(self, pool_id: str, shadow: Shadow, before: EngineState | None) -> EngineState:
+        """The state ``shadow`` decides ``pool_id``'s tick from: its own, or, on its first tick
+        there (or a new shadow document's), the enforcing policy's state before this tick
+        (``before``; without it, the state now, which is that when the tick was not decided)."""
+        known = self.shadow_of.get(pool_id)
+        state = self.shadow_states.get(pool_id)
+        if state is not None and known in (shadow.stamp.hash, ""):
+            self.shadow_of[pool_id] = shadow.stamp.hash
+            return state
+        self.shadow_of[pool_id] = shadow.stamp.hash
+        return before if before is not None else self.states.get(pool_id, _EMPTY)
 
     def skip(self, tick: Tick) -> bool:
         """Record a tick published as skipped (an outage longer than the catch-up); False if old."""
@@ -488,6 +523,7 @@ class Shard:
             "model": self.model,
             "states": {pool: self.states[pool] for pool in sorted(self.states)},
             "shadow_states": {pool: self.shadow_states[pool] for pool in sorted(self.shadow_states)},
+            "shadow_of": {pool: self.shadow_of[pool] for pool in sorted(self.shadow_of)},
             "folded": dict(self.folded),
             "ticks_at": self.ticks_at,
             "last_tick": {pool: list(v) for pool, v in sorted(self.last_tick.items())},
@@ -497,8 +533,6 @@ class Shard:
 
     @classmethod
     def from_checkpoint(cls, value: Any) -> Shard:
-        from fleetloop.daemon.checkpoint import CheckpointError
-
         try:
             shard = cls(int(value["partition"]))
             model, states = value["model"], value["states"]
@@ -511,6 +545,10 @@ class Shard:
             if not all(isinstance(s, EngineState) for s in shadow_states.values()):
                 raise CheckpointError("checkpoint does not hold engine states for the shadow policy")
             shard.shadow_states = {str(p): s for p, s in shadow_states.items()}
+            # Checkpoints before shadows started from the enforced state do not say whose state it
+            # is: "" keeps it for the shadow in force.
+            shadow_of = value.get("shadow_of", dict.fromkeys(shard.shadow_states, ""))
+            shard.shadow_of = {str(p): str(h) for p, h in shadow_of.items()}
             shard.start_at(value["folded"], int(value["ticks_at"]))
             shard.last_tick = {str(p): (int(v[0]), int(v[1])) for p, v in value["last_tick"].items()}
             # Checkpoints written before dead letters were tracked: everything before them was

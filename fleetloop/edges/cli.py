@@ -1,4 +1,5 @@
-"""What the edge commands share: their one-line user error and the broker arguments.
+"""What the edge commands share: their one-line user error, the broker arguments, and how an actuator
+starts following ``control.state``.
 
 (The daemon's ``cli_common`` imports the policy registry; edges may not, so they keep their own.)
 """
@@ -11,7 +12,10 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 
-from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args
+from aiokafka.errors import KafkaError
+
+from fleetloop.kafka_security import Bootstrap, SecurityError, connection_from_args, error_text, shown
+from fleetloop.router.follow import StateFollower
 from fleetloop.user_input import UserInputError
 
 
@@ -41,3 +45,13 @@ def one_line_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[a
             return 2
 
     return run
+
+
+async def start_following(follower: StateFollower, prog: str, conn: Bootstrap) -> None:
+    """Catch up on ``control.state``; a broker that cannot be reached is one line naming ``prog``."""
+    try:
+        await follower.start()
+    except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
+        raise EdgeUsageError(
+            f"{prog}: cannot follow control.state at {shown(conn)}: {error_text(exc)}"
+        ) from None

@@ -1,10 +1,11 @@
 """The policy contract: what every algorithm sees (a frozen snapshot), what it returns, and how it
-is registered. Pure: nothing here does I/O or reads a clock.
+names itself. Pure: nothing here does I/O or reads a clock.
 
-An algorithm is one module with one registered class::
+An algorithm is one module with one class, listed in the table of :mod:`fleetloop.policies.builtin`::
 
-    @register("breaker", "consecutive-errors")
     class ConsecutiveErrors:
+        name = "consecutive-errors"               # kebab-case, unique in its section
+        section = "breaker"
         Params = ConsecutiveErrorsParams          # pydantic model, frozen, extra="forbid"
         State = ...                               # any immutable value
         def initial_state(self) -> State: ...

@@ -9,49 +9,41 @@ force (DESIGN.md, "Policy documents").
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final
 
 import orjson
 from pydantic import ValidationError
 
+from fleetloop.policies import errors
 from fleetloop.policies.base import Algorithm, Params
+from fleetloop.policies.builtin import ALGORITHMS
+from fleetloop.policies.envelope import Envelope
 from fleetloop.policies.slo import DEFAULT_BOOK, SloBook
 from fleetloop.schemas.decisions import PolicyStamp
 from fleetloop.schemas.errors import one_line
 from fleetloop.schemas.policy import SECTIONS, Mode, PolicyDocument, SloSpec
 from fleetloop.user_input import UserInputError, read_yaml
 
-T = TypeVar("T")
-REGISTRY: dict[str, dict[str, type[Any]]] = {section: {} for section in SECTIONS}
+# Defined in a leaf, so the CLI names it without loading the algorithms; named here for the callers.
+PolicyError = errors.PolicyError
 
 
-class PolicyError(ValueError):
-    """A policy document that cannot take effect. ``str()`` is one line naming the problem."""
+def by_section(table: Iterable[type[Any]]) -> dict[str, dict[str, type[Any]]]:
+    """Section -> name -> algorithm class, from a table of classes that name themselves."""
+    out: dict[str, dict[str, type[Any]]] = {section: {} for section in SECTIONS}
+    for cls in table:
+        if cls.section not in out:
+            raise ValueError(f"{cls.__name__}: unknown policy section {cls.section!r}")
+        if cls.name in out[cls.section]:
+            raise ValueError(f"{cls.section} algorithm {cls.name!r} named twice")
+        out[cls.section][cls.name] = cls
+    return out
 
 
-def register(section: str, name: str) -> Callable[[type[T]], type[T]]:
-    """Class decorator: register an algorithm under ``section`` and a kebab-case ``name``."""
-    if section not in REGISTRY:
-        raise ValueError(f"unknown policy section {section!r}")
-
-    def deco(cls: type[T]) -> type[T]:
-        if name in REGISTRY[section]:
-            raise ValueError(f"{section} algorithm {name!r} registered twice")
-        cls.name = name  # type: ignore[attr-defined]
-        cls.section = section  # type: ignore[attr-defined]
-        REGISTRY[section][name] = cls
-        return cls
-
-    return deco
-
-
-def algorithms() -> dict[str, list[str]]:
-    """Section -> sorted names of the registered algorithms."""
-    _load_builtin()
-    return {section: sorted(names) for section, names in REGISTRY.items()}
+REGISTRY: Final = by_section(ALGORITHMS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +71,6 @@ def document_hash(document: PolicyDocument) -> str:
 
 
 def compile_policy(document: PolicyDocument) -> CompiledPolicy:
-    _load_builtin()
     sections: dict[str, Section] = {}
     for section in SECTIONS:
         ref = getattr(document.spec, section)
@@ -93,8 +84,6 @@ def compile_policy(document: PolicyDocument) -> CompiledPolicy:
             raise PolicyError(one_line(exc, f"spec.{section}.params")) from None
         sections[section] = Section(algorithm=cls(), params=params, mode=ref.mode or document.spec.mode)
     try:
-        from fleetloop.policies.envelope import Envelope
-
         Envelope.model_validate(document.spec.envelope)
     except ValidationError as exc:
         raise PolicyError(one_line(exc, "spec.envelope")) from None
@@ -142,20 +131,10 @@ BUILTIN_DIR = Path(__file__).parent
 
 def builtin_policy(name: str = "default") -> CompiledPolicy:
     """A policy document shipped with fleetloop: ``default`` or a baseline (``none``, ``classic``,
-    ``modern``)."""
+    ``modern``, ``llm-d``)."""
     path = BUILTIN_DIR / f"{name}.yaml"
     if not path.exists():
         path = BUILTIN_DIR / "baselines" / f"{name}.yaml"
     if not path.exists():
         raise PolicyError(f"no built-in policy named {name!r}")
     return load_policy(path)
-
-
-_loaded = False
-
-
-def _load_builtin() -> None:
-    global _loaded  # noqa: PLW0603 - one-time import of the built-in algorithm modules
-    if not _loaded:
-        _loaded = True
-        import fleetloop.policies.builtin  # noqa: F401

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from fleetloop.kafka_security import Bootstrap, connect
 from fleetloop.router import clock
 from fleetloop.router.pick import Endpoint
+from fleetloop.router.state import DesiredState
 from fleetloop.schemas.decisions import Decision, decision_from_newer
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import STATE, TELEMETRY, topic_name
@@ -94,8 +95,8 @@ class StateFollower:
     async def start(self, *, catch_up_timeout_s: float = 30.0) -> None:
         """Connect, read ``control.state`` from the beginning up to its end, then follow in the background."""
         c = self._consumer
-        await c.start()
         try:
+            await c.start()  # inside the try: a start that fails closes the consumer too
             parts = await self._partitions(self._state_topic)
             state_tps = [TopicPartition(self._state_topic, p) for p in parts]
             tps = list(state_tps)
@@ -218,8 +219,6 @@ class StateOnly:
     """A sink that only keeps desired state (for actuators, which pick nothing per call)."""
 
     def __init__(self, fail_static_s: float = 30.0) -> None:
-        from fleetloop.router.state import DesiredState
-
         self.state = DesiredState()
         self.fail_static_s = fail_static_s
 

@@ -30,7 +30,13 @@ Per call (:meth:`Router.pick`), in order:
    fewer of this router's outstanding calls wins, ties to the first: Envoy LEAST_REQUEST),
    ``least-outstanding`` (the node with the fewest of this router's outstanding calls per unit of
    weight, ``(outstanding_i + 1) / w_i``, ties to the first in node-id order: HAProxy's
-   ``balance leastconn`` with the published weights as server weights; no random draw).
+   ``balance leastconn`` with the published weights as server weights; no random draw),
+   ``llm-d-epp`` (llm-d's endpoint picker, :mod:`fleetloop.router.epp`: each node scored on its
+   waiting queue, its free KV cache and the share of the call's prompt this router's approximate
+   prefix index thinks it holds, weighted as llm-d's default profile weighs them, the best taken, a
+   tie drawn; the prompt's blocks are then recorded for the node picked. It runs before the one-node
+   shortcut, so the index learns from every pick, and step 3 does not apply: the decision carries no
+   ``prefix_affinity``).
 5. **Admission**: shed when the node's queue depth is at or above ``max_queue_depth[p]``
    (``new_task_max_queue_depth[p]`` for the first call of a task), when its outstanding work (queue
    depth + running requests) is at or above ``max_outstanding[p]`` (``new_task_max_outstanding[p]``
@@ -93,6 +99,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
+from fleetloop.router.epp import EppScheduler
 from fleetloop.router.state import DesiredState, never_empty
 from fleetloop.schemas.decisions import Decision, RetryBudgetDecision, RoutingDecision
 
@@ -129,6 +136,8 @@ class Endpoint:
     draining: bool = False
     queue_depth: int = 0
     running: int = 0
+    kv_cache_used_frac: float = 0.0  # the engine's KV cache in use (llm-d-epp's KV scorer)
+    kv_capacity_tokens: int = 0  # the engine's KV cache size (llm-d-epp's index capacity; 0: unknown)
 
 
 N = TypeVar("N", bound=NodeLike)
@@ -165,6 +174,12 @@ def _one(node: NodeLike) -> float:
     return 1.0
 
 
+def _engine_attrs(node: NodeLike) -> tuple[float, int]:
+    """A node's (KV cache used fraction, KV capacity tokens) from attributes of those names
+    (:class:`Endpoint` has them; (0.0, 0) for a node without them)."""
+    return float(getattr(node, "kv_cache_used_frac", 0.0)), int(getattr(node, "kv_capacity_tokens", 0))
+
+
 def _node_id(node: NodeLike) -> str:
     return node.node_id
 
@@ -182,6 +197,7 @@ class Router(Generic[N]):
         fail_static_s: float = FAIL_STATIC_S,
         capacity_of: Callable[[N], float] | None = None,
         cache: bool = True,
+        engine_of: Callable[[N], tuple[float, int]] | None = None,
     ) -> None:
         if not 0.0 < fail_static_s <= 3600.0:
             raise ValueError(f"fail_static_s must be in (0, 3600], got {fail_static_s}")
@@ -199,6 +215,11 @@ class Router(Generic[N]):
         self._chains: dict[tuple[str, ...], tuple[tuple[str, ...], list[str]]] = {}
         self.capacity_of: Callable[[N], float] = capacity_of if capacity_of is not None else _one
         self.pool_credit: dict[str, float] = {}  # smooth weighted round robin across a model's pools
+        # llm-d-epp: (KV cache used fraction, KV capacity tokens) of a node, and the EPP's state
+        self.engine_of: Callable[[N], tuple[float, int]] = (
+            engine_of if engine_of is not None else _engine_attrs
+        )
+        self.epp = EppScheduler()
 
     # -- desired state ----------------------------------------------------------------------------
 
@@ -224,6 +245,12 @@ class Router(Generic[N]):
     def fleet_changed(self) -> None:
         """Tell the router a node joined, left or started draining (drops derived caches)."""
         self._fleet_version += 1
+
+    def node_replaced(self, node_id: str) -> None:
+        """``node_id`` came back empty (a reclaimed host's replacement: in Kubernetes a new pod, which
+        llm-d's endpoint picker has never sent a prompt to): ``llm-d-epp`` forgets what its prefix
+        index credited it with."""
+        self.epp.index.forget(node_id)
 
     def open_breakers(self) -> int:
         return self.state.open_breakers()
@@ -317,8 +344,19 @@ class Router(Generic[N]):
         c.rr_plain += 1
         return node
 
-    def pick_node(self, pool_id: str, priority: int, digest: str | None, now_s: float) -> N | None:
-        """A node of ``pool_id`` for a call of ``priority`` (steps 2-4), admission not applied."""
+    def pick_node(
+        self,
+        pool_id: str,
+        priority: int,
+        digest: str | None,
+        now_s: float,
+        *,
+        prompt_tokens: int = 0,
+        prefix_tokens: int = 0,
+    ) -> N | None:
+        """A node of ``pool_id`` for a call of ``priority`` (steps 2-4), admission not applied.
+        ``prompt_tokens`` and ``prefix_tokens`` (the call's size and its task's shared prefix, 0:
+        unknown) are what ``llm-d-epp`` scores prefix-cache hits on."""
         el = self._eligible_for(pool_id, priority, now_s)
         if el is None:
             return self._plain(pool_id, honour_breakers=False)
@@ -327,6 +365,8 @@ class Router(Generic[N]):
         st = self.state.pools[pool_id]
         d = st.routing
         assert d is not None
+        if d.picker == "llm-d-epp":
+            return self._epp_pick(el.nodes, digest, prompt_tokens, prefix_tokens)
         if digest is not None:
             holders = d.prefix_affinity.get(digest)
             if holders:
@@ -370,6 +410,26 @@ class Router(Generic[N]):
         x = float(self.rng.random()) * el.total
         k = bisect_right(el.cum, x)
         return nodes[k] if k < len(nodes) else nodes[-1]
+
+    def _epp_pick(
+        self,
+        nodes: list[N],
+        digest: str | None,
+        prompt_tokens: int,
+        prefix_tokens: int,
+    ) -> N:
+        """Step 4, ``llm-d-epp`` (:class:`fleetloop.router.epp.EppScheduler`)."""
+        engine = self.engine_of
+        return self.epp.pick(
+            nodes,
+            [n.node_id for n in nodes],
+            [n.queue_depth for n in nodes],
+            [engine(n) for n in nodes],
+            digest,
+            prompt_tokens,
+            prefix_tokens,
+            self.rng,
+        )
 
     def admit(
         self,
@@ -479,10 +539,14 @@ class Router(Generic[N]):
         budget_ms: float,
         now_s: float,
         prompt_tokens: int = 0,
+        prefix_tokens: int = 0,
     ) -> Route[N]:
         """Steps 1-6 for one call: where it goes, or why it is shed (see the module docstring).
         ``prompt_tokens`` (0: unknown) keeps the call off pools whose nodes cannot hold it and
-        moves it to a pool that prefills it within its SLO (step 5b)."""
+        moves it to a pool that prefills it within its SLO (step 5b); with ``prefix_tokens`` (the
+        leading tokens of the prompt that are its task's shared prefix) ``llm-d-epp`` scores prefix
+        hits on it."""
+        size = {"prompt_tokens": prompt_tokens, "prefix_tokens": prefix_tokens}
         first, pools = self._candidates(models)
         if not pools:
             return Route("", None, "no-pool")
@@ -500,7 +564,7 @@ class Router(Generic[N]):
         chain = [primary] + [p for p in spill if p in candidates and p != primary] if spill else [primary]
         shed_pool: str | None = None
         for pool_id in chain:
-            node = self.pick_node(pool_id, priority, digest, now_s)
+            node = self.pick_node(pool_id, priority, digest, now_s, **size)
             if node is None:
                 continue
             if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):
@@ -521,7 +585,7 @@ class Router(Generic[N]):
         for pool_id in candidates:
             if pool_id in chain:
                 continue
-            node = self.pick_node(pool_id, priority, digest, now_s)
+            node = self.pick_node(pool_id, priority, digest, now_s, **size)
             if node is None:
                 continue
             if self.admit(pool_id, node, priority, new_task=new_task, budget_ms=budget_ms, now_s=now_s):

@@ -28,7 +28,7 @@ from fleetloop.schemas.policy import Mode
 
 BreakerStateName = Literal["closed", "open", "half_open"]
 Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a Kafka offset
-Picker = Literal["weighted-random", "round-robin", "least-request-p2c", "least-outstanding"]
+Picker = Literal["weighted-random", "round-robin", "least-request-p2c", "least-outstanding", "llm-d-epp"]
 
 
 class _Body(Wire):
@@ -48,7 +48,9 @@ class RoutingDecision(_Body):
         default="weighted-random",
         description="how the router picks per call among nodes with weight > 0: by weight, in turn, "
         "the less loaded of two random picks by its own outstanding count (Envoy LEAST_REQUEST), "
-        "or the fewest of its own outstanding calls per unit of weight (HAProxy leastconn)",
+        "or the fewest of its own outstanding calls per unit of weight (HAProxy leastconn), "
+        "or llm-d's endpoint picker in its default profile (queue, KV-cache and prefix-cache scores, "
+        "the best taken)",
     )
     by_priority: dict[str, dict[str, NonNegFloat]] = Field(
         default_factory=dict, description="priority class -> weights, where it differs from `weights`"

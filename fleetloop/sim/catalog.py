@@ -48,21 +48,30 @@ Achieved efficiency (what a serving engine gets out of the peak numbers):
   MI300X 60.1% BF16 (ROCm 6.2 row; FP8 not measured there, taken as the BF16 share). The L40S is
   not in the table: 70%, between the H100 and MI300X, since a 350 W Ada board throttles under
   sustained GEMM (an assumption, flagged as such).
-- ``ENGINE_EFF`` 0.7: the share of prefill time spent in those GEMMs at MAMF speed (norms,
-  rotary, sampling, activation quantization and kernel gaps are not). 0.7 x 80.3% = 0.56 of peak on
-  H100, in line with vLLM/TensorRT-LLM prefill MFU of ~50-60% reported in their perf docs.
+- ``ENGINE_EFF``: the share of prefill time spent in those GEMMs at MAMF speed (norms, rotary,
+  sampling, activation quantization and kernel gaps are not). Fitted on the calibration's fitting
+  half (``python -m fleetloop.sim.calibrate --fit``; the value and the rows are in
+  ``fleetloop/sim/data/calibration.csv`` and :data:`fleetloop.sim.runtime.FIT`).
 - GEMM efficiency falls with the number of tokens in the batch (``GEMM_HALF_TOKENS`` 64: a GEMM
   with M tokens runs at M / (M + 64) of its large-M speed): small-M GEMMs cannot fill the SMs, which
   is why decode at batch 32-256 sits near the ridge point rather than on it.
-- ``DECODE_BW_UTIL`` 0.85: streaming the weights reaches 80-90% of HBM bandwidth with tuned GEMV
-  kernels. ``KV_BW_UTIL`` 0.7: paged attention reads KV through a block table in 16-token pages,
-  which runs below a dense stream (FlashInfer / vLLM paged-attention decode kernels report 60-80%).
-- Fixed costs: ``STEP_OVERHEAD_S`` 1.5 ms per iteration (scheduler, launch of the CUDA graph,
-  sampler); ``SEQ_OVERHEAD_S`` 15 us per running sequence per iteration (input preparation,
-  sampling and detokenization scale with the batch; the vLLM v0.6 performance post measured the
-  CPU side as the bottleneck for Llama-3-8B on H100, blog.vllm.ai/2024/09/05/perf-update.html);
-  ``REQUEST_OVERHEAD_S`` 6 ms per request on the iteration that admits it (tokenization hand-off,
-  KV block allocation, the first scheduling round trip between the API process and the engine core).
+- ``DECODE_BW_UTIL``: the share of HBM bandwidth that streaming the weights reaches (80-90% with
+  tuned GEMV kernels); fitted like ``ENGINE_EFF``. ``KV_BW_UTIL``, fitted likewise: paged
+  attention reads KV through a block table in 16-token pages, which runs below a dense stream
+  (FlashInfer / vLLM paged-attention decode kernels report 60-80%).
+- ``ROOF_P``: a step takes the smooth maximum ``(mem^p + compute^p)^(1/p)`` of its memory and
+  compute times rather than the larger of the two: near the ridge point (a decode batch of tens to
+  hundreds) the kernels reach neither their bandwidth nor their FLOP peak, so a step costs more
+  than either bound alone; far from it the larger one rules. Fitted like ``ENGINE_EFF``.
+- ``LAYER_S``: what every step pays per layer whatever its batch: the floor of a layer's small
+  kernels (norms, rotary, the attention and activation kernels, the quantization of activations),
+  which do not shrink with fewer tokens and which CUDA graphs do not remove (they remove the
+  launches, not the kernels). It is the decode step's fixed cost that grows with the model's depth
+  (32 layers for 8B, 80 for 70B, 126 for 405B), on every GPU of a tensor-parallel group alike.
+  Fitted like ``ENGINE_EFF``.
+- Fixed costs of a step (scheduler, input preparation, launch, sampling) and of a request depend
+  on the serving engine: :mod:`fleetloop.sim.runtime` holds them per engine and release, with the
+  step's token budget, the running-sequence cap, CUDA-graph batch sizes and KV memory share.
 - Tensor parallelism: two all-reduces per layer (Megatron-style) of ``tokens x hidden x 2`` bytes
   each; a ring all-reduce over ``n`` GPUs costs ``alpha(n) + 2 (n - 1) / n x bytes / busbw``, with
   ``alpha(n) = link latency base + 2 (n - 1) x per-hop latency`` (NCCL's ring has 2 (n - 1) steps).
@@ -116,20 +125,18 @@ import numpy as np
 Precision = Literal["bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp8")
 
-ENGINE_EFF = 0.85
+ENGINE_EFF = 0.8142  # fitted (see the module docstring)
 GEMM_HALF_TOKENS = 64.0
-DECODE_BW_UTIL = 0.85
-KV_BW_UTIL = 0.8
-STEP_OVERHEAD_S = 0.0015
-SEQ_OVERHEAD_S = 15e-6
-REQUEST_OVERHEAD_S = 0.006
+DECODE_BW_UTIL = 0.7225  # fitted (see the module docstring)
+KV_BW_UTIL = 0.7061  # fitted (see the module docstring)
+ROOF_P = 4.12  # fitted (see the module docstring): the roofline's smoothness near the ridge
+LAYER_S = 2.461e-05  # fitted (see the module docstring): a step's per-layer kernel floor
 TP_COMPUTE_EFF = 0.9
 GPU_MEMORY_UTIL = 0.9
 BUSBW_SHARE = 0.8  # achieved all-reduce bus bandwidth / link rate per direction
 ACT_BYTES = 2  # activations all-reduced in BF16 (FP8 checkpoints too)
 MAX_WEIGHT_SHARE = 0.75  # the smallest power-of-two GPU count whose HBM holds the weights at <= 75%
-MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
-DEFAULT_MAX_BATCH_TOKENS = 8192  # vLLM's default max_num_batched_tokens with chunked prefill (V1)
+DEFAULT_MAX_BATCH_TOKENS = 8192  # vLLM V1's max_num_batched_tokens for `vllm serve` on an H100-class GPU
 
 # Cold start (see the module docstring): the Tensorfuse reference run.
 _REF_WEIGHT_GB = 16.06
@@ -249,8 +256,9 @@ class NodeSpec:
       (x TP_COMPUTE_EFF if gpus > 1); a batch of M tokens gets M / (M + GEMM_HALF_TOKENS) of it
     - weight bytes/s = gpus x bandwidth x DECODE_BW_UTIL; KV bytes/s = gpus x bandwidth x KV_BW_UTIL
     - KV capacity (tokens) = (gpus x HBM x GPU_MEMORY_UTIL - weight bytes) / KV bytes per token
-    - iteration fixed cost = STEP_OVERHEAD_S + SEQ_OVERHEAD_S x batch + REQUEST_OVERHEAD_S x admitted
-      + (if gpus > 1) 2 x layers x ring all-reduce(tokens x hidden x 2 bytes)
+    - iteration fixed cost = the engine's step, per-sequence and per-admitted-request costs
+      (:mod:`fleetloop.sim.runtime`) + (if gpus > 1) 2 x layers x ring all-reduce(tokens x hidden
+      x 2 bytes)
     """
 
     model: ModelSpec
@@ -290,11 +298,6 @@ class NodeSpec:
         free = self.hbm_bytes * GPU_MEMORY_UTIL - self.weight_bytes
         return max(0, int(free // self.kv_bytes_per_token))
 
-    @property
-    def step_overhead_s(self) -> float:
-        """The fixed cost of an iteration with no sequence in it (what every step pays at least)."""
-        return STEP_OVERHEAD_S + self.allreduce_s(1)
-
     def allreduce_s(self, tokens: int) -> float:
         """Tensor-parallel communication of one iteration over ``tokens`` tokens (0 on one GPU)."""
         n = self.gpus
@@ -306,10 +309,17 @@ class NodeSpec:
         per = alpha + 2.0 * (n - 1) / n * msg / (g.link_bytes_per_s * BUSBW_SHARE)
         return 2 * self.model.layers * per
 
-    def overhead_s(self, batch: int, tokens: int, admitted: int = 0, seq_s: float = SEQ_OVERHEAD_S) -> float:
-        """An iteration's fixed costs: ``batch`` sequences, ``tokens`` tokens, ``admitted`` new."""
+    def overhead_s(
+        self, batch: int, tokens: int, admitted: int, *, step_s: float, seq_s: float, admit_s: float
+    ) -> float:
+        """An iteration's fixed costs: ``batch`` sequences, ``tokens`` tokens, ``admitted`` new, with
+        the engine's per-step, per-sequence and per-request CPU costs."""
         return (
-            STEP_OVERHEAD_S + seq_s * batch + REQUEST_OVERHEAD_S * admitted + self.allreduce_s(max(1, tokens))
+            step_s
+            + seq_s * batch
+            + admit_s * admitted
+            + LAYER_S * self.model.layers
+            + self.allreduce_s(max(1, tokens))
         )
 
     @staticmethod

@@ -1,6 +1,6 @@
 """``fleetloop sim``: run a scenario in process, in virtual time, under a policy or a baseline.
 
-``fleetloop sim --scenario FILE [--policy FILE | --baseline none|classic|modern] [--seed N] [--json]
+``fleetloop sim --scenario FILE [--policy FILE | --baseline none|classic|modern|llm-d] [--seed N] [--json]
 [--report DIR]``. Without ``--policy`` or ``--baseline`` it runs fleetloop's default policy.
 ``--json`` prints one JSON object (keys: DESIGN.md, "Commands"); otherwise a table, with progress
 on stderr for runs that take more than a moment. A bad scenario or policy is one line on stderr and
@@ -14,14 +14,16 @@ import sys
 from typing import Any
 
 import orjson
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, builtin_policy, load_policy
-from fleetloop.sim.report import calls_within_text, causes_text
+from fleetloop.sim.report import Run, calls_within_text, causes_text, write_report
 from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import ScenarioError, load_scenario
 from fleetloop.user_input import check_seed, output_dir
 
-BASELINES = ("none", "classic", "modern")
+BASELINES = ("none", "classic", "modern", "llm-d")
 
 
 def register(subparsers: Any) -> None:
@@ -37,7 +39,9 @@ def register(subparsers: Any) -> None:
     group.add_argument(
         "--policy", metavar="FILE", help="policy document (default: the built-in default policy)"
     )
-    group.add_argument("--baseline", metavar="NAME", help="a built-in baseline: none | classic | modern")
+    group.add_argument(
+        "--baseline", metavar="NAME", help="a built-in baseline: none | classic | modern | llm-d"
+    )
     group.add_argument(
         "--compare",
         metavar="A,B,...",
@@ -69,10 +73,6 @@ def _fmt(x: Any, spec: str = "", none: str = "-") -> str:
 
 
 def _print_table(result: RunResult, data: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from fleetloop import term
-
     console = term.console()
     t = Table(title=f"{data['scenario']} under {data['policy']} (seed {data['seed']})", show_header=True)
     t.add_column("metric")
@@ -181,8 +181,6 @@ def handle(args: argparse.Namespace) -> int:
         sys.stderr.write("\r\033[K")
     data = result.to_json(str(args.scenario))
     if args.report:
-        from fleetloop.sim.report import Run, write_report
-
         write_report(args.report, scenario, [Run(data["policy"], result, data)])
     if args.json:
         sys.stdout.write(orjson.dumps(data).decode() + "\n")
@@ -194,8 +192,6 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, scenario: Any, policies: list[tuple[str, CompiledPolicy]]) -> int:
-    from fleetloop.sim.report import Run, write_report
-
     runs = []
     for label, policy in policies:
         if sys.stderr.isatty():
@@ -211,9 +207,6 @@ def _compare(args: argparse.Namespace, scenario: Any, policies: list[tuple[str, 
         payload = {"scenario": scenario.name, "runs": {r.label: r.data for r in runs}}
         sys.stdout.write(orjson.dumps(payload).decode() + "\n")
         return 0
-    from rich.table import Table
-
-    from fleetloop import term
 
     t = Table(title=f"{scenario.name}: {', '.join(r.label for r in runs)} (seed {runs[0].data['seed']})")
     t.add_column("metric")

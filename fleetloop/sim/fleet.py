@@ -49,10 +49,10 @@ from fleetloop.schemas.requests import RequestOutcome, diverted_copy_update
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.sim import faults as faults_mod
 from fleetloop.sim.accounting import Accounting
-from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
+from fleetloop.sim.catalog import NodeSpec, node_spec
 from fleetloop.sim.clients import Attempt, Task, backoff_s, draw_call, new_task, prefix_tokens
 from fleetloop.sim.node import IntervalStats, Node, Req
-from fleetloop.sim.router import SimRouter, sim_router
+from fleetloop.sim.router import SimRouter, kv_used_frac, sim_router
 from fleetloop.sim.scenario import Fault, Pool, Scenario
 
 TELEMETRY_S = 1.0
@@ -200,7 +200,10 @@ class FleetSim:
         self._members: dict[str, list[Node]] = {p: [] for p in sorted(self.pools)}
         self.router: SimRouter = sim_router(pools_by_model, self._rng_router, self._members, self.nodes)
         self._next_index: dict[str, int] = dict.fromkeys(self.pools, 0)
-        self._max_batch: dict[str, int] = dict.fromkeys(self.pools, DEFAULT_MAX_BATCH_TOKENS)
+        self._max_batch: dict[str, int] = {
+            p.id: p.runtime.max_batch_tokens(p.gpu, self.specs[p.id].gpu.hbm_gib * 1e9)
+            for p in scenario.pools
+        }
         self.acct = Accounting(slo_ttft_ms=float(scenario.slo.ttft_ms))
         self.tasks_active: dict[int, Task] = {}
         self._task_seq = 0
@@ -288,6 +291,7 @@ class FleetSim:
             now=self.now,
             warm=warm,
             max_batch_tokens=self._max_batch[pool_id],
+            runtime=self.pools[pool_id].runtime,
         )
         self.nodes[node.node_id] = node
         self._members[pool_id].append(node)
@@ -371,6 +375,7 @@ class FleetSim:
         node.crash(self.now, keep_alive=comes_back)
         if comes_back:
             node.degrade = 1.0
+            self.router.node_replaced(node.node_id)  # its prefix cache is gone with the host
             self._boot(node)
         else:
             members = self._members[node.pool_id]
@@ -460,6 +465,7 @@ class FleetSim:
             budget_ms=budget_ms,
             now_s=now,
             prompt_tokens=task.prompt,
+            prefix_tokens=prefix_tokens(task),
         )
         pool_id = route.pool_id or sorted(self.pools)[0]
         model = self.pools[pool_id].model if pool_id in self.pools else w.models[0]
@@ -477,9 +483,31 @@ class FleetSim:
         self._rid += 1
         req = Req(self._rid, task.prompt, task.output, task.prefix_digest, prefix_tokens(task), owner=att)
         att.req = req
-        node.submit(req, now)
+        api_s = node.runtime.api_s
+        if api_s > 0.0:  # HTTP, tokenization and the hop to the engine core: the node sees it later
+            node.inbound += 1
+            self._push(now + api_s, _P_NODE, self._deliver, (att, node, req))
+        else:
+            node.submit(req, now)
         if not att.done:
             self._push(min(now + w.client.timeout_s, task.deadline_t), _P_CLIENT, self._timer, (att,))
+
+    def _deliver(self, att: Attempt, node: Node, req: Req) -> None:
+        """The request reaches the engine ``api_s`` after the client sent it (the runtime profile's
+        per-request cost outside the GPU loop). A streaming client that left meanwhile took it with
+        it; a non-streaming one's request runs on as an orphan; a node that died refuses it."""
+        node.inbound -= 1
+        if att.done and att.task.spec.client.stream:
+            if node.draining and node.alive and node.idle:
+                self._remove(node)
+            return
+        if not node.alive:
+            if not att.done:
+                self._failed(att, "error")
+            return
+        node.submit(req, self.now)
+        if att.done and node.abandon(req):
+            self.orphans += 1
 
     def _timer(self, att: Attempt) -> None:
         if att.done:
@@ -663,7 +691,6 @@ class FleetSim:
         interval_s = max(0.001, now - max(node.last_report, node.provisioned_at))
         spec = node.spec
         used = node.kv_used + node.cache_tokens
-        cap = max(1, node.capacity)
         hbm_free = spec.hbm_bytes - spec.model.weight_bytes - used * spec.model.kv_bytes_per_token
         return {
             "ts_ms": ts,
@@ -682,7 +709,7 @@ class FleetSim:
             "queue_depth": node.queue_depth,
             "running_requests": node.running,
             "queued_prompt_tokens": node.queued_tokens,
-            "kv_cache_used_frac": min(1.0, node.kv_used / cap),
+            "kv_cache_used_frac": kv_used_frac(node),
             "hbm_free_gib": max(0.0, round(hbm_free / 2**30, 3)),
             "gpu_util_frac": min(1.0, round(s.busy_s / interval_s, 6)),
             "prefix_cache_hit_frac": round(s.prefix_hits / s.prefix_lookups, 6) if s.prefix_lookups else 0.0,

@@ -11,21 +11,31 @@ of M tokens, :meth:`fleetloop.sim.catalog.NodeSpec.overhead_s`):
   ``max_batch_tokens`` tokens, decode tokens first (vLLM's chunked-prefill scheduler)::
 
       flops = 2 P M / g(M) + 4 L d (sum(chunk x pos + chunk^2 / 2) + ctx_decode)
-      t     = degrade x (max(flops / F, W / BW + kvb (ctx_decode + sum(pos + chunk)) / BWkv) + o)
+      t     = degrade x (R(flops / F, W / BW + kvb (ctx_decode + sum(pos + chunk)) / BWkv) + o)
+
+  with ``R`` the smooth roofline :func:`roofline` (the larger of the two far from the ridge, more
+  near it);
 
   ``2 P`` FLOPs per token is the dense forward pass; attention costs ``2 x 2 L d`` per query token
   and context position (QK^T and AV, each a multiply-add over d), with causal masking averaging the
   context over the chunk;
 - a **decode run** (no prefill pending): every step reads all weights and the batch's KV once, so
   step ``k`` of a run that starts with context ``C`` over ``B`` requests takes
-  ``degrade x (max(W / BW + kvb (C + B k) / BWkv, (2 P B / g(B) + 4 L d C) / F) + o)``. Between
-  events nothing changes but the context, so a run of ``n`` steps is summed in closed form,
-  ``T(n) = degrade x (n (a + o) + b n (n - 1) / 2)`` with ``a`` the first step and
-  ``b = kvb B / BWkv``, and the node jumps to the next completion (or KV limit) in one event. An
+  ``degrade x (R(W / BW + kvb (C + B k) / BWkv, (2 P B' / g(B') + 4 L d (C + B k)) / F) + o)``
+  (``B'`` the batch padded to its CUDA graph). Between events nothing changes but the context, so
+  a run of ``n`` steps is summed in closed form, ``T(n) = degrade x (n (a + o) + b n (n - 1) / 2)``
+  with ``a`` the first step and ``b`` the chord of the step time from the first step to the
+  planned last one, and the node jumps to the next completion (or KV limit) in one event. An
   arrival, cancellation or fault truncates the run at the step boundary after it (the quadratic is
   solved for the step).
 
-State: FCFS waiting queue; running requests up to ``MAX_NUM_SEQS``; KV capacity from HBM minus
+The serving engine (``runtime``, a :class:`fleetloop.sim.runtime.RuntimeProfile`) sets the step's
+token budget, the running-request cap, the KV memory share, the CUDA-graph batch sizes (a decode
+batch's GEMMs run padded to the next captured size), the CPU costs ``o``, whether prefill shares a
+step with decodes (vLLM V1, TensorRT-LLM) or runs in steps of its own (SGLang, vLLM V0: decoders
+wait), and V0's multi-step decode blocks (a request arriving mid-block waits for the block's end).
+
+State: FCFS waiting queue; running requests up to the engine's cap; KV capacity from HBM minus
 weights; a waiting request joins the batch when the iteration's token budget has room for its
 first chunk and its prompt's KV fits (its cached prefix is shared), so ``queue_depth`` is work
 not yet started, as in vLLM. When the
@@ -42,6 +52,7 @@ not attributed.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import OrderedDict, deque
@@ -49,9 +60,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, MAX_NUM_SEQS, SEQ_OVERHEAD_S, NodeSpec
+from fleetloop.sim import catalog
+from fleetloop.sim.catalog import NodeSpec
+from fleetloop.sim.runtime import DEFAULT_PROFILE, RuntimeProfile
 
 HOT_PREFIXES = 16
+
+
+def roofline(a: float, b: float) -> float:
+    """A step's time from its memory and compute times: a smooth maximum, ``(a^p + b^p)^(1/p)`` with
+    ``p`` :data:`fleetloop.sim.catalog.ROOF_P`. Far from the ridge it is the larger one (the
+    roofline); near it (a mid-sized decode batch) kernels reach neither peak and it is more."""
+    p = catalog.ROOF_P
+    hi = max(a, b)
+    if hi <= 0.0:
+        return 0.0
+    lo = min(a, b)
+    return hi * float((1.0 + (lo / hi) ** p) ** (1.0 / p))
 
 
 class NodeListener(Protocol):
@@ -138,21 +163,34 @@ class Node:
         *,
         now: float,
         warm: bool,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens: int | None = None,
+        runtime: RuntimeProfile = DEFAULT_PROFILE,
+        offline: bool = False,
     ) -> None:
         self.node_id = node_id
         self.pool_id = pool_id
         self.spec = spec
         self.listener = listener
         self._schedule = schedule
-        self.max_batch_tokens = max_batch_tokens
-        self.max_num_seqs = MAX_NUM_SEQS  # the engine's cap on running requests
-        # Engine behaviour (vLLM by default): per-sequence CPU cost per iteration, and whether a
-        # request is admitted only when KV for its whole output is free too (TensorRT-LLM's
+        gpu, per_gpu = spec.gpu.name, spec.gpu.hbm_gib * 1e9
+        self.runtime = runtime
+        self.max_batch_tokens = (
+            max_batch_tokens
+            if max_batch_tokens is not None
+            else runtime.max_batch_tokens(gpu, per_gpu, offline=offline)
+        )
+        self.max_num_seqs = runtime.max_num_seqs(gpu, per_gpu)  # the engine's cap on running requests
+        # Whether a request is admitted only when KV for its whole output is free too (TensorRT-LLM's
         # GUARANTEED_NO_EVICT scheduler: no preemption) instead of optimistically (vLLM: preempt).
-        self.seq_overhead_s = SEQ_OVERHEAD_S
-        self.no_evict = False
+        self.no_evict = runtime.no_evict
+        self._graphs = runtime.graph_sizes(gpu, per_gpu)
+        self._step_s = runtime.step_s
+        self._seq_s = runtime.seq_s
+        self._admit_s = runtime.admit_s
+        self._mixed = runtime.mixed
+        self._block = max(1, runtime.decode_block)
         self._sum_done_at = 0  # sum of done_at over decoding requests (outputs still to come)
+        self.inbound = 0  # requests sent to this node that have not reached the engine yet (api_s)
         self.weights_state = "warm" if warm else "cold"
         self.alive = True
         self.draining = False
@@ -198,7 +236,8 @@ class Node:
         self._bw_kv = spec.kv_bytes_per_s
         self._pins: dict[str, int] = {}  # prefix digest -> running requests that use its blocks
         self._usd_s = spec.usd_per_s
-        self.capacity = spec.kv_capacity_tokens
+        kv_bytes = runtime.kv_budget_bytes(spec.hbm_bytes, spec.weight_bytes, spec.gpus)
+        self.capacity = max(0, int(kv_bytes // spec.kv_bytes_per_token))
 
     # -- queries ----------------------------------------------------------------------------------
 
@@ -216,7 +255,13 @@ class Node:
 
     @property
     def idle(self) -> bool:
-        return self.run is None and not self.waiting and not self.prefilling and not self.decoding
+        return (
+            self.run is None
+            and not self.waiting
+            and not self.prefilling
+            and not self.decoding
+            and not self.inbound
+        )
 
     def hot_prefixes(self) -> tuple[str, ...]:
         out: list[str] = []
@@ -391,7 +436,8 @@ class Node:
     def _admit(self, now: float) -> None:
         """Move waiting requests into the batch while this iteration's token budget has room for
         their first chunk (vLLM V1: decodes first, then waiting requests take what budget is left)."""
-        budget = self.max_batch_tokens - len(self.decoding) - sum(r.prefill_left for r in self.prefilling)
+        decode_tokens = len(self.decoding) if self._mixed else 0  # prefill-only steps leave decoders out
+        budget = self.max_batch_tokens - decode_tokens - sum(r.prefill_left for r in self.prefilling)
         while self.waiting and self.running < self.max_num_seqs and budget > 0:
             r = self.waiting[0]
             cached = 0
@@ -405,6 +451,12 @@ class Node:
             need = r.p_len - cached
             if self.no_evict:  # reserve the whole output too, and what running requests will grow
                 need += r.out_left + self._reserved()
+            elif not self._mixed and self.decoding:
+                # Prefill-first engines admit with headroom for the decoders' next tokens and a 1%
+                # watermark (vLLM V0's BlockSpaceManager watermark 0.01; SGLang reserves for the
+                # running requests' new tokens): exact-fit admission would preempt a decoder right
+                # after every prefill step and never decode.
+                need += len(self.decoding) + self.capacity // 100
             if self.kv_used + self.cache_tokens + need > self.capacity:
                 self._evict_cache(need, keep=r.prefix_digest if hit else None)
             if self.kv_used + self.cache_tokens + need > self.capacity:
@@ -502,6 +554,9 @@ class Node:
         n_dec = len(self.decoding)
         if not self.prefilling and n_dec == 0:
             return
+        if self.prefilling and not self._mixed:  # a prefill step of its own: decoders wait (no growth)
+            self._start_mixed(now, 0, self.max_batch_tokens, with_decode=False)
+            return
         # KV room for this iteration's growth (one token per decoder, plus first tokens).
         while n_dec and self.kv_used + self.cache_tokens + n_dec > self.capacity:
             self._evict_cache(n_dec)
@@ -517,10 +572,19 @@ class Node:
         elif self.prefilling:  # max_batch_tokens < 1 cannot happen; keep the loop safe
             self._start_mixed(now, 0, max(1, self.max_batch_tokens))
 
-    def _start_mixed(self, now: float, n_dec: int, budget: int) -> None:
+    def _padded(self, batch: int) -> int:
+        """The decode batch as its CUDA graph runs it: padded up to the next captured size (a batch
+        past the largest runs eagerly, as it is)."""
+        graphs = self._graphs
+        if not graphs or batch > graphs[-1]:
+            return batch
+        return graphs[bisect.bisect_left(graphs, batch)]
+
+    def _start_mixed(self, now: float, n_dec: int, budget: int, *, with_decode: bool = True) -> None:
         chunks: list[tuple[Req, int]] = []
-        attn = self._attn * self.ctx_decode
-        kv_read = float(self.ctx_decode)
+        ctx = self.ctx_decode if with_decode else 0
+        attn = self._attn * ctx
+        kv_read = float(ctx)
         total = n_dec
         admitted = 0
         for r in self.prefilling:
@@ -537,8 +601,15 @@ class Node:
         spec = self.spec
         comp = (self._two_p * total / spec.gemm_share(total) + attn) / self._f
         mem = self._w / self._bw + self._kvb * kv_read / self._bw_kv
-        o = spec.overhead_s(n_dec + len(chunks), total, admitted, self.seq_overhead_s)
-        t = self.degrade * (max(comp, mem) + o)
+        o = spec.overhead_s(
+            n_dec + len(chunks),
+            total,
+            admitted,
+            step_s=self._step_s,
+            seq_s=self._seq_s,
+            admit_s=self._admit_s,
+        )
+        t = self.degrade * (roofline(comp, mem) + o)
         self.run = _Run("mixed", now, now + t, batch=n_dec, chunks=chunks, tokens=total)
         self.version += 1
         self._schedule(now + t, self, self.version)
@@ -556,15 +627,27 @@ class Node:
         steps = max(1, min(steps, room // n_dec))
         spec = self.spec
         mem = self._w / self._bw + self._kvb * self.ctx_decode / self._bw_kv
-        comp = (self._two_p * n_dec / spec.gemm_share(n_dec) + self._attn * self.ctx_decode) / self._f
+        padded = self._padded(n_dec)
+        comp = (self._two_p * padded / spec.gemm_share(padded) + self._attn * self.ctx_decode) / self._f
+        first = roofline(mem, comp)
+        # Every step adds a token to each context: the KV read and the attention FLOPs grow by a
+        # fixed amount a step. The run is summed with the chord of the step time from its first to
+        # its last step (exact at both ends; the roofline is all but straight in between).
+        grow_mem = self._kvb * n_dec / self._bw_kv
+        grow_comp = self._attn * n_dec / self._f
+        if steps > 1:
+            last = roofline(mem + grow_mem * (steps - 1), comp + grow_comp * (steps - 1))
+            slope = (last - first) / (steps - 1)
+        else:
+            slope = roofline(mem + grow_mem, comp + grow_comp) - first
         run = _Run(
             "decode",
             now,
             now,
             steps=steps,
-            a=max(mem, comp),
-            b=self._kvb * n_dec / self._bw_kv,
-            o=spec.overhead_s(n_dec, n_dec, 0, self.seq_overhead_s),
+            a=first,
+            b=slope,
+            o=spec.overhead_s(n_dec, n_dec, 0, step_s=self._step_s, seq_s=self._seq_s, admit_s=0.0),
         )
         run.degrade = self.degrade
         run.batch = n_dec
@@ -590,6 +673,9 @@ class Node:
         steps = min(run.steps, n_done + 1)
         while steps < run.steps and run.start + self._decode_time(run, steps) < now:
             steps += 1
+        block = self._block
+        if block > 1:  # multi-step scheduling: the engine looks again only at a block's end
+            steps = min(run.steps, -(-steps // block) * block)
         if steps >= run.steps:
             return
         run.steps = steps

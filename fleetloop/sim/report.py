@@ -49,10 +49,10 @@ def write_report(
 ) -> Path:
     """Write ``index.html`` and the PNG panels; ``preface_html`` (already escaped) goes above the
     summary table (``fleetloop whatif`` puts its KPI and fidelity tables there)."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib loads only to draw
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after matplotlib.use('Agg'): no display
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

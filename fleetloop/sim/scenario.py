@@ -26,6 +26,7 @@ from pydantic import (
 
 from fleetloop.schemas.errors import one_line
 from fleetloop.sim.catalog import GPUS, MODELS, node_spec, sample_cold_start
+from fleetloop.sim.runtime import FAMILIES, Engine, RuntimeProfile, profile
 from fleetloop.user_input import UserInputError, read_yaml
 
 Ident = str
@@ -69,6 +70,10 @@ class Pool(_Strict):
     cache: Literal["cached", "uncached"] = "cached"  # extension: what a booting node finds on disk
     gpus_per_node: Int | None = Field(default=None, ge=1, le=64)  # extension: tensor-parallel degree
     precision: Literal["bf16", "fp8"] = "bf16"  # extension: weights and KV cache in 2 or 1 bytes
+    # extension: the serving engine and its release family (fleetloop.sim.runtime); None = the
+    # engine's default family (vllm v1, sglang 0.3, trtllm 1.0)
+    engine: Engine = "vllm"  # runtime.DEFAULT_ENGINE
+    engine_version: str | None = Field(default=None, max_length=20)
 
     @field_validator("gpu")
     @classmethod
@@ -92,6 +97,20 @@ class Pool(_Strict):
         if v is not None and v & (v - 1):
             raise ValueError(f"{v} GPUs cannot split a model's attention heads evenly: use 1, 2, 4, 8, ...")
         return v
+
+    @model_validator(mode="after")
+    def _engine_family(self) -> Pool:
+        known = FAMILIES[self.engine]
+        if self.engine_version is not None and self.engine_version not in known:
+            raise ValueError(
+                f"engine_version: {self.engine} has no profile {self.engine_version!r} "
+                f"(known: {', '.join(known)})"
+            )
+        return self
+
+    @property
+    def runtime(self) -> RuntimeProfile:
+        return profile(self.engine, self.engine_version)
 
     @model_validator(mode="after")
     def _bounds(self) -> Pool:

@@ -37,7 +37,8 @@ token within ``slo.ttft_ms`` (the p99 a caller sees is within the SLO); the tabl
 and the share of calls within the SLO over every seed.
 
 ``modern`` (the engine-signal autoscaler baseline) runs beside them and is reported against
-default (geometric-mean cost ratio, tasks and priority-0 tasks won), not held to a target.
+default (geometric-mean cost ratio, tasks and priority-0 tasks won), not held to a target; so is
+``llm-d`` (llm-d's endpoint picker and KEDA autoscaling) when ``--policies`` names it.
 
 ``--reuse FILE,...`` takes the ``classic`` and ``modern`` rows (``--reuse-policies`` names others,
 e.g. to assemble one table from runs split over processes of the same commit) of earlier runs (their
@@ -69,7 +70,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "all": ("scenarios", "scenarios/stress"),
     "fleet": ("scenarios/fleet",),  # fleet scale: minutes of CPU per run, not part of "all"
 }
-BASELINES = ("classic", "modern")  # reported against default; only classic is a target
+BASELINES = ("classic", "modern", "llm-d")  # reported against default; only classic is a target
 COST_RATIO_MAX = 1.02
 GEOMEAN_MAX = 0.7
 TASK_SLACK = 1  # "within one task"
@@ -295,7 +296,8 @@ def suite_markdown(
     lines.append(f"- (scenario, seed) pairs missing a target: **{len(missed)}** of {len(checks)}")
     lines.append(f"- every target met: **{'yes' if ok else 'no'}**")
     lines += latency_lines(rows)
-    lines += against_modern_lines(rows)
+    lines += against_peer_lines(rows, "modern")
+    lines += against_peer_lines(rows, "llm-d")
     return "\n".join(lines) + "\n"
 
 
@@ -356,7 +358,7 @@ def caller_ttft_counts(rows: list[dict[str, Any]], policy: str) -> tuple[int, in
     return ok, n, within, calls
 
 
-LATENCY_POLICIES = ("classic", "modern", "default")
+LATENCY_POLICIES = ("classic", "modern", "llm-d", "default")
 
 
 def latency_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -489,23 +491,24 @@ def caller_lines(
     return lines
 
 
-def against_modern_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Default against ``modern`` per scenario (reported, not a target): geometric mean of the cost
-    ratio over seeds, and tasks and priority-0 tasks won, summed over seeds."""
+def against_peer_lines(rows: list[dict[str, Any]], peer: str) -> list[str]:
+    """Default against a peer baseline (``modern``, ``llm-d``) per scenario (reported, not a
+    target): geometric mean of the cost ratio over seeds, and tasks and priority-0 tasks won,
+    summed over seeds; nothing when the suite did not run the peer."""
     t = _index(rows)
-    pairs = sorted((s, seed) for s, seed, p in t if p == "modern" and (s, seed, "default") in t)
+    pairs = sorted((s, seed) for s, seed, p in t if p == peer and (s, seed, "default") in t)
     if not pairs:
         return []
     lines = [
         "",
-        "## Against modern (reported, not a target)",
+        f"## Against {peer} (reported, not a target)",
         "",
-        "| scenario | seeds | geomean $/success default / modern | tasks +/- | p0 tasks +/- |",
+        f"| scenario | seeds | geomean $/success default / {peer} | tasks +/- | p0 tasks +/- |",
         "|---|---:|---:|---:|---:|",
     ]
     every: list[float] = []
     for s in sorted({s for s, _ in pairs}):
-        ps = [(t[(s, seed, "default")], t[(s, seed, "modern")]) for sc, seed in pairs if sc == s]
+        ps = [(t[(s, seed, "default")], t[(s, seed, peer)]) for sc, seed in pairs if sc == s]
         ratios = [cost_ratio(d, m) for d, m in ps]
         finite = [r for r in ratios if math.isfinite(r) and r > 0]
         every.extend(finite)
@@ -516,7 +519,7 @@ def against_modern_lines(rows: list[dict[str, Any]]) -> list[str]:
     g = _geomean(every)
     lines += [
         "",
-        f"- geometric mean of $/success default vs modern over {len(every)} runs: "
+        f"- geometric mean of $/success default vs {peer} over {len(every)} runs: "
         f"**{'-' if g is None else f'{g:.3f}'}**",
     ]
     return lines

@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--policies",
         default="classic,modern,default",
-        help="with --suite: which of classic,modern,default to run (targets need classic and default)",
+        help="with --suite: which of none,classic,modern,llm-d,default to run (targets need classic and "
+        "default; modern and llm-d are reported against default)",
     )
     ap.add_argument(
         "--reuse",

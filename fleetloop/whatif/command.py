@@ -39,7 +39,9 @@ from typing import Any, TypeVar
 import orjson
 import yaml
 from pydantic import BaseModel, ValidationError
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import _known_policies, parse_time, read_topic
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, error_text, shown
@@ -50,11 +52,12 @@ from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import DECISIONS, POLICY, POLICY_ACTIVE, REQUESTS, TELEMETRY, topic_name
+from fleetloop.sim.report import Run, write_report
 from fleetloop.sim.runner import RunResult, run
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
 from fleetloop.user_input import check_seed, output_dir, output_file
 from fleetloop.whatif.compare import KPIS, comparison, fidelity, kpis, observed_kpis
-from fleetloop.whatif.derive import Derived, DeriveError, derive
+from fleetloop.whatif.derive import Derived, DeriveError, derive, engine_arg
 
 PROG = "fleetloop whatif"
 DEFAULT_SCENARIO_OUT = "whatif-scenario.yaml"
@@ -93,6 +96,14 @@ def register(sub: Any) -> None:
         metavar="N",
         help="run both policies on N seeds from --seed and report means (deltas paired by seed; default 1)",
     )
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="[POOL=]ENGINE[:FAMILY]",
+        help="the serving engine a pool ran, as scrape --runtime read it (vllm, sglang, trtllm; "
+        "FAMILY e.g. v1 or 0.6); without POOL= every pool; repeatable (default: vllm v1, noted)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=cmd_whatif)
 
@@ -117,6 +128,13 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     to_ms = _time(args.to, default=None)
     if from_ms is not None and to_ms is not None and to_ms <= from_ms:
         raise UsageError(f"{PROG}: --from {args.from_} is not before --to {args.to}: an empty window")
+    engines: dict[str, tuple[str, str | None]] = {}
+    for text in args.engine:
+        try:
+            pool, given = engine_arg(text)
+        except ValueError as exc:
+            raise UsageError(f"{PROG}: --engine: {exc}") from None
+        engines[pool] = given
     candidate = load_policy(args.policy)  # a bad file: one line, exit 2 (PolicyError)
     recorded_override = load_policy(args.recorded_policy) if args.recorded_policy else None
     out = _scenario_out(args)  # output paths before the broker is read and anything runs
@@ -130,7 +148,15 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     recorded, source, policy_notes = _recorded_policy(rec, recorded_override, from_ms, to_ms)
     try:
         name = f"whatif {datetime.fromtimestamp(from_ms / 1000, tz=UTC):%Y-%m-%dT%H:%M:%SZ}"
-        derived = derive(rec.outcomes, rec.telemetry, from_ms=from_ms, to_ms=to_ms, name=name, seed=args.seed)
+        derived = derive(
+            rec.outcomes,
+            rec.telemetry,
+            from_ms=from_ms,
+            to_ms=to_ms,
+            name=name,
+            seed=args.seed,
+            engines=engines,
+        )
     except DeriveError as exc:
         raise UsageError(f"{PROG}: {exc}") from None
     notes = [*rec.notes, *policy_notes, *derived.notes]
@@ -402,10 +428,6 @@ def _rel(v: float | None) -> str:
 
 
 def _print(p: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from fleetloop import term
-
     out = term.console()
     w = p["window"]
     rec, cand = p["recorded_policy"], p["candidate_policy"]
@@ -472,8 +494,6 @@ def _report(
     runs: list[tuple[str, CompiledPolicy, RunResult, dict[str, Any]]],
     p: dict[str, Any],
 ) -> Path:
-    from fleetloop.sim.report import Run, write_report
-
     labels = dict(KPIS)
     rows = "".join(
         f"<tr><th>{html.escape(labels[k])}</th><td>{html.escape(_fmt(k, r['observed']))}</td>"

@@ -24,7 +24,8 @@ Workload, one entry per tenant (its most common priority):
   deadline, the longest task seen (a lower bound, noted). ``max_retries``: the highest attempt index
   seen (a tenant that never retried takes the fleet's highest, noted). ``stream: false`` when a
   call timed out mid-answer (a first token and ``e2e`` at its budget, not the task's last call):
-  only a non-streaming client gives up after tokens flowed.
+  only a non-streaming client gives up after tokens flowed. A call that ended past its budget
+  (a node lost under a streaming call after the budget, retried as an error) is no such timeout.
 
 Fleet, one pool per ``pool_id`` seen in telemetry inside the window:
 - ``model``, ``gpu`` mapped to the simulator's catalog by name (``NVIDIA-H100-80GB-HBM3`` -> H100,
@@ -37,6 +38,11 @@ Fleet, one pool per ``pool_id`` seen in telemetry inside the window:
   fewest/most nodes reporting in any two-interval bucket of the window (the recorded autoscaler's
   range; bounds the candidate's autoscaler to it too).
 - ``cold_start_s`` when a node was seen booting (cold or loading, then warm): the median boot.
+- ``engine`` (and ``engine_version``): the serving engine the pool ran, as ``fleetloop scrape
+  --runtime`` read it, given to :func:`derive` per pool (``fleetloop whatif --engine``); telemetry
+  records do not carry it, so without it a pool is simulated as vLLM V1 (noted). The engine sets
+  the simulated node's per-request and per-step costs, batching and KV share
+  (:mod:`fleetloop.sim.runtime`).
 
 Faults (``at_s`` relative to ``from_ms``):
 - ``degrade``: a node whose TBT p50 (TTFT p50 where a pool reports no TBT) is >= 2.5x the median of
@@ -70,7 +76,7 @@ import itertools
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -79,6 +85,7 @@ import numpy as np
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.sim.catalog import GPUS, MODELS, node_spec
+from fleetloop.sim.runtime import DEFAULT_ENGINE, DEFAULT_FAMILY, ENGINES, FAMILIES
 from fleetloop.sim.scenario import Scenario, ScenarioError, parse_scenario
 
 DEGRADE_ON = 2.5  # ratio to the pool's median that starts a degrade episode
@@ -154,8 +161,11 @@ def derive(
     to_ms: int,
     name: str = "whatif",
     seed: int = 1,
+    engines: Mapping[str, tuple[str, str | None]] | None = None,
 ) -> Derived:
-    """The window's workload, fleet and faults as a validated scenario, and what was observed."""
+    """The window's workload, fleet and faults as a validated scenario, and what was observed.
+    ``engines``: pool id (or ``*`` for every pool) -> (engine, release family or None for the
+    engine's default), as the scrape that recorded the pool read it."""
     if to_ms <= from_ms:
         raise DeriveError(f"the window is empty or reversed (from {from_ms} ms, to {to_ms} ms)")
     notes: list[str] = []
@@ -173,6 +183,7 @@ def derive(
     window_s = (to_ms - from_ms) / 1000.0
     pools, index, pool_notes = _pools(tel)
     notes.extend(pool_notes)
+    notes.extend(_engines(pools, engines or {}))
     spike = _spike([t.start_ms for t in started.values()], from_ms, to_ms)
     tenants, workload, wl_notes = _workload(started, window_s, spike, from_ms)
     notes.extend(wl_notes)
@@ -258,7 +269,7 @@ def _tasks(
             and o.task_outcome is None
             and o.ttft_ms is not None
             and o.latency_budget_ms > 0
-            and o.e2e_ms >= o.latency_budget_ms - 5
+            and abs(o.e2e_ms - o.latency_budget_ms) <= 5  # ended at its budget: the client's timer
         ):
             t.non_streaming = True
         if o.task_outcome is not None:
@@ -521,6 +532,47 @@ def _pools(
                 "window (the simulated autoscaler decides its own)"
             )
     return pools, index, notes
+
+
+def engine_arg(text: str) -> tuple[str, tuple[str, str | None]]:
+    """``[POOL=]ENGINE[:FAMILY]`` (``fleetloop whatif --engine``) as (pool or ``*``, (engine,
+    family)). A ValueError names what is wrong, in one line."""
+    pool, eq, rest = text.partition("=")
+    if not eq:
+        pool, rest = "*", text
+    engine, colon, family = rest.partition(":")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r} in {text!r} (known: {', '.join(ENGINES)})")
+    if colon and family not in FAMILIES[engine]:
+        raise ValueError(
+            f"{engine} has no profile {family!r} in {text!r} (known: {', '.join(FAMILIES[engine])})"
+        )
+    if not pool:
+        raise ValueError(f"an empty pool name in {text!r}")
+    return pool, (engine, family if colon else None)
+
+
+def _engines(pools: list[dict[str, Any]], engines: Mapping[str, tuple[str, str | None]]) -> list[str]:
+    """Set each pool's engine from ``engines`` (its own entry, else ``*``); a pool named there that
+    the window does not hold, and a pool with no engine given, are noted."""
+    notes: list[str] = []
+    ids = {p["id"] for p in pools}
+    unknown = sorted(set(engines) - ids - {"*"})
+    if unknown:
+        notes.append(f"--engine names pool(s) not in the window: {', '.join(unknown)}")
+    for p in pools:
+        given = engines.get(p["id"], engines.get("*"))
+        if given is None:
+            notes.append(
+                f"pool {p['id']}: telemetry does not name the serving engine; simulated as "
+                f"{DEFAULT_ENGINE} {DEFAULT_FAMILY[DEFAULT_ENGINE]} (whatif --engine names it)"
+            )
+            continue
+        engine, family = given
+        p["engine"] = engine
+        if family is not None:
+            p["engine_version"] = family
+    return notes
 
 
 def _boot_times(rs: Sequence[NodeTelemetry]) -> list[int]:

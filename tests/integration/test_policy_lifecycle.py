@@ -38,6 +38,18 @@ async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str
     return code, out, err
 
 
+def _json_lines(log: Path) -> list[dict[str, Any]]:
+    out = []
+    for raw in log.read_bytes().splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict):
+            out.append(line)
+    return out
+
+
 def _variant(base: Path, tmp: Path, name: str, *, version: int, threshold: int = 5, doc: str = "") -> Path:
     text = base.read_text().replace("version: 1", f"version: {version}")
     text = text.replace("threshold: 5", f"threshold: {threshold}")
@@ -109,6 +121,10 @@ async def test_apply_refusals_restart_rollback_and_an_exact_replay_across_them(
         await asyncio.sleep(1)  # an outage: ticks are missed, then caught up
         proc = Proc(kafka_env, v1_path, log)
         await proc.assigned()
+        # Its start-up line names the policy in force (the resumed v2), not --policy's v1.
+        started = [line for line in _json_lines(log) if line.get("event") == "daemon started"]
+        assert [(s["policy"], s["version"]) for s in started] == [("foundation", 1), ("foundation", 2)]
+        assert started[-1]["hash"] == load_policy(v2_path).stamp.hash
         await asyncio.sleep(3)  # a window for a restart that forgot the refusal to refuse v1 again
         code, out, _ = await _cli(capsys, "policy", "status", *base, *group, "--json")
         assert json.loads(out)["version"] == 2, out

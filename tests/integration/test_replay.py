@@ -10,6 +10,7 @@ import pytest
 from fleetloop.daemon import clock
 from fleetloop.daemon.cli import main
 from fleetloop.daemon.observe.decode import Door
+from fleetloop.policies.registry import load_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS
 from tests.support.kafka import producer, read_all, running_daemon, send, wait_decided
@@ -161,3 +162,86 @@ async def test_windows_by_offsets_and_by_a_group_and_the_daemons_door_applied_in
     err = capsys.readouterr().err
     assert code == 2, err
     assert "group:no-such-group has no committed offsets" in err
+
+
+async def _three_runs(env: Any, v1: Any, v2: Any, t0: int) -> int:
+    """Ticks 1-5 under v1; a restart with v2 (newer: activated from the next boundary), ticks 6-10;
+    a restart with v1 again (older: v2 is resumed), ticks 11-12. Returns decisions published."""
+    published = 0
+    for policy, ks in ((v1, range(1, 6)), (v2, range(6, 11)), (v1, range(11, 13))):
+        async with running_daemon(env, policy=policy) as daemon, producer(env) as p:
+            for k in ks:
+                ts = t0 + k * 1000
+                await send(
+                    p,
+                    env,
+                    TELEMETRY,
+                    [telemetry(n, ts_ms=ts - 500, queue_depth=k % 3 + i) for i, n in enumerate(NODES)],
+                )
+                bad = [outcome("p/2", "error", ts_ms=ts - 300 + i, n=k * 100 + 10 + i) for i in range(2)]
+                ok = [outcome(n, "ok", ts_ms=ts - 400 + i, n=k * 100 + i) for i, n in enumerate(NODES[:2])]
+                await send(p, env, REQUESTS, ok + (bad if k >= 3 else []))
+                await send(p, env, TICKS, [Tick(ts_ms=ts, tick_id=ts // 1000, pool_id="p")])
+                await wait_decided(daemon, ts)
+        published += daemon.stats.decisions_published
+    return published
+
+
+async def test_the_recorded_policy_file_is_judged_stretch_by_stretch_across_a_policy_change(
+    kafka_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``replay --policy FILE`` over a window recorded under another version of the same content
+    is a what-if in which nothing changes, not an exact replay that differs on every decision;
+    over the file's own stretch it is exact, whatever the log's first tick ran; across the change
+    each stretch is judged on its own, and the header names each stretch's policy."""
+    v2_path = tmp_path / "v2.yaml"
+    v2_path.write_text(FOUNDATION_YAML.read_text().replace("version: 1", "version: 2"))
+    v1, v2 = load_policy(FOUNDATION_YAML), load_policy(v2_path)
+    # Ticks ahead of the wall clock: a restart activates a newer policy from the boundary after
+    # the last tick decided, so the change lands exactly between ticks 5 and 6.
+    t0 = (clock.wall_ms() // 1000 + 120) * 1000
+    published = await _three_runs(kafka_env, v1, v2, t0)
+    await read_all(kafka_env, DECISIONS, until=lambda rs: len(rs) >= published)
+    capsys.readouterr()
+    args = ["replay", "--bootstrap-servers", kafka_env.bootstrap_servers, "--topic-prefix", kafka_env.prefix]
+    args += ["--event-time-window", "off"]
+    first, change, last = (t0 + 1000) // 1000, (t0 + 6000) // 1000, (t0 + 12_000) // 1000
+
+    async def replay(*extra: str) -> tuple[int, dict[str, Any]]:
+        code = await _in_thread(main, [*args, "--json", *extra])
+        out, err = capsys.readouterr()
+        assert out.strip(), err
+        return code, json.loads(out)
+
+    def stretches(result: dict[str, Any]) -> list[tuple[int, int, int, str, str]]:
+        return [
+            (s["policy"]["version"], s["from_tick"], s["to_tick"], s["mode"], s["verdict"])
+            for s in result["stretches"]
+        ]
+
+    after = ["--from", str(t0 + 6000)]
+    code, v1_over_v2 = await replay("--policy", str(FOUNDATION_YAML), *after)
+    assert code == 0, v1_over_v2
+    assert v1_over_v2["mode"] == "what-if", v1_over_v2
+    assert stretches(v1_over_v2) == [(2, change, last, "what-if", "0 decisions would change")]
+    code, v2_over_v2 = await replay("--policy", str(v2_path), *after)
+    assert code == 0, v2_over_v2
+    assert v2_over_v2["mode"] == "exact", v2_over_v2
+    assert v2_over_v2["reproduced"] is True
+    assert stretches(v2_over_v2) == [(2, change, last, "exact", "byte-identical")]
+    code, across = await replay("--policy", str(FOUNDATION_YAML))
+    assert code == 0, across
+    assert across["mode"] == "mixed"
+    assert stretches(across) == [
+        (1, first, change - 1, "exact", "byte-identical"),
+        (2, change, last, "what-if", "0 decisions would change"),
+    ]
+    assert across["identical"] == across["decisions_compared"] == published
+
+    # The table names each stretch's policy, not the last tick's.
+    code = await _in_thread(main, args)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for lo, hi, policy, n in ((first, change - 1, v1, 5), (change, last, v2, 7)):
+        line = f"ticks {lo}-{hi}: foundation v{policy.stamp.version} ({policy.stamp.hash}), {n} ticks"
+        assert f"{line}, exact: byte-identical" in out, out

@@ -1,8 +1,8 @@
-"""The contract every registered algorithm keeps, in every section (STYLE.md, rules 5 and 11).
+"""The contract every algorithm of the table keeps, in every section (STYLE.md, rules 5 and 11).
 
-Run over ``REGISTRY`` after ``algorithms()``, so a new algorithm is held to it the moment it is
-registered: decisions only for the tick's pool, each a valid wire model of its section's kind;
-deterministic (same inputs, same output and state); its input state left untouched; routing
+Run over ``REGISTRY``, so a new algorithm is held to it the moment it is in the table
+(fleetloop.policies.builtin): decisions only for the tick's pool, each a valid wire model of its
+section's kind; deterministic (same inputs, same output and state); its input state left untouched; routing
 weights >= 0 summing to 1 (or all zero when no node can serve); autoscale targets >= 0; a module
 docstring that states the formula, inputs, parameters and failure mode; a ``Params`` model whose
 defaults validate.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyResult
-from fleetloop.policies.registry import REGISTRY, algorithms
+from fleetloop.policies.registry import REGISTRY
 from fleetloop.schemas.decisions import (
     AdmissionDecision,
     AutoscaleDecision,
@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter
 from tests.policies.snapshots import ctx, node, nodes, snapshot, tenant
 
-algorithms()
 ALGORITHMS = [
     (section, name, cls) for section in sorted(REGISTRY) for name, cls in sorted(REGISTRY[section].items())
 ]
@@ -212,3 +211,42 @@ def test_property_every_algorithm_on_random_pools(specs: list[dict[str, Any]]) -
                 assert total == pytest.approx(expected, abs=1e-5), name
             if isinstance(d, AutoscaleDecision):
                 assert d.desired_nodes >= 0, name
+
+
+def test_every_algorithm_class_in_the_package_is_in_the_one_table() -> None:
+    """Algorithms are named in one table (fleetloop.policies.builtin), not by being imported: a new
+    module whose class is missing from the table is found here, not by a policy that names it."""
+    import importlib
+    import pkgutil
+
+    import fleetloop.policies as package
+    from fleetloop.policies.builtin import ALGORITHMS as TABLE
+
+    found = set()
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and hasattr(cls, "decide") and hasattr(cls, "Params"):
+                found.add(cls)
+    assert len(found) >= 19
+    assert found == set(TABLE)
+    assert {cls for _, _, cls in ALGORITHMS} == set(TABLE)
+
+
+def test_a_name_twice_in_a_section_or_an_unknown_section_is_refused() -> None:
+    from fleetloop.policies.registry import by_section
+
+    class A:
+        name, section = "a", "routing"
+
+    class B:
+        name, section = "a", "routing"
+
+    class C:
+        name, section = "c", "nowhere"
+
+    with pytest.raises(ValueError, match="routing algorithm 'a' named twice"):
+        by_section([A, B])
+    with pytest.raises(ValueError, match="C: unknown policy section 'nowhere'"):
+        by_section([C])
+    assert by_section([A])["routing"] == {"a": A}

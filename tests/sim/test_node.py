@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fleetloop.sim import catalog
 from fleetloop.sim.catalog import (
     ENGINE_EFF,
     GPU_MEMORY_UTIL,
-    REQUEST_OVERHEAD_S,
-    SEQ_OVERHEAD_S,
-    STEP_OVERHEAD_S,
+    LAYER_S,
     TP_COMPUTE_EFF,
+    NodeSpec,
     node_spec,
     sample_cold_start,
 )
-from fleetloop.sim.node import Req
+from fleetloop.sim.node import Req, roofline
+from fleetloop.sim.runtime import DEFAULT_PROFILE
 from tests.sim.physics import Loop, batch
+
+
+def fixed_s(spec: NodeSpec, batch: int, admitted: int) -> float:
+    """A step's fixed costs on one GPU under the default engine (vLLM V1): step, per-sequence and
+    per-admitted-request CPU costs and the per-layer kernel floor."""
+    p = DEFAULT_PROFILE
+    return p.step_s + p.seq_s * batch + p.admit_s * admitted + LAYER_S * spec.model.layers
 
 
 def test_node_spec_derivations() -> None:
@@ -50,9 +58,12 @@ def test_prefill_time_is_compute_bound_formula() -> None:
     m = spec.model
     dense = 2 * m.params * prompt / spec.gemm_share(prompt)
     attn = 4 * m.layers * m.hidden * (prompt * prompt / 2)
-    overhead = STEP_OVERHEAD_S + SEQ_OVERHEAD_S + REQUEST_OVERHEAD_S
-    expected = (dense + attn) / spec.flops + overhead  # compute >> memory for a 4k-token prefill
+    overhead = fixed_s(spec, 1, 1)
+    mem = spec.weight_bytes / spec.bytes_per_s + spec.kv_bytes_per_token * prompt / spec.kv_bytes_per_s
+    expected = roofline((dense + attn) / spec.flops, mem) + overhead
     assert loop.rec.first[1] == pytest.approx(expected, rel=1e-9)
+    # compute >> memory for a 4k-token prefill: the compute time is all but the whole of it
+    assert loop.rec.first[1] == pytest.approx((dense + attn) / spec.flops + overhead, rel=1e-3)
 
 
 def test_attention_cost_counts_qk_and_av_and_grows_with_context() -> None:
@@ -67,7 +78,10 @@ def test_attention_cost_counts_qk_and_av_and_grows_with_context() -> None:
 
     def attn_s(prompt: int) -> float:
         dense = 2 * m.params * prompt / spec.gemm_share(prompt) / spec.flops
-        return ttft(prompt) - dense - STEP_OVERHEAD_S - SEQ_OVERHEAD_S - REQUEST_OVERHEAD_S
+        mem = spec.weight_bytes / spec.bytes_per_s + spec.kv_bytes_per_token * prompt / spec.kv_bytes_per_s
+        step = ttft(prompt) - fixed_s(spec, 1, 1)  # = roofline(compute, mem): recover the compute
+        p = catalog.ROOF_P
+        return (step**p - mem**p) ** (1 / p) - dense
 
     assert attn_s(8000) == pytest.approx(4 * m.layers * m.hidden * 8000**2 / 2 / spec.flops, rel=1e-9)
     assert attn_s(16000) / attn_s(8000) == pytest.approx(4.0, rel=1e-9)
@@ -133,15 +147,22 @@ def test_decode_step_is_bandwidth_bound_formula() -> None:
     prompt, output = 100, 201
     loop, _ = batch(spec, 1, prompt, output)
     decode = loop.rec.finish[1] - loop.rec.first[1]
-    # steps k = 0..199, context prompt + 1 + k
+    # steps k = 0..199, context prompt + 1 + k: the smooth roofline of the step's memory time and
+    # its compute time (one token's GEMMs at M / (M + 64) of their large-M speed), plus fixed costs
+    m = spec.model
     expected = sum(
-        spec.weight_bytes / spec.bytes_per_s
-        + spec.kv_bytes_per_token * (prompt + 1 + k) / spec.kv_bytes_per_s
-        + STEP_OVERHEAD_S
-        + SEQ_OVERHEAD_S
+        roofline(
+            spec.weight_bytes / spec.bytes_per_s
+            + spec.kv_bytes_per_token * (prompt + 1 + k) / spec.kv_bytes_per_s,
+            (2 * m.params / spec.gemm_share(1) + spec.attn_flops_per_ctx * (prompt + 1 + k)) / spec.flops,
+        )
+        + fixed_s(spec, 1, 0)
         for k in range(output - 1)
     )
-    assert decode == pytest.approx(expected, rel=1e-9)
+    # the node sums a run in closed form, linear in the context around its first step
+    assert decode == pytest.approx(expected, rel=1e-4)
+    weights_only = (output - 1) * spec.weight_bytes / spec.bytes_per_s
+    assert weights_only < decode < 1.3 * weights_only  # bandwidth-bound: the weights' stream rules
 
 
 def test_chunked_prefill_respects_max_batch_tokens() -> None:

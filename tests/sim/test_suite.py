@@ -128,7 +128,24 @@ def test_modern_is_reported_against_default_per_run_and_unknown_policies_are_ref
     assert "## Against modern, seed by seed (reported, not a target)" in md
     assert suite_against_modern(rows[:2]) == ""
     assert main(["--suite", "fleet", "--policies", "default,bogus"]) == 2
-    assert "known: none, classic, modern, default" in capsys.readouterr().err
+    assert "known: none, classic, modern, llm-d, default" in capsys.readouterr().err
+
+
+def test_llm_d_is_reported_against_default_beside_modern() -> None:
+    from fleetloop.sim.suite import suite_markdown
+
+    rows = [
+        _row("f", 9, "classic", 1.0),
+        _row("f", 9, "default", 0.5),
+        _row("f", 9, "modern", 0.8, ok=980),
+        _row("f", 9, "llm-d", 0.4, ok=980),
+    ]
+    md = suite_markdown("stress", rows, 1)
+    assert "## Against modern (reported, not a target)" in md
+    assert "## Against llm-d (reported, not a target)" in md
+    assert "| f | 1 | 1.250 | +10 | +0 |" in md  # $/success 0.5 / 0.4; tasks 990 - 980
+    assert "- geometric mean of $/success default vs llm-d over 1 runs: **1.250**" in md
+    assert "## Against llm-d" not in suite_markdown("stress", rows[:3], 1)
 
 
 def test_reuse_takes_only_baseline_rows_of_the_same_scenario_file_and_seed(tmp_path: Path) -> None:

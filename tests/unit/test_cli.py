@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.daemon.cli import build_parser, main
 from fleetloop.policies.registry import builtin_policy
 from tests.support.policies import FOUNDATION_YAML
 
@@ -173,7 +174,7 @@ def test_an_unknown_subcommand_is_one_line(capsys: pytest.CaptureFixture[str]) -
             "fleetloop policy: which command? one of: validate, apply, status, rollback, remove-shadow, "
             "compare, diff",
         ),
-        (["actuate"], "fleetloop actuate: which command? one of: vllm-router, haproxy"),
+        (["actuate"], "fleetloop actuate: which command? one of: haproxy, vllm-router"),
     ],
 )
 def test_a_missing_subcommand_lists_the_choices_not_argparse_s_internal_name(
@@ -233,3 +234,35 @@ def test_replay_refuses_a_reversed_window_before_connecting(capsys: pytest.Captu
     )
     assert code == 2
     assert "empty window" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--bootstrap-server", "b:9092", "--group-id", "g"],
+         "fleetloop run: the following arguments are required: --bootstrap-servers"),
+        (["run", "--bootstrap-servers", "b:9092", "--group", "g"],
+         "fleetloop run: unrecognized arguments: --group g"),
+        (["policy", "diff", "a.yaml", "b.yaml", "--js"],
+         "fleetloop policy diff: unrecognized arguments: --js"),
+    ],
+)  # fmt: skip
+def test_an_abbreviated_flag_is_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--bootstrap-server`` (singular) was taken for ``--bootstrap-servers``."""
+    assert main(argv) == 2
+    assert one_line(capsys.readouterr().err) == message
+
+
+def test_no_parser_of_the_whole_tree_takes_abbreviations() -> None:
+    stack = [build_parser(environ={})]
+    seen = 0
+    while stack:
+        parser = stack.pop()
+        assert parser.allow_abbrev is False, parser.prog
+        seen += 1
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+    assert seen > 30

@@ -4,18 +4,23 @@ a TLS file or an empty --bootstrap-servers named before any connection is tried.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from fleetloop.daemon.cli import main
 from fleetloop.daemon.cli_common import held_client_logs
 from fleetloop.kafka_security import error_text
+from tests.support.http import free_port, nodes
 from tests.support.policies import FOUNDATION_YAML
 from tests.support.service import FLEETLOOP
+from tests.support.tools import require_tool
+from tests.support.vllm_router import start_vllm_router
 
 REFUSED = "127.0.0.1:1"  # nothing listens: connection refused at once, no broker needed
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +56,11 @@ def _one_line(done: subprocess.CompletedProcess[str]) -> str:
          f"fleetloop policy: cannot reach Kafka at {REFUSED}: "),
         (["fleet", "--scenario", "scenarios/steady-chat.yaml", "--seconds", "1", "--bootstrap-servers",
           REFUSED], f"fleetloop fleet: cannot use Kafka at {REFUSED}: "),
+        (["scrape", "--runtime", "vllm", "--target", "127.0.0.1:9", "--pool", "p", "--duration-s", "1",
+          "--bootstrap-servers", REFUSED], f"fleetloop scrape: cannot use Kafka at {REFUSED}: "),
+        (["rollup", "--bootstrap-servers", REFUSED], f"fleetloop rollup: cannot reach {REFUSED}: "),
+        (["demo", "--seconds", "10", "--bootstrap-servers", REFUSED],
+         f"fleetloop demo: cannot use Kafka at {REFUSED}: "),
     ],
 )  # fmt: skip
 def test_an_unreachable_broker_is_one_line_naming_the_error_once(argv: list[str], starts: str) -> None:
@@ -141,3 +151,67 @@ def _held_and_replayed(client: logging.Logger, caplog: pytest.LogCaptureFixture)
         assert caplog.records[-1].getMessage() == "after"
     assert logging.getLogger("aiokafka").propagate
     assert not logging.getLogger("aiokafka").handlers
+
+
+# -- the actuators: their target answers, the broker does not -------------------------------------
+
+
+def _follow_refused(done: subprocess.CompletedProcess[str], prog: str) -> None:
+    line = _one_line(done)
+    assert line.startswith(f"{prog}: cannot follow control.state at {REFUSED}: Unable to bootstrap"), line
+
+
+async def _cli_async(*args: str) -> subprocess.CompletedProcess[str]:
+    """:func:`_cli` off the event loop (the test's own servers keep answering meanwhile)."""
+    return await asyncio.to_thread(_cli, *args)
+
+
+async def test_actuate_haproxy_with_an_unreachable_broker_is_one_line(tmp_path: Path) -> None:
+    """Its consumer was started outside the try that stops it: the one line came with two more
+    (``Unclosed AIOKafkaConsumer`` and the consumer's repr)."""
+    require_tool("haproxy")
+    sock = tmp_path / "admin.sock"
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(
+        f"global\n    stats socket {sock} mode 600 level admin\n"
+        "defaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
+        f"frontend fe\n    bind 127.0.0.1:{free_port()}\n    default_backend chat\n"
+        f"backend chat\n    server s0 127.0.0.1:{free_port()} weight 100\n"
+    )
+    bmap = tmp_path / "backends.yaml"
+    bmap.write_text("pools:\n  chat:\n    backend: chat\n    model: m\n    servers:\n      chat/0: s0\n")
+    hap = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            await asyncio.sleep(0.05)
+        done = await _cli_async(
+            "actuate", "haproxy", "--runtime-api", f"unix:{sock}", "--backend-map", str(bmap),
+            "--bootstrap-servers", REFUSED,
+        )  # fmt: skip
+    finally:
+        hap.terminate()
+        hap.wait(10)
+    _follow_refused(done, "fleetloop actuate haproxy")
+
+
+async def test_actuate_vllm_router_with_an_unreachable_broker_is_one_line(tmp_path: Path) -> None:
+    async with nodes(1, lambda _node: _ok) as ports:
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        wmap = tmp_path / "workers.yaml"
+        wmap.write_text(f"pools:\n  chat:\n    chat/0: {urls[0]}\n")
+        router, port = await start_vllm_router(urls, "round_robin", tmp_path / "vllm-router.log")
+        try:
+            done = await _cli_async(
+                "actuate", "vllm-router", "--url", f"http://127.0.0.1:{port}", "--worker-map", str(wmap),
+                "--bootstrap-servers", REFUSED,
+            )  # fmt: skip
+        finally:
+            router.terminate()
+            router.wait(10)
+    _follow_refused(done, "fleetloop actuate vllm-router")
+
+
+async def _ok(request: web.Request) -> web.Response:
+    return web.Response(text="ok")

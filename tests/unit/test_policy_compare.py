@@ -110,3 +110,47 @@ def test_change_only_breakers_are_compared_as_a_router_holds_them() -> None:
     shadow = [dec(1, breaker("closed"), SHA), dec(late, routing(a=1.0), SHA)]
     got = compare(enforced, shadow).as_json()["by_kind"]["breaker"]
     assert (got["compared"], got["only_enforced"], got["only_shadow"]) == (1, 0, 0)
+
+
+V1 = PolicyStamp(name="default", version=1, hash="1" * 16, mode="enforce")
+V2 = PolicyStamp(name="default", version=2, hash="2" * 16, mode="enforce")
+
+
+def test_the_enforced_versions_named_are_those_that_decided_the_compared_ticks() -> None:
+    """v1 decided ticks 1-5 (a breaker record of p/1 at tick 4, held since: change-only), v2 from
+    tick 6; the shadow ran from tick 8. Only v2 decided a compared tick: v1 is not named, though
+    its breaker record is still what a router holds for p/1."""
+    enforced = [dec(t, routing(a=1.0), V1 if t < 6 else V2) for t in range(1, 13)]
+    enforced.append(dec(4, breaker("closed"), V1))
+    shadow = [dec(t, routing(a=1.0), SHA) for t in range(8, 13)]
+    shadow.append(dec(8, breaker("closed"), SHA))
+    c = compare(enforced, shadow)
+    assert c.by_kind["breaker"].compared == 5
+    assert c.ticks_paired == 5
+    assert c.enforced_policies == {("default", 2, "2" * 16)}
+    j = c.as_json()
+    assert [(s["version"], s["from_tick"], s["to_tick"], s["ticks"]) for s in j["enforced_stretches"]] == [
+        (2, 8, 12, 5)
+    ]
+    assert [(s["version"], s["from_tick"], s["to_tick"]) for s in j["shadow_stretches"]] == [(4, 8, 12)]
+    # Across an enforced change inside the compared ticks: both, each with its own ticks.
+    shadow = [dec(t, routing(a=1.0), SHA) for t in range(3, 13)]
+    j = compare(enforced, shadow).as_json()
+    assert [(s["version"], s["from_tick"], s["to_tick"]) for s in j["enforced_stretches"]] == [
+        (1, 3, 5),
+        (2, 6, 12),
+    ]
+
+
+def test_a_breaker_held_on_one_side_only_is_closed_on_the_other() -> None:
+    """The shadow starts from the enforced breakers and re-sends a closed node only at its keyframe:
+    p/1 held closed on the enforced side and absent on the shadow's is the same state; p/1 open on
+    the enforced side (sent every tick) and absent on the shadow's is a difference, open->closed."""
+    enforced = [dec(1, breaker("closed"), ENF), *(dec(t, routing(a=1.0), ENF) for t in (1, 2, 3))]
+    shadow = [dec(t, routing(a=1.0), SHA) for t in (2, 3)]
+    got = compare(enforced, shadow).by_kind["breaker"]
+    assert (got.compared, got.differ, got.only_enforced, got.only_shadow) == (2, 0, 0, 0)
+    enforced += [dec(t, breaker("open"), ENF) for t in (2, 3)]
+    got = compare(enforced, shadow).by_kind["breaker"]
+    assert (got.compared, got.differ, got.only_enforced) == (2, 2, 0)
+    assert got.details == {"open->closed": 2}

@@ -17,7 +17,7 @@ def test_readme_table_is_generated_from_the_parser() -> None:
     m = re.search(r"<!-- settings-table:start -->\n(.*?)<!-- settings-table:end -->", text, re.S)
     assert m, "README lost its settings table markers"
     assert m.group(1) == env_table(build_parser(environ={})), (
-        "README's settings table is stale: paste `python -m fleetloop.daemon.service.settings`"
+        "README's settings table is stale: paste `python -m fleetloop.daemon.settings_table`"
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.daemon.checkpoint import decode, encode
+from fleetloop.daemon.replay.compare import Comparison, compare
 from fleetloop.daemon.replay.replay import unstamped_bytes
 from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, compile_policy
@@ -30,6 +31,8 @@ def run(
     *,
     restore_at: int | None = None,
     shadow_until: int | None = None,
+    shadow_from: int = 0,
+    then: tuple[int, Shadow] | None = None,
 ) -> tuple[list[bytes], list[bytes]]:
     shard = Shard(0)
     enforced: list[bytes] = []
@@ -43,7 +46,9 @@ def run(
         decided = shard.decide(tick, cut, policy)
         assert decided is not None
         enforced.extend(decision_bytes(d) for d in decided)
-        active = shadow if shadow_until is None or k < shadow_until else None
+        active = shadow if (shadow_until is None or k < shadow_until) and k >= shadow_from else None
+        if then is not None and k >= then[0]:
+            active = then[1]
         shadowed.extend(decision_bytes(d) for d in shard.decide_shadow(tick, active))
     return enforced, shadowed
 
@@ -97,3 +102,57 @@ def test_shadow_state_survives_a_checkpoint_and_is_forgotten_when_the_shadow_is_
     assert shard.checkpoint_value()["shadow_states"]
     shard.decide_shadow(tick, None)
     assert shard.checkpoint_value()["shadow_states"] == {}
+
+
+def _autoscale_only(version: int, headroom: float = 0.6) -> Shadow:
+    """The default policy with another autoscale headroom, as a shadow: its breaker is the enforced one."""
+    data = builtin_policy("default").document.model_dump(mode="json")
+    data["metadata"]["version"] = version
+    data["spec"]["autoscale"]["params"]["headroom"] = headroom
+    data["spec"]["mode"] = "shadow"
+    return Shadow.of(compile_policy(PolicyDocument.model_validate(data)))
+
+
+def _compared(enforced: list[bytes], shadowed: list[bytes]) -> Comparison:
+    return compare(
+        [Decision.model_validate_json(b) for b in enforced],
+        [Decision.model_validate_json(b) for b in shadowed],
+    )
+
+
+def test_a_shadow_applied_while_a_breaker_is_open_starts_from_the_enforced_state() -> None:
+    """p/5 fails from second 20 and its breaker opens; a shadow that changes only autoscale
+    parameters, applied at second 30, holds it open too: its breakers do not differ at all (a shadow
+    started empty closed it on every tick, and the compare blamed the candidate)."""
+    rows, ticks = stream()
+    policy = builtin_policy("default")
+    enforced, shadowed = run(rows, ticks, policy, _autoscale_only(9), shadow_from=30)
+    parsed = [Decision.model_validate_json(b) for b in enforced]
+    assert any(
+        d.body.kind == "breaker" and d.body.state == "open" and d.tick_id == ticks[30][0].tick_id
+        for d in parsed
+    ), "no breaker is open when the shadow starts: the test proves nothing"
+    result = _compared(enforced, shadowed)
+    assert result.ticks_paired == len(ticks) - 30
+    assert result.by_kind["breaker"].compared > 0
+    assert result.by_kind["breaker"].differ == 0, result.by_kind["breaker"].details
+    assert result.by_kind["autoscale"].compared > 0
+
+
+def test_a_new_shadow_document_starts_again_from_the_enforced_state() -> None:
+    """Classic's breaker as a first shadow (another algorithm), then at second 30 a shadow of the
+    enforced breaker: the second starts from the enforced state, not from the first shadow's."""
+    rows, ticks = stream()
+    policy = builtin_policy("default")
+    second = _autoscale_only(9)
+    enforced, shadowed = run(rows, ticks, policy, shadow_of("classic", version=8), then=(30, second))
+    later = [b for b in shadowed if Decision.model_validate_json(b).policy.version == 9]
+    result = _compared(enforced, later)
+    assert result.ticks_paired == len(ticks) - 30
+    assert result.by_kind["breaker"].differ == 0, result.by_kind["breaker"].details
+    # Restored from a checkpoint at any tick, the same shadow decisions.
+    for k in (29, 30, 31, 45):
+        assert run(rows, ticks, policy, shadow_of("classic", version=8), then=(30, second), restore_at=k) == (
+            enforced,
+            shadowed,
+        )

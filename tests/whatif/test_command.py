@@ -50,6 +50,24 @@ def test_a_bad_policy_file_is_one_line_before_connecting(
     assert "none.yaml" in one_line(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ("tgi", "fleetloop whatif: --engine: unknown engine 'tgi'"),
+        ("big=vllm:0.1", "vllm has no profile '0.1'"),
+        ("=sglang", "an empty pool name"),
+    ],
+)
+def test_a_bad_engine_is_one_line_before_connecting(
+    capsys: pytest.CaptureFixture[str], engine: str, message: str
+) -> None:
+    policy = str(Path(__file__).resolve().parents[2] / "fleetloop/policies/baselines/classic.yaml")
+    assert main([*BASE, "--from", "beginning", "--to", "end", "--policy", policy, "--engine", engine]) == 2
+    out, err = capsys.readouterr()
+    assert message in one_line(err)
+    assert out == ""
+
+
 def test_an_unreachable_broker_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     policy = str(Path(__file__).resolve().parents[2] / "fleetloop/policies/baselines/classic.yaml")
     code = main([*BASE, "--from", "beginning", "--to", "end", "--policy", policy])

@@ -436,3 +436,24 @@ def test_a_burst_of_arrivals_is_a_load_spike_on_top_of_the_base_rate() -> None:
     assert rates["free"] == pytest.approx(2.0, rel=0.2)  # the base, not the window's average
     assert rates["gold"] == pytest.approx(0.5, rel=0.25)
     assert "tenant" not in spike
+
+
+def test_the_engine_a_pool_ran_is_carried_into_the_scenario(incident: Recording) -> None:
+    """fleetloop scrape --runtime knows the engine; whatif --engine hands it to the derivation per
+    pool (or for every pool), and the derived scenario simulates that engine's profile."""
+    window = {"from_ms": incident.from_ms, "to_ms": incident.to_ms}
+    d = derive(
+        incident.outcomes,
+        incident.telemetry,
+        **window,
+        engines={"big": ("trtllm", None), "*": ("sglang", "0.3")},
+    )
+    pools = {p.id: p for p in d.scenario.pools}
+    assert (pools["big"].engine, pools["big"].runtime.name) == ("trtllm", "trtllm 1.0")
+    assert (pools["chat"].engine, pools["chat"].engine_version) == ("sglang", "0.3")
+    assert not any("does not name the serving engine" in n for n in d.notes)
+    plain = derive(incident.outcomes, incident.telemetry, **window)
+    assert all(p.engine == "vllm" for p in plain.scenario.pools)
+    assert sum("does not name the serving engine" in n for n in plain.notes) == 2
+    other = derive(incident.outcomes, incident.telemetry, **window, engines={"gone": ("vllm", None)})
+    assert any("--engine names pool(s) not in the window: gone" in n for n in other.notes)

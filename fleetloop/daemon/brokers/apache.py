@@ -5,7 +5,8 @@ version is ``kafka.version`` in ``scripts/kafka/pom.xml`` (``$KAFKA_VERSION`` ov
 script). ``$FLEETLOOP_KAFKA_HOME`` points at such a directory directly, for installs outside the
 repository. Each start is a fresh cluster in a temp dir: ``server.properties``, ``data/`` and
 ``logs/server.log`` (log4j) plus ``logs/kafka.out`` (the JVM's console); ``format/`` holds the
-storage tool's log.
+storage tool's log. ``make kafka-up`` / ``make kafka-down`` (:mod:`.local`) run one such broker on
+a fixed port in the background, for an operator, from this same configuration.
 """
 
 from __future__ import annotations
@@ -140,6 +141,19 @@ def format_storage(home: Path, java: str, workdir: Path, config: Path, extra: Se
         )
 
 
+def check_install(home: Path) -> str:
+    """The ``java`` to run the fetched broker in ``home`` with; BrokerStartError naming what is missing."""
+    jars = sorted((home / "lib").glob("kafka_2.13-*.jar"))
+    if not jars:
+        raise BrokerStartError("kafka", f"Apache Kafka jars not found in {home / 'lib'}: {FETCH_HINT}")
+    if not (home / "config" / "log4j2.properties").is_file():
+        raise BrokerStartError("kafka", f"{home / 'config' / 'log4j2.properties'} is missing: {FETCH_HINT}")
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerStartError("kafka", "no `java` on PATH (Apache Kafka 4.x needs Java 17+)")
+    return java
+
+
 def java_command(
     home: Path, main_class: str, args: Sequence[str], *, logs_dir: Path, heap_mb: int, java: str = "java"
 ) -> list[str]:
@@ -183,18 +197,7 @@ class ApacheKafka(ProcessBroker):
         return self._home if self._home is not None else kafka_home()
 
     def _check_install(self) -> tuple[Path, str]:
-        home = self.home
-        jars = sorted((home / "lib").glob("kafka_2.13-*.jar"))
-        if not jars:
-            raise BrokerStartError("kafka", f"Apache Kafka jars not found in {home / 'lib'}: {FETCH_HINT}")
-        if not (home / "config" / "log4j2.properties").is_file():
-            raise BrokerStartError(
-                "kafka", f"{home / 'config' / 'log4j2.properties'} is missing: {FETCH_HINT}"
-            )
-        java = shutil.which("java")
-        if java is None:
-            raise BrokerStartError("kafka", "no `java` on PATH (Apache Kafka 4.x needs Java 17+)")
-        return home, java
+        return self.home, check_install(self.home)
 
     def _prepare(self, workdir: Path) -> tuple[int, Sequence[str]]:
         home, java = self._check_install()

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Literal, Protocol, Self
 
+from aiokafka.admin import AIOKafkaAdminClient
+
 from fleetloop.daemon.clock import monotonic_s
 
 BrokerKind = Literal["tansu", "kafka"]
@@ -129,8 +131,6 @@ def port_accepts(host: str, port: int, timeout_s: float = 0.5) -> bool:
 
 
 async def _answers_metadata(bootstrap_servers: str, timeout_ms: int) -> bool:
-    from aiokafka.admin import AIOKafkaAdminClient
-
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=timeout_ms)
     try:
         await admin.start()

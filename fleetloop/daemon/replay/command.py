@@ -7,6 +7,24 @@ group:fleetloop``: up to what the daemon group has decided and committed). Input
 as in ``fleetloop run`` (record size, event-time window around the broker timestamp), so a record
 the daemon dead-lettered is not folded in replay either. Progress goes to stderr every few seconds
 on long windows (not with ``--json``).
+
+What is judged, and how, comes from the window's own ticks, stretch by stretch: the compared ticks
+recorded under one policy (name, version, hash) are a stretch, and the header lists each as
+``ticks A-B: NAME vN (HASH), K ticks, MODE: VERDICT``.
+
+- Without ``--policy``, every tick is decided with the policy it is stamped with; every stretch is
+  exact and must be byte-identical.
+- With ``--policy FILE``, a stretch recorded under that very document (the same hash: name, version
+  and content) is exact: replayed with the recorded policies from the recorded run's state, compared
+  byte for byte, stamps included. A stretch recorded under any other policy is a what-if: the file
+  decides every tick (before the window too) and its decisions are compared without their stamps,
+  so "0 decisions would change" means the file decides what was decided there (a rollback's new
+  version of old content, say). A window with both is replayed twice, once each way, so neither
+  verdict rests on state the other left; the mode is then ``mixed``.
+
+Exit 1 when an exact stretch differs; a what-if's changes are its answer, not a failure (exit 0).
+``--json`` adds ``stretches`` (each one's ticks, policy, mode, counts and verdict) and
+``reproduced`` (every exact stretch byte-identical; null when no stretch was exact) to the totals.
 """
 
 from __future__ import annotations
@@ -29,7 +47,14 @@ from fleetloop import term
 from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door, decode_batch
-from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_ticks
+from fleetloop.daemon.replay.replay import (
+    ReplayReport,
+    UnknownPolicy,
+    Window,
+    group_ticks,
+    replay_window,
+    reproduced,
+)
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.policies.registry import (
     CompiledPolicy,
@@ -75,7 +100,10 @@ def register(sub: Any) -> None:
         "--to", action="append", metavar="WHEN", help="stop after ticks here (default end): " + WINDOW_HELP
     )
     p.add_argument(
-        "--policy", metavar="FILE", help="what-if: decide with this policy instead of the recorded one"
+        "--policy",
+        metavar="FILE",
+        help="judge the window against this document: stretches recorded under it (the same hash) are "
+        "replayed exactly, the others are a what-if decided by it",
     )
     p.add_argument(
         "--event-time-window",
@@ -249,10 +277,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(_as_json(report, policy, mode)) + "\n")
     else:
-        _print(report, policy, mode)
-    if mode == "exact" and not report.exact:
-        return 1
-    return 0
+        _print(report, policy, mode, args.policy)
+    return 1 if reproduced(report) is False else 0
 
 
 async def read_topic(
@@ -344,7 +370,7 @@ async def _replay(
     start: End,
     stop: End,
     progress: Progress,
-) -> tuple[ReplayReport, CompiledPolicy, str]:
+) -> tuple[ReplayReport, CompiledPolicy | None, str]:
     return await replay_topics(
         connection_from(args),
         args.topic_prefix,
@@ -365,9 +391,10 @@ async def replay_topics(
     start: End | None = None,
     stop: End | None = None,
     progress: Progress | None = None,
-) -> tuple[ReplayReport, CompiledPolicy, str]:
+) -> tuple[ReplayReport, CompiledPolicy | None, str]:
     """Read the recorded topics under ``prefix`` and replay the window (the whole log by default):
-    (report, the policy of the last tick or the what-if's, "exact" or "what-if")."""
+    (report, ``what_if``, mode: "exact", "what-if" or "mixed"; see
+    :func:`~fleetloop.daemon.replay.replay.replay_window`)."""
     start = start or End("beginning")
     stop = stop or End("end")
     progress = progress or Progress(enabled=False)
@@ -413,22 +440,16 @@ async def replay_topics(
     for key in sorted(set(window.from_cuts) | set(window.to_cuts)):
         if key not in inputs:
             raise UsageError(f"fleetloop replay: {key} is not a partition of the recorded inputs")
-    if what_if is not None:
-        # The recorded policy itself, given as a file, is an exact replay, not a what-if.
-        mode = "exact" if what_if.stamp.hash == ticks[0].policy_hash else "what-if"
-        report = replay_ticks(
-            ticks, inputs, what_if, window=window, compare_stamps=mode == "exact", on_progress=progress.ticks
-        )
-        return report, what_if, mode
     known = _known_policies([r for rs in (*policies.values(), *actives.values()) for r in rs])
-    for rt in ticks:
-        if rt.policy_hash not in known:
-            raise UsageError(
-                f"fleetloop replay: the recorded policy (hash {rt.policy_hash}, tick {rt.tick.tick_id}) "
-                "is neither built in nor on control.policy; pass it with --policy FILE"
-            )
-    last = known[ticks[-1].policy_hash]
-    return replay_ticks(ticks, inputs, known, window=window, on_progress=progress.ticks), last, "exact"
+    try:
+        report, mode = replay_window(ticks, inputs, known, window, policy=what_if, on_progress=progress.ticks)
+    except UnknownPolicy as exc:
+        also = ", nor the --policy file" if what_if is not None else ""
+        raise UsageError(
+            f"fleetloop replay: the recorded policy (hash {exc.policy_hash}, tick {exc.tick_id}) "
+            f"is neither built in nor on control.policy{also}; pass it with --policy FILE"
+        ) from None
+    return report, what_if, mode
 
 
 def _known_policies(records: list[Any]) -> dict[str, CompiledPolicy]:
@@ -448,10 +469,18 @@ def _known_policies(records: list[Any]) -> dict[str, CompiledPolicy]:
     return {c.stamp.hash: c for c in candidates}
 
 
-def _as_json(r: ReplayReport, policy: CompiledPolicy, mode: str) -> dict[str, Any]:
+def _stamp(policy: CompiledPolicy | None) -> dict[str, Any] | None:
+    if policy is None:
+        return None
+    return {"name": policy.stamp.name, "version": policy.stamp.version, "hash": policy.stamp.hash}
+
+
+def _as_json(r: ReplayReport, policy: CompiledPolicy | None, mode: str) -> dict[str, Any]:
     return {
         "mode": mode,
-        "policy": {"name": policy.stamp.name, "version": policy.stamp.version, "hash": policy.stamp.hash},
+        "policy": _stamp(policy),
+        "reproduced": reproduced(r),
+        "stretches": [s.as_json() for s in r.stretches.values()],
         "ticks_replayed": r.ticks_replayed,
         "ticks_compared": r.ticks_compared,
         "decisions_compared": r.decisions_compared,
@@ -467,16 +496,36 @@ def _as_json(r: ReplayReport, policy: CompiledPolicy, mode: str) -> dict[str, An
     }
 
 
-def _print(r: ReplayReport, policy: CompiledPolicy, mode: str) -> None:
+def verdict(r: ReplayReport, mode: str) -> str:
+    """The headline: exact stretches byte-identical or not, what-if stretches' changes, or both."""
+    exact = reproduced(r)
+    changed = sum(s.changed for s in r.stretches.values() if s.mode == "what-if")
+    would = f"{changed} decision{'s' if changed != 1 else ''} would change"
+    if mode == "exact":
+        return "byte-identical" if exact else "DIFFERENT"
+    if mode == "what-if":
+        return would
+    return f"{'byte-identical' if exact else 'DIFFERENT'} where exact, {would} where what-if"
+
+
+def _print(r: ReplayReport, policy: CompiledPolicy | None, mode: str, path: str | None) -> None:
     out = term.console()
-    verdict = (
-        ("[green]byte-identical[/green]" if r.exact else "[red]DIFFERENT[/red]")
-        if mode == "exact"
-        else f"{r.different + r.missing + r.extra} decisions would change"
+    if not out.is_terminal:  # a pipe or a file: wide enough that a stretch's line is not cut
+        out = term.console(width=140)
+    given = f" with {path} ({policy.stamp.name} v{policy.stamp.version})" if policy and path else ""
+    plain = verdict(r, mode)
+    shown_verdict = plain.replace("byte-identical", "[green]byte-identical[/green]").replace(
+        "DIFFERENT", "[red]DIFFERENT[/red]"
     )
-    t = Table(
-        title=f"fleetloop replay ({mode}, policy {policy.stamp.name} v{policy.stamp.version}): {verdict}"
-    )
+    out.print(f"fleetloop replay ({mode}){given}: {shown_verdict}")
+    for s in r.stretches.values():
+        line = f"  {s.label}, {s.mode}: {s.verdict}"
+        if s.mode == "exact" and s.changed:
+            line += f" ({s.changed} of {s.decisions_compared} decisions)"
+        elif s.mode == "what-if" and s.decisions_compared:
+            line += f" of {s.decisions_compared}"
+        out.print(line, highlight=False, markup=False)
+    t = Table()
     t.add_column("what", style="bold")
     t.add_column("value", justify="right")
     for k, v in (

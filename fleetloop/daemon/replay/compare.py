@@ -1,10 +1,12 @@
 """Compare a shadow policy's decisions with the enforced ones, tick by tick (pure; no I/O).
 
 Both policies decided the same ticks from the same records (the daemon runs the shadow right after
-the enforcing policy, :meth:`fleetloop.daemon.shard.Shard.decide_shadow`), so a pair is one tick
-of one pool and one decision key (``kind/entity``). Only ticks both decided are paired; what each
-decided is compared, never which policy said so (stamps), why (reason) or from which figures
-(inputs). How far apart a pair is, per kind:
+the enforcing policy, :meth:`fleetloop.daemon.shard.Shard.decide_shadow`, from the enforced policy
+state where its first tick on a pool starts), so a pair is one tick of one pool and one decision
+key (``kind/entity``). The policies named are those that decided the paired ticks (each tick's own
+records, never a held breaker record from an earlier tick), per side as stretches of tick ids.
+Only ticks both decided are paired; what each decided is compared, never which policy said so
+(stamps), why (reason) or from which figures (inputs). How far apart a pair is, per kind:
 
 - routing: total-variation distance of the weights, ``0.5 * sum_n |w_enforced(n) - w_shadow(n)|``
   (0: the same split; 1: disjoint nodes); a pair differs when it is above 1e-9 or the picker, the
@@ -14,7 +16,9 @@ decided is compared, never which policy said so (stamps), why (reason) or from w
   record is published only when it changes and on keyframes, so each side's breakers on a tick are
   what a router holds then, the newest record per node of the pool, over the records of the last
   ``KEYFRAME_TICKS`` ticks (a node of the pool is re-sent at least that often; an older record is a
-  node that left);
+  node that left). A node held on one side only is closed on the other, by the same rule (a node
+  that is not closed is emitted every tick): the shadow starts from the enforced breakers
+  (:class:`fleetloop.daemon.shard.Shard`) and re-sends a closed node only at its keyframe;
 - autoscale: the desired node count; distance ``|desired_e - desired_s|`` nodes;
 - admission: the shed thresholds per priority class (queue depth, outstanding, new-task tables and
   the budget floor); distance the largest ``|threshold_e - threshold_s|`` over classes both set; a
@@ -95,6 +99,9 @@ class Comparison:
     by_entity: dict[tuple[str, str], Tally] = field(default_factory=dict)
     shadow_policies: set[tuple[str, int, str]] = field(default_factory=set)
     enforced_policies: set[tuple[str, int, str]] = field(default_factory=set)
+    # Per side, (name, version, hash) -> [first tick id, last tick id, ticks] over the paired ticks.
+    enforced_ticks: dict[tuple[str, int, str], list[int]] = field(default_factory=dict)
+    shadow_ticks: dict[tuple[str, int, str], list[int]] = field(default_factory=dict)
 
     def _tally(self, kind: str, entity: str) -> tuple[Tally, Tally]:
         return (
@@ -106,12 +113,20 @@ class Comparison:
         def stamps(s: set[tuple[str, int, str]]) -> list[dict[str, Any]]:
             return [{"name": n, "version": v, "hash": h} for n, v, h in sorted(s)]
 
+        def on(ticks: dict[tuple[str, int, str], list[int]]) -> list[dict[str, Any]]:
+            return [
+                {"name": n, "version": v, "hash": h, "from_tick": a, "to_tick": b, "ticks": k}
+                for (n, v, h), (a, b, k) in sorted(ticks.items(), key=lambda kv: (kv[1][0], kv[0]))
+            ]
+
         return {
             "ticks_paired": self.ticks_paired,
             "ticks_enforced_only": self.ticks_enforced_only,
             "ticks_shadow_only": self.ticks_shadow_only,
             "enforced_policies": stamps(self.enforced_policies),
             "shadow_policies": stamps(self.shadow_policies),
+            "enforced_stretches": on(self.enforced_ticks),
+            "shadow_stretches": on(self.shadow_ticks),
             "by_kind": {
                 k: {**t.as_json(), "unit": UNITS.get(k, "")} for k, t in sorted(self.by_kind.items())
             },
@@ -208,6 +223,23 @@ def _holding(
     return {**{k: d for k, d in decided.items() if d.body.kind != "breaker"}, **pool}
 
 
+def _count(
+    names: set[tuple[str, int, str]],
+    ticks: dict[tuple[str, int, str], list[int]],
+    tick_id: int,
+    decided: dict[str, Decision],
+) -> None:
+    """Note the policy that decided ``tick_id`` on one side, from that tick's own records (every
+    decision of a tick carries the same name, version and hash)."""
+    first = next(iter(decided.values()), None)
+    if first is None:
+        return
+    stamp = (first.policy.name, first.policy.version, first.policy.hash)
+    names.add(stamp)
+    span = ticks.setdefault(stamp, [tick_id, tick_id, 0])
+    span[0], span[1], span[2] = min(span[0], tick_id), max(span[1], tick_id), span[2] + 1
+
+
 def compare(
     enforced: Iterable[Decision], shadow: Iterable[Decision], *, from_ms: int = 0, to_ms: int | None = None
 ) -> Comparison:
@@ -229,9 +261,20 @@ def compare(
         if es is None or ss is None:
             continue
         out.ticks_paired += 1
+        _count(out.enforced_policies, out.enforced_ticks, tick[0], e_ticks[tick])
+        _count(out.shadow_policies, out.shadow_ticks, tick[0], s_ticks[tick])
         for key in sorted(set(es) | set(ss)):
             kind, entity = key.split("/", 1)
             by_kind, by_entity = out._tally(kind, entity)
+            if kind == "breaker" and (key in es) != (key in ss):
+                # Held on one side only: closed on the other (a node not closed is sent every tick).
+                held = es.get(key) or ss[key]
+                state = held.body.state if isinstance(held.body, BreakerDecision) else "closed"
+                e_state, s_state = (state, "closed") if key in es else ("closed", state)
+                differs = e_state != s_state
+                by_kind.add(differs, 1.0 if differs else 0.0, f"{e_state}->{s_state}")
+                by_entity.add(differs, 1.0 if differs else 0.0, f"{e_state}->{s_state}")
+                continue
             if key not in ss:
                 by_kind.only_enforced += 1
                 by_entity.only_enforced += 1
@@ -241,8 +284,6 @@ def compare(
                 by_entity.only_shadow += 1
                 continue
             e, s = es[key], ss[key]
-            out.enforced_policies.add((e.policy.name, e.policy.version, e.policy.hash))
-            out.shadow_policies.add((s.policy.name, s.policy.version, s.policy.hash))
             differs, far, detail = distance(e, s)
             by_kind.add(differs, far, detail)
             by_entity.add(differs, far, detail)

@@ -3,6 +3,19 @@
 Reads ``control.decisions`` (what the enforcing policy decided) and ``control.shadow`` (what the
 shadow policy decided on the same ticks), pairs them by tick, pool and key, and reports per kind and
 entity how often and how far they differ (:mod:`.compare`). A tidy table, or ``--json``.
+
+The header names, per side, the policies that decided the paired ticks, each with its ticks
+(``ticks A-B: NAME vN (HASH), K ticks``), read from those ticks' own records.
+
+Where the shadow starts. The daemon starts a shadow, on each pool, from the enforcing policy's
+state at its first tick (:class:`fleetloop.daemon.shard.Shard`), as applying the document would
+(sections with the same algorithm keep their state). We chose that over separating, here, what
+the shadow inherited from what the candidate changed: a shadow started empty answers another
+question (what a restart with no state would decide), and no rule read off the decisions can tell
+a breaker the candidate's parameters close from one the empty start forgot; started from the
+enforced state, every difference is the candidate's, from the first paired tick. A breaker held on
+one side only is closed on the other (change-only records: a node that is not closed is sent every
+tick, and the shadow re-sends a closed node it inherited only at its keyframe).
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from fleetloop import term
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.replay.command import parse_time, read_topic
 from fleetloop.daemon.replay.compare import UNITS, Comparison, compare
+from fleetloop.daemon.replay.replay import stretch_label
 from fleetloop.kafka_security import bootstrap_arg, error_text, shown
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.topics import DECISIONS, SHADOW, topic_name
@@ -115,6 +129,12 @@ def _decisions(parts: dict[int, list[Any]]) -> list[Decision]:
     return out
 
 
+def stretch_lines(ticks: dict[tuple[str, int, str], list[int]]) -> list[str]:
+    """``ticks A-B: NAME vN (HASH), K ticks`` per policy, in the order of their first tick."""
+    spans = sorted(ticks.items(), key=lambda kv: (kv[1][0], kv[0]))
+    return [stretch_label(stamp, a, b, k) for stamp, (a, b, k) in spans]
+
+
 def _fmt(x: float) -> str:
     return f"{x:.4f}".rstrip("0").rstrip(".") if x else "0"
 
@@ -123,9 +143,11 @@ def _print(c: Comparison, limit: int) -> None:
     out = term.console()
     if not out.is_terminal:  # a pipe or a file: wide enough that entity names are not cut
         out = term.console(width=160)
-    shadows = ", ".join(f"{n} v{v} ({h})" for n, v, h in sorted(c.shadow_policies)) or "none"
-    enforced = ", ".join(f"{n} v{v} ({h})" for n, v, h in sorted(c.enforced_policies)) or "none"
-    t = Table(title=f"shadow {shadows} vs enforced {enforced}: {c.ticks_paired} ticks paired")
+    out.print(f"{c.ticks_paired} ticks paired", highlight=False)
+    for side, ticks in (("shadow", c.shadow_ticks), ("enforced", c.enforced_ticks)):
+        for line in stretch_lines(ticks):
+            out.print(f"  {side:<8} {line}", highlight=False, markup=False)
+    t = Table()
     for col, just in (
         ("kind", "left"),
         ("compared", "right"),

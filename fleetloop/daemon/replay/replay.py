@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -103,10 +104,70 @@ class ReplayReport:
     breaker_opens_recorded: int = 0
     breaker_opens_replayed: int = 0
     ticks_by_policy: dict[str, int] = field(default_factory=dict)  # compared ticks per recorded hash
+    # The compared ticks per recorded policy hash, in the order their first tick was compared.
+    stretches: dict[str, Stretch] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
         return self.different == 0 and self.missing == 0 and self.extra == 0
+
+
+@dataclass(slots=True)
+class Stretch:
+    """The compared ticks recorded under one policy (by hash): which ticks, how they were judged
+    (``exact``: replayed with that very policy and compared byte for byte, stamps included;
+    ``what-if``: decided by another policy and compared without stamps) and what came out."""
+
+    name: str
+    version: int
+    hash: str
+    mode: str
+    first_tick: int
+    last_tick: int
+    ticks: int = 0
+    decisions_compared: int = 0
+    identical: int = 0
+    different: int = 0
+    missing: int = 0
+    extra: int = 0
+
+    @property
+    def changed(self) -> int:
+        return self.different + self.missing + self.extra
+
+    @property
+    def verdict(self) -> str:
+        """``byte-identical`` or ``DIFFERENT`` (exact), ``N decisions would change`` (what-if)."""
+        if self.mode == "exact":
+            return "byte-identical" if self.changed == 0 else "DIFFERENT"
+        return f"{self.changed} decision{'s' if self.changed != 1 else ''} would change"
+
+    @property
+    def label(self) -> str:
+        stamp = (self.name, self.version, self.hash)
+        return stretch_label(stamp, self.first_tick, self.last_tick, self.ticks)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "from_tick": self.first_tick,
+            "to_tick": self.last_tick,
+            "ticks": self.ticks,
+            "policy": {"name": self.name, "version": self.version, "hash": self.hash},
+            "mode": self.mode,
+            "decisions_compared": self.decisions_compared,
+            "identical": self.identical,
+            "different": self.different,
+            "missing": self.missing,
+            "extra": self.extra,
+            "verdict": self.verdict,
+        }
+
+
+def stretch_label(stamp: tuple[str, int, str], first: int, last: int, ticks: int) -> str:
+    """How replay and policy compare name a stretch (``stamp``: name, version, hash):
+    ``ticks A-B: NAME vN (HASH), K ticks``."""
+    name, version, hash_ = stamp
+    return f"ticks {first}-{last}: {name} v{version} ({hash_}), {ticks} tick{'s' if ticks != 1 else ''}"
 
 
 def group_ticks(decisions: Sequence[Decision], offsets: Sequence[int] | None = None) -> list[RecordedTick]:
@@ -164,6 +225,7 @@ def replay_ticks(
     compare_stamps: bool = True,
     window: Window | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    judged: Callable[[RecordedTick], bool] | None = None,
 ) -> ReplayReport:
     """Replay ``ticks`` over ``inputs`` ('logical-topic:partition' -> [(offset, record)] in offset
     order; record None: refused at the door, its offset passed but nothing folded, as in the daemon).
@@ -172,11 +234,15 @@ def replay_ticks(
     is decided with the policy its decisions are stamped with). ``compare_stamps=False`` (a
     what-if) compares decisions without their policy stamp (name, version, hash, mode): a candidate
     that only bumps the version then changes nothing, instead of every decision. ``window``
-    (default: ``from_ms``..``to_ms``) picks the ticks compared; ``on_progress(done, total)`` is
-    called every few hundred ticks."""
+    (default: ``from_ms``..``to_ms``) picks the ticks compared, and ``judged`` (default: every
+    one) those of them this replay compares (the others are replayed for the state they leave and
+    not counted); ``on_progress(done, total)`` is called every few hundred ticks. The compared
+    ticks are tallied per recorded policy as well (``stretches``), judged ``exact`` when stamps are
+    compared and ``what-if`` when not."""
     if window is None:
         window = Window(from_ms=from_ms, to_ms=to_ms)
     as_bytes = decision_bytes if compare_stamps else unstamped_bytes
+    mode = "exact" if compare_stamps else "what-if"
     shards: dict[int, Shard] = {}
     report = ReplayReport()
     seen: set[tuple[int, str, tuple[tuple[str, int], ...]]] = set()
@@ -209,26 +275,40 @@ def replay_ticks(
             raise KeyError(rt.policy_hash)
         produced_ds = shard.decide(rt.tick, cut, chosen) or ()
         report.ticks_replayed += 1
-        if window.before(rt):
+        if window.before(rt) or (judged is not None and not judged(rt)):
             continue
         report.ticks_compared += 1
         report.ticks_by_policy[rt.policy_hash] = report.ticks_by_policy.get(rt.policy_hash, 0) + 1
+        stretch = report.stretches.get(rt.policy_hash)
+        if stretch is None:
+            stamp = rt.decisions[0].policy
+            stretch = report.stretches[rt.policy_hash] = Stretch(
+                stamp.name, stamp.version, stamp.hash, mode, rt.tick.tick_id, rt.tick.tick_id
+            )
+        stretch.ticks += 1
+        stretch.first_tick = min(stretch.first_tick, rt.tick.tick_id)
+        stretch.last_tick = max(stretch.last_tick, rt.tick.tick_id)
         recorded = {d.key: as_bytes(d) for d in rt.decisions}
         produced = {d.key: as_bytes(d) for d in produced_ds}
         report.breaker_opens_recorded += sum(1 for d in recorded_unique(rt.decisions) if _is_open(d))
         report.breaker_opens_replayed += sum(1 for d in produced_ds if _is_open(d))
         for k in sorted(set(recorded) | set(produced)):
             kind = k.split("/", 1)[0]
+            stretch.decisions_compared += 1
             if k not in produced:
                 report.missing += 1
+                stretch.missing += 1
             elif k not in recorded:
                 report.extra += 1
+                stretch.extra += 1
             elif recorded[k] == produced[k]:
                 report.identical += 1
+                stretch.identical += 1
                 report.decisions_compared += 1
                 continue
             else:
                 report.different += 1
+                stretch.different += 1
             report.decisions_compared += 1
             report.changed_by_kind[kind] = report.changed_by_kind.get(kind, 0) + 1
             if report.first_difference is None:
@@ -239,6 +319,117 @@ def replay_ticks(
                     "replayed": produced.get(k, b"").decode(),
                 }
     return report
+
+
+class UnknownPolicy(LookupError):
+    """A tick to replay exactly whose recorded policy is not among those given."""
+
+    def __init__(self, rt: RecordedTick) -> None:
+        super().__init__(rt.policy_hash)
+        self.policy_hash = rt.policy_hash
+        self.tick_id = rt.tick.tick_id
+
+
+def replay_window(
+    ticks: Sequence[RecordedTick],
+    inputs: Mapping[str, Sequence[tuple[int, NodeTelemetry | RequestOutcome | None]]],
+    known: Mapping[str, CompiledPolicy],
+    window: Window,
+    *,
+    policy: CompiledPolicy | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[ReplayReport, str]:
+    """Replay the window and judge each stretch of compared ticks by the policy it was recorded
+    under: (report, mode), mode ``exact``, ``what-if`` or ``mixed``.
+
+    Without ``policy``, every tick is decided with the policy it is stamped with (``known``: hash
+    -> policy) and every stretch is exact. With ``policy`` (``fleetloop replay --policy FILE``),
+    a stretch recorded under that very document (the same hash) is exact and one recorded under
+    another is a what-if, whatever the first tick of the log or of the window was:
+
+    - exact stretches: the ticks are decided with the recorded policies (``policy`` among them),
+      from the state the recorded run had, and compared byte for byte, stamps included: any
+      difference is a fault of the replay or the record;
+    - what-if stretches: every tick (before the window too) is decided with ``policy``, the state
+      its own decisions leave, and compared without stamps: what would have changed had it been
+      in force throughout.
+
+    A window with both kinds is replayed twice, once each way, so neither verdict rests on state
+    the other kind of decision left. Raises :class:`UnknownPolicy` for a tick that must be
+    replayed exactly and whose policy is not known."""
+    live = [rt for rt in ticks if not window.after(rt)]
+    compared = [rt for rt in live if not window.before(rt)]
+    if policy is None:
+        for rt in live:
+            if rt.policy_hash not in known:
+                raise UnknownPolicy(rt)
+        return replay_ticks(ticks, inputs, known, window=window, on_progress=on_progress), "exact"
+    mine = policy.stamp.hash
+    reports: list[ReplayReport] = []
+    if any(rt.policy_hash == mine for rt in compared):
+        exact_ids = {id(rt) for rt in compared if rt.policy_hash == mine}
+        last = max(i for i, rt in enumerate(ticks) if id(rt) in exact_ids)
+        head = ticks[: last + 1]
+        recorded = {**known, mine: policy}
+        for rt in head:
+            if rt.policy_hash not in recorded and not window.after(rt):
+                raise UnknownPolicy(rt)
+        reports.append(
+            replay_ticks(
+                head,
+                inputs,
+                recorded,
+                window=window,
+                on_progress=on_progress,
+                judged=lambda rt: rt.policy_hash == mine,
+            )
+        )
+    if any(rt.policy_hash != mine for rt in compared) or not reports:
+        reports.append(
+            replay_ticks(
+                ticks,
+                inputs,
+                policy,
+                compare_stamps=False,
+                window=window,
+                on_progress=on_progress,
+                judged=lambda rt: rt.policy_hash != mine,
+            )
+        )
+    report = merged(reports)
+    modes = {s.mode for s in report.stretches.values()}
+    mode = "mixed" if len(modes) > 1 else modes.pop() if modes else "what-if"
+    return report, mode
+
+
+def merged(reports: Sequence[ReplayReport]) -> ReplayReport:
+    """One report of replays that compared disjoint ticks of one window (the first difference of
+    the first report that has one; stretches in the order of their first tick)."""
+    out = ReplayReport()
+    for r in reports:
+        out.ticks_replayed = max(out.ticks_replayed, r.ticks_replayed)
+        out.ticks_compared += r.ticks_compared
+        out.decisions_compared += r.decisions_compared
+        out.identical += r.identical
+        out.different += r.different
+        out.missing += r.missing
+        out.extra += r.extra
+        out.breaker_opens_recorded += r.breaker_opens_recorded
+        out.breaker_opens_replayed += r.breaker_opens_replayed
+        for kind, n in r.changed_by_kind.items():
+            out.changed_by_kind[kind] = out.changed_by_kind.get(kind, 0) + n
+        for h, n in r.ticks_by_policy.items():
+            out.ticks_by_policy[h] = out.ticks_by_policy.get(h, 0) + n
+        out.stretches.update(r.stretches)
+        out.first_difference = out.first_difference or r.first_difference
+    out.stretches = dict(sorted(out.stretches.items(), key=lambda kv: (kv[1].first_tick, kv[0])))
+    return out
+
+
+def reproduced(report: ReplayReport) -> bool | None:
+    """Whether every exact stretch is byte-identical (None: no stretch was judged exact)."""
+    exact = [s for s in report.stretches.values() if s.mode == "exact"]
+    return all(s.changed == 0 for s in exact) if exact else None
 
 
 def unstamped_bytes(decision: Decision) -> bytes:

@@ -4,7 +4,7 @@
 The flag wins over the variable; the variable wins over the built-in default. Switches
 (``--no-ticker``) take ``1/true/yes/on`` or ``0/false/no/off``. A value the flag would refuse is
 refused the same way, naming the variable (one line, exit 2). Secrets have variables and no
-flags: ``FLEETLOOP_SASL_PASSWORD``. ``python -m fleetloop.daemon.service.settings`` prints the
+flags: ``FLEETLOOP_SASL_PASSWORD``. ``python -m fleetloop.daemon.settings_table`` prints the
 README's table of the long-running commands' settings (a test keeps the two equal).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -128,9 +127,3 @@ def env_table(parser: argparse.ArgumentParser, commands: Sequence[str] = LONG_RU
     for var, default, help_text in EXTRA:
         lines.append(f"| `{var}` | — | all | {default} | {help_text} |")
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    from fleetloop.daemon.cli import build_parser
-
-    sys.stdout.write(env_table(build_parser(environ={})))

@@ -48,7 +48,7 @@ from aiohttp import web
 
 from fleetloop.daemon import clock
 from fleetloop.edges.fleet.metrics import VllmMetrics
-from fleetloop.edges.fleet.server import Pending, build_app
+from fleetloop.edges.fleet.server import LOOPBACK, LiveNode, Pending, build_app
 from fleetloop.schemas.decisions import (
     AutoscaleDecision,
     BatchingDecision,
@@ -61,30 +61,7 @@ from fleetloop.sim.node import Node, Req
 from fleetloop.sim.router import SimRouter, sim_router
 from fleetloop.sim.scenario import Fault, Pool, Scenario
 
-LOOPBACK = "127.0.0.1"
 LAG_SAMPLES = 20_000
-
-
-@dataclass(eq=False)
-class LiveNode:
-    """A node, its HTTP server and its vLLM metrics."""
-
-    node: Node
-    model: str
-    metrics: VllmMetrics
-    port: int = 0
-    runner: web.AppRunner | None = None
-    inflight: int = 0
-    scrapes: int = 0  # GET /metrics served
-    state: str = "cold"  # cold | serving | draining | stopped
-
-    @property
-    def serving(self) -> bool:
-        return self.state == "serving" and self.node.alive and self.node.warm and not self.node.draining
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
 
 
 @dataclass(slots=True)

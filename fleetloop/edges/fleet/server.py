@@ -23,18 +23,16 @@ import contextlib
 import itertools
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from fleetloop.daemon import clock
 from fleetloop.edges.fleet.metrics import VllmMetrics
-from fleetloop.sim.node import Req
+from fleetloop.sim.node import Node, Req
 
-if TYPE_CHECKING:
-    from fleetloop.edges.fleet.live import LiveFleet, LiveNode
-
+LOOPBACK = "127.0.0.1"
 POLL_S = 0.25  # how often a waiting streaming handler looks for a disconnected client and new tokens
 CHUNK_EVERY_S = 1.0  # content chunks carry at most a second of tokens each (the clients parse fewer)
 MAX_TOKENS_DEFAULT = 16  # vLLM's default max_tokens for /v1/completions
@@ -58,7 +56,38 @@ class Pending:
     metrics: VllmMetrics
 
 
-def build_app(fleet: LiveFleet, ln: LiveNode) -> web.Application:
+@dataclass(eq=False)
+class LiveNode:
+    """A node, its HTTP server and its vLLM metrics."""
+
+    node: Node
+    model: str
+    metrics: VllmMetrics
+    port: int = 0
+    runner: web.AppRunner | None = None
+    inflight: int = 0
+    scrapes: int = 0  # GET /metrics served
+    state: str = "cold"  # cold | serving | draining | stopped
+
+    @property
+    def serving(self) -> bool:
+        return self.state == "serving" and self.node.alive and self.node.warm and not self.node.draining
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+
+class Engines(Protocol):
+    """What a node's server asks of the fleet that runs its engine (``live.LiveFleet``)."""
+
+    def t(self) -> float: ...
+    def submit(self, ln: LiveNode, req: Req) -> None: ...
+    def abort(self, ln: LiveNode, req: Req) -> None: ...
+    def maybe_retire(self, ln: LiveNode) -> None: ...
+
+
+def build_app(fleet: Engines, ln: LiveNode) -> web.Application:
     app = web.Application(client_max_size=64 * 2**20)
     app[FLEET_KEY] = fleet
     app[NODE_KEY] = ln
@@ -70,7 +99,7 @@ def build_app(fleet: LiveFleet, ln: LiveNode) -> web.Application:
     return app
 
 
-def _ctx(request: web.Request) -> tuple[LiveFleet, LiveNode]:
+def _ctx(request: web.Request) -> tuple[Engines, LiveNode]:
     return request.app[FLEET_KEY], request.app[NODE_KEY]  # type: ignore[return-value]
 
 
@@ -179,7 +208,7 @@ def _usage(req: Req, completion: int) -> dict[str, Any]:
     }
 
 
-async def _whole(fleet: LiveFleet, ln: LiveNode, req: Req, *, chat: bool) -> web.Response:
+async def _whole(fleet: Engines, ln: LiveNode, req: Req, *, chat: bool) -> web.Response:
     pending = req.owner
     assert isinstance(pending, Pending)
     # Not cancelled if the client leaves (aiohttp does not cancel handlers): the request runs on.
@@ -219,7 +248,7 @@ def _progress(ln: LiveNode, req: Req) -> int:
 
 
 async def _stream(
-    request: web.Request, fleet: LiveFleet, ln: LiveNode, req: Req, *, chat: bool, include_usage: bool
+    request: web.Request, fleet: Engines, ln: LiveNode, req: Req, *, chat: bool, include_usage: bool
 ) -> web.StreamResponse:
     pending = req.owner
     assert isinstance(pending, Pending)

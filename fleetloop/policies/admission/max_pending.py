@@ -11,7 +11,6 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import AdmissionDecision
 
 
@@ -20,8 +19,9 @@ class MaxPendingParams(Params):
     classes: int = Field(default=3, ge=1, le=10)
 
 
-@register("admission", "max-pending")
 class MaxPending:
+    name = "max-pending"
+    section = "admission"
     Params = MaxPendingParams
 
     def initial_state(self) -> None:

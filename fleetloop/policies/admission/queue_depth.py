@@ -26,7 +26,6 @@ import math
 from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import AdmissionDecision
 
 
@@ -48,8 +47,9 @@ def thresholds(params: QueueDepthParams) -> tuple[dict[str, int], dict[str, int]
     return running, new_task
 
 
-@register("admission", "queue-depth")
 class QueueDepth:
+    name = "queue-depth"
+    section = "admission"
     Params = QueueDepthParams
 
     def initial_state(self) -> None:

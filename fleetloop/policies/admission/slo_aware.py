@@ -123,7 +123,6 @@ from fleetloop.policies.pool_figures import (
     pool_figures,
     r6_fast,
 )
-from fleetloop.policies.registry import register
 from fleetloop.policies.slo import Slo
 from fleetloop.schemas.base import MAX_COUNT, assemble
 from fleetloop.schemas.decisions import AdmissionDecision
@@ -208,8 +207,9 @@ def queue_limits(params: SloAwareParams, level: float | None = None) -> tuple[di
     return running, new_task
 
 
-@register("admission", "slo-aware")
 class SloAware:
+    name = "slo-aware"
+    section = "admission"
     Params = SloAwareParams
 
     def initial_state(self) -> float | None:

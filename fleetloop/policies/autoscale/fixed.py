@@ -9,7 +9,6 @@ Failure mode: a load spike beyond the fleet's capacity is queued or shed, never 
 from __future__ import annotations
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import AutoscaleDecision
 
 
@@ -17,8 +16,9 @@ class FixedParams(Params):
     pass
 
 
-@register("autoscale", "fixed")
 class Fixed:
+    name = "fixed"
+    section = "autoscale"
     Params = FixedParams
 
     def initial_state(self) -> None:

@@ -69,7 +69,6 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import AutoscaleDecision
 
 INT32_MAX = 2**31 - 1
@@ -111,15 +110,13 @@ class PoolBounds(Params):
     max_replicas: int = Field(ge=1, le=100_000)
 
 
-class HpaParams(Params):
-    target_utilization_pct: int = Field(default=70, ge=1, le=1000)
-    tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
-    sync_period_ms: int = Field(default=15_000, ge=1, le=600_000)
+class ReplicaBounds(Params):
+    """``min_replicas``, ``max_replicas`` and per-pool overrides, checked in order (for autoscalers
+    built on :func:`sync`)."""
+
     min_replicas: int = Field(default=1, ge=0, le=100_000)
     max_replicas: int = Field(default=1000, ge=1, le=100_000)
     pools: dict[str, PoolBounds] = Field(default_factory=dict)
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -133,6 +130,14 @@ class HpaParams(Params):
     def bounds(self, pool_id: str) -> tuple[int, int]:
         b = self.pools.get(pool_id)
         return (b.min_replicas, b.max_replicas) if b is not None else (self.min_replicas, self.max_replicas)
+
+
+class HpaParams(ReplicaBounds):
+    target_utilization_pct: int = Field(default=70, ge=1, le=1000)
+    tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
+    sync_period_ms: int = Field(default=15_000, ge=1, le=600_000)
+    scale_up: ScalingRules = DEFAULT_SCALE_UP
+    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,8 +462,9 @@ def _decision(
     )
 
 
-@register("autoscale", "hpa")
 class Hpa:
+    name = "hpa"
+    section = "autoscale"
     Params = HpaParams
 
     def initial_state(self) -> HpaState:

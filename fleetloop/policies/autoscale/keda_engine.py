@@ -56,64 +56,59 @@ ready nodes' queue (a sum) still drives scale-up while the KV average counts onl
 from __future__ import annotations
 
 import math
-from typing import Self
+from collections.abc import Callable
+from typing import Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from fleetloop.policies.autoscale.hpa import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
     HpaState,
-    PoolBounds,
+    ReplicaBounds,
     ScalingRules,
     sync,
 )
-from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
+from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
 
 
-class KedaEngineParams(Params):
+class KedaEngineParams(ReplicaBounds):
     waiting_per_node: float = Field(default=5.0, ge=0.1, le=10_000.0)
     kv_target: float = Field(default=0.8, ge=0.05, le=1.0)
     tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
     sync_period_ms: int = Field(default=15_000, ge=1, le=600_000)
-    min_replicas: int = Field(default=1, ge=0, le=100_000)
-    max_replicas: int = Field(default=1000, ge=1, le=100_000)
-    pools: dict[str, PoolBounds] = Field(default_factory=dict)
     scale_up: ScalingRules = DEFAULT_SCALE_UP
     scale_down: ScalingRules = DEFAULT_SCALE_DOWN
-
-    @model_validator(mode="after")
-    def _bounds(self) -> Self:
-        for name, lo, hi in [("", self.min_replicas, self.max_replicas)] + [
-            (f"pools.{p}.", b.min_replicas, b.max_replicas) for p, b in sorted(self.pools.items())
-        ]:
-            if lo > hi:
-                raise ValueError(f"{name}min_replicas ({lo}) is above {name}max_replicas ({hi})")
-        return self
-
-    def bounds(self, pool_id: str) -> tuple[int, int]:
-        b = self.pools.get(pool_id)
-        return (b.min_replicas, b.max_replicas) if b is not None else (self.min_replicas, self.max_replicas)
 
 
 def _within(ratio: float, tolerance: float) -> bool:
     return abs(ratio - 1.0) <= tolerance
 
 
+def average_value_replicas(total: float, per_node: float, current: int, tolerance: float) -> int:
+    """An external metric with an ``AverageValue`` target (KEDA's default metric type), as
+    Kubernetes' ``GetExternalPerPodMetricReplicas``: ``current`` while ``total / (per_node x
+    current)`` is within ``tolerance`` of 1, else ``ceil(total / per_node)``."""
+    ratio = total / (per_node * current) if current > 0 else math.inf
+    return current if _within(ratio, tolerance) else math.ceil(total / per_node)
+
+
+def ready_nodes(nodes: tuple[NodeView, ...] | list[NodeView]) -> list[NodeView]:
+    """The nodes whose engine metrics an external-metrics autoscaler reads: warm, not draining,
+    with fresh telemetry (cold and loading pods report nothing; a stale one is missing)."""
+    return [n for n in nodes if not n.draining and n.weights_state == "warm" and not n.stale]
+
+
 def metric_replicas(
     nodes: tuple[NodeView, ...] | list[NodeView], current: int, params: KedaEngineParams
 ) -> tuple[int | None, dict[str, float]]:
     """Both metrics' replica counts and the larger; None when no ready node has fresh metrics."""
-    ready = [n for n in nodes if not n.draining and n.weights_state == "warm" and not n.stale]
+    ready = ready_nodes(nodes)
     if not ready:
         return None, {"ready_nodes": 0.0}
     waiting = float(sum(n.queue_depth for n in ready))
     kv = sum(n.kv_cache_used_frac for n in ready) / len(ready)
-    q_ratio = waiting / (params.waiting_per_node * current) if current > 0 else math.inf
-    q_desired = (
-        current if _within(q_ratio, params.tolerance) else math.ceil(waiting / params.waiting_per_node)
-    )
+    q_desired = average_value_replicas(waiting, params.waiting_per_node, current, params.tolerance)
     kv_ratio = kv / params.kv_target
     kv_desired = current if _within(kv_ratio, params.tolerance) else math.ceil(kv_ratio * len(ready))
     inputs = {
@@ -126,8 +121,47 @@ def metric_replicas(
     return max(q_desired, kv_desired), inputs
 
 
-@register("autoscale", "keda-engine")
+class ScaledObjectRules(Protocol):
+    """What a KEDA ScaledObject's generated HPA takes from a policy's parameters."""
+
+    @property
+    def sync_period_ms(self) -> int: ...
+    @property
+    def scale_up(self) -> ScalingRules: ...
+    @property
+    def scale_down(self) -> ScalingRules: ...
+    def bounds(self, pool_id: str) -> tuple[int, int]: ...
+
+
+def scaled_object(
+    snap: FleetSnapshot,
+    params: ScaledObjectRules,
+    state: HpaState,
+    ctx: PolicyContext,
+    metrics: Callable[[tuple[NodeView, ...], int], tuple[int | None, dict[str, float]]],
+) -> PolicyResult[HpaState]:
+    """One sync of the HPA KEDA generates for a ScaledObject whose triggers ``metrics`` evaluates
+    (the pool's nodes and the current target -> the larger trigger's replica count and its inputs):
+    no scale-to-zero disabling (KEDA's ``minReplicaCount`` may be 0). Shared by ``keda-engine``
+    and ``keda-epp``."""
+    nodes = snap.pool_nodes(ctx.pool_id)
+    return sync(
+        ctx,
+        nodes,
+        state,
+        sync_period_ms=params.sync_period_ms,
+        bounds=params.bounds(ctx.pool_id),
+        up_rules=params.scale_up,
+        down_rules=params.scale_down,
+        recommend=lambda current: metrics(nodes, current),
+        inputs={},
+        zero_disables=False,
+    )
+
+
 class KedaEngine:
+    name = "keda-engine"
+    section = "autoscale"
     Params = KedaEngineParams
 
     def initial_state(self) -> HpaState:
@@ -136,16 +170,6 @@ class KedaEngine:
     def decide(
         self, snap: FleetSnapshot, params: KedaEngineParams, state: HpaState, ctx: PolicyContext
     ) -> PolicyResult[HpaState]:
-        nodes = snap.pool_nodes(ctx.pool_id)
-        return sync(
-            ctx,
-            nodes,
-            state,
-            sync_period_ms=params.sync_period_ms,
-            bounds=params.bounds(ctx.pool_id),
-            up_rules=params.scale_up,
-            down_rules=params.scale_down,
-            recommend=lambda current: metric_replicas(nodes, current, params),
-            inputs={},
-            zero_disables=False,
+        return scaled_object(
+            snap, params, state, ctx, lambda nodes, current: metric_replicas(nodes, current, params)
         )

@@ -240,7 +240,6 @@ from fleetloop.policies.pool_figures import (
     segment_whole_sums,
 )
 from fleetloop.policies.prefill import DEFAULT_EFFICIENCY, prefill_ms
-from fleetloop.policies.registry import register
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.base import MAX_COUNT, assemble
 from fleetloop.schemas.decisions import AutoscaleDecision
@@ -613,8 +612,9 @@ def _sibling(
     return p, p * len(warm) - len(active)
 
 
-@register("autoscale", "slo-predictive")
 class SloPredictive:
+    name = "slo-predictive"
+    section = "autoscale"
     Params = SloPredictiveParams
 
     def initial_state(self) -> SloPredictiveState:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BatchingDecision
 
 
@@ -19,8 +18,9 @@ class StaticBatchingParams(Params):
     max_batch_tokens: int = Field(default=8192, ge=256, le=1_048_576)
 
 
-@register("batching", "static-batching")
 class StaticBatching:
+    name = "static-batching"
+    section = "batching"
     Params = StaticBatchingParams
 
     def initial_state(self) -> None:

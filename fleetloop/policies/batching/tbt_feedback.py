@@ -66,7 +66,6 @@ from fleetloop.policies.pool_figures import (
     row_ids,
     upper_medians,
 )
-from fleetloop.policies.registry import register
 from fleetloop.policies.slo import Slo
 from fleetloop.schemas.base import MAX_COUNT, assemble
 from fleetloop.schemas.decisions import BatchingDecision
@@ -143,8 +142,9 @@ def next_cap(params: TbtFeedbackParams, cap: int, tbt_ms: float | None, tbt_slo_
     return cap, "hold"
 
 
-@register("batching", "tbt-feedback")
 class TbtFeedback:
+    name = "tbt-feedback"
+    section = "batching"
     Params = TbtFeedbackParams
 
     def initial_state(self) -> int | None:

@@ -31,7 +31,6 @@ from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
 from fleetloop.policies.breaker.emission import Emitted, change_only
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BreakerDecision, BreakerStateName
 
 
@@ -86,8 +85,9 @@ def step(
     return nb, "probing"
 
 
-@register("breaker", "consecutive-errors")
 class ConsecutiveErrors:
+    name = "consecutive-errors"
+    section = "breaker"
     Params = ConsecutiveErrorsParams
 
     def initial_state(self) -> State:

@@ -90,7 +90,6 @@ from pydantic import Field, model_validator
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.breaker.emission import Emitted, change_only
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BreakerDecision
 
 DEFAULT_MAX_EJECTION_TIME_MS = 300_000
@@ -219,8 +218,9 @@ def _try_eject(
     return kind
 
 
-@register("breaker", "envoy-outlier")
 class EnvoyOutlier:
+    name = "envoy-outlier"
+    section = "breaker"
     Params = EnvoyOutlierParams
 
     def initial_state(self) -> DetectorState:

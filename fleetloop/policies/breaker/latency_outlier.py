@@ -178,7 +178,6 @@ from fleetloop.policies.breaker.emission import (
 from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns
 from fleetloop.policies.memory import PoolMemory, median_sorted
 from fleetloop.policies.pool_figures import row_ids
-from fleetloop.policies.registry import register
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.base import MAX_COUNT, MAX_EPOCH_MS, MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import BreakerDecision, BreakerStateName
@@ -605,8 +604,9 @@ def _latency_step(
     return ns, ("latency-suspect" if flagged else "healthy"), False
 
 
-@register("breaker", "latency-outlier")
 class LatencyOutlier:
+    name = "latency-outlier"
+    section = "breaker"
     Params = LatencyOutlierParams
 
     def initial_state(self) -> State:
@@ -628,7 +628,8 @@ class LatencyOutlier:
         ``[self.decide(snap, params, s, c) for s, c in zip(states, ctxs, strict=True)]``: every pool
         of the batch at once over the fleet's columns
         (:func:`fleetloop.policies.breaker.latency_batch.decide_pools`)."""
-        from fleetloop.policies.breaker.latency_batch import decide_pools
+        # latency_batch imports this module: a cycle the cycle contract lists (.importlinter).
+        from fleetloop.policies.breaker.latency_batch import decide_pools  # noqa: PLC0415 - known cycle
 
         return decide_pools(snap, params, states, ctxs)
 

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
 from fleetloop.policies.breaker.emission import Emitted, change_only
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import BreakerDecision
 
 
@@ -20,8 +19,9 @@ class NeverParams(Params):
     pass
 
 
-@register("breaker", "never")
 class Never:
+    name = "never"
+    section = "breaker"
     Params = NeverParams
 
     def initial_state(self) -> Mapping[str, Emitted]:

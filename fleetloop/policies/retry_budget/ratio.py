@@ -88,7 +88,6 @@ from fleetloop.policies.pool_figures import (
     is_ident,
     pool_figures,
 )
-from fleetloop.policies.registry import register
 from fleetloop.schemas.base import MAX_COUNT, MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import RetryBudgetDecision, RetryExempt
 
@@ -181,8 +180,9 @@ def lost_calls(nodes: Iterable[NodeView]) -> int:
     return sum(n.failures_w for n in nodes if n.stale or n.weights_state != "warm")
 
 
-@register("retry_budget", "ratio")
 class Ratio:
+    name = "ratio"
+    section = "retry_budget"
     Params = RatioParams
 
     def initial_state(self) -> Episode | None:

@@ -8,7 +8,6 @@ Failure mode: a slow node turns client timeouts into retries into more load: the
 from __future__ import annotations
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import RetryBudgetDecision
 
 UNLIMITED = 1_000_000_000
@@ -18,8 +17,9 @@ class UnlimitedParams(Params):
     pass
 
 
-@register("retry_budget", "unlimited")
 class Unlimited:
+    name = "unlimited"
+    section = "retry_budget"
     Params = UnlimitedParams
 
     def initial_state(self) -> None:

@@ -219,7 +219,6 @@ from fleetloop.policies.columns import FleetColumns, Floats, Ints, fleet_columns
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.pool_figures import records, row_ids
 from fleetloop.policies.prefill import max_prompt_tokens, prompt_tokens_within
-from fleetloop.policies.registry import register
 from fleetloop.policies.slo import SloBook
 from fleetloop.schemas.base import MAX_FIGURE, assemble
 from fleetloop.schemas.decisions import Picker, RoutingDecision
@@ -823,8 +822,9 @@ def _ranked(snap: FleetSnapshot, params: CacheAwareParams, model: str) -> tuple[
     return ranked
 
 
-@register("routing", "cache-aware")
 class CacheAware:
+    name = "cache-aware"
+    section = "routing"
     Params = CacheAwareParams
 
     def initial_state(self) -> PoolMemory:

@@ -23,7 +23,6 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import RoutingDecision
 
 
@@ -33,8 +32,9 @@ class LeastQueueParams(Params):
     running_weight: float = Field(default=0.25, ge=0.0, le=1.0)
 
 
-@register("routing", "least-queue")
 class LeastQueue:
+    name = "least-queue"
+    section = "routing"
     Params = LeastQueueParams
 
     def initial_state(self) -> None:

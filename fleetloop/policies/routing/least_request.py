@@ -36,17 +36,34 @@ A node that fails fast looks *less* loaded and attracts calls until outlier dete
 
 from __future__ import annotations
 
-from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
-from fleetloop.policies.registry import register
-from fleetloop.schemas.decisions import RoutingDecision
+from collections.abc import Sequence
+
+from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
+from fleetloop.schemas.decisions import Picker, RoutingDecision
 
 
 class LeastRequestParams(Params):
     pass
 
 
-@register("routing", "least-request-p2c")
+def equal_share_decision(nodes: Sequence[NodeView], pool_id: str, picker: Picker) -> RoutingDecision:
+    """An equal share for every warm node, 0 for the others, and the per-call ``picker`` (reason:
+    the picker, or ``no-warm-node``). Health is the engine's (see the module docstring)."""
+    healthy = [n.node_id for n in nodes if n.warm]
+    share = r6(1.0 / len(healthy)) if healthy else 0.0
+    return RoutingDecision(
+        entity=f"pool/{pool_id}",
+        pool_id=pool_id,
+        weights={n.node_id: (share if n.warm else 0.0) for n in nodes},
+        picker=picker,
+        reason=picker if healthy else "no-warm-node",
+        inputs={"nodes": float(len(nodes)), "healthy_nodes": float(len(healthy))},
+    )
+
+
 class LeastRequest:
+    name = "least-request-p2c"
+    section = "routing"
     Params = LeastRequestParams
 
     def initial_state(self) -> None:
@@ -55,16 +72,5 @@ class LeastRequest:
     def decide(
         self, snap: FleetSnapshot, params: LeastRequestParams, state: None, ctx: PolicyContext
     ) -> PolicyResult[None]:
-        nodes = snap.pool_nodes(ctx.pool_id)
-        healthy = [n.node_id for n in nodes if n.warm]
-        share = r6(1.0 / len(healthy)) if healthy else 0.0
-        weights = {n.node_id: (share if n.warm else 0.0) for n in nodes}
-        decision = RoutingDecision(
-            entity=f"pool/{ctx.pool_id}",
-            pool_id=ctx.pool_id,
-            weights=weights,
-            picker="least-request-p2c",
-            reason="least-request-p2c" if healthy else "no-warm-node",
-            inputs={"nodes": float(len(nodes)), "healthy_nodes": float(len(healthy))},
-        )
+        decision = equal_share_decision(snap.pool_nodes(ctx.pool_id), ctx.pool_id, "least-request-p2c")
         return PolicyResult(decisions=(decision,), state=None)

@@ -9,7 +9,6 @@ Failure mode: keeps sending a slow or failing node its full share (that is the p
 from __future__ import annotations
 
 from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
-from fleetloop.policies.registry import register
 from fleetloop.schemas.decisions import RoutingDecision
 
 
@@ -17,8 +16,9 @@ class RoundRobinParams(Params):
     pass
 
 
-@register("routing", "round-robin")
 class RoundRobin:
+    name = "round-robin"
+    section = "routing"
     Params = RoundRobinParams
 
     def initial_state(self) -> None:

@@ -15,8 +15,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import logging.handlers
-import queue
 import signal
 import sys
 from typing import Any
@@ -28,17 +26,16 @@ from fleetloop.edges.actuate.haproxy.logs import LogParser, listen_udp
 from fleetloop.edges.actuate.haproxy.mapping import BackendMap
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError, parse_address
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import connection_from, one_line_errors
-from fleetloop.kafka_security import bootstrap_arg, shown
+from fleetloop.edges.cli import connection_from, one_line_errors, start_following
+from fleetloop.kafka_security import bootstrap_arg
 from fleetloop.router import clock
+from fleetloop.router.follow import StateFollower, StateOnly
+from fleetloop.router.publish import OutcomePublisher
+from fleetloop.topic_layout import TopicLayoutError
 
 
-def register(sub: Any) -> None:
-    act = sub.add_parser("actuate", help="apply fleetloop's desired state to a real router")
-    act_sub = act.add_subparsers(dest="actuate_command", required=True, parser_class=type(act))
-    from fleetloop.edges.actuate.vllm_router import command as vllm_router_command
-
-    vllm_router_command.register(act_sub)
+def register(act_sub: Any) -> None:
+    """``haproxy`` under ``fleetloop actuate`` (the group: :mod:`fleetloop.edges.actuate.command`)."""
     p = act_sub.add_parser(
         "haproxy", help="control.state -> HAProxy runtime API; HAProxy log -> fleet.requests"
     )
@@ -54,20 +51,6 @@ def register(sub: Any) -> None:
     p.add_argument("--once", action="store_true", help="catch up, reconcile once, exit")
     p.add_argument("--json", action="store_true", help="with --once: print one JSON object")
     p.set_defaults(handler=handle)
-
-
-def _setup_logging() -> logging.handlers.QueueListener:
-    """Log lines go through a queue to a thread: a slow stderr never blocks the event loop."""
-    q: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    listener = logging.handlers.QueueListener(q, handler)
-    root = logging.getLogger("fleetloop")
-    root.handlers[:] = [logging.handlers.QueueHandler(q)]
-    root.setLevel(logging.INFO)
-    root.propagate = False
-    listener.start()
-    return listener
 
 
 def _listen(addr: str) -> tuple[str, int]:
@@ -94,11 +77,7 @@ def handle(args: argparse.Namespace) -> int:
     except BackendMapError as exc:
         raise UsageError(str(exc)) from None
     listen = _listen(args.log_listen) if args.log_listen else None
-    listener = _setup_logging()
-    try:
-        return asyncio.run(_main(args, bmap, listen))
-    finally:
-        listener.stop()
+    return asyncio.run(_main(args, bmap, listen))
 
 
 async def _report(parser: LogParser, publisher: Any, lag_ms: list[int], stop: asyncio.Event) -> None:
@@ -128,12 +107,6 @@ async def _report(parser: LogParser, publisher: Any, lag_ms: list[int], stop: as
 
 
 async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, int] | None) -> int:
-    from aiokafka.errors import KafkaError
-
-    from fleetloop.router.follow import StateFollower, StateOnly
-    from fleetloop.router.publish import OutcomePublisher
-    from fleetloop.topic_layout import TopicLayoutError
-
     api = RuntimeApi(args.runtime_api)
     try:
         await api.run(["show info"])
@@ -146,15 +119,12 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
     follower = StateFollower(
         sink, connection_from(args), topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
     )
-    try:
-        await follower.start()
-    except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
-        raise UsageError(f"cannot follow control.state at {shown(connection_from(args))}: {exc}") from None
     publisher: OutcomePublisher | None = None
     transport: asyncio.DatagramTransport | None = None
     parser = LogParser(bmap.by_server(), args.default_priority)
     lag_ms = [0]
     try:
+        await start_following(follower, "fleetloop actuate haproxy", connection_from(args))
         if args.once:
             done = await act.reconcile()
             out = {

@@ -35,9 +35,10 @@ from fleetloop.edges.actuate.vllm_router.mapping import (
     plan,
 )
 from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import connection_from, one_line_errors
-from fleetloop.kafka_security import bootstrap_arg, shown
+from fleetloop.edges.cli import connection_from, one_line_errors, start_following
+from fleetloop.kafka_security import bootstrap_arg
 from fleetloop.router import clock
+from fleetloop.router.follow import StateFollower, StateOnly
 from fleetloop.router.state import DesiredState
 
 log = logging.getLogger("fleetloop.actuate.vllm_router")
@@ -144,6 +145,7 @@ class VllmRouterActuator(Reconciler):
 
 
 def register(act_sub: Any) -> None:
+    """``vllm-router`` under ``fleetloop actuate`` (the group: :mod:`fleetloop.edges.actuate.command`)."""
     p = act_sub.add_parser("vllm-router", help="control.state -> vllm-router's worker list")
     p.add_argument("--url", required=True, metavar="URL", help="vllm-router's base URL (loopback)")
     p.add_argument("--worker-map", required=True, metavar="FILE", help="YAML: pool -> node id -> worker URL")
@@ -173,20 +175,10 @@ def handle(args: argparse.Namespace) -> int:
         wmap = load_worker_map(args.worker_map)
     except WorkerMapError as exc:
         raise UsageError(str(exc)) from None
-    from fleetloop.edges.actuate.haproxy.command import _setup_logging
-
-    listener = _setup_logging()
-    try:
-        return asyncio.run(_main(args, wmap))
-    finally:
-        listener.stop()
+    return asyncio.run(_main(args, wmap))
 
 
 async def _main(args: argparse.Namespace, wmap: WorkerMap) -> int:
-    from aiokafka.errors import KafkaError
-
-    from fleetloop.router.follow import StateFollower, StateOnly
-
     api = VllmRouterApi(args.url)
     try:
         await api.list_workers()
@@ -201,12 +193,7 @@ async def _main(args: argparse.Namespace, wmap: WorkerMap) -> int:
         sink, connection_from(args), topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
     )
     try:
-        try:
-            await follower.start()
-        except (KafkaError, OSError, TimeoutError, RuntimeError) as exc:
-            raise UsageError(
-                f"cannot follow control.state at {shown(connection_from(args))}: {exc}"
-            ) from None
+        await start_following(follower, "fleetloop actuate vllm-router", connection_from(args))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
