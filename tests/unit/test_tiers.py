@@ -19,6 +19,7 @@ LONG_FORMS = {
     "the stack bench": "tests/bench/test_stack.py::test_two_arms_write_a_table_with_sane_figures",
     "the live page in Chromium": "tests/integration/test_live_page.py",
     "committed rows": "tests/sim/test_committed_rows.py",
+    "the demo and the operator's journey end to end": "tests/integration/test_operator_journey.py",
 }
 
 
