@@ -26,6 +26,14 @@ from fleetloop.daemon.cli import main
         (["vllm-router", "--url", "http://10.0.0.1:1", "--worker-map", "MAP"], "loopback"),
         (["vllm-router", "--url", "http://127.0.0.1:1", "--worker-map", "/nope.yaml"], "--worker-map"),
         (["vllm-router", "--url", "http://127.0.0.1:1", "--worker-map", "WMAP"], "vllm-router at"),
+        (["sglang-router", "--url", "http://10.0.0.1:1", "--worker-map", "MAP"], "loopback"),
+        (["sglang-router", "--url", "http://127.0.0.1:99999", "--worker-map", "WMAP"], "1..65535"),
+        (["sglang-router", "--url", "http://127.0.0.1:1", "--worker-map", "/nope.yaml"], "--worker-map"),
+        (
+            ["sglang-router", "--url", "http://127.0.0.1:1", "--worker-map", "WMAP", "--period-s", "0"],
+            "--period-s",
+        ),
+        (["sglang-router", "--url", "http://127.0.0.1:1", "--worker-map", "WMAP"], "sglang-router at"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
