@@ -232,3 +232,56 @@ def test_header_values_the_schema_refuses_drop_the_outcome_and_are_counted() -> 
     assert o is None
     assert r.counts.malformed == 1
     assert "workflow_id" in r.counts.last_error
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_config_places_every_deployment_and_loads_the_callback() -> None:
+    import yaml
+    from fleetloop.edges.litellm import launch
+
+    doc = yaml.safe_load((ROOT / "examples" / "litellm" / "config.yaml").read_text())
+    places = [placement_of(d, DeploymentMap()) for d in doc["model_list"]]
+    assert [p.node_id if p else None for p in places] == [f"chat-l40s/{i}" for i in range(4)]
+    assert {p.pool_id for p in places if p} == {"chat-l40s"}
+    assert doc["litellm_settings"]["callbacks"] == [launch.CALLBACK]
+    # the deployment map says the same of the same deployments without their model_info
+    dmap = load_deployment_map(ROOT / "examples" / "litellm" / "deployments.yaml")
+    bare = [{**d, "model_info": {"id": d["model_info"]["id"]}} for d in doc["model_list"]]
+    assert [placement_of(d, dmap) for d in bare] == places
+    # what a bench arm starts is the same shape
+    made = launch.proxy_config(
+        {f"chat-l40s/{i}": f"http://127.0.0.1:810{i}" for i in range(4)},
+        model="llama-8b", pool="chat-l40s", fleetloop=True,
+    )  # fmt: skip
+    assert [placement_of(d, DeploymentMap()) for d in made["model_list"]] == places
+    assert made["litellm_settings"]["callbacks"] == [launch.CALLBACK]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "set FLEETLOOP_BOOTSTRAP_SERVERS"),
+        ({"FLEETLOOP_FAIL_STATIC_S": "0"}, "FLEETLOOP_FAIL_STATIC_S must be in (0, 3600]"),
+        ({"FLEETLOOP_FAIL_STATIC_S": "soon"}, "FLEETLOOP_FAIL_STATIC_S 'soon': not a number"),
+        ({"FLEETLOOP_DEFAULT_PRIORITY": "12"}, "FLEETLOOP_DEFAULT_PRIORITY must be in 0..9"),
+        ({"FLEETLOOP_SECURITY_PROTOCOL": "CARRIER_PIGEON"}, "unknown security protocol"),
+        ({"FLEETLOOP_LITELLM_MAP": "/nope.yaml"}, "FLEETLOOP_LITELLM_MAP"),
+    ],
+)
+def test_the_proxy_callback_s_bad_settings_are_one_line(env: dict[str, str], message: str) -> None:
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from fleetloop.edges.litellm.handler import ConfigError, FleetloopCallback
+
+    base = {"FLEETLOOP_BOOTSTRAP_SERVERS": "127.0.0.1:9092"} if env else {}
+    with pytest.raises(ConfigError) as exc:
+        FleetloopCallback.from_env({**base, **env})
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+    cb = FleetloopCallback.from_env(
+        {"FLEETLOOP_BOOTSTRAP_SERVERS": "127.0.0.1:9092", "FLEETLOOP_FAIL_STATIC_S": "4"}
+    )
+    assert (cb.routing.fail_static_s, cb.bootstrap, cb.follow_telemetry) == (4.0, "127.0.0.1:9092", True)

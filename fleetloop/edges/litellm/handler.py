@@ -140,9 +140,16 @@ class FleetloopCallback(CustomLogger):
             raise ConfigError(f"{prog}: {exc}") from None
         try:
             fail_static_s = float(get("FAIL_STATIC_S") or FAIL_STATIC_S)
+        except ValueError:
+            raise ConfigError(
+                f"{prog}: FLEETLOOP_FAIL_STATIC_S {get('FAIL_STATIC_S')!r}: not a number"
+            ) from None
+        try:
             priority = int(get("DEFAULT_PRIORITY") or 1)
-        except ValueError as exc:
-            raise ConfigError(f"{prog}: {exc}") from None
+        except ValueError:
+            raise ConfigError(
+                f"{prog}: FLEETLOOP_DEFAULT_PRIORITY {get('DEFAULT_PRIORITY')!r}: not a number"
+            ) from None
         if not 0 < fail_static_s <= 3600:
             raise ConfigError(f"{prog}: FLEETLOOP_FAIL_STATIC_S must be in (0, 3600]")
         if not 0 <= priority <= 9:
