@@ -4,6 +4,7 @@ and no broker: deployments are the ``model_list`` dicts LiteLLM hands its filter
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from fleetloop.edges.litellm.mapping import (
 from tests.router.test_pick import admission, breaker, budget, routing
 
 NODES = [f"chat/{i}" for i in range(3)]
+CALLS = itertools.count()
 
 
 def deployment(
@@ -49,7 +51,7 @@ def headers(**kw: str) -> dict[str, Any]:
 
 def pick(r: LiteLLMRouting, now: float = 1.0, deps: list[dict[str, Any]] | None = None, **hdr: str) -> str:
     kept, shed = r.select(
-        "llama-8b", deps or DEPLOYMENTS, headers(**hdr), call_id="c", now_s=now, wall_ms=1000
+        "llama-8b", deps or DEPLOYMENTS, headers(**hdr), call_id=f"c{next(CALLS)}", now_s=now, wall_ms=1000
     )
     if shed is not None:
         assert kept == []
@@ -149,16 +151,12 @@ def test_a_retry_spends_the_budget_and_is_shed_when_it_is_spent() -> None:
     assert pick(r, attempt="1") != "shed"
     assert pick(r, attempt="1") == "shed"
     assert pick(r) != "shed"  # a first attempt spends nothing
-    # LiteLLM's own retry of a deployment that failed counts as a retry too
-    kept, shed = r.select(
-        "llama-8b",
-        DEPLOYMENTS[1:],
-        {"_retry_skipped_deployment_ids": ["d0"]},
-        call_id="c",
-        now_s=1.0,
-        wall_ms=1,
-    )
-    assert (kept, shed is not None) == ([], True)
+    # LiteLLM's own retry (the same call placed again) counts as a retry too
+    r.apply([budget("chat", 1, tick=2)], 0.0)
+    first, _ = r.select("llama-8b", DEPLOYMENTS, {}, call_id="lc-9", now_s=1.0, wall_ms=1)
+    again, _ = r.select("llama-8b", DEPLOYMENTS, {}, call_id="lc-9", now_s=1.1, wall_ms=1)
+    third, shed = r.select("llama-8b", DEPLOYMENTS, {}, call_id="lc-9", now_s=1.2, wall_ms=1)
+    assert (len(first), len(again), third, shed is not None) == (1, 1, [], True)
 
 
 def test_prefix_affinity_keeps_a_task_on_the_node_holding_its_prefix() -> None:
@@ -194,7 +192,7 @@ def test_outcomes_name_the_node_that_served_and_drop_what_no_node_served() -> No
         "ok",
     )
     assert r.router.outstanding == {"chat/1": 0}
-    # an error on a deployment the filter never saw (LiteLLM's sync path) is still the node's
+    # a result with no placement on record (the filter did not place it) is still its node's
     err = r.outcome(("c2",), deployment("chat/2"), "error", request=req, now_s=2.0, wall_ms=3000)
     assert err is not None
     assert (err.node_id, err.outcome, err.ttft_ms) == ("chat/2", "error", None)
@@ -257,6 +255,10 @@ def test_the_example_config_places_every_deployment_and_loads_the_callback() -> 
     )  # fmt: skip
     assert [placement_of(d, DeploymentMap()) for d in made["model_list"]] == places
     assert made["litellm_settings"]["callbacks"] == [launch.CALLBACK]
+    # and the proxy it starts keeps LiteLLM from fetching its price map
+    env = launch.proxy_env(bootstrap="127.0.0.1:9092", topic_prefix="it", base={})
+    assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert (env["FLEETLOOP_BOOTSTRAP_SERVERS"], env["FLEETLOOP_TOPIC_PREFIX"]) == ("127.0.0.1:9092", "it")
 
 
 @pytest.mark.parametrize(

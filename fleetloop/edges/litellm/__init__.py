@@ -22,8 +22,9 @@ its ``router_settings.plugins`` (``RoutingPlugin``) narrow a call's candidates b
 name (``litellm_params.model``), which many deployments of one model share, so they cannot name a
 node. A callback is what the proxy loads by module path (``litellm_settings.callbacks``), and
 ``async_filter_deployments`` sees each deployment. Where it does not run: LiteLLM's synchronous
-calls (``Router.completion``) and a strategy without an async selector skip the filter; those calls
-are LiteLLM's own pick, and their outcomes are still published.
+calls (``Router.completion``) run neither the filter nor the async logging hooks, so they are
+LiteLLM's own pick and fleetloop sees none of their outcomes: use the async calls
+(``acompletion``; the proxy's are all async).
 
 Use:
 

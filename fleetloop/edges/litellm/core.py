@@ -10,8 +10,8 @@ its own cooldowns and a retry's failed deployments already left out):
 2. The router library's :class:`~fleetloop.router.pick.Router` picks a node among the candidates'
    nodes (the pool's other nodes are out of this call): weights, by-priority weights, breakers,
    prefix affinity, shed thresholds, the pick algorithm the decision names, fail static, never
-   empty (:mod:`fleetloop.router.state`). A retry (``x-fleetloop-attempt`` > 0, or LiteLLM's own
-   retry of a failed deployment) spends the retry budget first.
+   empty (:mod:`fleetloop.router.state`). A retry (``x-fleetloop-attempt`` > 0, or LiteLLM's own:
+   the same call placed again) spends the retry budget first.
 3. The deployments on that node are kept; a shed call keeps none (LiteLLM answers it 429, "no
    deployments available") and its outcome, ``shed`` with no node, is returned at once.
 
@@ -61,11 +61,6 @@ class Counts:
     last_error: str = ""
 
 
-def _retrying(request: Mapping[str, Any], call: CallHeaders) -> bool:
-    """A client's retry (its attempt header) or LiteLLM's own (the deployments it already tried)."""
-    return call.attempt > 0 or bool(request.get("_retry_skipped_deployment_ids"))
-
-
 class LiteLLMRouting:
     """One LiteLLM process's view: desired state, the deployments it has seen, calls in flight."""
 
@@ -88,6 +83,7 @@ class LiteLLMRouting:
         self._out: dict[str, frozenset[str]] = {}  # pool -> its nodes left out of the last call
         self.router: Router[Endpoint] = self._new_router(fail_static_s)
         self.pending: OrderedDict[str, Pending] = OrderedDict()
+        self._placed: OrderedDict[str, float] = OrderedDict()  # call -> when last placed (retries)
         self.counts = Counts()
 
     # -- desired state (the StateFollower's sink) -------------------------------------------------
@@ -133,9 +129,12 @@ class LiteLLMRouting:
             (model_group,), call.priority, call.prefix_digest, new_task=call.step_index == 0,
             budget_ms=budget, now_s=now_s, prompt_tokens=call.prompt_tokens,
         )  # fmt: skip
+        retrying = call.attempt > 0 or call_id in self._placed
+        self._placed.pop(call_id, None)
+        self._placed[call_id] = now_s
         retry_refused = (
             route.node is not None
-            and _retrying(request, call)
+            and retrying
             and not self.router.allow_retry(route.pool_id, call.tenant_id, now_s=now_s)
         )
         if route.node is None and route.reason != "shed":
@@ -293,6 +292,8 @@ class LiteLLMRouting:
     def _forget_stale(self, now_s: float) -> None:
         """Calls placed ``PENDING_MAX_S`` ago with no result (their client went away and LiteLLM
         logged nothing): no longer counted as outstanding on their node."""
+        while self._placed and now_s - next(iter(self._placed.values())) >= PENDING_MAX_S:
+            self._placed.popitem(last=False)
         while self.pending:
             call_id, p = next(iter(self.pending.items()))
             if now_s - p.at_s < PENDING_MAX_S:
