@@ -50,3 +50,18 @@ def test_bad_input_is_one_line_exit_2(
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
+
+
+def test_the_readme_s_command_table_lists_every_actuator() -> None:
+    import re
+
+    from fleetloop.daemon.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("## Commands") : readme.index("## How it works")]
+    listed = set(re.findall(r"^\| `fleetloop actuate ([a-z-]+) ", table, re.M))
+    parser = build_parser(environ={})
+    sub = next(a for a in parser._actions if a.dest == "command")
+    act = sub.choices["actuate"]  # type: ignore[attr-defined]
+    actuators = next(a for a in act._actions if a.dest == "actuate_command")
+    assert listed == set(actuators.choices), listed
