@@ -8,9 +8,10 @@ whether that ejection holds to its end.
 It starts a broker and the daemon (``fleetloop run``, its own process, as an operator runs it; with
 ``--daemons N``, N of them in one consumer group splitting the pools), then plays a generated fleet
 in real time from a process of its own (``fleetloop.bench.loadgen``): every node reports telemetry
-each second, each on its own phase (the load goes out in 50 ms slices), with a small queue (every
-pool loaded), and routers report about ``--outcomes-per-node`` ok calls per node per second on
-every node (the background load), the trial targets included.
+each second, each on its own phase (the load goes out in 50 ms slices), with a small queue, at
+least one call (every pool loaded: no idle node), and routers report about
+``--outcomes-per-node`` ok calls per node per second on every node (the background load), the
+trial targets included.
 
 Each trial picks a node of another pool that has been serving ok calls and plays the router that
 keeps routing to it: from the trial's start the generator reports no more calls on it and the
@@ -294,7 +295,10 @@ async def _run(
     watched = {f"breaker/node/{node}".encode(): node for _, node in targets}  # Decision.key
     names = {TELEMETRY: topic_name(prefix, TELEMETRY), REQUESTS: topic_name(prefix, REQUESTS)}
     topics = (names[TELEMETRY], names[REQUESTS])
-    load = LoadProcess(LoadSpec(bootstrap, topics, args.nodes, args.outcomes_per_node, args.trials))
+    # Every node with a queue of at least one call: loaded pools, no idle node to take over a
+    # failing one's work (the engine reads any queue as a full node).
+    spec = LoadSpec(bootstrap, topics, args.nodes, args.outcomes_per_node, args.trials, min_queue=1)
+    load = LoadProcess(spec)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
     # The reader of control.state polls every 10 ms: a fetch the broker holds (the client's default
     # waits up to 500 ms, and Tansu answers an empty fetch only then) would time the reader, not

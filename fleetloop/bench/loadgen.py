@@ -1,7 +1,8 @@
 """The background load of ``fleetloop bench latency``, cheap enough for 10,000 nodes: its own process.
 
 Every node reports telemetry once a second, each on its own phase (the second is cut in
-``SLICES`` slices; node ``i`` reports in slice ``i % SLICES``), and routers report about
+``SLICES`` slices; node ``i`` reports in slice ``i % SLICES``) with a queue depth drawn each time
+(Poisson(1), plus ``LoadSpec.min_queue``), and routers report about
 ``per_node`` ok calls per node per second, spread the same way, on every node: the trial targets
 too, which serve ok traffic like the rest until their trial takes them over (``LoadProcess.take``:
 from then on the bench itself reports the calls a router sends them, failing, and the generator
@@ -209,10 +210,11 @@ class Slices:
     """Builds the records of one slice: (topic index, partition, key, value); topic 0 is
     telemetry, 1 is outcomes."""
 
-    def __init__(self, fleet: Fleet, tpl: Templates, per_node: float) -> None:
+    def __init__(self, fleet: Fleet, tpl: Templates, per_node: float, min_queue: int = 0) -> None:
         self.fleet = fleet
         self.tpl = tpl
         self.per_node = per_node
+        self.min_queue = min_queue
         self.calls = 0
 
     def records(self, k: int, ts_ms: int, taken: Collection[int] = ()) -> list[tuple[int, int, bytes, bytes]]:
@@ -221,7 +223,7 @@ class Slices:
         rng = self.fleet.rng
         n = len(tpl.telemetry)
         nodes = range(k, n, SLICES)
-        queue = rng.poisson(1.0, len(nodes)).tolist()
+        queue = (rng.poisson(1.0, len(nodes)) + self.min_queue).tolist()
         out = [
             (0, tpl.part[i], tpl.keys[i], (_TELEMETRY_HEAD % (ts_ms, q)) + tpl.telemetry[i])
             for i, q in zip(nodes, queue, strict=True)
@@ -260,6 +262,9 @@ class LoadSpec:
     n_nodes: int
     per_node: float
     trials: int  # the first ``trials`` targets of trial_targets(): ``LoadProcess.take`` names them
+    # Every node's queue depth is at least this (and a Poisson(1) draw above it): with 1, every
+    # pool is loaded, no node idle (bench latency's common case: no spare capacity anywhere).
+    min_queue: int = 0
 
 
 async def play(
@@ -280,7 +285,7 @@ async def play(
         partitions = len(await producer.partitions_for(topics[0]))
         if len(await producer.partitions_for(topics[1])) != partitions:
             raise RuntimeError("the telemetry and outcome topics must have as many partitions")
-        slices = Slices(fleet, templates(fleet, targets, partitions), spec.per_node)
+        slices = Slices(fleet, templates(fleet, targets, partitions), spec.per_node, spec.min_queue)
         rows = slices.tpl.targets
         ready.set()
         v = stats.values

@@ -82,6 +82,16 @@ def test_calls_land_at_the_asked_rate_with_unique_ids_on_targets_too_until_taken
     assert on[targets[3]] > 0
 
 
+def test_a_loaded_fleet_has_a_queue_on_every_node() -> None:
+    fleet = bench_fleet(300)
+    slices = Slices(fleet, templates(fleet, [], 4), 1.0, min_queue=1)
+    records = [r for k in range(SLICES) for r in slices.records(k, TS + k * 50)]
+    queues = [t.queue_depth for t in _decoded(records, 0)]  # type: ignore[attr-defined]
+    assert len(queues) == 300
+    assert min(queues) == 1
+    assert max(queues) > 1
+
+
 def test_each_record_goes_to_its_pools_partition_as_the_client_would_send_it() -> None:
     _, records = _second(300, 1.0)
     partitioner = DefaultPartitioner()
