@@ -60,6 +60,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from rich.table import Table
 
 from fleetloop import term
 from fleetloop.bench.common import pct, progress
@@ -679,8 +680,6 @@ def handle(args: argparse.Namespace) -> int:
 
 def print_table(result: dict[str, Any]) -> None:
     """The run as people read it: one row per trial, then the figures against the target."""
-    from rich.table import Table
-
     t = Table(
         title=f"a hard-failing node in a loaded pool: {result['nodes']:,} nodes ({result['pools']} pools, "
         f"~{result['events_per_s']:,} events/s, {result['broker']}, {result['daemons']} daemon(s))"
