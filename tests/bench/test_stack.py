@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,14 +15,13 @@ from typing import Any
 
 import pytest
 from fleetloop.bench.stack import haproxy_config
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "stack" / "degraded-gpu-small.yaml"
 VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
 
 pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("haproxy") is None, reason="Debian's haproxy (.ci/run installs it)"),
     pytest.mark.skipif(not VLLM_ROUTER.exists(), reason="vllm-router (the dev extra)"),
 ]
 
@@ -39,7 +37,9 @@ def _bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.system  # a benchmark run
 def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
+    require_tool("haproxy")
     r = _bench(
         "--scenario", str(SCENARIO), "--seconds", "15", "--drain-s", "10",
         "--arms", "vllm-p2c,haproxy-classic", "--out", str(tmp_path), "--json",
@@ -71,8 +71,10 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
         assert not pids.stdout.strip(), pids.stdout
 
 
+@pytest.mark.system  # a benchmark run
 def test_an_arm_with_no_successful_task_fails_the_run(tmp_path: Path) -> None:
     """Every node crashes as load begins: HAProxy has nothing to send to, no task can succeed."""
+    require_tool("haproxy")
     doc = SCENARIO.read_text().split("faults:")[0]
     doc += "faults:\n  - {at_s: 0, kind: crash, pool: chat-l40s, count: 4}\n"
     scen = tmp_path / "dead.yaml"
@@ -121,6 +123,8 @@ def test_a_router_port_taken_before_the_router_binds_it_is_retried_on_a_fresh_on
     """The first port handed out is held by another socket (as an outgoing connection of the fleet or
     the broker can take a picked port before the router binds it): the start is retried on fresh
     ports, and the failed attempt's log is kept."""
+    if arm.startswith("haproxy"):
+        require_tool("haproxy")
     from aiohttp import web
     from fleetloop.bench import stack
     from tests.support.http import nodes

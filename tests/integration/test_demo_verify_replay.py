@@ -8,6 +8,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.system  # the whole demo with a policy change and a replay
+
 
 def test_demo_verify_replay_applies_a_change_midway_and_replays_its_window_with_0_differences() -> None:
     proc = subprocess.run(

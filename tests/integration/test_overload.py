@@ -26,6 +26,8 @@ from tests.integration.test_restarts import (
     feeding,
 )
 
+pytestmark = pytest.mark.system  # a daemon held overloaded for half a minute
+
 LIMIT = 3  # overload_max_ticks
 SLOW_S = 0.3  # each shard's batch takes this long while slow: 4 shards, 1.2 s a 0.5 s boundary
 

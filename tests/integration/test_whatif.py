@@ -58,6 +58,7 @@ def _one_json(stdout: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.system  # the demo's whole failure window
 def test_whatif_over_the_demos_failure_window(broker: ProcessBroker, tmp_path: Path) -> None:
     bs = broker.bootstrap_servers
     demo_proc = _cli("demo", "--seconds", "25", "--json", "--bootstrap-servers", bs, timeout=300)
