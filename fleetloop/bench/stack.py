@@ -50,8 +50,7 @@ import httpx
 import yaml
 from rich.console import Console
 
-from fleetloop import term
-from fleetloop.daemon import clock
+from fleetloop import clock, term
 from fleetloop.daemon.brokers import ensure_topics, start_broker
 from fleetloop.daemon.children import die_with_parent, stop_child
 from fleetloop.daemon.cli_common import UsageError
@@ -313,7 +312,7 @@ async def _start_router(
 
 
 def _child(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fleetloop.daemon.cli", *args]
+    return [sys.executable, "-m", "fleetloop.cli.main", *args]
 
 
 async def _fleetloop_parts(

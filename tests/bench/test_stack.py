@@ -28,7 +28,7 @@ pytestmark = [
 
 def _bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleetloop.daemon.cli", "bench", "stack", *args],
+        [sys.executable, "-m", "fleetloop.cli.main", "bench", "stack", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fleetloop import clock
 from fleetloop.bench.ingest import _rates, _records, measure_on
-from fleetloop.daemon import clock
 
 pytestmark = pytest.mark.system  # a benchmark
 

@@ -175,7 +175,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                 with (tmp_path / f"{name}.log").open("wb") as f:
                     procs.append(
                         subprocess.Popen(
-                            [sys.executable, "-m", "fleetloop.daemon.cli", "actuate", name, *extra, *common],
+                            [sys.executable, "-m", "fleetloop.cli.main", "actuate", name, *extra, *common],
                             stderr=f,
                             env=env,
                         )

@@ -17,7 +17,7 @@ def test_demo_closes_the_loop_and_opens_the_degraded_nodes_breaker(kafka_env: An
         [
             sys.executable,
             "-m",
-            "fleetloop.daemon.cli",
+            "fleetloop.cli.main",
             "demo",
             "--seconds",
             "25",

@@ -23,7 +23,7 @@ async def test_fuzz_short_form_no_crash_no_missed_tick_no_lost_dead_letter(broke
     argv = [
         sys.executable,
         "-m",
-        "fleetloop.daemon.cli",
+        "fleetloop.cli.main",
         "bench",
         "fuzz",
         "--bootstrap-servers",

@@ -104,7 +104,7 @@ def start_actuator(
             [
                 sys.executable,
                 "-m",
-                "fleetloop.daemon.cli",
+                "fleetloop.cli.main",
                 "actuate",
                 "haproxy",
                 "--runtime-api",
@@ -333,7 +333,7 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
                 [
                     sys.executable,
                     "-m",
-                    "fleetloop.daemon.cli",
+                    "fleetloop.cli.main",
                     "actuate",
                     "haproxy",
                     "--runtime-api",

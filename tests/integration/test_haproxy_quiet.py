@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from fleetloop.daemon.model.fleet import ModelConfig
+from fleetloop.core.model.fleet import ModelConfig
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.router import clock

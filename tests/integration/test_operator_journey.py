@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fleetloop.daemon import clock
+from fleetloop import clock
 from fleetloop.daemon.brokers import local
 from fleetloop.daemon.replay.command import read_topic
 from fleetloop.edges.actuate.haproxy.mapping import parse_servers_state

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetloop.daemon import clock
+from fleetloop import clock
+from fleetloop.core.shard import Shard
 from fleetloop.daemon.runtime import SKIPPED_FROM_HEADER, SKIPPED_HEADER, Daemon, DaemonConfig
-from fleetloop.daemon.shard import Shard
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.decisions import Decision

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
 from fleetloop.schemas.topics import DEADLETTER, POLICY, POLICY_ACTIVE
 from tests.integration.test_restarts import (

@@ -28,10 +28,10 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
-from fleetloop.daemon import clock
+from fleetloop import clock
+from fleetloop.core.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.daemon.runtime import CUT_HEADER, SKIPPED_FROM_HEADER, SKIPPED_HEADER
-from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.policies.registry import CompiledPolicy, load_policy
 from fleetloop.schemas import Decision, RequestOutcome, Tick
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, SHADOW, TELEMETRY, TICKS

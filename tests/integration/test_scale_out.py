@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
-from fleetloop.daemon import clock
+from fleetloop import clock
 from fleetloop.schemas.topics import DECISIONS, TELEMETRY, TICKS
 from tests.support.kafka import producer, read_all
 from tests.support.records import telemetry, tick, to_bytes
@@ -34,7 +34,7 @@ RESUME_WITHIN_S = 15.0
 def _daemon(env: Any, name: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as f:
         return subprocess.Popen(
-            [sys.executable, "-m", "fleetloop.daemon.cli", "run",
+            [sys.executable, "-m", "fleetloop.cli.main", "run",
              "--bootstrap-servers", env.bootstrap_servers, "--topic-prefix", env.prefix,
              "--group-id", env.group("scale-out"), "--no-ticker"],
             stdout=f, stderr=subprocess.STDOUT,

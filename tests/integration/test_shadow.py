@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetloop.daemon.shard import Shadow
+from fleetloop.core.shard import Shadow
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
 from fleetloop.schemas import Decision
 from fleetloop.schemas.topics import DECISIONS, POLICY_ACTIVE, SHADOW, STATE

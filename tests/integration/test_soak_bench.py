@@ -23,7 +23,7 @@ async def test_soak_short_form_at_twice_the_measured_capacity(broker: ProcessBro
     argv = [
         sys.executable,
         "-m",
-        "fleetloop.daemon.cli",
+        "fleetloop.cli.main",
         "bench",
         "soak",
         "--bootstrap-servers",

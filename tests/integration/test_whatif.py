@@ -35,7 +35,7 @@ CLASSIC = str(REPO / "fleetloop/policies/baselines/classic.yaml")
 
 def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleetloop.daemon.cli", *args],
+        [sys.executable, "-m", "fleetloop.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -111,7 +111,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_router(
                     [
                         sys.executable,
                         "-m",
-                        "fleetloop.daemon.cli",
+                        "fleetloop.cli.main",
                         "actuate",
                         router,
                         "--url",

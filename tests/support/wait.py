@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
-from fleetloop.daemon import clock
+from fleetloop import clock
 
 T = TypeVar("T")
 

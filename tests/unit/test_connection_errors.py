@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.daemon.cli_common import held_client_logs
 from fleetloop.kafka_security import error_text
 from tests.support.http import free_port, nodes
