@@ -23,7 +23,7 @@ def _size(records: str) -> dict[str, float]:
 
 
 def test_the_readmes_records_sentence_is_the_start_files_and_the_default() -> None:
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     twin, model = _size("twin"), _size("model")
 
     def ms(x: float) -> str:
@@ -44,7 +44,7 @@ def test_the_readmes_records_sentence_is_the_start_files_and_the_default() -> No
 def test_the_readmes_session_11_tick_figures_are_the_quiet_files() -> None:
     """Session 11's quiet start and end runs of ``fleetloop bench decide --nodes 10000 --ticks 20
     --json`` (bench/results/decide-s11-{start,end}-quiet.json)."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     sizes = []
     for name in ("start", "end"):
         result = orjson.loads((ROOT / "bench" / "results" / f"decide-s11-{name}-quiet.json").read_bytes())

@@ -21,7 +21,7 @@ def _ms(x: object) -> str:
 
 
 def test_the_readmes_latency_figures_are_the_results_files() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "performance.md").read_text()
     for broker, label in (("kafka", "Apache Kafka"), ("tansu", "Tansu")):
         r = _result(f"latency-s7-1000-{broker}.json")
         assert r["nodes"] == 1000
@@ -43,7 +43,7 @@ def test_the_readmes_latency_figures_are_the_results_files() -> None:
 def test_the_readmes_overload_figures_are_the_sizing_results() -> None:
     """Session 9's overload sentence: the final tree's bench sizing run against the session-start
     tree's (bench/results/latency-s9-sizing-10000-kafka-{limit2,base-first}.json)."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     now = _result("latency-s9-sizing-10000-kafka-limit2.json")
     before = _result("latency-s9-sizing-10000-kafka-base-first.json")
     assert now["nodes"] == before["nodes"] == 10_000
@@ -64,7 +64,7 @@ def test_the_readmes_overload_figures_are_the_sizing_results() -> None:
 def test_the_readmes_final_10k_trial_figures_are_the_results_files() -> None:
     """Session 9's 4-daemon 10,000-node run at its end against the same command at its start
     (bench/results/latency-s9-10000-kafka-4daemons-{final,start}.json)."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     now = _result("latency-s9-10000-kafka-4daemons-final.json")
     start = _result("latency-s9-10000-kafka-4daemons-start.json")
     for r in (now, start):
@@ -88,7 +88,7 @@ def test_the_readmes_final_10k_trial_figures_are_the_results_files() -> None:
 def test_the_readmes_session_10_loaded_run_is_the_results_file() -> None:
     """Session 10's 4-daemon run on the loaded machine (bench/results/latency-s10-10000-kafka-
     4daemons-final-loaded.json): where the cores went, and the daemons' run-queue share."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     r = _result("latency-s10-10000-kafka-4daemons-final-loaded.json")
     assert r["nodes"] == 10_000
     assert r["daemons"] == 4
@@ -109,7 +109,7 @@ def test_the_readmes_session_10_loaded_run_is_the_results_file() -> None:
 def test_the_readmes_quiet_10k_figures_are_session_10s_results_file() -> None:
     """Session 10's quiet 4-daemon 10,000-node run at its end
     (bench/results/latency-s10-10000-kafka-4daemons-quiet.json)."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     r = _result("latency-s10-10000-kafka-4daemons-quiet.json")
     assert r["nodes"] == 10_000
     assert r["daemons"] == 4
@@ -130,7 +130,7 @@ def test_the_readmes_quiet_10k_figures_are_session_10s_results_file() -> None:
 def test_the_readmes_quiet_10k_figures_are_session_11s_results_files() -> None:
     """Session 11's quiet 4-daemon 10,000-node runs at its end, both brokers, and the 10-trial
     Kafka run before them (bench/results/latency-s11-10000-*-4daemons-quiet*.json)."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     for broker, label in (("kafka", "on Apache Kafka"), ("tansu", "on Tansu")):
         r = _result(f"latency-s11-10000-{broker}-4daemons-quiet.json")
         assert r["nodes"] == 10_000
@@ -157,7 +157,7 @@ def test_the_readmes_hard_failure_figures_are_the_results_files() -> None:
     """The common case at 1,000 nodes, one daemon: a node that served ok calls in a loaded pool
     fails every call (bench/results/latency-hard-failure-1000-*.json), after the hard-failure rule
     and before it (the same bench with the engine and breaker of the parent commit)."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "performance.md").read_text().split())
 
     def run(name: str) -> dict[str, object]:
         r = _result(f"latency-hard-failure-1000-{name}.json")

@@ -50,7 +50,7 @@ def test_the_floor_meets_burst_a100_2x_on_five_seeds() -> None:
         assert c["tasks_ok"], c
         assert c["p0_ok"], c
     # The README's sentence: "... +N to +M tasks more than classic at Ax to Bx classic's cost ...".
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "performance.md").read_text()
     m = re.search(
         r"burst-a100-2x-reserve\.yaml`.*?\+(\d+) to \+(\d+) tasks more than classic"
         r" at ([0-9.]+)x to ([0-9.]+)x",
