@@ -1,4 +1,4 @@
-"""The decision engine: one frozen input per tick, one result out (STYLE.md, rule 4).
+"""The decision engine: one frozen input per tick, one result out (docs/architecture.md, Decide).
 
 ``decide(snapshot, policy, state, tick, input_offsets) -> TickResult`` runs the policy's
 algorithms for the tick's pool in a fixed order (breaker, routing, admission, retry budget,
