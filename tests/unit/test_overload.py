@@ -122,7 +122,7 @@ def _simulate(
 def test_a_shard_deciding_too_slowly_stays_a_bounded_number_of_boundaries_behind() -> None:
     """Two pools, one tick decided every 2 s (a quarter of what the ticks ask): with the rule the
     newest decided boundary stays within a few boundaries of now for 200 s; without it (0), it
-    falls behind without bound, as the daemons did at 10,000 nodes (bench/results/latency-s9.md)."""
+    falls behind without bound, as 10,000-node daemons did before the rule."""
     limit = 3
     behind, daemon, producer = _simulate(limit, 200, 2)
     # Waiting: at most `limit` per pool, two pools, one decided every 2 s; plus the one in hand.
@@ -160,7 +160,7 @@ def test_a_ticker_held_up_by_a_busy_loop_adds_no_backlog(ticker_every_s: int) ->
     """The ticker runs only every few boundaries (the loop held it up, deciding) and finds the
     shard has decided all it published: the boundaries it missed go out as skipped and the newest
     as a tick, not all of them as an outage's would (they would be the next backlog: how the
-    10,000-node daemons fell further behind at every boundary, bench/results/latency-s9.md)."""
+    10,000-node daemons fell further behind at every boundary before the rule)."""
     behind, daemon, producer = _simulate(3, 200, 2, ticker_every_s)
     assert max(behind[20:]) <= 2 * (2 * 3 + 2) + ticker_every_s, behind
     assert daemon.stats.ticks_overload > 0

@@ -3,7 +3,7 @@
 aiokafka's per-partition accessors (``highwater``, ``last_poll_timestamp``) assert that the
 partition is assigned. The group's rebalance callbacks run beside the daemon's loop, so a
 partition listed before an await may be gone after it: a survivor in ``test_scale_out[kafka]``
-died so once ("AssertionError: Partition is not assigned", session 10). These tests take a
+died so once ("AssertionError: Partition is not assigned"). These tests take a
 partition away during the await and check that the loop's helpers go on, and that a restore that
 saw the assignment move restores again.
 """
