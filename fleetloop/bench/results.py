@@ -238,7 +238,7 @@ RESULTS: tuple[Result, ...] = (
     ),
 )
 
-MADE_BY_MD = re.compile(r"\n---\nMade by `[^`]*` at commit [0-9a-f]{40} on [0-9TZ:-]+\.\n\Z")
+MADE_BY_MD = re.compile(r"\n*\n---\nMade by `[^`]*` at commit [0-9a-f]{40} on [0-9TZ:-]+\.\n\Z")
 
 
 def by_name(name: str) -> Result:
