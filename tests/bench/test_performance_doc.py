@@ -203,3 +203,12 @@ def test_checkpoint() -> None:
         rf"up to `--checkpoint-max-stretch` \({NUM}\) times `--checkpoint-interval-s` \({NUM} s\) apart",
         [100 * run.checkpoint_cpu_share, run.checkpoint_max_stretch, run.checkpoint_interval_s],
     )
+
+
+def test_the_sizing_rule_is_the_bench_s_and_the_readme_s() -> None:
+    from fleetloop.bench.sizing import RULE_NODES
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    _check(r"plan \*\*about ([0-9,]+) nodes \(~4,500 events/s\) per process\*\*", [RULE_NODES])
+    assert f"plan about {RULE_NODES:,} nodes per process" in readme
+    assert _result("sizing-1500")["rule"]["nodes"] == RULE_NODES
