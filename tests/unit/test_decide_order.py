@@ -107,7 +107,8 @@ async def test_the_daemon_puts_the_troubled_pools_of_each_shards_head_boundary_f
     """``Daemon._troubled_heads``: across shards, the ticks of the boundary at the head of each
     queue whose pool has a failed call in that cut; not a later boundary's, not an untroubled pool's."""
     from aiokafka import AIOKafkaConsumer
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from fleetloop.daemon.runtime.daemon import _HeldTick
 
     daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
     daemon._consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:9")  # never started: no I/O here
@@ -190,7 +191,8 @@ async def test_a_shards_summary_waits_until_every_tick_of_its_boundary_is_decide
     import asyncio
     from typing import Any
 
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from fleetloop.daemon.runtime.daemon import _HeldTick
 
     daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
     shard = daemon.shards[0] = Shard(0)

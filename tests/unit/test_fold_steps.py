@@ -134,8 +134,9 @@ async def test_the_daemon_folds_a_far_cut_in_steps_and_the_loop_goes_on(
     so) gets the loop many times during the fold, never after a gap near the whole fold's; the
     decisions and the shard equal those of one fold. With the step as large as the cut (the fold
     in one piece, as before), that task waits for the whole fold: the test's mutation check."""
-    from fleetloop.daemon import runtime
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from fleetloop.daemon.runtime import daemon as runtime
+    from fleetloop.daemon.runtime.daemon import _HeldTick
 
     rows, pools = records(400, 30)
     policy = builtin_policy("default")

@@ -92,7 +92,7 @@ def test_the_consumer_takes_the_session_timeout(
     monkeypatch: pytest.MonkeyPatch, session_s: float, heartbeat_ms: int
 ) -> None:
     """The group consumer the daemon starts: this session timeout, heartbeats a sixth of it (at most 1 s)."""
-    from fleetloop.daemon import runtime
+    from fleetloop.daemon.runtime import daemon as runtime
     from fleetloop.policies.registry import builtin_policy
 
     made: list[dict[str, Any]] = []

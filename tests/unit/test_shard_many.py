@@ -164,7 +164,8 @@ async def test_the_daemon_decides_a_boundarys_ticks_in_batches_as_it_did_one_by_
     cut header, a tick without one, a duplicate record, a skipped record, a troubled pool, a tick
     whose decision raises) stages the same decisions in the same order, counts the same outcomes and
     leaves the shards as deciding each tick with ``Shard.decide`` in queue order (troubled first)."""
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from fleetloop.daemon.runtime.daemon import _HeldTick
 
     rows, pools = records(160, 8)
     base = builtin_policy("default")

@@ -29,7 +29,8 @@ async def test_a_tripping_pools_decisions_are_acknowledged_before_any_routine_po
     from typing import Any
 
     from fleetloop.core.shard import Row, Shard
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from fleetloop.daemon.runtime.daemon import _HeldTick
     from fleetloop.policies.registry import builtin_policy
     from fleetloop.schemas import Tick
     from fleetloop.schemas.topics import REQUESTS, TELEMETRY
@@ -208,7 +209,8 @@ async def test_a_shard_that_came_back_during_the_settle_decides_its_whole_queue(
     from typing import Any
 
     from fleetloop.core.shard import Row, Shard
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from fleetloop.daemon.runtime.daemon import _HeldTick
     from fleetloop.policies.registry import builtin_policy
     from fleetloop.schemas import Tick
     from fleetloop.schemas.topics import REQUESTS, TELEMETRY

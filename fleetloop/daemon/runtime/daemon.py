@@ -78,7 +78,7 @@ import contextlib
 import gc
 from collections import Counter
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -90,7 +90,6 @@ from aiokafka.structs import OffsetAndMetadata
 from fleetloop import clock
 from fleetloop.core import checkpoint
 from fleetloop.core.decide.engine import Engine, envelope_of
-from fleetloop.core.model.fleet import ModelConfig
 from fleetloop.core.rollup import summarize
 from fleetloop.core.shard import INPUTS, Refusal, Row, Shadow, Shard
 from fleetloop.daemon import faults, offload
@@ -98,15 +97,16 @@ from fleetloop.daemon.act.publish import Publisher
 from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import (
     DeadLetter,
-    Door,
     dead_letter_of,
     decode_batch,
     decode_rows,
     reason_of,
 )
+from fleetloop.daemon.runtime.config import CUT_HEADER, SKIPPED_FROM_HEADER, SKIPPED_HEADER, DaemonConfig
+from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, TripTrace, tune_gc
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, one_line, supervise
-from fleetloop.kafka_security import Bootstrap, connect, shown
+from fleetloop.kafka_security import connect, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation, Tick
 from fleetloop.schemas.decisions import Decision, RetryBudgetDecision
@@ -132,244 +132,6 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, (KafkaConnectionError, KafkaTimeoutError)) or (
         isinstance(exc, KafkaError) and exc.retriable
     )
-
-
-CUT_HEADER = "fleetloop.cut"
-SKIPPED_HEADER = "fleetloop.skipped"
-SKIPPED_FROM_HEADER = "fleetloop.skipped_from"
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonConfig:
-    bootstrap_servers: Bootstrap  # a host:port list, or a KafkaConnection with TLS / SASL settings
-    policy: CompiledPolicy
-    prefix: str = ""
-    group_id: str = "fleetloop"
-    client_id: str = "fleetloop"
-    follow_policy: str | None = None  # policy name to follow on control.policy (default: the initial's)
-    run_ticker: bool = True
-    idempotence: bool = True
-    max_batch: int = 5000
-    warmup_records: int = 10_000  # history read by a group without a checkpoint (its first start)
-    max_tick_hold_s: float = 2.0  # a tick without a cut waits at most this long for its inputs
-    checkpoint_interval_s: float = 5.0  # checkpoint a changed shard at most this often
-    # ... and, when checkpoints are costly, less often: so the encoding children's CPU stays near
-    # this share of one core (the next gap is the last checkpoint's CPU over it), at most
-    # ``checkpoint_max_stretch`` times the interval (``checkpoint.gap_s``). A longer gap costs a new
-    # owner (a restart, a rebalance) that much more fold-forward of records. 0: no stretch.
-    checkpoint_cpu_share: float = 0.05
-    checkpoint_max_stretch: float = 6.0
-    # The consumer group's session timeout: a member whose heartbeats stop this long loses its
-    # partitions (the failover time after a crash). Short, the embedded broker completes a join in
-    # about half of it; a large fleet on a busy machine may need longer (its heartbeats come late and
-    # the group rebalances over and over: every 15-26 s at 10,000 nodes, load 13-19, Kafka;
-    # bench/results/latency-s10.md). The heartbeat interval is a sixth of it, at most 1 s.
-    session_timeout_s: float = 6.0
-    catchup_max_ticks: int = 600  # missed boundaries decided after an outage, per pool; older: skipped
-    # ... and fewer when the shard is already slow: when its recent pace (wall seconds per boundary
-    # decided) says the catch-up would take longer than this, the newest boundaries that fit it (at
-    # least overload_max_ticks) are decided and the older ones skipped. A new owner after a
-    # rebalance on a starved machine otherwise decided 20-90 boundaries before the newest, seconds
-    # each (bench/results/latency-s10.md). 0: off (catchup_max_ticks alone).
-    catchup_budget_s: float = 10.0
-    # Overload: a pool with this many boundaries published and not yet decided gets no new tick; once
-    # fewer are waiting, the ticker publishes the boundaries it held back as one tick marked skipped
-    # ("overload: ...") and the newest boundary. 0: never (every boundary is decided, however late).
-    # 2: a shard more than one boundary behind. Each boundary allowed to wait adds one boundary's
-    # decide time to how stale the decisions are (seconds each for a starved daemon at 10k nodes:
-    # with 5, one daemon at 0.19 of a core was 35 s behind at p50; bench/results/latency-s9.md).
-    overload_max_ticks: int = 2
-    # At a boundary the ticker waits at most this long for the loop to read every input record the
-    # broker had acknowledged then, so a record acknowledged just before the boundary is in its cut
-    # (not one tick later); 0: the cut is what was read at the boundary (bench/results/latency-s6.md).
-    tick_read_wait_s: float = 0.1
-    # Cyclic GC: the young generation is collected every this many new container objects (Python's
-    # default, 700, runs it every few dozen decoded records: ~25% of ingest CPU, measured by
-    # ``fleetloop bench ingest``). 0 leaves the interpreter's settings alone.
-    gc_gen0_threshold: int = 100_000
-    door: Door = field(default_factory=Door)  # record size, event-time window around the broker's
-    max_policy_version_step: int = 1000  # refuse a policy version further above the active one
-    model: ModelConfig = field(default_factory=ModelConfig)  # caps and retention of each shard's model
-
-
-@dataclass(slots=True)
-class DaemonStats:
-    events_in: int = 0
-    telemetry_in: int = 0
-    outcomes_in: int = 0
-    ticks_in: int = 0
-    ticks_decided: int = 0
-    summaries_published: int = 0
-    ticks_restored: int = 0  # decided again after a restore to rebuild state, not republished
-    ticks_no_data: int = 0
-    ticks_forced: int = 0
-    ticks_duplicate: int = 0
-    ticks_skipped: int = 0  # boundaries published as skipped (an outage beyond the catch-up)
-    ticks_failed: int = 0  # ticks whose decision raised: published as skipped with the reason
-    fold_steps: int = 0  # far cuts' folds split with a yield after each step (FOLD_STEP_ROWS)
-    last_tick_failure: str = ""
-    dead_letters_lost: int = 0  # dead letters the broker refused to take (counted, logged)
-    dead_letters_suppressed: int = 0  # not published again after a restore: published before
-    dead_letter_scans: int = 0  # reads of the dead-letter topic at a restore: one per assignment
-    dead_letter_marks_lost: int = 0  # restored shards whose dead-letter range retention removed
-    ticks_caught_up: int = 0  # missed boundaries this instance's ticker published late
-    ticks_catchup_capped: int = 0  # missed boundaries published as skipped: beyond catchup_budget_s
-    ticks_overload: int = 0  # boundaries this instance's ticker published as skipped: overload
-    overload_episodes: int = 0  # times a shard of this instance went into overload
-    dead_letters: int = 0
-    decisions_published: int = 0
-    breaker_opens: int = 0
-    policies_applied: int = 0
-    policies_refused: int = 0
-    shadow_decisions: int = 0  # decisions of the shadow policy published to control.shadow
-    shadow_failed: int = 0  # ticks the shadow policy could not decide (the enforced ones were)
-    commits: int = 0
-    commits_skipped: int = 0  # batches that moved no offset since the last commit: none sent
-    checkpoints_written: int = 0
-    checkpoint_bytes: int = 0  # the largest shard's checkpoint last written, compressed
-    checkpoint_loop_ms: float = 0.0  # time the loop spent starting the last checkpoint (the fork)
-    checkpoint_encode_s: float = 0.0  # time from that start to the encoded bytes (in the child)
-    checkpoint_cpu_s: float = 0.0  # the CPU the last checkpoint's child used (its own, not in /proc's)
-    checkpoint_cpu_s_total: float = 0.0  # ... and every checkpoint's since the start
-    checkpoint_gap_s: float = 0.0  # how often a changed shard is checkpointed now (checkpoint.gap_s)
-    checkpoint_decode_s: float = 0.0  # the last assignment's checkpoint decoding (in a thread)
-    shards_restored: int = 0
-    shards_started_clean: int = 0
-    last_decision_ts_ms: int = 0  # the newest tick whose decisions the broker acknowledged
-    dead_by_reason: dict[str, int] = field(default_factory=dict)  # reason kind -> dead letters
-    last_refusal: str = ""
-    breaker_open_nodes: set[str] = field(default_factory=set)
-
-
-LOOP_REPORT_S = 30.0  # how often the daemon logs where its consumer loop's time went ("loop")
-
-
-@dataclass(slots=True)
-class LoopTimes:
-    """Where the consumer loop's wall time goes, by what it was doing or waiting on: per phase the
-    wall seconds, and of them the seconds the loop's thread ran (``cpu``) and was runnable but not
-    run (``runq``: the machine's other work had the cores, :func:`clock.thread_sched_s`); the rest
-    is time the loop waited on something (the broker, a fetch with nothing to do). A daemon behind
-    its boundaries that waits rather than computes, or is not run, shows it here.
-
-    Phases (each :meth:`lap` gives the time since the previous one to its phase): ``fetch`` (a fetch
-    with ticks queued: their cuts' records on the way), ``fetch_in_flight`` (no tick queued, but
-    ticks this instance published are not read back yet: the broker's round trip),
-    ``fetch_idle`` (a fetch with no tick queued or in flight: every published boundary decided, the
-    next one not yet due), ``fetch_held_back`` (the same while the ticker holds pools back for
-    overload, which :meth:`Daemon._wake_held_back` ends), ``read`` (decode into the shards),
-    ``decide`` (folding, deciding and staging; the ticker's and the client's turns between batches
-    included), ``acks`` (waiting for the broker to acknowledge the decisions), ``summaries``,
-    ``dead_letters``, ``checkpoint``, ``commit``, ``restore``, ``loop`` (the rest).
-    ``ticker_late_s``: the latest the ticker woke after a boundary; ``ticker_s``: the ticker's
-    rounds (reads awaited, ticks sent and acknowledged)."""
-
-    wall_s: dict[str, float] = field(default_factory=dict)
-    cpu_s: dict[str, float] = field(default_factory=dict)
-    runq_s: dict[str, float] = field(default_factory=dict)
-    mark: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (monotonic, cpu, runq) at the last lap
-    since_s: float = 0.0  # monotonic start of the current report window
-    ticker_late_s: float = 0.0
-    ticker_s: float = 0.0
-    # The cyclic collector's pauses (``gc.callbacks``, process-wide: the loop waits through each):
-    # seconds in all, the longest one, and how many were full (generation 2) collections.
-    gc_s: float = 0.0
-    gc_max_s: float = 0.0
-    gc_full: int = 0
-    gc_started: float = 0.0
-
-    def on_gc(self, phase: str, info: Mapping[str, Any]) -> None:
-        """A ``gc.callbacks`` entry: time each collection."""
-        now = clock.monotonic_s()
-        if phase == "start":
-            self.gc_started = now
-            return
-        if not self.gc_started:
-            return
-        took = now - self.gc_started
-        self.gc_started = 0.0
-        self.gc_s += took
-        self.gc_max_s = max(self.gc_max_s, took)
-        if info.get("generation") == 2:
-            self.gc_full += 1
-
-    def lap(self, phase: str) -> None:
-        """Give the time since the previous lap to ``phase``."""
-        now = clock.monotonic_s()
-        cpu, runq = clock.thread_sched_s()
-        w0, c0, r0 = self.mark
-        if w0:
-            self.wall_s[phase] = self.wall_s.get(phase, 0.0) + (now - w0)
-            self.cpu_s[phase] = self.cpu_s.get(phase, 0.0) + (cpu - c0)
-            self.runq_s[phase] = self.runq_s.get(phase, 0.0) + (runq - r0)
-        self.mark = (now, cpu, runq)
-
-    def report(self) -> dict[str, Any] | None:
-        """The window's figures once ``LOOP_REPORT_S`` passed (then a new window), else None: per
-        phase "wall/cpu/runq" seconds, and the totals."""
-        now = clock.monotonic_s()
-        if self.since_s == 0.0:
-            self.since_s = now
-            return None
-        span = now - self.since_s
-        if span < LOOP_REPORT_S:
-            return None
-        wall, cpu, runq = (sum(d.values()) for d in (self.wall_s, self.cpu_s, self.runq_s))
-        out: dict[str, Any] = {
-            "window_s": round(span, 1),
-            "cpu_s": round(cpu, 2),
-            "runq_s": round(runq, 2),
-            "waiting_s": round(max(0.0, wall - cpu - runq), 2),
-            **{
-                k: f"{v:.2f}/{self.cpu_s[k]:.2f}/{self.runq_s[k]:.2f}" for k, v in sorted(self.wall_s.items())
-            },
-            "ticker_late_s": round(self.ticker_late_s, 2),
-            "ticker_s": round(self.ticker_s, 2),
-            "gc_s": round(self.gc_s, 3),
-            "gc_max_s": round(self.gc_max_s, 3),
-            "gc_full": self.gc_full,
-        }
-        self.wall_s, self.cpu_s, self.runq_s = {}, {}, {}
-        self.since_s = now
-        self.ticker_late_s = self.ticker_s = 0.0
-        self.gc_s = self.gc_max_s = 0.0
-        self.gc_full = 0
-        return out
-
-
-TRACE_BOUNDARIES = 16  # boundaries whose stage times the trace keeps (the oldest go first)
-
-
-@dataclass(slots=True)
-class TripTrace:
-    """When each stage of a tripping breaker's way out happened after its tick boundary: one
-    "trip path" log line per boundary at which a shard decided a pool with a failed call among the
-    records its cut folds (``Shard.troubled``: decided first, :meth:`Daemon._decide_ready`), in
-    milliseconds after the boundary. The stages, in order: ``woke`` (the ticker woke for the
-    boundary), ``read_up`` (its read-up-to-now wait ended, :meth:`Daemon._read_to_now`),
-    ``ticks_acked`` (every tick of the boundary acknowledged by the broker), ``ticks_read`` (the
-    loop read the tripping pool's tick back), ``cut_ready`` (the loop started deciding it: its
-    cut's records read), ``folded`` (the shard folded up to the cut), ``decided``, ``staged`` (its
-    decisions handed to the publisher), ``acked`` (the broker acknowledged them). What a boundary
-    did not reach is left out. Observation only: nothing is decided or published differently."""
-
-    marks: dict[int, dict[str, int]] = field(default_factory=dict)  # boundary -> stage -> wall ms
-    trips: set[int] = field(default_factory=set)  # boundaries with a trip staged, not yet acked
-
-    def stamp(self, boundary: int, stage: str, at_ms: int | None = None) -> None:
-        """Note ``stage`` of ``boundary`` now (or at ``at_ms``): the first time only."""
-        marks = self.marks.get(boundary)
-        if marks is None:
-            while len(self.marks) >= TRACE_BOUNDARIES:
-                old = min(self.marks)
-                del self.marks[old]
-                self.trips.discard(old)
-            marks = self.marks[boundary] = {}
-        marks.setdefault(stage, clock.wall_ms() if at_ms is None else at_ms)
-
-    def after(self, boundary: int) -> dict[str, int]:
-        """Each noted stage of ``boundary`` in milliseconds after it."""
-        return {k: v - boundary for k, v in self.marks.get(boundary, {}).items()}
 
 
 OnDecisions = Callable[[Sequence[Decision]], None]
@@ -431,19 +193,6 @@ def overload_step(waiting: int, new: int, limit: int, outage: bool) -> int:
     if outage:
         return new
     return 1 if waiting + new > limit else new
-
-
-def tune_gc(gen0_threshold: int) -> None:
-    """Collect young objects every ``gen0_threshold`` allocations instead of every 700, and move
-    what exists at start-up (modules, compiled policies) out of the collector's sight for good.
-
-    Reference counting frees almost everything the loop allocates (decoded records, snapshots); the
-    cyclic collector only finds cycles, and with the default threshold it walked the young
-    generation after every few dozen records. Process-wide, so the daemon's process sets it."""
-    gc.collect()
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(gen0_threshold, gen1, gen2)
 
 
 async def _send_skipped(
