@@ -4,6 +4,7 @@ whatever the loop does to the state meanwhile; a child that fails says why."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -124,7 +125,7 @@ async def test_a_costly_checkpoint_stretches_the_next_gap(monkeypatch: pytest.Mo
             done.set_result(None)
             return done
 
-    daemon._producer = Producer()
+    daemon._link.session = SimpleNamespace(producer=Producer())  # type: ignore[assignment]
     daemon.shards[0] = shard_of(20)
 
     async def write_at(t: float) -> bool:

@@ -4,6 +4,8 @@ same boundary were decided before it. Replay decides in log order and must produ
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from fleetloop.core.shard import INPUTS, Row, Shard
@@ -111,7 +113,7 @@ async def test_the_daemon_puts_the_troubled_pools_of_each_shards_head_boundary_f
     from fleetloop.daemon.runtime.daemon import _HeldTick
 
     daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:9")  # never started: no I/O here
+    daemon._link.session = SimpleNamespace(consumer=AIOKafkaConsumer(bootstrap_servers="127.0.0.1:9"))  # type: ignore[assignment]
     t1, t2 = T0 + 1000, T0 + 2000
     for p, pools in ((0, ("a", "b")), (1, ("c", "d"))):
         shard = daemon.shards[p] = Shard(p)
@@ -209,7 +211,7 @@ async def test_a_shards_summary_waits_until_every_tick_of_its_boundary_is_decide
             done.set_result(None)
             return done
 
-    daemon._producer = Recorder()  # type: ignore[assignment]
+    daemon._link.session = SimpleNamespace(producer=Recorder())  # type: ignore[assignment]
     boundary = T0 + 1000
     ticks = [Tick(ts_ms=boundary, tick_id=boundary // 1000, pool_id=q) for q in ("a", "b")]
     # Batch one decided pool a's tick; pool b's, of the same boundary, is still held.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -162,8 +163,7 @@ async def test_the_daemon_folds_a_far_cut_in_steps_and_the_loop_goes_on(
     async def run(step_rows: int) -> tuple[float, float, int, list[bytes], Any]:
         monkeypatch.setattr(runtime, "FOLD_STEP_ROWS", step_rows)
         daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=policy))
-        daemon._consumer = Consumer()  # type: ignore[assignment]
-        daemon._publisher = Publisher()  # type: ignore[assignment]
+        daemon._link.session = SimpleNamespace(consumer=Consumer(), publisher=Publisher())  # type: ignore[assignment]
         shard = daemon.shards[0] = Shard(0)
         for logical in INPUTS:
             shard.add(logical, rows[logical])

@@ -11,6 +11,7 @@ saw the assignment move restores again.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -57,7 +58,7 @@ class _Consumer:
 
 def _daemon(consumer: Any) -> Daemon:
     daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._consumer = consumer
+    daemon._link.session = SimpleNamespace(consumer=consumer)  # type: ignore[assignment]
     return daemon
 
 

@@ -86,10 +86,10 @@ def test_a_shadow_document_runs_beside_and_is_held_to_its_own_versions() -> None
 def test_a_tombstone_on_name_slash_shadow_removes_the_shadow_from_the_next_boundary(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fleetloop.daemon.runtime import daemon as runtime
+    from fleetloop import clock
 
     now = [1_700_000_000_500]
-    monkeypatch.setattr(runtime.clock, "wall_ms", lambda: now[0])
+    monkeypatch.setattr(clock, "wall_ms", lambda: now[0])
     d = daemon()
     assert d._consider_policy(Rec(b"foundation/shadow", None, 1), "foundation") is None
     assert d._pending_shadow is None  # nothing to remove: not even a dead letter

@@ -6,6 +6,7 @@ decision raises (it costs only itself), a shadow policy that comes and goes."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -176,7 +177,7 @@ async def test_the_daemon_decides_a_boundarys_ticks_in_batches_as_it_did_one_by_
         def highwater(self, tp: Any) -> None:
             return None  # unknown: a tick without a cut waits max_tick_hold_s (long past here)
 
-    daemon._consumer = Consumer()  # type: ignore[assignment]
+    daemon._link.session = SimpleNamespace(consumer=Consumer())  # type: ignore[assignment]
     staged: list[bytes] = []
 
     class Publisher:
@@ -186,7 +187,7 @@ async def test_the_daemon_decides_a_boundarys_ticks_in_batches_as_it_did_one_by_
         async def settle(self) -> bool:  # a tripping pool's decisions, acknowledged at once
             return True
 
-    daemon._publisher = Publisher()  # type: ignore[assignment]
+    daemon._link.session.publisher = Publisher()  # type: ignore[union-attr]
     reference = {p: Shard(p) for p in (0, 1)}
     expected: list[bytes] = []
     failed = 0

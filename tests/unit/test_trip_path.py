@@ -3,6 +3,8 @@ and what the runtime does with a tripping pool's decisions."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from fleetloop.daemon.runtime import TRACE_BOUNDARIES, TripTrace
 
 
@@ -52,8 +54,7 @@ async def test_a_tripping_pools_decisions_are_acknowledged_before_any_routine_po
             return None
 
     daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._consumer = Consumer()  # type: ignore[assignment]
-    daemon._publisher = Publisher()  # type: ignore[assignment]
+    daemon._link.session = SimpleNamespace(consumer=Consumer(), publisher=Publisher())  # type: ignore[assignment]
     boundary = t0 + 1000
     for p, pools in ((0, ("a", "b")), (1, ("c", "d"))):
         shard = daemon.shards[p] = Shard(p)
@@ -113,7 +114,7 @@ async def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_th
             return {}
 
     daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._consumer = Consumer()  # type: ignore[assignment]
+    daemon._link.session = SimpleNamespace(consumer=Consumer())  # type: ignore[assignment]
     shard = daemon.shards[0] = Shard(0)
     for logical in INPUTS:
         daemon._owned.add(TopicPartition(topic_name("", logical), 0))
@@ -176,10 +177,10 @@ async def test_a_batch_that_moved_no_offset_commits_nothing() -> None:
 
     class Consumer:
         async def commit(self, offsets: Any) -> None:
-            sent.append({tp.topic.split(".")[-1]: o.offset for tp, o in offsets.items()})
+            sent.append({tp.topic.split(".")[-1]: o for tp, o in offsets.items()})
 
     daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._consumer = Consumer()  # type: ignore[assignment]
+    daemon._link.session = SimpleNamespace(consumer=Consumer())  # type: ignore[assignment]
     shard = daemon.shards[0] = Shard(0)
     daemon._publish_from[0] = 0
     for logical in (*INPUTS, TICKS):
@@ -258,8 +259,7 @@ async def test_a_shard_that_came_back_during_the_settle_decides_its_whole_queue(
         def highwater(self, tp: Any) -> None:
             return None
 
-    daemon._consumer = Consumer()  # type: ignore[assignment]
-    daemon._publisher = Publisher()  # type: ignore[assignment]
+    daemon._link.session = SimpleNamespace(consumer=Consumer(), publisher=Publisher())  # type: ignore[assignment]
     daemon.shards[0], daemon._held[0] = fresh()
     daemon._publish_from[0] = 0
     await daemon._decide_ready()

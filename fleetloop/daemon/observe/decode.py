@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 from pydantic import BaseModel, ValidationError
@@ -88,13 +88,19 @@ class Decoded(Generic[M]):
     dead: list[DeadLetter]
 
 
-class _RecordLike:  # structural: aiokafka's ConsumerRecord has these attributes
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: int
+class _RecordLike(Protocol):  # structural: aiokafka's ConsumerRecord has these attributes
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def timestamp(self) -> int: ...
 
 
 def reason_of(exc: BaseException) -> str:

@@ -82,18 +82,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import CommitFailedError, KafkaConnectionError, KafkaError, KafkaTimeoutError
-from aiokafka.structs import OffsetAndMetadata
 
-from fleetloop import clock
+from fleetloop import clock as wall_clock
 from fleetloop.core import checkpoint
 from fleetloop.core.decide.engine import Engine, envelope_of
 from fleetloop.core.rollup import summarize
 from fleetloop.core.shard import INPUTS, Refusal, Row, Shadow, Shard
-from fleetloop.daemon import faults, offload
-from fleetloop.daemon.act.publish import Publisher
+from fleetloop.daemon import faults
 from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import (
     DeadLetter,
@@ -102,11 +97,26 @@ from fleetloop.daemon.observe.decode import (
     decode_rows,
     reason_of,
 )
+from fleetloop.daemon.offload import Forked
 from fleetloop.daemon.runtime.config import CUT_HEADER, SKIPPED_FROM_HEADER, SKIPPED_HEADER, DaemonConfig
+from fleetloop.daemon.runtime.follower import active_of
+from fleetloop.daemon.runtime.kafka import KafkaBroker
+from fleetloop.daemon.runtime.link import Link
+from fleetloop.daemon.runtime.port import (
+    Broker,
+    Clock,
+    DecisionPublisher,
+    GroupConsumer,
+    Offload,
+    Producer,
+    Record,
+    TopicPartition,
+    header,
+)
 from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, TripTrace, tune_gc
 from fleetloop.daemon.service import metrics
-from fleetloop.daemon.service.health import Health, one_line, supervise
-from fleetloop.kafka_security import connect, shown
+from fleetloop.daemon.service.health import Health, supervise
+from fleetloop.kafka_security import shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation, Tick
 from fleetloop.schemas.decisions import Decision, RetryBudgetDecision
@@ -124,18 +134,7 @@ from fleetloop.schemas.topics import (
 )
 
 log = logger("fleetloop.daemon")
-BROKER_WATCH_S = 2.0  # how often the broker watch asks for metadata (connection state, /readyz)
-RETRY_MAX_S = 5.0  # longest backoff between retries of a Kafka operation while the broker is away
-
-
-def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, (KafkaConnectionError, KafkaTimeoutError)) or (
-        isinstance(exc, KafkaError) and exc.retriable
-    )
-
-
 OnDecisions = Callable[[Sequence[Decision]], None]
-MAX_FETCH_BYTES = 2 * 1024 * 1024
 
 
 # Ticks of one shard and boundary decided in one call at most: a batch is decided without yielding
@@ -196,7 +195,7 @@ def overload_step(waiting: int, new: int, limit: int, outage: bool) -> int:
 
 
 async def _send_skipped(
-    producer: AIOKafkaProducer, topic: str, pool: str, skipped: list[int], *, reason: str, tick_ms: int
+    producer: Producer, topic: str, pool: str, skipped: list[int], *, reason: str, tick_ms: int
 ) -> Any:
     """Send the one tick record that stands for the boundaries ``skipped`` of ``pool`` (an outage's
     beyond the catch-up, or overload's): the last boundary's tick, marked skipped with ``reason``
@@ -224,39 +223,42 @@ class _HeldTick:
     since_s: float
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Rebalance:
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
 
-    async def on_partitions_revoked(self, revoked: Any) -> None:
+    async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         self.daemon._assign_gen += 1
-        await self.daemon._on_revoked(sorted(revoked))
+        await self.daemon._on_revoked(revoked)
 
-    async def on_partitions_assigned(self, assigned: Any) -> None:
+    async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         self.daemon._assign_gen += 1
         try:
-            await self.daemon._on_assigned(sorted(assigned))
-        except (KafkaError, OSError) as exc:  # the loop restores once the broker answers again
+            await self.daemon._on_assigned(assigned)
+        except (self.daemon._link.broker.error, OSError) as exc:  # the loop restores once the broker answers
             log.warning("assignment failed; will restore", error=f"{type(exc).__name__}: {exc}"[:300])
             self.daemon._restore_needed = True
-
-
-def _header(record: Any, name: str) -> bytes | None:
-    for k, v in record.headers or ():
-        if k == name:
-            return bytes(v)
-    return None
 
 
 class Daemon:
     """fleetloop's control loop on one process. ``await run(stop)`` until ``stop`` is set."""
 
-    def __init__(self, config: DaemonConfig, on_decisions: OnDecisions | None = None) -> None:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        on_decisions: OnDecisions | None = None,
+        *,
+        broker: Broker | None = None,
+        clock: Clock = wall_clock,
+        offload: Offload | None = None,
+    ) -> None:
         self.config = config
         self.engine = Engine(config.policy)  # holds the active policy; state lives in the shards
         self.stats = DaemonStats()
-        self.loop_times = LoopTimes()
-        self.trace = TripTrace()
+        self.clock = clock
+        self.offload: Offload = offload or Forked()
+        self.loop_times = LoopTimes(clock=clock)
+        self.trace = TripTrace(clock=clock)
         self._on_decisions = on_decisions
         p = config.prefix
         self._topics = {
@@ -322,12 +324,9 @@ class Daemon:
         self._shadow_out: list[Decision] = []
         self._active_topic = topic_name(p, POLICY_ACTIVE)
         self._considered = -1  # control.policy offset considered up to
-        self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
-        self._publisher: Publisher | None = None
         self.ready = asyncio.Event()
         self.health = Health(policy_loaded=True)
-        self._stop: asyncio.Event | None = None
+        self._link = Link(broker or KafkaBroker(config), self.health, shown(config.bootstrap_servers))
 
     def _tp(self, logical: str, partition: int) -> TopicPartition:
         return TopicPartition(self._physical[logical], partition)
@@ -347,98 +346,46 @@ class Daemon:
 
     async def _run(self, stop: asyncio.Event) -> None:
         cfg = self.config
-        producer = AIOKafkaProducer(
-            **connect(cfg.bootstrap_servers),
-            client_id=f"{cfg.client_id}-producer",
-            acks="all",
-            enable_idempotence=cfg.idempotence,
-            linger_ms=5,
-            # A tick's decisions (two records per node: control.decisions and control.state) go
-            # out in a few batches instead of one per 16 KiB (the client's default), which took
-            # ~200 ms of round trips per publish at 1,000 nodes and held the loop (and the next
-            # records and ticks) while it waited (bench/results/latency-s5.md).
-            max_batch_size=checkpoint.CHUNK_BYTES,
-            max_request_size=2 * checkpoint.CHUNK_BYTES,
-        )
-        consumer = AIOKafkaConsumer(
-            **connect(cfg.bootstrap_servers),
-            client_id=cfg.client_id,
-            group_id=cfg.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            partition_assignment_strategy=(RangePartitionAssignor,),
-            max_poll_records=cfg.max_batch,
-            # A fetch answers within 20 ms even when the broker does not answer it as soon as
-            # records arrive (the embedded broker holds an empty fetch for the whole wait: with the
-            # client's default 500 ms, and still with 100 ms, the loop read its own ticks back ~45 ms
-            # after they were acknowledged, on the breaker-latency path; bench/results/latency-s6.md).
-            # Costs at most fifty empty fetches a second on an idle partition set.
-            fetch_max_wait_ms=20,
-            # Short sessions: the embedded broker completes a join in about half the session timeout.
-            session_timeout_ms=int(cfg.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(min(1.0, cfg.session_timeout_s / 6.0) * 1000),
-            # Above any record the broker accepts (Kafka's default limit is 1 MiB): a record larger
-            # than the fetch size would stall the partition; fetched, the door refuses it.
-            max_partition_fetch_bytes=MAX_FETCH_BYTES,
-            # A fetch that the broker never answers (seen on the embedded broker under floods)
-            # stalls every partition until it times out: 15 s, not the client's default 40 s.
-            request_timeout_ms=15_000,
-        )
-        policy_consumer = AIOKafkaConsumer(
-            **connect(cfg.bootstrap_servers),
-            client_id=f"{cfg.client_id}-policy",
-            enable_auto_commit=False,
-            max_partition_fetch_bytes=MAX_FETCH_BYTES,
-        )
-        self._stop = stop
+        link = self._link
+        link.stop = stop
         metrics.register(self)
-        await producer.start()
         try:
-            await consumer.start()
-            try:
-                await policy_consumer.start()
-                self._consumer = consumer
-                self._producer = producer
-                self._publisher = Publisher(producer, cfg.prefix)
-                consumer.subscribe(sorted(self._topics), listener=_Rebalance(self))
-                policy_tp = TopicPartition(self._policy_topic, 0)
-                policy_consumer.assign([policy_tp])
-                await self._load_active(producer)
-                if self._considered >= 0:
-                    policy_consumer.seek(policy_tp, self._considered + 1)
-                else:
-                    await policy_consumer.seek_to_beginning()
-                self.health.connected = True
-                jobs = {
-                    "consumer": lambda: self._loop(consumer, stop),
-                    "policy": lambda: self._follow_policies(policy_consumer, stop),
-                    "broker-watch": lambda: self._watch_broker(consumer, stop),
-                }
-                if cfg.run_ticker:
-                    jobs["ticker"] = lambda: self._ticker(producer, stop)
-                in_force = self.engine.policy.stamp  # the resumed one, not --policy's, after a restart
-                log.info(
-                    "daemon started",
-                    bootstrap=shown(cfg.bootstrap_servers),
-                    prefix=cfg.prefix,
-                    policy=in_force.name,
-                    version=in_force.version,
-                    hash=in_force.hash,
-                )
-                # Every task is supervised: the first to die stops the daemon and is raised (TaskDied).
-                await supervise(self.health, jobs, stop)
-                # A clean stop leaves a checkpoint of where it stopped: the next start reads nothing twice.
-                await self._checkpoint(force=True)
-            finally:
-                stop.set()
-                if self._ckpt_task is not None and not self._ckpt_task.done():
-                    self._ckpt_task.cancel()  # a stop after a failure: the last whole checkpoint stands
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await self._ckpt_task
-                await policy_consumer.stop()
-                await consumer.stop()
+            async with link.broker.session() as session:
+                try:
+                    link.session = session
+                    session.consumer.subscribe(sorted(self._topics), listener=_Rebalance(self))
+                    await self._load_active()
+                    await session.policies.start_at(self._considered + 1 if self._considered >= 0 else None)
+                    self.health.connected = True
+                    jobs = {
+                        "consumer": lambda: self._loop(stop),
+                        "policy": lambda: self._follow_policies(stop),
+                        "broker-watch": lambda: link.watch(stop, self._refresh_health),
+                    }
+                    if cfg.run_ticker:
+                        jobs["ticker"] = lambda: self._ticker(session.producer, stop)
+                    in_force = self.engine.policy.stamp  # the resumed one, not --policy's, after a restart
+                    log.info(
+                        "daemon started",
+                        bootstrap=link.shown,
+                        prefix=cfg.prefix,
+                        policy=in_force.name,
+                        version=in_force.version,
+                        hash=in_force.hash,
+                    )
+                    # Every task is supervised: the first to die stops the daemon and is raised (TaskDied).
+                    await supervise(self.health, jobs, stop)
+                    # A clean stop leaves a checkpoint of where it stopped: the next start reads
+                    # nothing twice.
+                    await self._checkpoint(force=True)
+                finally:
+                    stop.set()
+                    if self._ckpt_task is not None and not self._ckpt_task.done():
+                        self._ckpt_task.cancel()  # a stop after a failure: the last whole checkpoint stands
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await self._ckpt_task
         finally:
-            await producer.stop()
+            link.session = None
             metrics.unregister(self)
             log.info("daemon stopped", **self.summary())
 
@@ -468,39 +415,23 @@ class Daemon:
         """Checkpoint every shard now, so whoever gets a partition next starts from here. The shards
         stay in memory: a partition assigned back to this instance goes on without a re-read."""
         self._owned.difference_update(revoked)
-        if self._publisher is not None and not await self._publisher.settle():
+        link = self._link
+        if link.session is not None and not await link.publisher.settle():
             # Decisions sent but not acknowledged: a checkpoint now would let the next owner start
             # past them. It starts from the last checkpoint instead and decides them again.
             log.warning("decisions not acknowledged at revoke; no checkpoint written")
             return
-        if self._producer is not None and self.shards:
+        if link.session is not None and self.shards:
             try:
                 await self._checkpoint(force=True)
             except Exception as exc:  # the next owner falls back to an older checkpoint
                 log.warning("checkpoint at revoke failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _read_checkpoints(self) -> dict[int, checkpoint.Found]:
-        cfg = self.config
-        consumer = AIOKafkaConsumer(
-            **connect(cfg.bootstrap_servers),
-            client_id=f"{cfg.client_id}-restore",
-            enable_auto_commit=False,
-            max_partition_fetch_bytes=4 * checkpoint.CHUNK_BYTES,
+        records = await self._link.broker.read_log(
+            self._checkpoint_topic, client="restore", fetch_bytes=4 * checkpoint.CHUNK_BYTES
         )
-        await consumer.start()
-        try:
-            tp = TopicPartition(self._checkpoint_topic, 0)
-            consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
-            end = (await consumer.end_offsets([tp]))[tp]
-            records: list[tuple[bytes | None, bytes | None]] = []
-            while await consumer.position(tp) < end:
-                batch = await consumer.getmany(tp, timeout_ms=500)
-                records.extend((r.key, r.value) for r in batch.get(tp, ()))
-                end = max(end, consumer.highwater(tp) or 0)
-            return checkpoint.scan(cfg.group_id, records)
-        finally:
-            await consumer.stop()
+        return checkpoint.scan(self.config.group_id, [(r.key, r.value) for r in records])
 
     async def _on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         """Restore (or keep) a shard per assigned partition index, each sought to where it goes on.
@@ -514,8 +445,7 @@ class Daemon:
         broker's end offsets (its ListOffsets answers the last batch's base offset: 511 for 714
         records), and without it a restart took the broker for emptied and started clean.
         Resumed whatever happens, so a failed restore leaves them as before."""
-        consumer = self._consumer
-        assert consumer is not None
+        consumer = self._link.consumer
         held = [tp for tp in assigned if tp.topic in self._topics]
         try:
             await self._assign(consumer, assigned, held)
@@ -524,7 +454,7 @@ class Daemon:
             consumer.resume(*[tp for tp in held if tp in mine])
 
     async def _assign(
-        self, consumer: AIOKafkaConsumer, assigned: Sequence[TopicPartition], held: Sequence[TopicPartition]
+        self, consumer: GroupConsumer, assigned: Sequence[TopicPartition], held: Sequence[TopicPartition]
     ) -> None:
         parts = sorted({tp.partition for tp in assigned if tp.topic in self._topics})
         for gone in sorted(set(self.shards) - set(parts)):
@@ -582,7 +512,7 @@ class Daemon:
             self._dirty.update(emptied)
             try:
                 await self._checkpoint(force=True)
-            except (KafkaError, OSError) as exc:
+            except (self._link.broker.error, OSError) as exc:
                 log.warning(
                     "checkpoint after a clean start failed", error=f"{type(exc).__name__}: {exc}"[:300]
                 )
@@ -605,8 +535,8 @@ class Daemon:
         until each has a fresh high watermark (one fetch answer each, dropped), then paused again:
         on the embedded broker the high watermark is what corrects its ListOffsets (see
         :meth:`_on_assigned`)."""
-        consumer = self._consumer
-        assert consumer is not None
+        consumer = self._link.consumer
+        clock = self.clock
         t0 = clock.monotonic_s()
         mine = consumer.assignment()
         tps = [tp for tp in tps if tp in mine]  # a rebalance may have taken some since they were listed
@@ -627,8 +557,7 @@ class Daemon:
         await asyncio.sleep(max(0.0, 1.0 - (clock.monotonic_s() - t0)))
 
     async def _end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        consumer = self._consumer
-        assert consumer is not None
+        consumer = self._link.consumer
         end = await consumer.end_offsets(list(tps))
         # The client knows a high watermark only of a partition still assigned: a rebalance during
         # the await may have taken some (its accessors assert on a partition not assigned).
@@ -660,8 +589,7 @@ class Daemon:
         self._overloaded.pop(p, None)
 
     def _seek(self, tp: TopicPartition, offset: int) -> None:
-        assert self._consumer is not None
-        self._consumer.seek(tp, offset)
+        self._link.consumer.seek(tp, offset)
         self._expect[tp] = offset
 
     async def _decode_checkpoints(
@@ -671,10 +599,10 @@ class Daemon:
         Decoding runs in a thread: at 10k nodes it takes seconds, during which the loop goes on
         deciding the shards it already holds (it gets the interpreter every switch interval)."""
         blobs = {p: f.blob for p, f in found.items() if f is not None and f.blob is not None}
-        t0 = clock.monotonic_s()
-        values = await asyncio.to_thread(_decode_all, blobs) if blobs else {}
+        t0 = self.clock.monotonic_s()
+        values = await self.offload.in_thread(_decode_all, blobs) if blobs else {}
         if blobs:
-            self.stats.checkpoint_decode_s = round(clock.monotonic_s() - t0, 3)
+            self.stats.checkpoint_decode_s = round(self.clock.monotonic_s() - t0, 3)
         out: dict[int, Shard | None] = {}
         for p in found:
             value = values.get(p)
@@ -718,8 +646,7 @@ class Daemon:
     ) -> bool:
         """Restore shard ``p`` from its decoded checkpoint (``restored``), ``already`` the sources
         on the dead-letter topic after its mark; True when the broker turned out emptied."""
-        consumer = self._consumer
-        assert consumer is not None
+        consumer = self._link.consumer
         ticks_tp = self._tp(TICKS, p)
         committed_ticks = await consumer.committed(ticks_tp)
         shard = restored
@@ -785,7 +712,7 @@ class Daemon:
         # refusals among it are not news. A restored shard re-folds only what it had not checkpointed.
         self._fold_lettered[p] = dict(shard.lettered) if shard.dl_mark < 0 else {}
         self._catchup[p] = {logical: end[self._tp(logical, p)] for logical in (*INPUTS, TICKS)}
-        self._ckpt_at[p] = clock.monotonic_s()
+        self._ckpt_at[p] = self.clock.monotonic_s()
         # From the checkpoint's offsets: nothing it folded is read again. What lies between them and
         # the group's commit (folded by the previous run after its last checkpoint; the commit moves
         # every batch, a checkpoint every ``checkpoint_interval_s``) is read and folded again: the
@@ -798,7 +725,8 @@ class Daemon:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    async def _loop(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+    async def _loop(self, stop: asyncio.Event) -> None:
+        consumer = self._link.consumer
         times = self.loop_times
         while not stop.is_set():
             try:
@@ -827,7 +755,7 @@ class Daemon:
                 elif self._dirty:
                     await self._checkpoint()
                     times.lap("checkpoint")
-            except (KafkaError, OSError) as exc:
+            except (self._link.broker.error, OSError) as exc:
                 # The broker went away mid-batch (or came back empty). What was decided but not
                 # acknowledged is not committed: start again from the checkpoints, which decides
                 # exactly those ticks again and publishes them.
@@ -842,8 +770,7 @@ class Daemon:
     async def _restore_assignment(self) -> None:
         """Forget every shard and restore the current assignment from the checkpoints (after a
         broker error, or when the client had to reset a position: the broker lost records)."""
-        consumer = self._consumer
-        assert consumer is not None
+        consumer = self._link.consumer
         gen = self._assign_gen
         assigned = sorted(tp for tp in consumer.assignment() if tp.topic in self._topics)
         if assigned:
@@ -862,7 +789,7 @@ class Daemon:
 
     async def process(self, batch: Mapping[TopicPartition, Sequence[Any]]) -> list[Decision]:
         """Read one batch into the shards, decide the ticks that are ready, publish, checkpoint, commit."""
-        assert self._publisher is not None
+        link = self._link
         dead: list[DeadLetter] = []
         times = self.loop_times
         with tracer.start_as_current_span("fleetloop.batch") as span:
@@ -920,17 +847,17 @@ class Daemon:
             if refused:
                 await self._dead_letter(refused, stage="fold")
             if self._failed_ticks:
-                await self._retrying("tick-failed", self._publish_failed_ticks)
+                await link.retrying("tick-failed", self._publish_failed_ticks)
             times.lap("dead_letters")
             if decisions or shadowed:
-                publisher = self._publisher
+                publisher = link.publisher
                 try:  # every decision was sent as its tick was decided: wait for the acks
                     await publisher.flush()
-                except KafkaError as exc:
-                    if not _transient(exc):
+                except link.broker.error as exc:
+                    if not link.broker.transient(exc):
                         raise
-                    self._broker_trouble("publish", exc)  # send them all again (same bytes, harmless)
-                    await self._retrying("publish", lambda: publisher.publish(decisions, shadowed))
+                    link.trouble("publish", exc)  # send them all again (same bytes, harmless)
+                    await link.retrying("publish", lambda: publisher.publish(decisions, shadowed))
                 self.stats.decisions_published += len(decisions)
                 # Marked once the broker acknowledged them (each pool's decisions are sent as it is
                 # decided, the acks awaited here): what waits on it may read them and the counters.
@@ -948,11 +875,11 @@ class Daemon:
                 self._log_trips()
             times.lap("acks")
             if self._summary_due:
-                await self._retrying("summaries", self._publish_summaries)
+                await link.retrying("summaries", self._publish_summaries)
             times.lap("summaries")
             await self._checkpoint()
             times.lap("checkpoint")
-            await self._retrying("commit", self._commit)
+            await link.retrying("commit", self._commit)
             times.lap("commit")
         return decisions
 
@@ -994,46 +921,26 @@ class Daemon:
         topic (published after a shard's checkpoint, before a crash): not to publish again. Per
         partition (dead-letter offset, logical topic, source offset); and the topic's first offset
         (above ``since``: retention removed part of the range)."""
-        cfg = self.config
-        consumer = AIOKafkaConsumer(
-            **connect(cfg.bootstrap_servers),
-            client_id=f"{cfg.client_id}-lettered",
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            max_partition_fetch_bytes=MAX_FETCH_BYTES,
+        records, first, end = await self._link.broker.read_tail(
+            self._deadletter_topic, since, client="lettered"
         )
-        await consumer.start()
+        self._dl_end = max(self._dl_end, end)
         found: dict[int, list[tuple[int, str, int]]] = {}
-        try:
-            tp = TopicPartition(self._deadletter_topic, 0)
-            consumer.assign([tp])
-            first = (await consumer.beginning_offsets([tp]))[tp]
-            end = (await consumer.end_offsets([tp]))[tp]
-            self._dl_end = max(self._dl_end, end)
-            start = max(since, first)
-            if start >= end:
-                return found, first
-            consumer.seek(tp, start)
-            while await consumer.position(tp) < end:
-                batch = await consumer.getmany(tp, timeout_ms=500)
-                for r in batch.get(tp, ()):
-                    source = _header(r, "fleetloop.source")
-                    if source is None:
-                        continue
-                    topic, _, rest = source.decode(errors="replace").rpartition(":")
-                    topic, _, part = topic.rpartition(":")
-                    logical = self._topics.get(topic)
-                    if logical is not None and part.isdigit() and int(part) in parts and rest.isdigit():
-                        found.setdefault(int(part), []).append((r.offset, logical, int(rest)))
-        finally:
-            await consumer.stop()
+        for r in records:
+            source = header(r, "fleetloop.source")
+            if source is None:
+                continue
+            topic, _, rest = source.decode(errors="replace").rpartition(":")
+            topic, _, part = topic.rpartition(":")
+            logical = self._topics.get(topic)
+            if logical is not None and part.isdigit() and int(part) in parts and rest.isdigit():
+                found.setdefault(int(part), []).append((r.offset, logical, int(rest)))
         return found, first
 
     async def _publish_failed_ticks(self) -> None:
         """A tick whose decision raised goes on control.ticks as skipped, with the reason: nothing
         is silently missing for whoever reads the ticks (replay decides it again and fails alike)."""
-        producer = self._producer
-        assert producer is not None
+        producer = self._link.producer
         topic = topic_name(self.config.prefix, TICKS)
         futures = []
         for p, offset, tick, reason in self._failed_ticks:
@@ -1058,9 +965,10 @@ class Daemon:
     async def _dead_letter(self, dead: Sequence[DeadLetter], stage: str = "decode") -> None:
         """Publish dead letters (bounded copies) and count them by reason; one log line per reason
         kind per window (the logger's rate limit), never one per record."""
-        publisher = self._publisher
-        assert publisher is not None
-        failures: list[str] = await self._retrying("dead-letter", lambda: publisher.dead_letter(dead, stage))
+        publisher = self._link.publisher
+        failures: list[str] = await self._link.retrying(
+            "dead-letter", lambda: publisher.dead_letter(dead, stage)
+        )
         self._dl_end = max(self._dl_end, publisher.end_offset)
         stats = self.stats
         stats.dead_letters += len(dead)
@@ -1083,21 +991,21 @@ class Daemon:
                 ratelimit_key="dead-letter-lost",
             )
 
-    def _read_ticks(self, p: int, records: Sequence[Any]) -> list[DeadLetter]:
+    def _read_ticks(self, p: int, records: Sequence[Record]) -> list[DeadLetter]:
         held = self._held[p]
         decoded = decode_batch(Tick, records, self.config.door)
         good = dict(zip(decoded.offsets, decoded.items, strict=True))
-        now_s = clock.monotonic_s()
+        now_s = self.clock.monotonic_s()
         for r in records:
             if r.offset < self._ticks_read[p]:
                 continue
             cut: dict[str, int] | None = None
-            raw_cut = _header(r, CUT_HEADER)
+            raw_cut = header(r, CUT_HEADER)
             if raw_cut is not None:
                 with contextlib.suppress(orjson.JSONDecodeError, TypeError, ValueError):
                     parsed = orjson.loads(raw_cut)
                     cut = {k: int(parsed[k]) for k in INPUTS}
-            skipped = _header(r, SKIPPED_HEADER)
+            skipped = header(r, SKIPPED_HEADER)
             held.append(
                 _HeldTick(
                     r.offset,
@@ -1115,8 +1023,7 @@ class Daemon:
     def _cut_of(self, p: int, h: _HeldTick) -> dict[str, int] | None:
         """The cut of a held tick, or None while its inputs are not read far enough to know it."""
         shard = self.shards[p]
-        consumer = self._consumer
-        assert consumer is not None
+        consumer = self._link.consumer
         if h.cut is not None:
             for logical in INPUTS:
                 if shard.read[logical] < h.cut[logical]:
@@ -1130,7 +1037,7 @@ class Daemon:
             if shard.seen_after(logical, h.timestamp_ms):
                 continue
             highwater = consumer.highwater(self._tp(logical, p))
-            waited_s = clock.monotonic_s() - h.since_s
+            waited_s = self.clock.monotonic_s() - h.since_s
             # Read to the end as of the last fetch, and that fetch came after the tick arrived.
             if highwater is not None and shard.read[logical] >= highwater and waited_s >= 0.3:
                 continue
@@ -1176,13 +1083,13 @@ class Daemon:
                 continue  # it went during a yield: decided again from its checkpoint
             early.setdefault(p, (queue, set()))[1].update(h.offset for h in hs)
             self._dirty.add(p)
-        if early and self._publisher is not None:
+        if early and self._link.session is not None:
             # The tripping pools' decisions are on the broker before any routine pool is decided.
             # Staged only, they went out when the client's tasks got turns of the loop between the
             # routine batches (tens of ms each) and shared a request with them: ~80 ms from staged
             # to control.state at p50, half the after-boundary part (one 2,500-node daemon,
             # bench/results/latency-s11.md). A failure is raised by process()'s flush, as before.
-            await self._publisher.settle()
+            await self._link.publisher.settle()
             self._log_trips()
         for p in sorted(self._held):
             shard = self.shards.get(p)
@@ -1199,11 +1106,11 @@ class Daemon:
                     if cut is None:
                         break  # ticks of one partition are decided in order
                     run = _boundary_run(held, done)
-                    started_s = clock.monotonic_s()
+                    started_s = self.clock.monotonic_s()
                     await self._decide_held(
                         p, shard, [x for x in held[:run] if x.offset not in done], out, cut
                     )
-                    self._note_pace(p, clock.monotonic_s() - started_s)
+                    self._note_pace(p, self.clock.monotonic_s() - started_s)
                     if self.shards.get(p) is not shard or self._held.get(p) is not held:
                         break  # the shard went during the yield: its new owner decides from its checkpoint
                 elif h.tick is not None and shard.skip(h.tick):
@@ -1329,14 +1236,14 @@ class Daemon:
         trace = self.trace
         boundary = ticks[0].ts_ms
         if trip:
-            now_ms, now_s = clock.wall_ms(), clock.monotonic_s()
+            now_ms, now_s = self.clock.wall_ms(), self.clock.monotonic_s()
             trace.stamp(boundary, "ticks_read", now_ms - int((now_s - min(h.since_s for h in hs)) * 1000))
             trace.stamp(boundary, "cut_ready", now_ms)
         if not await self._fold_in_steps(p, shard, ticks, batch_cut):
             return  # the shard went during a yield: its new owner decides from its checkpoint
         if trip:
             trace.stamp(boundary, "folded")
-        started_s = clock.monotonic_s()
+        started_s = self.clock.monotonic_s()
         policy = self._policy_at(ticks[0].ts_ms)
         decided: list[tuple[Decision, ...] | Exception | None]
         try:
@@ -1352,7 +1259,7 @@ class Daemon:
             shard, [t for t, d in zip(ticks, decided, strict=True) if d and not isinstance(d, Exception)]
         )
         # Each tick's share of the batch's time: what a tick costs to decide (snapshot + policies).
-        share_s = (clock.monotonic_s() - started_s) / len(ticks)
+        share_s = (self.clock.monotonic_s() - started_s) / len(ticks)
         if trip:
             trace.stamp(boundary, "decided")
         for h, d in zip(hs, decided, strict=True):
@@ -1366,8 +1273,7 @@ class Daemon:
                 self._note_summary(p, h.tick, published)
                 shadow = shadowed.get(h.tick.pool_id, ())
                 self._shadow_out.extend(shadow)
-                assert self._publisher is not None
-                await self._publisher.stage(published, shadow)
+                await self._link.publisher.stage(published, shadow)
                 if self.shards.get(p) is not shard:
                     return  # the shard went during the hand-over (as it would have between ticks)
         if trip and out:
@@ -1480,10 +1386,10 @@ class Daemon:
         boundary whose pools' ticks were split over two batches is summarized once, after the
         second, with every pool's retry budget of that boundary (it was published after each
         batch, the first time without the pools still to decide)."""
-        producer = self._producer
         due, self._summary_due = self._summary_due, {}
-        if producer is None or not due:
+        if self._link.session is None or not due:
             return
+        producer = self._link.producer
         window_ms = envelope_of(self.engine.policy).window_ms
         futures = []
         for p, (ts_ms, tick_id) in sorted(due.items()):
@@ -1543,15 +1449,15 @@ class Daemon:
         encodes and the chunks are sent; a periodic checkpoint returns at once, a forced one (revoke,
         shutdown, clean start) when the broker acknowledged it. One checkpoint is in flight at a
         time; one that fails leaves its shards changed, to be written again."""
-        producer = self._producer
-        if producer is None:
+        if self._link.session is None:
             return False
+        producer = self._link.producer
         running = self._ckpt_task
         if running is not None and not running.done():
             if not force:
                 return False  # the next batch tries again
             await asyncio.wait([running])
-        now_s = clock.monotonic_s()
+        now_s = self.clock.monotonic_s()
         due = [
             p
             for p in sorted(self._dirty)
@@ -1571,9 +1477,9 @@ class Daemon:
             seqs[p] = self._ckpt_seq[p] = self._ckpt_seq.get(p, 0) + 1
             self._dirty.discard(p)
             self._ckpt_at[p] = now_s
-        started_s = clock.monotonic_s()
-        encoded = offload.encode_timed_in_child(checkpoint.encode_many, values)  # the state, as of now
-        self.stats.checkpoint_loop_ms = round((clock.monotonic_s() - started_s) * 1000.0, 3)
+        started_s = self.clock.monotonic_s()
+        encoded = self.offload.encode_timed(checkpoint.encode_many, values)  # the state, as of now
+        self.stats.checkpoint_loop_ms = round((self.clock.monotonic_s() - started_s) * 1000.0, 3)
         write = self._write_checkpoints(producer, seqs, encoded, started_s)
         if force:
             await write
@@ -1583,14 +1489,14 @@ class Daemon:
 
     async def _write_checkpoints(
         self,
-        producer: AIOKafkaProducer,
+        producer: Producer,
         seqs: Mapping[int, int],
         encoded: Coroutine[Any, Any, tuple[bytes, float]],
         started_s: float,
     ) -> None:
         data, cpu_s = await encoded
         blobs = checkpoint.split_many(data)
-        self.stats.checkpoint_encode_s = round(clock.monotonic_s() - started_s, 3)
+        self.stats.checkpoint_encode_s = round(self.clock.monotonic_s() - started_s, 3)
         self.stats.checkpoint_cpu_s = round(cpu_s, 3)
         self.stats.checkpoint_cpu_s_total += cpu_s
         cfg = self.config
@@ -1608,7 +1514,7 @@ class Daemon:
             futures = [await producer.send(self._checkpoint_topic, value=c.value, key=c.key) for c in chunks]
             await asyncio.gather(*futures)
 
-        await self._retrying("checkpoint", send)
+        await self._link.retrying("checkpoint", send)
         self.stats.checkpoint_bytes = max(len(b) for b in blobs)
         self.stats.checkpoints_written += len(seqs)
         faults.reach("after-checkpoint")
@@ -1625,18 +1531,17 @@ class Daemon:
             )
 
     async def _commit(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None
-        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        consumer = self._link.consumer
+        offsets: dict[TopicPartition, int] = {}
         for p, shard in sorted(self.shards.items()):
             for logical in INPUTS:
                 tp = self._tp(logical, p)
                 if tp in self._owned:
-                    offsets[tp] = OffsetAndMetadata(shard.commit_offset(logical), "")
+                    offsets[tp] = shard.commit_offset(logical)
             tp = self._tp(TICKS, p)
             # Ticks are committed once past where publishing starts (not back into restored history).
             if tp in self._owned and shard.ticks_at >= self._publish_from[p]:
-                offsets[tp] = OffsetAndMetadata(shard.ticks_at, "")
+                offsets[tp] = shard.ticks_at
         if not offsets:
             return
         # The same offsets as the last commit under this assignment: nothing to commit. Most batches
@@ -1644,7 +1549,7 @@ class Daemon:
         # each commit is a round trip the loop waited on before its next fetch: 14-16% of its wall
         # time on one 2,500-node daemon (bench/results/latency-s11.md), a tick arriving meanwhile
         # read that much later.
-        done = {tp: o.offset for tp, o in offsets.items()}
+        done = dict(offsets)
         if self._committed == (self._assign_gen, done):
             self.stats.commits_skipped += 1
             return
@@ -1705,7 +1610,8 @@ class Daemon:
             for w in waits:
                 w.cancel()
 
-    async def _ticker(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
+    async def _ticker(self, producer: Producer, stop: asyncio.Event) -> None:
+        clock = self.clock
         topic = topic_name(self.config.prefix, TICKS)
         while not stop.is_set():
             tick_ms = self.engine.policy.tick_ms
@@ -1723,8 +1629,8 @@ class Daemon:
                     await self._publish_ticks(
                         producer, topic, passed, tick_ms, held_up=True, held_back_only=True
                     )
-                except (KafkaError, OSError) as exc:
-                    self._broker_trouble("tick", exc)
+                except (self._link.broker.error, OSError) as exc:
+                    self._link.trouble("tick", exc)
                 continue
             self._tick_now.clear()  # the boundary's round covers the held-back pools too
             # Woken a tick period or more after its boundary: the loop held the ticker up (it was
@@ -1744,8 +1650,8 @@ class Daemon:
                 await self._publish_ticks(producer, topic, boundary, tick_ms, held_up=held_up)
                 trace.stamp(boundary, "ticks_acked")
                 times.ticker_s += clock.monotonic_s() - started_s
-            except (KafkaError, OSError) as exc:  # the broker is away: the next round catches up
-                self._broker_trouble("tick", exc)
+            except (self._link.broker.error, OSError) as exc:  # the broker is away: the next round catches up
+                self._link.trouble("tick", exc)
 
     async def _read_to_now(self, limit_s: float, boundary: int | None = None) -> None:
         """Wait, at most ``limit_s``, until every owned input partition is read up to its end as the
@@ -1754,9 +1660,10 @@ class Daemon:
         of records stamped at or before it (:meth:`Shard.cut_by_time`), so it ends before that
         record and reading on cannot change it. When every partition holds one, the wait ends
         without asking the broker (the cut is the one the whole wait would have given)."""
-        consumer = self._consumer
-        if consumer is None:
+        if self._link.session is None:
             return
+        consumer = self._link.consumer
+        clock = self.clock
         tps = [
             tp for p in sorted(self.shards) for tp in (self._tp(k, p) for k in INPUTS) if tp in self._owned
         ]
@@ -1779,7 +1686,7 @@ class Daemon:
                     return  # the boundary does not wait on a broker that does not answer
                 await asyncio.wait([listing], timeout=0.005)
             listed = listing.result()
-        except KafkaError:
+        except self._link.broker.error:
             return
         finally:
             listing.cancel()
@@ -1798,7 +1705,7 @@ class Daemon:
 
     async def _publish_ticks(
         self,
-        producer: AIOKafkaProducer,
+        producer: Producer,
         topic: str,
         now_b: int,
         tick_ms: int,
@@ -1923,7 +1830,7 @@ class Daemon:
                     pools_skipped=skipped,
                     overload_max_ticks=self.config.overload_max_ticks,
                 )
-            self._overloaded[p] = (state[0] if state else clock.monotonic_s(), 0)
+            self._overloaded[p] = (state[0] if state else self.clock.monotonic_s(), 0)
             return
         if state is None:
             return
@@ -1935,68 +1842,11 @@ class Daemon:
         log.warning(
             "overload over: the shard decides every boundary again",
             partition=p,
-            lasted_s=round(clock.monotonic_s() - state[0], 1),
+            lasted_s=round(self.clock.monotonic_s() - state[0], 1),
             ticks_overload=self.stats.ticks_overload,
         )
 
     # -- service: broker watch, retries, metric sources -----------------------------------------
-
-    def _broker_trouble(self, operation: str, exc: BaseException) -> None:
-        self._broker_gap = True
-        self.health.connected = False
-        self.health.connection_error = one_line(exc)
-        metrics.broker_errors.add(1, {"operation": operation})
-        log.warning("broker unavailable; retrying", operation=operation, error=one_line(exc))
-
-    async def _retrying(self, operation: str, op: Callable[[], Any]) -> Any:
-        """``await op()``, retried with backoff while the broker is away (transient errors only).
-
-        The batch waits: nothing is committed before what was computed from it is acknowledged,
-        and publishing the same decisions again is harmless (desired state keyed by entity). A
-        non-transient error reaches the loop, which resumes from the checkpoints.
-        """
-        delay_s = 0.1
-        while True:
-            try:
-                return await op()
-            except CommitFailedError as exc:
-                if operation != "commit":
-                    raise
-                # The group rebalanced while the broker was away: these partitions were handed out
-                # again, and whoever owns them now resumes from the last commit (at least once;
-                # decisions made again are the same desired state, harmless).
-                metrics.broker_errors.add(1, {"operation": operation})
-                log.warning("commit skipped: the group rebalanced", error=one_line(exc)[:200])
-                return None
-            except KafkaError as exc:
-                stop = self._stop
-                if not _transient(exc) or (stop is not None and stop.is_set()):
-                    raise
-                self._broker_trouble(operation, exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait() if stop else asyncio.sleep(delay_s), delay_s)
-                delay_s = min(delay_s * 2, RETRY_MAX_S)
-
-    async def _watch_broker(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
-        """Ask the broker for metadata every ``BROKER_WATCH_S``: the connection state of /readyz."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(consumer.topics(), timeout=max(BROKER_WATCH_S * 2, 5.0))
-            except (KafkaError, TimeoutError) as exc:
-                self._broker_gap = True
-                if self.health.connected or not self.health.connection_error:
-                    self._broker_trouble(
-                        "metadata", exc if isinstance(exc, KafkaError) else KafkaTimeoutError()
-                    )
-                self.health.connected = False
-            else:
-                if not self.health.connected:
-                    log.info("broker reachable", bootstrap=shown(self.config.bootstrap_servers))
-                self.health.connected = True
-                self.health.connection_error = ""
-            self._refresh_health()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=BROKER_WATCH_S)
 
     def _refresh_health(self) -> None:
         h = self.health
@@ -2013,9 +1863,9 @@ class Daemon:
         return self._ticks_read.get(tp.partition, 0) if logical == TICKS else shard.read[logical]
 
     def lag(self) -> dict[tuple[str, int], int]:
-        consumer = self._consumer
-        if consumer is None:
+        if self._link.session is None:
             return {}
+        consumer = self._link.consumer
         out: dict[tuple[str, int], int] = {}
         for tp in sorted(self._owned, key=lambda t: (t.topic, t.partition)):
             high = consumer.highwater(tp)
@@ -2046,21 +1896,12 @@ class Daemon:
 
     async def _read_active(self) -> ActivePolicy | None:
         """This group's record on control.policy.active (the newest), if any."""
-        consumer = AIOKafkaConsumer(
-            **connect(self.config.bootstrap_servers),
-            client_id=f"{self.config.client_id}-active",
-            enable_auto_commit=False,
-        )
-        await consumer.start()
-        try:
-            return await read_active(consumer, self._active_topic, self.config.group_id)
-        finally:
-            await consumer.stop()
+        records = await self._link.broker.read_log(self._active_topic, client="active")
+        return active_of(records, self.config.group_id)
 
-    async def _load_active(self, producer: AIOKafkaProducer) -> None:
+    async def _load_active(self) -> None:
         """Resume the policy this group had activated; the initial policy only starts a new group
         (or is activated like any newer version, when it is one)."""
-        self._producer = producer
         record = await self._read_active()
         initial = self.config.policy
         if record is not None:
@@ -2108,7 +1949,7 @@ class Daemon:
     def _next_boundary(self, tick_ms: int) -> int:
         """The first tick boundary after now and after every tick already decided."""
         decided = max((ts for s in self.shards.values() for _, ts in s.last_tick.values()), default=0)
-        start = max(clock.wall_ms(), decided + 1)
+        start = max(self.clock.wall_ms(), decided + 1)
         return -(-start // tick_ms) * tick_ms
 
     def _shadow_now(self) -> Shadow | None:
@@ -2169,25 +2010,25 @@ class Daemon:
         )
 
     async def _publish_active(self) -> None:
-        producer = self._producer
-        if producer is None:
+        if self._link.session is None:
             return
+        producer = self._link.producer
         value = orjson.dumps(self.active_record().model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
         key = self.config.group_id.encode()
-        await self._retrying(
+        await self._link.retrying(
             "policy-active", lambda: producer.send_and_wait(self._active_topic, value=value, key=key)
         )
 
-    async def _follow_policies(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+    async def _follow_policies(self, stop: asyncio.Event) -> None:
         follow = self.config.follow_policy or self.config.policy.stamp.name
+        reader = self._link.policies
         while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=500)
-            records = sorted((r for rs in batch.values() for r in rs), key=lambda r: r.offset)
+            records = await reader.poll(timeout_ms=500)
             if not records:
                 continue
             refused = [letter for r in records if (letter := self._consider_policy(r, follow)) is not None]
-            if refused and self._publisher is not None:
-                await self._dead_letter_policies(self._publisher, refused)
+            if refused and self._link.session is not None:
+                await self._dead_letter_policies(self._link.publisher, refused)
             if self._pending_policy is None and self._pending_shadow is None:
                 # Everything up to here is decided (refused or ignored): a restart starts after it.
                 self._considered = max(self._considered, records[-1].offset)
@@ -2195,8 +2036,8 @@ class Daemon:
             else:
                 self._pending_offset = max(self._pending_offset, records[-1].offset)
 
-    async def _dead_letter_policies(self, publisher: Publisher, letters: list[DeadLetter]) -> None:
-        await self._retrying("dead-letter", lambda: publisher.dead_letter(letters, stage="policy"))
+    async def _dead_letter_policies(self, publisher: DecisionPublisher, letters: list[DeadLetter]) -> None:
+        await self._link.retrying("dead-letter", lambda: publisher.dead_letter(letters, stage="policy"))
 
     def _refuse(self, record: Any, reason: str) -> DeadLetter:
         self.stats.policies_refused += 1
@@ -2292,29 +2133,6 @@ class Daemon:
             version=compiled.stamp.version,
             hash=compiled.stamp.hash,
         )
-        return None
-
-
-async def read_active(consumer: AIOKafkaConsumer, topic: str, group: str) -> ActivePolicy | None:
-    """The newest ActivePolicy for ``group`` on ``topic`` (``consumer`` started, not subscribed)."""
-    tp = TopicPartition(topic, 0)
-    consumer.assign([tp])
-    await consumer.seek_to_beginning(tp)
-    end = (await consumer.end_offsets([tp]))[tp]
-    latest: bytes | None = None
-    key = group.encode()
-    while await consumer.position(tp) < end:
-        batch = await consumer.getmany(tp, timeout_ms=500)
-        for r in batch.get(tp, ()):
-            if r.key == key and r.value:
-                latest = r.value
-        end = max(end, consumer.highwater(tp) or 0)
-    if latest is None:
-        return None
-    try:
-        return ActivePolicy.model_validate_json(latest)
-    except ValueError:
-        log.warning("control.policy.active holds an unreadable record for this group; ignored")
         return None
 
 
