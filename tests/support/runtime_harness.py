@@ -7,18 +7,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
+from fleetloop.core.decide.engine import Engine
+from fleetloop.core.shard import Shard
 from fleetloop.daemon.observe.decode import decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_window
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.daemon.runtime.config import SKIPPED_FROM_HEADER, SKIPPED_HEADER
+from fleetloop.daemon.runtime.link import Link
+from fleetloop.daemon.runtime.partition import OwnedPartition, Partitions
+from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, TripTrace
+from fleetloop.daemon.runtime.ticker import Pace, Ticker
+from fleetloop.daemon.service.health import Health
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import Decision, NodeTelemetry, RequestOutcome, Tick
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS, topic_name
-from tests.support.memory_broker import Inline, MemoryBroker, Stored
+from tests.support.memory_broker import Inline, MemoryBroker, MemorySession, Stored
 from tests.support.records import outcome, telemetry, to_bytes
 from tests.support.virtual_time import FakeClock
 
@@ -150,3 +157,73 @@ def replay(broker: MemoryBroker, d: Daemon) -> ReplayReport:
     policy = d.config.policy
     report, _ = replay_window(group_ticks(log), inputs, {policy.stamp.hash: policy}, Window())
     return report
+
+
+# -- the runtime's parts, wired as the daemon wires them, for a test of one part ---------------------
+
+
+@dataclass
+class Rig:
+    """The shared pieces the daemon hands its parts (settings, clock, owned partitions, broker
+    link, stats, health), on a memory broker's session, and the parts built on them."""
+
+    config: DaemonConfig
+    clock: FakeClock
+    broker: MemoryBroker
+    session: MemorySession
+    parts: Partitions
+    link: Link
+    stats: DaemonStats
+    health: Health
+    engine: Engine
+    pace: Pace
+    loop_times: LoopTimes
+    trace: TripTrace
+
+    def own(self, index: int, shard: Shard | None = None, *, publish_from: int = 0) -> OwnedPartition:
+        """Own partition ``index`` (every pool-keyed topic's) with ``shard``."""
+        shard = shard if shard is not None else Shard(index)
+        owned = OwnedPartition(index, shard, publish_from=publish_from, ticks_read=shard.ticks_at)
+        self.parts.add(owned)
+        self.parts.assigned |= {self.parts.tp(k, index) for k in (TELEMETRY, REQUESTS, TICKS)}
+        return owned
+
+    def ticker(self) -> Ticker:
+        return Ticker(
+            self.config,
+            self.clock,
+            self.parts,
+            self.link,
+            engine=self.engine,
+            pace=self.pace,
+            stats=self.stats,
+            health=self.health,
+            loop_times=self.loop_times,
+            trace=self.trace,
+        )
+
+
+@contextlib.asynccontextmanager
+async def rig(clock: FakeClock, broker: MemoryBroker | None = None, **kw: Any) -> AsyncIterator[Rig]:
+    """A :class:`Rig` on ``broker`` (default: a new one with one partition per topic, so what is
+    sent lands on one log in send order) with the settings ``kw``."""
+    broker = broker or MemoryBroker(clock, partitions=1)
+    cfg = config(**kw)
+    health = Health(policy_loaded=True)
+    async with broker.session() as session:
+        link = Link(broker, health, "memory")
+        link.session = session
+        yield Rig(
+            cfg,
+            clock,
+            broker,
+            session,
+            Partitions(cfg.prefix),
+            link,
+            DaemonStats(),
+            health,
+            Engine(cfg.policy),
+            Pace(),
+            LoopTimes(clock=clock),
+            TripTrace(clock=clock),
+        )

@@ -140,47 +140,53 @@ async def test_the_daemon_puts_the_troubled_pools_of_each_shards_head_boundary_f
     assert daemon.shards[1].troubled({TELEMETRY: 2, REQUESTS: 2}) == {"z"}
 
 
-async def test_every_pool_of_a_shard_ticks_a_boundary_at_one_cut_computed_once() -> None:
-    """``Daemon._publish_ticks``: the ticks of one shard at one boundary carry one cut, the cut as
-    it stood when the boundary was published, even when the loop reads more records (stamped
-    before the boundary) while the ticker awaits its sends; and the cut is computed once per shard
-    and boundary, not once per pool (a scan of the shard's pending records: at 10,000 nodes, a
-    third of the daemon's CPU when done per pool)."""
-    import asyncio
+def test_every_pool_of_a_shard_ticks_a_boundary_at_one_cut_computed_once() -> None:
+    """``Ticker.publish``: the ticks of one shard at one boundary carry one cut, the cut as it stood
+    when the boundary was published, even when the loop reads more records (stamped before the
+    boundary) while the ticker awaits its sends; and the cut is computed once per shard and
+    boundary, not once per pool (a scan of the shard's pending records: at 10,000 nodes, a third of
+    the daemon's CPU when done per pool)."""
+    import dataclasses
     from typing import Any
 
     import orjson
-    from aiokafka import TopicPartition
-    from fleetloop.daemon.runtime import CUT_HEADER, Daemon, DaemonConfig
-    from fleetloop.schemas.topics import TICKS, topic_name
+    from fleetloop.daemon.runtime.config import CUT_HEADER
+    from tests.support.runtime_harness import rig
+    from tests.support.virtual_time import FakeClock, run_virtual
 
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    shard = daemon.shards[0] = Shard(0)
     pools = ("a", "b", "c", "d")
-    shard.add(TELEMETRY, [Row(i, T0 + i, telemetry(f"{q}/0", q, ts_ms=T0 + i)) for i, q in enumerate(pools)])
-    daemon._owned.add(TopicPartition(topic_name("", TICKS), 0))
     boundary = T0 + 1000
-    expected = shard.cut_by_time(boundary)
-    scans = []
-    real_cut = shard.cut_by_time
-
-    def counted(ts_ms: int) -> dict[str, int]:
-        scans.append(ts_ms)
-        return real_cut(ts_ms)
-
-    shard.cut_by_time = counted  # type: ignore[method-assign]
+    scans: list[int] = []
     sent: list[tuple[bytes, bytes]] = []
 
-    class Recorder:  # the producer's send, while the loop goes on reading records
-        async def send(self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
-            sent.append((key, dict(headers)[CUT_HEADER]))
-            n = shard.read[TELEMETRY]
-            shard.add(TELEMETRY, [Row(n, T0 + 500, telemetry("a/1", "a", ts_ms=T0 + 500))])
-            done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
+    async def run(clock: FakeClock) -> dict[str, int]:
+        async with rig(clock) as r:
+            shard = r.own(0).shard
+            shard.add(
+                TELEMETRY, [Row(i, T0 + i, telemetry(f"{q}/0", q, ts_ms=T0 + i)) for i, q in enumerate(pools)]
+            )
+            expected = shard.cut_by_time(boundary)
+            real_cut = shard.cut_by_time
 
-    await daemon._publish_ticks(Recorder(), topic_name("", TICKS), boundary, 1000)  # type: ignore[arg-type]
+            def counted(ts_ms: int) -> dict[str, int]:
+                scans.append(ts_ms)
+                return real_cut(ts_ms)
+
+            shard.cut_by_time = counted  # type: ignore[method-assign]
+            producer = r.session.producer
+
+            class Recorder:  # the producer's send, while the loop goes on reading records
+                async def send(self, topic: str, **kw: Any) -> Any:
+                    sent.append((kw["key"], dict(kw["headers"])[CUT_HEADER]))
+                    n = shard.read[TELEMETRY]
+                    shard.add(TELEMETRY, [Row(n, T0 + 500, telemetry("a/1", "a", ts_ms=T0 + 500))])
+                    return await producer.send(topic, **kw)
+
+            r.link.session = dataclasses.replace(r.session, producer=Recorder())  # type: ignore[arg-type]
+            await r.ticker().publish(boundary, 1000)
+            return expected
+
+    expected = run_virtual(run, wall_ms=T0)
     assert [k for k, _ in sent] == [q.encode() for q in pools]
     assert {cut for _, cut in sent} == {orjson.dumps(expected, option=orjson.OPT_SORT_KEYS)}
     assert scans == [boundary]

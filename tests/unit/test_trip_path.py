@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from fleetloop.daemon.runtime import TRACE_BOUNDARIES, TripTrace
 
 
@@ -84,21 +85,20 @@ async def test_a_tripping_pools_decisions_are_acknowledged_before_any_routine_po
     assert daemon.trace.trips == set()  # logged once, at the settle
 
 
-async def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_the_boundary() -> None:
-    """``Daemon._read_to_now``: a partition that holds a read record stamped after the boundary
+def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_the_boundary() -> None:
+    """``Ticker.read_to_now``: a partition that holds a read record stamped after the boundary
     needs no more reading (the boundary's cut ends before that record); when all do, the wait ends
     without asking the broker, and the cut is the one a full wait gives. A partition without one
     still waits for the broker's end (here one that never answers: the wait's limit)."""
     import asyncio
+    import dataclasses
     from typing import Any
 
-    from aiokafka import TopicPartition
-    from fleetloop import clock
-    from fleetloop.core.shard import INPUTS, Row, Shard
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig
-    from fleetloop.policies.registry import builtin_policy
-    from fleetloop.schemas.topics import REQUESTS, TELEMETRY, topic_name
+    from fleetloop.core.shard import Row
+    from fleetloop.schemas.topics import REQUESTS, TELEMETRY
     from tests.support.records import outcome, telemetry
+    from tests.support.runtime_harness import rig
+    from tests.support.virtual_time import FakeClock, run_virtual
 
     t0 = 1_700_000_000_000
     boundary = t0 + 1000
@@ -113,51 +113,55 @@ async def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_th
             await asyncio.sleep(3600)
             return {}
 
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._link.session = SimpleNamespace(consumer=Consumer())  # type: ignore[assignment]
-    shard = daemon.shards[0] = Shard(0)
-    for logical in INPUTS:
-        daemon._owned.add(TopicPartition(topic_name("", logical), 0))
-    # Telemetry: one record before the boundary, one after; requests: one before only.
-    shard.add(
-        TELEMETRY,
-        [
-            Row(0, t0 + 10, telemetry("a/0", "a", ts_ms=t0 + 10)),
-            Row(1, boundary + 5, telemetry("a/0", "a", ts_ms=boundary + 5)),
-        ],
-    )
-    shard.add(REQUESTS, [Row(0, t0 + 20, outcome("a/0", "ok", "a", ts_ms=t0 + 20))])
-    cut = shard.cut_by_time(boundary)
+    async def run(clock: FakeClock) -> list[float]:
+        took: list[float] = []
+        async with rig(clock) as r:
+            r.link.session = dataclasses.replace(r.session, consumer=Consumer())  # type: ignore[arg-type]
+            ticker = r.ticker()
+            shard = r.own(0).shard
+            # Telemetry: one record before the boundary, one after; requests: one before only.
+            shard.add(
+                TELEMETRY,
+                [
+                    Row(0, t0 + 10, telemetry("a/0", "a", ts_ms=t0 + 10)),
+                    Row(1, boundary + 5, telemetry("a/0", "a", ts_ms=boundary + 5)),
+                ],
+            )
+            shard.add(REQUESTS, [Row(0, t0 + 20, outcome("a/0", "ok", "a", ts_ms=t0 + 20))])
+            cut = shard.cut_by_time(boundary)
 
-    started = clock.monotonic_s()
-    await daemon._read_to_now(0.3, boundary)
-    assert clock.monotonic_s() - started >= 0.29  # requests has nothing past the boundary: it waits
-    assert asked == [2]
+            started = clock.monotonic_s()
+            await ticker.read_to_now(0.3, boundary)
+            took.append(clock.monotonic_s() - started)  # requests has nothing past the boundary: it waits
+            assert asked == [2]
 
-    shard.add(REQUESTS, [Row(1, boundary + 7, outcome("a/0", "ok", "a", ts_ms=boundary + 7))])
-    started = clock.monotonic_s()
-    await daemon._read_to_now(0.3, boundary)
-    assert clock.monotonic_s() - started < 0.05
-    assert asked == [2]  # not asked again
-    assert shard.cut_by_time(boundary) == cut  # the records past the boundary are not in its cut
+            shard.add(REQUESTS, [Row(1, boundary + 7, outcome("a/0", "ok", "a", ts_ms=boundary + 7))])
+            started = clock.monotonic_s()
+            await ticker.read_to_now(0.3, boundary)
+            took.append(clock.monotonic_s() - started)
+            assert asked == [2]  # not asked again
+            assert shard.cut_by_time(boundary) == cut  # the records past the boundary are not in its cut
 
-    # A record past the boundary arriving while the broker is asked ends the wait too.
-    shard2 = daemon.shards[1] = Shard(1)
-    for logical in INPUTS:
-        daemon._owned.add(TopicPartition(topic_name("", logical), 1))
-    shard2.add(TELEMETRY, [Row(0, boundary + 1, telemetry("b/0", "b", ts_ms=boundary + 1))])
+            # A record past the boundary arriving while the broker is asked ends the wait too.
+            shard2 = r.own(1).shard
+            shard2.add(TELEMETRY, [Row(0, boundary + 1, telemetry("b/0", "b", ts_ms=boundary + 1))])
 
-    async def arrive() -> None:
-        await asyncio.sleep(0.05)
-        shard2.add(REQUESTS, [Row(0, boundary + 2, outcome("b/0", "ok", "b", ts_ms=boundary + 2))])
+            async def arrive() -> None:
+                await asyncio.sleep(0.05)
+                shard2.add(REQUESTS, [Row(0, boundary + 2, outcome("b/0", "ok", "b", ts_ms=boundary + 2))])
 
-    task = asyncio.create_task(arrive())
-    started = clock.monotonic_s()
-    await daemon._read_to_now(0.3, boundary)
-    took = clock.monotonic_s() - started
-    await task
-    assert 0.04 <= took < 0.2
-    assert asked == [2, 4]
+            task = asyncio.create_task(arrive())
+            started = clock.monotonic_s()
+            await ticker.read_to_now(0.3, boundary)
+            took.append(clock.monotonic_s() - started)
+            await task
+            assert asked == [2, 4]
+        return took
+
+    waited, at_once, arrived = run_virtual(run, wall_ms=t0)
+    assert waited == pytest.approx(0.3, abs=0.006)
+    assert at_once == 0.0
+    assert arrived == pytest.approx(0.05, abs=0.006)  # the record came at 0.05 s; polled every 5 ms
 
 
 async def test_a_batch_that_moved_no_offset_commits_nothing() -> None:
