@@ -17,6 +17,7 @@ from fleetloop.daemon.observe.decode import decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_window
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.daemon.runtime.config import SKIPPED_FROM_HEADER, SKIPPED_HEADER
+from fleetloop.daemon.runtime.follower import PolicyFollower
 from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import OwnedPartition, Partitions
 from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, TripTrace
@@ -200,6 +201,17 @@ class Rig:
             health=self.health,
             loop_times=self.loop_times,
             trace=self.trace,
+        )
+
+    def follower(self) -> PolicyFollower:
+        """A policy follower whose engine is a new one (a restart's)."""
+        return PolicyFollower(
+            self.config,
+            self.clock,
+            self.parts,
+            self.link,
+            engine=Engine(self.config.policy),
+            stats=self.stats,
         )
 
 
