@@ -16,10 +16,13 @@ from fleetloop.core.shard import Shard
 from fleetloop.daemon.observe.decode import decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_window
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.daemon.runtime.checkpoints import Checkpoints
 from fleetloop.daemon.runtime.config import SKIPPED_FROM_HEADER, SKIPPED_HEADER
+from fleetloop.daemon.runtime.deadletters import DeadLetters
 from fleetloop.daemon.runtime.follower import PolicyFollower
 from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import OwnedPartition, Partitions
+from fleetloop.daemon.runtime.port import Offload
 from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, TripTrace
 from fleetloop.daemon.runtime.ticker import Pace, Ticker
 from fleetloop.daemon.service.health import Health
@@ -201,6 +204,22 @@ class Rig:
             health=self.health,
             loop_times=self.loop_times,
             trace=self.trace,
+        )
+
+    def dead_letters(self) -> DeadLetters:
+        return DeadLetters(self.config.prefix, self.parts, self.link, stats=self.stats)
+
+    def checkpoints(
+        self, dead_letters: DeadLetters | None = None, offload: Offload | None = None
+    ) -> Checkpoints:
+        return Checkpoints(
+            self.config,
+            self.clock,
+            self.parts,
+            self.link,
+            dead_letters=dead_letters or self.dead_letters(),
+            offload=offload or Inline(),
+            stats=self.stats,
         )
 
     def follower(self) -> PolicyFollower:

@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 from fleetloop.daemon.runtime import Daemon
-from fleetloop.schemas.topics import CHECKPOINT, topic_name
+from fleetloop.schemas.topics import CHECKPOINT, DEADLETTER, TELEMETRY, topic_name
 from tests.support.memory_broker import MemoryBroker
 from tests.support.runtime_harness import (
     TICK_MS,
@@ -233,3 +233,32 @@ def test_an_emptied_broker_is_detected_and_the_shards_start_clean() -> None:
     assert d.stats.shards_started_clean >= 1
     assert decided  # decided again after the broker came back empty
     assert decided[-1] >= FIRST + 10
+
+
+def test_a_record_refused_at_the_door_is_dead_lettered_once_across_a_crash() -> None:
+    """A malformed record: the daemon that read it dead-letters it and dies before a checkpoint
+    covers it; the next restores the older checkpoint, reads the record again, finds its dead letter
+    on the dead-letter topic after the checkpoint's mark and does not publish it twice."""
+    pool = pools_by_partition()[0]
+
+    async def main(clock: FakeClock) -> tuple[list[bytes], Daemon]:
+        broker = MemoryBroker(clock)
+        feed = asyncio.create_task(fleet(broker, clock, [pool], T0 + 9 * TICK_MS))
+        first = daemon(broker, clock, checkpoint_interval_s=2.0)
+        task = asyncio.create_task(first.run(asyncio.Event()))
+        await asyncio.sleep(4.2)  # a checkpoint at about 2 s and 4 s after the start
+        broker.append(topic_name(broker.prefix, TELEMETRY), b"{not json", pool.encode())
+        await asyncio.sleep(1.5)
+        assert first.stats.dead_letters == 1
+        await crash(first, task)  # before the next checkpoint
+        second = daemon(broker, clock, checkpoint_interval_s=2.0)
+        async with running(second):
+            await feed
+        sources = [dict(r.headers)["fleetloop.source"] for r in broker.records(DEADLETTER)]
+        return sources, second
+
+    sources, second = run_virtual(main, wall_ms=T0)
+    assert len(sources) == 1, sources
+    assert second.stats.shards_restored >= 1
+    assert second.stats.dead_letter_scans == 1
+    assert second.stats.dead_letters_suppressed == 1

@@ -4,6 +4,7 @@ and what the runtime does with a tripping pool's decisions."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from fleetloop.daemon.runtime import TRACE_BOUNDARIES, TripTrace
@@ -29,7 +30,6 @@ async def test_a_tripping_pools_decisions_are_acknowledged_before_any_routine_po
     staged and acknowledged (``Publisher.settle``) before the first routine pool is decided; the
     trace has each of their stages and one "trip path" line. Without the settle (the mutation),
     the trip's decisions wait for the client's turns between the routine batches."""
-    from typing import Any
 
     from fleetloop.core.shard import Row, Shard
     from fleetloop.daemon.runtime import Daemon, DaemonConfig
@@ -92,7 +92,6 @@ def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_the_boun
     still waits for the broker's end (here one that never answers: the wait's limit)."""
     import asyncio
     import dataclasses
-    from typing import Any
 
     from fleetloop.core.shard import Row
     from fleetloop.schemas.topics import REQUESTS, TELEMETRY
@@ -164,45 +163,45 @@ def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_the_boun
     assert arrived == pytest.approx(0.05, abs=0.006)  # the record came at 0.05 s; polled every 5 ms
 
 
-async def test_a_batch_that_moved_no_offset_commits_nothing() -> None:
-    """``Daemon._commit``: the offsets of the last commit under the same assignment are not sent
-    again (a round trip the loop waited on after every batch of input records); a moved offset, or
-    a new assignment (a rebalance callback), commits again."""
-    from typing import Any
-
-    from aiokafka import TopicPartition
-    from fleetloop.core.shard import INPUTS, Row, Shard
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig
-    from fleetloop.policies.registry import builtin_policy
-    from fleetloop.schemas.topics import TELEMETRY, TICKS, topic_name
+def test_a_batch_that_moved_no_offset_commits_nothing() -> None:
+    """``Checkpoints.commit``: the offsets of the last commit under the same assignment are not
+    sent again (a round trip the loop waited on after every batch of input records); a moved
+    offset, or a new assignment (a rebalance callback), commits again."""
+    from fleetloop.core.shard import Row
+    from fleetloop.schemas.topics import TELEMETRY, TICKS
     from tests.support.records import telemetry
+    from tests.support.runtime_harness import rig
+    from tests.support.virtual_time import FakeClock, run_virtual
 
-    sent: list[dict[Any, int]] = []
+    async def run(clock: FakeClock) -> None:
+        async with rig(clock) as r:
+            checkpoints = r.checkpoints()
+            shard = r.own(0).shard
+            commits: list[dict[str, int]] = []
+            commit = r.session.consumer.commit
 
-    class Consumer:
-        async def commit(self, offsets: Any) -> None:
-            sent.append({tp.topic.split(".")[-1]: o for tp, o in offsets.items()})
+            async def counted(offsets: Any) -> None:
+                commits.append({tp.topic: o for tp, o in offsets.items()})
+                await commit(offsets)
 
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._link.session = SimpleNamespace(consumer=Consumer())  # type: ignore[assignment]
-    shard = daemon.shards[0] = Shard(0)
-    daemon._publish_from[0] = 0
-    for logical in (*INPUTS, TICKS):
-        daemon._owned.add(TopicPartition(topic_name("", logical), 0))
-    shard.add(TELEMETRY, [Row(0, 5, telemetry("a/0", "a", ts_ms=5))])
-    await daemon._commit()
-    await daemon._commit()  # nothing moved
-    assert len(sent) == 1
-    assert daemon.stats.commits_skipped == 1
-    shard.ticks_at = 3  # a tick decided
-    await daemon._commit()
-    assert len(sent) == 2
-    assert sent[-1][TICKS.split(".")[-1]] == 3
-    daemon._assign_gen += 1  # the group moved partitions: commit again, even the same offsets
-    await daemon._commit()
-    await daemon._commit()
-    assert len(sent) == 3
-    assert (daemon.stats.commits, daemon.stats.commits_skipped) == (3, 2)
+            r.session.consumer.commit = counted  # type: ignore[method-assign]
+            shard.add(TELEMETRY, [Row(0, 5, telemetry("a/0", "a", ts_ms=5))])
+            await checkpoints.commit()
+            await checkpoints.commit()  # nothing moved
+            assert len(commits) == 1
+            assert r.stats.commits_skipped == 1
+            shard.ticks_at = 3  # a tick decided
+            await checkpoints.commit()
+            assert len(commits) == 2
+            assert commits[-1][TICKS] == 3
+            assert r.broker.committed["fleetloop"][r.parts.tp(TICKS, 0)] == 3
+            r.parts.generation += 1  # the group moved partitions: commit again, even the same offsets
+            await checkpoints.commit()
+            await checkpoints.commit()
+            assert len(commits) == 3
+            assert (r.stats.commits, r.stats.commits_skipped) == (3, 2)
+
+    run_virtual(run)
 
 
 async def test_a_shard_that_came_back_during_the_settle_decides_its_whole_queue() -> None:
@@ -211,7 +210,6 @@ async def test_a_shard_that_came_back_during_the_settle_decides_its_whole_queue(
     shard, the tripping pool's included, not passed as "decided above" (they were, by the old one).
     Mutation: the offsets decided early applied to whatever queue the shard has -> the new shard
     never decides the trip pool's tick."""
-    from typing import Any
 
     from fleetloop.core.shard import Row, Shard
     from fleetloop.daemon.runtime import Daemon, DaemonConfig
