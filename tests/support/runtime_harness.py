@@ -16,10 +16,12 @@ from fleetloop.core.shard import Shard
 from fleetloop.daemon.observe.decode import decode_batch
 from fleetloop.daemon.replay.replay import ReplayReport, Window, group_ticks, replay_window
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.daemon.runtime.assignment import Assignment
 from fleetloop.daemon.runtime.checkpoints import Checkpoints
 from fleetloop.daemon.runtime.config import SKIPPED_FROM_HEADER, SKIPPED_HEADER
 from fleetloop.daemon.runtime.deadletters import DeadLetters
 from fleetloop.daemon.runtime.follower import PolicyFollower
+from fleetloop.daemon.runtime.intake import Intake
 from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import OwnedPartition, Partitions
 from fleetloop.daemon.runtime.port import Offload
@@ -219,6 +221,29 @@ class Rig:
             self.link,
             dead_letters=dead_letters or self.dead_letters(),
             offload=offload or Inline(),
+            stats=self.stats,
+        )
+
+    def intake(self, dead_letters: DeadLetters | None = None) -> Intake:
+        return Intake(
+            self.config,
+            self.clock,
+            self.parts,
+            self.link,
+            dead_letters=dead_letters or self.dead_letters(),
+            stats=self.stats,
+        )
+
+    def assignment(self) -> Assignment:
+        dead_letters = self.dead_letters()
+        return Assignment(
+            self.config,
+            self.clock,
+            self.parts,
+            self.link,
+            checkpoints=self.checkpoints(dead_letters),
+            dead_letters=dead_letters,
+            intake=self.intake(dead_letters),
             stats=self.stats,
         )
 
