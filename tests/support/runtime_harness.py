@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fleetloop.core.decide.engine import Engine
@@ -20,11 +20,13 @@ from fleetloop.daemon.runtime.assignment import Assignment
 from fleetloop.daemon.runtime.checkpoints import Checkpoints
 from fleetloop.daemon.runtime.config import SKIPPED_FROM_HEADER, SKIPPED_HEADER
 from fleetloop.daemon.runtime.deadletters import DeadLetters
+from fleetloop.daemon.runtime.decider import Decider
 from fleetloop.daemon.runtime.follower import PolicyFollower
 from fleetloop.daemon.runtime.intake import Intake
 from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import OwnedPartition, Partitions
 from fleetloop.daemon.runtime.port import Offload
+from fleetloop.daemon.runtime.summaries import Summaries
 from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, TripTrace
 from fleetloop.daemon.runtime.ticker import Pace, Ticker
 from fleetloop.daemon.service.health import Health
@@ -33,7 +35,9 @@ from fleetloop.schemas import Decision, NodeTelemetry, RequestOutcome, Tick
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS, topic_name
 from tests.support.memory_broker import Inline, MemoryBroker, MemorySession, Stored
 from tests.support.records import outcome, telemetry, to_bytes
-from tests.support.virtual_time import FakeClock
+from tests.support.virtual_time import FakeClock, run_virtual
+
+T = TypeVar("T")
 
 TICK_MS = 1000  # the built-in policies' tick
 
@@ -247,6 +251,22 @@ class Rig:
             stats=self.stats,
         )
 
+    def summaries(self) -> Summaries:
+        return Summaries(self.config, self.parts, self.link, engine=self.engine, stats=self.stats)
+
+    def decider(self, follower: PolicyFollower | None = None) -> Decider:
+        return Decider(
+            self.config,
+            self.clock,
+            self.parts,
+            self.link,
+            follower=follower or self.follower(),
+            summaries=self.summaries(),
+            pace=self.pace,
+            trace=self.trace,
+            stats=self.stats,
+        )
+
     def follower(self) -> PolicyFollower:
         """A policy follower whose engine is a new one (a restart's)."""
         return PolicyFollower(
@@ -257,6 +277,28 @@ class Rig:
             engine=Engine(self.config.policy),
             stats=self.stats,
         )
+
+
+def on_rig(
+    check: Callable[[Rig], Awaitable[T]],
+    *,
+    consumer: Any = None,
+    publisher: Any = None,
+    wall_ms: int = 1_800_000_000_000,
+    **kw: Any,
+) -> T:
+    """``check(rig)`` in virtual time from ``wall_ms``, on a rig whose group consumer or publisher
+    are replaced by the given stand-ins (when given), with the settings ``kw``."""
+
+    async def run(clock: FakeClock) -> T:
+        async with rig(clock, **kw) as r:
+            if consumer is not None:
+                r.link.session = replace(r.session, consumer=consumer)
+            if publisher is not None:
+                r.link.session = replace(r.link.session or r.session, publisher=publisher)
+            return await check(r)
+
+    return run_virtual(run, wall_ms=wall_ms)
 
 
 @contextlib.asynccontextmanager

@@ -3,7 +3,6 @@ and what the runtime does with a tripping pool's decisions."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,19 +24,18 @@ def test_a_trace_keeps_each_stages_first_time_for_the_newest_boundaries() -> Non
     assert trace.trips == set()
 
 
-async def test_a_tripping_pools_decisions_are_acknowledged_before_any_routine_pool_is_decided() -> None:
-    """``Daemon._decide_ready``: the troubled pools of each shard's head boundary are decided,
+def test_a_tripping_pools_decisions_are_acknowledged_before_any_routine_pool_is_decided() -> None:
+    """``Decider.decide_ready``: the troubled pools of each shard's head boundary are decided,
     staged and acknowledged (``Publisher.settle``) before the first routine pool is decided; the
     trace has each of their stages and one "trip path" line. Without the settle (the mutation),
     the trip's decisions wait for the client's turns between the routine batches."""
 
-    from fleetloop.core.shard import Row, Shard
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig
-    from fleetloop.daemon.runtime.daemon import _HeldTick
-    from fleetloop.policies.registry import builtin_policy
+    from fleetloop.core.shard import Row
+    from fleetloop.daemon.runtime.partition import HeldTick
     from fleetloop.schemas import Tick
     from fleetloop.schemas.topics import REQUESTS, TELEMETRY
     from tests.support.records import outcome, telemetry
+    from tests.support.runtime_harness import Rig, on_rig
 
     t0 = 1_700_000_000_000
     events: list[tuple[str, ...]] = []
@@ -54,35 +52,39 @@ async def test_a_tripping_pools_decisions_are_acknowledged_before_any_routine_po
         def highwater(self, tp: Any) -> None:
             return None
 
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._link.session = SimpleNamespace(consumer=Consumer(), publisher=Publisher())  # type: ignore[assignment]
     boundary = t0 + 1000
-    for p, pools in ((0, ("a", "b")), (1, ("c", "d"))):
-        shard = daemon.shards[p] = Shard(p)
-        shard.add(
-            TELEMETRY, [Row(i, t0 + i, telemetry(f"{q}/0", q, ts_ms=t0 + i)) for i, q in enumerate(pools)]
-        )
-        kinds = ("ok", "error") if p == 1 else ("ok", "ok")  # pool d of shard 1 has a failed call
-        shard.add(
-            REQUESTS,
-            [
-                Row(i, t0 + 5 + i, outcome(f"{q}/0", k, q, ts_ms=t0 + 5 + i))
-                for i, (q, k) in enumerate(zip(pools, kinds, strict=True))
-            ],
-        )
-        cut = {TELEMETRY: 2, REQUESTS: 2}
-        daemon._publish_from[p] = 0
-        daemon._held[p] = [
-            _HeldTick(k, Tick(ts_ms=boundary, tick_id=boundary // 1000, pool_id=q), boundary, cut, None, 0.0)
-            for k, q in enumerate(pools)
-        ]
-    decided = await daemon._decide_ready()
-    assert {d.body.entity.split("/")[1] for d in decided} == {"a", "b", "c", "d"}
-    assert events[:2] == [("stage", "d"), ("settle",)]
-    assert sorted(events[2:]) == [("stage", "a"), ("stage", "b"), ("stage", "c")]
-    stages = daemon.trace.after(boundary)
-    assert list(stages) == ["ticks_read", "cut_ready", "folded", "decided", "staged", "acked"]
-    assert daemon.trace.trips == set()  # logged once, at the settle
+
+    async def check(r: Rig) -> None:
+        for p, pools in ((0, ("a", "b")), (1, ("c", "d"))):
+            owned = r.own(p)
+            shard = owned.shard
+            shard.add(
+                TELEMETRY, [Row(i, t0 + i, telemetry(f"{q}/0", q, ts_ms=t0 + i)) for i, q in enumerate(pools)]
+            )
+            kinds = ("ok", "error") if p == 1 else ("ok", "ok")  # pool d of shard 1 has a failed call
+            shard.add(
+                REQUESTS,
+                [
+                    Row(i, t0 + 5 + i, outcome(f"{q}/0", k, q, ts_ms=t0 + 5 + i))
+                    for i, (q, k) in enumerate(zip(pools, kinds, strict=True))
+                ],
+            )
+            cut = {TELEMETRY: 2, REQUESTS: 2}
+            owned.held = [
+                HeldTick(
+                    k, Tick(ts_ms=boundary, tick_id=boundary // 1000, pool_id=q), boundary, cut, None, 0.0
+                )
+                for k, q in enumerate(pools)
+            ]
+        decided = await r.decider().decide_ready()
+        assert {d.body.entity.split("/")[1] for d in decided} == {"a", "b", "c", "d"}
+        assert events[:2] == [("stage", "d"), ("settle",)]
+        assert sorted(events[2:]) == [("stage", "a"), ("stage", "b"), ("stage", "c")]
+        stages = r.trace.after(boundary)
+        assert list(stages) == ["ticks_read", "cut_ready", "folded", "decided", "staged", "acked"]
+        assert r.trace.trips == set()  # logged once, at the settle
+
+    on_rig(check, consumer=Consumer(), publisher=Publisher(), wall_ms=t0)
 
 
 def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_the_boundary() -> None:
@@ -204,28 +206,28 @@ def test_a_batch_that_moved_no_offset_commits_nothing() -> None:
     run_virtual(run)
 
 
-async def test_a_shard_that_came_back_during_the_settle_decides_its_whole_queue() -> None:
-    """A rebalance while the loop awaits the trip's acknowledgement takes the shard away and gives
-    it back, restored (a new shard and queue): the new queue's ticks are all decided by the new
-    shard, the tripping pool's included, not passed as "decided above" (they were, by the old one).
-    Mutation: the offsets decided early applied to whatever queue the shard has -> the new shard
-    never decides the trip pool's tick."""
+def test_a_shard_that_came_back_during_the_settle_decides_its_whole_queue() -> None:
+    """A rebalance while the loop awaits the trip's acknowledgement takes the partition away and
+    gives it back, restored (a new record: a new shard and queue): the new queue's ticks are all
+    decided by the new shard, the tripping pool's included, not passed as "decided above" (they
+    were, by the old one). Mutation: the offsets decided early applied to whatever queue the
+    partition has -> the new shard never decides the trip pool's tick."""
 
     from fleetloop.core.shard import Row, Shard
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig
-    from fleetloop.daemon.runtime.daemon import _HeldTick
-    from fleetloop.policies.registry import builtin_policy
+    from fleetloop.daemon.runtime.partition import HeldTick, OwnedPartition
     from fleetloop.schemas import Tick
     from fleetloop.schemas.topics import REQUESTS, TELEMETRY
     from tests.support.records import outcome, telemetry
+    from tests.support.runtime_harness import Rig, on_rig
 
     t0 = 1_700_000_000_000
     boundary = t0 + 1000
     pools = ("a", "b")
     cut = {TELEMETRY: 2, REQUESTS: 2}
 
-    def fresh() -> tuple[Shard, list[_HeldTick]]:
-        shard = Shard(0)
+    def fresh(r: Rig) -> OwnedPartition:
+        owned = r.own(0)
+        shard = owned.shard
         shard.add(
             TELEMETRY, [Row(i, t0 + i, telemetry(f"{q}/0", q, ts_ms=t0 + i)) for i, q in enumerate(pools)]
         )
@@ -236,36 +238,36 @@ async def test_a_shard_that_came_back_during_the_settle_decides_its_whole_queue(
                 Row(1, t0 + 6, outcome("b/0", "error", "b", ts_ms=t0 + 6)),
             ],
         )
-        held = [
-            _HeldTick(
+        owned.held = [
+            HeldTick(
                 k, Tick(ts_ms=boundary, tick_id=boundary // 1000, pool_id=q), boundary, dict(cut), None, 0.0
             )
             for k, q in enumerate(pools)
         ]
-        return shard, held
+        return owned
 
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
     restored: list[Shard] = []
+    rigs: list[Rig] = []
 
     class Publisher:
         async def stage(self, decisions: Any, shadow: Any = ()) -> None:
             pass
 
         async def settle(self) -> bool:  # the group takes partition 0 away and gives it back
-            shard, held = fresh()
-            daemon.shards[0], daemon._held[0] = shard, held
-            restored.append(shard)
+            restored.append(fresh(rigs[0]).shard)
             return True
 
     class Consumer:
         def highwater(self, tp: Any) -> None:
             return None
 
-    daemon._link.session = SimpleNamespace(consumer=Consumer(), publisher=Publisher())  # type: ignore[assignment]
-    daemon.shards[0], daemon._held[0] = fresh()
-    daemon._publish_from[0] = 0
-    await daemon._decide_ready()
-    assert restored
-    assert daemon.shards[0] is restored[0]
-    assert daemon._held[0] == []
-    assert set(restored[0].last_tick) == {"a", "b"}  # the trip pool b decided by the new shard too
+    async def check(r: Rig) -> None:
+        rigs.append(r)
+        fresh(r)
+        await r.decider().decide_ready()
+        assert restored
+        assert r.parts[0].shard is restored[0]
+        assert r.parts[0].held == []
+        assert set(restored[0].last_tick) == {"a", "b"}  # the trip pool b decided by the new shard too
+
+    on_rig(check, consumer=Consumer(), publisher=Publisher(), wall_ms=t0)
