@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from fleetloop.daemon.observe.decode import DeadLetter
+from fleetloop.daemon.observe.decode import DeadLetter, RecordLike
 from fleetloop.schemas.decisions import Decision
 
 T = TypeVar("T")
@@ -36,21 +36,9 @@ class TopicPartition(NamedTuple):
     partition: int
 
 
-class Record(Protocol):
-    """A consumed record (aiokafka's ConsumerRecord has these attributes)."""
+class Record(RecordLike, Protocol):
+    """A consumed record with its headers."""
 
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def timestamp(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
     @property
     def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
