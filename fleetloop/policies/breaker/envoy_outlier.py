@@ -88,7 +88,7 @@ from typing import Literal, Self
 import numpy as np
 from pydantic import Field, model_validator
 
-from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.breaker.emission import Emitted, change_only
 from fleetloop.schemas.decisions import BreakerDecision
 
@@ -218,6 +218,49 @@ def _try_eject(
     return kind
 
 
+def _endpoints(nodes: Sequence[NodeView], state: DetectorState) -> dict[str, HostState]:
+    """The detector's hosts (a working copy): the cluster's endpoints, i.e. the nodes that are ready
+    (warm, not draining, not silent). A node that leaves them is forgotten (the member-update
+    callback); one that (re)joins a running detector starts with a fresh counter, as a new host
+    monitor does."""
+    started = state.next_interval_ms is not None
+    hosts: dict[str, HostState] = {}
+    for n in nodes:
+        if n.warm and not n.stale:
+            cf = n.consecutive_failures
+            fresh = HostState(failures_mark=cf, failures_seen=cf) if started else HostState()
+            hosts[n.node_id] = state.hosts.get(n.node_id, fresh)
+    return hosts
+
+
+def _consecutive_5xx(
+    hosts: dict[str, HostState],
+    failures: Mapping[str, int],
+    events: dict[str, str],
+    *,
+    params: EnvoyOutlierParams,
+    now: int,
+    rng: np.random.Generator,
+) -> dict[str, int]:
+    """The consecutive-5xx detector over the calls since the previous tick: each host's run since
+    its counter's last reset (returned), and a detection, longest run first, for each host not
+    ejected whose run reached ``consecutive_5xx``. Updates ``hosts`` and ``events``."""
+    runs: dict[str, int] = {}
+    candidates: list[tuple[int, str]] = []
+    for node_id, h in hosts.items():
+        cf = failures[node_id]
+        mark = 0 if cf < h.failures_seen else h.failures_mark  # the run shrank: an ok call reset it
+        runs[node_id] = cf - mark
+        hosts[node_id] = replace(h, failures_mark=mark, failures_seen=cf)
+        if not h.ejected and cf - mark >= params.consecutive_5xx:
+            candidates.append((mark - cf, node_id))
+    for _, node_id in sorted(candidates):
+        # Detected: Envoy resets the counter whether or not the ejection happens.
+        hosts[node_id] = replace(hosts[node_id], failures_mark=failures[node_id])
+        events[node_id] = _try_eject(hosts, node_id, "consecutive-5xx", params=params, now=now, rng=rng)
+    return runs
+
+
 class EnvoyOutlier:
     name = "envoy-outlier"
     section = "breaker"
@@ -232,34 +275,10 @@ class EnvoyOutlier:
         now = ctx.now_ms
         nodes = snap.pool_nodes(ctx.pool_id)
         failures = {n.node_id: n.consecutive_failures for n in nodes}
-        # Envoy's hosts are the cluster's endpoints: the nodes that are ready (warm, not draining,
-        # not silent). A node that leaves them is forgotten (the member-update callback); one that
-        # (re)joins a running detector starts with a fresh counter, as a new host monitor does.
-        started = state.next_interval_ms is not None
-        hosts: dict[str, HostState] = {}
-        for n in nodes:
-            if n.warm and not n.stale:
-                cf = n.consecutive_failures
-                fresh = HostState(failures_mark=cf, failures_seen=cf) if started else HostState()
-                hosts[n.node_id] = state.hosts.get(n.node_id, fresh)
+        hosts = _endpoints(nodes, state)
         events: dict[str, str] = {}
-        runs: dict[str, int] = {}
-        candidates: list[tuple[int, str]] = []
-
         # 1. Consecutive 5xx, from the calls that arrived since the previous tick.
-        for node_id, h in hosts.items():
-            cf = failures[node_id]
-            mark = 0 if cf < h.failures_seen else h.failures_mark  # the run shrank: an ok call reset it
-            runs[node_id] = cf - mark
-            hosts[node_id] = replace(h, failures_mark=mark, failures_seen=cf)
-            if not h.ejected and cf - mark >= params.consecutive_5xx:
-                candidates.append((mark - cf, node_id))
-        for _, node_id in sorted(candidates):
-            # Detected: Envoy resets the counter whether or not the ejection happens.
-            hosts[node_id] = replace(hosts[node_id], failures_mark=failures[node_id])
-            events[node_id] = _try_eject(
-                hosts, node_id, "consecutive-5xx", params=params, now=now, rng=ctx.rng
-            )
+        runs = _consecutive_5xx(hosts, failures, events, params=params, now=now, rng=ctx.rng)
 
         # 2. The interval timer (DetectorImpl::onIntervalTimer).
         diagnostics: dict[str, float] = {}
@@ -269,66 +288,106 @@ class EnvoyOutlier:
         if next_interval is None:
             next_interval = now + params.interval_ms
         elif now >= next_interval:
-            for node_id, h in hosts.items():
-                if (
-                    h.ejected
-                    and h.ejected_at_ms is not None
-                    and ejection_time_ms(params, h) <= now - h.ejected_at_ms
-                ):
-                    hosts[node_id] = replace(
-                        h, ejected=False, unejected_at_ms=now, failures_mark=failures[node_id]
-                    )
-                    events[node_id] = "unejected"
-            if hosts:
-                diagnostics.update(
-                    self._statistical(
-                        snap, params=params, hosts=hosts, events=events, rates=rates, volumes=volumes, ctx=ctx
-                    )
-                )
-            for node_id, h in hosts.items():
-                returned = h.unejected_at_ms
-                if (
-                    not h.ejected
-                    and returned is not None
-                    and now - returned >= params.interval_ms
-                    and h.backoff
-                ):
-                    hosts[node_id] = replace(h, backoff=h.backoff - 1)
+            diagnostics = self._on_interval(
+                snap,
+                params=params,
+                hosts=hosts,
+                failures=failures,
+                events=events,
+                rates=rates,
+                volumes=volumes,
+                ctx=ctx,
+            )
             next_interval = now + params.interval_ms
 
-        decisions = []
-        for n in nodes:
-            if n.node_id not in hosts:
-                decisions.append(
-                    BreakerDecision(
-                        entity=f"node/{n.node_id}",
-                        pool_id=ctx.pool_id,
-                        node_id=n.node_id,
-                        state="closed",
-                        reason="not-an-endpoint",
-                    )
-                )
-                continue
-            inputs = {"consecutive_failures": float(runs[n.node_id]), "requests_w": float(volumes[n.node_id])}
-            if n.node_id in rates:
-                inputs["success_rate_pct"] = r6(rates[n.node_id])
-            inputs["backoff"] = float(hosts[n.node_id].backoff)
-            decisions.append(
-                self._decision(
-                    params,
-                    h=hosts[n.node_id],
-                    event=events.get(n.node_id),
-                    node_id=n.node_id,
-                    ctx=ctx,
-                    inputs=inputs,
-                )
+        decisions = [
+            self._node_decision(
+                n.node_id,
+                params,
+                hosts=hosts,
+                runs=runs,
+                volumes=volumes,
+                rates=rates,
+                events=events,
+                ctx=ctx,
             )
+            for n in nodes
+        ]
         diagnostics["ejected"] = float(sum(1 for h in hosts.values() if h.ejected))
         emitted, fields = change_only(decisions, state.emitted, ctx.tick_id)
         return PolicyResult(
             decisions=emitted,
             state=DetectorState(hosts=hosts, next_interval_ms=next_interval, emitted=fields),
             diagnostics=diagnostics,
+        )
+
+    @classmethod
+    def _on_interval(
+        cls,
+        snap: FleetSnapshot,
+        *,
+        params: EnvoyOutlierParams,
+        hosts: dict[str, HostState],
+        failures: Mapping[str, int],
+        events: dict[str, str],
+        rates: dict[str, float],
+        volumes: Mapping[str, int],
+        ctx: PolicyContext,
+    ) -> dict[str, float]:
+        """One run of the interval timer, in Envoy's order: return the hosts whose ejection time has
+        passed, run the statistical detectors, then step down the backoff of hosts returned at least
+        an interval ago. Updates ``hosts``, ``events`` and ``rates``; returns the diagnostics."""
+        now = ctx.now_ms
+        for node_id, h in hosts.items():
+            if (
+                h.ejected
+                and h.ejected_at_ms is not None
+                and ejection_time_ms(params, h) <= now - h.ejected_at_ms
+            ):
+                hosts[node_id] = replace(
+                    h, ejected=False, unejected_at_ms=now, failures_mark=failures[node_id]
+                )
+                events[node_id] = "unejected"
+        diagnostics: dict[str, float] = {}
+        if hosts:
+            diagnostics = cls._statistical(
+                snap, params=params, hosts=hosts, events=events, rates=rates, volumes=volumes, ctx=ctx
+            )
+        for node_id, h in hosts.items():
+            returned = h.unejected_at_ms
+            if not h.ejected and returned is not None and now - returned >= params.interval_ms and h.backoff:
+                hosts[node_id] = replace(h, backoff=h.backoff - 1)
+        return diagnostics
+
+    @classmethod
+    def _node_decision(
+        cls,
+        node_id: str,
+        params: EnvoyOutlierParams,
+        *,
+        hosts: Mapping[str, HostState],
+        runs: Mapping[str, int],
+        volumes: Mapping[str, int],
+        rates: Mapping[str, float],
+        events: Mapping[str, str],
+        ctx: PolicyContext,
+    ) -> BreakerDecision:
+        """A node's record for this tick: closed and not judged when it is not an endpoint; else its
+        host monitor's state with the inputs it was judged on."""
+        if node_id not in hosts:
+            return BreakerDecision(
+                entity=f"node/{node_id}",
+                pool_id=ctx.pool_id,
+                node_id=node_id,
+                state="closed",
+                reason="not-an-endpoint",
+            )
+        inputs = {"consecutive_failures": float(runs[node_id]), "requests_w": float(volumes[node_id])}
+        if node_id in rates:
+            inputs["success_rate_pct"] = r6(rates[node_id])
+        inputs["backoff"] = float(hosts[node_id].backoff)
+        return cls._decision(
+            params, h=hosts[node_id], event=events.get(node_id), node_id=node_id, ctx=ctx, inputs=inputs
         )
 
     @staticmethod
