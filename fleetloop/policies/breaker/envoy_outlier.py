@@ -233,32 +233,99 @@ def _endpoints(nodes: Sequence[NodeView], state: DetectorState) -> dict[str, Hos
     return hosts
 
 
-def _consecutive_5xx(
-    hosts: dict[str, HostState],
-    failures: Mapping[str, int],
-    events: dict[str, str],
-    *,
-    params: EnvoyOutlierParams,
-    now: int,
-    rng: np.random.Generator,
-) -> dict[str, int]:
+@dataclass(slots=True)
+class _Pass:
+    """One tick's pass of the detector: the endpoints' host monitors (a working copy, updated in
+    place), what it reads per node, and what it found per node."""
+
+    hosts: dict[str, HostState]
+    failures: Mapping[str, int]  # every pool node's consecutive_failures
+    volumes: Mapping[str, int]  # each endpoint's calls in the window (ok + failures)
+    events: dict[str, str] = field(default_factory=dict)  # node -> what happened to it this tick
+    runs: dict[str, int] = field(default_factory=dict)  # node -> failed calls since its counter's reset
+    rates: dict[str, float] = field(default_factory=dict)  # node -> success rate %, when judged
+
+
+def _consecutive_5xx(tick: _Pass, params: EnvoyOutlierParams, *, now: int, rng: np.random.Generator) -> None:
     """The consecutive-5xx detector over the calls since the previous tick: each host's run since
-    its counter's last reset (returned), and a detection, longest run first, for each host not
-    ejected whose run reached ``consecutive_5xx``. Updates ``hosts`` and ``events``."""
-    runs: dict[str, int] = {}
+    its counter's last reset, and a detection, longest run first, for each host not ejected whose
+    run reached ``consecutive_5xx``."""
+    hosts, failures = tick.hosts, tick.failures
     candidates: list[tuple[int, str]] = []
     for node_id, h in hosts.items():
         cf = failures[node_id]
         mark = 0 if cf < h.failures_seen else h.failures_mark  # the run shrank: an ok call reset it
-        runs[node_id] = cf - mark
+        tick.runs[node_id] = cf - mark
         hosts[node_id] = replace(h, failures_mark=mark, failures_seen=cf)
         if not h.ejected and cf - mark >= params.consecutive_5xx:
             candidates.append((mark - cf, node_id))
     for _, node_id in sorted(candidates):
         # Detected: Envoy resets the counter whether or not the ejection happens.
         hosts[node_id] = replace(hosts[node_id], failures_mark=failures[node_id])
-        events[node_id] = _try_eject(hosts, node_id, "consecutive-5xx", params=params, now=now, rng=rng)
-    return runs
+        tick.events[node_id] = _try_eject(hosts, node_id, "consecutive-5xx", params=params, now=now, rng=rng)
+
+
+def _on_interval(
+    snap: FleetSnapshot, tick: _Pass, params: EnvoyOutlierParams, ctx: PolicyContext
+) -> dict[str, float]:
+    """One run of the interval timer, in Envoy's order: return the hosts whose ejection time has
+    passed, run the statistical detectors, then step down the backoff of hosts returned at least an
+    interval ago. The diagnostics."""
+    now, hosts = ctx.now_ms, tick.hosts
+    for node_id, h in hosts.items():
+        if h.ejected and h.ejected_at_ms is not None and ejection_time_ms(params, h) <= now - h.ejected_at_ms:
+            hosts[node_id] = replace(
+                h, ejected=False, unejected_at_ms=now, failures_mark=tick.failures[node_id]
+            )
+            tick.events[node_id] = "unejected"
+    diagnostics = _statistical(snap, tick, params, ctx) if hosts else {}
+    for node_id, h in hosts.items():
+        returned = h.unejected_at_ms
+        if not h.ejected and returned is not None and now - returned >= params.interval_ms and h.backoff:
+            hosts[node_id] = replace(h, backoff=h.backoff - 1)
+    return diagnostics
+
+
+def _statistical(
+    snap: FleetSnapshot, tick: _Pass, params: EnvoyOutlierParams, ctx: PolicyContext
+) -> dict[str, float]:
+    """``DetectorImpl::processSuccessRateEjections`` for the external-origin monitor."""
+    hosts = tick.hosts
+    if (
+        len(hosts) < params.success_rate_minimum_hosts
+        and len(hosts) < params.failure_percentage_minimum_hosts
+    ):
+        return {}
+    valid_sr: list[tuple[str, float]] = []
+    valid_fp: list[tuple[str, float]] = []
+    for node_id, h in hosts.items():
+        volume = tick.volumes[node_id]
+        if h.ejected or volume == 0:
+            continue
+        rate = 100.0 * snap.nodes[node_id].ok_w / volume
+        tick.rates[node_id] = rate
+        if volume >= params.success_rate_request_volume:
+            valid_sr.append((node_id, rate))
+        if volume >= params.failure_percentage_request_volume:
+            valid_fp.append((node_id, rate))
+    out: dict[str, float] = {}
+    if valid_sr and len(valid_sr) >= params.success_rate_minimum_hosts:
+        mean, threshold = success_rate_threshold(
+            [r for _, r in valid_sr], params.success_rate_stdev_factor / 1000.0
+        )
+        out = {"success_rate_mean_pct": r6(mean), "success_rate_threshold_pct": r6(threshold)}
+        for node_id, rate in valid_sr:
+            if rate < threshold:
+                tick.events[node_id] = _try_eject(
+                    hosts, node_id, "success-rate", params=params, now=ctx.now_ms, rng=ctx.rng
+                )
+    if valid_fp and len(valid_fp) >= params.failure_percentage_minimum_hosts:
+        for node_id, rate in valid_fp:
+            if 100.0 - rate >= params.failure_percentage_threshold and not hosts[node_id].ejected:
+                tick.events[node_id] = _try_eject(
+                    hosts, node_id, "failure-percentage", params=params, now=ctx.now_ms, rng=ctx.rng
+                )
+    return out
 
 
 class EnvoyOutlier:
@@ -274,45 +341,23 @@ class EnvoyOutlier:
     ) -> PolicyResult[DetectorState]:
         now = ctx.now_ms
         nodes = snap.pool_nodes(ctx.pool_id)
-        failures = {n.node_id: n.consecutive_failures for n in nodes}
         hosts = _endpoints(nodes, state)
-        events: dict[str, str] = {}
+        tick = _Pass(
+            hosts=hosts,
+            failures={n.node_id: n.consecutive_failures for n in nodes},
+            volumes={n.node_id: n.ok_w + n.failures_w for n in nodes if n.node_id in hosts},
+        )
         # 1. Consecutive 5xx, from the calls that arrived since the previous tick.
-        runs = _consecutive_5xx(hosts, failures, events, params=params, now=now, rng=ctx.rng)
-
+        _consecutive_5xx(tick, params, now=now, rng=ctx.rng)
         # 2. The interval timer (DetectorImpl::onIntervalTimer).
         diagnostics: dict[str, float] = {}
-        rates: dict[str, float] = {}
-        volumes = {n.node_id: n.ok_w + n.failures_w for n in nodes if n.node_id in hosts}
         next_interval = state.next_interval_ms
         if next_interval is None:
             next_interval = now + params.interval_ms
         elif now >= next_interval:
-            diagnostics = self._on_interval(
-                snap,
-                params=params,
-                hosts=hosts,
-                failures=failures,
-                events=events,
-                rates=rates,
-                volumes=volumes,
-                ctx=ctx,
-            )
+            diagnostics = _on_interval(snap, tick, params, ctx)
             next_interval = now + params.interval_ms
-
-        decisions = [
-            self._node_decision(
-                n.node_id,
-                params,
-                hosts=hosts,
-                runs=runs,
-                volumes=volumes,
-                rates=rates,
-                events=events,
-                ctx=ctx,
-            )
-            for n in nodes
-        ]
+        decisions = [self._node_decision(n.node_id, tick, params, ctx) for n in nodes]
         diagnostics["ejected"] = float(sum(1 for h in hosts.values() if h.ejected))
         emitted, fields = change_only(decisions, state.emitted, ctx.tick_id)
         return PolicyResult(
@@ -322,59 +367,12 @@ class EnvoyOutlier:
         )
 
     @classmethod
-    def _on_interval(
-        cls,
-        snap: FleetSnapshot,
-        *,
-        params: EnvoyOutlierParams,
-        hosts: dict[str, HostState],
-        failures: Mapping[str, int],
-        events: dict[str, str],
-        rates: dict[str, float],
-        volumes: Mapping[str, int],
-        ctx: PolicyContext,
-    ) -> dict[str, float]:
-        """One run of the interval timer, in Envoy's order: return the hosts whose ejection time has
-        passed, run the statistical detectors, then step down the backoff of hosts returned at least
-        an interval ago. Updates ``hosts``, ``events`` and ``rates``; returns the diagnostics."""
-        now = ctx.now_ms
-        for node_id, h in hosts.items():
-            if (
-                h.ejected
-                and h.ejected_at_ms is not None
-                and ejection_time_ms(params, h) <= now - h.ejected_at_ms
-            ):
-                hosts[node_id] = replace(
-                    h, ejected=False, unejected_at_ms=now, failures_mark=failures[node_id]
-                )
-                events[node_id] = "unejected"
-        diagnostics: dict[str, float] = {}
-        if hosts:
-            diagnostics = cls._statistical(
-                snap, params=params, hosts=hosts, events=events, rates=rates, volumes=volumes, ctx=ctx
-            )
-        for node_id, h in hosts.items():
-            returned = h.unejected_at_ms
-            if not h.ejected and returned is not None and now - returned >= params.interval_ms and h.backoff:
-                hosts[node_id] = replace(h, backoff=h.backoff - 1)
-        return diagnostics
-
-    @classmethod
     def _node_decision(
-        cls,
-        node_id: str,
-        params: EnvoyOutlierParams,
-        *,
-        hosts: Mapping[str, HostState],
-        runs: Mapping[str, int],
-        volumes: Mapping[str, int],
-        rates: Mapping[str, float],
-        events: Mapping[str, str],
-        ctx: PolicyContext,
+        cls, node_id: str, tick: _Pass, params: EnvoyOutlierParams, ctx: PolicyContext
     ) -> BreakerDecision:
         """A node's record for this tick: closed and not judged when it is not an endpoint; else its
         host monitor's state with the inputs it was judged on."""
-        if node_id not in hosts:
+        if node_id not in tick.hosts:
             return BreakerDecision(
                 entity=f"node/{node_id}",
                 pool_id=ctx.pool_id,
@@ -382,61 +380,21 @@ class EnvoyOutlier:
                 state="closed",
                 reason="not-an-endpoint",
             )
-        inputs = {"consecutive_failures": float(runs[node_id]), "requests_w": float(volumes[node_id])}
-        if node_id in rates:
-            inputs["success_rate_pct"] = r6(rates[node_id])
-        inputs["backoff"] = float(hosts[node_id].backoff)
+        inputs = {
+            "consecutive_failures": float(tick.runs[node_id]),
+            "requests_w": float(tick.volumes[node_id]),
+        }
+        if node_id in tick.rates:
+            inputs["success_rate_pct"] = r6(tick.rates[node_id])
+        inputs["backoff"] = float(tick.hosts[node_id].backoff)
         return cls._decision(
-            params, h=hosts[node_id], event=events.get(node_id), node_id=node_id, ctx=ctx, inputs=inputs
+            params,
+            h=tick.hosts[node_id],
+            event=tick.events.get(node_id),
+            node_id=node_id,
+            ctx=ctx,
+            inputs=inputs,
         )
-
-    @staticmethod
-    def _statistical(
-        snap: FleetSnapshot,
-        *,
-        params: EnvoyOutlierParams,
-        hosts: dict[str, HostState],
-        events: dict[str, str],
-        rates: dict[str, float],
-        volumes: Mapping[str, int],
-        ctx: PolicyContext,
-    ) -> dict[str, float]:
-        """``DetectorImpl::processSuccessRateEjections`` for the external-origin monitor."""
-        if (
-            len(hosts) < params.success_rate_minimum_hosts
-            and len(hosts) < params.failure_percentage_minimum_hosts
-        ):
-            return {}
-        valid_sr: list[tuple[str, float]] = []
-        valid_fp: list[tuple[str, float]] = []
-        for node_id, h in hosts.items():
-            volume = volumes[node_id]
-            if h.ejected or volume == 0:
-                continue
-            rate = 100.0 * snap.nodes[node_id].ok_w / volume
-            rates[node_id] = rate
-            if volume >= params.success_rate_request_volume:
-                valid_sr.append((node_id, rate))
-            if volume >= params.failure_percentage_request_volume:
-                valid_fp.append((node_id, rate))
-        out: dict[str, float] = {}
-        if valid_sr and len(valid_sr) >= params.success_rate_minimum_hosts:
-            mean, threshold = success_rate_threshold(
-                [r for _, r in valid_sr], params.success_rate_stdev_factor / 1000.0
-            )
-            out = {"success_rate_mean_pct": r6(mean), "success_rate_threshold_pct": r6(threshold)}
-            for node_id, rate in valid_sr:
-                if rate < threshold:
-                    events[node_id] = _try_eject(
-                        hosts, node_id, "success-rate", params=params, now=ctx.now_ms, rng=ctx.rng
-                    )
-        if valid_fp and len(valid_fp) >= params.failure_percentage_minimum_hosts:
-            for node_id, rate in valid_fp:
-                if 100.0 - rate >= params.failure_percentage_threshold and not hosts[node_id].ejected:
-                    events[node_id] = _try_eject(
-                        hosts, node_id, "failure-percentage", params=params, now=ctx.now_ms, rng=ctx.rng
-                    )
-        return out
 
     @staticmethod
     def _decision(
