@@ -373,6 +373,8 @@ def _reuse(args: argparse.Namespace, jobs: list[Job]) -> tuple[list[Job], list[d
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The side-by-side table (``--suite``: :func:`main_suite`): plan the runs, take what ``--reuse``
+    offers, run the rest, write and print the table."""
     args = _parser().parse_args(argv)
     if args.suite:
         return main_suite(args)
@@ -403,9 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"reused {len(reused)} rows; {len(jobs)} runs to go\n")
     # One line per finished run on stderr (the table with --ablation is ~80 runs, minutes long).
     all_rows = reused + run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
-    order = [label for label, _ in policies] + [f"no-{section}" for section in LEVER_OFF]
-    all_rows.sort(key=lambda r: (r["scenario"], order.index(r["policy"])))
     labels = [label for label, _ in policies]
+    order = labels + [f"no-{section}" for section in LEVER_OFF]
+    all_rows.sort(key=lambda r: (r["scenario"], order.index(r["policy"])))
     md, payload = _write_table(
         Path(args.out), labels, all_rows, ablation=args.ablation, reused=len(reused), sources=sources
     )
