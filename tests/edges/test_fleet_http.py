@@ -108,6 +108,30 @@ async def test_streaming_with_usage_chunk(fleet: LiveFleet) -> None:
     assert chunks[-1].usage.completion_tokens == 40
 
 
+async def test_the_first_token_is_sent_when_the_engine_makes_it_not_at_the_next_poll(
+    fleet: LiveFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler waits for the first token OR the end, whichever comes first. Waiting for both
+    (asyncio.wait's default) held every stream's first chunk until the next disconnect poll or the
+    call's end, so every emulated TTFT was a multiple of 250 ms. With the poll stretched to an hour,
+    the first chunk arrives while the call is still decoding (its 100 tokens take seconds)."""
+    from fleetloop.edges.fleet import server
+
+    monkeypatch.setattr(server, "POLL_S", 3600.0)
+    api = _client(fleet)
+    node = fleet.live["p/0"].node
+    stream = await api.chat.completions.create(
+        model="llama-8b", messages=[{"role": "user", "content": "x"}], max_tokens=100, stream=True
+    )
+    running_at_first: int | None = None
+    async with asyncio.timeout(60):
+        async for chunk in stream:
+            if running_at_first is None:
+                running_at_first = node.running
+                assert chunk.choices[0].delta.role == "assistant"
+    assert running_at_first == 1  # the call was still decoding when its first token arrived
+
+
 async def test_streaming_disconnect_aborts_the_request(fleet: LiveFleet) -> None:
     api = _client(fleet)
     node = fleet.live["p/0"].node

@@ -274,7 +274,10 @@ async def _stream(
     sent = 0
     try:
         while not pending.first.done() and not pending.done.done():
-            await asyncio.wait((pending.first, pending.done), timeout=POLL_S)
+            # FIRST_COMPLETED: the first token goes out when the engine makes it, not at the poll
+            await asyncio.wait(
+                (pending.first, pending.done), timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED
+            )
             if _gone(request):
                 fleet.abort(ln, req)
                 return resp
