@@ -55,7 +55,7 @@ from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import ensure_topics, start_broker
 from fleetloop.daemon.children import die_with_parent, stop_child
 from fleetloop.daemon.cli_common import UsageError
-from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
+from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET, HAPROXY_STREAMING_DEFAULTS
 from fleetloop.edges.fleet.agents import Agents
 from fleetloop.edges.fleet.live import LiveFleet, _Lag
 from fleetloop.sim.catalog import GPU_MEMORY_UTIL, node_spec
@@ -189,7 +189,7 @@ def haproxy_config(tmp: Path, fe_port: int, log_port: int | None, servers: list[
         glob += f"    log 127.0.0.1:{log_port} len 4096 local0\n"
     lines = [
         f"global\n{glob}    maxconn 4096",
-        "defaults\n    mode http\n"
+        f"defaults\n    mode http\n{HAPROXY_STREAMING_DEFAULTS}\n"
         + ("    log global\n" if log_port is not None else "")
         + f"    timeout connect 1s\n    timeout client {timeout}\n    timeout server {timeout}\n"
         + "    timeout queue 5s",

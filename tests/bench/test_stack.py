@@ -89,6 +89,7 @@ def test_an_arm_with_no_successful_task_fails_the_run(tmp_path: Path) -> None:
 def test_haproxy_config_has_health_checks_and_leastconn(tmp_path: Path) -> None:
     cfg = haproxy_config(tmp_path, 8000, None, [("s0", "127.0.0.1:9000"), ("s1", "127.0.0.1:9001")])
     assert "balance leastconn" in cfg
+    assert "\n    option http-no-delay\n" in cfg  # a streamed token is not held ~200 ms for more
     assert "option httpchk GET /health" in cfg
     assert cfg.count("check inter 1s fall 2 rise 2") == 2
     assert "log 127.0.0.1" not in cfg  # classic: no log for a control plane
