@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,14 @@ class AgentStats:
     shed: int = 0
     retries: int = 0
     ttft_ms: list[float] = field(default_factory=list)
+
+    def add(self, other: AgentStats) -> None:
+        """Count ``other``'s tasks and calls in too (agents split over processes)."""
+        for f in fields(self):
+            if f.name == "ttft_ms":
+                self.ttft_ms.extend(other.ttft_ms)
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def summary(self) -> dict[str, Any]:
         ttft = sorted(self.ttft_ms)

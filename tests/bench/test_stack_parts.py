@@ -1,0 +1,217 @@
+"""bench stack's parts without a broker or a router: the arm table, the interleaved schedule and void
+repeats, the medians and the targets, the endpoint list a peer router is kept at, the fleet's
+billing over a window, and agents' counts added over processes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import pytest
+from fleetloop.bench.stack import command, report
+from fleetloop.bench.stack.arms import ARMS, BY_NAME, Haproxy, Launch, Slots, alone
+from fleetloop.bench.stack.run import endpoints
+from fleetloop.edges.fleet.agents import AgentStats
+from fleetloop.edges.fleet.live import LiveFleet
+from fleetloop.schemas.decisions import AutoscaleDecision
+from tests.edges.test_fleet_http import one_node
+from tests.edges.test_fleet_manager import _d
+
+
+def test_every_fleetloop_arm_has_its_router_alone_and_names_are_unique() -> None:
+    assert len(BY_NAME) == len(ARMS)
+    for arm in ARMS:
+        if arm.fleetloop:
+            peer = alone(arm)
+            assert peer is not None, arm.name
+            assert not peer.fleetloop
+            assert peer.router == arm.router
+    assert {a.policy for a in ARMS} == {"default", "modern"}
+
+
+def test_runs_are_interleaved() -> None:
+    assert command.schedule(["a", "b", "c"], 2) == [
+        (1, "a"),
+        (1, "b"),
+        (1, "c"),
+        (2, "a"),
+        (2, "b"),
+        (2, "c"),
+    ]
+
+
+def _run(arm: str, n: int, *, success: float, cost: float, ttft: float, lag: float = 1.0) -> dict[str, Any]:
+    return {
+        "arm": arm,
+        "run": n,
+        "tasks": {"success_rate": success, "p0_success_rate": success, "succeeded": 10, "started": 11},
+        "cost_per_successful_task_usd": cost,
+        "latency": {"ttft_p50_ms": ttft, "ttft_p99_ms": 2 * ttft},
+        "nodes": {"node_hours": 1.0, "peak_billed": 24},
+        "realtime_lag": {"node_events": {"p99_ms": lag}, "agents_loop_p99_ms": lag / 2},
+    }
+
+
+def test_a_void_run_is_repeated_and_the_last_attempt_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    lags = iter([35.0, 50.0, 5.0])
+    calls: list[int] = []
+
+    async def fake(spec: Any, err: Any) -> dict[str, Any]:
+        calls.append(spec.run)
+        return _run(spec.arm.name, spec.run, success=0.9, cost=1.0, ttft=100.0, lag=next(lags))
+
+    monkeypatch.setattr(command, "run_arm", fake)
+    args = argparse.Namespace(
+        seconds=10.0, drain_s=5.0, agent_procs=1, void_retries=2, max_lag_ms=20.0, runs=1
+    )
+    voids: list[dict[str, Any]] = []
+    err = command.term.console(stderr=True)
+    r = command._one(one_node(), "vllm-p2c", 1, args, bootstrap="x", voids=voids, err=err)
+    assert calls == [1, 1, 1]
+    assert not r.get("void")
+    assert [v["lag_p99_ms"] for v in voids] == [35.0, 50.0]
+    lags = iter([30.0, 40.0, 50.0])
+    r = command._one(one_node(), "vllm-p2c", 1, args, bootstrap="x", voids=voids, err=err)
+    assert r["void"] is True  # every attempt lagged: kept, marked, left out of the medians
+
+
+def test_medians_leave_void_runs_out_and_the_best_is_by_success_then_cost() -> None:
+    runs = [
+        _run("vllm-p2c", 1, success=0.90, cost=1.0, ttft=100.0),
+        _run("vllm-p2c", 2, success=0.80, cost=1.2, ttft=120.0),
+        _run("vllm-p2c", 3, success=0.95, cost=0.9, ttft=90.0),
+        {**_run("vllm-p2c", 3, success=0.1, cost=9.0, ttft=900.0), "void": True},
+        _run("haproxy-leastconn", 1, success=0.90, cost=0.8, ttft=100.0),
+    ]
+    s = report.summarize(runs, ["vllm-p2c", "haproxy-leastconn"])
+    assert s["vllm-p2c"]["runs"] == 3
+    assert s["vllm-p2c"]["success"] == {"median": 0.90, "min": 0.80, "max": 0.95}
+    assert s["vllm-p2c"]["cost_per_task"] == {"median": 1.0, "min": 0.9, "max": 1.2}
+    assert report.best(s, ["vllm-p2c", "haproxy-leastconn"]) == "haproxy-leastconn"  # same success, cheaper
+
+
+def test_a_target_is_met_only_when_the_median_and_every_run_hold() -> None:
+    peer = [_run("vllm-cache-aware", n, success=0.90, cost=1.0, ttft=100.0) for n in (1, 2, 3)]
+    ours = [
+        _run("fleetloop-vllm", 1, success=0.95, cost=0.80, ttft=105.0),
+        _run("fleetloop-vllm", 2, success=0.95, cost=0.85, ttft=108.0),
+        _run("fleetloop-vllm", 3, success=0.89, cost=0.95, ttft=130.0),  # loses this run on all three
+    ]
+    runs = peer + ours
+    arms = ["vllm-cache-aware", "fleetloop-vllm"]
+    s = report.summarize(runs, arms)
+    t = report.targets(runs, s, arms)
+    head = t["headline"]
+    assert (head["ours"], head["peer"]) == ("fleetloop-vllm", "vllm-cache-aware")
+    for key in ("success", "cost_per_task", "ttft_p50"):
+        assert head["targets"][key]["median_ok"], key
+        assert head["targets"][key]["per_run_ok"] == [True, True, False], key
+        assert not head["targets"][key]["met"]
+    assert head["targets"]["cost_per_task"]["ratio"] == 0.85
+    assert not head["met"]
+    assert [c["peer"] for c in t["same_router"]] == ["vllm-cache-aware"]
+
+
+def test_haproxy_arms_declare_every_slot_and_only_fleetloop_logs(tmp_path: Any) -> None:
+    slots = Slots("p", "m", {f"p/{i}": f"http://127.0.0.1:{9000 + i}" for i in range(5)})
+    launch = Launch(8000, {"p/0": "http://127.0.0.1:9000"}, slots, tmp_path, None)
+    Haproxy().argv(launch)
+    cfg = (tmp_path / "haproxy.cfg").read_text()
+    assert cfg.count(" check inter 1s fall 2 rise 2") == 5  # nodes not yet booted have slots too
+    assert "option http-no-delay" in cfg
+    assert "log 127.0.0.1" not in cfg
+    assert not BY_NAME["haproxy-leastconn"].router.wants_log_port(False)
+    assert BY_NAME["fleetloop-haproxy"].router.wants_log_port(True)
+    Haproxy(no_delay=False).argv(launch)
+    assert "http-no-delay" not in (tmp_path / "haproxy.cfg").read_text()
+
+
+class _Workers:
+    """A router's worker list in memory (the endpoint list's only lever)."""
+
+    def __init__(self, present: set[str]) -> None:
+        self.present = set(present)
+        self.log: list[tuple[str, str]] = []
+
+    async def list_workers(self) -> set[str]:
+        return set(self.present)
+
+    async def add_worker(self, url: str) -> None:
+        self.log.append(("add", url))
+        self.present.add(url)
+
+    async def remove_worker(self, url: str) -> None:
+        self.log.append(("remove", url))
+        self.present.discard(url)
+
+    async def close(self) -> None:
+        return None
+
+
+async def _until(cond: Any, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not cond():
+            await asyncio.sleep(0.05)
+
+
+async def test_a_peer_routers_workers_follow_the_serving_nodes() -> None:
+    """Adds before removals; a node the worker manager drains leaves the list (as a pod that is no
+    longer ready leaves its Service's endpoints)."""
+    s = one_node()
+    s = s.model_copy(
+        update={"pools": [s.pools[0].model_copy(update={"nodes": 2, "min_nodes": 1, "max_nodes": 2})]}
+    )
+    fleet = LiveFleet(s, seed=1)
+    await fleet.start()
+    stop = asyncio.Event()
+    api = _Workers({"http://127.0.0.1:1"})
+    errors: list[str] = []
+    task = asyncio.create_task(endpoints(fleet, api, stop, errors))
+    try:
+        urls = fleet.urls()
+        await _until(lambda: api.present == set(urls.values()))
+        assert [a for a, _ in api.log] == ["add", "add", "remove"]
+        drain = AutoscaleDecision(
+            entity="p", reason="t", pool_id="p", current_nodes=2, desired_nodes=1, drain=("p/1",)
+        )
+        fleet.apply([_d(drain, 1)])
+        await _until(lambda: api.present == {urls["p/0"]})
+        assert errors == []
+    finally:
+        stop.set()
+        await task
+        await fleet.stop()
+
+
+async def test_cost_bills_each_node_within_the_window_from_provisioning_to_removal() -> None:
+    s = one_node()
+    s = s.model_copy(
+        update={"pools": [s.pools[0].model_copy(update={"nodes": 2, "min_nodes": 1, "max_nodes": 2})]}
+    )
+    fleet = LiveFleet(s, seed=1)
+    await fleet.start()
+    try:
+        n0, n1 = fleet.live["p/0"].node, fleet.live["p/1"].node
+        n0.provisioned_at, n1.provisioned_at, n1.removed_at = 0.0, 10.0, 50.0
+        usd_s = n0.spec.usd_per_s
+        assert fleet.cost_usd(20.0, 100.0) == pytest.approx((80.0 + 30.0) * usd_s)
+        assert fleet.cost_usd(60.0, 100.0) == pytest.approx(40.0 * usd_s)  # p/1 was gone
+        assert fleet.counts() == {"provisioned": 2, "serving": 2}
+    finally:
+        await fleet.stop()
+
+
+def test_agents_counts_add_over_processes() -> None:
+    a = AgentStats(tasks_started=3, tasks_succeeded=2, sent=5, ok=4, ttft_ms=[1.0, 2.0])
+    b = AgentStats(tasks_started=1, tasks_failed=1, sent=2, timeouts=2, ttft_ms=[3.0])
+    a.add(b)
+    assert (a.tasks_started, a.tasks_succeeded, a.tasks_failed, a.sent, a.ok, a.timeouts) == (
+        4,
+        2,
+        1,
+        7,
+        4,
+        2,
+    )
+    assert a.ttft_ms == [1.0, 2.0, 3.0]
