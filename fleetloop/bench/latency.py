@@ -1,28 +1,45 @@
-"""``fleetloop bench latency``: from a telemetry record that must trip a breaker to the decision on
-``control.state``, under background load, on a fleet of ``--nodes``.
+"""``fleetloop bench latency``: a node that served ok calls in a loaded pool starts failing every
+call a router still sends it; how long until its breaker is enforced open on ``control.state``, and
+whether that ejection holds to its end.
 
 ``fleetloop bench latency [--nodes 10000] [--trials 20] [--broker tansu|kafka] [--outcomes-per-node 0.5]
 [--daemons 1] [--json]``
 
 It starts a broker and the daemon (``fleetloop run``, its own process, as an operator runs it; with
-``--daemons N``, N of them in one consumer group splitting the pools), then
-plays a generated fleet in real time from a process of its own (``fleetloop.bench.loadgen``): every
-node reports telemetry each second, each on its own phase (the load goes out in 50 ms slices), and
-routers report about ``--outcomes-per-node`` calls per node per second (the background load). Each
-trial picks a healthy node of another pool and reports it failing: five failed calls in a row (the
-default policy's breaker threshold) in one burst, whose last record is the trigger. A consumer on
-``control.state`` notes when the enforced ``open`` breaker decision for that node arrives. The
-latency is that arrival minus the moment the trigger was acknowledged by the broker. Target (issue
-9): p99 at most the policy's tick period plus 100 ms.
+``--daemons N``, N of them in one consumer group splitting the pools), then plays a generated fleet
+in real time from a process of its own (``fleetloop.bench.loadgen``): every node reports telemetry
+each second, each on its own phase (the load goes out in 50 ms slices), with a small queue, at
+least one call (every pool loaded: no idle node), and routers report about
+``--outcomes-per-node`` ok calls per node per second on every node (the background load), the
+trial targets included.
 
-Also reported: the part after the tick boundary (arrival minus the first boundary at or after the
-trigger's timestamp, whose cut holds it; about a tick more when it missed that cut), the decision
-record's own timestamp against that boundary (when the daemon staged it, whatever the reader), and
-how many shard summaries on ``control.summaries`` were published more than once for one boundary.
-With every trial: how far the slowest shard's newest summary lags the wall clock (the daemons'
-lag), the generator's lag behind its schedule, and the load average; over the trials, the CPU
-seconds per second of the generator, the broker, the daemons and the bench itself (``/proc``), so
-a figure taken on a machine that could not run the load says so.
+Each trial picks a node of another pool that has been serving ok calls and plays the router that
+keeps routing to it: from the trial's start the generator reports no more calls on it and the
+bench reports the calls a router sends it, at the same rate, each one failed, for as long as the
+newest breaker record for the node on ``control.state`` is not an enforced ``open`` (a router
+stops sending to a node only once its breaker is enforced; released, it sends again). The failed
+call that makes the node's streak the policy's error threshold (five in a row in the default
+policy) is the trigger. Per trial:
+
+- the time to an enforced open: from the moment the broker acknowledged the trigger to the
+  arrival of the node's enforced open breaker record on ``control.state``; target: p99 at most the
+  policy's tick period plus 100 ms, with no flap;
+- the part of it after the tick boundary (arrival minus the first boundary at or after the
+  trigger's timestamp, whose cut holds it; about a tick more when it missed that cut), and the
+  decision record's own timestamp against that boundary (when the daemon staged it);
+- the records before it that named the breaker open but not enforced (``detected``: their reasons,
+  e.g. ``:capacity-cap``);
+- flaps: every release of an enforced ejection before its end, i.e. a record of the node decided
+  before the ``until_ms`` of the enforced open before it that is not an enforced open
+  (:func:`releases`). The trial watches the node until its first ejection's end (the policy's
+  backoff: 30 s by default), so trials run side by side, each in a pool of its own, started a
+  second or two apart (on different phases of the tick).
+
+Also reported: how many shard summaries on ``control.summaries`` were published more than once
+for one boundary; with every trial, how far the slowest shard's newest summary lags the wall clock
+(the daemons' lag), the generator's lag behind its schedule, and the load average; over the
+trials, the CPU seconds per second of the generator, the broker, the daemons and the bench itself
+(``/proc``), so a figure taken on a machine that could not run the load says so.
 """
 
 from __future__ import annotations
@@ -37,11 +54,15 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from rich.table import Table
 
+from fleetloop import term
 from fleetloop.bench.common import pct, progress
 from fleetloop.bench.loadgen import (
     ACK_MAX_S,
@@ -67,21 +88,30 @@ from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_brok
 from fleetloop.daemon.children import die_with_parent
 from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
 from fleetloop.daemon.observability import configure
-from fleetloop.policies.registry import builtin_policy
+from fleetloop.policies.registry import CompiledPolicy, builtin_policy
 from fleetloop.schemas.topics import REQUESTS, STATE, SUMMARIES, TELEMETRY, topic_name
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "latency",
-        help="time from a failing node's records to its breaker decision on control.state, under load",
+        help="a node that served ok calls in a loaded pool fails every call: time to its enforced "
+        "breaker on control.state, and releases before its backoff ends (flaps), under load",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     p.add_argument("--nodes", type=int, default=10_000, help="fleet size (default 10000)")
-    p.add_argument("--trials", type=int, default=20, help="breaker trips to time (default 20)")
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=20,
+        help="failing nodes to time, each in a pool of its own at a time (default 20)",
+    )
     p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu", help="default: tansu")
     p.add_argument(
-        "--outcomes-per-node", type=float, default=0.5, help="background calls per node per second (0.5)"
+        "--outcomes-per-node",
+        type=float,
+        default=0.5,
+        help="background ok calls per node per second, and a router's calls to a trial's node (0.5)",
     )
     p.add_argument(
         "--daemons", type=int, default=1, help="fleetloop run processes in one consumer group (default 1)"
@@ -175,7 +205,9 @@ def trip_path_stages(
     lines = trip_lines(log_paths)
     seen: dict[str, list[float]] = {}
     for row in per_trial:
-        boundary = row.get("boundary_ms", -1)
+        boundary = row.get("boundary_ms")
+        if boundary is None:
+            continue  # no trigger (the trial never got its failures in)
         late = 0
         marks = lines.get(boundary)
         if marks is None and (marks := lines.get(boundary + tick_ms)) is not None:
@@ -203,16 +235,71 @@ def _loadavg() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+FIRST_OPEN_TIMEOUT_S = 45.0  # a trial whose node is not ejected this long after its trigger: missed
+AFTER_END_S = 1.5  # watched past its ejection's end, so the record at the end (a probe) is seen
+PAUSE_AFTER_TAKE_S = 0.3  # the generator's slices in flight land before the first failure
+
+
+def releases(records: Sequence[tuple[int, str, bool, int | None]]) -> list[int]:
+    """The releases of an enforced ejection before its end (flaps), as the decision times (``ts_ms``)
+    of the records that released it: ``records`` are one node's breaker records in the order they
+    arrived, each (ts_ms, state, enforced, until_ms). A record that is not an enforced ``open``,
+    decided before the ``until_ms`` of the enforced open before it (or with none given), releases
+    that ejection; one release per return to the rotation, however many ticks it lasts. A record
+    at or after the end (the probe: ``half_open``) is no release."""
+    out: list[int] = []
+    ejected = False
+    until: int | None = None
+    for ts_ms, state, enforced, until_ms in records:
+        if state == "open" and enforced:
+            ejected, until = True, until_ms
+        elif ejected:
+            if until is None or ts_ms < until:
+                out.append(ts_ms)
+            ejected = False
+    return out
+
+
+def error_threshold(policy: CompiledPolicy) -> int:
+    """The failed calls in a row that open the policy's breaker (the default's latency-outlier:
+    ``error_threshold``; consecutive-errors: ``threshold``; envoy-outlier: ``consecutive_5xx``)."""
+    params = policy.sections["breaker"].params
+    for name in ("error_threshold", "threshold", "consecutive_5xx"):
+        value = getattr(params, name, None)
+        if isinstance(value, int):
+            return value
+    return 5
+
+
+@dataclass(slots=True)
+class Seen:
+    """A breaker record of a trial's node on ``control.state``, as it arrived."""
+
+    ts_ms: int  # the decision's tick boundary (event time)
+    state: str
+    enforced: bool
+    until_ms: int | None
+    reason: str
+    arrived_s: float  # the bench's monotonic clock
+    arrived_wall_ms: int
+    record_ts_ms: int  # the record's own timestamp: when the daemon staged it
+
+
 async def _run(
     bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str, broker_pid: int | None
 ) -> dict[str, Any]:
-    tick_ms = builtin_policy("default").tick_ms
+    policy = builtin_policy("default")
+    tick_ms = policy.tick_ms
+    threshold = error_threshold(policy)
     fleet = bench_fleet(args.nodes)
     targets = [(fleet.pools[i], node) for i, node in trial_targets(fleet, args.trials)]
     watched = {f"breaker/node/{node}".encode(): node for _, node in targets}  # Decision.key
     names = {TELEMETRY: topic_name(prefix, TELEMETRY), REQUESTS: topic_name(prefix, REQUESTS)}
     topics = (names[TELEMETRY], names[REQUESTS])
-    load = LoadProcess(LoadSpec(bootstrap, topics, args.nodes, args.outcomes_per_node, args.trials))
+    # Every node with a queue of at least one call: loaded pools, no idle node to take over a
+    # failing one's work (the engine reads any queue as a full node).
+    spec = LoadSpec(bootstrap, topics, args.nodes, args.outcomes_per_node, args.trials, min_queue=1)
+    load = LoadProcess(spec)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
     # The reader of control.state polls every 10 ms: a fetch the broker holds (the client's default
     # waits up to 500 ms, and Tansu answers an empty fetch only then) would time the reader, not
@@ -226,9 +313,7 @@ async def _run(
     summaries_tp = TopicPartition(topic_name(prefix, SUMMARIES), 0)
     state.assign([tp, summaries_tp])
     await state.seek_to_end(tp, summaries_tp)
-    arrivals: dict[str, float] = {}
-    arrivals_wall: dict[str, int] = {}
-    stamped: dict[str, int] = {}  # the decision record's own timestamp: when the daemon staged it
+    seen: dict[str, list[Seen]] = {node: [] for _, node in targets}  # every record of a target, in order
     # Per shard summary key and boundary, how many times it was published (once is the contract).
     summaries: dict[tuple[bytes, int], int] = {}
     daemons: list[subprocess.Popen[bytes]] = []
@@ -256,13 +341,20 @@ async def _run(
                     continue
                 for r in records:
                     node_id = watched.get(r.key or b"")
-                    if node_id is None or node_id in arrivals:
-                        continue  # only the trial targets' breakers are timed (10,000 nodes: ~15k a tick)
-                    body = orjson.loads(r.value)["body"]
-                    if body["state"] == "open" and body["enforced"]:
-                        arrivals[node_id] = now
-                        arrivals_wall[node_id] = wall
-                        stamped[node_id] = r.timestamp
+                    if node_id is None:
+                        continue  # only the trial targets' breakers are read (10,000 nodes: ~5k a tick)
+                    d = orjson.loads(r.value)
+                    body = d["body"]
+                    seen[node_id].append(
+                        Seen(int(d["ts_ms"]), body["state"], bool(body["enforced"]), body.get("until_ms"),
+                             str(body.get("reason", "")), now, wall, r.timestamp)
+                    )  # fmt: skip
+
+    def routed(node_id: str) -> bool:
+        """A router following control.state sends calls to the node: its newest breaker record is
+        not an enforced open."""
+        got = seen[node_id]
+        return not got or not (got[-1].state == "open" and got[-1].enforced)
 
     def cpu_now() -> dict[str, float | None]:
         each = {f"daemon{k}": _cpu_s(d.pid, children=True) for k, d in enumerate(daemons)}
@@ -277,6 +369,103 @@ async def _run(
             "bench": clock.cpu_s(),
             "machine": _machine_busy_s(),
         }
+
+    interval_s = 1.0 / args.outcomes_per_node  # a router's calls to one node of its pool
+    pool_locks: dict[str, asyncio.Lock] = {}
+
+    async def trial(k: int, pool: Any, node_id: str, start_at: float) -> dict[str, Any]:
+        """One trial: the router's failing calls to ``node_id`` until its first enforced ejection
+        ends (or none came within ``FIRST_OPEN_TIMEOUT_S`` of the trigger)."""
+        await asyncio.sleep(max(0.0, start_at - clock.monotonic_s()))
+        lock = pool_locks.setdefault(pool.pool_id, asyncio.Lock())
+        async with lock:
+            return await _trial(k, pool, node_id)
+
+    async def _trial(k: int, pool: Any, node_id: str) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "node": node_id,
+            "pool": pool.pool_id,
+            "daemons_behind_s": round(behind_s(clock.wall_ms()), 2),
+            "generator_lag_s": round(load.stats.get(LAG_NOW_S), 3),
+            "load_average": _loadavg(),
+        }
+        load.take(k)
+        await asyncio.sleep(PAUSE_AFTER_TAKE_S)
+        first_seen = len(seen[node_id])  # records from here on are the trial's
+        started = clock.monotonic_s()
+        failed = 0
+        sent_at: float | None = None  # the trigger's ack, monotonic
+        boundary: int | None = None
+        opened: Seen | None = None
+        next_call = started
+        while True:
+            now = clock.monotonic_s()
+            mine = seen[node_id][first_seen:]
+            if opened is None:
+                opened = next((x for x in mine if x.state == "open" and x.enforced), None)
+            if (
+                opened is not None
+                and clock.wall_ms() >= (opened.until_ms or opened.ts_ms) + AFTER_END_S * 1000
+            ):
+                break  # its first ejection ended (a probe came, or the end passed): watched to the end
+            if opened is None and sent_at is not None and now - sent_at > FIRST_OPEN_TIMEOUT_S:
+                break
+            if (
+                opened is None
+                and sent_at is None
+                and now - started > FIRST_OPEN_TIMEOUT_S + threshold * interval_s
+            ):
+                break
+            if routed(node_id) and now >= next_call:
+                ts = clock.wall_ms()
+                fut = await producer.send(
+                    names[REQUESTS], value=_failure(node_id, pool.pool_id, pool.model, ts, failed),
+                    key=pool.pool_id.encode(),
+                )  # fmt: skip
+                meta = await fut
+                failed += 1
+                next_call += interval_s
+                if failed == threshold:
+                    sent_at = clock.monotonic_s()
+                    boundary = -(-meta.timestamp // tick_ms) * tick_ms  # its tick's cut has it
+            elif not routed(node_id):
+                next_call = max(next_call, now)  # a router sends nothing while the node is out
+            await asyncio.sleep(0.01)
+        load.take(k, taken=False)
+        mine = seen[node_id][first_seen:]
+        row["failed_calls"] = failed
+        row["boundary_ms"] = boundary
+        flaps = releases([(x.ts_ms, x.state, x.enforced, x.until_ms) for x in mine])
+        row["flaps"] = len(flaps)
+        row["flaps_at_ms_before_end"] = [
+            (opened.until_ms - t) if opened is not None and opened.until_ms is not None else None
+            for t in flaps
+        ]
+        before = [x for x in mine if opened is None or x.arrived_s < opened.arrived_s]
+        row["detected_before_open"] = sorted(
+            {x.reason for x in before if x.state == "open" and not x.enforced}
+        )
+        if opened is not None and sent_at is not None and boundary is not None:
+            row["latency_ms"] = round((opened.arrived_s - sent_at) * 1000.0, 1)
+            row["after_boundary_ms"] = float(opened.arrived_wall_ms - boundary)
+            row["staged_after_boundary_ms"] = float(opened.record_ts_ms - boundary)
+            row["from_first_failure_ms"] = round((opened.arrived_s - started) * 1000.0, 1)
+            row["ejected_until_ms"] = opened.until_ms
+            row["backoff_ms"] = None if opened.until_ms is None else opened.until_ms - opened.ts_ms
+            progress(
+                f"  trial {k + 1}/{args.trials} ({node_id}): enforced open {row['latency_ms']:,.0f} ms "
+                f"after its {threshold}th failure in a row ({row['after_boundary_ms']:,.0f} ms after its "
+                f"tick boundary), {len(flaps)} flap(s) in its {(row['backoff_ms'] or 0) / 1000:.0f} s "
+                f"ejection; daemons {row['daemons_behind_s']:.1f} s behind, load {row['load_average']}"
+            )
+        else:
+            row["latency_ms"] = None
+            progress(
+                f"  trial {k + 1}/{args.trials} ({node_id}): no enforced open within "
+                f"{FIRST_OPEN_TIMEOUT_S:.0f} s of its trigger ({failed} failed calls; daemons "
+                f"{row['daemons_behind_s']:.1f} s behind, generator lag {row['generator_lag_s']:.2f} s)"
+            )
+        return row
 
     tasks = [asyncio.create_task(watch())]
     per_trial: list[dict[str, Any]] = []
@@ -303,65 +492,33 @@ async def _run(
                 ))  # fmt: skip
         progress(f"  warming up: {args.nodes:,} nodes reporting, waiting for the daemon's first decisions")
         await _wait_for_decisions(state, prefix, timeout_s=180.0)
-        # Give every node a few seconds of history (a node's first ticks are its warm-up), and the
-        # daemons time to decide the boundaries they are behind on (at most 300 s more: at 10,000
-        # nodes they start about a minute behind, the history read and the group's joins).
-        await asyncio.sleep(5.0)
+        # Give every node a window of history (a node's first ticks are its warm-up, and each
+        # target serves ok calls for a while before it fails), and the daemons time to decide the
+        # boundaries they are behind on (at most 300 s more: at 10,000 nodes they start about a
+        # minute behind, the history read and the group's joins).
+        await asyncio.sleep(10.0)
         deadline = clock.monotonic_s() + 300.0
         while behind_s(clock.wall_ms()) > 3 * tick_ms / 1000.0 and clock.monotonic_s() < deadline:
             await asyncio.sleep(0.5)
         behind_at_start = behind_s(clock.wall_ms())
         progress(
             f"  trials begin: daemons {behind_at_start:.1f} s behind, generator lag "
-            f"{load.stats.get(LAG_NOW_S):.2f} s, load average {_loadavg()}"
+            f"{load.stats.get(LAG_NOW_S):.2f} s, load average {_loadavg()}; each trial watches its "
+            f"node to the end of its ejection"
         )
-        latencies: list[float] = []
-        after_boundary: list[float] = []  # arrival minus the first tick boundary the trigger falls in
-        staged_after: list[float] = []  # the decision record's timestamp minus that boundary
-        missed = 0
         cpu0 = cpu_now()
         wall0 = clock.monotonic_s()
         sent0, load_cpu0, load_wall0 = (load.stats.get(i) for i in (SENT, CPU_S, WALL_S))
-        for trial, (pool, node_id) in enumerate(targets):
-            ts = clock.wall_ms()
-            row: dict[str, Any] = {
-                "node": node_id,
-                "daemons_behind_s": round(behind_s(ts), 2),
-                "generator_lag_s": round(load.stats.get(LAG_NOW_S), 3),
-                "load_average": _loadavg(),
-            }
-            futures = [
-                await producer.send(names[REQUESTS], value=_failure(node_id, pool.pool_id, pool.model, ts, n),
-                                    key=pool.pool_id.encode())
-                for n in range(5)
-            ]  # fmt: skip
-            acked = await asyncio.gather(*futures)
-            sent = clock.monotonic_s()
-            boundary = -(-max(m.timestamp for m in acked) // tick_ms) * tick_ms  # its tick's cut has it
-            row["boundary_ms"] = boundary
-            deadline = sent + 30.0
-            while node_id not in arrivals and clock.monotonic_s() < deadline:
-                await asyncio.sleep(0.01)
-            if node_id in arrivals:
-                latencies.append((arrivals[node_id] - sent) * 1000.0)
-                after_boundary.append(float(arrivals_wall[node_id] - boundary))
-                staged_after.append(float(stamped[node_id] - boundary))
-                row.update(latency_ms=round(latencies[-1], 1), after_boundary_ms=after_boundary[-1])
-                progress(
-                    f"  trial {trial + 1}/{args.trials}: {latencies[-1]:,.0f} ms "
-                    f"({after_boundary[-1]:,.0f} ms after its tick boundary; daemons "
-                    f"{row['daemons_behind_s']:.1f} s behind, generator lag {row['generator_lag_s']:.2f} s, "
-                    f"load {row['load_average']})"
+        # Started 1.0-1.8 s apart (different phases of the tick), side by side in distinct pools.
+        starts = [wall0 + sum(1.0 + (j % 3) * 0.37 for j in range(k)) for k in range(len(targets))]
+        per_trial = list(
+            await asyncio.gather(
+                *(
+                    trial(k, pool, node, at)
+                    for k, ((pool, node), at) in enumerate(zip(targets, starts, strict=True))
                 )
-            else:
-                missed += 1
-                row["latency_ms"] = None
-                progress(
-                    f"  trial {trial + 1}/{args.trials}: no decision within 30 s (daemons "
-                    f"{row['daemons_behind_s']:.1f} s behind, generator lag {row['generator_lag_s']:.2f} s)"
-                )
-            per_trial.append(row)
-            await asyncio.sleep(0.5 + (trial % 3) * 0.3)  # land at different phases of the tick
+            )
+        )
         wall_trials = clock.monotonic_s() - wall0
         cpu1 = cpu_now()
     finally:
@@ -382,6 +539,11 @@ async def _run(
                 daemon.wait()
         await state.stop()
         await producer.stop()
+    latencies = [r["latency_ms"] for r in per_trial if r.get("latency_ms") is not None]
+    after_boundary = [r["after_boundary_ms"] for r in per_trial if r.get("latency_ms") is not None]
+    staged_after = [r["staged_after_boundary_ms"] for r in per_trial if r.get("latency_ms") is not None]
+    missed = len(per_trial) - len(latencies)
+    flaps = sum(r["flaps"] for r in per_trial)
     target = tick_ms + 100.0
     p99 = pct(latencies, 99) if latencies else None
     with open(f"{log_path}.0", "rb") as f:
@@ -401,6 +563,8 @@ async def _run(
         "bench": "latency",
         "nodes": args.nodes,
         "daemons": args.daemons,
+        "outcomes_per_node": args.outcomes_per_node,
+        "error_threshold": threshold,
         # How far the slowest shard's newest summary (its newest decided boundary) lagged the wall
         # clock when the trials began, and at worst when a trial began.
         "daemon_behind_s_at_start": round(behind_at_start, 1),
@@ -417,6 +581,11 @@ async def _run(
         "p50_ms": round(pct(latencies, 50), 1) if latencies else None,
         "p99_ms": round(p99, 1) if p99 is not None else None,
         "max_ms": round(max(latencies), 1) if latencies else None,
+        # Releases of an enforced ejection before its end, over all trials, and the trials with any.
+        "flaps": flaps,
+        "trials_with_flaps": sum(1 for r in per_trial if r["flaps"]),
+        # Trials whose node was published open but not enforced before its enforced open.
+        "trials_detected_first": sum(1 for r in per_trial if r["detected_before_open"]),
         # The part after the tick boundary (the wait for the boundary is the tick period's share).
         "after_boundary_p50_ms": round(pct(after_boundary, 50), 1) if after_boundary else None,
         "after_boundary_p99_ms": round(pct(after_boundary, 99), 1) if after_boundary else None,
@@ -452,7 +621,7 @@ async def _run(
         "load_average_max": max((r["load_average"] for r in per_trial), default=None),
         "per_trial": per_trial,
         "target_ms": target,
-        "met": p99 is not None and missed == 0 and p99 <= target,
+        "met": p99 is not None and missed == 0 and flaps == 0 and p99 <= target,
         "daemon_log_tail": log_tail if missed else "",
     }
 
@@ -474,8 +643,10 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("fleetloop bench latency: --daemons must be within 1..8")
     if not 1 <= args.trials <= 1000:
         raise UsageError("fleetloop bench latency: --trials must be within 1..1000")
-    if not 0.0 <= args.outcomes_per_node <= 100.0:
-        raise UsageError("fleetloop bench latency: --outcomes-per-node must be within 0..100")
+    if not 0.0 < args.outcomes_per_node <= 100.0:
+        # Zero would leave the targets without the ok traffic the bench is about (and a router
+        # with no call to send them).
+        raise UsageError("fleetloop bench latency: --outcomes-per-node must be above 0 and at most 100")
     quiet_client_logs()
     configure(level="warning")  # the daemon's own log lines go to stderr, and only problems
     progress(f"fleetloop bench latency: starting {args.broker}")
@@ -503,14 +674,50 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        sys.stdout.write(
-            f"breaker latency on {result['nodes']:,} nodes ({result['pools']} pools, "
-            f"~{result['events_per_s']:,} events/s background, {result['broker']}): "
-            f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, max {result['max_ms']} ms, "
-            f"missed {result['missed']}/{result['trials']}; target p99 <= {result['target_ms']:.0f} ms: "
-            f"{'met' if result['met'] else 'NOT met'}\n"
-            f"after the tick boundary: p50 {result['after_boundary_p50_ms']} ms, "
-            f"p99 {result['after_boundary_p99_ms']} ms; shard summaries published twice for one "
-            f"boundary: {result['summaries_repeated']} of {result['summaries']}\n"
-        )
+        print_table(result)
     return 0
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """The run as people read it: one row per trial, then the figures against the target."""
+    t = Table(
+        title=f"a hard-failing node in a loaded pool: {result['nodes']:,} nodes ({result['pools']} pools, "
+        f"~{result['events_per_s']:,} events/s, {result['broker']}, {result['daemons']} daemon(s))"
+    )
+    for col, justify in (
+        ("trial", "right"), ("node", "left"), ("failed calls", "right"), ("to enforced open, ms", "right"),
+        ("after its boundary, ms", "right"), ("detected first", "left"), ("ejected for, s", "right"),
+        ("flaps", "right"), ("load", "right"),
+    ):  # fmt: skip
+        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+
+    def ms(x: float | None) -> str:
+        return "missed" if x is None else f"{x:,.0f}"
+
+    for k, r in enumerate(result["per_trial"]):
+        backoff = r.get("backoff_ms")
+        t.add_row(
+            str(k + 1), r["node"], str(r["failed_calls"]), ms(r.get("latency_ms")),
+            "" if r.get("latency_ms") is None else ms(r.get("after_boundary_ms")),
+            ", ".join(x.split(":", 1)[-1] for x in r["detected_before_open"]) or "-",
+            "" if backoff is None else f"{backoff / 1000:.0f}", str(r["flaps"]), str(r["load_average"]),
+        )  # fmt: skip
+    console = term.console()
+    console.print(t)
+    met = "met" if result["met"] else "NOT met"
+    console.print(
+        f"time to an enforced open (from the broker's ack of the {result['error_threshold']}th failure in a "
+        f"row): p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, max {result['max_ms']} ms; missed "
+        f"{result['missed']}/{result['trials']}; after the tick boundary p50 "
+        f"{result['after_boundary_p50_ms']} ms, p99 {result['after_boundary_p99_ms']} ms"
+    )
+    console.print(
+        f"flaps (releases of an enforced ejection before its end): {result['flaps']} in "
+        f"{result['trials_with_flaps']} of {result['trials']} trials; published open but not enforced "
+        f"first in {result['trials_detected_first']} trials"
+    )
+    console.print(
+        f"target: p99 <= {result['target_ms']:.0f} ms with no flap: {met} (load average "
+        f"{result['load_average_min']}-{result['load_average_max']} during the trials; shard summaries "
+        f"published twice for one boundary: {result['summaries_repeated']} of {result['summaries']})"
+    )

@@ -1,9 +1,12 @@
 """The background load of ``fleetloop bench latency``, cheap enough for 10,000 nodes: its own process.
 
 Every node reports telemetry once a second, each on its own phase (the second is cut in
-``SLICES`` slices; node ``i`` reports in slice ``i % SLICES``), and routers report about
-``per_node`` calls per node per second, spread the same way, on nodes other than the trial
-targets. Records are stamped with the wall time of their slice.
+``SLICES`` slices; node ``i`` reports in slice ``i % SLICES``) with a queue depth drawn each time
+(Poisson(1), plus ``LoadSpec.min_queue``), and routers report about
+``per_node`` ok calls per node per second, spread the same way, on every node: the trial targets
+too, which serve ok traffic like the rest until their trial takes them over (``LoadProcess.take``:
+from then on the bench itself reports the calls a router sends them, failing, and the generator
+none). Records are stamped with the wall time of their slice.
 
 Why a module and a process of its own: one ``await producer.send`` per record plus one
 ``orjson.dumps`` of a 30-field dict cost ~15-20 us a record in the bench's own event loop; at
@@ -24,10 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import multiprocessing
 import multiprocessing.synchronize
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import SynchronizedArray
 from typing import Any
@@ -140,11 +144,14 @@ def overload_skipped(log_path: str) -> int | None:
 
 
 def trial_targets(fleet: Fleet, trials: int) -> list[tuple[int, str]]:
-    """The nodes to trip, one per trial, spread over the pools: (pool index, node id)."""
+    """The nodes to trip, one per trial, spread over the pools: (pool index, node id). Pools are
+    stepped through by 7, or the next stride that shares no factor with the pool count, so
+    consecutive trials land in distinct pools (trials run side by side, one per pool at a time)."""
     pools = fleet.pools
+    stride = next(s for s in range(7, 7 + len(pools) + 1) if math.gcd(s, len(pools)) == 1)
     out = []
     for k in range(trials):
-        i = (k * 7) % len(pools)
+        i = (k * stride) % len(pools)
         out.append((i, pools[i].node_ids[k % len(pools[i].node_ids)]))
     return out
 
@@ -163,19 +170,22 @@ class Templates:
     telemetry: list[bytes]
     keys: list[bytes]  # the pool id of each node: the record key
     part: list[int]  # the partition of each node's pool on the input topics
-    callable: list[int]  # nodes the background load calls (not the trial targets)
+    callable: list[int]  # nodes the background load calls (every node)
     outcome: dict[int, bytes]
+    targets: list[int]  # the trial targets' rows, in trial order
 
 
-def templates(fleet: Fleet, reserved: set[str], partitions: int) -> Templates:
-    """Pre-encode every node's records (the constant part), once."""
+def templates(fleet: Fleet, targets: Sequence[str], partitions: int) -> Templates:
+    """Pre-encode every node's records (the constant part), once; ``targets`` are the trial
+    targets' node ids, in trial order."""
     partitioner = DefaultPartitioner()
     parts = list(range(partitions))
     rows = [t.model_dump(mode="json") for t in telemetry_at(fleet, 0)]
     tel = [_tail(r, ("ts_ms", "queue_depth")) for r in rows]
     keys = [r["pool_id"].encode() for r in rows]
     by_pool = {k: int(partitioner(k, parts, parts)) for k in set(keys)}
-    callable_ = [i for i, r in enumerate(rows) if r["node_id"] not in reserved]
+    callable_ = list(range(len(rows)))
+    row_of = {r["node_id"]: i for i, r in enumerate(rows)}
     outcome = {
         i: _tail(
             {
@@ -195,25 +205,27 @@ def templates(fleet: Fleet, reserved: set[str], partitions: int) -> Templates:
         )
         for i in callable_
     }
-    return Templates(tel, keys, [by_pool[k] for k in keys], callable_, outcome)
+    return Templates(tel, keys, [by_pool[k] for k in keys], callable_, outcome, [row_of[n] for n in targets])
 
 
 class Slices:
     """Builds the records of one slice: (topic index, partition, key, value); topic 0 is
     telemetry, 1 is outcomes."""
 
-    def __init__(self, fleet: Fleet, tpl: Templates, per_node: float) -> None:
+    def __init__(self, fleet: Fleet, tpl: Templates, per_node: float, min_queue: int = 0) -> None:
         self.fleet = fleet
         self.tpl = tpl
         self.per_node = per_node
+        self.min_queue = min_queue
         self.calls = 0
 
-    def records(self, k: int, ts_ms: int) -> list[tuple[int, int, bytes, bytes]]:
+    def records(self, k: int, ts_ms: int, taken: Collection[int] = ()) -> list[tuple[int, int, bytes, bytes]]:
+        """Slice ``k``'s records; no call on the rows in ``taken`` (targets whose trial runs)."""
         tpl = self.tpl
         rng = self.fleet.rng
         n = len(tpl.telemetry)
         nodes = range(k, n, SLICES)
-        queue = rng.poisson(1.0, len(nodes)).tolist()
+        queue = (rng.poisson(1.0, len(nodes)) + self.min_queue).tolist()
         out = [
             (0, tpl.part[i], tpl.keys[i], (_TELEMETRY_HEAD % (ts_ms, q)) + tpl.telemetry[i])
             for i, q in zip(nodes, queue, strict=True)
@@ -224,6 +236,8 @@ class Slices:
             calls = self.calls
             for j in picks:
                 i = tpl.callable[j]
+                if i in taken:
+                    continue
                 calls += 1
                 head = _OUTCOME_HEAD % (ts_ms, calls, calls // 4, calls % 4)
                 out.append((1, tpl.part[i], tpl.keys[i], head + tpl.outcome[i]))
@@ -249,7 +263,10 @@ class LoadSpec:
     topics: tuple[str, str]
     n_nodes: int
     per_node: float
-    trials: int  # the first ``trials`` targets of trial_targets() get no background call
+    trials: int  # the first ``trials`` targets of trial_targets(): ``LoadProcess.take`` names them
+    # Every node's queue depth is at least this (and a Poisson(1) draw above it): with 1, every
+    # pool is loaded, no node idle (bench latency's common case: no spare capacity anywhere).
+    min_queue: int = 0
 
 
 async def play(
@@ -257,10 +274,12 @@ async def play(
     stop: multiprocessing.synchronize.Event,
     ready: multiprocessing.synchronize.Event,
     stats: LoadStats,
+    taken: Any = (),
 ) -> None:
-    """Produce the load in real time until ``stop`` is set."""
+    """Produce the load in real time until ``stop`` is set; no call on a target while its flag in
+    ``taken`` (one per trial target, shared with the parent) is set."""
     fleet = bench_fleet(spec.n_nodes)
-    reserved = {node for _, node in trial_targets(fleet, spec.trials)}
+    targets = [node for _, node in trial_targets(fleet, spec.trials)]
     topics = spec.topics
     producer = AIOKafkaProducer(bootstrap_servers=spec.bootstrap, acks="all", max_batch_size=1_048_576)
     await producer.start()
@@ -268,7 +287,8 @@ async def play(
         partitions = len(await producer.partitions_for(topics[0]))
         if len(await producer.partitions_for(topics[1])) != partitions:
             raise RuntimeError("the telemetry and outcome topics must have as many partitions")
-        slices = Slices(fleet, templates(fleet, reserved, partitions), spec.per_node)
+        slices = Slices(fleet, templates(fleet, targets, partitions), spec.per_node, spec.min_queue)
+        rows = slices.tpl.targets
         ready.set()
         v = stats.values
         cpu0, wall0 = clock.cpu_s(), clock.monotonic_s()
@@ -279,7 +299,7 @@ async def play(
             ts = clock.wall_ms()
             builders: dict[tuple[int, int], Any] = {}
             full: list[tuple[int, int, Any]] = []
-            records = slices.records(k % SLICES, ts)
+            records = slices.records(k % SLICES, ts, {rows[t] for t in range(len(rows)) if taken[t]})
             for t, p, key, value in records:
                 b = builders.get((t, p))
                 if b is None:
@@ -317,6 +337,7 @@ def _main(
     stop: multiprocessing.synchronize.Event,
     ready: multiprocessing.synchronize.Event,
     stats: LoadStats,
+    taken: Any,
 ) -> None:
     # A SIGKILLed bench must not leave its generator producing: the kernel stops it with the
     # parent (and if the parent is already gone, there is nothing to produce for).
@@ -326,7 +347,7 @@ def _main(
         return
     quiet_client_logs()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(play(spec, stop, ready, stats))
+        asyncio.run(play(spec, stop, ready, stats, taken))
 
 
 class LoadProcess:
@@ -335,11 +356,12 @@ class LoadProcess:
     def __init__(self, spec: LoadSpec) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.stats = LoadStats(ctx)
+        self._taken: SynchronizedArray[int] = ctx.Array("b", max(1, spec.trials), lock=False)
         self._stop = ctx.Event()
         self._ready = ctx.Event()
         self._proc = ctx.Process(
             target=_main,
-            args=(spec, self._stop, self._ready, self.stats),
+            args=(spec, self._stop, self._ready, self.stats, self._taken),
             name="fleetloop-bench-load",
             daemon=True,
         )
@@ -357,6 +379,11 @@ class LoadProcess:
                 return False
             await asyncio.sleep(0.05)
         return False
+
+    def take(self, trial: int, taken: bool = True) -> None:
+        """Stop (or, ``taken=False``, resume) the background calls on trial ``trial``'s target: from
+        the next slice the generator builds, it reports no call there (one in flight may still land)."""
+        self._taken[trial] = 1 if taken else 0
 
     @property
     def alive(self) -> bool:

@@ -151,3 +151,53 @@ def test_the_readmes_quiet_10k_figures_are_session_11s_results_files() -> None:
     assert ten["met"] is True
     assert ten["missed"] == 0
     assert f"(p50 {_ms(ten['p50_ms'])}, p99 {_ms(ten['p99_ms'])}," in readme
+
+
+def test_the_readmes_hard_failure_figures_are_the_results_files() -> None:
+    """The common case at 1,000 nodes, one daemon: a node that served ok calls in a loaded pool
+    fails every call (bench/results/latency-hard-failure-1000-*.json), after the hard-failure rule
+    and before it (the same bench with the engine and breaker of the parent commit)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+
+    def run(name: str) -> dict[str, object]:
+        r = _result(f"latency-hard-failure-1000-{name}.json")
+        assert (r["nodes"], r["daemons"], r["trials"], r["outcomes_per_node"]) == (1000, 1, 20, 1.0)
+        assert r["missed"] == 0
+        return r
+
+    def load(r: dict[str, object]) -> str:
+        return f"load {r['load_average_min']}-{r['load_average_max']}"
+
+    for broker, label, again in (
+        ("kafka", "Apache Kafka", ("kafka-2", "kafka-3")),
+        ("tansu", "Tansu", ("tansu-2",)),
+    ):
+        r = run(broker)
+        assert r["broker"] == broker
+        assert r["met"] is True
+        assert r["flaps"] == 0
+        assert f"{label}: p50 {_ms(r['p50_ms'])}, p99 {_ms(r['p99_ms'])}, 0 flaps ({load(r)}" in readme
+        for name in again:
+            o = run(name)
+            assert o["flaps"] == 0
+            assert f"p99 {_ms(o['p99_ms'])}" in readme
+    slow = run("kafka-2")
+    assert slow["met"] is False  # the miss the README explains by the machine
+    assert f"p99 {_ms(slow['p99_ms'])} at {load(slow)}" in readme
+    loops = slow["daemon_loops"]
+    assert isinstance(loops, list)
+    assert f"waited for a core {round(loops[0]['runq'] * 100)}% of its wall time" in readme
+    over = [t for t in slow["per_trial"] if t["after_boundary_ms"] > 1000]  # type: ignore[attr-defined]
+    assert len(over) == 2  # "two trials spent over a second after their boundary"
+    kafka, tansu = run("kafka-before"), run("tansu-before")
+    for r in (kafka, tansu):
+        assert r["met"] is False
+        assert r["trials_detected_first"] >= 19  # type: ignore[operator]
+    before = (
+        f"p50 {_ms(kafka['p50_ms'])}, p99 {_ms(kafka['p99_ms'])} on Kafka, with {kafka['flaps']} releases"
+    )
+    assert f"{before} in 20 trials" in readme
+    assert (
+        f"(Tansu: p50 {_ms(tansu['p50_ms'])}, p99 {_ms(tansu['p99_ms'])}, {tansu['flaps']} releases)"
+        in readme
+    )

@@ -1,8 +1,9 @@
 """``fleetloop bench latency``'s load generator (fleetloop/bench/loadgen.py): the records it builds
 by patching pre-encoded bytes are records the daemon's door accepts, with the time stamp and the
 changing fields of each slice; every node reports once a second; the calls land at the asked rate
-and never on a trial's target; each record goes to the partition the client's partitioner picks
-for its pool."""
+on every node, the trial targets too (they serve ok traffic before they fail), and never on a
+target its trial took over; each record goes to the partition the client's partitioner picks for
+its pool."""
 
 from __future__ import annotations
 
@@ -29,14 +30,15 @@ class _Record:
 
 
 def _second(
-    n_nodes: int, per_node: float, trials: int = 5
+    n_nodes: int, per_node: float, trials: int = 5, taken: tuple[int, ...] = (), seconds: int = 1
 ) -> tuple[Slices, list[tuple[int, int, bytes, bytes]]]:
     fleet = bench_fleet(n_nodes)
-    reserved = {node for _, node in trial_targets(fleet, trials)}
-    slices = Slices(fleet, templates(fleet, reserved, 4), per_node)
+    targets = [node for _, node in trial_targets(fleet, trials)]
+    slices = Slices(fleet, templates(fleet, targets, 4), per_node)
+    rows = {slices.tpl.targets[t] for t in taken}
     records = []
-    for k in range(SLICES):
-        records.extend(slices.records(k, TS + k * 50))
+    for k in range(SLICES * seconds):
+        records.extend(slices.records(k % SLICES, TS + k * 50, rows))
     return slices, records
 
 
@@ -61,15 +63,33 @@ def test_every_node_reports_once_a_second_with_its_slices_time_stamp() -> None:
     assert len({t.queue_depth for t in items}) > 1  # type: ignore[attr-defined]
 
 
-def test_calls_land_at_the_asked_rate_never_on_a_target_with_unique_ids() -> None:
-    fleet = bench_fleet(1000)
-    targets = {node for _, node in trial_targets(fleet, 5)}
-    _, records = _second(1000, 0.5)
+def test_calls_land_at_the_asked_rate_with_unique_ids_on_targets_too_until_taken() -> None:
+    fleet = bench_fleet(200)
+    targets = [node for _, node in trial_targets(fleet, 5)]
+    _, records = _second(200, 2.0, seconds=10)
     calls = _decoded(records, 1)
-    assert len(calls) == 500
-    assert not {c.node_id for c in calls} & targets  # type: ignore[attr-defined]
-    assert len({c.request_id for c in calls}) == 500  # type: ignore[attr-defined]
+    assert len(calls) == 4000
+    called = Counter(c.node_id for c in calls)  # type: ignore[attr-defined]
+    assert all(called[t] > 0 for t in targets)  # the targets serve ok traffic like the rest
+    assert len({c.request_id for c in calls}) == 4000  # type: ignore[attr-defined]
     assert all(c.outcome == "ok" for c in calls)  # type: ignore[attr-defined]
+    # Trials 0 and 2 taken over: no call on their targets, the others' still called.
+    _, records = _second(200, 2.0, taken=(0, 2), seconds=10)
+    taken = _decoded(records, 1)
+    on = Counter(c.node_id for c in taken)  # type: ignore[attr-defined]
+    assert on[targets[0]] == on[targets[2]] == 0
+    assert on[targets[1]] > 0
+    assert on[targets[3]] > 0
+
+
+def test_a_loaded_fleet_has_a_queue_on_every_node() -> None:
+    fleet = bench_fleet(300)
+    slices = Slices(fleet, templates(fleet, [], 4), 1.0, min_queue=1)
+    records = [r for k in range(SLICES) for r in slices.records(k, TS + k * 50)]
+    queues = [t.queue_depth for t in _decoded(records, 0)]  # type: ignore[attr-defined]
+    assert len(queues) == 300
+    assert min(queues) == 1
+    assert max(queues) > 1
 
 
 def test_each_record_goes_to_its_pools_partition_as_the_client_would_send_it() -> None:
@@ -81,11 +101,13 @@ def test_each_record_goes_to_its_pools_partition_as_the_client_would_send_it() -
         assert p == partitioner(key, parts, parts)
 
 
-def test_trial_targets_are_spread_over_pools_and_distinct() -> None:
-    fleet = bench_fleet(10_000)
-    targets = trial_targets(fleet, 40)
-    assert len({node for _, node in targets}) == 40
-    assert len({i for i, _ in targets}) >= 30
+@pytest.mark.parametrize("n_nodes", [200, 1000, 10_000])
+def test_trial_targets_are_spread_over_pools_and_distinct(n_nodes: int) -> None:
+    fleet = bench_fleet(n_nodes)
+    trials = min(40, len(fleet.pools))
+    targets = trial_targets(fleet, trials)
+    assert len({node for _, node in targets}) == trials
+    assert len({i for i, _ in targets}) == trials  # consecutive trials in distinct pools
     for i, node in targets:
         assert node in fleet.pools[i].node_ids
 

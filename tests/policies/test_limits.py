@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fleetloop.daemon.decide import engine
 from fleetloop.daemon.decide.engine import EngineState, decide
 from fleetloop.policies.admission.slo_aware import SloAware, SloAwareParams
 from fleetloop.policies.autoscale.predictive import SloPredictive, SloPredictiveParams
 from fleetloop.policies.base import FleetSnapshot, NodeView
 from fleetloop.policies.breaker.latency_outlier import LatencyOutlier, LatencyOutlierParams
+from fleetloop.policies.envelope import Envelope
 from fleetloop.policies.registry import builtin_policy, compile_policy, parse_document
 from fleetloop.policies.retry_budget.ratio import Ratio, RatioParams
 from fleetloop.router import Endpoint, Router
@@ -135,35 +137,30 @@ BAD = {"consecutive_failures": 6, "requests_w": 10}
     ("bad", "peers", "enforced", "reason"),
     [
         # Idle peers: plenty of spare, the share cap is the only limit.
-        ({"ok_w": 10, "failures_w": 0, "kv_cache_used_frac": 0.5}, {}, True, "consecutive-failures"),
-        # Every peer has a queue (full) and the candidate does useful work: nowhere to put it.
+        ({"ok_w": 4, "failures_w": 6, "kv_cache_used_frac": 0.5}, {}, True, "consecutive-failures"),
+        # Every peer has a queue (full) and the candidate served ok calls earlier in the window, then
+        # failed six in a row: since its streak began it carries nothing, so it is ejected whatever
+        # the pool's load (the calls it served before do not count). It was capped before.
         (
-            {"ok_w": 10, "queue_depth": 3},
+            {"ok_w": 4, "failures_w": 6, "queue_depth": 3},
             {"queue_depth": 4, "requests_w": 10, "ok_w": 10},
-            False,
-            "consecutive-failures:capacity-cap",
-        ),
-        # The same full pool, but the candidate's calls all fail: it carries nothing, eject it.
-        ({"failures_w": 10, "queue_depth": 3}, {"queue_depth": 4}, True, "consecutive-failures"),
-        # A candidate 8x slower than its peers carries an eighth of a node: fits in 3 x 0.3 spare.
-        (
-            {"ok_w": 10, "queue_depth": 3, "tbt_p50_ms": 400.0},
-            {"kv_cache_used_frac": 0.7, "tbt_p50_ms": 50.0},
             True,
             "consecutive-failures",
         ),
-        # A healthy-speed candidate that is fully busy needs a whole node of spare: 3 x 0.3 < 1.
+        # The same full pool, the candidate's calls all fail: it carries nothing, eject it.
+        ({"failures_w": 10, "queue_depth": 3}, {"queue_depth": 4}, True, "consecutive-failures"),
+        # A healthy-speed candidate that is fully busy, in a streak: out, though 3 x 0.3 < 1.
         (
-            {"ok_w": 10, "queue_depth": 3, "tbt_p50_ms": 50.0},
+            {"ok_w": 4, "failures_w": 6, "queue_depth": 3, "tbt_p50_ms": 50.0},
             {"kv_cache_used_frac": 0.7, "tbt_p50_ms": 50.0},
-            False,
-            "consecutive-failures:capacity-cap",
+            True,
+            "consecutive-failures",
         ),
         # A crashed (stale) candidate carries nothing whatever the pool's load.
         ({"stale": True}, {"queue_depth": 4}, True, "consecutive-failures"),
     ],
 )
-def test_capacity_aware_ejection_cap(
+def test_a_node_in_a_failure_streak_is_ejected_whatever_the_pools_load(
     bad: Mapping[str, Any], peers: Mapping[str, Any], enforced: bool, reason: str
 ) -> None:
     views = [node("a", **{**BAD, **bad})] + [node(f"n{i}", **peers) for i in range(3)]
@@ -171,17 +168,116 @@ def test_capacity_aware_ejection_cap(
     assert (d.state, d.enforced, d.reason) == ("open", enforced, reason)
 
 
+def _capped(
+    views: list[NodeView],
+    open_: list[str],
+    *,
+    held: Mapping[str, int | None] | None = None,
+    max_ejected_frac: float = 1.0,
+) -> dict[str, BreakerDecision]:
+    """The engine's ejection cap on open, enforced breakers of ``open_`` (a latency ejection: the
+    reason names no streak) in a snapshot of ``views``, both forms of the rule, which must agree."""
+    snap = snapshot(views)
+    decisions = [
+        BreakerDecision(entity=f"node/{n.node_id}", reason="latency-outlier", pool_id="p",
+                        node_id=n.node_id, state="open" if n.node_id in open_ else "closed",
+                        until_ms=NOW_MS + 30_000 if n.node_id in open_ else None)
+        for n in views
+    ]  # fmt: skip
+    env = Envelope(max_ejected_frac=max_ejected_frac)
+    got = engine._cap_ejections(list(decisions), snap, "p", env, held)
+    assert got == engine._cap_ejections_plain(list(decisions), snap, "p", env, held)
+    return {d.node_id: d for d in got}
+
+
+FULL = {"queue_depth": 4, "requests_w": 10, "ok_w": 10}
+
+
+@pytest.mark.parametrize(
+    ("bad", "peers", "enforced"),
+    [
+        # Idle peers: plenty of spare.
+        ({"ok_w": 10, "queue_depth": 3}, {}, True),
+        # Every peer has a queue (full) and the candidate's calls succeed: nowhere to put its work.
+        ({"ok_w": 10, "queue_depth": 3}, FULL, False),
+        # Half its calls fail: it still carries half a node, and a full pool has no room for that.
+        ({"ok_w": 5, "failures_w": 5, "requests_w": 10, "queue_depth": 3}, FULL, False),
+        # Its latest call failed (a streak of one): nothing served since, out whatever the load.
+        ({"ok_w": 9, "failures_w": 1, "consecutive_failures": 1, "queue_depth": 3}, FULL, True),
+        # A candidate 8x slower than its peers carries an eighth of a node: fits in 3 x 0.3 spare.
+        (
+            {"ok_w": 10, "queue_depth": 3, "tbt_p50_ms": 400.0},
+            {"kv_cache_used_frac": 0.7, "tbt_p50_ms": 50.0},
+            True,
+        ),
+        # A healthy-speed candidate that is fully busy needs a whole node of spare: 3 x 0.3 < 1.
+        (
+            {"ok_w": 10, "queue_depth": 3, "tbt_p50_ms": 50.0},
+            {"kv_cache_used_frac": 0.7, "tbt_p50_ms": 50.0},
+            False,
+        ),
+        # No call in its window: not "all ok" but as its pool's nodes do. Peers that fail half their
+        # calls put its useful work at half a node, which fits in 3 x 0.3 (all ok would not).
+        ({"queue_depth": 3}, {"kv_cache_used_frac": 0.7, "requests_w": 10, "ok_w": 5, "failures_w": 5}, True),
+        ({"queue_depth": 3}, {"kv_cache_used_frac": 0.7, "requests_w": 10, "ok_w": 10}, False),
+        # No call anywhere in the pool (no router outcomes): its telemetry alone, a full node.
+        ({"queue_depth": 3}, {"kv_cache_used_frac": 0.7}, False),
+        # A crashed (stale) candidate carries nothing whatever the pool's load.
+        ({"ok_w": 10, "stale": True}, FULL, True),
+    ],
+)
+def test_capacity_cap_weighs_a_candidates_useful_work_since_its_streak_began(
+    bad: Mapping[str, Any], peers: Mapping[str, Any], enforced: bool
+) -> None:
+    views = [node("a", **bad)] + [node(f"n{i}", **peers) for i in range(3)]
+    d = _capped(views, ["a"])["a"]
+    assert (d.state, d.enforced) == ("open", enforced)
+    assert d.reason == ("latency-outlier" if enforced else "latency-outlier:capacity-cap")
+
+
 def test_capacity_cap_takes_the_worst_first_and_stops_when_spare_runs_out() -> None:
     # Two busy candidates of healthy speed; two peers with 0.5 spare each hold one node's work.
     views = [
-        node("a", consecutive_failures=9, requests_w=10, ok_w=10, kv_cache_used_frac=1.0),
-        node("b", consecutive_failures=6, requests_w=10, ok_w=10, kv_cache_used_frac=1.0),
+        node("a", consecutive_failures=0, requests_w=10, ok_w=10, kv_cache_used_frac=1.0),
+        node("b", consecutive_failures=0, requests_w=10, ok_w=10, kv_cache_used_frac=1.0),
         node("c", kv_cache_used_frac=0.5),
         node("d", kv_cache_used_frac=0.5),
     ]
-    got = _engine_breakers(views, max_ejected_frac=1.0)
+    got = _capped(views, ["a", "b"])
     assert (got["a"].enforced, got["b"].enforced) == (True, False)
     assert got["b"].reason.endswith(":capacity-cap")
+
+
+def test_a_held_ejection_is_not_judged_again_until_its_end() -> None:
+    """An ejection the engine let out enforced last tick stays enforced, though its node now looks
+    like one the full pool could not take (its window emptied once routers stopped sending to it),
+    and counts against the share cap before any new candidate; at its end it is judged afresh."""
+    views = [node("a", queue_depth=3), node("b", queue_depth=3)] + [node(f"n{i}", **FULL) for i in range(3)]
+    assert not _capped(views, ["a"])["a"].enforced  # judged afresh: the pool has no room for it
+    held = _capped(views, ["a", "b"], held={"a": NOW_MS + 1}, max_ejected_frac=0.2)
+    assert (held["a"].enforced, held["a"].reason) == (True, "latency-outlier")
+    assert (held["b"].enforced, held["b"].reason) == (False, "latency-outlier:max-ejected-cap")
+    assert not _capped(views, ["a"], held={"a": NOW_MS})["a"].enforced  # its end: judged again
+    assert _capped(views, ["a"], held={"a": None})["a"].enforced  # no end given: while it is open
+
+
+@pytest.mark.parametrize(
+    ("frac", "pool_size", "cap"),
+    [
+        (0.5, 1, 1),
+        (0.5, 2, 1),
+        (0.5, 40, 20),
+        (0.1, 9, 1),
+        (0.1, 10, 1),
+        (0.1, 20, 2),
+        (0.34, 3, 1),
+        (0.0, 40, 0),
+    ],
+)
+def test_share_cap_always_lets_one_node_out_unless_the_fraction_is_zero(
+    frac: float, pool_size: int, cap: int
+) -> None:
+    assert engine.share_cap(frac, pool_size) == cap
 
 
 # -- shed-then-retry and mass failures: the retry budget -------------------------------------------

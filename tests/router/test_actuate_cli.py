@@ -26,6 +26,14 @@ from fleetloop.daemon.cli import main
         (["vllm-router", "--url", "http://10.0.0.1:1", "--worker-map", "MAP"], "loopback"),
         (["vllm-router", "--url", "http://127.0.0.1:1", "--worker-map", "/nope.yaml"], "--worker-map"),
         (["vllm-router", "--url", "http://127.0.0.1:1", "--worker-map", "WMAP"], "vllm-router at"),
+        (["sglang-router", "--url", "http://10.0.0.1:1", "--worker-map", "MAP"], "loopback"),
+        (["sglang-router", "--url", "http://127.0.0.1:99999", "--worker-map", "WMAP"], "1..65535"),
+        (["sglang-router", "--url", "http://127.0.0.1:1", "--worker-map", "/nope.yaml"], "--worker-map"),
+        (
+            ["sglang-router", "--url", "http://127.0.0.1:1", "--worker-map", "WMAP", "--period-s", "0"],
+            "--period-s",
+        ),
+        (["sglang-router", "--url", "http://127.0.0.1:1", "--worker-map", "WMAP"], "sglang-router at"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
@@ -42,3 +50,18 @@ def test_bad_input_is_one_line_exit_2(
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
+
+
+def test_the_readme_s_command_table_lists_every_actuator() -> None:
+    import re
+
+    from fleetloop.daemon.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("## Commands") : readme.index("## How it works")]
+    listed = set(re.findall(r"^\| `fleetloop actuate ([a-z-]+) ", table, re.M))
+    parser = build_parser(environ={})
+    sub = next(a for a in parser._actions if a.dest == "command")
+    act = sub.choices["actuate"]  # type: ignore[attr-defined]
+    actuators = next(a for a in act._actions if a.dest == "actuate_command")
+    assert listed == set(actuators.choices), listed

@@ -1,5 +1,6 @@
 """The rotation rule every router integration keeps (fleetloop/router/state.py), as properties over
-random decision streams: HAProxy's targets, vllm-router's membership and the router library's pick.
+random decision streams: HAProxy's targets, the worker list of vllm-router and SGLang's router (one
+mapping, one reconcile loop), and the router library's pick.
 
 Whatever fleetloop published (a decision naming no node, weight 0 everywhere, a drain list or
 breakers on every node, shadow decisions, ticks out of order, state gone stale), a pool with a node
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from fleetloop.edges.actuate.haproxy.mapping import PLAIN_WEIGHT, BackendMap, PoolMap, Slot, targets
-from fleetloop.edges.actuate.vllm_router.mapping import WorkerMap, desired_workers
+from fleetloop.edges.actuate.worker_list.mapping import WorkerMap, desired_workers
 from fleetloop.router import Endpoint, Router
 from fleetloop.router.state import DesiredState
 from fleetloop.schemas.decisions import (
@@ -195,7 +196,7 @@ def test_haproxy_never_empties_a_backend(s: Stream) -> None:
 
 @settings(max_examples=400, deadline=None)
 @given(s=stream())
-def test_vllm_router_never_empties_a_worker_list(s: Stream) -> None:
+def test_a_worker_list_router_never_empties_a_worker_list(s: Stream) -> None:
     state = s.state()
     got = desired_workers(state, WMAP, s.now, TTL)
     for pool, by_node in WMAP.pools.items():
@@ -215,6 +216,58 @@ def test_vllm_router_never_empties_a_worker_list(s: Stream) -> None:
             assert present <= set(named)
             if any(ejected(state, n) for n in present):
                 assert all(ejected(state, n) for n in named)
+
+
+class _Workers:
+    """A router's worker list in memory, recording its smallest size per pool after every change."""
+
+    def __init__(self, present: set[str]) -> None:
+        self.workers = set(present)
+        self.smallest = {pool: len(present & set(by.values())) for pool, by in WMAP.pools.items()}
+
+    async def list_workers(self) -> set[str]:
+        return set(self.workers)
+
+    async def add_worker(self, url: str) -> None:
+        self.workers.add(url)
+
+    async def remove_worker(self, url: str) -> None:
+        self.workers.discard(url)
+        for pool, by in WMAP.pools.items():
+            self.smallest[pool] = min(self.smallest[pool], len(self.workers & set(by.values())))
+
+    async def close(self) -> None:
+        return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(s=stream(), start=st.sets(st.sampled_from(sorted(WMAP.urls())), min_size=0))
+def test_the_worker_list_actuator_never_empties_a_pool_on_the_way(s: Stream, start: set[str]) -> None:
+    """The loop ``fleetloop actuate vllm-router`` and ``sglang-router`` run, reconciling after every
+    arrival of the stream from any starting list: a pool that had a worker never has none, even
+    between two calls of one pass (adds go first), and each pass leaves the mapping's list."""
+    import asyncio
+
+    from fleetloop.edges.actuate.worker_list.actuator import WorkerListActuator
+
+    api = _Workers(start)
+    state = DesiredState()
+    clock = {"now": 0.0}
+    act = WorkerListActuator(api, WMAP, state, fail_static_s=TTL, now=lambda: clock["now"])
+
+    async def walk() -> None:
+        for at, d in [*s.arrivals, (s.now, None)]:
+            clock["now"] = at
+            if d is not None:
+                state.accept(d, at)
+            await act.reconcile()
+            want = {u for u, (present, _) in desired_workers(state, WMAP, at, TTL).items() if present}
+            assert api.workers == want
+
+    asyncio.run(walk())
+    for pool, by in WMAP.pools.items():
+        if start & set(by.values()):
+            assert api.smallest[pool] >= 1, f"pool {pool} emptied on the way"
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,4 +1,5 @@
-"""Start the real ``vllm-router`` for an integration test, on ports picked at the last moment.
+"""Start the real ``vllm-router`` or SGLang's router for an integration test, on ports picked at the
+last moment.
 
 A port from :func:`free_port` is free when it is picked, not when the router binds it: the kernel
 may hand it to an outgoing connection in between (a daemon's Kafka clients open many), and the
@@ -13,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+from fleetloop.edges.actuate.sglang_router.launch import router_argv
 from fleetloop.router import clock
 from tests.support.http import free_port
 
@@ -30,10 +33,35 @@ async def start_vllm_router(
     """The running router and its port, once ``/health`` answers 200. The caller terminates it."""
     if not VLLM_ROUTER.exists():
         pytest.fail(f"vllm-router is not installed at {VLLM_ROUTER} (pip install -e '.[dev]' installs it)")
+
+    def argv(port: int) -> list[str]:
+        return [
+            str(VLLM_ROUTER), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
+            "--policy", policy, "--prometheus-port", str(free_port()),
+        ]  # fmt: skip
+
+    return await start_router("vllm-router", argv, log_path, timeout_s=timeout_s)
+
+
+async def start_sglang_router(
+    worker_urls: list[str], policy: str, log_path: Path, *, timeout_s: float = 60.0
+) -> tuple[subprocess.Popen[bytes], int]:
+    """SGLang's router (``fleetloop.edges.actuate.sglang_router.launch``), once ``/health`` answers."""
+
+    def argv(port: int) -> list[str]:
+        prom = free_port()
+        return router_argv(worker_urls, port=port, prometheus_port=prom, policy=policy, log_level="info")
+
+    return await start_router("sglang-router", argv, log_path, timeout_s=timeout_s)
+
+
+async def start_router(
+    name: str, argv_for: Callable[[int], list[str]], log_path: Path, *, timeout_s: float = 60.0
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``argv_for(port)`` started, and its port once ``/health`` answers 200."""
     for attempt in range(1, ATTEMPTS + 1):
         port = free_port()
-        argv = [str(VLLM_ROUTER), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls]
-        argv += ["--policy", policy, "--prometheus-port", str(free_port())]
+        argv = argv_for(port)
         with log_path.open("ab") as log:
             start = log.tell()
             log.write(f"--- attempt {attempt}: port {port}\n".encode())
@@ -51,10 +79,10 @@ async def start_vllm_router(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-            pytest.fail(f"vllm-router did not answer /health in {timeout_s:.0f} s: {_tail(log_path)}")
+            pytest.fail(f"{name} did not answer /health in {timeout_s:.0f} s: {_tail(log_path)}")
         if b"Address already in use" not in log_path.read_bytes()[start:]:
-            pytest.fail(f"vllm-router exited ({proc.returncode}): {_tail(log_path)}")
-    pytest.fail(f"vllm-router found no free port in {ATTEMPTS} attempts: {_tail(log_path)}")
+            pytest.fail(f"{name} exited ({proc.returncode}): {_tail(log_path)}")
+    pytest.fail(f"{name} found no free port in {ATTEMPTS} attempts: {_tail(log_path)}")
 
 
 def _tail(path: Path) -> str:

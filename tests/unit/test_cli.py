@@ -174,7 +174,7 @@ def test_an_unknown_subcommand_is_one_line(capsys: pytest.CaptureFixture[str]) -
             "fleetloop policy: which command? one of: validate, apply, status, rollback, remove-shadow, "
             "compare, diff",
         ),
-        (["actuate"], "fleetloop actuate: which command? one of: haproxy, vllm-router"),
+        (["actuate"], "fleetloop actuate: which command? one of: haproxy, vllm-router, sglang-router"),
     ],
 )
 def test_a_missing_subcommand_lists_the_choices_not_argparse_s_internal_name(

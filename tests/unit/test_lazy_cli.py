@@ -29,6 +29,7 @@ HEAVY = (
     "aiokafka",
     "aiohttp",
     "openai",
+    "litellm",
 )
 
 

@@ -177,7 +177,8 @@ def test_pool_tbt_median_between_signed_zeros_is_the_later_node_s() -> None:
 @pytest.mark.parametrize("frac", [0.34, 1.0])
 def test_engine_ejection_cap_on_columns_is_the_plain_rule(snapshots: list[Any], frac: float) -> None:
     """Random sets of open (enforced or not), probing and closed breakers per pool, a node of no
-    pool among them: the columns' capacity check caps exactly the nodes the per-view rule caps."""
+    pool among them, some held from the last tick: the columns' capacity check caps exactly the
+    nodes the per-view rule caps."""
     import numpy as np
     from fleetloop.policies.envelope import Envelope
 
@@ -200,8 +201,14 @@ def test_engine_ejection_cap_on_columns_is_the_plain_rule(snapshots: list[Any], 
                         enforced=bool(rng.random() < 0.8),
                     )
                 )
-            got = engine._cap_ejections(list(decisions), snap, pool_id, env)
-            want = engine._cap_ejections_plain(list(decisions), snap, pool_id, env)
+            # Some of them held from the last tick, their end ahead, past or not given.
+            held = {
+                node_id: [None, snap.now_ms - 1, snap.now_ms, snap.now_ms + 1][int(rng.integers(0, 4))]
+                for node_id in ids
+                if rng.random() < 0.3
+            }
+            got = engine._cap_ejections(list(decisions), snap, pool_id, env, held)
+            want = engine._cap_ejections_plain(list(decisions), snap, pool_id, env, held)
             assert [d.model_dump_json() for d in got] == [d.model_dump_json() for d in want]
             capped += sum(1 for d in got if d.reason.endswith("-cap"))
             kept += sum(1 for d in got if d.state == "open" and d.enforced)

@@ -33,7 +33,7 @@ from fleetloop.bench.stack.arms import Arm, Launch, Slots, WorkerApi
 from fleetloop.bench.stack.procs import Procs, fleetloop_argv, free_port, spawn, start_answering, stop
 from fleetloop.daemon.brokers import delete_topics, ensure_topics
 from fleetloop.daemon.cli_common import UsageError
-from fleetloop.edges.actuate.vllm_router.mapping import plan
+from fleetloop.edges.actuate.worker_list.mapping import plan
 from fleetloop.edges.fleet.agents import AgentStats
 from fleetloop.edges.fleet.command import follow_state
 from fleetloop.edges.fleet.live import LiveFleet, _Lag, probe_loop_lag

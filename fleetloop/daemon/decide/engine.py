@@ -51,6 +51,9 @@ class EngineState:
     algorithms: Mapping[tuple[str, str, str], Any] = field(default_factory=dict)  # (section, name, pool)
     # The last autoscale target the engine let out, per pool: what a silent pool is frozen at.
     autoscale_held: Mapping[str, int] = field(default_factory=dict)
+    # Per pool, the ejections the engine let out enforced at the pool's last tick (node -> until_ms):
+    # held to their end, not judged again (``_cap_ejections_plain``, rule 3: no flapping).
+    ejections_held: Mapping[str, Mapping[str, int | None]] = field(default_factory=dict)
 
 
 _EMPTY = EngineState()
@@ -80,8 +83,47 @@ def envelope_of(policy: CompiledPolicy) -> Envelope:
     return env
 
 
+def share_cap(max_ejected_frac: float, pool_size: int) -> int:
+    """How many of a pool's ``pool_size`` nodes may be ejected at once: ``floor(max_ejected_frac x
+    pool_size)``, but at least one unless ``max_ejected_frac`` is 0 (Envoy's ``always_eject_one_host``:
+    a small pool can still lose its one failing node; 0 means never eject, the ``none`` baseline)."""
+    if max_ejected_frac <= 0:
+        return 0
+    return max(1, math.floor(max_ejected_frac * pool_size + 1e-9))
+
+
+def _is_held(d: BreakerDecision, held: Mapping[str, int | None], now_ms: int) -> bool:
+    """``d`` (open, enforced by its breaker) continues an ejection the engine let out enforced at the
+    pool's last tick, whose end (``until_ms``; None: none given) is still ahead."""
+    if d.node_id not in held:
+        return False
+    until = held[d.node_id]
+    return until is None or now_ms < until
+
+
+def held_after(decisions: Sequence[BreakerDecision]) -> dict[str, int | None]:
+    """The ejections a pool's tick let out enforced (node -> ``until_ms``): what its next tick holds."""
+    return {d.node_id: d.until_ms for d in decisions if d.state == "open" and d.enforced}
+
+
+def _hold(
+    ejected: dict[str, Mapping[str, int | None]], pool_id: str, shaped: Sequence[BreakerDecision]
+) -> None:
+    """Set the pool's held ejections in ``ejected`` to those of its tick's shaped breaker decisions
+    (none: the pool's entry is dropped, so a pool with no ejection keeps no entry)."""
+    now = held_after(shaped)
+    if now:
+        ejected[pool_id] = now
+    else:
+        ejected.pop(pool_id, None)
+
+
 def _cap_ejections(
-    decisions: list[BreakerDecision], snap: FleetSnapshot, pool_id: str, env: Envelope
+    decisions: list[BreakerDecision],
+    snap: FleetSnapshot,
+    pool_id: str,
+    env: Envelope,
+    held: Mapping[str, int | None] | None = None,
 ) -> list[BreakerDecision]:
     """:func:`_cap_ejections_plain` (the rule, stated there) reading the pool's nodes from the
     snapshot's columns instead of building their views: the same figures, sums in the same order."""
@@ -92,7 +134,7 @@ def _cap_ejections(
     lo, hi = cols.bounds.get(pool_id, (0, 0))
     ids = row_ids(snap)[lo:hi]
     row = {node_id: r for r, node_id in enumerate(ids)}
-    cap = math.floor(env.max_ejected_frac * len(ids) + 1e-9)
+    cap = share_cap(env.max_ejected_frac, len(ids))
     streak = cols.ints("consecutive_failures")[lo:hi].tolist()
     live = (cols.warm[lo:hi] & ~cols.stale[lo:hi]).tolist()
     # A missing step time (NaN in the column) reads as the view's None: speed 1.
@@ -109,6 +151,10 @@ def _cap_ejections(
     serving = [r for r in range(len(ids)) if live[r]]
     steps = sorted(x for r in serving if (x := tbt[r]) is not None and x > 0)
     ref = steps[len(steps) // 2] if steps else None
+    candidates = {d.node_id for d in open_}
+    others = [r for r in serving if ids[r] not in candidates]
+    took = sum(requests_w[r] for r in others)
+    pool_ok = sum(ok_w[r] for r in others) / took if took > 0 else None
 
     def speed(r: int) -> float:
         t = tbt[r]
@@ -118,26 +164,62 @@ def _cap_ejections(
         return 1.0 if queue[r] > 0 else min(1.0, max(0.0, kv[r]))
 
     def useful(r: int) -> float:
-        ok = ok_w[r] / requests_w[r] if requests_w[r] > 0 else 1.0
-        return speed(r) * busy(r) * ok
+        return speed(r) * busy(r) * _ok_share(streak[r], ok_w[r], requests_w[r], pool_ok)
 
-    candidates = {d.node_id for d in open_}
-    spare = sum(speed(r) * (1.0 - busy(r)) for r in serving if ids[r] not in candidates)
+    def moves(node_id: str) -> float | None:
+        r = row.get(node_id)
+        return useful(r) if r is not None and live[r] else None
+
+    spare = sum(speed(r) * (1.0 - busy(r)) for r in others)
+    ordered = sorted(open_, key=severity)
+    return _unenforce(
+        decisions, _choose(ordered, held or {}, now_ms=snap.now_ms, cap=cap, spare=spare, moves=moves)
+    )
+
+
+def _choose(
+    ordered: Sequence[BreakerDecision],
+    held: Mapping[str, int | None],
+    *,
+    now_ms: int,
+    cap: int,
+    spare: float,
+    moves: Callable[[str], float | None],
+) -> dict[str, str]:
+    """Rules (1)-(3) of :func:`_cap_ejections_plain` over the candidates, worst first: the held
+    ones within the share cap, then the new ones within it whose useful work (``moves``: None for a
+    node not serving) fits in what is left of ``spare``. Returns the capped nodes and why."""
     keep: set[str] = set()
     why: dict[str, str] = {}
-    for d in sorted(open_, key=severity):
+    for d in ordered:
+        if _is_held(d, held, now_ms):
+            if len(keep) >= cap:
+                why[d.node_id] = "max-ejected-cap"
+            else:
+                keep.add(d.node_id)
+    for d in ordered:
+        if d.node_id in keep or d.node_id in why:
+            continue
         if len(keep) >= cap:
             why[d.node_id] = "max-ejected-cap"
             continue
-        r = row.get(d.node_id)
-        if r is not None and live[r]:
-            moved = useful(r)
+        moved = moves(d.node_id)
+        if moved is not None:
             if moved > spare + 1e-9:
                 why[d.node_id] = "capacity-cap"
                 continue
             spare -= moved
         keep.add(d.node_id)
-    return _unenforce(decisions, why)
+    return why
+
+
+def _ok_share(streak: int, ok_w: int, requests_w: int, pool_ok: float | None) -> float:
+    """The share of a candidate's calls that would succeed: see :func:`_cap_ejections_plain`."""
+    if streak > 0:
+        return 0.0
+    if requests_w > 0:
+        return ok_w / requests_w
+    return pool_ok if pool_ok is not None else 1.0
 
 
 def _unenforce(decisions: list[BreakerDecision], why: Mapping[str, str]) -> list[BreakerDecision]:
@@ -153,29 +235,72 @@ def _unenforce(decisions: list[BreakerDecision], why: Mapping[str, str]) -> list
 
 
 def _cap_ejections_plain(
-    decisions: list[BreakerDecision], snap: FleetSnapshot, pool_id: str, env: Envelope
+    decisions: list[BreakerDecision],
+    snap: FleetSnapshot,
+    pool_id: str,
+    env: Envelope,
+    held: Mapping[str, int | None] | None = None,
 ) -> list[BreakerDecision]:
-    """Enforce an ejection only while (1) the pool's open nodes stay within ``max_ejected_frac`` of
-    its nodes and (2) the nodes left serving can carry the work the ejected ones were doing; the
-    rest are 'detected', not enforced. Worst offenders (most consecutive failures) first.
+    """Enforce an ejection only while (1) the pool's open nodes stay within its share cap and (2) the
+    nodes left serving can carry the useful work the newly ejected ones were doing; the rest are
+    'detected', not enforced (reason ``:max-ejected-cap``, ``:capacity-cap``). An ejection let out
+    enforced at the pool's last tick is held: it is not judged again until its end (3).
 
-    Capacity (2), in healthy-node units over the pool's serving nodes (warm, fresh)::
+    (1) Share cap, :func:`share_cap`: at most ``max(1, floor(max_ejected_frac x nodes))`` of the
+    pool's nodes (all of them, serving or not) open and enforced at once, none when
+    ``max_ejected_frac`` is 0 (the ``none`` baseline). Held ejections count first, then the new ones,
+    worst offenders (most consecutive failures, then node id) first.
+
+    (2) Capacity, in healthy-node units over the pool's serving nodes (warm, fresh)::
 
         speed_i  = min(1, median_j(tbt_p50_j) / tbt_p50_i)        (1 without a step time)
         busy_i   = 1 if queue_depth_i > 0 else kv_cache_used_frac_i  (a queue means full)
-        useful_i = speed_i * busy_i * ok_w_i / requests_w_i          (work that succeeds there)
+        ok_i     = 0                              if consecutive_failures_i > 0  (in a failure streak)
+                   ok_w_i / requests_w_i          elif requests_w_i > 0
+                   sum ok_w_j / sum requests_w_j  elif some other serving node j took calls
+                   1                              else (no call in the whole pool: telemetry only)
+        useful_i = speed_i * busy_i * ok_i                           (work that succeeds there)
         spare    = sum over serving nodes not ejected of speed_j * (1 - busy_j)
 
-    A candidate is enforced when its ``useful_i`` fits in what is left of ``spare``; a node that
+    A new candidate is enforced when its ``useful_i`` fits in what is left of ``spare``; a node that
     is not serving (stale, cold, draining) carries nothing and only counts against the share cap.
-    A node that is slow or failing carries little useful work, so ejecting it costs little and is
-    allowed even into a busy pool; a pool-wide slowdown leaves no spare anywhere, so nothing is
-    ejected for it (ejecting would pile the same load on fewer, equally slow nodes)."""
+
+    ``ok_i`` is the share of the calls routed to the node from now on that would succeed, read from
+    what the router saw *since its current failure streak began*, never before: every call since
+    then failed (an ok call ends a streak), so a node in a streak carries no useful work, whatever
+    it served earlier in the window and however loaded its pool. It is ejected at once into a busy
+    pool, as Envoy's consecutive-5xx ejection does (the breaker names the streak; its pool-wide rule
+    still shields a failure the whole pool shares). A node with no call in the window has no success
+    share of its own; an empty window is not "all ok" (ejecting a node the routers stopped sending
+    to would read as moving its whole load): it is read as its pool's, the other serving nodes'
+    success share. Only when no serving node of the pool took a call (a deployment without router
+    outcomes, scrape only) does the node's telemetry alone say what it carries.
+
+    A slow node carries little useful work (its ``speed_i``), so it too may be ejected into a busy
+    pool; a pool-wide slowdown leaves no spare anywhere and no node slow against the median, so
+    nothing is ejected for it (ejecting would pile the same load on fewer, equally slow nodes).
+
+    (3) Held ejections: ``held`` is what :func:`held_after` took from the pool's last tick (node ->
+    ``until_ms``). A candidate in it whose end is still ahead (``now < until_ms``, or no end given)
+    stays enforced without being judged again by (2): its work already moved to the others (their
+    telemetry shows it), and its window empties once routers stop sending to it, so a fresh
+    judgement would release it for one tick and take it back the next (a flap). It comes back
+    through its breaker: half-open at the end of its backoff, a probe share, then closed or open
+    again. Only (1) can release a held ejection early, when the pool shrank under it (the envelope's
+    bound comes first).
+
+    Inputs: the breaker decisions of the pool's tick (open and enforced ones are the candidates),
+    per node ``consecutive_failures``, ``ok_w``, ``requests_w``, ``queue_depth``,
+    ``kv_cache_used_frac``, ``tbt_p50_ms``, ``warm``, ``stale``; ``envelope.max_ejected_frac``
+    (default 0.5); ``held``. Failure modes: a node that answers but fails (a streak) in a pool-wide
+    outage is ejected up to the share cap; the breaker's pool-wide rule, not this cap, keeps such
+    ejections detected only. A pool without router outcomes judges a latency ejection by speed and
+    load alone. A held ejection of a node that recovered during its backoff stays out until then."""
     open_ = [d for d in decisions if d.state == "open" and d.enforced]
     if not open_:
         return decisions
     nodes = {n.node_id: n for n in snap.pool_nodes(pool_id)}
-    cap = math.floor(env.max_ejected_frac * len(nodes) + 1e-9)
+    cap = share_cap(env.max_ejected_frac, len(nodes))
 
     def severity(d: BreakerDecision) -> tuple[float, str]:
         node = nodes.get(d.node_id)
@@ -184,6 +309,10 @@ def _cap_ejections_plain(
     serving = {i: n for i, n in nodes.items() if n.warm and not n.stale}
     steps = sorted(n.tbt_p50_ms for n in serving.values() if n.tbt_p50_ms is not None and n.tbt_p50_ms > 0)
     ref = steps[len(steps) // 2] if steps else None
+    candidates = {d.node_id for d in open_}
+    others = [n for i, n in serving.items() if i not in candidates]
+    took = sum(n.requests_w for n in others)
+    pool_ok = sum(n.ok_w for n in others) / took if took > 0 else None
 
     def speed(n: NodeView) -> float:
         return min(1.0, ref / n.tbt_p50_ms) if ref is not None and n.tbt_p50_ms else 1.0
@@ -192,26 +321,17 @@ def _cap_ejections_plain(
         return 1.0 if n.queue_depth > 0 else min(1.0, max(0.0, n.kv_cache_used_frac))
 
     def useful(n: NodeView) -> float:
-        ok = n.ok_w / n.requests_w if n.requests_w > 0 else 1.0
-        return speed(n) * busy(n) * ok
+        return speed(n) * busy(n) * _ok_share(n.consecutive_failures, n.ok_w, n.requests_w, pool_ok)
 
-    candidates = {d.node_id for d in open_}
-    spare = sum(speed(n) * (1.0 - busy(n)) for i, n in serving.items() if i not in candidates)
-    keep: set[str] = set()
-    why: dict[str, str] = {}
-    for d in sorted(open_, key=severity):
-        if len(keep) >= cap:
-            why[d.node_id] = "max-ejected-cap"
-            continue
-        node = serving.get(d.node_id)
-        if node is not None:
-            moved = useful(node)
-            if moved > spare + 1e-9:
-                why[d.node_id] = "capacity-cap"
-                continue
-            spare -= moved
-        keep.add(d.node_id)
-    return _unenforce(decisions, why)
+    def moves(node_id: str) -> float | None:
+        node = serving.get(node_id)
+        return useful(node) if node is not None else None
+
+    spare = sum(speed(n) * (1.0 - busy(n)) for n in others)
+    ordered = sorted(open_, key=severity)
+    return _unenforce(
+        decisions, _choose(ordered, held or {}, now_ms=snap.now_ms, cap=cap, spare=spare, moves=moves)
+    )
 
 
 def _shape_routing(
@@ -678,6 +798,7 @@ def decide(
     seed = (tick.tick_id, zlib.crc32(pool_id.encode()))
     new_states = dict(state.algorithms)
     held = dict(state.autoscale_held)
+    ejected = dict(state.ejections_held)
     bodies: list[tuple[str, DecisionBody]] = []
     breakers: dict[str, BreakerDecision] = {}
     diagnostics: dict[str, float] = {}
@@ -707,7 +828,8 @@ def decide(
                 shaped = [
                     d.model_copy(update={"enforced": False}) if d.state != "closed" else d for d in shaped
                 ]
-            shaped = _cap_ejections(shaped, snap, pool_id, env)
+            shaped = _cap_ejections(shaped, snap, pool_id, env, ejected.get(pool_id))
+            _hold(ejected, pool_id, shaped)
             breakers.update({d.node_id: d for d in shaped})
             produced = list(shaped)
         elif section == "routing":
@@ -763,7 +885,7 @@ def decide(
     live = {(s, policy.sections[s].algorithm.name) for s in ORDER}
     kept = {k: v for k, v in new_states.items() if (k[0], k[1]) in live}
     diagnostics["decisions"] = float(len(decisions))
-    return TickResult(decisions=decisions, state=EngineState(kept, held), diagnostics=diagnostics)
+    return TickResult(decisions=decisions, state=EngineState(kept, held, ejected), diagnostics=diagnostics)
 
 
 # ``decide_many``'s cheaper parts: diagnostics keys built once, and one fields set shared by every
@@ -857,6 +979,7 @@ def decide_many(
     # Per pool, per section: the section's mode and its shaped decisions (no tuple per decision).
     bodies: list[list[tuple[Mode, list[DecisionBody]]]] = [[] for _ in range(n)]
     held = [dict(st.autoscale_held) for st in pool_states]
+    ejected = [dict(st.ejections_held) for st in pool_states]
     to_route: list[tuple[list[DecisionBody], int]] = []  # where each routing decision goes
     route_items: list[tuple[RoutingDecision, Mapping[str, BreakerDecision]]] = []
     for section in ORDER:
@@ -909,7 +1032,8 @@ def decide_many(
                                 capped = True
                         shaped.append(d)
                 if capped:
-                    shaped = _cap_ejections(shaped, snap, pool_ids[j], env)
+                    shaped = _cap_ejections(shaped, snap, pool_ids[j], env, ejected[j].get(pool_ids[j]))
+                _hold(ejected[j], pool_ids[j], shaped)
                 breakers[j].update({d.node_id: d for d in shaped})
                 out.append((mode, cast("list[DecisionBody]", shaped)))
             elif section == "routing":
@@ -990,7 +1114,7 @@ def decide_many(
         diag = diagnostics[j]
         diag["decisions"] = float(len(decisions))
         results_out[order[j]] = TickResult(
-            decisions=tuple(decisions), state=EngineState(kept, held[j]), diagnostics=diag
+            decisions=tuple(decisions), state=EngineState(kept, held[j], ejected[j]), diagnostics=diag
         )
     return [r for r in results_out if r is not None]
 
@@ -1010,10 +1134,12 @@ class Engine:
         """Every pool's states in one :class:`EngineState` (for inspection; ``tick`` does not use it)."""
         merged: dict[tuple[str, str, str], Any] = {}
         held: dict[str, int] = {}
+        ejected: dict[str, Mapping[str, int | None]] = {}
         for pool_id in sorted(self.pools):
             merged.update(self.pools[pool_id].algorithms)
             held.update(self.pools[pool_id].autoscale_held)
-        return EngineState(merged, held)
+            ejected.update(self.pools[pool_id].ejections_held)
+        return EngineState(merged, held, ejected)
 
     def retain(self, pools: Collection[str]) -> int:
         """Forget the state of every pool not in ``pools`` (the model evicted it); returns how many."""

@@ -17,6 +17,7 @@ from functools import wraps
 from typing import Any
 
 from fleetloop.edges.actuate.haproxy import command as haproxy
+from fleetloop.edges.actuate.sglang_router import command as sglang_router
 from fleetloop.edges.actuate.vllm_router import command as vllm_router
 
 Handler = Callable[[argparse.Namespace], int]
@@ -27,6 +28,7 @@ def register(sub: Any) -> None:
     act_sub = act.add_subparsers(dest="actuate_command", required=True, parser_class=type(act))
     haproxy.register(act_sub)
     vllm_router.register(act_sub)
+    sglang_router.register(act_sub)
     for parser in act_sub.choices.values():
         parser.set_defaults(handler=logged(parser.get_default("handler")))
 

@@ -69,6 +69,7 @@ from fleetloop.policies.breaker.latency_outlier import (
     decide_columns,
     failing_with_pool,
     fleet_figures,
+    held_open,
     quiet,
     row_cache,
 )
@@ -520,7 +521,7 @@ def _decide_fast(
             d = LatencyOutlier._decision(
                 n, ns, Verdict(_STATUS[tbt_l[q]], _STATUS[ttft_l[q]], sev_l[q]), reason, params,
                 now=now, share=share, over_cap=node_id in over_cap, panic=panic, pool_id=pool_id,
-                shared=failing_with_pool(n, pool_failing),
+                shared=failing_with_pool(n, pool_failing), held=held_open(before.get(node_id), now),
             )  # fmt: skip
             fd = fields_of(d)
             b = before.get(node_id)

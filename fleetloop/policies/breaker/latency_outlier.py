@@ -65,7 +65,17 @@ whether the failures are everywhere: in a pool-wide slowdown they time out too (
 stays near the streaking node's) and the ejection is still withheld; when they succeed, the
 streaking node fails alone (a black hole, a broken GPU, a crashed host) and is ejected. A node
 that stopped reporting (stale) is never shielded. The engine adds a capacity check on top (no
-ejection whose work the rest cannot carry).
+ejection whose useful work the rest cannot carry); a node in a failure streak carries none, so
+an error ejection is enforced at the tick it opens, however loaded the pool
+(``fleetloop.daemon.decide.engine._cap_ejections_plain``).
+
+No release before the end: an ejection this breaker published enforced stays enforced until its
+``until_ms`` (:func:`held_open`, from the node's last emitted record). The pool-wide rule and the
+panic threshold decide whether to enforce an ejection, not whether to release one: both are read
+afresh every tick, from a window that empties once routers stop sending to the ejected node (its
+failure share then reads 0) or from peers that start failing, and a release would bring the node
+back for a tick or two and take it out again (a flap, with a failed call or more each time). It
+comes back through the half-open probe, as an ejection that was never shielded does.
 
 Caps: a new latency ejection is enforced only while the pool's open nodes stay within
 ``floor(max_ejected_frac x nodes)`` (most severe first, severity = the node's largest ratio to its
@@ -148,8 +158,9 @@ that gets no probe calls returns after ``probe_max_ms`` and is caught again by d
 longer backoff). If most nodes' telemetry goes stale the reference median is missing and the
 latency machine holds its state; error ejection goes on. In a pool-wide slowdown where the few
 nodes not in a failure streak happen to succeed more than half as often as the streaking ones, an
-error ejection is enforced that the old all-node median withheld; the engine's capacity check
-still refuses it when the nodes left have no spare.
+error ejection is enforced that the old all-node median withheld, and the engine's capacity check
+does not refuse it (the node's streak says it carries no useful work). An ejection enforced just
+before the pool turns to a pool-wide failure stays out to its end (no release before the end).
 """
 
 from __future__ import annotations
@@ -573,6 +584,21 @@ def failing_with_pool(n: NodeView, pool_failing: float) -> bool:
     return serving(n) and n.requests_w > 0 and pool_failing >= POOL_WIDE_SHARE * failure_share(n) > 0
 
 
+def held_open(before: Emitted | None, now: int) -> bool:
+    """The node's last record (its state fields as this breaker emitted them) was an enforced
+    ejection whose end (``until_ms``) is still ahead: it stays enforced while its machine is open.
+
+    The pool-wide rule and the panic threshold are read afresh every tick, and the node's own
+    window is what they read: once routers stop sending to an ejected node its window empties
+    and its failure share reads 0 (no longer "failing with the pool"), or the pool's failures
+    rise and read as shared. Judged again, an enforced ejection would be released for a tick and
+    taken back (a flap); it is not. It ends when its machine leaves ``open`` (a probe)."""
+    if before is None:
+        return False
+    state, enforced, _, until, _, _ = before[0]
+    return state == "open" and enforced and (until is None or now < until)
+
+
 def backoff_ms(params: LatencyOutlierParams, ejections: int) -> int:
     return int(min(params.base_ejection_ms * 2 ** max(0, ejections - 1), params.max_ejection_ms))
 
@@ -718,6 +744,7 @@ class LatencyOutlier:
                     n, ns, verdicts[n.node_id], reasons[n.node_id], params,
                     now=now, share=share, over_cap=n.node_id in over_cap, panic=panic, pool_id=ctx.pool_id,
                     shared=failing_with_pool(n, pool_failing),
+                    held=held_open(state.emitted.get(n.node_id), now),
                 )
             )  # fmt: skip
         diagnostics = {
@@ -749,6 +776,7 @@ class LatencyOutlier:
         panic: bool,
         pool_id: str,
         shared: bool = False,
+        held: bool = False,
     ) -> BreakerDecision:
         inputs = {
             "consecutive_failures": float(n.consecutive_failures),
@@ -765,7 +793,9 @@ class LatencyOutlier:
                 untils.append(ns.err.since_ms + backoff_ms(params, ns.err.ejections))
             if lat_open:
                 untils.append(ns.lat_since_ms + backoff_ms(params, ns.lat_ejections))
-            enforced = (err_open and not shared) or (lat_open and not panic)
+            # An ejection published enforced stays so to its end (:func:`held_open`): the
+            # pool-wide and panic rules judge whether to enforce it, not whether to release it.
+            enforced = held or (err_open and not shared) or (lat_open and not panic)
             why = "pool-wide" if err_open and shared else "panic"
             return breaker_decision(
                 pool_id, node_id, "open", reason if enforced else f"{reason}:{why}",
@@ -1177,7 +1207,7 @@ def decide_columns(
         d = LatencyOutlier._decision(
             n, ns, Verdict(_STATUS[tbt_l[i]], _STATUS[ttft_l[i]], sev_l[i]), reasons[node_id], params,
             now=now, share=share, over_cap=node_id in over_cap, panic=panic, pool_id=pool_id,
-            shared=failing_with_pool(n, pool_failing),
+            shared=failing_with_pool(n, pool_failing), held=held_open(before.get(node_id), now),
         )  # fmt: skip
         f = fields_of(d)
         b = before.get(node_id)

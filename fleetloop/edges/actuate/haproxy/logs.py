@@ -4,19 +4,9 @@ HAProxy logs one line per request to a syslog target; the actuator listens on a 
 (``--log-listen 127.0.0.1:PORT``) and HAProxy points ``log 127.0.0.1:PORT len 4096 local0`` at it.
 The frontend copies fleetloop's request headers into variables and logs them with ``LOG_FORMAT``
 (``HAPROXY_FRONTEND_SNIPPET`` is the exact text to paste; the README shows it, with
-``HAPROXY_STREAMING_DEFAULTS`` for the ``defaults`` section):
-
-| header | RequestOutcome field | when absent |
-|---|---|---|
-| ``x-fleetloop-request`` | ``request_id`` | HAProxy's unique id (``%ID``) |
-| ``x-fleetloop-attempt`` | ``attempt`` | 0 |
-| ``x-fleetloop-task`` | ``workflow_id`` | the request id |
-| ``x-fleetloop-call`` (index in the task) | ``step_index`` | 0 |
-| ``x-fleetloop-tenant`` | ``tenant_id`` | ``anonymous`` |
-| ``x-fleetloop-priority`` | ``priority`` | ``--default-priority`` (1) |
-| ``x-fleetloop-budget-ms`` | ``latency_budget_ms`` | 0 |
-| ``x-fleetloop-prefix`` | ``prefix_digest`` | none |
-| ``x-fleetloop-prompt-tokens`` | ``prompt_tokens`` | 0 |
+``HAPROXY_STREAMING_DEFAULTS`` for the ``defaults`` section), read by the table every integration
+shares (:mod:`fleetloop.edges.headers`): a missing request id is HAProxy's unique id (``%ID``), a
+missing priority ``--default-priority`` (1).
 
 From HAProxy itself: backend and server (-> pool and node through the backend map), status code,
 termination state, ``%Tr`` (time to the server's response headers: the time to first token of a
@@ -41,10 +31,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetloop.edges.actuate.haproxy.mapping import PoolMap, Slot
+from fleetloop.edges.headers import HEADERS, call_headers
 from fleetloop.schemas.requests import RequestOutcome
 
-# The header names the emulated fleet's agents send too (fleetloop/edges/fleet/agents.py).
-HEADERS = ("request", "attempt", "task", "call", "tenant", "priority", "budget-ms", "prefix", "prompt-tokens")
 _VARS = [h.replace("-", "_") for h in HEADERS]
 LOG_FORMAT = (
     "fleetloop1 "
@@ -113,22 +102,22 @@ class LogParser:
                 outcome = "timeout"
             else:
                 outcome = "error"
-            request_id = h["request"] or uid
+            c = call_headers(h, request_id=uid, default_priority=self.default_priority)
             tr_ms, ta_ms = _int(tr, -1), _int(ta, 0)
             ro = RequestOutcome(
                 ts_ms=_int(ts_s, 0) * 1000 + _int(ms, 0) + max(0, ta_ms),
-                request_id=request_id,
-                attempt=_int(h["attempt"], 0),
-                workflow_id=h["task"] or request_id,
-                step_index=_int(h["call"], 0),
-                tenant_id=h["tenant"] or "anonymous",
-                priority=_int(h["priority"], self.default_priority),
-                latency_budget_ms=_int(h["budget-ms"], 0),
+                request_id=c.request_id,
+                attempt=c.attempt,
+                workflow_id=c.workflow_id,
+                step_index=c.step_index,
+                tenant_id=c.tenant_id,
+                priority=c.priority,
+                latency_budget_ms=c.latency_budget_ms,
                 pool_id=pool.pool_id,
                 node_id=None if outcome == "shed" or slot is None else slot[0].node_id,
                 model=pool.model,
-                prompt_tokens=max(0, _int(h["prompt-tokens"], 0)),
-                prefix_digest=h["prefix"] or None,
+                prompt_tokens=c.prompt_tokens,
+                prefix_digest=c.prefix_digest,
                 ttft_ms=float(tr_ms) if outcome == "ok" and tr_ms >= 0 else None,
                 e2e_ms=float(max(0, ta_ms)),
                 outcome=outcome,

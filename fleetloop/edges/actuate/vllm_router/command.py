@@ -9,61 +9,21 @@ vllm-router wait for the worker's health check) before removing the ones that sh
 (``POST /remove_worker?url=``), so the list never empties on the way. A difference on a worker whose
 target did not change since it was last asserted is drift (someone's manual change, a restart of
 the router): re-asserted and logged as ``drift``. Workers vllm-router lists that the map does not
-know are left alone.
+know are left alone. The loop and the mapping are the worker-list actuators' own
+(:mod:`fleetloop.edges.actuate.worker_list`); this module is vllm-router's HTTP calls.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
 import logging
-import signal
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
-import httpx
-
-from fleetloop.edges.actuate.loop import Reconciler
-from fleetloop.edges.actuate.vllm_router.mapping import (
-    WorkerMap,
-    WorkerMapError,
-    desired_workers,
-    load_worker_map,
-    plan,
-)
-from fleetloop.edges.cli import EdgeUsageError as UsageError
-from fleetloop.edges.cli import connection_from, one_line_errors, start_following
-from fleetloop.kafka_security import bootstrap_arg
-from fleetloop.router import clock
-from fleetloop.router.follow import StateFollower, StateOnly
-from fleetloop.router.state import DesiredState
-
-log = logging.getLogger("fleetloop.actuate.vllm_router")
+from fleetloop.edges.actuate.worker_list import actuator as worker_list
+from fleetloop.edges.actuate.worker_list.actuator import HttpApi, WorkerListActuator
 
 
-class VllmRouterError(Exception):
-    pass
-
-
-class VllmRouterApi:
-    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
-
-    async def close(self) -> None:
-        await self._client.aclose()
-
-    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            r = await self._client.request(method, path, **kw)
-        except httpx.HTTPError as exc:
-            raise VllmRouterError(f"vllm-router at {self.base_url}: {exc or type(exc).__name__}") from None
-        if r.status_code >= 400:
-            raise VllmRouterError(f"vllm-router {method} {path}: HTTP {r.status_code} {r.text[:200]}")
-        return r
+class VllmRouterApi(HttpApi):
+    router = "vllm-router"
 
     async def list_workers(self) -> set[str]:
         body = (await self._call("GET", "/list_workers")).json()
@@ -76,132 +36,10 @@ class VllmRouterApi:
         await self._call("POST", "/remove_worker", params={"url": url})
 
 
-@dataclass(slots=True)
-class Stats:
-    reconciles: int = 0
-    added: int = 0
-    removed: int = 0
-    drift: int = 0
-    errors: int = 0
-    last_error: str = ""
-
-
-class VllmRouterActuator(Reconciler):
-    target_error = VllmRouterError
-    log = log
-
-    def __init__(
-        self,
-        api: VllmRouterApi,
-        wmap: WorkerMap,
-        state: DesiredState,
-        *,
-        fail_static_s: float,
-        now: Callable[[], float],
-        period_s: float = 0.5,
-    ) -> None:
-        self.api, self.wmap, self.state = api, wmap, state
-        self.fail_static_s, self.now, self.period_s = fail_static_s, now, period_s
-        self.stats = Stats()
-        self.wake = asyncio.Event()
-        self._asserted: dict[str, bool] = {}
-
-    async def reconcile(self) -> list[tuple[str, str, str, str]]:
-        """One pass; returns (action, url, why, apply|drift) for each change made."""
-        want = desired_workers(self.state, self.wmap, self.now(), self.fail_static_s)
-        present = await self.api.list_workers()
-        steps = sorted(plan(want, present), key=lambda s: s[0] != "add")  # adds first
-        done = []
-        for action, url, why in steps:
-            kind = "drift" if self._asserted.get(url) == want[url][0] else "apply"
-            if action == "add":
-                await self.api.add_worker(url)
-                self.stats.added += 1
-            else:
-                await self.api.remove_worker(url)
-                self.stats.removed += 1
-            if kind == "drift":
-                self.stats.drift += 1
-                log.warning(
-                    "drift: %s was %s (want %s, %s); re-asserted",
-                    url,
-                    "absent" if action == "add" else "present",
-                    action,
-                    why,
-                )
-            else:
-                log.info("apply: %s %s (%s)", action, url, why)
-            done.append((action, url, why, kind))
-        self._asserted = {u: p for u, (p, _) in want.items()}
-        self.stats.reconciles += 1
-        return done
-
-    def failed(self, message: str) -> None:
-        self.stats.errors += 1
-        self.stats.last_error = message
-
-    def last_error(self) -> str:
-        return self.stats.last_error
+class VllmRouterActuator(WorkerListActuator):
+    log = logging.getLogger("fleetloop.actuate.vllm_router")
 
 
 def register(act_sub: Any) -> None:
     """``vllm-router`` under ``fleetloop actuate`` (the group: :mod:`fleetloop.edges.actuate.command`)."""
-    p = act_sub.add_parser("vllm-router", help="control.state -> vllm-router's worker list")
-    p.add_argument("--url", required=True, metavar="URL", help="vllm-router's base URL (loopback)")
-    p.add_argument("--worker-map", required=True, metavar="FILE", help="YAML: pool -> node id -> worker URL")
-    bootstrap_arg(p, required=True)
-    p.add_argument("--period-s", type=float, default=0.5, help="reconcile period (default 0.5, 0.05-60)")
-    p.add_argument("--fail-static-s", type=float, default=30.0, help="keep the last state this long (30)")
-    p.set_defaults(handler=handle)
-
-
-@one_line_errors
-def handle(args: argparse.Namespace) -> int:
-    url = urlparse(args.url)
-    host = url.hostname or ""
-    if not args.url.startswith("http://") or host not in ("127.0.0.1", "localhost", "::1"):
-        raise UsageError(f"--url {args.url!r}: want http://127.0.0.1:PORT (loopback only)")
-    try:
-        port = url.port  # urllib refuses a port past 65535 here; the HTTP client would deep in a connect
-    except ValueError:
-        port = -1
-    if port is not None and not 1 <= port <= 65535:
-        raise UsageError(f"--url {args.url!r}: the port must be in 1..65535")
-    if not 0.05 <= args.period_s <= 60:
-        raise UsageError("--period-s must be in [0.05, 60]")
-    if not 0 < args.fail_static_s <= 3600:
-        raise UsageError("--fail-static-s must be in (0, 3600]")
-    try:
-        wmap = load_worker_map(args.worker_map)
-    except WorkerMapError as exc:
-        raise UsageError(str(exc)) from None
-    return asyncio.run(_main(args, wmap))
-
-
-async def _main(args: argparse.Namespace, wmap: WorkerMap) -> int:
-    api = VllmRouterApi(args.url)
-    try:
-        await api.list_workers()
-    except VllmRouterError as exc:
-        await api.close()
-        raise UsageError(str(exc)) from None
-    sink = StateOnly(args.fail_static_s)
-    act = VllmRouterActuator(
-        api, wmap, sink.state, fail_static_s=args.fail_static_s, now=clock.monotonic_s, period_s=args.period_s
-    )
-    follower = StateFollower(
-        sink, connection_from(args), topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
-    )
-    try:
-        await start_following(follower, "fleetloop actuate vllm-router", connection_from(args))
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        log.info("following control.state; reconciling %s every %.2f s", args.url, args.period_s)
-        await act.run(stop)
-        return 0
-    finally:
-        with contextlib.suppress(Exception):
-            await follower.stop()
-        await api.close()
+    worker_list.register(act_sub, "vllm-router", VllmRouterApi, VllmRouterActuator)

@@ -1,11 +1,11 @@
-"""Desired state -> vllm-router membership, row by row (fleetloop/edges/actuate/vllm_router/mapping.py)."""
+"""Desired state -> a router's worker list, row by row (fleetloop/edges/actuate/worker_list/mapping.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from fleetloop.edges.actuate.vllm_router.mapping import (
+from fleetloop.edges.actuate.worker_list.mapping import (
     UNMAPPED,
     WorkerMap,
     WorkerMapError,
@@ -83,17 +83,17 @@ def test_worker_map_errors_are_one_line(tmp_path: Path) -> None:
         assert "\n" not in str(exc.value)
 
 
-def test_readme_lists_what_vllm_router_cannot_express() -> None:
+def test_readme_lists_what_a_worker_list_router_cannot_express() -> None:
     readme = (ROOT / "README.md").read_text()
     for name, why in UNMAPPED.items():
         assert f"| `{name}` | {why} |" in readme, name
 
 
 async def test_actuator_adds_before_it_removes_so_the_list_never_empties() -> None:
-    from fleetloop.edges.actuate.vllm_router.command import VllmRouterActuator
+    from fleetloop.edges.actuate.worker_list.actuator import WorkerListActuator
 
     class Recorder:
-        """Stands in for vllm-router's HTTP API and keeps its worker list (calls in order)."""
+        """Stands in for a router's HTTP API and keeps its worker list (calls in order)."""
 
         def __init__(self) -> None:
             self.workers = {"http://w0"}
@@ -114,7 +114,7 @@ async def test_actuator_adds_before_it_removes_so_the_list_never_empties() -> No
     for d in (routing("p", {"p/0": 0.0, "p/1": 1.0}), breaker("p/0")):
         st.accept(d, 0.0)
     api = Recorder()
-    act = VllmRouterActuator(api, WMAP, st, fail_static_s=30.0, now=lambda: 1.0)  # type: ignore[arg-type]
+    act = WorkerListActuator(api, WMAP, st, fail_static_s=30.0, now=lambda: 1.0)  # type: ignore[arg-type]
     done = await act.reconcile()
     assert api.calls == [("add", "http://w1", 2), ("remove", "http://w0", 1)]
     assert [k for *_, k in done] == ["apply", "apply"]

@@ -1,23 +1,25 @@
-"""Desired state -> vllm-router worker membership. Pure: no I/O, no clock (``now_s`` comes in).
+"""Desired state -> a router's worker list. Pure: no I/O, no clock (``now_s`` comes in).
 
-vllm-router balances over its workers by its own policy (cache_aware, power_of_two, round_robin,
-...); the only lever it exposes at runtime is the worker list. So, per mapped node:
+vllm-router and SGLang's router balance over their workers by their own policy (cache_aware,
+power_of_two, round_robin, ...); the only lever either exposes at runtime is the worker list (the
+HTTP calls differ: :mod:`fleetloop.edges.actuate.vllm_router`,
+:mod:`fleetloop.edges.actuate.sglang_router`). So, per mapped node:
 
 - in the pool's fresh routing with weight > 0, no enforced open breaker, not on autoscale's drain
   list -> worker present;
 - breaker ``open`` (enforced), weight 0, absent from routing (not provisioned), or draining ->
   worker removed;
-- breaker ``half_open`` with weight > 0 -> present, at a full share (vllm-router has no weights:
-  the probe and the slow-start ramp are not mapped);
+- breaker ``half_open`` with weight > 0 -> present, at a full share (no weights: the probe and the
+  slow-start ramp are not mapped);
 - no fresh routing for ``fail_static_s`` -> every mapped worker present (plain load balancing);
 - a fresh decision that would remove every mapped worker of a pool -> its workers not behind an
   enforced open breaker present (every one, if all are): fleetloop never empties a pool (the router
   library's rotation rule, :mod:`fleetloop.router.state`).
 
-Not mapped: weights (and so probe shares and slow start), ``by_priority``, ``prefix_affinity``
-(vllm-router's cache_aware policy does its own), ``spill_to``, ``max_prompt_tokens``, ``slo_prompt_tokens``,
-shed thresholds,
-retry budgets (vllm-router has its own retries and circuit breaker, configured at start), batching caps.
+Not mapped (:data:`UNMAPPED`): weights (and so probe shares and slow start), ``by_priority``,
+``prefix_affinity`` (the routers' cache_aware policies do their own), ``spill_to``,
+``max_prompt_tokens``, ``slo_prompt_tokens``, shed thresholds, retry budgets (both routers have
+their own retries and circuit breaker, configured at start), batching caps.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class WorkerMap:
 
 
 def load_worker_map(path: str | Path) -> WorkerMap:
-    """``pools: {chat: {chat/0: http://127.0.0.1:8001, chat/1: http://127.0.0.1:8002}}``."""
+    """``pools: {chat: {chat/0: http://127.0.0.1:8001, chat/1: http://127.0.0.1:8002}}``: pool ->
+    node id -> the worker URL the router is given."""
     try:
         doc = read_yaml(path)
     except UserInputError as exc:
@@ -92,7 +95,7 @@ def desired_workers(
 
 
 def plan(want: Mapping[str, tuple[bool, str]], present: set[str]) -> list[tuple[str, str, str]]:
-    """(``add`` | ``remove``, url, why) to move vllm-router from ``present`` to ``want``."""
+    """(``add`` | ``remove``, url, why) to move the router's worker list from ``present`` to ``want``."""
     steps: list[tuple[str, str, str]] = []
     for url in sorted(want):
         should, why = want[url]

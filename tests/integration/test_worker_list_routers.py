@@ -1,5 +1,6 @@
-"""``fleetloop actuate vllm-router`` with a real vllm-router (PyPI ``vllm-router``, its Rust binary)
-on loopback and a real broker: breaker and autoscale decisions add and remove workers."""
+"""``fleetloop actuate vllm-router`` and ``fleetloop actuate sglang-router`` with the real routers (PyPI
+``vllm-router`` and ``sglang-router``, their Rust binaries) on loopback and a real broker: breaker
+and autoscale decisions add and remove workers, and a manual change is undone as drift."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from fleetloop.schemas.decisions import (
 from fleetloop.schemas.topics import STATE
 from tests.support.http import Handler, nodes
 from tests.support.kafka import producer
-from tests.support.vllm_router import start_vllm_router
+from tests.support.vllm_router import start_sglang_router, start_vllm_router
 
 STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
 
@@ -61,20 +62,36 @@ async def _until(pred: Any, timeout_s: float, what: str) -> None:
         pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
-async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_router(
-    kafka_env: Any, tmp_path: Path
+async def _listed(client: httpx.AsyncClient, router: str) -> set[str]:
+    if router == "vllm-router":
+        return set((await client.get("/list_workers")).json()["urls"])
+    return {w["url"] for w in (await client.get("/workers")).json()["workers"]}
+
+
+async def _add_by_hand(client: httpx.AsyncClient, router: str, url: str) -> None:
+    if router == "vllm-router":
+        (await client.post("/add_worker", params={"url": url})).raise_for_status()
+    else:
+        (await client.post("/workers", json={"url": url})).raise_for_status()
+
+
+START = {"vllm-router": start_vllm_router, "sglang-router": start_sglang_router}
+
+
+@pytest.mark.parametrize("router", ["vllm-router", "sglang-router"])
+async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_router(
+    kafka_env: Any, tmp_path: Path, router: str
 ) -> None:
     async with workers(3) as urls, producer(kafka_env) as prod:
         wmap = tmp_path / "workers.yaml"
         wmap.write_text("pools:\n  chat:\n" + "".join(f"    chat/{i}: {u}\n" for i, u in enumerate(urls)))
-        vr, port = await start_vllm_router([urls[0]], "round_robin", tmp_path / "vllm-router.log")
+        vr, port = await START[router]([urls[0]], "round_robin", tmp_path / f"{router}.log")
         log_path = tmp_path / "actuator.log"
         act: subprocess.Popen[bytes] | None = None
         client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10.0)
 
         async def listed() -> set[str]:
-            r = await client.get("/list_workers")
-            return set(r.json()["urls"])
+            return await _listed(client, router)
 
         async def publish(tick: int, *bodies: Any) -> float:
             for b in bodies:
@@ -105,7 +122,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_route
                         "-m",
                         "fleetloop.daemon.cli",
                         "actuate",
-                        "vllm-router",
+                        router,
                         "--url",
                         f"http://127.0.0.1:{port}",
                         "--worker-map",
@@ -130,7 +147,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_route
             await _until(await members({urls[0], urls[1]}), 60, "chat/1 added")
             assert await answered_by(6) == {"chat/0", "chat/1"}
 
-            # a breaker opens on chat/0: the worker leaves vllm-router within two ticks
+            # a breaker opens on chat/0: the worker leaves the router within two ticks
             t0 = await publish(
                 2,
                 BreakerDecision(entity="chat/0", reason="r", pool_id="chat", node_id="chat/0", state="open"),
@@ -166,7 +183,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_route
             await _until(await members({urls[0], urls[2]}), 10, "chat/1 drained")
 
             # drift: someone adds chat/1 back by hand; the actuator removes it again and says so
-            await client.post("/add_worker", params={"url": urls[1]})
+            await _add_by_hand(client, router, urls[1])
             await _until(await members({urls[0], urls[2]}), 10, "drift undone")
 
             async def drift_logged() -> bool:
@@ -182,4 +199,31 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_vllm_route
             vr.wait(10)
         assert act is not None
         assert act.returncode == 0, log_path.read_text()[-2000:]
-        print(f"\nbreaker -> worker removed from vllm-router in {removed_after_s * 1000:.0f} ms")
+        print(f"\nbreaker -> worker removed from {router} in {removed_after_s * 1000:.0f} ms")
+
+
+async def test_a_worker_sglang_router_never_lists_fails_the_pass_with_the_router_s_account(
+    tmp_path: Path,
+) -> None:
+    """SGLang's router queues an addition and lists the worker only once its health check passes: an
+    add that never settles is an error naming the router's job, so the pass stops before removing."""
+    from fleetloop.edges.actuate.sglang_router.command import SglangRouterApi
+    from fleetloop.edges.actuate.worker_list.actuator import WorkerListError
+    from tests.support.http import free_port
+
+    async with workers(1) as urls:
+        proc, port = await start_sglang_router(urls, "round_robin", tmp_path / "sglang-router.log")
+        api = SglangRouterApi(f"http://127.0.0.1:{port}", settle_s=2.0)
+        try:
+            assert await api.list_workers() == set(urls)
+            nowhere = f"http://127.0.0.1:{free_port()}"
+            with pytest.raises(WorkerListError, match="not listed 2 s after it was added") as exc:
+                await api.add_worker(nowhere)
+            assert "AddWorker" in str(exc.value)
+            await api.remove_worker(urls[0])
+            assert await api.list_workers() == set()
+            await api.remove_worker(urls[0])  # already gone: nothing to do
+        finally:
+            await api.close()
+            proc.terminate()
+            proc.wait(10)

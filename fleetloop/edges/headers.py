@@ -1,0 +1,72 @@
+"""The ``x-fleetloop-*`` request headers a caller sends so a router can say whose call it routed, and
+what a missing one means. One table for every router integration that reads them (HAProxy's log,
+LiteLLM's callback); the emulated fleet's agents send them (:mod:`fleetloop.edges.fleet.agents`).
+
+| header | RequestOutcome field | when absent |
+|---|---|---|
+| ``x-fleetloop-request`` | ``request_id`` | the router's own id for the call |
+| ``x-fleetloop-attempt`` | ``attempt`` | 0 |
+| ``x-fleetloop-task`` | ``workflow_id`` | the request id |
+| ``x-fleetloop-call`` (index in the task) | ``step_index`` | 0 |
+| ``x-fleetloop-tenant`` | ``tenant_id`` | ``anonymous`` |
+| ``x-fleetloop-priority`` | ``priority`` | the integration's default (1) |
+| ``x-fleetloop-budget-ms`` | ``latency_budget_ms`` | 0 (unknown) |
+| ``x-fleetloop-prefix`` | ``prefix_digest`` | none |
+| ``x-fleetloop-prompt-tokens`` | ``prompt_tokens`` | 0 (unknown) |
+
+A value that is not a number where one is wanted counts as absent; the schema's own bounds (an id's
+characters, a priority of 0-9) are the caller's :class:`~fleetloop.schemas.requests.RequestOutcome`
+to enforce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PREFIX = "x-fleetloop-"
+HEADERS = ("request", "attempt", "task", "call", "tenant", "priority", "budget-ms", "prefix", "prompt-tokens")
+DEFAULT_PRIORITY = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CallHeaders:
+    """What the headers say of one call (the fields of its RequestOutcome they fill)."""
+
+    request_id: str
+    attempt: int
+    workflow_id: str
+    step_index: int
+    tenant_id: str
+    priority: int
+    latency_budget_ms: int
+    prefix_digest: str | None
+    prompt_tokens: int
+
+
+def _int(v: str, default: int) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        return default
+
+
+def call_headers(values: Mapping[str, str], *, request_id: str, default_priority: int) -> CallHeaders:
+    """The table above over ``values`` (header name without ``x-fleetloop-`` -> its text, ``""`` or
+    missing when absent); ``request_id`` is the router's own id for the call."""
+
+    def get(name: str) -> str:
+        return values.get(name) or ""
+
+    rid = get("request") or request_id
+    return CallHeaders(
+        request_id=rid,
+        attempt=_int(get("attempt"), 0),
+        workflow_id=get("task") or rid,
+        step_index=_int(get("call"), 0),
+        tenant_id=get("tenant") or "anonymous",
+        priority=_int(get("priority"), default_priority),
+        latency_budget_ms=_int(get("budget-ms"), 0),
+        prefix_digest=get("prefix") or None,
+        prompt_tokens=max(0, _int(get("prompt-tokens"), 0)),
+    )

@@ -1,0 +1,156 @@
+"""fleetloop's LiteLLM callback in LiteLLM's Router SDK (``litellm.Router.acompletion``) over emulated
+nodes on loopback: the filter hook places every call on fleetloop's pick, and every attempt's
+outcome (LiteLLM's own retries included) is the node's that served it. No broker: desired state goes
+in through the core's ``apply``, outcomes out through ``publish``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM fetches its price map otherwise
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import litellm
+import numpy as np
+import pytest
+import pytest_asyncio
+from fleetloop.edges.fleet.live import LiveFleet
+from fleetloop.edges.litellm import launch
+from fleetloop.edges.litellm.handler import FleetloopCallback
+from fleetloop.router import clock
+from fleetloop.schemas.requests import RequestOutcome
+from fleetloop.sim.scenario import Scenario
+from tests.edges.test_fleet_http import one_node
+from tests.router.test_pick import admission, breaker, routing
+
+NODES = ["p/0", "p/1", "p/2"]
+# LiteLLM logs from a worker task of its own, bound to the loop it first ran in: one loop for the
+# module, the worker started before any test (so no test is taken to have left it) and stopped after.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", autouse=True)
+async def litellm_logging_worker() -> AsyncIterator[None]:
+    from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
+
+    GLOBAL_LOGGING_WORKER.start()
+    yield
+    await GLOBAL_LOGGING_WORKER.stop()
+
+
+def three_nodes() -> Scenario:
+    s = one_node()
+    pool = s.pools[0].model_copy(update={"nodes": 3, "min_nodes": 3, "max_nodes": 3})
+    return s.model_copy(update={"pools": [pool]})
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def fleet() -> AsyncIterator[LiveFleet]:
+    f = LiveFleet(three_nodes(), seed=1)
+    await f.start()
+    try:
+        yield f
+    finally:
+        await f.stop()
+
+
+@pytest.fixture
+def outcomes() -> Iterator[tuple[FleetloopCallback, list[RequestOutcome]]]:
+    got: list[RequestOutcome] = []
+    cb = FleetloopCallback(None, publish=got.append, rng=np.random.default_rng(0))
+    litellm.logging_callback_manager.add_litellm_callback(cb)
+    try:
+        yield cb, got
+    finally:  # LiteLLM keeps one logger per class in its success and failure lists: take it off all
+        litellm.logging_callback_manager.remove_callback_from_all_lists(cb)
+
+
+def router(fleet: LiveFleet, **kw: Any) -> litellm.Router:
+    cfg = launch.proxy_config(fleet.urls(), model="llama-8b", pool="p")
+    return litellm.Router(model_list=cfg["model_list"], **kw)
+
+
+async def until(cond: Any, timeout_s: float = 10.0) -> None:
+    """LiteLLM logs a call's success in a task of its own, after the call returns."""
+    async with asyncio.timeout(timeout_s):
+        while not cond():
+            await asyncio.sleep(0.02)
+
+
+async def call(r: litellm.Router, task: str, *, stream: bool, priority: int = 0) -> None:
+    resp = await r.acompletion(
+        model="llama-8b",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        stream=stream,
+        metadata={"fleetloop": {"task": task, "call": 1, "tenant": "gold", "priority": priority}},
+    )
+    if stream:
+        async for _ in resp:
+            pass
+
+
+async def test_calls_go_where_fleetloop_picks_and_each_outcome_names_its_node(
+    fleet: LiveFleet, outcomes: tuple[FleetloopCallback, list[RequestOutcome]]
+) -> None:
+    cb, got = outcomes
+    cb.routing.apply([routing("p", dict.fromkeys(NODES, 1.0)), breaker("p/1")], clock.monotonic_s())
+    r = router(fleet, num_retries=0)
+    for i in range(12):
+        await call(r, f"t{i}", stream=i % 2 == 0)
+    await until(lambda: len(got) == 12)
+    assert {o.node_id for o in got} == {"p/0", "p/2"}  # never the node behind the open breaker
+    assert {(o.outcome, o.pool_id, o.model, o.tenant_id, o.priority, o.step_index) for o in got} == {
+        ("ok", "p", "llama-8b", "gold", 0, 1)
+    }
+    assert [o.workflow_id for o in got] == [f"t{i}" for i in range(12)]
+    streamed = [o for i, o in enumerate(got) if i % 2 == 0]
+    assert all(o.ttft_ms is not None and 0 < o.ttft_ms <= o.e2e_ms for o in streamed)
+    assert all(o.ttft_ms is None for o in got[1::2])  # no first token seen on a whole answer
+    assert all(o.output_tokens == 3 for o in got)
+    # each result found the call it placed (the SDK's filter sees only a trace id): none outstanding
+    assert not cb.routing.pending
+    assert set(cb.routing.router.outstanding.values()) == {0}
+
+
+async def test_each_failed_attempt_counts_against_its_node_and_a_breaker_moves_the_next_call(
+    fleet: LiveFleet, outcomes: tuple[FleetloopCallback, list[RequestOutcome]]
+) -> None:
+    cb, got = outcomes
+    cb.routing.apply([routing("p", {"p/0": 1.0, "p/1": 0.0, "p/2": 0.0}, tick=1)], clock.monotonic_s())
+    node = fleet.node("p/0")
+    assert node is not None
+    fleet.crash_node(node, comes_back=False)  # connections refused from now on
+    r = router(fleet, num_retries=2, retry_after=0)
+    with pytest.raises(litellm.InternalServerError):
+        await call(r, "t-1", stream=True)
+    # LiteLLM tried three times and logs one failure; each attempt is the node's, as the daemon's
+    # breaker must count them (fleetloop's decision named only p/0, so each retry went there too)
+    await until(lambda: len(got) == 3)
+    assert [(o.node_id, o.outcome, o.workflow_id) for o in got] == [("p/0", "error", "t-1")] * 3
+    cb.routing.apply([breaker("p/0", tick=2), routing("p", {"p/0": 0.0, "p/1": 1.0, "p/2": 1.0}, tick=2)],
+                     clock.monotonic_s())  # fmt: skip
+    await call(r, "t-2", stream=True)
+    await until(lambda: len(got) == 4)
+    assert (got[-1].outcome, got[-1].workflow_id) == ("ok", "t-2")
+    assert got[-1].node_id in ("p/1", "p/2")
+
+
+async def test_a_shed_call_is_refused_by_litellm_and_published_with_no_node(
+    fleet: LiveFleet, outcomes: tuple[FleetloopCallback, list[RequestOutcome]]
+) -> None:
+    cb, got = outcomes
+    now = clock.monotonic_s()
+    cb.routing.apply([routing("p", dict.fromkeys(NODES, 1.0)), admission("p", max_queue_depth={"2": 0})], now)
+    r = router(fleet, num_retries=0)
+    await call(r, "t-0", stream=False, priority=0)  # the nodes are known from the first call on
+    await until(lambda: len(got) == 1)
+    from litellm.types.router import RouterRateLimitError
+
+    with pytest.raises(RouterRateLimitError) as refused:  # the proxy answers it 429
+        await call(r, "t-2", stream=False, priority=2)
+    assert refused.value.status_code == 429
+    assert [(o.workflow_id, o.outcome, o.node_id) for o in got][-1] == ("t-2", "shed", None)

@@ -1,0 +1,237 @@
+"""A node that fails hard in a loaded pool: out at the next tick boundary whatever the pool's load,
+within the share cap; out for its backoff with no release before its end (no flapping); back only
+through its breaker's probe.
+
+Closed loop, in event time: a router that follows the published breakers (the newest record per
+node, as ``control.state`` holds it) sends every node one call a second unless its breaker is
+enforced open, the engine decides the pool every second from the window those calls and the
+nodes' telemetry make, and every node has a small queue (a loaded pool: no spare capacity by the
+engine's reckoning). The node under test served ok calls before it starts failing every call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from fleetloop.daemon.decide.engine import Engine
+from fleetloop.policies.base import NodeView
+from fleetloop.policies.registry import CompiledPolicy, builtin_policy, compile_policy, parse_document
+from fleetloop.schemas import BreakerDecision, Tick
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.policies.snapshots import NOW_MS, WINDOW_MS, node, snapshot
+
+TICK_MS = 1000
+
+
+def _with_envelope(policy: CompiledPolicy, **envelope: Any) -> CompiledPolicy:
+    doc = policy.document.model_dump(mode="json")
+    doc["spec"]["envelope"] = {**doc["spec"].get("envelope", {}), **envelope}
+    return compile_policy(parse_document(doc, "test"))
+
+
+def share_bound(frac: float, pool_size: int) -> int:
+    """The envelope's bound as the README states it: at most ``floor(max_ejected_frac x nodes)``
+    of a pool ejected, but one may always be (unless the fraction is 0)."""
+    return 0 if frac <= 0 else max(1, math.floor(frac * pool_size + 1e-9))
+
+
+@dataclass
+class Loop:
+    """The pool, its router and the engine, one second at a time."""
+
+    policy: CompiledPolicy
+    ids: Sequence[str]
+    calls: dict[str, list[tuple[int, bool]]] = field(default_factory=dict)  # node -> (ts, ok)
+    streak: dict[str, int] = field(default_factory=dict)
+    held: dict[str, BreakerDecision] = field(default_factory=dict)  # the router's newest record
+    tick_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.engine = Engine(self.policy)
+        for n in self.ids:
+            self.calls[n] = []
+            self.streak[n] = 0
+
+    def routed(self, node_id: str) -> bool:
+        b = self.held.get(node_id)
+        return not (b is not None and b.state == "open" and b.enforced)
+
+    def second(
+        self, fails: Callable[[str, int], bool], telemetry: Callable[[str, int], dict[str, Any]]
+    ) -> dict[str, BreakerDecision]:
+        """One second of calls (one per routed node, failing where ``fails(node, t)``), then the
+        tick at its end; returns the breaker records published at that tick."""
+        self.tick_id += 1
+        t = self.tick_id
+        now = NOW_MS + t * TICK_MS
+        for n in self.ids:
+            if self.routed(n):
+                ok = not fails(n, t)
+                self.calls[n].append((now - TICK_MS // 2, ok))
+                self.streak[n] = 0 if ok else self.streak[n] + 1
+        views: list[NodeView] = []
+        for n in self.ids:
+            window = [ok for ts, ok in self.calls[n] if now - ts < WINDOW_MS]
+            views.append(
+                node(
+                    n,
+                    requests_w=len(window),
+                    ok_w=sum(window),
+                    failures_w=len(window) - sum(window),
+                    consecutive_failures=self.streak[n],
+                    last_seen_ms=now,
+                    **telemetry(n, t),
+                )
+            )
+        result = self.engine.tick(snapshot(views, now_ms=now), Tick(ts_ms=now, tick_id=t, pool_id="p"))
+        out = {d.body.node_id: d.body for d in result.decisions if isinstance(d.body, BreakerDecision)}
+        self.held.update(out)
+        return out
+
+
+def _loaded(_: str, __: int) -> dict[str, Any]:
+    return {"queue_depth": 1, "kv_cache_used_frac": 0.6, "running_requests": 8}
+
+
+@pytest.mark.parametrize("name", ["default", "classic", "modern"])
+def test_a_hard_failing_node_in_a_loaded_pool_is_out_at_the_next_tick_and_stays_out(name: str) -> None:
+    """40 loaded nodes; n00 serves ok calls for 20 s, then fails every call routed to it. Its breaker
+    is enforced at the tick its fifth failure in a row is seen, and every tick after it until its
+    ``until_ms`` (then a probe: half-open, or Envoy's plain return); the probe's failure ejects it
+    again at once. Before, it stayed 'capacity-cap' for ~9 s and was released every 10-12 s."""
+    policy = builtin_policy(name)
+    ids = [f"n{i:02d}" for i in range(40)]
+    loop = Loop(policy, ids)
+    start = 20
+
+    def fails(n: str, t: int) -> bool:
+        return n == "n00" and t > start
+
+    records: list[tuple[int, BreakerDecision]] = []
+    tripped_at = None
+    for _ in range(start + 100):
+        out = loop.second(fails, _loaded)
+        t = loop.tick_id
+        if "n00" in out:
+            records.append((t, out["n00"]))
+        if tripped_at is None and loop.streak["n00"] >= 5:
+            tripped_at = t
+    assert tripped_at == start + 5
+    enforced = [(t, b) for t, b in records if b.state == "open" and b.enforced]
+    assert enforced, "never ejected"
+    first_t = enforced[0][0]
+    assert first_t == tripped_at, f"ejected {first_t - tripped_at} s after its fifth failure in a row"
+    # No release before the end of an enforced ejection: every record of the node from the tick an
+    # ejection was enforced up to its until_ms is that ejection, open and enforced. (Envoy returns a
+    # host at the first interval tick after its ejection time: its record may stay open past it.)
+    ejections = 0
+    until: int | None = None
+    for t, b in records:
+        now = NOW_MS + t * TICK_MS
+        if until is not None and now < until:
+            assert (b.state, b.enforced, b.until_ms) == ("open", True, until), f"released at {t} s"
+            continue
+        if b.state == "open" and b.enforced and b.until_ms != until:
+            ejections += 1
+            until = b.until_ms
+            assert until is not None
+    assert ejections >= 2  # the probe after the first backoff failed: ejected again, at once
+    # Other nodes were never ejected, and the node was out within the share cap.
+    assert all(b.state == "closed" for n, b in loop.held.items() if n != "n00")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A generated pool: per node, the seconds it fails every call, its failure rate otherwise,
+    and per second its queue and KV use (some nodes idle, some full)."""
+
+    size: int
+    frac: float
+    failing: tuple[tuple[int, int], ...]  # per node: [from, to) seconds of failing every call
+    flaky: tuple[float, ...]  # per node: share of calls failing outside that span
+    queue: tuple[tuple[int, ...], ...]  # per node, per second
+    kv: tuple[float, ...]
+    stale: tuple[int, ...]  # per node: a second its telemetry goes missing (-1: never)
+
+
+SECONDS = 70
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> Plan:
+    size = draw(st.integers(2, 10))
+    frac = draw(st.sampled_from([0.1, 0.2, 0.34, 0.5, 1.0]))
+    failing = []
+    for _ in range(size):
+        a = draw(st.integers(0, SECONDS))
+        failing.append((a, draw(st.integers(a, SECONDS))))
+    flaky = tuple(draw(st.sampled_from([0.0, 0.0, 0.1, 0.5])) for _ in range(size))
+    queue = tuple(
+        tuple(draw(st.lists(st.integers(0, 3), min_size=SECONDS + 1, max_size=SECONDS + 1)))
+        for _ in range(size)
+    )
+    kv = tuple(draw(st.floats(0.0, 1.0)) for _ in range(size))
+    stale = tuple(draw(st.sampled_from([-1, -1, -1, draw(st.integers(1, SECONDS))])) for _ in range(size))
+    return Plan(size, frac, tuple(failing), flaky, queue, kv, stale)
+
+
+def _run(policy: CompiledPolicy, plan: Plan) -> tuple[Loop, list[dict[str, BreakerDecision]]]:
+    ids = [f"n{i}" for i in range(plan.size)]
+    loop = Loop(policy, ids)
+    index = {n: i for i, n in enumerate(ids)}
+
+    # A deterministic failure draw per (node, second): the flaky share, as a fraction of seconds.
+    def fails(n: str, t: int) -> bool:
+        i = index[n]
+        a, b = plan.failing[i]
+        if a <= t < b:
+            return True
+        return ((t * 7919 + i * 104729) % 100) < plan.flaky[i] * 100
+
+    def telemetry(n: str, t: int) -> dict[str, Any]:
+        i = index[n]
+        gone = plan.stale[i] >= 0 and t >= plan.stale[i]
+        return {
+            "queue_depth": plan.queue[i][t],
+            "kv_cache_used_frac": plan.kv[i],
+            "stale": gone,
+            "age_ms": 10_000 if gone else 0,
+        }
+
+    published = [loop.second(fails, telemetry) for _ in range(SECONDS)]
+    return loop, published
+
+
+@settings(max_examples=60, deadline=None)
+@given(plan=plans(), name=st.sampled_from(["default", "classic"]))
+def test_no_release_before_the_backoff_ends_and_the_share_bound_holds(plan: Plan, name: str) -> None:
+    """Whatever the pool's load, its other nodes' failures (a pool-wide failure included) and its
+    nodes' staleness: (1) from the tick an ejection is published enforced to its ``until_ms``, every
+    record of the node is that ejection, open and enforced; (2) at every tick at most
+    ``max(1, floor(max_ejected_frac x nodes))`` of the pool's nodes are held out by an enforced
+    open breaker (as a router holds them: the newest record per node)."""
+    policy = _with_envelope(builtin_policy(name), max_ejected_frac=plan.frac)
+    _, published = _run(policy, plan)
+    until: dict[str, int | None] = {}
+    newest: dict[str, BreakerDecision] = {}
+    for k, out in enumerate(published):
+        now = NOW_MS + (k + 1) * TICK_MS
+        for n, b in out.items():
+            u = until.get(n)
+            if n in until and (u is None or now < u):
+                assert (b.state, b.enforced) == ("open", True), f"{n} released {b.reason} at {k + 1} s"
+            elif b.state == "open" and b.enforced:
+                until[n] = b.until_ms
+            else:
+                until.pop(n, None)
+        for n, u in until.items():
+            if u is None or now < u:
+                assert n in out, f"{n}'s ejection was not published at {k + 1} s"
+        newest.update(out)
+        out_now = sum(1 for b in newest.values() if b.state == "open" and b.enforced)
+        assert out_now <= share_bound(plan.frac, plan.size)
