@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET, HAPROXY_STREAMING_DEFAULTS
+from fleetloop.edges.actuate.sglang_router.command import SglangRouterApi
+from fleetloop.edges.actuate.sglang_router.launch import router_argv as sglang_argv
 from fleetloop.edges.actuate.vllm_router.command import VllmRouterApi
+from fleetloop.edges.litellm.launch import LIVENESS, proxy_argv, proxy_config, proxy_env
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +50,17 @@ class Slots:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """What a router's start gets: its port, the nodes serving now, every slot, where files go, and
-    (fleetloop's HAProxy) the port its log goes to."""
+    """What a router's start gets: its port, the nodes serving now, every slot, where files go,
+    (fleetloop's HAProxy) the port its log goes to, and (a fleetloop arm) the broker and topics."""
 
     port: int
     initial: dict[str, str]  # node id -> URL, serving now
     slots: Slots
     logdir: Path
     log_port: int | None
+    fleetloop: bool = False
+    bootstrap: str | None = None
+    topic_prefix: str = ""
 
 
 class WorkerApi(Protocol):
@@ -72,8 +78,9 @@ class Router(Protocol):
 
     def binaries(self) -> list[str]: ...
     def argv(self, launch: Launch) -> list[str]: ...
+    def env(self, launch: Launch) -> dict[str, str] | None: ...  # None: the bench's own
     def worker_api(self, url: str) -> WorkerApi | None: ...
-    def actuator(self, launch: Launch, url: str) -> list[str]: ...
+    def actuator(self, launch: Launch, url: str) -> list[str] | None: ...  # None: fleetloop is inside
     def wants_log_port(self, fleetloop: bool) -> bool: ...
 
 
@@ -107,6 +114,9 @@ class VllmRouter:
             "--worker-urls", *launch.initial.values(), "--policy", self.policy,
             "--prometheus-port", str(_prom_port()),
         ]  # fmt: skip
+
+    def env(self, launch: Launch) -> dict[str, str] | None:
+        return None
 
     def worker_api(self, url: str) -> WorkerApi | None:
         return VllmRouterApi(url)
@@ -145,6 +155,9 @@ class Haproxy:
         cfg.write_text(text)
         return ["haproxy", "-db", "-f", str(cfg)]
 
+    def env(self, launch: Launch) -> dict[str, str] | None:
+        return None
+
     def worker_api(self, url: str) -> WorkerApi | None:
         return None  # its health checks over the slots find the nodes
 
@@ -160,6 +173,90 @@ class Haproxy:
 
     def wants_log_port(self, fleetloop: bool) -> bool:
         return fleetloop
+
+
+@dataclass(frozen=True, slots=True)
+class SglangRouter:
+    """SGLang's router (``sglang-router``) with ``--policy POLICY`` over the serving nodes, as it
+    ships. Peers: the endpoint list edits its worker registry (``/workers``); fleetloop:
+    ``fleetloop actuate sglang-router``."""
+
+    policy: str
+    kind: ClassVar[str] = "sglang-router"
+    probe: ClassVar[str] = "/health"
+
+    def binaries(self) -> list[str]:
+        return [sys.executable]
+
+    def argv(self, launch: Launch) -> list[str]:
+        return sglang_argv(
+            list(launch.initial.values()), port=launch.port, prometheus_port=_prom_port(), policy=self.policy
+        )
+
+    def env(self, launch: Launch) -> dict[str, str] | None:
+        return None
+
+    def worker_api(self, url: str) -> WorkerApi | None:
+        return SglangRouterApi(url)
+
+    def actuator(self, launch: Launch, url: str) -> list[str]:
+        wmap = launch.logdir / "workers.yaml"
+        _write_yaml(wmap, {"pools": {launch.slots.pool_id: dict(launch.slots.urls)}})
+        return ["actuate", "sglang-router", "--url", url, "--worker-map", str(wmap)]
+
+    def wants_log_port(self, fleetloop: bool) -> bool:
+        return False
+
+
+# LiteLLM's proxy learns which deployments answer from its own background health checks (the
+# documented way to keep unhealthy deployments out of routing without a database): every slot is a
+# deployment, probed every 15 s (KEDA's polling period in the peers' autoscaler).
+LITELLM_HEALTH_CHECK_S = 15
+
+
+@dataclass(frozen=True, slots=True)
+class Litellm:
+    """LiteLLM's proxy with ``routing_strategy: STRATEGY``: one deployment per node slot, health-
+    check routing on (a slot with no node fails its probe and is skipped), the client's ``x-``
+    headers forwarded to the nodes (the emulated nodes read a prompt's size from them). fleetloop:
+    the same proxy with fleetloop's callback in it (``fleetloop.edges.litellm``): it keeps the node
+    fleetloop picks among LiteLLM's candidates and publishes every call's outcome; no actuator."""
+
+    strategy: str
+    kind: ClassVar[str] = "litellm"
+    probe: ClassVar[str] = LIVENESS
+
+    def binaries(self) -> list[str]:
+        return [str(Path(sys.executable).parent / "litellm")]
+
+    def argv(self, launch: Launch) -> list[str]:
+        doc = proxy_config(
+            launch.slots.urls, model=launch.slots.model, pool=launch.slots.pool_id, strategy=self.strategy,
+            fleetloop=launch.fleetloop,
+        )  # fmt: skip
+        doc.setdefault("general_settings", {}).update(
+            background_health_checks=True,
+            health_check_interval=LITELLM_HEALTH_CHECK_S,
+            enable_health_check_routing=True,
+            forward_client_headers_to_llm_api=True,
+        )
+        cfg = launch.logdir / "litellm.yaml"
+        _write_yaml(cfg, doc)
+        return proxy_argv(cfg, launch.port)
+
+    def env(self, launch: Launch) -> dict[str, str] | None:
+        if launch.fleetloop:
+            return proxy_env(bootstrap=launch.bootstrap, topic_prefix=launch.topic_prefix)
+        return proxy_env()
+
+    def worker_api(self, url: str) -> WorkerApi | None:
+        return None  # its health checks over the slots find the nodes
+
+    def actuator(self, launch: Launch, url: str) -> list[str] | None:
+        return None  # fleetloop runs inside the proxy
+
+    def wants_log_port(self, fleetloop: bool) -> bool:
+        return False
 
 
 def haproxy_config(
@@ -211,8 +308,14 @@ class Arm:
 ARMS: tuple[Arm, ...] = (
     Arm("vllm-cache-aware", VllmRouter("cache_aware")),
     Arm("vllm-p2c", VllmRouter("power_of_two")),
+    Arm("sglang-cache-aware", SglangRouter("cache_aware")),
+    Arm("litellm-simple-shuffle", Litellm("simple-shuffle")),
+    Arm("litellm-least-busy", Litellm("least-busy")),
+    Arm("litellm-latency", Litellm("latency-based-routing")),
     Arm("haproxy-leastconn", Haproxy("leastconn")),
     Arm("fleetloop-vllm", VllmRouter("cache_aware"), fleetloop=True),
+    Arm("fleetloop-sglang", SglangRouter("cache_aware"), fleetloop=True),
+    Arm("fleetloop-litellm", Litellm("simple-shuffle"), fleetloop=True),
     Arm("fleetloop-haproxy", Haproxy("leastconn"), fleetloop=True),
 )
 BY_NAME = {a.name: a for a in ARMS}

@@ -85,8 +85,9 @@ async def overhead(scenario: Scenario, arms: list[Arm], calls: int) -> dict[str,
             procs: Procs = {}
             try:
                 port = await start_answering(
-                    "router", _argv(router, urls, slots, logdir), router.probe, logdir, procs
-                )
+                    "router", _argv(router, urls, slots, logdir), router.probe, logdir, procs,
+                    env=router.env(Launch(0, dict(urls), slots, logdir, None)),
+                )  # fmt: skip
                 await asyncio.sleep(WARM_S)
                 api = openai.AsyncOpenAI(
                     base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, http_client=http

@@ -37,10 +37,17 @@ def fleetloop_argv(*args: str) -> list[str]:
 
 
 async def spawn(
-    argv: list[str], logdir: Path, name: str, *, stdin: bool = False, stdout: bool = False
+    argv: list[str],
+    logdir: Path,
+    name: str,
+    *,
+    stdin: bool = False,
+    stdout: bool = False,
+    env: dict[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
     """``argv`` in a session of its own that dies with this process, its output in ``NAME.log``
-    (``stdout``: its standard output is a pipe instead; ``stdin``: so is its input)."""
+    (``stdout``: its standard output is a pipe instead; ``stdin``: so is its input), in ``env``
+    (default: this process's)."""
     with (logdir / f"{name}.log").open("ab") as log:
         return await asyncio.create_subprocess_exec(
             *argv,
@@ -49,7 +56,7 @@ async def spawn(
             stderr=log,
             start_new_session=True,
             preexec_fn=die_with_parent,  # a pre-resolved libc call, no lock: see die_with_parent
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
         )
 
 
@@ -74,7 +81,13 @@ async def wait_http(url: str, procs: Procs, logdir: Path) -> None:
 
 
 async def start_answering(
-    name: str, argv_for: Callable[[int], list[str]], probe: str, logdir: Path, procs: Procs
+    name: str,
+    argv_for: Callable[[int], list[str]],
+    probe: str,
+    logdir: Path,
+    procs: Procs,
+    *,
+    env: dict[str, str] | None = None,
 ) -> int:
     """Start ``argv_for(port)`` as ``procs[name]`` on a port picked just before, and return the
     port once ``probe`` answers. Another process can take a picked port before the child binds it
@@ -83,7 +96,7 @@ async def start_answering(
     Any other failure is the user's to see."""
     for attempt in range(1, START_ATTEMPTS + 1):
         port = free_port()
-        procs[name] = await spawn(argv_for(port), logdir, name)
+        procs[name] = await spawn(argv_for(port), logdir, name, env=env)
         try:
             await wait_http(f"http://127.0.0.1:{port}{probe}", procs, logdir)
         except UsageError:

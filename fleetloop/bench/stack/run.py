@@ -46,7 +46,7 @@ SAMPLE_S = 1.0
 PROGRESS_EVERY_S = 10.0
 ENDPOINTS_EVERY_S = 0.5
 ROUTING_WAIT_S = 60.0
-SETTLE_S = 2.0  # after the router (and its actuator) start, before load: their first passes
+SETTLE_S = 3.0  # after the router (and its actuator) start, before load: their first passes and checks
 AGENT_START_S = 60.0
 PORT_RANGE = (20_000, 30_000)  # below Linux's ephemeral ports (32768-60999): no outgoing socket takes one
 
@@ -226,17 +226,23 @@ async def run_arm(spec: RunSpec, err: Console) -> dict[str, Any]:
         )
         log_port = free_port(socket.SOCK_DGRAM) if arm.router.wants_log_port(arm.fleetloop) else None
 
-        def argv_for(port: int) -> list[str]:
-            return arm.router.argv(Launch(port, fleet.serving_urls(), slots, logdir, log_port))
+        def launch(port: int) -> Launch:
+            return Launch(
+                port, fleet.serving_urls(), slots, logdir, log_port,
+                fleetloop=arm.fleetloop, bootstrap=spec.bootstrap, topic_prefix=prefix,
+            )  # fmt: skip
 
-        port = await start_answering("router", argv_for, arm.router.probe, logdir, procs)
-        router_url = f"http://127.0.0.1:{port}"
-        launch = Launch(port, fleet.serving_urls(), slots, logdir, log_port)
-        if arm.fleetloop:
+        if arm.fleetloop:  # the router's actuator (or fleetloop inside it) starts from fresh routing
             await _wait_routing(fleet, pool.id, procs)
-            procs["actuate"] = await spawn(
-                fleetloop_argv(*arm.router.actuator(launch, router_url), *common), logdir, "actuate"
-            )
+        port = await start_answering(
+            "router", lambda p: arm.router.argv(launch(p)), arm.router.probe, logdir, procs,
+            env=arm.router.env(launch(0)),
+        )  # fmt: skip
+        router_url = f"http://127.0.0.1:{port}"
+        if arm.fleetloop:
+            act = arm.router.actuator(launch(port), router_url)
+            if act is not None:
+                procs["actuate"] = await spawn(fleetloop_argv(*act, *common), logdir, "actuate")
         else:
             api = arm.router.worker_api(router_url)
             if api is not None:
