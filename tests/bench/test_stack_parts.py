@@ -215,3 +215,31 @@ def test_agents_counts_add_over_processes() -> None:
         2,
     )
     assert a.ttft_ms == [1.0, 2.0, 3.0]
+
+
+def test_the_readme_lists_every_arm_and_scenario() -> None:
+    """The README's arm table names every arm of the table, each once, and the stack scenarios it
+    names exist and run through the bench's checks (one pool, one model, at least 24 nodes)."""
+    import re
+    from pathlib import Path
+
+    from fleetloop.sim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    readme = root / "README.md"
+    text = readme.read_text()
+    section = text[text.index("### Head to head: `fleetloop bench stack`") :]
+    section = section[: section.index("\n## ")]
+    listed = re.findall(
+        r"`([a-z0-9-]+)`", "".join(ln.split("|")[1] for ln in section.splitlines() if ln.startswith("| `"))
+    )
+    assert sorted(listed) == sorted(BY_NAME), listed
+    for name in ("degraded-gpu.yaml", "prefix-heavy.yaml", "burst-cold.yaml"):
+        s = load_scenario(root / "scenarios" / "stack" / name)
+        assert f"`{name}`" in section
+        assert len(s.pools) == 1
+        assert s.pools[0].nodes >= 24
+        assert len({m for w in s.workload for m in w.models}) == 1
+    assert "--max-lag-ms` (20)" in section
+    assert f"at most {report.COST_AT_MOST:g}x" in section
+    assert f"at most {report.TTFT_AT_MOST:g}x" in section
