@@ -38,7 +38,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--scenario", required=True, metavar="FILE", help="scenario file with ONE pool")
     p.add_argument("--seconds", type=float, default=120.0, help="seconds of load per run (default 120)")
-    p.add_argument("--drain-s", type=float, default=30.0, help="wait for tasks in flight after the load")
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        help="wait this long for tasks in flight after the load (default: the scenario's longest task "
+        "deadline, so every task started ends inside the run)",
+    )
     p.add_argument(
         "--arms", default=",".join(a.name for a in ARMS), help="comma-separated arms (default: all)"
     )
@@ -78,6 +83,8 @@ def _check(args: argparse.Namespace) -> tuple[Scenario, list[str]]:
         raise UsageError(f"fleetloop bench stack: an arm is named twice in --arms {args.arms}")
     if not 5 <= args.seconds <= 3600:
         raise UsageError(f"fleetloop bench stack: --seconds must be in [5, 3600], got {args.seconds}")
+    if args.drain_s is None:
+        args.drain_s = float(max(w.deadline_s for w in scenario.workload))
     if not 0 <= args.drain_s <= 3600:
         raise UsageError(f"fleetloop bench stack: --drain-s must be in [0, 3600], got {args.drain_s}")
     if not 1 <= args.runs <= 20:

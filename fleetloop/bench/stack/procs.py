@@ -22,6 +22,8 @@ STOP_GRACE_S = 15.0
 BIND_FAILED = ("Address already in use", "cannot bind socket")
 START_ATTEMPTS = 3
 
+PIPE_LINE_LIMIT = 256 * 2**20  # an agents process's result is one line (its TTFTs with it)
+
 Procs = dict[str, asyncio.subprocess.Process]
 
 
@@ -55,6 +57,7 @@ async def spawn(
             stdout=asyncio.subprocess.PIPE if stdout else log,
             stderr=log,
             start_new_session=True,
+            limit=PIPE_LINE_LIMIT,
             preexec_fn=die_with_parent,  # a pre-resolved libc call, no lock: see die_with_parent
             env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
         )

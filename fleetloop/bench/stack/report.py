@@ -22,6 +22,7 @@ METRICS: tuple[tuple[str, str, Callable[[dict[str, Any]], float | None], bool], 
     ("node_hours", "node-hours", lambda r: r["nodes"]["node_hours"], False),
     ("peak_nodes", "peak nodes", lambda r: r["nodes"]["peak_billed"], False),
 )
+SMOOTH_S = 10
 SUCCESS_AT_LEAST = 1.0  # x the peer's
 COST_AT_MOST = 0.9
 TTFT_AT_MOST = 1.1
@@ -218,7 +219,8 @@ def plot_timelines(doc: dict[str, Any], path: Path) -> None:
             continue
         tl = r["timeline"]
         t = tl["t"]
-        ok = [b - a for a, b in zip([0, *tl["ok_tasks"]], tl["ok_tasks"], strict=False)]
+        cum = [0, *tl["ok_tasks"]]  # tasks succeeded per second over the last SMOOTH_S seconds
+        ok = [(cum[i + 1] - cum[max(0, i + 1 - SMOOTH_S)]) / min(i + 1, SMOOTH_S) for i in range(len(t))]
         style = "-" if BY_NAME[arm].fleetloop else "--"
         label = f"{arm} (run {r['run']})"
         axes[0].plot(t, ok, style, label=label, lw=1.2)
@@ -226,8 +228,8 @@ def plot_timelines(doc: dict[str, Any], path: Path) -> None:
             t, [v if v is not None else float("nan") for v in tl["ttft_p50"]], style, label=label, lw=1.2
         )
         axes[2].plot(t, tl["nodes_provisioned"], style, label=label, lw=1.2)
-    axes[0].set_ylabel("tasks succeeded / s")
-    axes[1].set_ylabel("TTFT p50 ms (per s)")
+    axes[0].set_ylabel(f"tasks succeeded / s ({SMOOTH_S} s mean)")
+    axes[1].set_ylabel("TTFT p50 ms (last 5 s)")
     axes[2].set_ylabel("nodes billed")
     axes[2].set_xlabel("seconds since load began")
     for f in doc.get("faults", []):

@@ -43,6 +43,7 @@ from fleetloop.sim.catalog import GPU_MEMORY_UTIL
 from fleetloop.sim.scenario import Scenario
 
 SAMPLE_S = 1.0
+TTFT_WINDOW_S = 5  # the timeline's TTFT p50 is over the calls of the last 5 s
 PROGRESS_EVERY_S = 10.0
 ENDPOINTS_EVERY_S = 0.5
 ROUTING_WAIT_S = 60.0
@@ -334,8 +335,9 @@ def _merge_timeline(results: dict[int, dict[str, Any]], nodes_tl: dict[str, list
         return [sum(r[key][min(i, len(r[key]) - 1)] for r in results.values() if r[key]) for i in range(n)]
 
     p50: list[float | None] = []
-    for i in range(n):
-        v = sorted(x for r in results.values() if i < len(r["ttft"]) for x in r["ttft"][i])
+    for i in range(n):  # over the last TTFT_WINDOW_S seconds: a second alone holds a few calls
+        lo = max(0, i + 1 - TTFT_WINDOW_S)
+        v = sorted(x for r in results.values() for sec in r["ttft"][lo : i + 1] for x in sec)
         p50.append(v[len(v) // 2] if v else None)
     m = len(nodes_tl["provisioned"])
     return {
