@@ -75,6 +75,13 @@ def test_a_void_run_is_repeated_and_the_last_attempt_kept(monkeypatch: pytest.Mo
     r = command._one(one_node(), "vllm-p2c", 1, args, bootstrap="x", voids=voids, err=err)
     assert r["void"] is True  # every attempt lagged: kept, marked, left out of the medians
 
+    async def broken(spec: Any, err: Any) -> dict[str, Any]:
+        raise command.UsageError("fleetloop bench stack: router exited (1): 'boom'")
+
+    monkeypatch.setattr(command, "run_arm", broken)
+    r = command._one(one_node(), "vllm-p2c", 2, args, bootstrap="x", voids=voids, err=err)
+    assert r == {"arm": "vllm-p2c", "run": 2, "error": "fleetloop bench stack: router exited (1): 'boom'"}
+
 
 def test_medians_leave_void_runs_out_and_the_best_is_by_success_then_cost() -> None:
     runs = [

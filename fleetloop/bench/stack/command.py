@@ -141,16 +141,22 @@ def cmd_stack(args: argparse.Namespace) -> int:
     load_start = _load()
     runs: list[dict[str, Any]] = []
     voids: list[dict[str, Any]] = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / f"{scenario.name}.partial.json"
     err.print("bench stack: starting the embedded broker (Tansu) on loopback ...")
     broker = start_broker("tansu")
     try:
-        runs.extend(
-            _one(scenario, name, n, args, bootstrap=broker.bootstrap_servers, voids=voids, err=err)
-            for n, name in schedule(arms, args.runs)
-        )
+        for n, name in schedule(arms, args.runs):
+            runs.append(
+                _one(scenario, name, n, args, bootstrap=broker.bootstrap_servers, voids=voids, err=err)
+            )
+            # a long bench that stops (the machine, a signal) keeps what it measured
+            partial.write_text(json.dumps({"command": _command(), "runs_raw": runs, "void": voids}) + "\n")
     finally:
         broker.stop()
-    summary = report.summarize(runs, arms)
+    measured = [r for r in runs if "error" not in r]
+    summary = report.summarize(measured, arms)
     doc = {
         "scenario": scenario.name,
         "scenario_file": str(args.scenario),
@@ -163,15 +169,15 @@ def cmd_stack(args: argparse.Namespace) -> int:
         "commit": _commit(),
         "date_utc": _utc(started),
         "machine": {"cpus": os.cpu_count(), "load_start": load_start, "load_end": _load()},
-        "faults": runs[0]["faults"] if runs else [],
+        "faults": measured[0]["faults"] if measured else [],
         "summary": summary,
-        "targets": report.targets(runs, summary, arms),
+        "targets": report.targets(measured, summary, arms),
         "void": voids,
-        "runs_raw": runs,
+        "failed_runs": [r for r in runs if "error" in r],
+        "runs_raw": measured,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = out / scenario.name
+    partial.unlink(missing_ok=True)
     Path(f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
     md = report.table_markdown(doc)
     Path(f"{stem}.md").write_text(md)
@@ -181,7 +187,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(md)
         sys.stdout.write(f"\nwritten: {stem}.md, {stem}.json, {stem}.png\n")
-    dead = [a for a in arms if not any(r["tasks"]["succeeded"] for r in runs if r["arm"] == a)]
+    dead = [a for a in arms if not any(r["tasks"]["succeeded"] for r in measured if r["arm"] == a)]
     if dead:
         err.print(f"[red]bench stack: no successful task under {', '.join(dead)}[/red]")
         return 1
@@ -231,7 +237,11 @@ def _one(
             + (f" (repeat {attempt} of a void run)" if attempt else "")
             + f", {args.seconds:g} s of load, load average {_load()}"
         )
-        r = asyncio.run(run_arm(spec, err))
+        try:
+            r = asyncio.run(run_arm(spec, err))
+        except UsageError as exc:  # a router or process that would not start: this run only
+            err.print(f"[red]  {name} r{n}: failed: {exc}[/red]")
+            return {"arm": name, "run": n, "error": str(exc)}
         lag = report.lag_p99(r)
         t = r["tasks"]
         err.print(

@@ -191,6 +191,9 @@ def table_markdown(doc: dict[str, Any]) -> str:
             if voids
             else ""
         )
+        + "".join(
+            f"Failed run: {f['arm']} run {f['run']}: {f['error']}\n\n" for f in doc.get("failed_runs", [])
+        )
         + f"Command: `{doc['command']}`, commit {doc['commit']}, run {doc['date_utc']}, "
         f"{doc['machine']['cpus']} CPUs, load average {doc['machine']['load_start']} at start and "
         f"{doc['machine']['load_end']} at end.\n"
