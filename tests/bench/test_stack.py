@@ -47,7 +47,7 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
-    stem = tmp_path / "stack-degraded-gpu"
+    stem = tmp_path / "stack-degraded-gpu-small"
     assert json.loads(Path(f"{stem}.json").read_text())["runs_raw"] == doc["runs_raw"]
     md = Path(f"{stem}.md").read_text()
     assert Path(f"{stem}.png").stat().st_size > 10_000
@@ -169,3 +169,50 @@ def test_a_router_port_taken_before_the_router_binds_it_is_retried_on_a_fresh_on
     assert port != taken
     first = (tmp_path / "router-attempt1.log").read_text(errors="replace")
     assert any(m in first for m in procs_mod.BIND_FAILED), first[-1000:]
+
+
+def test_through_sglang_router_the_nodes_see_each_prompts_size_and_prefix(tmp_path: Path) -> None:
+    """SGLang's router forwards none of the client's headers, so the agents' prompts go as text of
+    their real size with the shared prefix in it: behind it, the node is sent prompts of the
+    scenario's size (thousands of tokens, not the few of a short message) and their prefixes."""
+    from fleetloop.bench.stack.arms import BY_NAME, Launch, Slots
+    from fleetloop.bench.stack.procs import start_answering, stop
+    from fleetloop.edges.fleet.agents import Agents
+    from fleetloop.edges.fleet.live import LiveFleet
+    from fleetloop.sim.scenario import load_scenario
+
+    s = load_scenario(ROOT / "scenarios" / "stack" / "prefix-small.yaml")
+    s = s.model_copy(
+        update={"pools": [s.pools[0].model_copy(update={"nodes": 1, "min_nodes": 1, "max_nodes": 1})]}
+    )
+    router = BY_NAME["sglang-cache-aware"].router
+
+    async def go() -> list[tuple[int, str | None, int]]:
+        fleet = LiveFleet(s, seed=5)
+        await fleet.start()
+        seen: list[tuple[int, str | None, int]] = []
+        real = fleet.submit
+        fleet.submit = lambda ln, req: (
+            seen.append((req.prompt, req.prefix_digest, req.prefix_tokens)),
+            real(ln, req),
+        )[1]  # type: ignore[method-assign]
+        urls = fleet.urls()
+        slots = Slots(s.pools[0].id, s.pools[0].model, dict(urls))
+        procs: dict[str, asyncio.subprocess.Process] = {}
+        try:
+            port = await start_answering(
+                "router", lambda p: router.argv(Launch(p, dict(urls), slots, tmp_path, None)),
+                router.probe, tmp_path, procs,
+            )  # fmt: skip
+            agents = Agents(fleet, router_url=f"http://127.0.0.1:{port}", rate_scale=10.0)
+            await agents.run(fleet.t() + 3.0, 0.0)
+        finally:
+            for p in procs.values():
+                await stop(p)
+            await fleet.stop()
+        return seen
+
+    seen = asyncio.run(go())
+    assert seen
+    assert min(p for p, _, _ in seen) > 500  # the scenario's prompts: median 7,000, never a few tokens
+    assert all(d is not None and 0 < k < p for p, d, k in seen)

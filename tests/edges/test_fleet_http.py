@@ -234,3 +234,39 @@ async def test_agents_send_every_call_to_one_router_url() -> None:
     assert all(h["x-fleetloop-priority"] == "0" and h["x-fleetloop-task"] for h in seen)
     assert {h["model"] for h in seen} == {"llama-8b"}
     assert fleet.live["p/0"].node.counter == 0  # the node itself got nothing: the router answered
+
+
+def test_a_prompt_as_text_carries_its_size_and_shared_prefix() -> None:
+    from fleetloop.edges.fleet.server import prefix_in_text, prompt_text
+
+    a = prompt_text(7000, "d1", 6000, "task-1 call 0")
+    b = prompt_text(7500, "d1", 6000, "task-1 call 1")
+    assert len(a) == 7000 * 4
+    assert len(b) == 7500 * 4
+    assert prefix_in_text(a) == prefix_in_text(b) == ("d1", 6000)
+    assert a[: 6000 * 4] == b[: 6000 * 4]  # the shared part is the same text in every call
+    assert "task-1 call 0" in a
+    plain = prompt_text(300, None, 0, "chat 5")
+    assert len(plain) == 1200
+    assert prefix_in_text(plain) == (None, 0)
+    assert prefix_in_text("[fleetloop-prefix broken") == (None, 0)
+
+
+async def test_without_headers_the_node_reads_size_and_prefix_from_the_text(fleet: LiveFleet) -> None:
+    """A router that forwards no client header (SGLang's) still delivers a prompt's size and its
+    shared prefix: the second call of a prefix finds it cached."""
+    from fleetloop.edges.fleet.server import prompt_text
+
+    api = _client(fleet)
+    usage = []
+    for step in range(2):
+        text = prompt_text(3000, "ctx", 2500, f"t call {step}")
+        resp = await api.chat.completions.create(
+            model="llama-8b", messages=[{"role": "user", "content": text}], max_tokens=2
+        )
+        assert resp.usage is not None
+        usage.append(resp.usage)
+    assert [u.prompt_tokens for u in usage] == [3000, 3000]
+    assert dict(fleet.live["p/0"].node.cache) == {"ctx": 2500}
+    assert usage[1].prompt_tokens_details is not None
+    assert usage[1].prompt_tokens_details.cached_tokens == 2500

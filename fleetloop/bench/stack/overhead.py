@@ -23,7 +23,7 @@ import openai
 from fleetloop.bench.stack.arms import Arm, Haproxy, Launch, Router, Slots
 from fleetloop.bench.stack.procs import Procs, start_answering, stop
 from fleetloop.edges.fleet.live import LiveFleet
-from fleetloop.edges.fleet.server import HDR_PROMPT_TOKENS
+from fleetloop.edges.fleet.server import prompt_text
 from fleetloop.sim.scenario import Scenario
 
 PROMPT_TOKENS = 100
@@ -50,10 +50,10 @@ def _argv(router: Router, urls: dict[str, str], slots: Slots, logdir: Path) -> C
 async def _ttft(api: openai.AsyncOpenAI, model: str) -> float:
     loop = asyncio.get_running_loop()
     start = loop.time()
+    text = prompt_text(PROMPT_TOKENS, None, 0, "hello")  # its size in its text: no header needed
     stream = await api.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=MAX_TOKENS, stream=True,
-        extra_headers={HDR_PROMPT_TOKENS: str(PROMPT_TOKENS)},
-    )  # fmt: skip
+        model=model, messages=[{"role": "user", "content": text}], max_tokens=MAX_TOKENS, stream=True
+    )
     first: float | None = None
     async for chunk in stream:
         if first is None and chunk.choices:
