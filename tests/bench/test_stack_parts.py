@@ -250,3 +250,25 @@ def test_the_readme_lists_every_arm_and_scenario() -> None:
     assert "--max-lag-ms` (20)" in section
     assert f"at most {report.COST_AT_MOST:g}x" in section
     assert f"at most {report.TTFT_AT_MOST:g}x" in section
+
+
+def test_the_readme_quotes_the_haproxy_streaming_figures_of_the_results_file() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    rows = {
+        r["router"]: r
+        for r in json.loads((root / "bench/results/stack/router-overhead.json").read_text())["routers"]
+    }
+    text = " ".join((root / "README.md").read_text().split())
+    m = re.search(
+        r"it added \+([\d.]+) ms to the time to first token \(p50\), against \+([\d.]+) ms with the option",
+        text,
+    )
+    assert m, "the README's HAProxy streaming sentence"
+    without, with_ = float(m.group(1)), float(m.group(2))
+    assert without == rows["haproxy-leastconn without http-no-delay"]["added_p50_ms"]
+    assert with_ == rows["haproxy-leastconn"]["added_p50_ms"]
+    assert without > 10 * max(with_, 1.0)  # the option is what removes the hold
