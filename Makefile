@@ -1,11 +1,22 @@
-# fleetloop — every entry point a developer or CI needs. `make test` is what .ci/run calls.
+# fleetloop — every entry point a developer or CI needs. .ci/run calls `make test` and `make test-system`.
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_SECONDS ?= 60
 
-.PHONY: install demo test lint unit integration kafka kafka-up kafka-down schemas bench sim-table clean
+# The tests come in two tiers (README, "Development"; tests/conftest.py):
+#   make test         lint, unit tests and the integration core on both brokers (every test not
+#                     marked `system`; a new test lands here unless marked);
+#   make test-system  the long forms, marked `system`: soak, fuzz, restarts, benches, the browser,
+#                     the simulator tables against their committed rows.
+# Both run on PYTEST_WORKERS processes (pytest-xdist); each broker's tests stay on one worker
+# (--dist loadgroup), so each broker starts once. PYTEST_ARGS adds options, e.g. --durations=25.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+.PHONY: install demo test test-system lint unit integration kafka kafka-up kafka-down schemas bench sim-table clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "fleetloop needs $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
@@ -39,14 +50,18 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Parts of `make test`: the tests that need no broker, and the integration core.
 unit: $(STAMP)
-	$(BIN)/pytest -q -m "not integration"
+	$(PYTEST) -m "not integration and not system"
 
 integration: $(STAMP) kafka
-	$(BIN)/pytest -q -m integration
+	$(PYTEST) -m "integration and not system"
 
 test: $(STAMP) kafka lint
-	$(BIN)/pytest -q
+	$(PYTEST) -m "not system"
+
+test-system: $(STAMP) kafka
+	$(PYTEST) -m system
 
 schemas: $(STAMP)
 	$(BIN)/python -m fleetloop.schemas.export

@@ -7,7 +7,7 @@ lines break mid-phrase. A reader of a log has no window to fit, so there the wid
 table is laid out to the width.
 
 A reader that closes the pipe early (``| head``) ends the command through the CLI entry point's one
-rule for every command (fleetloop.daemon.cli.main), not through rich's own exit.
+rule for every command (fleetloop.cli.main.main), not through rich's own exit.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any
 
 from fleetloop.bench.decide import DAEMON_GEN0
 from fleetloop.bench.loadgen import SLICES, Slices, bench_fleet, templates
-from fleetloop.daemon.model.fleet import FleetModel
+from fleetloop.core.model.fleet import FleetModel
 from fleetloop.daemon.observe.decode import Door, decode_fast
 from fleetloop.daemon.runtime import tune_gc
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN

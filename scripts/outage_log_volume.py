@@ -82,7 +82,7 @@ def main() -> int:
         env = dict(os.environ)
         if args.code_root:
             env["PYTHONPATH"] = str(Path(args.code_root).resolve())
-        argv = [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers"]
+        argv = [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers"]
         argv += [broker.bootstrap_servers, "--log-format", "json", "--idempotence", "off"]
         if not args.code_root:
             argv += ["--http-port", str(free_port())]

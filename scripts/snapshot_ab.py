@@ -24,7 +24,7 @@ import time
 from fleetloop.bench.common import pct
 from fleetloop.bench.decide import DAEMON_GEN0
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
+from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.daemon.runtime import tune_gc
 from fleetloop.policies.columns import NodeTable, fleet_columns
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN

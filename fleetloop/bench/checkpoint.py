@@ -23,11 +23,12 @@ from typing import Any
 import orjson
 from rich.table import Table
 
-from fleetloop import term
+from fleetloop import clock, term
 from fleetloop.bench.common import progress, rss_mib, sizes_arg, within
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon import checkpoint, clock, offload
-from fleetloop.daemon.shard import Row, Shard
+from fleetloop.core import checkpoint
+from fleetloop.core.shard import Row, Shard
+from fleetloop.daemon import offload
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.requests import RequestOutcome

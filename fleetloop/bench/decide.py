@@ -38,13 +38,12 @@ from typing import Any
 import orjson
 from rich.table import Table
 
-from fleetloop import term
+from fleetloop import clock, term
 from fleetloop.bench.common import growth_exponent, pct, progress, rss_mib
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon import clock
+from fleetloop.core.decide.engine import Engine, envelope_of
+from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.daemon.cli_common import UsageError, policy_from
-from fleetloop.daemon.decide.engine import Engine, envelope_of
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.daemon.runtime import DaemonConfig, tune_gc
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from fleetloop.daemon import clock
+from fleetloop import clock
 
 
 def main(argv: list[str]) -> NoReturn:

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from fleetloop import term
 from fleetloop.bench.common import progress
-from fleetloop.daemon.demo import demo_scenario
+from fleetloop.demo.demo import demo_scenario
 
 
 def register(sub: Any) -> None:
@@ -53,7 +53,7 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for k in scales:
         progress(f"bench fleet: scale {k} ({4 * k} nodes) for {args.seconds} s ...")
-        cmd = [sys.executable, "-m", "fleetloop.daemon.cli", "fleet", "--scenario", str(scen),
+        cmd = [sys.executable, "-m", "fleetloop.cli.main", "fleet", "--scenario", str(scen),
                "--scale", str(k), "--seconds", str(args.seconds), "--drain-s", "15", "--json"]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -37,7 +37,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from rich.table import Table
 
-from fleetloop import term
+from fleetloop import clock, term
 from fleetloop.bench.live import (
     BrokerInfo,
     drop_topics,
@@ -49,7 +49,6 @@ from fleetloop.bench.live import (
     running_daemon,
     telemetry_bytes,
 )
-from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.daemon.runtime import DaemonConfig

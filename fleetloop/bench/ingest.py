@@ -38,10 +38,9 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.table import Table
 
-from fleetloop import term
+from fleetloop import clock, term
 from fleetloop.bench.common import progress
 from fleetloop.bench.fleetgen import make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
 from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
 from fleetloop.daemon.observability import configure

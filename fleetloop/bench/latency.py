@@ -62,7 +62,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.table import Table
 
-from fleetloop import term
+from fleetloop import clock, term
 from fleetloop.bench.common import pct, progress
 from fleetloop.bench.loadgen import (
     ACK_MAX_S,
@@ -83,7 +83,6 @@ from fleetloop.bench.loadgen import (
     overload_skipped,
     trial_targets,
 )
-from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
 from fleetloop.daemon.children import die_with_parent
 from fleetloop.daemon.cli_common import UsageError, quiet_client_logs
@@ -485,7 +484,7 @@ async def _run(
             # share one session's slice with the broker and the generator (stopped in ``finally``).
             with open(f"{log_path}.{k}", "wb") as log:
                 daemons.append(subprocess.Popen(
-                    [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
+                    [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers", bootstrap,
                      "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args)],
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                     preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)

@@ -40,8 +40,8 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
+from fleetloop import clock
 from fleetloop.bench.fleetgen import Fleet, make_fleet, telemetry_at
-from fleetloop.daemon import clock
 from fleetloop.daemon.children import die_with_parent
 from fleetloop.daemon.cli_common import quiet_client_logs
 

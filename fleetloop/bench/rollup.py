@@ -30,8 +30,8 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from fleetloop import clock
 from fleetloop.bench.common import bench_broker, pct, progress, within
-from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.rollup.command import run_rollup
 from fleetloop.schemas.decisions import Decision

@@ -23,8 +23,7 @@ import numpy as np
 import orjson
 from rich.table import Table
 
-from fleetloop import term
-from fleetloop.daemon import clock
+from fleetloop import clock, term
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.router import Endpoint, Router
 from fleetloop.schemas.decisions import (

@@ -49,6 +49,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from fleetloop import clock
 from fleetloop.bench.common import bench_broker, pct, progress, within
 from fleetloop.bench.loadgen import (
     LAG_MAX_S,
@@ -62,7 +63,6 @@ from fleetloop.bench.loadgen import (
     overload_args,
     overload_skipped,
 )
-from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.children import die_with_parent
 from fleetloop.daemon.cli_common import UsageError
@@ -212,7 +212,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
             raise UsageError("fleetloop bench sizing: the load generator did not start")
         with open(log_path, "wb") as log:
             daemon = subprocess.Popen(
-                [sys.executable, "-m", "fleetloop.daemon.cli", "run", "--bootstrap-servers", bootstrap,
+                [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers", bootstrap,
                  "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args)],
                 stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)

@@ -36,7 +36,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from rich.table import Table
 
-from fleetloop import term
+from fleetloop import clock, term
 from fleetloop.bench.live import (
     BrokerInfo,
     drop_topics,
@@ -48,7 +48,6 @@ from fleetloop.bench.live import (
     running_daemon,
     telemetry_bytes,
 )
-from fleetloop.daemon import clock
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.kafka_security import bootstrap_arg

@@ -33,7 +33,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
-from fleetloop.daemon import clock
+from fleetloop import clock
 from fleetloop.daemon.cli_common import UsageError, connection_from, quiet_client_logs
 from fleetloop.daemon.runtime import read_active
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown

@@ -38,7 +38,7 @@ from aiokafka.errors import GroupCoordinatorNotAvailableError
 from opentelemetry import metrics, trace
 from prometheus_client import CollectorRegistry
 
-from fleetloop.daemon import clock
+from fleetloop import clock
 
 REPEAT_WINDOW_S: Final = 10.0
 QUEUE_LINES: Final = 10_000

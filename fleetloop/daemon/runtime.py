@@ -11,14 +11,14 @@ One loop, one batch at a time::
     every few seconds: checkpoint each changed shard to control.checkpoint; wait for acks
     commit(offsets)                               # only now: at least once, duplicates harmless
 
-Shards. One :class:`~fleetloop.daemon.shard.Shard` per partition index of the pool-keyed topics:
+Shards. One :class:`~fleetloop.core.shard.Shard` per partition index of the pool-keyed topics:
 its own fleet model and policy state, and the offsets they reflect. A tick is decided from its
 shard alone and from exactly the records before its cut, so decisions depend on the topics'
 contents, not on batching, on which instance owns what, or on restarts.
 
 Restarts and rebalances are exact. A shard's state is checkpointed (every ``checkpoint_interval_s``,
 when its partitions are revoked and at shutdown) with the offsets and last tick it reflects
-(:mod:`fleetloop.daemon.checkpoint` explains why a checkpoint and not a re-read of recent history).
+(:mod:`fleetloop.core.checkpoint` explains why a checkpoint and not a re-read of recent history).
 A newly assigned partition restores its newest complete checkpoint and reads on from the
 checkpoint's offsets: the ticks between the checkpoint and the group's committed offset are decided
 again to rebuild the state and not republished; later ones are published (a crash between publish
@@ -87,10 +87,14 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.structs import OffsetAndMetadata
 
-from fleetloop.daemon import checkpoint, clock, faults, offload
+from fleetloop import clock
+from fleetloop.core import checkpoint
+from fleetloop.core.decide.engine import Engine, envelope_of
+from fleetloop.core.model.fleet import ModelConfig
+from fleetloop.core.rollup import summarize
+from fleetloop.core.shard import INPUTS, Refusal, Row, Shadow, Shard
+from fleetloop.daemon import faults, offload
 from fleetloop.daemon.act.publish import Publisher
-from fleetloop.daemon.decide.engine import Engine, envelope_of
-from fleetloop.daemon.model.fleet import ModelConfig
 from fleetloop.daemon.observability import logger, tracer
 from fleetloop.daemon.observe.decode import (
     DeadLetter,
@@ -100,10 +104,8 @@ from fleetloop.daemon.observe.decode import (
     decode_rows,
     reason_of,
 )
-from fleetloop.daemon.rollup.fold import summarize
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, one_line, supervise
-from fleetloop.daemon.shard import INPUTS, Refusal, Row, Shadow, Shard
 from fleetloop.kafka_security import Bootstrap, connect, shown
 from fleetloop.policies.registry import CompiledPolicy, PolicyError, compile_policy, parse_document
 from fleetloop.schemas.control import Activation, ActivePolicy, ShadowActivation, Tick

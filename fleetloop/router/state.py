@@ -29,7 +29,7 @@ Fleetloop must never make a pool unreachable that it would not be without fleetl
 
 Breakers on every node: the daemon's envelope already enforces at most ``max_ejected_frac`` of a
 pool's nodes, and when that cap lets every node be ejected (1.0) its routing fails open, spreading
-the pool evenly over its nodes with the breakers ignored (``fleetloop.daemon.decide.engine``). A
+the pool evenly over its nodes with the breakers ignored (``fleetloop.core.decide.engine``). A
 router follows that decision: the rule would allow a pool with an enforced open breaker on each
 node to go dark, but neither the daemon nor a router ever asks for it, so no integration has to
 know the policy's cap. An all-failing pool keeps getting calls, as it would without fleetloop.

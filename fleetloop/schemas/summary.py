@@ -1,7 +1,7 @@
 """ShardSummary: what one shard of the daemon folded, as of a tick, for the fleet-wide second stage.
 
 The daemon keeps one model per partition index of the pool-keyed topics (a *shard*,
-:mod:`fleetloop.daemon.shard`), so fleet-wide figures (the fleet's cost rate, retry-budget use across
+:mod:`fleetloop.core.shard`), so fleet-wide figures (the fleet's cost rate, retry-budget use across
 pools, cost per successful task) are not in any one model. After deciding a shard's ticks at a
 boundary, the daemon publishes that shard's summary on ``control.summaries`` (key
 ``<group>/<partition>``); ``fleetloop rollup`` folds the summaries of every shard into fleet figures

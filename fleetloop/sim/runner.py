@@ -18,7 +18,7 @@ The policy runs against the scenario's SLO: the scenario's ``slo`` becomes the p
 (:func:`fleetloop.policies.slo.restated`; :func:`under_scenario_slo`), so the objective the report
 judges latency by and the one admission, batching, autoscaling and the breaker steer by are one.
 
-There is no second control loop: the decisions come from :mod:`fleetloop.daemon.decide` exactly as
+There is no second control loop: the decisions come from :mod:`fleetloop.core.decide` exactly as
 the daemon would compute them from the same records. The run ends when every task has succeeded or
 failed after arrivals stop (deadlines bound it), or at a safety horizon of ``duration_s`` plus the
 longest deadline plus ten minutes. The wall clock is read only to report ``sim.wall_s``.
@@ -30,10 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fleetloop.daemon.clock import monotonic_s
-from fleetloop.daemon.decide import Engine
-from fleetloop.daemon.decide.engine import envelope_of
-from fleetloop.daemon.model import FleetModel, apply, snapshot
+from fleetloop.clock import monotonic_s
+from fleetloop.core.decide import Engine
+from fleetloop.core.decide.engine import envelope_of
+from fleetloop.core.model import FleetModel, apply, snapshot
 from fleetloop.policies.registry import CompiledPolicy, with_slo
 from fleetloop.policies.slo import restated
 from fleetloop.schemas.control import Tick

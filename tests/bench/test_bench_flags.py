@@ -4,7 +4,7 @@ starts a broker or builds a fleet (the checks in ``fleetloop.bench.common``)."""
 from __future__ import annotations
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import json
 
 import pytest
 from fleetloop.bench import checkpoint as bench
-from fleetloop.daemon import checkpoint
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
+from fleetloop.core import checkpoint
 
 FIGURES = (
     "bytes",

@@ -6,9 +6,9 @@ import orjson
 import pytest
 from fleetloop.bench.decide import fleet_tick
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon.cli import main
-from fleetloop.daemon.decide.engine import Engine
-from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.cli.main import main
+from fleetloop.core.decide.engine import Engine
+from fleetloop.core.model.fleet import FleetModel, snapshot
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.control import Tick
 
@@ -143,7 +143,7 @@ def test_the_workflow_phase_holds_n_workflows_past_the_default_cap(monkeypatch: 
     """``--workflows N`` measures one model holding N open workflows: the default open-workflow cap
     is raised to N for it (before, at N above the cap the phase never ended)."""
     from fleetloop.bench import decide as bench_decide
-    from fleetloop.daemon.model.fleet import ModelConfig
+    from fleetloop.core.model.fleet import ModelConfig
 
     def small_default(**kw: int) -> ModelConfig:  # a default cap of 2,000 instead of 500,000
         return ModelConfig(**({"max_open_workflows": 2_000} | kw))
@@ -155,7 +155,7 @@ def test_the_workflow_phase_holds_n_workflows_past_the_default_cap(monkeypatch: 
 
 def test_the_workflow_phase_ends_when_the_model_holds_no_more_and_times_new_tasks_then() -> None:
     from fleetloop.bench.decide import _with_workflows
-    from fleetloop.daemon.model.fleet import ModelConfig
+    from fleetloop.core.model.fleet import ModelConfig
 
     fleet = make_fleet(64)
     model = FleetModel(ModelConfig(max_open_workflows=1_000))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from fleetloop.bench.latency import error_threshold, print_table, releases
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.policies.registry import builtin_policy
 from tests.support.policies import foundation
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 
 
 def test_bench_router_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,7 @@ import gc
 from pathlib import Path
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.daemon.runtime import tune_gc
 from fleetloop.sim.scenario import load_scenario
 

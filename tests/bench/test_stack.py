@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,21 +16,20 @@ from typing import Any
 
 import pytest
 from fleetloop.bench.stack.arms import haproxy_config
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "stack" / "degraded-gpu-small.yaml"
 VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
 
 pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("haproxy") is None, reason="Debian's haproxy (.ci/run installs it)"),
     pytest.mark.skipif(not VLLM_ROUTER.exists(), reason="vllm-router (the dev extra)"),
 ]
 
 
 def _bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleetloop.daemon.cli", "bench", "stack", *args],
+        [sys.executable, "-m", "fleetloop.cli.main", "bench", "stack", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -40,7 +38,9 @@ def _bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.system  # a benchmark run
 def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
+    require_tool("haproxy")
     r = _bench(
         "--scenario", str(SCENARIO), "--seconds", "15", "--drain-s", "10", "--runs", "1",
         "--arms", "vllm-p2c,fleetloop-haproxy", "--out", str(tmp_path), "--json", "--max-lag-ms", "1000",
@@ -77,8 +77,10 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
         assert not pids.stdout.strip(), pids.stdout
 
 
+@pytest.mark.system  # a benchmark run
 def test_an_arm_with_no_successful_task_fails_the_run(tmp_path: Path) -> None:
     """Every node crashes as load begins: HAProxy has nothing to send to, no task can succeed."""
+    require_tool("haproxy")
     doc = SCENARIO.read_text().split("faults:")[0]
     doc += "faults:\n  - {at_s: 0, kind: crash, pool: chat-l40s, count: 4}\n"
     scen = tmp_path / "dead.yaml"
@@ -128,6 +130,8 @@ def test_a_router_port_taken_before_the_router_binds_it_is_retried_on_a_fresh_on
     """The first port handed out is held by another socket (as an outgoing connection of the fleet or
     the broker can take a picked port before the router binds it): the start is retried on fresh
     ports, and the failed attempt's log is kept."""
+    if arm.startswith("haproxy"):
+        require_tool("haproxy")
     from aiohttp import web
     from fleetloop.bench.stack import procs as procs_mod
     from fleetloop.bench.stack.arms import BY_NAME, Launch, Slots

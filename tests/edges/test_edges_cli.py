@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import pytest
 from fleetloop.edges.fleet.live import LiveFleet
 from fleetloop.edges.scrape.convert import Converter, NodeIdentity, parse_exposition
 from fleetloop.sim.scenario import Scenario, parse_scenario
+from tests.support.wait import wait_until
 
 
 def one_node(model: str = "llama-8b") -> Scenario:
@@ -58,12 +59,6 @@ async def fleet() -> AsyncIterator[LiveFleet]:
 def _client(fleet: LiveFleet) -> openai.AsyncOpenAI:
     url = fleet.urls()["p/0"]
     return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-
-
-async def _until(cond: object, timeout_s: float = 20.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not cond():  # type: ignore[operator]
-            await asyncio.sleep(0.02)
 
 
 async def test_non_streaming_chat_and_completions(fleet: LiveFleet) -> None:
@@ -141,7 +136,7 @@ async def test_streaming_disconnect_aborts_the_request(fleet: LiveFleet) -> None
     async for _ in stream:
         break  # the first token arrived: leave
     await stream.close()
-    await _until(lambda: node.running == 0 and fleet.aborted == 1, 10.0)
+    await wait_until(lambda: node.running == 0 and fleet.aborted == 1, 10.0)
     async with httpx.AsyncClient() as http:
         text = (await http.get(f"{fleet.urls()['p/0']}/metrics")).text
     assert 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="llama-8b"} 1.0' in text
@@ -158,7 +153,7 @@ async def test_non_streaming_give_up_leaves_an_orphan(fleet: LiveFleet) -> None:
     await asyncio.sleep(0.3)
     assert node.running == 1, "the engine cannot see a non-streaming client leave: the request runs on"
     assert fleet.aborted == 0
-    await _until(lambda: node.running == 0, 30.0)
+    await wait_until(lambda: node.running == 0, 30.0)
     assert fleet.aborted == 0
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.edges.fleet.agents import AgentStats
 from fleetloop.edges.fleet.command import _print
 

@@ -5,12 +5,13 @@
   broker, so only one runs at a time) and stops at the end. A broker that cannot start makes every
   test that uses it error out with the BrokerStartError message: never a silent skip.
 - ``kafka_env``: per test, a fresh topic prefix with every registry topic created, so tests never
-  see each other's records.
+  see each other's records; a session pool per broker creates them ahead of the tests
+  (tests/support/prefixes.py: on Apache Kafka a new topic takes about a second to serve).
 """
 
 from __future__ import annotations
 
-import uuid
+import asyncio
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,19 +24,24 @@ from fleetloop.daemon.brokers import (
     BrokerStartError,
     ProcessBroker,
     delete_topics,
-    ensure_topics,
     make_broker,
 )
 from fleetloop.schemas.topics import topic_name
+from tests.support.prefixes import PrefixPool
 
 HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Everything under tests/integration is marked ``integration``."""
+    """Everything under tests/integration is marked ``integration``; under pytest-xdist
+    (``--dist loadgroup``, as the Makefile runs it) every test on one broker kind goes to one worker,
+    so each broker starts once per run instead of once per worker."""
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.integration)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("broker") in BROKER_KINDS:
+            item.add_marker(pytest.mark.xdist_group(f"broker-{callspec.params['broker']}"))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -85,11 +91,20 @@ class KafkaEnv:
         return f"{self.prefix}.{name}"
 
 
+@pytest.fixture(scope="session")
+def prefix_pool(broker: ProcessBroker) -> Iterator[PrefixPool]:
+    """Fresh prefixes with their topics, made ahead on this broker; stopped before the broker is."""
+    pool = PrefixPool(broker.bootstrap_servers)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-async def kafka_env(broker: ProcessBroker) -> AsyncIterator[KafkaEnv]:
+async def kafka_env(broker: ProcessBroker, prefix_pool: PrefixPool) -> AsyncIterator[KafkaEnv]:
     """Every registry topic under a fresh prefix; deleted again after the test (keeps the broker lean)."""
-    prefix = f"it-{uuid.uuid4().hex[:10]}"
-    await ensure_topics(broker.bootstrap_servers, prefix)
+    prefix = await asyncio.to_thread(prefix_pool.take)
     yield KafkaEnv(
         bootstrap_servers=broker.bootstrap_servers,
         prefix=prefix,

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from fleetloop import clock
 from fleetloop.bench.ingest import _rates, _records, measure_on
-from fleetloop.daemon import clock
+
+pytestmark = pytest.mark.system  # a benchmark
 
 
 async def test_floor_and_daemon_read_every_record_and_fold_them_all(kafka_env: Any) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fleetloop.bench.rollup import measure
+
+pytestmark = pytest.mark.system  # a benchmark
 
 
 async def test_every_boundary_becomes_a_complete_fleet_figure_and_its_latency_is_measured(

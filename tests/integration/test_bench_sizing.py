@@ -8,7 +8,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fleetloop.bench.sizing import _run
+
+pytestmark = pytest.mark.system  # a benchmark
 
 
 async def test_one_daemon_decides_every_tick_of_the_window_and_reports_its_cost(

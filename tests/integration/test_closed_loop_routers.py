@@ -27,7 +27,10 @@ from tests.integration.test_haproxy import Traffic, haproxy_config
 from tests.support.http import free_port, nodes
 from tests.support.kafka import producer, running_daemon, send
 from tests.support.records import telemetry
+from tests.support.tools import require_tool
 from tests.support.vllm_router import start_vllm_router
+
+pytestmark = pytest.mark.system  # the whole stack: HAProxy, vllm-router, the daemon and both actuators
 
 NODES = ("chat/0", "chat/1", "chat/2")
 
@@ -52,6 +55,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
     node 0 answers 8x slower and its telemetry says so (shipped default policy, latency outlier
     breaker after ``detect_ticks``, routing's speed score before that). t0 is the first failed answer,
     or the first degraded telemetry record."""
+    require_tool("haproxy")
     import socket
 
     from aiohttp import web
@@ -171,7 +175,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                 with (tmp_path / f"{name}.log").open("wb") as f:
                     procs.append(
                         subprocess.Popen(
-                            [sys.executable, "-m", "fleetloop.daemon.cli", "actuate", name, *extra, *common],
+                            [sys.executable, "-m", "fleetloop.cli.main", "actuate", name, *extra, *common],
                             stderr=f,
                             env=env,
                         )
@@ -183,7 +187,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                 deadline = clock.monotonic_s() + 60
                 while clock.monotonic_s() < deadline:
                     await tick_once(p)
-                    await asyncio.sleep(1.0)
+                    await asyncio.sleep(1.0)  # one tick a second, traffic flowing meanwhile
                     recent = {n for t, n in traffic.seen if t > clock.monotonic_s() - 1.0}
                     if tick_id >= 4 and recent >= set(NODES):
                         break

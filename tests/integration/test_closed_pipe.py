@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fleetloop.daemon.clock import wall_ms
+from fleetloop.clock import wall_ms
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.control import Activation, ActivePolicy
 from fleetloop.schemas.topics import POLICY_ACTIVE

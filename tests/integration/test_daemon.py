@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+import pytest
 from fleetloop.schemas.topics import DEADLETTER, DECISIONS, REQUESTS, STATE, TELEMETRY, TICKS
 from tests.support.kafka import decisions_of, producer, read_all, running_daemon, send, wait_decided
 from tests.support.records import outcome, telemetry, tick, to_bytes
@@ -84,6 +85,7 @@ async def test_malformed_records_go_to_the_dead_letter_topic_and_the_daemon_goes
     assert sorted(routing[0].body.weights) == list(NODES)  # type: ignore[union-attr]
 
 
+@pytest.mark.system  # a restart
 async def test_restart_resumes_from_committed_offsets_without_losing_a_decision(kafka_env: Any) -> None:
     async with producer(kafka_env) as p:
         async with running_daemon(kafka_env) as daemon:

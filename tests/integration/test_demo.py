@@ -7,13 +7,17 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.system  # the whole demo, a minute and more per broker
+
 
 def test_demo_closes_the_loop_and_opens_the_degraded_nodes_breaker(kafka_env: Any) -> None:
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
-            "fleetloop.daemon.cli",
+            "fleetloop.cli.main",
             "demo",
             "--seconds",
             "25",

@@ -8,10 +8,14 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.system  # the whole demo with a policy change and a replay
+
 
 def test_demo_verify_replay_applies_a_change_midway_and_replays_its_window_with_0_differences() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "fleetloop.daemon.cli", "demo", "--seconds", "12", "--verify-replay"],
+        [sys.executable, "-m", "fleetloop.cli.main", "demo", "--seconds", "12", "--verify-replay"],
         capture_output=True,
         text=True,
         timeout=240,

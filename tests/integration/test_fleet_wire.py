@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import openai
+import pytest
 from fleetloop.edges.fleet.live import LiveFleet
 from fleetloop.schemas.telemetry import NodeTelemetry
 from tests.edges.test_fleet_http import one_node
@@ -30,7 +31,7 @@ async def test_scrape_reads_emulated_nodes_onto_the_broker(kafka_env: Any) -> No
     try:
         targets = ",".join(f"{nid}={url}" for nid, url in fleet.urls().items())
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fleetloop.daemon.cli", "scrape", "--runtime", "vllm", "--pool", "p",
+            sys.executable, "-m", "fleetloop.cli.main", "scrape", "--runtime", "vllm", "--pool", "p",
             "--target", targets, "--bootstrap-servers", kafka_env.bootstrap_servers,
             "--topic-prefix", kafka_env.prefix, "--interval-s", "0.5", "--duration-s", "120", "--json",
             "--gpu-type", "L40S",
@@ -67,9 +68,10 @@ async def test_scrape_reads_emulated_nodes_onto_the_broker(kafka_env: Any) -> No
     assert any(t.ttft_p50_ms is not None for t in tel)
 
 
+@pytest.mark.system  # the whole wire demo
 async def test_wire_demo_breaker_opens_from_scraped_metrics_alone(kafka_env: Any) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "fleetloop.daemon.cli", "demo", "--wire-telemetry-only", "--seconds", "45",
+        sys.executable, "-m", "fleetloop.cli.main", "demo", "--wire-telemetry-only", "--seconds", "45",
         "--bootstrap-servers", kafka_env.bootstrap_servers, "--json",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

@@ -13,14 +13,17 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from fleetloop.daemon.brokers import ProcessBroker
+
+pytestmark = pytest.mark.system  # a benchmark (fuzz)
 
 
 async def test_fuzz_short_form_no_crash_no_missed_tick_no_lost_dead_letter(broker: ProcessBroker) -> None:
     argv = [
         sys.executable,
         "-m",
-        "fleetloop.daemon.cli",
+        "fleetloop.cli.main",
         "bench",
         "fuzz",
         "--bootstrap-servers",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 from aiohttp import web
 from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi
@@ -36,6 +34,8 @@ from fleetloop.schemas.decisions import (
 from fleetloop.schemas.topics import REQUESTS, STATE
 from tests.support.http import Handler, free_port, nodes
 from tests.support.kafka import producer, read_all
+from tests.support.tools import require_tool
+from tests.support.wait import wait_until
 
 TICK_S = 1.0
 STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
@@ -104,7 +104,7 @@ def start_actuator(
             [
                 sys.executable,
                 "-m",
-                "fleetloop.daemon.cli",
+                "fleetloop.cli.main",
                 "actuate",
                 "haproxy",
                 "--runtime-api",
@@ -170,20 +170,10 @@ async def _drive(fe_port: int, traffic: Traffic, stop: asyncio.Event) -> None:
             await asyncio.sleep(0.004)
 
 
-async def _wait_for(pred: Any, timeout_s: float, what: str) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not pred():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-
-
 async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_start_brings_it_back(
     kafka_env: Any, tmp_path: Path
 ) -> None:
-    if shutil.which("haproxy") is None:
-        pytest.fail("haproxy is not installed (.ci/run installs it from Debian: apt-get install haproxy)")
+    require_tool("haproxy")
     fe_port, log_port = free_port(), free_port(socket.SOCK_DGRAM)
     bmap = tmp_path / "backends.yaml"
     bmap.write_text(
@@ -214,14 +204,14 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
         traffic, stop = Traffic(), asyncio.Event()
         driver = asyncio.create_task(_drive(fe_port, traffic, stop))
         try:
-            await _wait_for(
+            await wait_until(
                 lambda: "chat/s2 admin ready -> maint" in actuator_log.read_text(), 60, "slot 2 disabled"
             )
-            await _wait_for(
+            await wait_until(
                 lambda: traffic.last_to("chat/0") > 0 and traffic.last_to("chat/1") > 0, 30, "traffic"
             )
             t_ok = clock.monotonic_s()
-            await asyncio.sleep(2 * TICK_S)
+            await asyncio.sleep(2 * TICK_S)  # a window of traffic to measure the shares over
             share0, n = traffic.share("chat/0", t_ok, clock.monotonic_s())
             assert n > 20
             assert 0.3 < share0 < 0.7, share0
@@ -229,13 +219,13 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
 
             # tick 2: chat/0's breaker opens (fleetloop zeroes its weight in the same tick)
             t_open = await publish(2, breaker("open"), routing({"chat/0": 0.0, "chat/1": 1.0}))
-            await asyncio.sleep(2 * TICK_S)
+            await asyncio.sleep(2 * TICK_S)  # the claim's bound: traffic leaves within two ticks
             moved_after_s = traffic.last_to("chat/0") - t_open
             assert moved_after_s < 2 * TICK_S, (
                 f"traffic still reached chat/0 {moved_after_s:.2f} s after the breaker"
             )
             t_quiet = t_open + 2 * TICK_S
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # a window in which no request may reach chat/0
             assert traffic.share("chat/0", t_quiet, clock.monotonic_s())[0] == 0.0
 
             # ticks 3-6: half-open probe, then the slow-start ramp fleetloop publishes as weights
@@ -248,7 +238,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
                 )
                 await asyncio.sleep(0.5)  # let the actuator apply it, then measure the rest of the tick
                 t1 = t0 + 0.5
-                await asyncio.sleep(TICK_S * 1.5)
+                await asyncio.sleep(TICK_S * 1.5)  # a window of traffic to measure the share over
                 shares.append(traffic.share("chat/0", t1, clock.monotonic_s()))
             got = [s for s, _ in shares]
             assert all(n > 15 for _, n in shares), shares
@@ -258,7 +248,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
 
             # drift: someone sets a weight by hand; the actuator re-asserts it and says so
             await api.run(["set server chat/s1 weight 3"])
-            await _wait_for(
+            await wait_until(
                 lambda: "drift: chat/s1 weight was 3" in actuator_log.read_text(), 10, "drift line"
             )
             state_now = await api.run(["show servers state chat"])
@@ -277,7 +267,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
                     drain=("chat/1",),
                 ),
             )
-            await _wait_for(lambda: "chat/s1 admin ready -> drain" in actuator_log.read_text(), 10, "drain")
+            await wait_until(lambda: "chat/s1 admin ready -> drain" in actuator_log.read_text(), 10, "drain")
         finally:
             stop.set()
             await driver
@@ -307,8 +297,7 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
     kafka_env: Any, tmp_path: Path
 ) -> None:
     """At the scale users run: 1,000 slots in one backend (more than one runtime-API line holds)."""
-    if shutil.which("haproxy") is None:
-        pytest.fail("haproxy is not installed (.ci/run installs it from Debian: apt-get install haproxy)")
+    require_tool("haproxy")
     n = 1000
     servers = "\n".join(f"    server s{i} 127.0.0.1:{20000 + i} weight 100" for i in range(n))
     cfg = tmp_path / "haproxy.cfg"
@@ -344,7 +333,7 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
                 [
                     sys.executable,
                     "-m",
-                    "fleetloop.daemon.cli",
+                    "fleetloop.cli.main",
                     "actuate",
                     "haproxy",
                     "--runtime-api",

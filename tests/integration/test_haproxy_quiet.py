@@ -13,14 +13,12 @@ fleetloop (the rotation rule, fleetloop/router/state.py; the engine's ``NO_NODE`
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-from fleetloop.daemon.model.fleet import ModelConfig
+from fleetloop.core.model.fleet import ModelConfig
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.router import clock
@@ -29,7 +27,6 @@ from fleetloop.schemas.topics import STATE, TELEMETRY
 from tests.integration.test_haproxy import (
     Traffic,
     _drive,
-    _wait_for,
     backends,
     haproxy_config,
     start_actuator,
@@ -37,6 +34,8 @@ from tests.integration.test_haproxy import (
 from tests.support.http import free_port
 from tests.support.kafka import decisions_of, producer, read_all, send
 from tests.support.records import telemetry
+from tests.support.tools import require_tool
+from tests.support.wait import wait_until
 
 NODES = ("chat/0", "chat/1", "chat/2")
 FORGET_MS = 4_000  # the model forgets a node silent this long (production: 60 s)
@@ -49,8 +48,7 @@ def routings(records: list[Any]) -> list[RoutingDecision]:
 async def test_a_pool_without_telemetry_and_after_a_quiet_period_keeps_serving(
     kafka_env: Any, tmp_path: Path
 ) -> None:
-    if shutil.which("haproxy") is None:
-        pytest.fail("haproxy is not installed (.ci/run installs it from Debian: apt-get install haproxy)")
+    require_tool("haproxy")
     fe_port, log_port = free_port(), free_port(socket.SOCK_DGRAM)
     bmap = tmp_path / "backends.yaml"
     bmap.write_text(
@@ -85,12 +83,12 @@ async def test_a_pool_without_telemetry_and_after_a_quiet_period_keeps_serving(
             await asyncio.wait_for(daemon.ready.wait(), 60)
             # 1. No telemetry at all: the daemon knows the pool from HAProxy's log alone.
             driver = asyncio.create_task(_drive(fe_port, traffic, stop))
-            await _wait_for(lambda: len(traffic.seen) > 20, 30, "traffic through HAProxy")
+            await wait_until(lambda: len(traffic.seen) > 20, 30, "traffic through HAProxy")
             decided = daemon.stats.ticks_decided
-            await _wait_for(lambda: daemon.stats.ticks_decided >= decided + 6, 30, "six ticks of the pool")
+            await wait_until(lambda: daemon.stats.ticks_decided >= decided + 6, 30, "six ticks of the pool")
             assert traffic.failed == 0, f"{traffic.failed} calls failed: {actuator_log.read_text()[-1500:]}"
             served = len(traffic.seen)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # a window of traffic: every node must serve in it
             assert len(traffic.seen) > served + 20  # still serving, on every node
             assert {n for t, n in traffic.seen if t > clock.monotonic_s() - 1.5} == set(NODES)
 
@@ -98,7 +96,7 @@ async def test_a_pool_without_telemetry_and_after_a_quiet_period_keeps_serving(
             for _ in range(8):
                 now_ms = clock.wall_ms()
                 await send(prod, kafka_env, TELEMETRY, [telemetry(n, "chat", now_ms) for n in NODES], b"chat")
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # the nodes report every half second, as a scraper would
             state = await read_all(
                 kafka_env, STATE, until=lambda rs: any(sum(r.weights.values()) > 0 for r in routings(rs))
             )
@@ -116,7 +114,7 @@ async def test_a_pool_without_telemetry_and_after_a_quiet_period_keeps_serving(
             stop.clear()
             driver = asyncio.create_task(_drive(fe_port, traffic, stop))
             back = clock.monotonic_s()
-            await asyncio.sleep(3.0)
+            await asyncio.sleep(3.0)  # a window of traffic in which no call may fail
             assert traffic.failed == failed_before, (
                 f"{traffic.failed - failed_before} calls failed after the quiet period: "
                 f"{actuator_log.read_text()[-1500:]}"

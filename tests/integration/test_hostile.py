@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from fleetloop.daemon import clock, runtime
-from fleetloop.daemon import shard as shard_module
-from fleetloop.daemon.model import ModelConfig
+from fleetloop import clock
+from fleetloop.core import shard as shard_module
+from fleetloop.core.model import ModelConfig
+from fleetloop.daemon import runtime
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.daemon.runtime import SKIPPED_HEADER, Daemon, DaemonConfig
 from fleetloop.daemon.service.health import TaskDied

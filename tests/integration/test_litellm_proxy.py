@@ -152,7 +152,7 @@ async def test_litellm_proxy_follows_the_daemon_and_fails_static_when_it_goes(
             await send(
                 p, kafka_env, TICKS, [Tick(ts_ms=now, tick_id=tick_id, pool_id=POOL)], key=POOL.encode()
             )
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # one tick a second, traffic flowing meanwhile
 
     async def drive(api: openai.AsyncOpenAI, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -210,7 +210,7 @@ async def test_litellm_proxy_follows_the_daemon_and_fails_static_when_it_goes(
                 assert {o.node_id for o in errors} == {BAD}
                 # ... and the node leaves LiteLLM's picks (a tick to publish the routing, a beat for
                 # calls already placed), for the rest of the ejection (10 s, the policy's)
-                await asyncio.sleep(8.0)
+                await asyncio.sleep(8.0)  # a window of traffic in which no call may reach the node
                 out = records.nodes(opened + 2.0, opened + 8.0)
                 assert out, "no call completed while the breaker was open"
                 assert BAD not in out, out

@@ -10,32 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fleetloop.daemon.brokers import free_port
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY, TICKS
 from tests.support.kafka import producer, send
 from tests.support.policies import FOUNDATION_YAML
 from tests.support.records import outcome, telemetry, tick
 from tests.support.service import broker_args, fleetloop_run, total
+from tests.support.tools import require_tool
+
+pytestmark = pytest.mark.system  # headless Chromium
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 NODES = ("p/0", "p/1", "p/2")
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if path := shutil.which(name):
-            return path
-    raise AssertionError("no chromium on PATH: .ci/run installs Debian's chromium package")
-
-
-def _headless(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def _headless(chromium: str, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     argv = [
-        _chromium(),
+        chromium,
         "--headless",
         "--no-sandbox",
         "--disable-gpu",
@@ -50,6 +46,7 @@ def _headless(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_live_page_shows_what_the_daemon_decides(kafka_env: Any, tmp_path: Path) -> None:
+    chromium = require_tool("chromium")
     args = broker_args(
         kafka_env,
         "live",
@@ -76,11 +73,11 @@ async def test_live_page_shows_what_the_daemon_decides(kafka_env: Any, tmp_path:
             while total(await svc.metrics(), "fleetloop_ticks_total", outcome="decided") < 3:
                 await asyncio.sleep(0.3)
         state = (await svc.get("/api/state")).json()
-        dom = await asyncio.to_thread(_headless, svc.url + "/", "--dump-dom")
+        dom = await asyncio.to_thread(_headless, chromium, svc.url + "/", "--dump-dom")
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / f"live-page-{kafka_env.broker.kind}.png"
         shot.unlink(missing_ok=True)
-        taken = await asyncio.to_thread(_headless, svc.url + "/", f"--screenshot={shot}")
+        taken = await asyncio.to_thread(_headless, chromium, svc.url + "/", f"--screenshot={shot}")
     assert state["routing"]
     assert sorted(state["routing"][0]["weights"]) == list(NODES)
     assert state["kpi"], "one KPI sample per decided tick"

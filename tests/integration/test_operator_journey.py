@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fleetloop.daemon import clock
+from fleetloop import clock
 from fleetloop.daemon.brokers import local
 from fleetloop.daemon.replay.command import read_topic
 from fleetloop.edges.actuate.haproxy.mapping import parse_servers_state
@@ -39,6 +38,8 @@ from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.topics import DECISIONS, SHADOW
 from tests.support.journey import REPO, readme_lines
+from tests.support.tools import require_tool
+from tests.support.wait import wait_until_sync
 
 BIN = Path(sys.executable).parent
 README_PORTS = {"kafka": 9092, "http": 8080, "fleet": 8100, "haproxy": 8000, "log": 5514}
@@ -166,13 +167,6 @@ def _ok(done: subprocess.CompletedProcess[str], what: str) -> str:
     return done.stdout
 
 
-def _poll(check: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.5) -> None:
-    deadline = clock.monotonic_s() + timeout_s
-    while not check():
-        assert clock.monotonic_s() < deadline, f"not within {timeout_s:g} s: {what}"
-        time.sleep(every_s)
-
-
 def _decisions(bs: str, logical: str) -> list[Decision]:
     parts = asyncio.run(read_topic(bs, "", logical))
     return [Decision.model_validate_json(r.value) for rs in parts.values() for r in rs if r.value]
@@ -251,8 +245,10 @@ async def _haproxy_phases(fe: int, sock: Path) -> dict[str, Any]:
     return {"first": first, "after_quiet": after, "samples": len(seen), "all_maint_samples": len(emptied)}
 
 
+@pytest.mark.system  # the whole journey, its own broker, minutes
 @pytest.mark.timeout(600)
 def test_the_operator_journey_in_the_readme_runs_on_apache_kafka(tmp_path: Path) -> None:
+    require_tool("haproxy")
     ports = {
         "kafka": _free_tcp(2),
         "http": _free_tcp(),
@@ -289,7 +285,7 @@ def test_the_operator_journey_in_the_readme_runs_on_apache_kafka(tmp_path: Path)
             j.alive("daemon", "fleet", "scrape")
             return j.run("curl -fsS 127.0.0.1:8080/readyz").returncode == 0
 
-        _poll(ready, 120, "the daemon ready (/readyz 200)")
+        wait_until_sync(ready, 120, "the daemon ready (/readyz 200)", interval_s=0.5)
         j.alive("daemon", "fleet", "scrape")
 
         # Policy: status, apply, rollback.
@@ -304,19 +300,19 @@ def test_the_operator_journey_in_the_readme_runs_on_apache_kafka(tmp_path: Path)
         def decided_through(tick: int, logical: str = DECISIONS) -> Callable[[], bool]:
             return lambda: max((d.tick_id for d in _decisions(bs, logical)), default=0) >= tick
 
-        _poll(decided_through(t4 + 3), 30, f"ticks decided past v4's tick {t4}")
+        wait_until_sync(decided_through(t4 + 3), 30, f"ticks decided past v4's tick {t4}", interval_s=0.5)
         out = _ok(j.run("fleetloop policy rollback"), "policy rollback")
         assert "rolled back" in out, out
         assert "default v5" in out, out
         t5 = _tick_of(out)
-        _poll(decided_through(t5 + 3), 30, f"ticks decided past v5's tick {t5}")
+        wait_until_sync(decided_through(t5 + 3), 30, f"ticks decided past v5's tick {t5}", interval_s=0.5)
 
         # A shadow and its compare.
         _ok(j.run("sed -e 's/version: 3/version: 6/'"), "sed shadow")
         out = _ok(j.run("fleetloop policy apply shadow-v6.yaml"), "shadow apply")
         assert "shadow default v6" in out, out
         t6 = _tick_of(out)
-        _poll(decided_through(t6 + 8, SHADOW), 40, "eight ticks of the shadow")
+        wait_until_sync(decided_through(t6 + 8, SHADOW), 40, "eight ticks of the shadow", interval_s=0.5)
         compare_line = "fleetloop policy compare"
         cmp = json.loads(_ok(j.run(compare_line, extra=" --json"), "compare --json"))
         text = _ok(j.run(compare_line), "compare")
@@ -372,11 +368,12 @@ def test_the_operator_journey_in_the_readme_runs_on_apache_kafka(tmp_path: Path)
         # HAProxy in front of the same nodes, as pool `edge` (no telemetry ever), and the actuator.
         j.start("haproxy -f ", "haproxy")
         j.start("fleetloop actuate haproxy ", "actuate")
-        _poll((tmp_path / "admin.sock").exists, 30, "HAProxy's runtime API")
-        _poll(
+        wait_until_sync((tmp_path / "admin.sock").exists, 30, "HAProxy's runtime API", interval_s=0.5)
+        wait_until_sync(
             lambda: j.run("curl -fsS 127.0.0.1:8000/v1/chat/completions").returncode == 0,
             30,
             "a first call through HAProxy",
+            interval_s=0.5,
         )
         haproxy = asyncio.run(_haproxy_phases(ports["haproxy"], tmp_path / "admin.sock"))
         j.alive("daemon", "fleet", "scrape", "haproxy", "actuate")

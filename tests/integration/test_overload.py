@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetloop.daemon import clock
+from fleetloop import clock
+from fleetloop.core.shard import Shard
 from fleetloop.daemon.runtime import SKIPPED_FROM_HEADER, SKIPPED_HEADER, Daemon, DaemonConfig
-from fleetloop.daemon.shard import Shard
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.decisions import Decision
@@ -25,6 +25,8 @@ from tests.integration.test_restarts import (
     compare_with_an_uninterrupted_run,
     feeding,
 )
+
+pytestmark = pytest.mark.system  # a daemon held overloaded for half a minute
 
 LIMIT = 3  # overload_max_ticks
 SLOW_S = 0.3  # each shard's batch takes this long while slow: 4 shards, 1.2 s a 0.5 s boundary

@@ -20,6 +20,9 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from fleetloop.schemas.topics import DEADLETTER, POLICY, POLICY_ACTIVE
 from tests.integration.test_policy_lifecycle import _cli, _variant
 from tests.integration.test_restarts import Proc, _policy, _read, feeding
+from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.system  # a restart after the log cleaner ran
 
 FAST_COMPACTION = {
     "cleanup.policy": "compact",
@@ -62,12 +65,12 @@ async def test_a_restart_after_real_compaction_resumes_the_activated_policy(
             # An older document for the name, behind the CLI's back: refused by the daemon.
             raw_v1 = orjson.dumps(v1.document.model_dump(mode="json"))
             await p.send_and_wait(kafka_env.topic(POLICY), value=raw_v1, key=b"foundation")
-            async with asyncio.timeout(30):
-                while True:
-                    _, out, _ = await _cli(capsys, "policy", "status", *base, *group, "--json")
-                    if json.loads(out)["refused"] >= 1:
-                        break
-                    await asyncio.sleep(0.5)
+
+            async def refused() -> bool:
+                _, out, _ = await _cli(capsys, "policy", "status", *base, *group, "--json")
+                return bool(json.loads(out)["refused"] >= 1)
+
+            await wait_until(refused, 30, "the daemon to refuse v1", interval_s=0.5)
             # Keep rolling segments (a record of another name, which the daemon ignores) until the
             # cleaner has removed v2's document: the newest for the name is the refused v1.
             other = orjson.loads(raw_v1)
@@ -83,12 +86,12 @@ async def test_a_restart_after_real_compaction_resumes_the_activated_policy(
                     ]
                     if versions == [1]:
                         break
-                    await asyncio.sleep(2)
+                    await asyncio.sleep(2)  # the log cleaner runs on its own schedule
             assert await proc.kill9() == -signal.SIGKILL
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # an outage: ticks are missed, then caught up
             proc = Proc(kafka_env, v1_path, log)
             await proc.assigned()
-            await asyncio.sleep(3)
+            await asyncio.sleep(3)  # a window for a restart that forgot the refusal to refuse v1 again
             _, out, _ = await _cli(capsys, "policy", "status", *base, *group, "--json")
             status = json.loads(out)
             assert status["version"] == 2, status

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
 from fleetloop.schemas.topics import DEADLETTER, POLICY, POLICY_ACTIVE
 from tests.integration.test_restarts import (
@@ -26,6 +26,9 @@ from tests.integration.test_restarts import (
     compare_with_an_uninterrupted_run,
     feeding,
 )
+from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.system  # policy changes across a kill -9 restart
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -78,7 +81,7 @@ async def test_apply_refusals_restart_rollback_and_an_exact_replay_across_them(
     async with feeding(kafka_env):
         proc = Proc(kafka_env, v1_path, log)
         await proc.assigned()
-        await asyncio.sleep(2)
+        await asyncio.sleep(2)  # elapsed time: live ticks under v1
 
         code, out, err = await _cli(capsys, "policy", "apply", str(v2_path), *base, *group)
         assert code == 0, err
@@ -102,13 +105,12 @@ async def test_apply_refusals_restart_rollback_and_an_exact_replay_across_them(
             await p.send_and_wait(kafka_env.topic(POLICY), value=raw, key=b"foundation")
         finally:
             await p.stop()
-        async with asyncio.timeout(30):
-            while True:
-                code, out, _ = await _cli(capsys, "policy", "status", *base, *group, "--json")
-                status = json.loads(out)
-                if status["refused"] >= 1:
-                    break
-                await asyncio.sleep(0.5)
+
+        async def refused() -> dict[str, Any] | None:
+            status = json.loads((await _cli(capsys, "policy", "status", *base, *group, "--json"))[1])
+            return status if status["refused"] >= 1 else None
+
+        status = await wait_until(refused, 30, "the daemon to refuse v1", interval_s=0.5)
         assert status["version"] == 2, status
         assert status["refused"] == 1, status
         assert "not newer" in status["last_refusal"]
@@ -116,14 +118,14 @@ async def test_apply_refusals_restart_rollback_and_an_exact_replay_across_them(
         # kill -9 and restart: the last document written for the name is the refused v1; the
         # restart resumes v2 and does not dead-letter v1 again.
         assert await proc.kill9() == -signal.SIGKILL
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # an outage: ticks are missed, then caught up
         proc = Proc(kafka_env, v1_path, log)
         await proc.assigned()
         # Its start-up line names the policy in force (the resumed v2), not --policy's v1.
         started = [line for line in _json_lines(log) if line.get("event") == "daemon started"]
         assert [(s["policy"], s["version"]) for s in started] == [("foundation", 1), ("foundation", 2)]
         assert started[-1]["hash"] == load_policy(v2_path).stamp.hash
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # a window for a restart that forgot the refusal to refuse v1 again
         code, out, _ = await _cli(capsys, "policy", "status", *base, *group, "--json")
         assert json.loads(out)["version"] == 2, out
 
@@ -131,8 +133,8 @@ async def test_apply_refusals_restart_rollback_and_an_exact_replay_across_them(
         assert code == 0, err
         assert "v3" in out, out
         assert "active from tick" in out, out
-        await asyncio.sleep(3)
-    await asyncio.sleep(1.5)
+        await asyncio.sleep(3)  # elapsed time: live ticks under v3
+    await asyncio.sleep(1.5)  # elapsed time: the fleet's last records reach their ticks before the stop
     assert await proc.stop() == 0, log.read_text()[-3000:]
 
     letters = [r for rs in (await _read(kafka_env, DEADLETTER)).values() for r in rs]

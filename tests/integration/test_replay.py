@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetloop.daemon import clock
-from fleetloop.daemon.cli import main
+from fleetloop import clock
+from fleetloop.cli.main import main
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.policies.registry import load_policy
 from fleetloop.schemas import Tick

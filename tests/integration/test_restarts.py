@@ -28,15 +28,17 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
-from fleetloop.daemon import clock
+from fleetloop import clock
+from fleetloop.core.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.daemon.runtime import CUT_HEADER, SKIPPED_FROM_HEADER, SKIPPED_HEADER
-from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.policies.registry import CompiledPolicy, load_policy
 from fleetloop.schemas import Decision, RequestOutcome, Tick
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, SHADOW, TELEMETRY, TICKS
 from tests.support.policies import FOUNDATION_YAML
 from tests.support.records import outcome, telemetry, to_bytes
+
+pytestmark = pytest.mark.system  # kill -9 restarts and outages, minutes of live ticks
 
 FLEETLOOP = Path(sys.executable).parent / "fleetloop"
 TICK_MS = 500
@@ -401,13 +403,13 @@ async def test_kill_9_at_exact_points_and_restarts_leave_the_decisions_of_an_uni
         # Killed from outside at an arbitrary moment.
         proc = Proc(kafka_env, policy_path, log)
         await proc.assigned()
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(2.5)  # elapsed time: a few live ticks, then the kill lands mid-stream
         assert await proc.kill9() == -signal.SIGKILL
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.5)  # an outage: ticks are missed, then caught up
         final = Proc(kafka_env, policy_path, log)
         await final.assigned()
-        await asyncio.sleep(4)
-    await asyncio.sleep(1.5)
+        await asyncio.sleep(4)  # elapsed time: the catch-up, then live ticks (the check needs > 20)
+    await asyncio.sleep(1.5)  # elapsed time: the fleet's last records reach their ticks before the stop
     assert await final.stop() == 0, log.read_text()[-3000:]
     summary = final.summary()
     assert summary.get("ticks_caught_up", 0) > 0, summary  # the outage's boundaries were decided late
@@ -424,17 +426,17 @@ async def test_two_instances_one_killed_the_survivor_takes_over_exactly(
     async with feeding(kafka_env):
         a = Proc(kafka_env, policy_path, log_a)
         await a.assigned()
-        await asyncio.sleep(2)
+        await asyncio.sleep(2)  # elapsed time: a alone decides live ticks
         b = Proc(kafka_env, policy_path, log_b)
         await b.assigned()  # b joined: the partitions were split between the two
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # elapsed time: both decide their halves
         assert await b.kill9() == -signal.SIGKILL
         mark = log_a.stat().st_size
         async with asyncio.timeout(60):  # a notices (session timeout) and takes b's partitions
             while log_a.read_bytes()[mark:].count(b'"partitions assigned"') < 1:
                 await asyncio.sleep(0.2)
-        await asyncio.sleep(4)
-    await asyncio.sleep(1.5)
+        await asyncio.sleep(4)  # elapsed time: the survivor decides b's pools too
+    await asyncio.sleep(1.5)  # elapsed time: the fleet's last records reach their ticks before the stop
     assert await a.stop() == 0, log_a.read_text()[-3000:]
     assert '"kept": true' in log_a.read_text() or '"kept":true' in log_a.read_text(), (
         "the survivor should keep the partitions it already owned"
@@ -454,14 +456,14 @@ async def test_a_broker_outage_is_decided_on_recovery_from_the_recorded_inputs(
     async with feeding(kafka_env):
         proc = Proc(kafka_env, policy_path, log)
         await proc.assigned()
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # elapsed time: live ticks before the outage
         os.kill(pid, signal.SIGSTOP)
         try:
-            await asyncio.sleep(6)
+            await asyncio.sleep(6)  # the outage itself
         finally:
             os.kill(pid, signal.SIGCONT)
-        await asyncio.sleep(12)
-    await asyncio.sleep(1.5)
+        await asyncio.sleep(12)  # elapsed time: reconnect, catch up the outage's ticks, live ticks again
+    await asyncio.sleep(1.5)  # elapsed time: the fleet's last records reach their ticks before the stop
     assert await proc.stop() == 0, log.read_text()[-3000:]
     summary = proc.summary()
     assert summary.get("ticks_caught_up", 0) > 0, summary
@@ -491,7 +493,7 @@ async def test_an_outage_longer_than_the_catch_up_is_published_as_skipped_with_i
         stop = asyncio.Event()
         task = asyncio.create_task(daemon.run(stop))
         await asyncio.wait_for(daemon.ready.wait(), 60)
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)  # elapsed time: a run of live ticks
         stop.set()
         await asyncio.wait_for(task, 60)
         return daemon

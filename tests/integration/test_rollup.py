@@ -9,7 +9,7 @@ import contextlib
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from fleetloop.daemon.model.fleet import nano_usd
+from fleetloop.core.model.fleet import nano_usd
 from fleetloop.daemon.rollup.command import FLEET_KEY, run_rollup
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.decisions import Decision, FleetDecision

@@ -3,7 +3,6 @@ the publisher gets every outcome to fleet.requests, keyed by pool."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import numpy as np
@@ -16,6 +15,7 @@ from fleetloop.schemas.decisions import BreakerDecision, Decision, PolicyStamp, 
 from fleetloop.schemas.topics import REQUESTS, STATE, TELEMETRY
 from tests.support.kafka import producer, read_all, send
 from tests.support.records import outcome, telemetry
+from tests.support.wait import wait_until
 
 STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
 
@@ -44,12 +44,6 @@ def _pick(router: Router[Endpoint]) -> str:
 
     r = router.pick(("m",), 0, None, new_task=False, budget_ms=1000, now_s=clock.monotonic_s())
     return r.node.node_id if r.node is not None else f"none:{r.reason}"
-
-
-async def _until(cond: Any, timeout_s: float = 20.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not cond():
-            await asyncio.sleep(0.02)
 
 
 async def test_follower_catches_up_then_follows_and_survives_bad_records(kafka_env: Any) -> None:
@@ -94,11 +88,11 @@ async def test_follower_catches_up_then_follows_and_survives_bad_records(kafka_e
                 p, kafka_env, STATE, [_state(_routing({"p/2": 1.0}), 9, now_ms)], key=b"routing/pool/p"
             )
             st = router.state
-            await _until(lambda: st.ejected("p/0") and st.held.get("routing/pool/p") == 9)
+            await wait_until(lambda: st.ejected("p/0") and st.held.get("routing/pool/p") == 9)
             assert {_pick(router) for _ in range(20)} == {"p/2"}
             # endpoint load follows fleet.telemetry (the shed thresholds read it)
             await send(p, kafka_env, TELEMETRY, [telemetry("p/2", queue_depth=9, running_requests=4)])
-            await _until(lambda: eps["p/2"].queue_depth == 9)
+            await wait_until(lambda: eps["p/2"].queue_depth == 9)
             assert eps["p/2"].running == 4
         finally:
             await follower.stop()

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fleetloop.daemon import clock
+import pytest
+from fleetloop import clock
 from fleetloop.schemas.topics import DECISIONS, TELEMETRY, TICKS
 from tests.support.kafka import producer, read_all
 from tests.support.records import telemetry, tick, to_bytes
+
+pytestmark = pytest.mark.system  # one of two daemons killed, the group's session timeout in real time
 
 POOLS = tuple(f"pool-{i}" for i in range(8))
 NODES = {p: tuple(f"{p}/{j}" for j in range(3)) for p in POOLS}
@@ -31,7 +34,7 @@ RESUME_WITHIN_S = 15.0
 def _daemon(env: Any, name: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as f:
         return subprocess.Popen(
-            [sys.executable, "-m", "fleetloop.daemon.cli", "run",
+            [sys.executable, "-m", "fleetloop.cli.main", "run",
              "--bootstrap-servers", env.bootstrap_servers, "--topic-prefix", env.prefix,
              "--group-id", env.group("scale-out"), "--no-ticker"],
             stdout=f, stderr=subprocess.STDOUT,
@@ -88,7 +91,7 @@ async def test_pools_move_to_the_survivor_within_15_s_and_no_tick_is_decided_twi
             while clock.monotonic_s() < deadline:
                 k += 1
                 await second(k)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0)  # the fleet's records come one second of event time per second
                 if k % 5 == 0 and both_joined() and await decided_since(base + k - 3) == set(POOLS):
                     break
             else:
@@ -104,7 +107,7 @@ async def test_pools_move_to_the_survivor_within_15_s_and_no_tick_is_decided_twi
             while clock.monotonic_s() - killed_s < RESUME_WITHIN_S + 30.0:
                 k += 1
                 await second(k)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0)  # the fleet's records come one second of event time per second
                 resumed = await decided_since(killed_at_tick + 1)
                 if resumed == set(POOLS):
                     break

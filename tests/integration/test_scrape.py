@@ -52,7 +52,7 @@ async def test_scrape_publishes_good_targets_and_survives_bad_ones(kafka_env: An
     dead_port = free_port()
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fleetloop.daemon.cli", "scrape", "--runtime", "vllm",
+            sys.executable, "-m", "fleetloop.cli.main", "scrape", "--runtime", "vllm",
             "--pool", "chat", "--bootstrap-servers", kafka_env.bootstrap_servers,
             "--topic-prefix", kafka_env.prefix, "--interval-s", "0.3", "--duration-s", "4",
             "--gpu-type", "L40S", "--usd-per-h", "1.5", "--json",

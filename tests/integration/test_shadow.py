@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetloop.daemon.shard import Shadow
+from fleetloop.core.shard import Shadow
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, load_policy
 from fleetloop.schemas import Decision
 from fleetloop.schemas.topics import DECISIONS, POLICY_ACTIVE, SHADOW, STATE
@@ -26,6 +26,8 @@ from tests.integration.test_restarts import (
     compare_with_an_uninterrupted_run,
     feeding,
 )
+
+pytestmark = pytest.mark.system  # a kill -9 restart across a shadow's life
 
 
 def _shadow_doc(base: Path, tmp: Path, version: int) -> Path:
@@ -59,7 +61,7 @@ async def test_a_shadow_runs_beside_survives_a_restart_is_compared_and_removed_l
     async with feeding(kafka_env):
         proc = Proc(kafka_env, v1_path, log)
         await proc.assigned()
-        await asyncio.sleep(2)
+        await asyncio.sleep(2)  # elapsed time: live ticks under the enforcing policy alone
         code, out, err = await _cli(capsys, "policy", "status", *base, *group)
         assert code == 0, (out, err)
         assert "shadow: none" in out, (out, err)
@@ -77,14 +79,14 @@ async def test_a_shadow_runs_beside_survives_a_restart_is_compared_and_removed_l
         assert code == 2, (out, err)
         assert "not newer than the shadow in force v2" in err, (out, err)
         assert len(err.strip().splitlines()) == 1, err
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # elapsed time: shadow decisions before the kill
 
         # kill -9 and restart: the shadow is resumed from control.policy.active.
         assert await proc.kill9() == -signal.SIGKILL
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # an outage: ticks are missed, then caught up
         proc = Proc(kafka_env, v1_path, log)
         await proc.assigned()
-        await asyncio.sleep(4)
+        await asyncio.sleep(4)  # elapsed time: shadow decisions after the restart
         assert b'"shadow policy resumed"' in log.read_bytes(), log.read_text()[-3000:]
         code, out, _ = await _cli(capsys, "policy", "status", *base, *group)
         assert f"shadow: foundation v2  hash {shadow.stamp.hash}" in out, out
@@ -97,8 +99,8 @@ async def test_a_shadow_runs_beside_survives_a_restart_is_compared_and_removed_l
         code, out, err = await _cli(capsys, "policy", "remove-shadow", *base, *group)
         assert code == 2, (out, err)
         assert "runs no shadow policy" in err, (out, err)
-        await asyncio.sleep(2)
-    await asyncio.sleep(1.5)
+        await asyncio.sleep(2)  # elapsed time: enforced ticks after the removal
+    await asyncio.sleep(1.5)  # elapsed time: the fleet's last records reach their ticks before the stop
     assert await proc.stop() == 0, log.read_text()[-3000:]
 
     shadowed = _decisions(await _read(kafka_env, SHADOW))

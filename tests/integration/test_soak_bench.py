@@ -11,7 +11,10 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from fleetloop.daemon.brokers import ProcessBroker
+
+pytestmark = pytest.mark.system  # a benchmark (soak)
 
 RSS_CEILING_MIB = 1024.0  # issue 9's memory budget for a whole 10k-node fleet with 1M open workflows
 
@@ -20,7 +23,7 @@ async def test_soak_short_form_at_twice_the_measured_capacity(broker: ProcessBro
     argv = [
         sys.executable,
         "-m",
-        "fleetloop.daemon.cli",
+        "fleetloop.cli.main",
         "bench",
         "soak",
         "--bootstrap-servers",

@@ -11,11 +11,15 @@ import asyncio
 import signal
 from pathlib import Path
 
+import pytest
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.brokers.base import free_port
 from fleetloop.daemon.brokers.tansu import TANSU_CAPABILITIES, EmbeddedTansu, tansu_binary, tansu_command
-from fleetloop.schemas.topics import DECISIONS
-from tests.integration.test_restarts import Proc, _policy, _read, feeding
+from fleetloop.schemas.topics import CHECKPOINT, DECISIONS
+from tests.integration.test_restarts import Proc, _committed, _policy, _read, feeding
+from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.system  # a broker restarted under a running daemon
 
 
 class RestartableTansu(EmbeddedTansu):
@@ -60,18 +64,24 @@ async def test_a_restarted_empty_tansu_is_detected_and_the_daemon_starts_clean(t
         try:
             async with feeding(env):
                 await proc.assigned()
-                await asyncio.sleep(4)  # checkpoints and commits exist
+
+                async def checkpointed_and_committed() -> bool:
+                    committed = await _committed(env)
+                    return all(committed.values()) and bool((await _read(env, CHECKPOINT)).get(0))
+
+                await wait_until(
+                    checkpointed_and_committed, 60, "commits on every partition and a checkpoint"
+                )
             await asyncio.to_thread(broker.stop)
             await asyncio.to_thread(broker.start)  # empty, same port
             await ensure_topics(env.bootstrap_servers, env.prefix)  # the operator re-creates topics
             async with feeding(env):
-                async with asyncio.timeout(90):
-                    while True:
-                        decided = (await _read(env, DECISIONS)).get(0, [])
-                        if len(decided) > 50:
-                            break
-                        assert proc.p.poll() is None, log.read_text()[-3000:]
-                        await asyncio.sleep(1)
+
+                async def decided_again() -> bool:
+                    assert proc.p.poll() is None, log.read_text()[-3000:]
+                    return len((await _read(env, DECISIONS)).get(0, [])) > 50
+
+                await wait_until(decided_again, 90, "50 decisions after the restart", interval_s=1)
             text = log.read_text()
             lines = [line for line in text.splitlines() if "starting clean" in line]
             assert lines, text[-3000:]

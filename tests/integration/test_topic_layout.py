@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from fleetloop.cli.main import main
 from fleetloop.daemon.brokers import ProcessBroker, TopicLayoutError, delete_topics, ensure_topics, free_port
 from fleetloop.daemon.brokers.admin import create_topics, registry_topics
-from fleetloop.daemon.cli import main
 from fleetloop.router.publish import OutcomePublisher
 from fleetloop.schemas.topics import (
     DECISIONS,

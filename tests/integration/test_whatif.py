@@ -35,7 +35,7 @@ CLASSIC = str(REPO / "fleetloop/policies/baselines/classic.yaml")
 
 def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleetloop.daemon.cli", *args],
+        [sys.executable, "-m", "fleetloop.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -58,6 +58,7 @@ def _one_json(stdout: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.system  # the demo's whole failure window
 def test_whatif_over_the_demos_failure_window(broker: ProcessBroker, tmp_path: Path) -> None:
     bs = broker.bootstrap_servers
     demo_proc = _cli("demo", "--seconds", "25", "--json", "--bootstrap-servers", bs, timeout=300)

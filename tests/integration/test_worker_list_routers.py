@@ -4,7 +4,6 @@ and autoscale decisions add and remove workers, and a manual change is undone as
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import subprocess
@@ -29,6 +28,7 @@ from fleetloop.schemas.topics import STATE
 from tests.support.http import Handler, nodes
 from tests.support.kafka import producer
 from tests.support.vllm_router import start_sglang_router, start_vllm_router
+from tests.support.wait import wait_until
 
 STAMP = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
 
@@ -51,15 +51,6 @@ async def workers(n: int) -> AsyncIterator[list[str]]:
 
     async with nodes(n, answer) as ports:
         yield [f"http://127.0.0.1:{p}" for p in ports]
-
-
-async def _until(pred: Any, timeout_s: float, what: str) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not await pred():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
 async def _listed(client: httpx.AsyncClient, router: str) -> set[str]:
@@ -120,7 +111,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_router(
                     [
                         sys.executable,
                         "-m",
-                        "fleetloop.daemon.cli",
+                        "fleetloop.cli.main",
                         "actuate",
                         router,
                         "--url",
@@ -144,7 +135,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_router(
 
                 return check
 
-            await _until(await members({urls[0], urls[1]}), 60, "chat/1 added")
+            await wait_until(await members({urls[0], urls[1]}), 60, "chat/1 added")
             assert await answered_by(6) == {"chat/0", "chat/1"}
 
             # a breaker opens on chat/0: the worker leaves the router within two ticks
@@ -153,7 +144,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_router(
                 BreakerDecision(entity="chat/0", reason="r", pool_id="chat", node_id="chat/0", state="open"),
                 routing({"chat/0": 0.0, "chat/1": 1.0}),
             )
-            await _until(await members({urls[1]}), 2.0, "chat/0 removed")
+            await wait_until(await members({urls[1]}), 2.0, "chat/0 removed")
             removed_after_s = clock.monotonic_s() - t0
             assert await answered_by(6) == {"chat/1"}
 
@@ -165,7 +156,7 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_router(
                 ),
                 routing({"chat/0": 0.3, "chat/1": 0.4, "chat/2": 0.3}),
             )
-            await _until(await members(set(urls)), 10, "chat/0 and chat/2 added")
+            await wait_until(await members(set(urls)), 10, "chat/0 and chat/2 added")
             assert await answered_by(9) == {"chat/0", "chat/1", "chat/2"}
 
             # scale down: chat/1 on the drain list leaves
@@ -180,16 +171,16 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_router(
                     drain=("chat/1",),
                 ),
             )
-            await _until(await members({urls[0], urls[2]}), 10, "chat/1 drained")
+            await wait_until(await members({urls[0], urls[2]}), 10, "chat/1 drained")
 
             # drift: someone adds chat/1 back by hand; the actuator removes it again and says so
             await _add_by_hand(client, router, urls[1])
-            await _until(await members({urls[0], urls[2]}), 10, "drift undone")
+            await wait_until(await members({urls[0], urls[2]}), 10, "drift undone")
 
             async def drift_logged() -> bool:
                 return "drift:" in log_path.read_text()
 
-            await _until(drift_logged, 5, "drift line")
+            await wait_until(drift_logged, 5, "drift line")
         finally:
             await client.aclose()
             if act is not None:

@@ -3,7 +3,7 @@ the anchors' defaults, and the envelope opened so that Envoy's and Kubernetes' o
 
 from __future__ import annotations
 
-from fleetloop.daemon.decide.engine import EngineState, decide, envelope_of
+from fleetloop.core.decide.engine import EngineState, decide, envelope_of
 from fleetloop.policies.autoscale.hpa import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, HpaParams
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.breaker.envoy_outlier import EnvoyOutlierParams

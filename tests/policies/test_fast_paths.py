@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from fleetloop.daemon.checkpoint import CheckpointError, decode, encode
-from fleetloop.daemon.decide.engine import Engine
+from fleetloop.core.checkpoint import CheckpointError, decode, encode
+from fleetloop.core.decide.engine import Engine
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.breaker.latency_outlier import (
     SIGNALS,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from fleetloop.daemon.decide.engine import Engine
+from fleetloop.core.decide.engine import Engine
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, compile_policy, parse_document
 from fleetloop.schemas import BreakerDecision, Tick

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fleetloop.daemon.decide import engine
-from fleetloop.daemon.decide.engine import EngineState, decide
+from fleetloop.core.decide import engine
+from fleetloop.core.decide.engine import EngineState, decide
 from fleetloop.policies.admission.slo_aware import SloAware, SloAwareParams
 from fleetloop.policies.autoscale.predictive import SloPredictive, SloPredictiveParams
 from fleetloop.policies.base import FleetSnapshot, NodeView
@@ -636,8 +636,8 @@ def test_ratio_publishes_the_exemptions_unless_turned_off() -> None:
 
 
 def test_model_counts_tasks_ended_and_lost_on_a_pool_not_those_we_shed() -> None:
-    from fleetloop.daemon.model import FleetModel, apply
-    from fleetloop.daemon.model import snapshot as model_snapshot
+    from fleetloop.core.model import FleetModel, apply
+    from fleetloop.core.model import snapshot as model_snapshot
     from tests.support.records import outcome, telemetry
 
     t0 = 1_700_000_000_000
@@ -662,8 +662,8 @@ def test_model_counts_tasks_ended_and_lost_on_a_pool_not_those_we_shed() -> None
 def test_model_splits_the_workflow_ledger_by_pool() -> None:
     """Per pool: open tasks that called it, tasks that first called it, those of them that ended
     (wherever their final call was), and failed tasks whose final call was here, sheds included."""
-    from fleetloop.daemon.model import FleetModel, apply
-    from fleetloop.daemon.model import snapshot as model_snapshot
+    from fleetloop.core.model import FleetModel, apply
+    from fleetloop.core.model import snapshot as model_snapshot
     from tests.support.records import outcome, telemetry
 
     t0 = 1_700_000_000_000

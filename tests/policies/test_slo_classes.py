@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fleetloop.daemon.model import FleetModel, apply
-from fleetloop.daemon.model import snapshot as model_snapshot
+from fleetloop.core.model import FleetModel, apply
+from fleetloop.core.model import snapshot as model_snapshot
 from fleetloop.policies.prefill import prefill_ms
 from fleetloop.policies.registry import PolicyError, builtin_policy, compile_policy, parse_document
 from fleetloop.policies.slo import Slo, SloBook

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_bad_input_is_one_line_exit_2(
 def test_the_readme_s_command_table_lists_every_actuator() -> None:
     import re
 
-    from fleetloop.daemon.cli import build_parser
+    from fleetloop.cli.main import build_parser
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme[readme.index("## Commands") : readme.index("## How it works")]

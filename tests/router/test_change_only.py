@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fleetloop.core.decide.engine import EngineState, decide
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.decide.engine import EngineState, decide
 from fleetloop.policies.base import FleetSnapshot, PolicyContext
 from fleetloop.policies.breaker.emission import (
     KEYFRAME_TICKS,

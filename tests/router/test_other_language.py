@@ -3,16 +3,15 @@ Python library picks, given the same control.state records and the same random d
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
-import pytest
 from fleetloop.router import Endpoint, Router
 from fleetloop.schemas.decisions import BreakerDecision, Decision, PolicyStamp, RoutingDecision
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 ENFORCE = PolicyStamp(name="default", version=3, hash="0123456789abcdef", mode="enforce")
@@ -54,9 +53,7 @@ def _records() -> list[Decision]:
 
 
 def test_javascript_router_picks_what_the_library_picks() -> None:
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not installed (.ci/run installs Debian's nodejs for this example)")
+    node = require_tool("node")
     records = _records()
     rng = np.random.default_rng(11)
     picks = [

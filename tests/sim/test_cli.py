@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from tests.sim.conftest import small_scenario_dict
 
 KEYS = {

@@ -16,6 +16,8 @@ import orjson
 import pytest
 from fleetloop.sim.table import DEFAULT_POLICY, run_one
 
+pytestmark = pytest.mark.system  # simulator runs against the committed tables
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 SPECS = {

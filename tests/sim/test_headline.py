@@ -20,7 +20,7 @@ from fleetloop.sim.scenario import load_scenario
 from fleetloop.sim.table import timed_out
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 @cache

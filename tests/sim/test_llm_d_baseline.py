@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.sim.fleet import FleetSim
 from fleetloop.sim.runner import EPOCH_MS
 from fleetloop.sim.scenario import Scenario

@@ -33,7 +33,7 @@ def test_the_example_is_the_default_plus_one_floor() -> None:
     assert example == shipped
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_floor_meets_burst_a100_2x_on_five_seeds() -> None:
     committed = orjson.loads((ROOT / "bench" / "results" / "sim-stress.json").read_bytes())["rows"]
     sha = scenario_sha(SCENARIO)

@@ -23,7 +23,7 @@ def _policies() -> list[str]:
     return [*out, "default"]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("policy", _policies())
 def test_a_shipped_scenario_runs_to_completion(policy: str) -> None:
     sc = load_scenario(ROOT / "scenarios" / "host-loss-mid-decode.yaml")

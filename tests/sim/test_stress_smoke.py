@@ -10,7 +10,7 @@ from fleetloop.sim.suite import suite_jobs, suite_markdown, suite_targets
 from fleetloop.sim.table import DEFAULT_POLICY, run_one
 
 STRESS = Path(__file__).resolve().parents[2] / "scenarios" / "stress"
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 # The idle pool that long prompts used to grow to its maximum, and a fast-error black hole.
 SMOKE = ("long-prompt-light-load", "black-hole-node")

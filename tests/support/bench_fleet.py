@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
+from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot
 
 

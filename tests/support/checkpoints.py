@@ -1,5 +1,5 @@
 """Checkpoints as another build wrote them: a state class's field removed (or renamed) in a decoded
-checkpoint tree (``{"classes": ..., "v": ...}``, :mod:`fleetloop.daemon.checkpoint`'s format 2)."""
+checkpoint tree (``{"classes": ..., "v": ...}``, :mod:`fleetloop.core.checkpoint`'s format 2)."""
 
 from __future__ import annotations
 

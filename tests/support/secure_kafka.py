@@ -25,6 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from fleetloop.clock import wall_ms
 from fleetloop.daemon.brokers.apache import (
     ApacheKafka,
     format_storage,
@@ -33,7 +34,6 @@ from fleetloop.daemon.brokers.apache import (
     render_properties,
 )
 from fleetloop.daemon.brokers.base import free_ports
-from fleetloop.daemon.clock import wall_ms
 
 HERE: Final = Path(__file__).resolve().parent
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.user_input import MAX_INPUT_BYTES, UserInputError, read_text
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from fleetloop.daemon.decide.engine import Engine, EngineState, decide, pool_is_silent
-from fleetloop.daemon.model import FleetModel, ModelConfig, apply, snapshot
+from fleetloop.core.decide.engine import Engine, EngineState, decide, pool_is_silent
+from fleetloop.core.model import FleetModel, ModelConfig, apply, snapshot
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import AutoscaleDecision, Tick

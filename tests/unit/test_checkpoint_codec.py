@@ -20,11 +20,11 @@ import numpy as np
 import orjson
 import pytest
 from fleetloop.bench.checkpoint import build
-from fleetloop.daemon import checkpoint
-from fleetloop.daemon.checkpoint import CheckpointError, decode, encode, encode_plain
-from fleetloop.daemon.decide.engine import Engine, EngineState, envelope_of
-from fleetloop.daemon.model.fleet import FleetModel, apply, snapshot
-from fleetloop.daemon.shard import Shard
+from fleetloop.core import checkpoint
+from fleetloop.core.checkpoint import CheckpointError, decode, encode, encode_plain
+from fleetloop.core.decide.engine import Engine, EngineState, envelope_of
+from fleetloop.core.model.fleet import FleetModel, apply, snapshot
+from fleetloop.core.shard import Shard
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import Tick
 from fleetloop.sim.fleet import FleetSim
@@ -307,7 +307,7 @@ FORGED = [
     (v2({"$o": "os:system", "f": []}, {"os:system": []}), "not a fleetloop state class"),
     (v2({"$o": "builtins:eval", "f": ["1"]}, {"builtins:eval": ["x"]}), "not a fleetloop state class"),
     (
-        v2({"$o": "fleetloop.daemon.clock:monotonic_s", "f": []}, {"fleetloop.daemon.clock:monotonic_s": []}),
+        v2({"$o": "fleetloop.clock:monotonic_s", "f": []}, {"fleetloop.clock:monotonic_s": []}),
         "not a class",
     ),
     (
@@ -315,27 +315,27 @@ FORGED = [
         "not a state class",
     ),
     (
-        v2({"$o": "fleetloop.daemon.model.windows:Window", "f": [{}, 3]}),
+        v2({"$o": "fleetloop.core.model.windows:Window", "f": [{}, 3]}),
         "not in the checkpoint's class table",
     ),
     (
         v2(
-            {"$o": "fleetloop.daemon.model.windows:Window", "f": [{}]},
-            {"fleetloop.daemon.model.windows:Window": ["buckets", "width"]},
+            {"$o": "fleetloop.core.model.windows:Window", "f": [{}]},
+            {"fleetloop.core.model.windows:Window": ["buckets", "width"]},
         ),
         "2 fields named",
     ),
     (
         v2(
-            {"$o": "fleetloop.daemon.model.windows:Window", "f": [{"$m": [], "v": []}, 3, 4]},
-            {"fleetloop.daemon.model.windows:Window": ["buckets", "width", "x"]},
+            {"$o": "fleetloop.core.model.windows:Window", "f": [{"$m": [], "v": []}, 3, 4]},
+            {"fleetloop.core.model.windows:Window": ["buckets", "width", "x"]},
         ),
         "fields changed",
     ),
     (
         v2(
-            {"$o": "fleetloop.daemon.model.windows:Window", "f": []},
-            {"fleetloop.daemon.model.windows:Window": "buckets"},
+            {"$o": "fleetloop.core.model.windows:Window", "f": []},
+            {"fleetloop.core.model.windows:Window": "buckets"},
         ),
         "bad field list",
     ),
@@ -401,7 +401,7 @@ def test_a_format_1_checkpoint_still_decodes() -> None:
                 [
                     "win",
                     {
-                        "$o": "fleetloop.daemon.model.windows:Window",
+                        "$o": "fleetloop.core.model.windows:Window",
                         "f": {"buckets": {"$m": [[5, [1.0, {"$f": "nan"}]]]}, "width": 2},
                     },
                 ],

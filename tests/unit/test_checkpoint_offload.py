@@ -7,9 +7,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from fleetloop.daemon import checkpoint, offload
-from fleetloop.daemon.model.fleet import FleetModel
-from fleetloop.daemon.shard import Row, Shard
+from fleetloop.core import checkpoint
+from fleetloop.core.model.fleet import FleetModel
+from fleetloop.core.shard import Row, Shard
+from fleetloop.daemon import offload
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY
@@ -102,7 +103,7 @@ def test_the_gap_keeps_checkpointing_near_its_cpu_share(
 async def test_a_costly_checkpoint_stretches_the_next_gap(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Daemon._checkpoint``: a shard is written again only once the gap the last checkpoint's CPU
     set has passed; the CPU is counted in the stats."""
-    from fleetloop.daemon import clock
+    from fleetloop import clock
     from fleetloop.daemon.runtime import Daemon, DaemonConfig
 
     now = [1000.0]

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
+from fleetloop import clock
 from fleetloop.bench import latency, sizing, stack
-from fleetloop.daemon import clock
 from fleetloop.daemon.children import die_with_parent
 
 # The parent starts a child the way the bench starts its daemons, prints the child's pid, waits.

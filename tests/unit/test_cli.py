@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 import pytest
-from fleetloop.daemon.cli import build_parser, main
+from fleetloop.cli.main import build_parser, main
 from fleetloop.policies.registry import builtin_policy
 from tests.support.policies import FOUNDATION_YAML
 

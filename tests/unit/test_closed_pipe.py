@@ -36,11 +36,11 @@ def test_a_broken_pipe_that_is_not_stdout_s_is_not_hidden() -> None:
     with stdout still read, it is not turned into a quiet exit."""
     script = (
         "import sys\n"
-        "import fleetloop.daemon.commands as commands\n"
+        "import fleetloop.cli.commands as commands\n"
         "def hung_up(args):\n"
         "    raise BrokenPipeError(32, 'Broken pipe')\n"
         "commands.cmd_policy_validate = hung_up\n"
-        "from fleetloop.daemon.cli import main\n"
+        "from fleetloop.cli.main import main\n"
         f"sys.exit(main(['policy', 'validate', {str(FOUNDATION_YAML)!r}]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

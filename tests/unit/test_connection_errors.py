@@ -7,19 +7,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.daemon.cli_common import held_client_logs
 from fleetloop.kafka_security import error_text
 from tests.support.http import free_port, nodes
 from tests.support.policies import FOUNDATION_YAML
 from tests.support.service import FLEETLOOP
+from tests.support.tools import require_tool
 from tests.support.vllm_router import start_vllm_router
 
 REFUSED = "127.0.0.1:1"  # nothing listens: connection refused at once, no broker needed
@@ -169,8 +169,7 @@ async def _cli_async(*args: str) -> subprocess.CompletedProcess[str]:
 async def test_actuate_haproxy_with_an_unreachable_broker_is_one_line(tmp_path: Path) -> None:
     """Its consumer was started outside the try that stops it: the one line came with two more
     (``Unclosed AIOKafkaConsumer`` and the consumer's repr)."""
-    if shutil.which("haproxy") is None:
-        pytest.skip("haproxy is not installed (.ci/run installs it: apt-get install haproxy)")
+    require_tool("haproxy")
     sock = tmp_path / "admin.sock"
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fleetloop.core.decide.engine import Engine, EngineState, TickResult, decide, decide_many
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.decide.engine import Engine, EngineState, TickResult, decide, decide_many
 from fleetloop.policies.base import FleetSnapshot, PolicyContext, PolicyResult
 from fleetloop.policies.registry import CompiledPolicy, Section, builtin_policy, compile_policy
 from fleetloop.schemas import Tick

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fleetloop.core.shard import INPUTS, Row, Shard
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.shard import INPUTS, Row, Shard
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY

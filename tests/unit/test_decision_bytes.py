@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fleetloop.core.decide.engine import EngineState, decide_many
 from fleetloop.daemon.act import publish
 from fleetloop.daemon.act.publish import decision_bytes, decision_bytes_plain
-from fleetloop.daemon.decide.engine import EngineState, decide_many
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.base import assemble

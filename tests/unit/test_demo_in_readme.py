@@ -1,5 +1,5 @@
 """README's `make demo` sample names the policy the demo runs: the shipped default's version and
-hash, as ``fleetloop demo`` prints them (fleetloop/daemon/demo.py), so a retuned default cannot
+hash, as ``fleetloop demo`` prints them (fleetloop/demo/demo.py), so a retuned default cannot
 leave the sample behind."""
 
 from __future__ import annotations

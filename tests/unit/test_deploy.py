@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fleetloop.daemon.cli import build_parser
+from fleetloop.cli.main import build_parser
 from fleetloop.daemon.service.settings import env_name, walk
 from tests.support.service import EXPORTED_METRICS
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 import pytest
-from fleetloop.daemon import checkpoint
-from fleetloop.daemon.model import FleetModel, apply, snapshot
-from fleetloop.daemon.model.fleet import fold_plain, snapshot_plain
+from fleetloop.core import checkpoint
+from fleetloop.core.model import FleetModel, apply, snapshot
+from fleetloop.core.model.fleet import fold_plain, snapshot_plain
 from fleetloop.schemas import RequestOutcome
 from fleetloop.schemas.fast import OUTCOME_TWIN
 from fleetloop.schemas.requests import diverted_copy
@@ -136,7 +136,7 @@ def _without_field(data: bytes, cls: str, name: str) -> bytes:
 
 def test_a_checkpoint_from_before_the_field_restores_with_an_empty_window() -> None:
     model = fleet(*(moved(T + 1_000 + k, k) for k in range(3)))
-    old = _without_field(checkpoint.encode(model), "fleetloop.daemon.model.fleet:_Pool", "diverted")
+    old = _without_field(checkpoint.encode(model), "fleetloop.core.model.fleet:_Pool", "diverted")
     back = checkpoint.decode(old)
     assert isinstance(back, FleetModel)
     assert back.pools["big"].diverted.buckets == {}

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from fleetloop.core.decide.engine import Engine, EngineState, TickResult, decide
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.decide.engine import Engine, EngineState, TickResult, decide
 from fleetloop.policies.base import FleetSnapshot, NodeView
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, parse_document
 from fleetloop.schemas import (
@@ -442,7 +442,7 @@ def test_other_pools_state_is_kept() -> None:
 
 
 def test_outstanding_work_limits_get_the_same_floor() -> None:
-    from fleetloop.daemon.decide.engine import _shape_admission
+    from fleetloop.core.decide.engine import _shape_admission
     from fleetloop.policies.envelope import Envelope
 
     d = AdmissionDecision(
@@ -465,7 +465,7 @@ def test_the_fast_admission_shaping_is_the_statement() -> None:
     order, priorities of two digits and below zero, values below and above the floors, huge, and
     of other types the schema's ints admit when a body is built without validation (``True``,
     ``1.0``: never read from an ``int`` table's entry)."""
-    from fleetloop.daemon.decide.engine import _shape_admission, _shape_admission_fast
+    from fleetloop.core.decide.engine import _shape_admission, _shape_admission_fast
     from fleetloop.policies.envelope import Envelope
 
     tables: list[dict[str, Any]] = [

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 import orjson
 import pytest
-from fleetloop.daemon import checkpoint
-from fleetloop.daemon.model.fleet import FleetModel, snapshot
+from fleetloop.core import checkpoint
+from fleetloop.core.model.fleet import FleetModel, snapshot
 from fleetloop.daemon.observe.decode import DeadLetter, Door, decode_batch, decode_fast, reason_of
 from fleetloop.schemas import fast
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, Twin, twin_struct

@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 import pytest
+from fleetloop.core.shard import Row
 from fleetloop.daemon.observe.decode import DeadLetter, Door, decode_batch, decode_fast, decode_rows
-from fleetloop.daemon.shard import Row
 from fleetloop.schemas.fast import MEMO_MAX, OUTCOME_TWIN, TELEMETRY_TWIN, Twin
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry

@@ -1,4 +1,4 @@
-"""The columnar snapshot (:func:`fleetloop.daemon.model.fleet.snapshot`: a ``NodeTable`` of rows, every
+"""The columnar snapshot (:func:`fleetloop.core.model.fleet.snapshot`: a ``NodeTable`` of rows, every
 window summed for all nodes and pools at once, bucket arrays kept between snapshots) equals the plain
 one (:func:`snapshot_plain`: a view per node, each window summed on its own), bit for bit: every
 view's every field (value, type, float bits), every pool, tenant and the ledger, the iteration order,
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 import tests.support.perturbed as perturbed
-from fleetloop.daemon import checkpoint
-from fleetloop.daemon.model import fleet as fm
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot, snapshot_plain
+from fleetloop.core import checkpoint
+from fleetloop.core.model import fleet as fm
+from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot, snapshot_plain
 from fleetloop.policies.base import FleetSnapshot, NodeView
 from fleetloop.policies.columns import FleetColumns, NodeTable, fleet_columns
 from hypothesis import HealthCheck, given, settings

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleetloop.bench.fleetgen import make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon import checkpoint
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, fold_plain
+from fleetloop.core import checkpoint
+from fleetloop.core.model.fleet import FleetModel, ModelConfig, fold_plain
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, OutcomeRec, TelemetryRec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from fleetloop import clock
 from fleetloop.bench.fleetgen import BASE_TS_MS
-from fleetloop.daemon import checkpoint, clock
+from fleetloop.core import checkpoint
+from fleetloop.core.model.fleet import ModelConfig
+from fleetloop.core.shard import INPUTS, Row, Shard
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.model.fleet import ModelConfig
-from fleetloop.daemon.shard import INPUTS, Row, Shard
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY

@@ -21,10 +21,10 @@ import numpy as np
 import orjson
 import pytest
 import yaml
+from fleetloop.core.shard import INPUTS, Row, Shard
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.daemon.observe.decode import Door, decode_batch
 from fleetloop.daemon.replay.replay import group_ticks, replay_ticks
-from fleetloop.daemon.shard import INPUTS, Row, Shard
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, parse_document
 from fleetloop.schemas import Decision, NodeTelemetry, RequestOutcome, Tick
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY

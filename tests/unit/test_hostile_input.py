@@ -9,9 +9,9 @@ from typing import Any
 
 import orjson
 import pytest
+from fleetloop.core.model import FleetModel
+from fleetloop.core.model.fleet import NANO, nano_usd
 from fleetloop.daemon.act.publish import MAX_DEAD_LETTER_COPY, MAX_DEAD_LETTER_KEY, dead_letter_record
-from fleetloop.daemon.model import FleetModel
-from fleetloop.daemon.model.fleet import NANO, nano_usd
 from fleetloop.daemon.observe.decode import DeadLetter, Door, decode_batch, digest
 from fleetloop.schemas import NodeTelemetry, RequestOutcome, Tick
 from fleetloop.schemas.export import rendered
@@ -268,7 +268,7 @@ def test_any_bytes_become_a_model_or_a_dead_letter_and_folding_never_raises(
             model.fold_telemetry(item)
         elif isinstance(item, RequestOutcome):
             model.fold_outcome(item)
-    from fleetloop.daemon.model import snapshot
+    from fleetloop.core.model import snapshot
 
     snapshot(model, NOW)  # and what was folded can be read back
 
@@ -297,7 +297,7 @@ def test_orjson_refuses_what_the_decoder_refuses() -> None:
 def test_run_refuses_a_bad_door_flag_in_one_line(
     flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fleetloop.daemon.cli import main
+    from fleetloop.cli.main import main
 
     assert main(["run", "--bootstrap-servers", "127.0.0.1:1", *flags]) == 2
     err = capsys.readouterr().err
@@ -306,7 +306,7 @@ def test_run_refuses_a_bad_door_flag_in_one_line(
 
 
 def test_the_door_flags_make_the_door() -> None:
-    from fleetloop.daemon.commands import door_from
+    from fleetloop.cli.commands import door_from
 
     assert door_from("600,30", 131072) == Door()
     assert door_from("off", 4096) == Door(4096, None, None)

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
+from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.columns import _TEL_NUMBERS, NodeTable
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN
 from tests.unit.test_column_read import outcome
@@ -186,7 +186,7 @@ def test_a_snapshot_keeps_its_numbers_while_the_model_folds_on() -> None:
 
 
 def _count_reads(monkeypatch: Any) -> list[tuple[int, int]]:
-    from fleetloop.daemon.model import windows
+    from fleetloop.core.model import windows
 
     reads: list[tuple[int, int]] = []
     real = windows.WindowColumns._read
@@ -200,7 +200,7 @@ def _count_reads(monkeypatch: Any) -> list[tuple[int, int]]:
 
 
 def test_the_tick_reads_no_node_bucket_whole_once_the_folds_keep_them(monkeypatch: Any) -> None:
-    from fleetloop.daemon.model.fleet import snapshot_plain
+    from fleetloop.core.model.fleet import snapshot_plain
     from tests.unit.test_fast_snapshot import assert_same
 
     reads = _count_reads(monkeypatch)

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from fleetloop.daemon.cli import COMMANDS, build_parser, main
+from fleetloop.cli.main import COMMANDS, build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
 # What a subcommand brings in; none of it is needed to list the subcommands.
 HEAVY = (
-    "fleetloop.daemon.commands",
+    "fleetloop.cli.commands",
     "fleetloop.daemon.runtime",
     "fleetloop.daemon.replay",
     "fleetloop.policies.registry",
@@ -37,7 +37,7 @@ def modules_after(*words: str) -> set[str]:
     """The modules a fresh interpreter has loaded after ``fleetloop words`` (which exit through --help)."""
     script = (
         "import json, sys\n"
-        "from fleetloop.daemon.cli import main\n"
+        "from fleetloop.cli.main import main\n"
         "try:\n"
         f"    main({list(words)!r})\n"
         "except SystemExit:\n"
@@ -69,7 +69,7 @@ def test_the_top_level_help_loads_no_subcommand() -> None:
 def test_a_subcommand_loads_its_own_modules_only() -> None:
     modules = modules_after("sim", "--help")
     assert loaded(modules, "fleetloop.sim.command")
-    others = ("fleetloop.daemon.commands", "fleetloop.daemon.runtime", "fleetloop.bench", "fleetloop.edges")
+    others = ("fleetloop.cli.commands", "fleetloop.daemon.runtime", "fleetloop.bench", "fleetloop.edges")
     assert [m for m in others if loaded(modules, m)] == []
 
 

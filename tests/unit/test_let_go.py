@@ -14,9 +14,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from fleetloop import clock
 from fleetloop.bench.fleetgen import make_fleet, outcomes_at, telemetry_at
-from fleetloop.daemon import checkpoint, clock
-from fleetloop.daemon.model.fleet import GAP_EDGES_MS, FleetModel, ModelConfig, _Pool, _Workflow
+from fleetloop.core import checkpoint
+from fleetloop.core.model.fleet import GAP_EDGES_MS, FleetModel, ModelConfig, _Pool, _Workflow
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

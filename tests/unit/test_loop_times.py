@@ -4,7 +4,8 @@ wall time, and of it the time the loop's thread ran and was runnable but not run
 from __future__ import annotations
 
 import pytest
-from fleetloop.daemon import clock, runtime
+from fleetloop import clock
+from fleetloop.daemon import runtime
 from fleetloop.daemon.runtime import LoopTimes
 
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from fleetloop.daemon.model import FleetModel, ModelConfig, apply, snapshot
-from fleetloop.daemon.model.windows import LAT_EDGES_MS, lat_bin
+from fleetloop.core.model import FleetModel, ModelConfig, apply, snapshot
+from fleetloop.core.model.windows import LAT_EDGES_MS, lat_bin
 from fleetloop.schemas import NodeTelemetry, RequestOutcome
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
@@ -492,7 +492,7 @@ def test_snapshot_node_views_equal_the_keyword_built_views(
 ) -> None:
     """The snapshot builds each node's view by setting its slots (a fast path); it must equal, field
     for field and in type, the view built with keywords from the same node."""
-    from fleetloop.daemon.model import fleet as fm
+    from fleetloop.core.model import fleet as fm
 
     records: list[Record] = [
         telemetry(n, ts_ms=T + 3_000, tbt_p50_ms=tbt, weights_state=weights_state, draining=draining)
@@ -528,8 +528,8 @@ def test_node_window_sum_unrolled_is_the_window_total(
 ) -> None:
     """The snapshot's unrolled 8-column sum equals ``Window.total`` bit for bit (float sums depend
     on their order; both add bucket by ascending bucket, from 0.0), however long the window."""
-    from fleetloop.daemon.model.fleet import node_totals
-    from fleetloop.daemon.model.windows import Window
+    from fleetloop.core.model.fleet import node_totals
+    from fleetloop.core.model.windows import Window
 
     win = Window(8)
     for b, row in buckets.items():
@@ -540,7 +540,7 @@ def test_node_window_sum_unrolled_is_the_window_total(
 
 
 def test_the_handoff_horizon_is_learned_from_the_gaps_between_a_tasks_calls() -> None:
-    from fleetloop.daemon.model.fleet import GAP_EDGES_MS, handoff_horizon_ms
+    from fleetloop.core.model.fleet import GAP_EDGES_MS, handoff_horizon_ms
 
     config = ModelConfig(abandon_workflow_after_ms=120_000, min_handoff_ms=10_000)
     gaps = [0] * (len(GAP_EDGES_MS) + 1)

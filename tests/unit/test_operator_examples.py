@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from fleetloop.daemon.cli import build_parser
+from fleetloop.cli.main import build_parser
 from fleetloop.edges.actuate.haproxy.actuator import load_backend_map
 from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET, HAPROXY_STREAMING_DEFAULTS
 from fleetloop.sim.scenario import load_scenario

@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 import pytest
 from fleetloop.bench.fleetgen import make_fleet, telemetry_at
+from fleetloop.core.shard import INPUTS, Row, Shard
 from fleetloop.daemon.runtime import (
     SKIPPED_FROM_HEADER,
     SKIPPED_HEADER,
@@ -21,7 +22,6 @@ from fleetloop.daemon.runtime import (
     DaemonConfig,
     overload_step,
 )
-from fleetloop.daemon.shard import INPUTS, Row, Shard
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import TELEMETRY, TICKS
@@ -400,7 +400,7 @@ async def test_the_ticker_publishes_held_back_ticks_when_woken_not_at_the_next_b
     """The ticker task itself (real clock, 1 s ticks): woken by the loop just after a boundary, it
     publishes the held-back pools' ticks within a fraction of the tick period; without the wake
     (the loop's call removed) they would wait for the next boundary."""
-    from fleetloop.daemon import clock
+    from fleetloop import clock
 
     now = clock.wall_ms()
     daemon, shard, producer = await _held_back(t0=now // TICK_MS * TICK_MS - 10 * TICK_MS)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from tests.support.policies import FOUNDATION_YAML
 
 RETRY = "retry_budget: {type: ratio, params: {retry_ratio: 0.2, min_retries_per_s: 10}}"

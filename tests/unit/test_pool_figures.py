@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fleetloop.daemon.decide import engine
+from fleetloop.core.decide import engine
 from fleetloop.policies.base import PolicyContext
 from fleetloop.policies.batching import tbt_feedback
 from fleetloop.policies.pool_figures import figures_of, pool_figures, row_ids

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetloop.core.shard import INPUTS, Shard
 from fleetloop.daemon.replay.replay import RecordedTick, replay_ticks
-from fleetloop.daemon.shard import INPUTS, Shard
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, compile_policy, parse_document
 from tests.unit.test_shard_checkpoint import cut_at, stream
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fleetloop.core.shard import INPUTS, Shard
 from fleetloop.daemon.replay.replay import (
     RecordedTick,
     ReplayReport,
@@ -16,7 +17,6 @@ from fleetloop.daemon.replay.replay import (
     replay_window,
     reproduced,
 )
-from fleetloop.daemon.shard import INPUTS, Shard
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, compile_policy, parse_document
 from tests.unit.test_shard_checkpoint import cut_at, stream
 

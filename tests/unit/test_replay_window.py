@@ -4,7 +4,7 @@ and by the decision log's offsets; bad forms are one line; progress lines only o
 from __future__ import annotations
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.daemon.replay import command
 from fleetloop.daemon.replay.command import End, Progress, parse_end, window_of
 from fleetloop.daemon.replay.replay import RecordedTick, Window, replay_ticks

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fleetloop.daemon.model.fleet import NANO, FleetModel, snapshot
+from fleetloop.core.model.fleet import NANO, FleetModel, snapshot
+from fleetloop.core.rollup import FleetRollup, fleet_body, summarize
 from fleetloop.daemon.rollup.command import STAMP, decision_of
-from fleetloop.daemon.rollup.fold import FleetRollup, fleet_body, summarize
 from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.summary import ShardSummary
 from tests.support.records import outcome, telemetry
@@ -151,7 +151,7 @@ def test_routers_ignore_a_fleet_decision_on_control_state() -> None:
 def test_rollup_refuses_bad_flags_and_an_unreachable_broker_in_one_line(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fleetloop.daemon.cli import main
+    from fleetloop.cli.main import main
 
     assert main(["rollup", "--bootstrap-servers", "127.0.0.1:1", *argv]) == 2
     err = capsys.readouterr().err.strip()

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from fleetloop.core.decide.engine import EngineState, TickResult, decide, decide_many
+from fleetloop.core.model import FleetModel, ModelConfig, apply, snapshot
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.decide.engine import EngineState, TickResult, decide, decide_many
-from fleetloop.daemon.model import FleetModel, ModelConfig, apply, snapshot
 from fleetloop.policies.base import FleetSnapshot
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy
 from fleetloop.schemas import NodeTelemetry, RequestOutcome, RoutingDecision, Tick

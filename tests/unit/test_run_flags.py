@@ -9,7 +9,8 @@ import dataclasses
 from typing import Any
 
 import pytest
-from fleetloop.daemon import cli, commands
+from fleetloop.cli import commands
+from fleetloop.cli import main as cli
 from fleetloop.daemon.cli_common import policy_from
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.daemon.runtime import DaemonConfig

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from fleetloop.daemon.cli import build_parser, main
+from fleetloop.cli.main import build_parser, main
 from fleetloop.daemon.service.settings import EnvError, env_name, env_table, walk
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -17,7 +17,7 @@ def test_readme_table_is_generated_from_the_parser() -> None:
     m = re.search(r"<!-- settings-table:start -->\n(.*?)<!-- settings-table:end -->", text, re.S)
     assert m, "README lost its settings table markers"
     assert m.group(1) == env_table(build_parser(environ={})), (
-        "README's settings table is stale: paste `python -m fleetloop.daemon.settings_table`"
+        "README's settings table is stale: paste `python -m fleetloop.cli.settings_table`"
     )
 
 

@@ -3,11 +3,11 @@ own state, and the enforced decisions are the same bytes with or without it."""
 
 from __future__ import annotations
 
+from fleetloop.core.checkpoint import decode, encode
+from fleetloop.core.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.checkpoint import decode, encode
 from fleetloop.daemon.replay.compare import Comparison, compare
 from fleetloop.daemon.replay.replay import unstamped_bytes
-from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy, compile_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.decisions import Decision

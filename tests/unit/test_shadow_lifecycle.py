@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 import yaml
+from fleetloop.core.shard import Shadow
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
-from fleetloop.daemon.shard import Shadow
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, parse_document
 from tests.support.policies import FOUNDATION_YAML
 

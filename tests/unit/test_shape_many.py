@@ -10,9 +10,9 @@ import math
 from typing import Any
 
 import numpy as np
+from fleetloop.core.decide.engine import _ARRAY_FROM as ARRAY_FROM
+from fleetloop.core.decide.engine import _shape_routing, _shape_routing_many, envelope_of
 from fleetloop.daemon.cli_common import policy_from
-from fleetloop.daemon.decide.engine import _ARRAY_FROM as ARRAY_FROM
-from fleetloop.daemon.decide.engine import _shape_routing, _shape_routing_many, envelope_of
 from fleetloop.policies.base import FleetSnapshot
 from fleetloop.policies.columns import fleet_columns
 from fleetloop.schemas.decisions import BreakerDecision, RoutingDecision

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.checkpoint import (
+from fleetloop.core.checkpoint import (
     CHUNK_BYTES,
     CheckpointError,
     decode,
@@ -17,7 +16,8 @@ from fleetloop.daemon.checkpoint import (
     scan,
     to_chunks,
 )
-from fleetloop.daemon.shard import INPUTS, Row, Shard
+from fleetloop.core.shard import INPUTS, Row, Shard
+from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY
@@ -190,7 +190,7 @@ def test_a_forged_checkpoint_cannot_name_a_class_outside_fleetloop() -> None:
     with pytest.raises(CheckpointError, match="not a fleetloop state class"):
         decode(forged)
     not_state = zlib.compress(
-        orjson.dumps({"format": 1, "v": {"$o": "fleetloop.daemon.clock:monotonic_s", "f": {}}})
+        orjson.dumps({"format": 1, "v": {"$o": "fleetloop.clock:monotonic_s", "f": {}}})
     )
     with pytest.raises(CheckpointError):
         decode(not_state)
@@ -214,7 +214,7 @@ def test_a_checkpoint_written_before_a_field_was_added_decodes_with_its_default(
     shard.model.ledger.tasks_handed_off = 7
     tree = orjson.loads(zlib.decompress(encode(shard.checkpoint_value())))
 
-    ledger = "fleetloop.daemon.model.fleet:_Ledger"
+    ledger = "fleetloop.core.model.fleet:_Ledger"
 
     old = orjson.loads(orjson.dumps(tree))
     edit_field(old, ledger, "tasks_handed_off")

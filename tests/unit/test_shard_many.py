@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, telemetry_at
+from fleetloop.core.checkpoint import encode
+from fleetloop.core.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.checkpoint import encode
-from fleetloop.daemon.shard import INPUTS, Row, Shadow, Shard
 from fleetloop.policies.base import FleetSnapshot, PolicyContext, PolicyResult
 from fleetloop.policies.registry import CompiledPolicy, Section, builtin_policy, compile_policy
 from fleetloop.schemas import Tick

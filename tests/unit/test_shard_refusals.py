@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig
-from fleetloop.daemon.shard import Row, Shard
+from fleetloop.core.model.fleet import FleetModel, ModelConfig
+from fleetloop.core.shard import Row, Shard
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY

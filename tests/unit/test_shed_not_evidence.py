@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from fleetloop.daemon.decide.engine import EngineState, decide, decide_many
-from fleetloop.daemon.model import FleetModel, apply, snapshot
-from fleetloop.daemon.model.fleet import fold_plain
+from fleetloop.core.decide.engine import EngineState, decide, decide_many
+from fleetloop.core.model import FleetModel, apply, snapshot
+from fleetloop.core.model.fleet import fold_plain
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, parse_document
 from fleetloop.schemas import BreakerDecision, NodeTelemetry, RequestOutcome, Tick
 from tests.support.policies import foundation

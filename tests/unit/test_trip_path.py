@@ -28,8 +28,8 @@ async def test_a_tripping_pools_decisions_are_acknowledged_before_any_routine_po
     the trip's decisions wait for the client's turns between the routine batches."""
     from typing import Any
 
+    from fleetloop.core.shard import Row, Shard
     from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
-    from fleetloop.daemon.shard import Row, Shard
     from fleetloop.policies.registry import builtin_policy
     from fleetloop.schemas import Tick
     from fleetloop.schemas.topics import REQUESTS, TELEMETRY
@@ -91,9 +91,9 @@ async def test_the_read_up_wait_ends_once_every_partition_holds_a_record_past_th
     from typing import Any
 
     from aiokafka import TopicPartition
-    from fleetloop.daemon import clock
+    from fleetloop import clock
+    from fleetloop.core.shard import INPUTS, Row, Shard
     from fleetloop.daemon.runtime import Daemon, DaemonConfig
-    from fleetloop.daemon.shard import INPUTS, Row, Shard
     from fleetloop.policies.registry import builtin_policy
     from fleetloop.schemas.topics import REQUESTS, TELEMETRY, topic_name
     from tests.support.records import outcome, telemetry
@@ -165,8 +165,8 @@ async def test_a_batch_that_moved_no_offset_commits_nothing() -> None:
     from typing import Any
 
     from aiokafka import TopicPartition
+    from fleetloop.core.shard import INPUTS, Row, Shard
     from fleetloop.daemon.runtime import Daemon, DaemonConfig
-    from fleetloop.daemon.shard import INPUTS, Row, Shard
     from fleetloop.policies.registry import builtin_policy
     from fleetloop.schemas.topics import TELEMETRY, TICKS, topic_name
     from tests.support.records import telemetry
@@ -207,8 +207,8 @@ async def test_a_shard_that_came_back_during_the_settle_decides_its_whole_queue(
     never decides the trip pool's tick."""
     from typing import Any
 
+    from fleetloop.core.shard import Row, Shard
     from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
-    from fleetloop.daemon.shard import Row, Shard
     from fleetloop.policies.registry import builtin_policy
     from fleetloop.schemas import Tick
     from fleetloop.schemas.topics import REQUESTS, TELEMETRY

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fleetloop.daemon.decide import Engine
-from fleetloop.daemon.decide.engine import envelope_of
-from fleetloop.daemon.model import FleetModel, apply, snapshot
+from fleetloop.core.decide import Engine
+from fleetloop.core.decide.engine import envelope_of
+from fleetloop.core.model import FleetModel, apply, snapshot
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.requests import RequestOutcome

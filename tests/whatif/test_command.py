@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetloop.daemon.cli import main
+from fleetloop.cli.main import main
 from fleetloop.whatif.compare import comparison, fidelity, kpis
 from fleetloop.whatif.derive import Observed
 

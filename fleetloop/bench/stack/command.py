@@ -18,11 +18,10 @@ from typing import Any
 
 from rich.console import Console
 
-from fleetloop import term
+from fleetloop import clock, term
 from fleetloop.bench.stack import overhead, report
 from fleetloop.bench.stack.arms import ARMS, BY_NAME, missing_binaries
 from fleetloop.bench.stack.run import RunSpec, run_arm
-from fleetloop.daemon import clock
 from fleetloop.daemon.brokers import start_broker
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario

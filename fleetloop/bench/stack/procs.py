@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from fleetloop.daemon import clock
+from fleetloop import clock
 from fleetloop.daemon.children import die_with_parent, stop_child
 from fleetloop.daemon.cli_common import UsageError
 
@@ -35,7 +35,7 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
 
 def fleetloop_argv(*args: str) -> list[str]:
     """``fleetloop ARGS`` as a child of this interpreter."""
-    return [sys.executable, "-m", "fleetloop.daemon.cli", *args]
+    return [sys.executable, "-m", "fleetloop.cli.main", *args]
 
 
 async def spawn(

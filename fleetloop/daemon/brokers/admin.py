@@ -17,8 +17,8 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewTopic
 
+from fleetloop.clock import wall_ms
 from fleetloop.daemon.brokers.base import BrokerCapabilities
-from fleetloop.daemon.clock import wall_ms
 from fleetloop.kafka_security import Bootstrap, connect
 from fleetloop.schemas.topics import POOL_KEYED_INPUTS, TOPICS, topic_name
 from fleetloop.topic_layout import (

@@ -27,7 +27,7 @@ from typing import IO, TYPE_CHECKING, Literal, Protocol, Self
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from fleetloop.daemon.clock import monotonic_s
+from fleetloop.clock import monotonic_s
 
 BrokerKind = Literal["tansu", "kafka"]
 BROKER_KINDS: tuple[BrokerKind, ...] = ("tansu", "kafka")

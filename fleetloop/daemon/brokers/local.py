@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fleetloop.clock import monotonic_s
 from fleetloop.daemon.brokers.apache import (
     REPO_ROOT,
     check_install,
@@ -41,7 +42,6 @@ from fleetloop.daemon.brokers.apache import (
     render_server_properties,
 )
 from fleetloop.daemon.brokers.base import LOOPBACK, BrokerStartError, answers_metadata, port_accepts
-from fleetloop.daemon.clock import monotonic_s
 
 DEFAULT_DIR = REPO_ROOT / ".cache" / "kafka-local"
 STATE = "kafka.json"

@@ -43,8 +43,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rich.table import Table
 
-from fleetloop import term
-from fleetloop.daemon import clock
+from fleetloop import clock, term
 from fleetloop.daemon.cli_common import UsageError, connection_from, door_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door, decode_batch
 from fleetloop.daemon.replay.replay import (

@@ -1,7 +1,7 @@
 """Compare a shadow policy's decisions with the enforced ones, tick by tick (pure; no I/O).
 
 Both policies decided the same ticks from the same records (the daemon runs the shadow right after
-the enforcing policy, :meth:`fleetloop.daemon.shard.Shard.decide_shadow`, from the enforced policy
+the enforcing policy, :meth:`fleetloop.core.shard.Shard.decide_shadow`, from the enforced policy
 state where its first tick on a pool starts), so a pair is one tick of one pool and one decision
 key (``kind/entity``). The policies named are those that decided the paired ticks (each tick's own
 records, never a held breaker record from an earlier tick), per side as stretches of tick ids.
@@ -18,7 +18,7 @@ Only ticks both decided are paired; what each decided is compared, never which p
   ``KEYFRAME_TICKS`` ticks (a node of the pool is re-sent at least that often; an older record is a
   node that left). A node held on one side only is closed on the other, by the same rule (a node
   that is not closed is emitted every tick): the shadow starts from the enforced breakers
-  (:class:`fleetloop.daemon.shard.Shard`) and re-sends a closed node only at its keyframe;
+  (:class:`fleetloop.core.shard.Shard`) and re-sends a closed node only at its keyframe;
 - autoscale: the desired node count; distance ``|desired_e - desired_s|`` nodes;
 - admission: the shed thresholds per priority class (queue depth, outstanding, new-task tables and
   the budget floor); distance the largest ``|threshold_e - threshold_s|`` over classes both set; a

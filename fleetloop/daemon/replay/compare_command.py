@@ -8,7 +8,7 @@ The header names, per side, the policies that decided the paired ticks, each wit
 (``ticks A-B: NAME vN (HASH), K ticks``), read from those ticks' own records.
 
 Where the shadow starts. The daemon starts a shadow, on each pool, from the enforcing policy's
-state at its first tick (:class:`fleetloop.daemon.shard.Shard`), as applying the document would
+state at its first tick (:class:`fleetloop.core.shard.Shard`), as applying the document would
 (sections with the same algorithm keep their state). We chose that over separating, here, what
 the shadow inherited from what the candidate changed: a shadow started empty answers another
 question (what a restart with no state would decide), and no rule read off the decisions can tell

@@ -1,7 +1,7 @@
 """Replay: recompute recorded decisions from recorded inputs, exactly (pure; the I/O is in command.py).
 
 Every published decision carries the tick and the cut it was computed from: the input offsets of
-its shard (one partition index of the pool-keyed topics, :mod:`fleetloop.daemon.shard`). Replay
+its shard (one partition index of the pool-keyed topics, :mod:`fleetloop.core.shard`). Replay
 walks the recorded ticks in order with one shard per partition; before each, it folds that shard's
 partitions up to the recorded offsets (never past them), then decides the tick with the policy
 the decision is stamped with (so a window spanning a policy change follows it). With the recorded
@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
+from fleetloop.core.shard import Row, Shard
 from fleetloop.daemon.act.publish import decision_bytes
-from fleetloop.daemon.shard import Row, Shard
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import Decision

@@ -3,7 +3,7 @@
 ``fleetloop rollup --bootstrap-servers HOST:PORT [--group-id G] [--hold-s S] [--live-s S]``
 
 Reads ``control.summaries`` (one record per daemon shard per tick boundary it decided, published
-by ``fleetloop run``), folds them with :class:`fleetloop.daemon.rollup.fold.FleetRollup`, and
+by ``fleetloop run``), folds them with :class:`fleetloop.core.rollup.FleetRollup`, and
 publishes the fleet figures of each boundary to ``control.state`` under the key ``fleet/fleet``
 (a :class:`~fleetloop.schemas.decisions.FleetDecision`; routers ignore it, dashboards and operators
 read it). A boundary is published as soon as every live shard reported it (``complete``), or
@@ -34,10 +34,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
-from fleetloop.daemon import clock
+from fleetloop import clock
+from fleetloop.core.rollup import Figures, FleetRollup
 from fleetloop.daemon.cli_common import UsageError, connection_from, log_args, quiet_client_logs
 from fleetloop.daemon.observability import configure, logger
-from fleetloop.daemon.rollup.fold import Figures, FleetRollup
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.schemas.decisions import Decision, PolicyStamp
 from fleetloop.schemas.summary import ShardSummary

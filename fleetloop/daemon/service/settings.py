@@ -4,7 +4,7 @@
 The flag wins over the variable; the variable wins over the built-in default. Switches
 (``--no-ticker``) take ``1/true/yes/on`` or ``0/false/no/off``. A value the flag would refuse is
 refused the same way, naming the variable (one line, exit 2). Secrets have variables and no
-flags: ``FLEETLOOP_SASL_PASSWORD``. ``python -m fleetloop.daemon.settings_table`` prints the
+flags: ``FLEETLOOP_SASL_PASSWORD``. ``python -m fleetloop.cli.settings_table`` prints the
 README's table of the long-running commands' settings (a test keeps the two equal).
 """
 

@@ -37,8 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from fleetloop import term
-from fleetloop.daemon import clock
+from fleetloop import clock, term
 from fleetloop.edges.cli import EdgeUsageError, connection_from, one_line_errors
 from fleetloop.edges.fleet.agents import Agents
 from fleetloop.edges.fleet.live import LiveFleet, _Lag, probe_loop_lag

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from fleetloop.daemon import clock
+from fleetloop import clock
 from fleetloop.edges.fleet.metrics import VllmMetrics
 from fleetloop.edges.fleet.server import LOOPBACK, LiveNode, Pending, build_app
 from fleetloop.schemas.decisions import (

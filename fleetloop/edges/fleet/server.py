@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from fleetloop.daemon import clock
+from fleetloop import clock
 from fleetloop.edges.fleet.metrics import VllmMetrics
 from fleetloop.sim.node import Node, Req
 

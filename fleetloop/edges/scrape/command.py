@@ -27,8 +27,7 @@ from aiokafka import AIOKafkaProducer
 from rich.console import Console
 from rich.table import Table
 
-from fleetloop import term
-from fleetloop.daemon import clock
+from fleetloop import clock, term
 from fleetloop.edges.cli import EdgeUsageError as UsageError
 from fleetloop.edges.cli import connection_from, one_line_errors
 from fleetloop.edges.scrape.convert import (

@@ -67,7 +67,7 @@ streaking node fails alone (a black hole, a broken GPU, a crashed host) and is e
 that stopped reporting (stale) is never shielded. The engine adds a capacity check on top (no
 ejection whose useful work the rest cannot carry); a node in a failure streak carries none, so
 an error ejection is enforced at the tick it opens, however loaded the pool
-(``fleetloop.daemon.decide.engine._cap_ejections_plain``).
+(``fleetloop.core.decide.engine._cap_ejections_plain``).
 
 No release before the end: an ejection this breaker published enforced stays enforced until its
 ``until_ms`` (:func:`held_open`, from the node's last emitted record). The pool-wide rule and the

@@ -32,8 +32,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from fleetloop import term
-from fleetloop.daemon import clock
+from fleetloop import clock, term
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.children import stop_child
 from fleetloop.daemon.cli_common import UsageError
@@ -48,7 +47,7 @@ STOP_GRACE_S = 30.0
 
 
 def _child(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fleetloop.daemon.cli", *args]
+    return [sys.executable, "-m", "fleetloop.cli.main", *args]
 
 
 async def _spawn(argv: list[str], logdir: Path, name: str) -> asyncio.subprocess.Process:

@@ -8,7 +8,7 @@ only close to the one a continuous run has (the ejection counts that went 5 -> 3
 runtime writes, every few seconds, each shard's fleet model and policy state together with the
 input offsets and the last tick they reflect, to the compacted ``control.checkpoint`` topic; a new
 owner restores the newest complete checkpoint and folds exactly the records between its offsets
-and the end through the same code path (:mod:`fleetloop.daemon.shard`), deciding the ticks in
+and the end through the same code path (:mod:`fleetloop.core.shard`), deciding the ticks in
 between again without publishing the ones already published. Restore + fold-forward is the
 continuous computation, so the state is equal, not approximately equal.
 
@@ -72,7 +72,7 @@ class CheckpointError(ValueError):
 
 
 def _plain_classes() -> frozenset[str]:
-    return frozenset({"fleetloop.daemon.model.fleet:FleetModel", "fleetloop.daemon.model.windows:Window"})
+    return frozenset({"fleetloop.core.model.fleet:FleetModel", "fleetloop.core.model.windows:Window"})
 
 
 _PLAIN = _plain_classes()

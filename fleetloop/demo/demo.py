@@ -30,8 +30,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from fleetloop import term
-from fleetloop.daemon import clock, observability
+from fleetloop import clock, term
+from fleetloop.daemon import observability
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, probe_capabilities, start_broker
 from fleetloop.daemon.cli_common import UsageError, connection_from, policy_from, quiet_client_logs
 from fleetloop.daemon.observe.decode import Door
@@ -39,7 +39,7 @@ from fleetloop.daemon.replay.command import Progress, replay_topics
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.daemon.service.http import HttpServer, make_app
 from fleetloop.daemon.service.live import LiveView, add_routes, ledger_of
-from fleetloop.daemon.wire_demo import print_wire, run_wire
+from fleetloop.demo.wire import print_wire, run_wire
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.policies.registry import CompiledPolicy, compile_policy
 from fleetloop.schemas import Decision

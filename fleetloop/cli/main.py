@@ -62,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _runtime(sub: Any) -> None:
-    from fleetloop.daemon import commands  # noqa: PLC0415 - lazy: imported when its command runs
+    from fleetloop.cli import commands  # noqa: PLC0415 - lazy: imported when its command runs
 
     commands.register(sub)
 
@@ -74,7 +74,7 @@ def _replay(sub: Any) -> None:
 
 
 def _demo(sub: Any) -> None:
-    from fleetloop.daemon import demo  # noqa: PLC0415 - lazy: imported when its command runs
+    from fleetloop.demo import demo  # noqa: PLC0415 - lazy: imported when its command runs
 
     demo.register(sub)
 

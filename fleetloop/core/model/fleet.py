@@ -60,7 +60,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from fleetloop.daemon.model.windows import (
+from fleetloop.core.model.windows import (
     BUCKET_MS,
     LAT_EDGES_MS,
     N_LAT_BINS,
@@ -1558,7 +1558,7 @@ def snapshot(
     The same snapshot as :func:`snapshot_plain`, value for value and bit for bit, built as columns:
     ``nodes`` is a :class:`~fleetloop.policies.columns.NodeTable` (views built when asked for),
     every node's and every pool's window totals are summed for all of them at once
-    (:class:`~fleetloop.daemon.model.windows.WindowColumns`, re-reading only the buckets folded
+    (:class:`~fleetloop.core.model.windows.WindowColumns`, re-reading only the buckets folded
     into since the last snapshot), and the row order is kept until a node arrives, leaves or moves.
     """
     if not -_NEVER < now_ms < _NEVER:

@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from fleetloop.daemon import clock, lifecycle, observability
+from fleetloop import clock
+from fleetloop.daemon import lifecycle, observability
 from fleetloop.daemon.brokers import TopicLayoutError, ensure_topics, probe_capabilities
 from fleetloop.daemon.brokers.admin import missing_topics
 from fleetloop.daemon.cli_common import (

@@ -24,11 +24,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fleetloop.daemon.model.fleet import NANO, FleetModel
+from fleetloop.core.model.fleet import NANO, FleetModel
 from fleetloop.schemas.decisions import FleetDecision
 from fleetloop.schemas.summary import MAX_NUSD, ShardSummary
 
-_P_REQ, _P_RETRY, _P_SHED = 0, 3, 4  # pool window columns (fleetloop.daemon.model.fleet)
+_P_REQ, _P_RETRY, _P_SHED = 0, 3, 4  # pool window columns (fleetloop.core.model.fleet)
 HISTORY = 64  # summaries kept per shard: the fold aligns shards up to this many boundaries apart
 
 

@@ -1,4 +1,4 @@
-"""``python -m fleetloop.daemon.settings_table`` prints the README's table of the long-running
+"""``python -m fleetloop.cli.settings_table`` prints the README's table of the long-running
 commands' ``FLEETLOOP_*`` settings, generated from the whole command line (a test keeps the two equal).
 
 It sits above the CLI, which imports the settings: the settings module itself stays a leaf.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from fleetloop.daemon.cli import build_parser
+from fleetloop.cli.main import build_parser
 from fleetloop.daemon.service.settings import env_table
 
 

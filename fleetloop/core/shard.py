@@ -5,7 +5,7 @@ so partition ``p`` of each holds the same pools. The daemon keeps one :class:`Sh
 index it owns and decides a pool's tick from its shard alone. That makes a decision a function of
 one shard's records only, never of which other partitions the instance happens to own: two
 instances decide exactly what one would, a partition that moves keeps its history (through a
-checkpoint, :mod:`fleetloop.daemon.checkpoint`), and a partition an instance keeps across a
+checkpoint, :mod:`fleetloop.core.checkpoint`), and a partition an instance keeps across a
 rebalance is not re-read.
 
 The cut. A tick is decided from exactly the input records before its *cut* (one offset per input
@@ -25,7 +25,7 @@ policy never sees its state, so the enforced decisions are the same bytes with o
 It starts, on each pool, from the enforcing policy's state before the first tick it decides, as
 ``policy apply`` of the same document would: a section whose algorithm is the enforcing one's keeps
 that state (open breakers and their backoff, autoscale holds), a swapped algorithm starts fresh
-(:class:`~fleetloop.daemon.decide.engine.EngineState` is keyed by algorithm). So the shadow's
+(:class:`~fleetloop.core.decide.engine.EngineState` is keyed by algorithm). So the shadow's
 decisions differ from the enforced ones only by what the candidate changes, from its first tick: a
 shadow started empty closed every breaker the enforcing policy held open and read as the
 candidate's doing. A new shadow document (another hash) starts again from the enforced state.
@@ -42,9 +42,9 @@ from typing import Any
 
 import msgspec
 
-from fleetloop.daemon.checkpoint import CheckpointError
-from fleetloop.daemon.decide.engine import EngineState, TickResult, decide, decide_many, envelope_of
-from fleetloop.daemon.model.fleet import FleetModel, ModelConfig, snapshot
+from fleetloop.core.checkpoint import CheckpointError
+from fleetloop.core.decide.engine import EngineState, TickResult, decide, decide_many, envelope_of
+from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot
 from fleetloop.policies.registry import CompiledPolicy, compile_policy
 from fleetloop.schemas.control import Tick
@@ -272,7 +272,7 @@ class Shard:
 
         Folding to each step in turn and then to ``cut`` leaves the shard as one fold to ``cut``:
         the same records, one batch fold per topic and step, in the same order (a batch fold is a
-        fold per record, :func:`fleetloop.daemon.model.fleet.FleetModel.fold_telemetries`), and
+        fold per record, :func:`fleetloop.core.model.fleet.FleetModel.fold_telemetries`), and
         the bookkeeping after each fold drops only pools no later record of the cut brings back
         (a pool with a record still pending is kept). The daemon folds a far cut (a shard that
         skipped boundaries for overload, or caught up on minutes of records: 40 s of one 10k
