@@ -236,6 +236,7 @@ def _one(
             + (f" (repeat {attempt} of a void run)" if attempt else "")
             + f", {args.seconds:g} s of load, load average {_load()}"
         )
+        began = clock.monotonic_s()
         try:
             r = asyncio.run(run_arm(spec, err))
         except UsageError as exc:  # a router or process that would not start: this run only
@@ -246,7 +247,8 @@ def _one(
         err.print(
             f"  {name} r{n}: tasks ok {t['succeeded']}/{t['started']}, "
             f"$ / task {r['cost_per_successful_task_usd']}, TTFT p50 {r['latency']['ttft_p50_ms']} ms, "
-            f"peak nodes {r['nodes']['peak_billed']}, lag p99 {lag:.1f} ms"
+            f"peak nodes {r['nodes']['peak_billed']}, lag p99 {lag:.1f} ms; "
+            f"{clock.monotonic_s() - began:.0f} s with setup"
         )
         if lag <= args.max_lag_ms:
             return r

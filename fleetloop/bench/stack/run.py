@@ -283,10 +283,8 @@ async def run_arm(spec: RunSpec, err: Console) -> dict[str, Any]:
         for t in bg:
             t.cancel()
         await asyncio.gather(*bg, return_exceptions=True)
-        order = [n for n in procs if n.startswith("agents")] + ["actuate", "router", "scrape", "daemon"]
-        for name in order:
-            if name in procs:
-                await stop(procs[name])
+        # all at once: each may take its grace period to finish (the daemon writes a checkpoint)
+        await asyncio.gather(*(stop(p) for p in procs.values()))
         await fleet.stop()
         with contextlib.suppress(Exception):
             await delete_topics(spec.bootstrap, prefix)
