@@ -272,3 +272,80 @@ def test_the_readme_quotes_the_haproxy_streaming_figures_of_the_results_file() -
     assert without == rows["haproxy-leastconn without http-no-delay"]["added_p50_ms"]
     assert with_ == rows["haproxy-leastconn"]["added_p50_ms"]
     assert without > 10 * max(with_, 1.0)  # the option is what removes the hold
+
+
+def _doc(runs: list[dict[str, Any]], arms: list[str], **more: Any) -> dict[str, Any]:
+    measured = [r for r in runs if "error" not in r]
+    s = report.summarize(measured, arms)
+    return {
+        "scenario": "stack-x",
+        "arms": arms,
+        "summary": s,
+        "targets": report.targets(measured, s, arms),
+        "runs_raw": measured,
+        "failed_runs": [r for r in runs if "error" in r],
+        "void": [],
+        **more,
+    }
+
+
+def test_every_run_is_listed_in_the_order_it_ran_with_its_lag_and_void_or_failed_marked() -> None:
+    arms = ["vllm-cache-aware", "fleetloop-vllm"]
+    runs = [
+        _run("vllm-cache-aware", 1, success=0.9, cost=1.0, ttft=100.0, lag=3.0),
+        _run("fleetloop-vllm", 1, success=0.95, cost=0.8, ttft=90.0, lag=4.0),
+        {**_run("vllm-cache-aware", 2, success=0.5, cost=2.0, ttft=300.0, lag=40.0), "void": True},
+        {"arm": "fleetloop-vllm", "run": 2, "error": "router exited"},
+    ]
+    voids = [
+        {"arm": "fleetloop-vllm", "run": 1, "attempt": 0, "lag_p99_ms": 33.0},
+        {"arm": "vllm-cache-aware", "run": 2, "attempt": 0, "lag_p99_ms": 40.0},
+    ]
+    rows = [ln for ln in report.runs_markdown(_doc(runs, arms, void=voids)).splitlines() if ln[2:3].isdigit()]
+    cells = [[c.strip() for c in ln.split("|")[1:-1]] for ln in rows]
+    assert [(c[1], c[2]) for c in cells] == [
+        ("vllm-cache-aware", "1"),
+        ("fleetloop-vllm", "1"),
+        ("vllm-cache-aware", "2"),
+        ("fleetloop-vllm", "2"),
+    ]
+    assert [c[8] for c in cells] == ["3.0", "4.0", "40.0", "-"]  # the emulator's lag p99, per run
+    assert [c[-1] for c in cells] == ["", "after 1 void", "void", "failed"]
+
+
+def test_the_terminal_table_and_the_summary_plot_show_every_arm(tmp_path: Any) -> None:
+    from rich.console import Console
+
+    arms = ["vllm-cache-aware", "haproxy-leastconn", "fleetloop-vllm"]
+    runs = [
+        _run(a, n, success=0.9 + 0.01 * n, cost=c, ttft=t)
+        for a, c, t in (
+            ("vllm-cache-aware", 1.0, 100.0),
+            ("haproxy-leastconn", 1.1, 120.0),
+            ("fleetloop-vllm", 0.8, 95.0),
+        )
+        for n in (1, 2, 3)
+    ]
+    doc = _doc(runs, [*arms, "vllm-p2c"])  # an arm with no valid run: a row of dashes, no point
+    con = Console(record=True, width=250)
+    con.print(report.terminal_table(doc))
+    text = con.export_text()
+    for arm in [*arms, "vllm-p2c"]:
+        assert f"│ {arm}" in text, arm
+    assert "median [min–max] of each arm's valid runs" in text
+    assert "1.00000 [1.00000–1.00000]" in text  # vllm-cache-aware's $ / task, median [min–max]
+    assert report.verdicts(doc)[0].startswith("Best fleetloop arm against best peer: `fleetloop-vllm` vs")
+    png = tmp_path / "arms.png"
+    report.plot_summary(doc, png)
+    assert png.stat().st_size > 10_000
+
+
+def test_the_progress_line_counts_runs_and_estimates_what_is_left() -> None:
+    assert command.estimate_s(99, 120.0, 90.0) == 99 * (120 + 90 + command.SETUP_S)
+    pace = command.Pace(6)
+    assert pace.line(fallback_s=300.0) == "[1/6] about 30 min left"  # before any run: the bound
+    pace.walls += [100.0, 200.0]
+    assert pace.eta_s(fallback_s=300.0) == 4 * 150.0  # the runs so far
+    assert pace.line(fallback_s=300.0) == "[3/6] about 10 min left"
+    pace.total += 1  # a void run's repeat
+    assert pace.line(fallback_s=300.0) == "[3/7] about 12 min left"

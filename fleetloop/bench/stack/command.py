@@ -10,8 +10,10 @@ import asyncio
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -109,11 +111,44 @@ def schedule(arms: list[str], runs: int) -> list[tuple[int, str]]:
     return [(n, arm) for n in range(1, runs + 1) for arm in arms]
 
 
-def _commit() -> str:
+# Per run, besides its load and drain: the daemon, scraper, router and agents starting, the daemon's
+# first routing (fleetloop arms), the settle before load, and every process stopping.
+SETUP_S = 45.0
+
+
+def estimate_s(runs: int, seconds: float, drain_s: float) -> float:
+    """At most how long ``runs`` runs take when none is void: each its load, its whole drain and setup
+    (a drain ends early when the last task ends, so a run is often shorter)."""
+    return runs * (seconds + drain_s + SETUP_S)
+
+
+@dataclass(slots=True)
+class Pace:
+    """How far a bench is: runs done of ``total`` (void repeats add to it), and their walls for an ETA."""
+
+    total: int
+    walls: list[float] = field(default_factory=list)
+
+    def eta_s(self, fallback_s: float) -> float:
+        left = self.total - len(self.walls)
+        per = statistics.fmean(self.walls) if self.walls else fallback_s
+        return max(0, left) * per
+
+    def line(self, fallback_s: float) -> str:
+        return f"[{len(self.walls) + 1}/{self.total}] about {_hm(self.eta_s(fallback_s))} left"
+
+
+def _hm(seconds: float) -> str:
+    m = round(seconds / 60)
+    return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{m} min"
+
+
+def _commit(full: bool = False) -> str:
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
+            ["git", "rev-parse", *([] if full else ["--short=12"]), "HEAD"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
             cwd=ROOT, capture_output=True, text=True, check=True,
@@ -143,19 +178,27 @@ def cmd_stack(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     partial = out / f"{scenario.name}.partial.json"
+    plan = schedule(arms, args.runs)
+    pace = Pace(len(plan))
+    err.print(
+        f"bench stack {scenario.name}: {len(plan)} runs ({len(arms)} arms x {args.runs}, interleaved), "
+        f"each {args.seconds:g} s of load, up to {args.drain_s:g} s of drain and its setup: at most about "
+        f"{_hm(estimate_s(len(plan), args.seconds, args.drain_s))} if no run is void; "
+        f"load average {load_start}"
+    )
     err.print("bench stack: starting the embedded broker (Tansu) on loopback ...")
     broker = start_broker("tansu")
     try:
-        for n, name in schedule(arms, args.runs):
-            runs.append(
-                _one(scenario, name, n, args, bootstrap=broker.bootstrap_servers, voids=voids, err=err)
-            )
+        for n, name in plan:
+            boot = broker.bootstrap_servers
+            runs.append(_one(scenario, name, n, args, bootstrap=boot, voids=voids, err=err, pace=pace))
             # a long bench that stops (the machine, a signal) keeps what it measured
             partial.write_text(json.dumps({"command": _command(), "runs_raw": runs, "void": voids}) + "\n")
     finally:
         broker.stop()
     measured = [r for r in runs if "error" not in r]
     summary = report.summarize(measured, arms)
+    load_end = _load()
     doc = {
         "scenario": scenario.name,
         "scenario_file": str(args.scenario),
@@ -164,10 +207,17 @@ def cmd_stack(args: argparse.Namespace) -> int:
         "runs": args.runs,
         "max_lag_ms": args.max_lag_ms,
         "arms": arms,
+        "made_by": {
+            "command": _command(),
+            "commit": _commit(full=True),
+            "date": datetime.fromtimestamp(started / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "load": {"start": load_start, "end": load_end},
+        },
         "command": _command(),
         "commit": _commit(),
         "date_utc": _utc(started),
-        "machine": {"cpus": os.cpu_count(), "load_start": load_start, "load_end": _load()},
+        "wall_s": round((clock.wall_ms() - started) / 1000),
+        "machine": {"cpus": os.cpu_count(), "load_start": load_start, "load_end": load_end},
         "faults": measured[0]["faults"] if measured else [],
         "summary": summary,
         "targets": report.targets(measured, summary, arms),
@@ -181,11 +231,18 @@ def cmd_stack(args: argparse.Namespace) -> int:
     md = report.table_markdown(doc)
     Path(f"{stem}.md").write_text(md)
     report.plot_timelines(doc, Path(f"{stem}.png"))
+    report.plot_summary(doc, Path(f"{stem}-arms.png"))
     if args.json:
         sys.stdout.write(json.dumps(doc) + "\n")
     else:
-        sys.stdout.write(md)
-        sys.stdout.write(f"\nwritten: {stem}.md, {stem}.json, {stem}.png\n")
+        con = term.console()
+        con.print(report.terminal_table(doc))
+        for line in report.verdicts(doc):
+            con.print(f"- {line}")
+        con.print(
+            f"{len(measured)} runs in {_hm(doc['wall_s'])}, load average {load_start} at start, "
+            f"{load_end} at end; written: {stem}.md, {stem}.json, {stem}.png, {stem}-arms.png"
+        )
     dead = [a for a in arms if not any(r["tasks"]["succeeded"] for r in measured if r["arm"] == a)]
     if dead:
         err.print(f"[red]bench stack: no successful task under {', '.join(dead)}[/red]")
@@ -224,15 +281,21 @@ def _one(
     bootstrap: str,
     voids: list[dict[str, Any]],
     err: Console,
+    pace: Pace | None = None,
 ) -> dict[str, Any]:
     """Run ``n`` of arm ``name``; a void run is repeated, the last attempt kept (marked void if it is)."""
     spec = RunSpec(
         scenario=scenario, arm=BY_NAME[name], run=n, seed=scenario.seed + n - 1, seconds=args.seconds,
         drain_s=args.drain_s, bootstrap=bootstrap, agent_procs=args.agent_procs,
     )  # fmt: skip
+    pace = pace or Pace(1)
+    fallback = args.seconds + args.drain_s + SETUP_S
     for attempt in range(args.void_retries + 1):
+        if attempt:
+            pace.total += 1  # the repeat is one more run
         err.print(
-            f"[bold]bench stack[/bold] {scenario.name}: run {n}/{args.runs}, arm [cyan]{name}[/cyan]"
+            f"[bold]bench stack[/bold] {pace.line(fallback)} {scenario.name}: run {n}/{args.runs}, "
+            f"arm [cyan]{name}[/cyan]"
             + (f" (repeat {attempt} of a void run)" if attempt else "")
             + f", {args.seconds:g} s of load, load average {_load()}"
         )
@@ -240,15 +303,17 @@ def _one(
         try:
             r = asyncio.run(run_arm(spec, err))
         except UsageError as exc:  # a router or process that would not start: this run only
+            pace.walls.append(clock.monotonic_s() - began)
             err.print(f"[red]  {name} r{n}: failed: {exc}[/red]")
             return {"arm": name, "run": n, "error": str(exc)}
+        pace.walls.append(clock.monotonic_s() - began)
         lag = report.lag_p99(r)
         t = r["tasks"]
         err.print(
             f"  {name} r{n}: tasks ok {t['succeeded']}/{t['started']}, "
             f"$ / task {r['cost_per_successful_task_usd']}, TTFT p50 {r['latency']['ttft_p50_ms']} ms, "
             f"peak nodes {r['nodes']['peak_billed']}, lag p99 {lag:.1f} ms; "
-            f"{clock.monotonic_s() - began:.0f} s with setup"
+            f"{pace.walls[-1]:.0f} s with setup"
         )
         if lag <= args.max_lag_ms:
             return r

@@ -8,9 +8,12 @@ import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetloop.bench.stack.arms import BY_NAME, alone
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 # (key, label, getter, higher is better)
 METRICS: tuple[tuple[str, str, Callable[[dict[str, Any]], float | None], bool], ...] = (
@@ -165,11 +168,7 @@ def table_markdown(doc: dict[str, Any]) -> str:
         s = doc["summary"][arm]
         cells = [_cell(s[k], digits.get(k, 0)) for k, _, _, _ in METRICS]
         rows.append(f"| {arm} | {s['runs']} | " + " | ".join(cells) + f" | {_f(s['lag_p99_max_ms'])} |\n")
-    t = doc["targets"]
-    lines = []
-    if t["headline"]:
-        lines.append(f"- Best fleetloop arm against best peer: {_verdict(t['headline'])}.")
-    lines.extend(f"- Same router alone: {_verdict(c)}." for c in t["same_router"])
+    lines = [f"- {v}." for v in verdicts(doc)]
     voids = [f"{v['arm']} run {v['run']} (lag p99 {v['lag_p99_ms']:.1f} ms)" for v in doc["void"]]
     faults = ", ".join(
         f"{f['kind']} {'/'.join(f['nodes']) or '(agents)'} at {f['t_s']:.0f} s" for f in doc.get("faults", [])
@@ -184,8 +183,11 @@ def table_markdown(doc: dict[str, Any]) -> str:
         + head
         + "".join(rows)
         + "\nTargets (median of runs, and in each run; success >= peer, cost <= 0.9x, TTFT p50 <= 1.1x):\n\n"
-        + ("\n".join(lines) or "- no pair to compare")
-        + "\n\n"
+        + "\n".join(lines)
+        + "\n\nEvery run, in the order they ran (lag p99 of the emulator's node events and of the "
+        "agents' event loops; a void run's figures are left out of the medians):\n\n"
+        + runs_markdown(doc)
+        + "\n"
         + (
             f"Void runs (lag p99 above {doc['max_lag_ms']:g} ms, repeated): {', '.join(voids)}.\n\n"
             if voids
@@ -198,6 +200,62 @@ def table_markdown(doc: dict[str, Any]) -> str:
         f"{doc['machine']['cpus']} CPUs, load average {doc['machine']['load_start']} at start and "
         f"{doc['machine']['load_end']} at end.\n"
     )
+
+
+def runs_markdown(doc: dict[str, Any]) -> str:
+    """Every run in the order it ran: its figures and its lag p99, void and failed runs marked."""
+    lines = [
+        "| # | arm | run | tasks ok | success | $ / successful task | TTFT p50 ms | peak nodes "
+        "| emulator lag p99 ms | agents lag p99 ms | |\n",
+        "|---|---|---|---|---|---|---|---|---|---|---|\n",
+    ]
+    void_attempts = {(v["arm"], v["run"]): 0 for v in doc.get("void", [])}
+    for v in doc.get("void", []):
+        void_attempts[(v["arm"], v["run"])] += 1
+    order = [*doc["runs_raw"], *doc.get("failed_runs", [])]
+    order.sort(key=lambda r: (r["run"], doc["arms"].index(r["arm"])))
+    for i, r in enumerate(order, 1):
+        if "error" in r:
+            lines.append(f"| {i} | {r['arm']} | {r['run']} | - | - | - | - | - | - | - | failed |\n")
+            continue
+        t, lag = r["tasks"], r["realtime_lag"]
+        repeats = void_attempts.get((r["arm"], r["run"]), 0)
+        note = "void" if r.get("void") else (f"after {repeats} void" if repeats else "")
+        lines.append(
+            f"| {i} | {r['arm']} | {r['run']} | {t['succeeded']}/{t['started']} | {_f(t['success_rate'], 3)} "
+            f"| {_f(r['cost_per_successful_task_usd'], 6)} | {_f(r['latency']['ttft_p50_ms'])} "
+            f"| {r['nodes']['peak_billed']} | {_f(lag['node_events']['p99_ms'])} "
+            f"| {_f(lag['agents_loop_p99_ms'])} | {note} |\n"
+        )
+    return "".join(lines)
+
+
+def terminal_table(doc: dict[str, Any]) -> Table:
+    """The summary as a table for the terminal: one row an arm, fleetloop's arms in bold."""
+    from rich.markup import escape  # noqa: PLC0415 - rich loads only to print
+    from rich.table import Table  # noqa: PLC0415
+
+    digits = {"success": 3, "p0_success": 3, "cost_per_task": 5, "node_hours": 2}
+    t = Table(title=escape(f"bench stack — {doc['scenario']}: median [min–max] of each arm's valid runs"))
+    t.add_column("arm")
+    t.add_column("runs", justify="right")
+    for _, label, _, _ in METRICS:
+        t.add_column(label, justify="right")
+    t.add_column("worst lag p99 ms", justify="right")
+    for arm in doc["arms"]:
+        s = doc["summary"][arm]
+        cells = [escape(_cell(s[k], digits.get(k, 0))) for k, _, _, _ in METRICS]
+        style = "bold" if BY_NAME[arm].fleetloop else None
+        t.add_row(arm, str(s["runs"]), *cells, _f(s["lag_p99_max_ms"]), style=style)
+    return t
+
+
+def verdicts(doc: dict[str, Any]) -> list[str]:
+    """The targets in words: best fleetloop arm against best peer, then each against its router alone."""
+    t = doc["targets"]
+    lines = [f"Best fleetloop arm against best peer: {_verdict(t['headline'])}"] if t["headline"] else []
+    lines.extend(f"Same router alone: {_verdict(c)}" for c in t["same_router"])
+    return lines or ["no pair to compare"]
 
 
 def median_run(runs: list[dict[str, Any]], arm: str) -> dict[str, Any] | None:
@@ -240,6 +298,49 @@ def plot_timelines(doc: dict[str, Any], path: Path) -> None:
             ax.axvline(f["t_s"], color="grey", ls=":", lw=1)
     axes[0].legend(loc="upper left", fontsize=7, ncol=2)
     axes[0].set_title(f"bench stack — {doc['scenario']} (each arm's median-cost run; solid: fleetloop)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# (metric, axis label, the target's factor on the best peer's median) for the summary plot
+SUMMARY_PANELS: tuple[tuple[str, str, float], ...] = (
+    ("success", "task success", SUCCESS_AT_LEAST),
+    ("cost_per_task", "$ / successful task", COST_AT_MOST),
+    ("ttft_p50", "TTFT p50 ms", TTFT_AT_MOST),
+)
+
+
+def plot_summary(doc: dict[str, Any], path: Path) -> None:
+    """Each arm's median (dot) and min–max (bar) of the targets' three figures side by side, fleetloop's
+    arms in colour, with the line each target draws from the best peer's median."""
+    import matplotlib  # noqa: PLC0415 - matplotlib loads only to draw
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after matplotlib.use('Agg'): no display
+
+    arms = doc["arms"]
+    peer = doc["targets"]["best_peer"]
+    fig, axes = plt.subplots(1, len(SUMMARY_PANELS), figsize=(12, 0.45 * len(arms) + 1.6), sharey=True)
+    for ax, (key, label, factor) in zip(axes, SUMMARY_PANELS, strict=True):
+        for y, arm in enumerate(arms):
+            m = doc["summary"][arm][key]
+            if m is None:
+                continue
+            colour = "tab:blue" if BY_NAME[arm].fleetloop else "tab:grey"
+            ax.plot([m["min"], m["max"]], [y, y], color=colour, lw=2, alpha=0.5)
+            ax.plot([m["median"]], [y], "o", color=colour)
+        line = _med(doc["summary"], peer, key) if peer else None
+        if line is not None:
+            ax.axvline(line * factor, color="tab:red", ls=":", lw=1)
+        ax.set_xlabel(label)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(range(len(arms)), arms)
+    axes[0].invert_yaxis()
+    title = f"bench stack — {doc['scenario']}: median and min–max of each arm's valid runs (blue: fleetloop)"
+    if peer:
+        title += f"; red: the target against the best peer, {peer}"
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

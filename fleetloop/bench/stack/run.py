@@ -39,7 +39,6 @@ from fleetloop.edges.fleet.command import follow_state
 from fleetloop.edges.fleet.live import LiveFleet, _Lag, probe_loop_lag
 from fleetloop.policies.registry import builtin_policy_path
 from fleetloop.schemas.topics import STATE, topic_name
-from fleetloop.sim.catalog import GPU_MEMORY_UTIL
 from fleetloop.sim.scenario import Scenario
 
 SAMPLE_S = 1.0
@@ -134,7 +133,7 @@ async def _control_plane(
     """The daemon on the arm's policy and the scraper over every slot; returns the common flags."""
     pool = spec.scenario.pools[0]
     node = fleet.specs[pool.id]
-    kv_gib = (node.hbm_bytes * GPU_MEMORY_UTIL - node.model.weight_bytes) / 2**30
+    kv_gib = node.kv_capacity_tokens * node.kv_bytes_per_token / 2**30
     common = ["--bootstrap-servers", spec.bootstrap, "--topic-prefix", prefix]
     policy = builtin_policy_path(spec.arm.policy)
     procs["daemon"] = await spawn(
