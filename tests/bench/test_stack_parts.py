@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -224,50 +226,98 @@ def test_agents_counts_add_over_processes() -> None:
     assert a.ttft_ms == [1.0, 2.0, 3.0]
 
 
-def test_the_readme_lists_every_arm_and_scenario() -> None:
-    """The README's arm table names every arm of the table, each once, and the stack scenarios it
-    names exist and run through the bench's checks (one pool, one model, at least 24 nodes)."""
-    import re
-    from pathlib import Path
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "bench-stack.md"
+STACK_SCENARIOS = ("degraded-gpu", "prefix-heavy", "burst-cold")
 
+
+def test_the_doc_lists_every_arm_and_scenario() -> None:
+    """docs/bench-stack.md's arm table names every arm of the table, each once, and the stack
+    scenarios it names exist and run through the bench's checks (one pool, one model, at least 24
+    nodes)."""
     from fleetloop.sim.scenario import load_scenario
 
-    root = Path(__file__).resolve().parents[2]
-    readme = root / "README.md"
-    text = readme.read_text()
-    section = text[text.index("### Head to head: `fleetloop bench stack`") :]
-    section = section[: section.index("\n## ")]
+    text = DOC.read_text()
     listed = re.findall(
-        r"`([a-z0-9-]+)`", "".join(ln.split("|")[1] for ln in section.splitlines() if ln.startswith("| `"))
+        r"`([a-z0-9-]+)`", "".join(ln.split("|")[1] for ln in text.splitlines() if ln.startswith("| `"))
     )
     assert sorted(listed) == sorted(BY_NAME), listed
-    for name in ("degraded-gpu.yaml", "prefix-heavy.yaml", "burst-cold.yaml"):
-        s = load_scenario(root / "scenarios" / "stack" / name)
-        assert f"`{name}`" in section
+    for name in STACK_SCENARIOS:
+        s = load_scenario(ROOT / "scenarios" / "stack" / f"{name}.yaml")
+        assert f"`{name}.yaml`" in text
         assert len(s.pools) == 1
         assert s.pools[0].nodes >= 24
         assert len({m for w in s.workload for m in w.models}) == 1
-    assert "--max-lag-ms` (20)" in section
-    assert f"at most {report.COST_AT_MOST:g}x" in section
-    assert f"at most {report.TTFT_AT_MOST:g}x" in section
+    assert "--max-lag-ms` (20)" in text
+    assert f"at most {report.COST_AT_MOST:g}x" in text
+    assert f"at most {report.TTFT_AT_MOST:g}x" in text
 
 
-def test_the_readme_quotes_the_haproxy_streaming_figures_of_the_results_file() -> None:
+def test_the_readme_counts_the_arms_and_points_to_the_doc() -> None:
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(
+        r"`fleetloop bench stack` puts one emulated fleet of (\d+) nodes behind the routers people run, "
+        r"(\d+) arms: (\w+) routers alone and (\w+) driven by fleetloop, (\w+) interleaved runs each; "
+        r"\[docs/bench-stack.md\]\(docs/bench-stack.md\)",
+        text,
+    )
+    assert m, "the README's bench stack line"
+    words = {"three": 3, "four": 4, "seven": 7}
+    from fleetloop.sim.scenario import load_scenario
+
+    nodes = {
+        load_scenario(ROOT / "scenarios" / "stack" / f"{n}.yaml").pools[0].nodes for n in STACK_SCENARIOS
+    }
+    assert nodes == {int(m.group(1))}
+    assert int(m.group(2)) == len(ARMS)
+    assert words[m.group(3)] == sum(not a.fleetloop for a in ARMS)
+    assert words[m.group(4)] == sum(a.fleetloop for a in ARMS)
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers())
+    assert words[m.group(5)] == parser.parse_args(["stack", "--scenario", "x"]).runs
+    assert DOC.exists()
+
+
+def test_the_doc_reads_the_results_the_bench_writes_and_states_its_time() -> None:
+    """The doc's results links name the files the command writes under its default --out (one per
+    scenario, by the scenario's name), and the full run's bound is what the command prints."""
+    from fleetloop.sim.scenario import load_scenario
+
+    text = " ".join(DOC.read_text().split())
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers())
+    total = 0.0
+    for name in STACK_SCENARIOS:
+        f = ROOT / "scenarios" / "stack" / f"{name}.yaml"
+        s = load_scenario(f)
+        args = parser.parse_args(["stack", "--scenario", str(f)])
+        assert f"](../{command.DEFAULT_OUT}/{s.name}.md)" in text, s.name
+        drain = max(w.deadline_s for w in s.workload)
+        assert f"at most {drain:g} s for `{name}`" in text or f"{drain:g} s for the others" in text
+        bound = command.estimate_s(len(ARMS) * args.runs, args.seconds, drain)
+        assert (
+            f"about {command._hm(bound)} for `{name}`" in text or f"{command._hm(bound)} for each of" in text
+        )
+        total += bound
+    assert f"= {len(ARMS) * 3 * len(STACK_SCENARIOS)} runs" in text
+    assert f"{command._hm(total)} together" in text
+    assert "](../bench/results/stack/router-overhead.md)" in text
+    assert (ROOT / "bench/results/stack/router-overhead.md").exists()
+
+
+def test_the_doc_quotes_the_haproxy_streaming_figures_of_the_results_file() -> None:
     import json
-    import re
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
     rows = {
         r["router"]: r
-        for r in json.loads((root / "bench/results/stack/router-overhead.json").read_text())["routers"]
+        for r in json.loads((ROOT / "bench/results/stack/router-overhead.json").read_text())["routers"]
     }
-    text = " ".join((root / "README.md").read_text().split())
+    text = " ".join(DOC.read_text().split())
     m = re.search(
         r"it added \+([\d.]+) ms to the time to first token \(p50\), against \+([\d.]+) ms with the option",
         text,
     )
-    assert m, "the README's HAProxy streaming sentence"
+    assert m, "the doc's HAProxy streaming sentence"
     without, with_ = float(m.group(1)), float(m.group(2))
     assert without == rows["haproxy-leastconn without http-no-delay"]["added_p50_ms"]
     assert with_ == rows["haproxy-leastconn"]["added_p50_ms"]
