@@ -170,12 +170,13 @@ def table_markdown(doc: dict[str, Any]) -> str:
         rows.append(f"| {arm} | {s['runs']} | " + " | ".join(cells) + f" | {_f(s['lag_p99_max_ms'])} |\n")
     lines = [f"- {v}." for v in verdicts(doc)]
     voids = [f"{v['arm']} run {v['run']} (lag p99 {v['lag_p99_ms']:.1f} ms)" for v in doc["void"]]
-    faults = ", ".join(
-        f"{f['kind']} {'/'.join(f['nodes']) or '(agents)'} at {f['t_s']:.0f} s" for f in doc.get("faults", [])
+    faults = "; ".join(
+        f"{f['kind']} {', '.join(f['nodes']) or '(agents)'} at {f['t_s']:.0f} s"
+        for f in doc.get("faults", [])
     )
     return (
         f"## bench stack — {doc['scenario']} ({doc['seconds']:g} s of load, "
-        f"{doc['runs']} interleaved runs per arm)\n\n"
+        f"{doc['runs']} interleaved run{'s' if doc['runs'] != 1 else ''} per arm)\n\n"
         f"Median [min–max] over each arm's valid runs. Faults: {faults or 'none'}. Cost = every node's "
         "usd_per_h x the time it was billed (booting, serving, draining) from load start to the last "
         "task's end. Peers autoscale with KEDA on queue and KV (`modern`); fleetloop arms with fleetloop's "
