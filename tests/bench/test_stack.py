@@ -51,12 +51,20 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
     assert json.loads(Path(f"{stem}.json").read_text())["runs_raw"] == doc["runs_raw"]
     md = Path(f"{stem}.md").read_text()
     assert Path(f"{stem}.png").stat().st_size > 10_000
+    assert Path(f"{stem}-arms.png").stat().st_size > 10_000  # medians and ranges against the targets
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", doc["made_by"]["commit"])
+    assert doc["made_by"]["command"] == doc["command"]
+    assert set(doc["made_by"]["load"]) == {"start", "end"}
     assert f"Command: `fleetloop bench stack --scenario {SCENARIO} --seconds 15" in md  # what made it
     assert re.search(r"`, commit [0-9a-f]{12}(-dirty)?, run 20\d\d-\d\d-\d\d \d\d:\d\d UTC", md), (
         md
     )  # and when
     assert [a["arm"] for a in doc["runs_raw"]] == ["vllm-p2c", "fleetloop-haproxy"]
     assert "tasks ok" in r.stderr  # progress lines
+    assert "[1/2] about" in r.stderr  # where the bench is, and what is left
+    assert "[2/2] about" in r.stderr
+    assert "| 1 | vllm-p2c | 1 |" in md  # every run, in the order it ran
+    assert "| 2 | fleetloop-haproxy | 1 |" in md
     for arm in doc["runs_raw"]:
         assert f"| {arm['arm']} | 1 |" in md
         t = arm["tasks"]
