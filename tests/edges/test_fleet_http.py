@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -265,3 +266,34 @@ async def test_without_headers_the_node_reads_size_and_prefix_from_the_text(flee
     assert dict(fleet.live["p/0"].node.cache) == {"ctx": 2500}
     assert usage[1].prompt_tokens_details is not None
     assert usage[1].prompt_tokens_details.cached_tokens == 2500
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_fleet_stops_at_once_with_calls_still_on_its_nodes(stream: bool) -> None:
+    """A call still in a node's handler when the fleet stops can never finish (the engines stop
+    first), so closing the node does not wait for it: aiohttp's default waited 60 s twice a node,
+    and a bench run whose agents left orphans on a few slow nodes took minutes to tear down."""
+    f = LiveFleet(one_node(), seed=1)
+    await f.start()
+    api = openai.AsyncOpenAI(base_url=f"{f.urls()['p/0']}/v1", api_key="x", max_retries=0)
+    msgs: Any = [{"role": "user", "content": "x"}]
+
+    async def call() -> None:
+        if stream:
+            async for _ in await api.chat.completions.create(
+                model="llama-8b", messages=msgs, max_tokens=20000, stream=True
+            ):
+                pass
+        else:
+            await api.chat.completions.create(model="llama-8b", messages=msgs, max_tokens=20000)
+
+    task = asyncio.create_task(call())
+    node = f.live["p/0"].node
+    try:
+        await wait_until(lambda: node.running == 1, 10.0)
+        async with asyncio.timeout(30):  # 120 s before; a second or two now
+            await f.stop()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert f.urls() == {}

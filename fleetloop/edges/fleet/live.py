@@ -62,6 +62,12 @@ from fleetloop.sim.router import SimRouter, sim_router
 from fleetloop.sim.scenario import Fault, Pool, Scenario
 
 LAG_SAMPLES = 20_000
+# How long closing a node's server waits for calls still in its handlers (aiohttp's default: 60 s a
+# node). A node is closed when it is removed (drained: none left), crashes (its calls fail with it)
+# or the fleet stops, whose engines stop first: a call still waiting then can never finish, and
+# every node holding one (an orphan a client gave up on, a call on a slow node) held the stop for
+# minutes.
+CLOSE_WAIT_S = 1.0
 
 
 @dataclass(slots=True)
@@ -268,7 +274,9 @@ class LiveFleet:
 
     async def _listen(self, ln: LiveNode) -> None:
         if ln.runner is None:
-            runner = web.AppRunner(build_app(self, ln), access_log=None, handle_signals=False)
+            runner = web.AppRunner(
+                build_app(self, ln), access_log=None, handle_signals=False, shutdown_timeout=CLOSE_WAIT_S
+            )
             await runner.setup()
             site = web.TCPSite(runner, LOOPBACK, ln.port, reuse_address=True)
             await site.start()
