@@ -687,6 +687,7 @@ def _shape_admission(d: AdmissionDecision, env: Envelope) -> AdmissionDecision:
             "new_task_max_queue_depth": floor(d.new_task_max_queue_depth),
             "max_outstanding": floor(d.max_outstanding),
             "new_task_max_outstanding": floor(d.new_task_max_outstanding),
+            "budget_protected_priority": env.protected_priority,
         }
     )
 
@@ -728,6 +729,7 @@ def _shape_admission_fast(d: AdmissionDecision, env: Envelope) -> AdmissionDecis
             "new_task_max_queue_depth": floor(d.new_task_max_queue_depth),
             "max_outstanding": floor(d.max_outstanding),
             "new_task_max_outstanding": floor(d.new_task_max_outstanding),
+            "budget_protected_priority": protected,
         },
     )
 
