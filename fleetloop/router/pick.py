@@ -80,7 +80,7 @@ Retries (:meth:`Router.allow_retry`): a retry is let through while this router's
 newest retry-budget decision are below ``retries_allowed_now`` (the tenant's decision first, then
 the pool's); the retry of an attempt whose outcome the decision lists in ``exempt_retries_of``
 (``shed``, ``error``) goes without spending it. Failing static ignores the held shed thresholds
-(step 5) and, when the caller passes ``now_s``, the retry budget: both are as old as the routing.
+(step 5) and the retry budget (at the caller's ``now_s``): both are as old as the routing.
 
 Cost: steps 2-3 are derived once per (pool, priority) and cached until the desired state or the
 fleet changes (:meth:`Router.fleet_changed`, which the embedder calls when a node joins, leaves or
@@ -284,18 +284,18 @@ class Router(Generic[N]):
     def finished(self, node_id: str) -> None:
         self.outstanding[node_id] = self.outstanding.get(node_id, 1) - 1
 
-    def allow_retry(
-        self, pool_id: str, tenant_id: str, failed_as: str = "timeout", now_s: float | None = None
-    ) -> bool:
+    def allow_retry(self, pool_id: str, tenant_id: str, failed_as: str = "timeout", *, now_s: float) -> bool:
         """Spend one retry of the budget if one is left; True when the retry may go out. The retry
         of an attempt that ended as an outcome the budget exempts (``exempt_retries_of``) goes
-        without spending it. Given ``now_s``, a pool failing static (no routing decision fresher
-        than ``fail_static_s``) lets every retry go: a budget whose control plane went away is not
-        refilled, and spent it would refuse every retry for good."""
+        without spending it. A pool failing static at ``now_s`` (no routing decision fresher than
+        ``fail_static_s``; the caller's clock, the one it passes to :meth:`pick` and :meth:`apply`)
+        lets every retry go: a budget whose control plane went away is not refilled, and spent it
+        would refuse every retry for good. ``now_s`` is required so that no caller can leave it
+        out and hold a stale budget."""
         st = self.state.pools.get(pool_id)
         if st is None:
             return True
-        if now_s is not None and self.state.routing_fresh(pool_id, now_s, self.fail_static_s) is None:
+        if self.state.routing_fresh(pool_id, now_s, self.fail_static_s) is None:
             return True
         key = tenant_id if tenant_id in st.budgets else ""
         d = st.budgets.get(key)

@@ -379,12 +379,14 @@ def test_least_outstanding_spreads_a_ticks_calls_and_follows_finished_calls() ->
 def test_retry_budget_tenant_first_and_reset_by_each_decision() -> None:
     w = World({"p": 1})
     r = w.router
-    assert r.allow_retry("p", "t")  # no budget published: retries are not limited here
-    w.apply(budget("p", 2), budget("p", 0, tenant="gold"))
-    assert [r.allow_retry("p", "free") for _ in range(3)] == [True, True, False]
-    assert not r.allow_retry("p", "gold")
+    assert r.allow_retry("p", "t", now_s=1.0)  # no budget published: retries are not limited here
+    w.apply(routing("p", {"p/0": 1.0}), budget("p", 2), budget("p", 0, tenant="gold"))
+    assert [r.allow_retry("p", "free", now_s=1.0) for _ in range(3)] == [True, True, False]
+    assert not r.allow_retry("p", "gold", now_s=1.0)
     w.apply(budget("p", 1, tick=2))
-    assert [r.allow_retry("p", "free") for _ in range(2)] == [True, False]
+    assert [r.allow_retry("p", "free", now_s=1.0) for _ in range(2)] == [True, False]
+    # failing static (no routing fresher than the TTL): the held budget is as old, and refuses nothing
+    assert [r.allow_retry("p", "free", now_s=31.0) for _ in range(3)] == [True] * 3
 
 
 def test_apply_reports_what_it_accepted() -> None:
