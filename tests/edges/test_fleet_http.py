@@ -207,7 +207,7 @@ async def test_agents_send_every_call_to_one_router_url() -> None:
     assert fleet.live["p/0"].node.counter == 0  # the node itself got nothing: the router answered
 
 
-async def _retries_after_the_budget_went(fail_static_s: float) -> int:
+async def _retries_after_the_budget_went(fail_static_s: float, exempt: tuple[str, ...] = ()) -> int:
     """The agents' retries when a control plane published a spent retry budget for their pool once,
     then went away, and the pool's one node is down (every call fails: a retry each, if allowed)."""
     from fleetloop.edges.fleet.agents import Agents
@@ -222,7 +222,7 @@ async def _retries_after_the_budget_went(fail_static_s: float) -> int:
             RoutingDecision(entity="pool/p", reason="t", pool_id="p", weights={"p/0": 1.0}),
             RetryBudgetDecision(
                 entity="pool/p", reason="t", pool_id="p", retry_ratio=0.0, min_retries_per_s=0.0,
-                retries_allowed_now=0, exempt_retries_of=(),
+                retries_allowed_now=0, exempt_retries_of=exempt,  # type: ignore[arg-type]
             ),
         ]  # fmt: skip
         fleet.apply([Decision(ts_ms=fleet.wall_ms(), tick_id=1, policy=stamp, body=b) for b in bodies])
@@ -243,3 +243,9 @@ async def test_the_agents_spend_a_retry_budget_at_event_time() -> None:
     nothing, while a fresh one (TTL 30 s) binds."""
     assert await _retries_after_the_budget_went(30.0) == 0
     assert await _retries_after_the_budget_went(0.1) > 0
+
+
+async def test_the_agents_retry_a_dropped_or_shed_call_outside_the_budget() -> None:
+    """The agents tell the router what the failed attempt ended as: the retry of a call its node
+    dropped (or nobody took) goes without spending a budget that exempts it, as in the simulator."""
+    assert await _retries_after_the_budget_went(30.0, ("error", "shed")) > 0
