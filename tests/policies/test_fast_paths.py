@@ -18,14 +18,7 @@ import pytest
 from fleetloop.core.checkpoint import CheckpointError, decode, encode
 from fleetloop.core.decide.engine import Engine
 from fleetloop.policies.base import NodeView
-from fleetloop.policies.breaker.latency_outlier import (
-    SIGNALS,
-    State,
-    _remembered,
-    advance,
-    aggregate,
-    breaker_decision,
-)
+from fleetloop.policies.breaker.latency_outlier import SIGNALS, State, breaker_decision
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.routing import cache_aware
 from fleetloop.policies.routing.cache_aware import CacheAwareParams, _routing_decision, combine, components
@@ -34,6 +27,7 @@ from fleetloop.schemas.decisions import BreakerDecision, Decision, RoutingDecisi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from tests.oracles.latency_outlier import _remembered, advance, aggregate
 from tests.policies.snapshots import NOW_MS, ctx, node, snapshot
 from tests.support.policies import foundation
 
