@@ -36,6 +36,7 @@ from fleetloop.policies.memory import PoolMemory, median_sorted
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 from fleetloop.schemas.base import MAX_FIGURE
 from fleetloop.schemas.decisions import BreakerDecision
+from tests.oracles.window import kept
 
 Obs = tuple[tuple[int, float | None, float | None, float | None, float | None], ...]
 
@@ -64,19 +65,11 @@ def _finite(v: float | None) -> float | None:
 
 
 def _remembered(obs: Obs, node: NodeView, now: int, memory_ms: int) -> Obs:
-    """The memory kept (``0 < now - ts < memory_ms``) plus this tick's figures, if any.
-
-    The memory is in ascending event time (each tick appends ``now`` after dropping everything at
-    or after it), so what is kept is one slice: the figures too old are a prefix, those not before
-    ``now`` (a tick decided again) a suffix."""
-    lo, hi = 0, len(obs)
-    while lo < hi and now - obs[lo][0] >= memory_ms:
-        lo += 1
-    while hi > lo and obs[hi - 1][0] >= now:
-        hi -= 1
-    kept = obs[lo:hi] if lo or hi < len(obs) else obs
+    """The memory kept (``0 < now - ts < memory_ms``, :func:`tests.oracles.window.kept`) plus this
+    tick's figures, if any."""
+    within = kept(obs, now, memory_ms)
     vals = figures_now(node)
-    return (*kept, (now, *vals)) if vals is not None else kept
+    return (*within, (now, *vals)) if vals is not None else within
 
 
 def aggregate(obs: Obs, min_samples: int) -> dict[str, float]:
