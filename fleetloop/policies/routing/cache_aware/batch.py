@@ -30,9 +30,9 @@ from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.pool_figures import row_ids
 from fleetloop.policies.routing.cache_aware.params import CacheAwareParams
 from fleetloop.policies.routing.cache_aware.rule import (
-    assembled,
     decide_pool,
     fleet_load,
+    routing_decision,
     spill_targets_of,
     with_speed,
 )
@@ -90,7 +90,7 @@ def decide_pools(
         else:
             fit = pool_max_prompt(pools.get(pool_id), b.gpus[lo:hi].tolist())
         own_h = b.headroom[k]
-        decision = assembled(
+        decision = routing_decision(
             pool_id,
             dict(zip(ids, b.weights[lo:hi], strict=False)),
             "cache-aware",
@@ -108,6 +108,7 @@ def decide_pools(
             spill_to,
             fit,
             slo_fit(slo_fits, pools.get(pool_id), pool_id, b.g_lo[k], ctxs[i].slo),
+            checked=True,
         )
         ts, vals, a, z = held[i]
         out[i] = PolicyResult(

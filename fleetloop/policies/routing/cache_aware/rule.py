@@ -249,7 +249,7 @@ _ROUTING_FIELDS = (
     "entity", "reason", "inputs", "kind", "pool_id", "weights", "picker", "by_priority", "prefix_affinity",
     "spill_to", "max_prompt_tokens", "slo_prompt_tokens",
 )  # fmt: skip
-assert tuple(RoutingDecision.model_fields) == _ROUTING_FIELDS  # ``assembled`` lists them in order
+assert tuple(RoutingDecision.model_fields) == _ROUTING_FIELDS  # ``routing_decision`` lists them in order
 
 
 def _within(values: Iterable[float], lo: float) -> bool:
@@ -266,24 +266,39 @@ def routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
     spill_to: tuple[str, ...],
     max_prompt_tokens: int | None = None,
     slo_prompt_tokens: dict[str, int] | None = None,
+    *,
+    checked: bool = False,
 ) -> RoutingDecision:
     """The pool's decision, assembled without validation when every figure is within the schema's
     bounds (ids and digests come from validated telemetry, the tick and the snapshot's pools):
-    validating ~50 nodes' weights, classes and prefixes costs more than computing them. Anything
-    out of bounds goes through validation (of the fields :func:`assembled` records as given, which
-    are those validation records) and fails there."""
-    decision = assembled(
-        pool_id, weights, reason, inputs, by_priority, affinity, spill_to, max_prompt_tokens,
-        slo_prompt_tokens or {},
-    )  # fmt: skip
-    if (
+    validating ~50 nodes' weights, classes and prefixes costs more than computing them. Its fields
+    are set as validation records them (``max_prompt_tokens`` and ``slo_prompt_tokens`` only when
+    known). ``checked``: the caller knows the figures are within bounds (the batch form), so they are
+    not checked again. Anything out of bounds goes through validation and fails there."""
+    slo_prompt_tokens = slo_prompt_tokens or {}
+    values: dict[str, object] = {
+        "entity": f"pool/{pool_id}",
+        "reason": reason,
+        "inputs": inputs,
+        "kind": "routing",
+        "pool_id": pool_id,
+        "weights": weights,
+        "picker": PICKER,
+        "by_priority": by_priority,
+        "prefix_affinity": affinity,
+        "spill_to": spill_to,
+        "max_prompt_tokens": max_prompt_tokens,
+        "slo_prompt_tokens": slo_prompt_tokens,
+    }
+    given = _GIVEN_SETS[(max_prompt_tokens is not None, bool(slo_prompt_tokens))]
+    if checked or (
         reason
         and _within(inputs.values(), -MAX_FIGURE)
         and _within(weights.values(), 0.0)
         and all(_within(ws.values(), 0.0) for ws in by_priority.values())
     ):
-        return decision
-    return RoutingDecision.model_validate({k: getattr(decision, k) for k in decision.model_fields_set})
+        return assemble(RoutingDecision, values, set(given))
+    return RoutingDecision.model_validate({k: values[k] for k in given})
 
 
 _GIVEN = frozenset(
@@ -305,39 +320,6 @@ _GIVEN_SETS = {
     (False, True): _GIVEN | {"slo_prompt_tokens"},
     (True, True): _GIVEN_FIT | {"slo_prompt_tokens"},
 }
-
-
-def assembled(  # noqa: PLR0917 (the decision's fields, in order)
-    pool_id: str,
-    weights: dict[str, float],
-    reason: str,
-    inputs: dict[str, float],
-    by_priority: dict[str, dict[str, float]],
-    affinity: dict[str, tuple[str, ...]],
-    spill_to: tuple[str, ...],
-    max_prompt_tokens: int | None,
-    slo_prompt_tokens: dict[str, int],
-) -> RoutingDecision:
-    """The decision of figures already known to be within the schema's bounds, not validated again
-    (its fields set as validation records them: ``max_prompt_tokens`` and ``slo_prompt_tokens``
-    only when known)."""
-    values: dict[str, object] = {
-        "entity": f"pool/{pool_id}",
-        "reason": reason,
-        "inputs": inputs,
-        "kind": "routing",
-        "pool_id": pool_id,
-        "weights": weights,
-        "picker": PICKER,
-        "by_priority": by_priority,
-        "prefix_affinity": affinity,
-        "spill_to": spill_to,
-        "max_prompt_tokens": max_prompt_tokens,
-        "slo_prompt_tokens": slo_prompt_tokens,
-    }
-    return assemble(
-        RoutingDecision, values, set(_GIVEN_SETS[(max_prompt_tokens is not None, bool(slo_prompt_tokens))])
-    )
 
 
 def decide_pool(
