@@ -1,74 +1,20 @@
-"""hpa: the Kubernetes Horizontal Pod Autoscaler on GPU utilization, as the ``classic`` autoscaler.
-
-What it does: every sync period (15 s of event time) it computes the HPA's replica count from the
-pool's GPU utilization against a 70% target, exactly as ``ReplicaCalculator.GetResourceReplicas``
-does for a resource-utilization metric (``pkg/controller/podautoscaler/replica_calculator.go``),
-then normalizes it as ``HorizontalController.normalizeDesiredReplicasWithBehaviors``
-(``horizontal.go``) does with the default ``behavior``: scale up at once, by at most
-max(100%, 4 pods) per 15 s; scale down to the highest recommendation of the last 300 s, by at most
-100% per 15 s; always within ``[min_replicas, max_replicas]``. Between syncs it keeps publishing
-the last target (the scale target's ``spec.replicas``).
-
-Formula, at each sync (``now - last_sync >= sync_period``)::
-
-    current  = spec.replicas: the target set at the previous sync (first sync: nodes not draining)
-    pods     = the pool's nodes; draining ones are ignored (a pod being deleted)
-    request_i = 1000 * gpu_count_i milli-GPU; usage_i = round(gpu_util_frac_i * request_i)
-    unready  = pods not warm (cold or loading: Pending / not Ready); missing = warm but stale
-    util%    = floor(100 * sum(usage) / sum(request)) over ready pods with a metric
-    ratio    = util% / target%
-    if no unready-on-scale-up and nothing missing:
-        desired = current                      if 1 - tolerance <= ratio <= 1 + tolerance
-                = ceil(ratio * ready)          otherwise
-    else: missing pods count max(100, target)% of their request when ratio < 1 (scale down) and 0%
-          when ratio > 1 (scale up); unready pods count 0% when ratio > 1; recompute ratio' over
-          these pods; keep ``current`` if ratio' is within tolerance or flips direction, else
-          desired = ceil(ratio' * #pods counted) unless that flips direction against current.
-    stabilized = clamp(current, min(recs in up window), max(recs in down window))  # recs incl. desired
-    limited    = min(stabilized, max_replicas, max over up-policies(period start + allowance))
-                 or max(stabilized, min_replicas, min over down-policies(period start - allowance))
-    period start = current - replicas added + replicas removed within the policy's period
-    out of range first: current > max -> max; current < min -> min; current == 0 < min -> 0
-
-Inputs: per node ``gpu_util_frac``, ``gpu_count``, ``weights_state``, ``draining``, ``stale``; event
-time ``ctx.now_ms``. State: last sync time and target, the recommendation history (for
-stabilization; the first sync records ``current`` as Kubernetes' ``recordInitialRecommendation``
-does) and the scale events (for the rate policies), all immutable tuples.
-
-Parameters (defaults, bounds): ``target_utilization_pct`` 70 (1-1000, an integer percentage like
-``averageUtilization``), ``tolerance`` 0.1 (0-1, ``--horizontal-pod-autoscaler-tolerance``),
-``sync_period_ms`` 15 000 (``--horizontal-pod-autoscaler-sync-period``), ``min_replicas`` 1,
-``max_replicas`` 1000, ``pools`` per-pool ``{min_replicas, max_replicas}`` overrides,
-``scale_up`` {stabilization 0 s, select Max, Percent 100 / 15 s, Pods 4 / 15 s}, ``scale_down``
-{stabilization 300 s (``--horizontal-pod-autoscaler-downscale-stabilization``), select Max,
-Percent 100 / 15 s}: Kubernetes' documented default behavior.
-
-Departures: an HPA object with no ``behavior`` at all takes Kubernetes' legacy path, whose scale-up
-cap is max(2 x current, 4) per sync instead of max(2 x current, current + 4); this follows the
-documented default behavior, as the baseline spec asks. The CPU-only readiness heuristics (a pod's
-first minutes after start) become "not warm = unready": loading weights is our initialization
-period. Nodes, not pods: one node is one replica.
-
-Trade-offs: simple, well understood and conservative on scale-down; but utilization is a lagging
-signal for LLM serving (a GPU can be 100% busy at a healthy queue or at a hopeless one), cold starts
-of minutes make reactive scaling late, and it knows nothing of queues, SLOs or cost.
-
-Failure mode: with no fresh metric from any warm node it keeps the current target (Kubernetes:
-``FailedGetResourceMetric``, no scaling); during a spike every new node is unready for its whole
-cold start and counted at 0%, which damps further scale-up until the weights are loaded. A pool
-that has reported no node yet is not synced (its size would read as 0, which disables an HPA).
+"""The HPA's controller (``pkg/controller/podautoscaler/horizontal.go``) around any metric: the
+sync period, the replica bounds, the stabilization window, the behavior's rate limits, the scale
+events kept for them and the decision (README.md beside this file: "Formula"). One implementation
+for ``hpa`` and the KEDA-generated HPAs (``keda-engine``, ``keda-epp``): :class:`HpaController` is
+the policy, and each autoscaler a subclass giving only its metric (:data:`Metric`). Pure: event time
+only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Self
+from typing import Generic, TypeVar
 
-from pydantic import Field, model_validator
-
-from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult
+from fleetloop.policies.autoscale.hpa.params import ScalingRules, SyncParams
+from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
 from fleetloop.schemas.decisions import AutoscaleDecision
 
 INT32_MAX = 2**31 - 1
@@ -78,68 +24,6 @@ Recommendation = tuple[int, int]
 ScaleEvent = tuple[int, int]
 
 
-class ScalingPolicy(Params):
-    type: Literal["Pods", "Percent"]
-    value: int = Field(gt=0, le=100_000)
-    period_s: int = Field(gt=0, le=1800)
-
-
-class ScalingRules(Params):
-    stabilization_window_s: int = Field(ge=0, le=3600)
-    select_policy: Literal["Max", "Min", "Disabled"] = "Max"
-    policies: tuple[ScalingPolicy, ...] = ()
-
-
-DEFAULT_SCALE_UP = ScalingRules(
-    stabilization_window_s=0,
-    select_policy="Max",
-    policies=(
-        ScalingPolicy(type="Pods", value=4, period_s=15),
-        ScalingPolicy(type="Percent", value=100, period_s=15),
-    ),
-)
-DEFAULT_SCALE_DOWN = ScalingRules(
-    stabilization_window_s=300,
-    select_policy="Max",
-    policies=(ScalingPolicy(type="Percent", value=100, period_s=15),),
-)
-
-
-class PoolBounds(Params):
-    min_replicas: int = Field(ge=0, le=100_000)
-    max_replicas: int = Field(ge=1, le=100_000)
-
-
-class ReplicaBounds(Params):
-    """``min_replicas``, ``max_replicas`` and per-pool overrides, checked in order (for autoscalers
-    built on :func:`sync`)."""
-
-    min_replicas: int = Field(default=1, ge=0, le=100_000)
-    max_replicas: int = Field(default=1000, ge=1, le=100_000)
-    pools: dict[str, PoolBounds] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> Self:
-        for name, lo, hi in [("", self.min_replicas, self.max_replicas)] + [
-            (f"pools.{p}.", b.min_replicas, b.max_replicas) for p, b in sorted(self.pools.items())
-        ]:
-            if lo > hi:
-                raise ValueError(f"{name}min_replicas ({lo}) is above {name}max_replicas ({hi})")
-        return self
-
-    def bounds(self, pool_id: str) -> tuple[int, int]:
-        b = self.pools.get(pool_id)
-        return (b.min_replicas, b.max_replicas) if b is not None else (self.min_replicas, self.max_replicas)
-
-
-class HpaParams(ReplicaBounds):
-    target_utilization_pct: int = Field(default=70, ge=1, le=1000)
-    tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
-    sync_period_ms: int = Field(default=15_000, ge=1, le=600_000)
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
-
-
 @dataclass(frozen=True, slots=True)
 class HpaState:
     last_sync_ms: int | None = None
@@ -147,83 +31,6 @@ class HpaState:
     recommendations: tuple[Recommendation, ...] | None = None  # None: never synced
     scale_up_events: tuple[ScaleEvent, ...] = ()
     scale_down_events: tuple[ScaleEvent, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Calculation:
-    """The replica calculator's answer; ``replicas`` is None when no ready pod has a metric."""
-
-    replicas: int | None
-    utilization_pct: int
-    ready: int
-    unready: int
-    missing: int
-    ignored: int
-
-
-def _within(ratio: float, tolerance: float) -> bool:
-    """``Tolerances.isWithin`` (Kubernetes 1.33+), with the same tolerance both ways."""
-    return (1.0 - tolerance) <= ratio <= (1.0 + tolerance)
-
-
-def utilization_ratio(
-    metrics: Mapping[str, int], requests: Mapping[str, int], target_pct: int
-) -> tuple[float, int]:
-    """``GetResourceUtilizationRatio``: the integer utilization percentage and its ratio to target."""
-    used = sum(metrics.values())
-    requested = sum(requests[k] for k in metrics)
-    utilization = (used * 100) // requested
-    return utilization / target_pct, utilization
-
-
-def calculate_replicas(
-    nodes: Sequence[NodeView], current: int, target_pct: int, tolerance: float
-) -> Calculation:
-    """``ReplicaCalculator.GetResourceReplicas`` with ``groupPods``, nodes standing in for pods."""
-    requests: dict[str, int] = {}
-    metrics: dict[str, int] = {}
-    unready: list[str] = []
-    missing: list[str] = []
-    ignored = 0
-    for n in sorted(nodes, key=lambda v: v.node_id):
-        if n.draining:  # DeletionTimestamp set / Failed: ignored altogether
-            ignored += 1
-            continue
-        requests[n.node_id] = 1000 * n.gpu_count
-        if n.weights_state != "warm":  # Pending, or not Ready: unready
-            unready.append(n.node_id)
-        elif n.stale:  # no fresh metric: missing
-            missing.append(n.node_id)
-        else:
-            metrics[n.node_id] = round(n.gpu_util_frac * requests[n.node_id])
-    ready = len(metrics)
-    if not metrics:
-        return Calculation(None, 0, 0, len(unready), len(missing), ignored)
-    ratio, utilization = utilization_ratio(metrics, requests, target_pct)
-
-    def done(replicas: int) -> Calculation:
-        return Calculation(replicas, utilization, ready, len(unready), len(missing), ignored)
-
-    scale_up_with_unready = bool(unready) and ratio > 1.0
-    if not scale_up_with_unready and not missing:
-        if _within(ratio, tolerance):
-            return done(current)
-        return done(math.ceil(ratio * ready))
-    if missing:
-        if ratio < 1.0:  # scale down: a missing pod counts as using max(100%, target) of its request
-            fallback = max(100, target_pct)
-            metrics.update({m: requests[m] * fallback // 100 for m in missing})
-        elif ratio > 1.0:  # scale up: a missing pod counts as idle
-            metrics.update(dict.fromkeys(missing, 0))
-    if scale_up_with_unready:
-        metrics.update(dict.fromkeys(unready, 0))
-    new_ratio, _ = utilization_ratio(metrics, requests, target_pct)
-    if _within(new_ratio, tolerance) or (ratio < 1.0 < new_ratio) or (ratio > 1.0 > new_ratio):
-        return done(current)
-    new_replicas = math.ceil(new_ratio * len(metrics))
-    if (new_ratio < 1.0 and new_replicas > current) or (new_ratio > 1.0 and new_replicas < current):
-        return done(current)
-    return done(new_replicas)
 
 
 def stabilize(
@@ -269,36 +76,43 @@ def scale_up_limit(
     current: int, up: Sequence[ScaleEvent], down: Sequence[ScaleEvent], rules: ScalingRules, now_ms: int
 ) -> int:
     """``calculateScaleUpLimitWithScalingRules``."""
-    if rules.select_policy == "Disabled":
-        return current
-    pick = min if rules.select_policy == "Min" else max
-    result = INT32_MAX if rules.select_policy == "Min" else INT32_MIN
-    for p in rules.policies:
-        start = (
-            current
-            - replicas_change_per_period(p.period_s, up, now_ms)
-            + replicas_change_per_period(p.period_s, down, now_ms)
-        )
-        proposed = start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100))
-        result = pick(result, proposed)
-    return result
+    return _rate_limit(current, up, down, rules, now_ms, rising=True)
 
 
 def scale_down_limit(
     current: int, up: Sequence[ScaleEvent], down: Sequence[ScaleEvent], rules: ScalingRules, now_ms: int
 ) -> int:
     """``calculateScaleDownLimitWithBehaviors``."""
+    return _rate_limit(current, up, down, rules, now_ms, rising=False)
+
+
+def _rate_limit(
+    current: int,
+    up: Sequence[ScaleEvent],
+    down: Sequence[ScaleEvent],
+    rules: ScalingRules,
+    now_ms: int,
+    *,
+    rising: bool,
+) -> int:
+    """The limit of one direction's policies: each policy's allowance added to (``rising``) or taken
+    from the replicas at the start of its period, the most permissive (``select_policy`` Max) or the
+    least (Min) of them; ``current`` when the direction is disabled."""
     if rules.select_policy == "Disabled":
         return current
-    pick = max if rules.select_policy == "Min" else min
-    result = INT32_MIN if rules.select_policy == "Min" else INT32_MAX
+    lowest = (rules.select_policy == "Min") == rising  # the limit is the lowest of the proposals
+    pick = min if lowest else max
+    result = INT32_MAX if lowest else INT32_MIN
     for p in rules.policies:
         start = (
             current
             - replicas_change_per_period(p.period_s, up, now_ms)
             + replicas_change_per_period(p.period_s, down, now_ms)
         )
-        proposed = start - p.value if p.type == "Pods" else int(start * (1 - p.value / 100))
+        if rising:
+            proposed = start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100))
+        else:
+            proposed = start - p.value if p.type == "Pods" else int(start * (1 - p.value / 100))
         result = pick(result, proposed)
     return result
 
@@ -368,7 +182,7 @@ def sync(
     replica bounds, ``recommend(spec_replicas)`` -> (metric replicas or None, inputs), then the
     stabilization window and the behavior's rate limits, and the scale events kept for them.
     ``zero_disables``: spec.replicas 0 with a non-zero minimum disables scaling (Kubernetes HPA;
-    KEDA's scale-to-zero does not). Shared by ``hpa`` and ``keda-engine``."""
+    KEDA's scale-to-zero does not). Every HPA-based autoscaler's (:class:`HpaController`)."""
     now = ctx.now_ms
     active = [n for n in nodes if not n.draining]
     if state.last_sync_ms is not None and now - state.last_sync_ms < sync_period_ms:
@@ -462,32 +276,37 @@ def _decision(
     )
 
 
-class Hpa:
-    name = "hpa"
+# The pool's nodes and spec.replicas -> the metric's replica count (None: no metric) and its inputs.
+Metric = Callable[[tuple[NodeView, ...], int], tuple[int | None, dict[str, float]]]
+
+
+P = TypeVar("P", bound=SyncParams)
+
+
+class HpaController(Generic[P]):
+    """An HPA on one metric as a policy of the autoscale section: the subclass names the algorithm and
+    gives :meth:`metric` (and, for ``hpa``, the inputs every decision carries and the Kubernetes HPA's
+    scale-to-zero disabling; a KEDA-generated HPA has neither)."""
+
     section = "autoscale"
-    Params = HpaParams
+    zero_disables = False
 
     def initial_state(self) -> HpaState:
         return HpaState()
 
+    def metric(self, params: P) -> Metric:
+        raise NotImplementedError
+
+    def inputs(self, params: P) -> dict[str, float]:
+        return {}
+
     def decide(
-        self, snap: FleetSnapshot, params: HpaParams, state: HpaState, ctx: PolicyContext
+        self, snap: FleetSnapshot, params: P, state: HpaState, ctx: PolicyContext
     ) -> PolicyResult[HpaState]:
+        """One sync (:func:`sync`) of the pool's nodes on :meth:`metric` with ``params``' sync
+        period, bounds and behavior."""
         nodes = snap.pool_nodes(ctx.pool_id)
-
-        def recommend(current: int) -> tuple[int | None, dict[str, float]]:
-            calc = calculate_replicas(nodes, current, params.target_utilization_pct, params.tolerance)
-            more = {
-                "utilization_pct": float(calc.utilization_pct),
-                "ready_nodes": float(calc.ready),
-                "unready_nodes": float(calc.unready),
-                "missing_nodes": float(calc.missing),
-                "ignored_nodes": float(calc.ignored),
-            }
-            if calc.replicas is not None:
-                more["metric_desired"] = float(calc.replicas)
-            return calc.replicas, more
-
+        metric = self.metric(params)
         return sync(
             ctx,
             nodes,
@@ -496,7 +315,7 @@ class Hpa:
             bounds=params.bounds(ctx.pool_id),
             up_rules=params.scale_up,
             down_rules=params.scale_down,
-            recommend=recommend,
-            inputs={"target_utilization_pct": float(params.target_utilization_pct)},
-            zero_disables=True,
+            recommend=lambda current: metric(nodes, current),
+            inputs=self.inputs(params),
+            zero_disables=self.zero_disables,
         )
