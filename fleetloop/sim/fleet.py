@@ -641,7 +641,7 @@ class FleetSim:
                 t = self.now + wait
                 if t >= task.deadline_t:
                     cause = "deadline"
-                elif not self.router.allow_retry(att.pool_id, task.tenant_id, kind):
+                elif not self.router.allow_retry(att.pool_id, task.tenant_id, kind, now_s=self.now):
                     cause = "retry_budget"
                 else:
                     retry_at = t

@@ -297,3 +297,47 @@ async def test_the_fleet_stops_at_once_with_calls_still_on_its_nodes(stream: boo
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert f.urls() == {}
+
+
+async def _retries_after_the_budget_went(fail_static_s: float, exempt: tuple[str, ...] = ()) -> int:
+    """The agents' retries when a control plane published a spent retry budget for their pool once,
+    then went away, and the pool's one node is down (every call fails: a retry each, if allowed)."""
+    from fleetloop.edges.fleet.agents import Agents
+    from fleetloop.schemas.decisions import Decision, PolicyStamp, RetryBudgetDecision, RoutingDecision
+
+    fleet = LiveFleet(one_node(), seed=5)
+    await fleet.start(faults=False)
+    try:
+        fleet.router.fail_static_s = fail_static_s
+        stamp = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
+        bodies = [
+            RoutingDecision(entity="pool/p", reason="t", pool_id="p", weights={"p/0": 1.0}),
+            RetryBudgetDecision(
+                entity="pool/p", reason="t", pool_id="p", retry_ratio=0.0, min_retries_per_s=0.0,
+                retries_allowed_now=0, exempt_retries_of=exempt,  # type: ignore[arg-type]
+            ),
+        ]  # fmt: skip
+        fleet.apply([Decision(ts_ms=fleet.wall_ms(), tick_id=1, policy=stamp, body=b) for b in bodies])
+        node = fleet.node("p/0")
+        assert node is not None
+        fleet.crash_node(node, comes_back=False)
+        agents = Agents(fleet, rate_scale=5.0)
+        await agents.run(2.0, 5.0)
+    finally:
+        await fleet.stop()
+    assert agents.stats.tasks_started >= 3
+    return agents.stats.retries
+
+
+async def test_the_agents_spend_a_retry_budget_at_event_time() -> None:
+    """The emulated agents ask the router for a retry at the fleet's clock: a budget held from a
+    control plane that went away (its routing older than the fail-static TTL, here 0.1 s) refuses
+    nothing, while a fresh one (TTL 30 s) binds."""
+    assert await _retries_after_the_budget_went(30.0) == 0
+    assert await _retries_after_the_budget_went(0.1) > 0
+
+
+async def test_the_agents_retry_a_dropped_or_shed_call_outside_the_budget() -> None:
+    """The agents tell the router what the failed attempt ended as: the retry of a call its node
+    dropped (or nobody took) goes without spending a budget that exempts it, as in the simulator."""
+    assert await _retries_after_the_budget_went(30.0, ("error", "shed")) > 0

@@ -295,7 +295,9 @@ class Agents:
             retry_at: float | None = None
             if not final and attempt < client.max_retries:
                 t = fleet.t() + backoff_s(self._rng_backoff, client.backoff_s, client.backoff_max_s, attempt)
-                if t < task.deadline_t and fleet.router.allow_retry(pool_id, task.tenant_id):
+                if t < task.deadline_t and fleet.router.allow_retry(
+                    pool_id, task.tenant_id, kind, now_s=fleet.t()
+                ):
                     retry_at = t
             if retry_at is None:
                 self._emit(task, attempt, a, kind, last=True, failed=True)
