@@ -18,6 +18,7 @@ from fleetloop.policies.registry import CompiledPolicy
 CUT_HEADER = "fleetloop.cut"
 SKIPPED_HEADER = "fleetloop.skipped"
 SKIPPED_FROM_HEADER = "fleetloop.skipped_from"
+STATE_REFRESH_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,11 @@ class DaemonConfig:
     # about half of it; a large fleet on a busy machine may need longer (its heartbeats come late
     # and the group rebalances over and over). The heartbeat interval is a sixth of it, at most 1 s.
     session_timeout_s: float = 6.0
+    # control.state gets each key's decision when it changes and re-sends every key at least this
+    # often (fleetloop.daemon.act.state_changes); 0: every enforced decision every tick (the old
+    # form). Below the routers' fail-static default (30 s), so a router that does not know the
+    # change-only form still finds its routing fresh.
+    state_refresh_s: float = STATE_REFRESH_S
     catchup_max_ticks: int = 600  # missed boundaries decided after an outage, per pool; older: skipped
     # ... and fewer when the shard is already slow: when its recent pace (wall seconds per boundary
     # decided) says the catch-up would take longer than this, the newest boundaries that fit it (at

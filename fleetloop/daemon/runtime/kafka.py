@@ -208,7 +208,7 @@ class KafkaBroker:
                     producer,
                     _GroupConsumer(consumer),
                     _PolicyReader(policy_consumer, self.policy_topic),
-                    Publisher(producer, cfg.prefix),
+                    Publisher(producer, cfg.prefix, int(cfg.state_refresh_s * 1000)),
                 )
             finally:
                 await policy_consumer.stop()
