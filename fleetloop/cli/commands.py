@@ -103,6 +103,14 @@ def register(sub: Any) -> None:
         "failover after a crash takes about this long)",
     )
     run.add_argument(
+        "--group-instance-id",
+        default=None,
+        metavar="NAME",
+        help="static group membership: this instance's name, stable across its restarts and unique in "
+        "the group; a restart within --session-timeout-s keeps its partitions without a rebalance "
+        "(default: none, every join and leave rebalances)",
+    )
+    run.add_argument(
         "--state-refresh-s",
         type=float,
         default=10.0,
@@ -197,6 +205,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("fleetloop run: --checkpoint-max-stretch must be between 1 and 1000")
     if not 1.0 <= args.session_timeout_s <= 300.0:
         raise UsageError("fleetloop run: --session-timeout-s must be between 1 and 300")
+    if args.group_instance_id is not None and not 0 < len(args.group_instance_id) <= 249:
+        raise UsageError("fleetloop run: --group-instance-id must be 1 to 249 characters")
     if not (args.state_refresh_s == 0 or 1.0 <= args.state_refresh_s <= 3600.0):
         raise UsageError("fleetloop run: --state-refresh-s must be 0 or between 1 and 3600")
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
@@ -319,6 +329,7 @@ async def _run_daemon(
             checkpoint_cpu_share=args.checkpoint_cpu_share,
             checkpoint_max_stretch=args.checkpoint_max_stretch,
             session_timeout_s=args.session_timeout_s,
+            group_instance_id=args.group_instance_id or None,
             state_refresh_s=args.state_refresh_s,
             overload_max_ticks=args.overload_max_ticks,
             door=args.door,

@@ -46,6 +46,12 @@ class DaemonConfig:
     # about half of it; a large fleet on a busy machine may need longer (its heartbeats come late
     # and the group rebalances over and over). The heartbeat interval is a sixth of it, at most 1 s.
     session_timeout_s: float = 6.0
+    # Static membership (KIP-345): a name of this instance, stable across its restarts and unique in
+    # the group. A member that restarts under the same name within the session timeout gets its
+    # partitions back without a rebalance of the whole group (and a stop leaves none: its
+    # partitions wait out the session timeout); pair it with a session timeout longer than a
+    # restart. None: dynamic membership, every join and leave a rebalance.
+    group_instance_id: str | None = None
     # control.state gets each key's decision when it changes and re-sends every key at least this
     # often (fleetloop.daemon.act.state_changes); 0: every enforced decision every tick (the old
     # form). Below the routers' fail-static default (30 s), so a router that does not know the

@@ -50,7 +50,7 @@ from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import Partitions
 from fleetloop.daemon.runtime.port import Broker, Clock, Offload, Record, TopicPartition
 from fleetloop.daemon.runtime.summaries import Summaries
-from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, TripTrace, tune_gc
+from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, StallWatch, TripTrace, tune_gc
 from fleetloop.daemon.runtime.ticker import Pace, Ticker
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, supervise
@@ -82,7 +82,7 @@ class Daemon:
         self.clock = clock
         self.engine = Engine(config.policy)  # holds the active policy; state lives in the shards
         self.stats = stats = DaemonStats()
-        self.loop_times = LoopTimes(clock=clock)
+        self.loop_times = LoopTimes(clock=clock, stats=stats)
         self.trace = TripTrace(clock=clock)
         self.health = Health(policy_loaded=True)
         self._on_decisions = on_decisions
@@ -167,6 +167,7 @@ class Daemon:
                         "consumer": lambda: self._loop(stop),
                         "policy": lambda: self._follower.follow(stop),
                         "broker-watch": lambda: link.watch(stop, self._refresh_health),
+                        "stall-watch": lambda: StallWatch(self.clock, self.loop_times.on_stall).run(stop),
                     }
                     if cfg.run_ticker:
                         jobs["ticker"] = lambda: self._ticker.run(stop)
@@ -355,3 +356,6 @@ class Daemon:
     def is_ready(self) -> bool:
         self._refresh_health()
         return self.health.ready()[0]
+
+    def stability(self) -> dict[str, float]:
+        return self.stats.stability()

@@ -175,6 +175,7 @@ class KafkaBroker:
             **connect(cfg.bootstrap_servers),
             client_id=cfg.client_id,
             group_id=cfg.group_id,
+            group_instance_id=cfg.group_instance_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             partition_assignment_strategy=(RangePartitionAssignor,),
