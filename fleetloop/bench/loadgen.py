@@ -134,13 +134,26 @@ def overload_args(args: Any) -> list[str]:
 def overload_skipped(log_path: str) -> int | None:
     """Boundaries a daemon published as skipped for overload (``ticks_overload`` on its "daemon
     stopped" line; None: the line is not there, e.g. a daemon killed, or a tree without the rule)."""
+    return stopped_figure(log_path, "ticks_overload")
+
+
+def stopped_figure(log_path: str, name: str) -> int | None:
+    """A figure of a daemon's "daemon stopped" line (``DaemonStats.summary``), the last such line's;
+    None: no such line, or a daemon that did not report that figure."""
     found = None
+    pattern = re.compile(re.escape(name.encode()) + rb"[\"=: ]+(\d+)")
     with contextlib.suppress(OSError), open(log_path, "rb") as f:
         for line in f:
             if b"daemon stopped" in line:
-                m = re.search(rb"ticks_overload[\"=: ]+(\d+)", line)
+                m = pattern.search(line)
                 found = int(m.group(1)) if m else found
     return found
+
+
+def stability(log_path: str) -> dict[str, int | None]:
+    """A daemon's stability over its run, from its "daemon stopped" line: the longest event-loop
+    stall and collector pause (ms), and its partition assignments (1: never rebalanced)."""
+    return {k: stopped_figure(log_path, k) for k in ("loop_stall_max_ms", "gc_pause_max_ms", "assignments")}
 
 
 def trial_targets(fleet: Fleet, trials: int) -> list[tuple[int, str]]:

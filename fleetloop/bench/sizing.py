@@ -29,6 +29,10 @@ Then the load stops and the daemon decides what is left of the window's ticks:
   machine gave it a core meanwhile (start-up counts too: the figure errs high), and from it the
   nodes one core serves at the rule's 70% busy.
 
+And over the daemon's whole run, from its "daemon stopped" line: the longest event-loop stall and
+collector pause, and the group's assignments (``rebalances`` after the first); ``stable`` when it
+never rebalanced and neither took more than 100 ms; ``nodes_per_half_core`` at the window's CPU share.
+
 Verdicts: ``keeps_up`` (real time): every tick in the window decided and the p99 lag within one
 tick period; on a shared machine that gives the daemon less than a core this fails for the
 machine's sake, and the daemon's CPU share says so. ``within_rule``: one second of the fleet costs
@@ -62,6 +66,7 @@ from fleetloop.bench.loadgen import (
     daemon_log_path,
     overload_args,
     overload_skipped,
+    stability,
 )
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.children import die_with_parent
@@ -71,6 +76,7 @@ from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS, TOPI
 
 RULE_NODES = 1500  # README: about 1,500 nodes (~4,500 events/s) per process at one-second ticks
 RULE_CPU_FRAC = 0.7  # ... costing at most 70% of one core
+STALL_MAX_MS = 100  # stable: the event loop never ran more than this late, nor a GC pause took longer
 WARMUP_S = 10.0
 CATCH_UP_S = 240.0  # after the window, at most this long for the daemon to decide its last ticks
 SKIPPED_HEADER = "fleetloop.skipped"
@@ -88,10 +94,22 @@ def register(subparsers: Any) -> None:
         "--outcomes-per-node", type=float, default=2.0, help="routed calls per node per second (default 2)"
     )
     p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu", help="default: tansu")
+    p.add_argument(
+        "--session-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the daemon's consumer-group session timeout (default: the daemon's own)",
+    )
     add_overload_arg(p)
     add_daemon_log_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
+
+
+def session_args(args: argparse.Namespace) -> list[str]:
+    s = getattr(args, "session_timeout_s", None)
+    return [] if s is None else ["--session-timeout-s", str(s)]
 
 
 def cpu_seconds(pid: int, *, children: bool = False) -> float:
@@ -213,7 +231,8 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         with open(log_path, "wb") as log:
             daemon = subprocess.Popen(
                 [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers", bootstrap,
-                 "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args)],
+                 "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args),
+                 *session_args(args)],
                 stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
             )  # fmt: skip
@@ -266,6 +285,12 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     # partition ahead of the others decides past the window meanwhile; that counts too).
     fleet_s = pool_ticks / len(pools) * tick_ms / 1000.0
     per_fleet_s = cpu_all / fleet_s if caught_up_s is not None and fleet_s > 0 else None
+    stable_figures = stability(log_path)
+    stall, gc_pause, assignments = (
+        stable_figures["loop_stall_max_ms"],
+        stable_figures["gc_pause_max_ms"],
+        stable_figures["assignments"],
+    )
     keeps_up = (
         verdict["ticks_expected"] > 0
         and verdict["ticks_decided"] == verdict["ticks_expected"]
@@ -300,10 +325,28 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         # known), and the limit it ran with (None: the daemon's default).
         "overload_max_ticks": getattr(args, "overload_max_ticks", None),
         "ticks_overload": overload_skipped(log_path),
+        # Stability over the daemon's whole run (start-up and restore included), from its "daemon
+        # stopped" line: the longest the event loop ran late (its heartbeats with it), the longest
+        # collector pause, and the group's assignments (1: never rebalanced). None: not reported.
+        "loop_stall_max_ms": stall,
+        "gc_pause_max_ms": gc_pause,
+        "assignments": assignments,
+        "rebalances": assignments - 1 if assignments is not None else None,
+        "stable": (
+            None
+            if stall is None or gc_pause is None or assignments is None
+            else assignments == 1 and stall <= STALL_MAX_MS and gc_pause <= STALL_MAX_MS
+        ),
+        # The nodes one daemon serves at half a core, at the CPU share measured in the window.
+        "nodes_per_half_core": int(args.nodes * 0.5 / cpu_frac) if cpu_frac else None,
         "keeps_up": keeps_up,
         "within_rule": per_fleet_s is not None and per_fleet_s <= RULE_CPU_FRAC,
         "rule": {"nodes": RULE_NODES, "cpu_frac": RULE_CPU_FRAC},
     }
+
+
+def _yes(v: bool | None) -> str:
+    return "unknown" if v is None else "yes" if v else "NO"
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -342,5 +385,9 @@ def handle(args: argparse.Namespace) -> int:
             f"{r['caught_up_after_s']} s after the load stopped) = about "
             f"{r['nodes_per_core_at_rule_busy'] or 0:,} nodes per core at {RULE_CPU_FRAC:.0%} busy; "
             f"within the rule: {'yes' if r['within_rule'] else 'NO'}\n"
+            f"  stability over the run: longest loop stall {r['loop_stall_max_ms']} ms, longest GC pause "
+            f"{r['gc_pause_max_ms']} ms, rebalances {r['rebalances']}; stable (no rebalance, both within "
+            f"{STALL_MAX_MS} ms): {_yes(r['stable'])}; about {r['nodes_per_half_core'] or 0:,} nodes per "
+            f"daemon at half a core\n"
         )
     return 0
