@@ -4,10 +4,14 @@ control.state must hold, after every tick, what a reader of every decision holds
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import zlib
 from typing import Any
 
+from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka.record.default_records import DefaultRecordBatch
+from fleetloop.daemon.act.publish import Publisher
 from fleetloop.daemon.act.state_changes import StateChanges
 from fleetloop.router.state import DesiredState
 from fleetloop.schemas.decisions import (
@@ -161,3 +165,44 @@ def test_the_daemon_sends_changes_and_refreshes_and_a_state_reader_loses_nothing
         state_view.accept(x, x.ts_ms / 1000.0, 10.0)
     assert state_view.pools
     assert all(st.routing_refresh_s == 10.0 for st in state_view.pools.values())
+
+
+def test_the_publisher_writes_the_form_headers_into_the_clients_own_batches() -> None:
+    """The real publisher over aiokafka's record batches (the producer's other calls stood in
+    for): control.state's records carry the form's headers, control.decisions' carry none, and
+    an unchanged key goes to control.decisions only."""
+
+    class Producer:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, BatchBuilder]] = []
+
+        async def partitions_for(self, topic: str) -> set[int]:
+            return {0}
+
+        def create_batch(self) -> BatchBuilder:
+            return BatchBuilder(1 << 20, 0, is_transactional=False)
+
+        async def send_batch(
+            self, batch: BatchBuilder, topic: str, *, partition: int
+        ) -> asyncio.Future[object]:
+            self.sent.append((topic, batch))
+            done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+    async def main() -> list[tuple[str, list[Any]]]:
+        producer = Producer()
+        pub = Publisher(producer, "", 10_000)  # type: ignore[arg-type]
+        t = quiet()
+        await pub.publish([routing(t, W)])
+        await pub.publish([routing(t + 1, W)])
+        out = []
+        for topic, batch in producer.sent:
+            records = DefaultRecordBatch(bytearray(batch._builder.build()))
+            out.extend((topic, list(r.headers)) for r in records)
+        return out
+
+    got = asyncio.run(main())
+    assert [topic for topic, _ in got].count(DECISIONS) == 2
+    assert [(topic, h) for topic, h in got if topic == STATE] == [(STATE, state_headers(10_000))]
+    assert all(h == [] for topic, h in got if topic == DECISIONS)

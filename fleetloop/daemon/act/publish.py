@@ -349,8 +349,9 @@ class Publisher:
         return self._failed is None and not any(f.exception() is not None for f in sent if not f.cancelled())
 
     async def _append(
-        self, topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+        self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None
     ) -> None:
+        headers = headers if headers is not None else []  # a list: the client's batch refuses a tuple
         parts = self._partitions.get(topic)
         if parts is None:
             parts = self._partitions[topic] = sorted(await self._producer.partitions_for(topic))
