@@ -103,6 +103,15 @@ def register(sub: Any) -> None:
         "failover after a crash takes about this long)",
     )
     run.add_argument(
+        "--rebalance-timeout-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long the group waits in a rebalance for every member to join again; a member first "
+        "checkpoints the shards it gives up, seconds at fleet scale (default 60; at least the session "
+        "timeout)",
+    )
+    run.add_argument(
         "--group-instance-id",
         default=None,
         metavar="NAME",
@@ -205,6 +214,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("fleetloop run: --checkpoint-max-stretch must be between 1 and 1000")
     if not 1.0 <= args.session_timeout_s <= 300.0:
         raise UsageError("fleetloop run: --session-timeout-s must be between 1 and 300")
+    if not 1.0 <= args.rebalance_timeout_s <= 3600.0:
+        raise UsageError("fleetloop run: --rebalance-timeout-s must be between 1 and 3600")
     if args.group_instance_id is not None and not 0 < len(args.group_instance_id) <= 249:
         raise UsageError("fleetloop run: --group-instance-id must be 1 to 249 characters")
     if not (args.state_refresh_s == 0 or 1.0 <= args.state_refresh_s <= 3600.0):
@@ -330,6 +341,7 @@ async def _run_daemon(
             checkpoint_max_stretch=args.checkpoint_max_stretch,
             session_timeout_s=args.session_timeout_s,
             group_instance_id=args.group_instance_id or None,
+            rebalance_timeout_s=args.rebalance_timeout_s,
             state_refresh_s=args.state_refresh_s,
             overload_max_ticks=args.overload_max_ticks,
             door=args.door,

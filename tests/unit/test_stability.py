@@ -157,3 +157,4 @@ def test_the_group_consumer_is_a_static_member_when_given_a_name(
         asyncio.run(main())
     assert seen["group_instance_id"] == name
     assert seen["session_timeout_ms"] == 6000
+    assert seen["rebalance_timeout_ms"] == 60_000  # not the session's: a revoke checkpoints first

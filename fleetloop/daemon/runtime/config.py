@@ -52,6 +52,12 @@ class DaemonConfig:
     # partitions wait out the session timeout); pair it with a session timeout longer than a
     # restart. None: dynamic membership, every join and leave a rebalance.
     group_instance_id: str | None = None
+    # How long the group waits, in a rebalance, for every member to join again. A member's revoke
+    # callback first checkpoints every shard it holds (a fork and seconds of encoding at 10,000
+    # nodes on a loaded machine); the client's default is the session timeout (6 s), past which
+    # the slow member is dropped from the generation and its late join starts another rebalance.
+    # The session timeout still bounds how long a crashed member holds its partitions.
+    rebalance_timeout_s: float = 60.0
     # control.state gets each key's decision when it changes and re-sends every key at least this
     # often (fleetloop.daemon.act.state_changes); 0: every enforced decision every tick (the old
     # form). Below the routers' fail-static default (30 s), so a router that does not know the

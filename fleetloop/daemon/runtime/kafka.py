@@ -189,6 +189,9 @@ class KafkaBroker:
             # Short sessions: the embedded broker completes a join in about half the session timeout.
             session_timeout_ms=int(cfg.session_timeout_s * 1000),
             heartbeat_interval_ms=int(min(1.0, cfg.session_timeout_s / 6.0) * 1000),
+            # Not the session timeout (the client's default): a revoke that checkpoints a large
+            # shard outlasts it, and the member dropped for it rejoins into another rebalance.
+            rebalance_timeout_ms=int(max(cfg.rebalance_timeout_s, cfg.session_timeout_s) * 1000),
             max_partition_fetch_bytes=MAX_FETCH_BYTES,
             # A fetch that the broker never answers (seen on the embedded broker under floods)
             # stalls every partition until it times out: 15 s, not the client's default 40 s.
