@@ -152,8 +152,16 @@ def stopped_figure(log_path: str, name: str) -> int | None:
 
 def stability(log_path: str) -> dict[str, int | None]:
     """A daemon's stability over its run, from its "daemon stopped" line: the longest event-loop
-    stall and collector pause (ms), and its partition assignments (1: never rebalanced)."""
-    return {k: stopped_figure(log_path, k) for k in ("loop_stall_max_ms", "gc_pause_max_ms", "assignments")}
+    stall and collector pause (ms; ``_own_``: without the time its thread waited for a core), and
+    its partition assignments (1: never rebalanced)."""
+    names = (
+        "loop_stall_max_ms",
+        "gc_pause_max_ms",
+        "loop_stall_own_max_ms",
+        "gc_pause_own_max_ms",
+        "assignments",
+    )
+    return {k: stopped_figure(log_path, k) for k in names}
 
 
 def trial_targets(fleet: Fleet, trials: int) -> list[tuple[int, str]]:

@@ -60,7 +60,13 @@ def test_skipped_and_missing_ticks_are_not_decided() -> None:
 
 
 def test_the_stability_figures_come_from_the_daemons_stop_line(tmp_path: Path) -> None:
-    stats = DaemonStats(loop_stall_max_ms=42.4, gc_pause_max_ms=7.0, assignments=3, ticks_overload=2)
+    stats = DaemonStats(
+        loop_stall_max_ms=42.4,
+        gc_pause_max_ms=7.0,
+        loop_stall_own_max_ms=12.0,
+        assignments=3,
+        ticks_overload=2,
+    )
     log = tmp_path / "daemon.log"
     lines = [
         {"event": "daemon started", "assignments": 9},
@@ -68,8 +74,12 @@ def test_the_stability_figures_come_from_the_daemons_stop_line(tmp_path: Path) -
         {"event": "daemon stopped", **stats.summary()},
     ]
     log.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
-    assert stability(str(log)) == {"loop_stall_max_ms": 42, "gc_pause_max_ms": 7, "assignments": 3}
+    assert stability(str(log)) == {
+        "loop_stall_max_ms": 42,
+        "gc_pause_max_ms": 7,
+        "loop_stall_own_max_ms": 12,
+        "gc_pause_own_max_ms": 0,
+        "assignments": 3,
+    }
     assert overload_skipped(str(log)) == 2
-    assert stability(str(tmp_path / "none.log")) == dict.fromkeys(
-        ("loop_stall_max_ms", "gc_pause_max_ms", "assignments")
-    )
+    assert set(stability(str(tmp_path / "none.log")).values()) == {None}

@@ -74,6 +74,11 @@ class DaemonStats:
     loop_stall_max_ms: float = 0.0
     gc_pause_max_ms: float = 0.0
     assignments: int = 0
+    # ... and the same two without the time the loop's thread was runnable but not run (the
+    # machine's other work had the cores): what the daemon's own work made of them. On a machine
+    # with a core to spare the two agree; on a starved one the wall figures are the machine's.
+    loop_stall_own_max_ms: float = 0.0
+    gc_pause_own_max_ms: float = 0.0
     dead_by_reason: dict[str, int] = field(default_factory=dict)  # reason kind -> dead letters
     last_refusal: str = ""
     breaker_open_nodes: set[str] = field(default_factory=set)
@@ -98,6 +103,8 @@ class DaemonStats:
             "checkpoint_cpu_ms": round(self.checkpoint_cpu_s_total * 1000.0),
             "loop_stall_max_ms": round(self.loop_stall_max_ms),
             "gc_pause_max_ms": round(self.gc_pause_max_ms),
+            "loop_stall_own_max_ms": round(self.loop_stall_own_max_ms),
+            "gc_pause_own_max_ms": round(self.gc_pause_own_max_ms),
             "assignments": self.assignments,
         }
 
@@ -106,6 +113,8 @@ class DaemonStats:
         return {
             "loop_stall_max_ms": round(self.loop_stall_max_ms, 1),
             "gc_pause_max_ms": round(self.gc_pause_max_ms, 1),
+            "loop_stall_own_max_ms": round(self.loop_stall_own_max_ms, 1),
+            "gc_pause_own_max_ms": round(self.gc_pause_own_max_ms, 1),
             "assignments": self.assignments,
         }
 
@@ -146,6 +155,7 @@ class LoopTimes:
     gc_max_s: float = 0.0
     gc_full: int = 0
     gc_started: float = 0.0
+    gc_runq: float = 0.0
     stall_max_s: float = 0.0  # the longest loop stall in the window (StallWatch)
     stats: DaemonStats | None = field(default=None, repr=False)  # lifetime maxima go here too
     clock: Clock = field(default=wall_clock, repr=False)
@@ -153,8 +163,9 @@ class LoopTimes:
     def on_gc(self, phase: str, info: Mapping[str, Any]) -> None:
         """A ``gc.callbacks`` entry: time each collection."""
         now = self.clock.monotonic_s()
+        runq = self.clock.thread_sched_s()[1] if self.stats is not None else 0.0
         if phase == "start":
-            self.gc_started = now
+            self.gc_started, self.gc_runq = now, runq
             return
         if not self.gc_started:
             return
@@ -163,7 +174,9 @@ class LoopTimes:
         self.gc_s += took
         self.gc_max_s = max(self.gc_max_s, took)
         if self.stats is not None:
+            own = max(0.0, took - (runq - self.gc_runq))
             self.stats.gc_pause_max_ms = max(self.stats.gc_pause_max_ms, took * 1000.0)
+            self.stats.gc_pause_own_max_ms = max(self.stats.gc_pause_own_max_ms, own * 1000.0)
         if info.get("generation") == 2:
             self.gc_full += 1
 
@@ -211,11 +224,13 @@ class LoopTimes:
         self.gc_full = 0
         return out
 
-    def on_stall(self, stalled_s: float) -> None:
-        """The loop ran a due callback ``stalled_s`` late (:class:`StallWatch`)."""
+    def on_stall(self, stalled_s: float, own_s: float) -> None:
+        """The loop ran a due callback ``stalled_s`` late, ``own_s`` of it not counting the time its
+        thread waited for a core (:class:`StallWatch`)."""
         self.stall_max_s = max(self.stall_max_s, stalled_s)
         if self.stats is not None:
             self.stats.loop_stall_max_ms = max(self.stats.loop_stall_max_ms, stalled_s * 1000.0)
+            self.stats.loop_stall_own_max_ms = max(self.stats.loop_stall_own_max_ms, own_s * 1000.0)
 
 
 STALL_PROBE_S = 0.02  # how often StallWatch asks the loop for a turn
@@ -228,15 +243,18 @@ class StallWatch:
     on this loop too, so a stall is how late they are; a stall past the session timeout is a
     rebalance. Observation only."""
 
-    def __init__(self, clock: Clock, on_stall: Callable[[float], None]) -> None:
+    def __init__(self, clock: Clock, on_stall: Callable[[float, float], None]) -> None:
         self.clock = clock
         self.on_stall = on_stall
 
     async def run(self, stop: asyncio.Event) -> None:
+        clock = self.clock
         while not stop.is_set():
-            asked = self.clock.monotonic_s()
+            asked, runq0 = clock.monotonic_s(), clock.thread_sched_s()[1]
             await asyncio.sleep(STALL_PROBE_S)
-            self.on_stall(max(0.0, self.clock.monotonic_s() - asked - STALL_PROBE_S))
+            late = max(0.0, clock.monotonic_s() - asked - STALL_PROBE_S)
+            # Of it, the time the loop's thread waited for a core is the machine's, not the loop's.
+            self.on_stall(late, max(0.0, late - (clock.thread_sched_s()[1] - runq0)))
 
 
 TRACE_BOUNDARIES = 16  # boundaries whose stage times the trace keeps (the oldest go first)
