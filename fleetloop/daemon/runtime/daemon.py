@@ -50,7 +50,14 @@ from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import Partitions
 from fleetloop.daemon.runtime.port import Broker, Clock, Offload, Record, TopicPartition
 from fleetloop.daemon.runtime.summaries import Summaries
-from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, StallWatch, TripTrace, tune_gc
+from fleetloop.daemon.runtime.telemetry import (
+    DaemonStats,
+    LoopTimes,
+    StallWatch,
+    TripTrace,
+    freeze_survivors,
+    tune_gc,
+)
 from fleetloop.daemon.runtime.ticker import Pace, Ticker
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, supervise
@@ -211,6 +218,7 @@ class Daemon:
             try:
                 if (figures := times.report()) is not None:
                     log.info("loop", **figures)
+                freeze_survivors(times, self.config.gc_gen0_threshold > 0)
                 times.lap("loop")
                 if self._assignment.needed:
                     await self._assignment.restore()

@@ -156,6 +156,7 @@ class LoopTimes:
     gc_full: int = 0
     gc_started: float = 0.0
     gc_runq: float = 0.0
+    freeze_due: bool = False  # a middle or full collection ended: what survived it is frozen next
     stall_max_s: float = 0.0  # the longest loop stall in the window (StallWatch)
     stats: DaemonStats | None = field(default=None, repr=False)  # lifetime maxima go here too
     clock: Clock = field(default=wall_clock, repr=False)
@@ -171,6 +172,8 @@ class LoopTimes:
             return
         took = now - self.gc_started
         self.gc_started = 0.0
+        if info.get("generation", 0) >= 1:
+            self.freeze_due = True
         self.gc_s += took
         self.gc_max_s = max(self.gc_max_s, took)
         if self.stats is not None:
@@ -319,6 +322,22 @@ def gc_held(tuned: bool) -> Iterator[None]:
     finally:
         gc.freeze()
         gc.enable()
+
+
+def freeze_survivors(times: LoopTimes, tuned: bool) -> None:
+    """After a middle (or full) collection, freeze what survived it (:func:`gc.freeze`), so the
+    oldest generation stays empty and a full collection has nothing to walk. Called by the loop
+    between batches (not from the collector's callback), only where the daemon tunes the collector.
+
+    Measured at 10,000 nodes (one process, 40 s of a generated fleet folded and decided): the young
+    collections and a full one found 0 unreachable objects: the daemon's state holds no cycles,
+    so the collector only ever walks it. A full collection over what 20 s added since a freeze took
+    92 ms of CPU (a full one over a restored 10,000-node shard 683 ms of wall time at load 17); what
+    is frozen is still freed by reference counting when it dies, only a cycle in it would be kept."""
+    if times.freeze_due:
+        times.freeze_due = False
+        if tuned:
+            gc.freeze()
 
 
 def tune_gc(gen0_threshold: int) -> None:
