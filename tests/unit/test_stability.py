@@ -18,7 +18,7 @@ from fleetloop.policies.registry import builtin_policy
 from tests.support.memory_broker import MemoryBroker
 from tests.support.runtime_harness import TICK_MS, daemon, fleet, rig, running
 from tests.support.virtual_time import FakeClock, run_virtual
-from tests.unit.test_assignment import _assigned, _inputs, _read_into
+from tests.unit.test_assignment import _assigned, checkpointed
 
 T0 = 1_800_000_000_000
 
@@ -80,13 +80,7 @@ def test_gc_held_collects_nothing_meanwhile_and_freezes_what_was_built() -> None
 def test_a_restore_is_counted_and_freezes_the_restored_shard_when_the_daemon_tunes_gc() -> None:
     async def run(clock: FakeClock) -> tuple[int, int, bool]:
         broker = MemoryBroker(clock, partitions=1)
-        async with rig(clock, broker) as first:
-            _inputs(first, 40)
-            owned = first.own(0)
-            _read_into(first, owned.shard)
-            owned.dirty = True
-            assert await first.checkpoints().write(force=True)
-            written = checkpoint.encode(owned.shard.checkpoint_value())
+        written, _ = await checkpointed(clock, broker)
         async with rig(clock, broker, gc_gen0_threshold=100_000) as second:
             assignment = second.assignment()
             before = gc.get_freeze_count()
