@@ -81,6 +81,7 @@ from fleetloop.bench.loadgen import (
     loop_shares,
     overload_args,
     overload_skipped,
+    rebalances_beyond_start,
     stability,
     trial_targets,
 )
@@ -613,13 +614,10 @@ async def _run(
         # with nothing to decide), and the phases that took the most wall time.
         "daemon_loops": [loop_shares(f"{log_path}.{k}") for k in range(args.daemons)],
         # Each daemon's stability over its run ("daemon stopped" line): longest loop stall and GC
-        # pause (wall, and without waiting for a core), its assignments, and of them the ones beyond
-        # the start-up's (daemon k, started k-th, is handed partitions at most once per daemon
-        # joining from it on: N - k; a rebalance after that is one the load caused).
+        # pause (wall, and without waiting for a core), its assignments, and the group's beyond its
+        # start-up's (rebalances_beyond_start).
         "daemon_stability": (stable := [stability(f"{log_path}.{k}") for k in range(args.daemons)]),
-        "rebalances_beyond_start": sum(
-            max(0, (x["assignments"] or 0) - (args.daemons - k)) for k, x in enumerate(stable)
-        ),
+        "rebalances_beyond_start": rebalances_beyond_start([x["assignments"] for x in stable]),
         # The after-boundary part by stage, from the daemons' "trip path" lines (runtime.TripTrace)
         # joined to the trials by boundary: per stage p50 / p99 / max ms after the boundary.
         "trip_path_ms": trip_path_stages(

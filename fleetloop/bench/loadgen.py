@@ -164,6 +164,17 @@ def stability(log_path: str) -> dict[str, int | None]:
     return {k: stopped_figure(log_path, k) for k in names}
 
 
+def rebalances_beyond_start(assignments: list[int | None]) -> int | None:
+    """The assignments of N daemons of one group beyond what their start-up explains: each daemon
+    that joins hands every member already there (and itself) one assignment, so N daemons starting
+    in any order get at most N(N+1)/2 between them; the rest are rebalances of a running group.
+    None when a daemon's figure is not known."""
+    if any(a is None for a in assignments):
+        return None
+    n = len(assignments)
+    return max(0, sum(a or 0 for a in assignments) - n * (n + 1) // 2)
+
+
 def trial_targets(fleet: Fleet, trials: int) -> list[tuple[int, str]]:
     """The nodes to trip, one per trial, spread over the pools: (pool index, node id). Pools are
     stepped through by 7, or the next stride that shares no factor with the pool count, so

@@ -68,6 +68,7 @@ from fleetloop.bench.loadgen import (
     daemon_log_path,
     overload_args,
     overload_skipped,
+    rebalances_beyond_start,
     stability,
 )
 from fleetloop.daemon.brokers import ensure_topics
@@ -303,18 +304,12 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     # partition ahead of the others decides past the window meanwhile; that counts too).
     fleet_s = pool_ticks / len(pools) * tick_ms / 1000.0
     per_fleet_s = cpu_all / fleet_s if caught_up_s is not None and fleet_s > 0 else None
-    # Per daemon; the run's figure is the worst daemon's. Daemon k (started k-th) is handed
-    # partitions at most once per daemon joining from it on (N - k) at the start; beyond that, a
-    # rebalance the load caused.
+    # Per daemon; the run's figure is the worst daemon's, and the rebalances the group's beyond its
+    # start-up's (rebalances_beyond_start).
     per_daemon = [stability(path) for path in log_paths]
     stall = _worst(x["loop_stall_max_ms"] for x in per_daemon)
     gc_pause = _worst(x["gc_pause_max_ms"] for x in per_daemon)
-    known = [x["assignments"] for x in per_daemon]
-    rebalances = (
-        None
-        if any(a is None for a in known)
-        else sum(max(0, (a or 0) - (n_daemons - k)) for k, a in enumerate(known))
-    )
+    rebalances = rebalances_beyond_start([x["assignments"] for x in per_daemon])
     cpu_frac_max = max(cpus) / wall if wall > 0 else None
     keeps_up = (
         verdict["ticks_expected"] > 0

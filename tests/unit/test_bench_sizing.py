@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fleetloop.bench.loadgen import overload_skipped, stability
+from fleetloop.bench.loadgen import overload_skipped, rebalances_beyond_start, stability
 from fleetloop.bench.sizing import SKIPPED_HEADER, judge
 from fleetloop.daemon.runtime.telemetry import DaemonStats
 
@@ -83,3 +83,13 @@ def test_the_stability_figures_come_from_the_daemons_stop_line(tmp_path: Path) -
     }
     assert overload_skipped(str(log)) == 2
     assert set(stability(str(tmp_path / "none.log")).values()) == {None}
+
+
+def test_rebalances_are_the_assignments_beyond_what_the_daemons_start_up_explains() -> None:
+    assert rebalances_beyond_start([1]) == 0
+    assert rebalances_beyond_start([2, 1]) == 0  # the second to join hands the first one more
+    assert rebalances_beyond_start([1, 2]) == 0  # ... whichever joined first
+    assert rebalances_beyond_start([2, 2]) == 1  # one more round with both running
+    assert rebalances_beyond_start([3, 2, 1]) == 0
+    assert rebalances_beyond_start([5, 4, 3]) == 6
+    assert rebalances_beyond_start([1, None]) is None

@@ -98,6 +98,22 @@ def test_a_restore_is_counted_and_freezes_the_restored_shard_when_the_daemon_tun
     assert gc.isenabled()
 
 
+def test_an_assignment_while_stopping_is_the_stops_not_a_rebalance() -> None:
+    """A member that is stopping is handed partitions as the others leave: not counted."""
+
+    async def run(clock: FakeClock) -> tuple[int, int]:
+        async with rig(clock, MemoryBroker(clock, partitions=1)) as r:
+            assignment = r.assignment()
+            await assignment.on_assigned(_assigned(r))
+            counted = r.stats.assignments
+            r.link.stop = asyncio.Event()
+            r.link.stop.set()
+            await assignment.on_assigned(_assigned(r))
+            return counted, r.stats.assignments
+
+    assert run_virtual(run, wall_ms=T0) == (1, 1)
+
+
 def test_the_daemon_reports_stall_gc_and_assignments_at_its_stop() -> None:
     async def main(clock: FakeClock) -> dict[str, Any]:
         broker = MemoryBroker(clock)

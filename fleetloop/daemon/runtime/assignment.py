@@ -86,7 +86,10 @@ class Assignment:
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         self.parts.generation += 1
-        self.stats.assignments += 1
+        if self.link.stop is None or not self.link.stop.is_set():
+            # Counted while running: the group hands a stopping member's partitions on as it stops
+            # (another member's leave), which is the stop's, not a rebalance of a running group.
+            self.stats.assignments += 1
         try:
             await self.assign(assigned)
         except (self.link.broker.error, OSError) as exc:  # the loop restores once the broker answers again
