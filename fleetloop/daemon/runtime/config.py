@@ -84,7 +84,8 @@ class DaemonConfig:
     # ``fleetloop bench ingest``), and what survives a collection is frozen (freeze_survivors), so
     # a collection walks only the young objects: its pause grows with this figure. 100,000 paused
     # the loop up to 74-100 ms of CPU at 10,000 nodes on a loaded machine; with half of it the
-    # collections come twice as often and each walks half as many objects. 0 leaves the interpreter's settings alone.
+    # collections come twice as often and each walks half as many objects. 0 leaves the
+    # interpreter's settings alone.
     gc_gen0_threshold: int = 50_000
     door: Door = field(default_factory=Door)  # record size, event-time window around the broker's
     max_policy_version_step: int = 1000  # refuse a policy version further above the active one
