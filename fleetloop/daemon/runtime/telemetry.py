@@ -158,6 +158,7 @@ class LoopTimes:
     gc_runq: float = 0.0
     freeze_due: bool = False  # a collection ended: what survived it is frozen next (freeze_survivors)
     stall_max_s: float = 0.0  # the longest loop stall in the window (StallWatch)
+    stall_own_max_s: float = 0.0  # ... without its thread's wait for a core
     stats: DaemonStats | None = field(default=None, repr=False)  # lifetime maxima go here too
     clock: Clock = field(default=wall_clock, repr=False)
 
@@ -218,11 +219,12 @@ class LoopTimes:
             "gc_max_s": round(self.gc_max_s, 3),
             "gc_full": self.gc_full,
             "stall_max_s": round(self.stall_max_s, 3),
+            "stall_own_max_s": round(self.stall_own_max_s, 3),
         }
         self.wall_s, self.cpu_s, self.runq_s = {}, {}, {}
         self.since_s = now
         self.ticker_late_s = self.ticker_s = 0.0
-        self.gc_s = self.gc_max_s = self.stall_max_s = 0.0
+        self.gc_s = self.gc_max_s = self.stall_max_s = self.stall_own_max_s = 0.0
         self.gc_full = 0
         return out
 
@@ -230,6 +232,7 @@ class LoopTimes:
         """The loop ran a due callback ``stalled_s`` late, ``own_s`` of it not counting the time its
         thread waited for a core (:class:`StallWatch`)."""
         self.stall_max_s = max(self.stall_max_s, stalled_s)
+        self.stall_own_max_s = max(self.stall_own_max_s, own_s)
         if self.stats is not None:
             self.stats.loop_stall_max_ms = max(self.stats.loop_stall_max_ms, stalled_s * 1000.0)
             self.stats.loop_stall_own_max_ms = max(self.stats.loop_stall_own_max_ms, own_s * 1000.0)
