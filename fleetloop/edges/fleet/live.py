@@ -341,11 +341,12 @@ class LiveFleet:
 
     # -- desired state in (the worker manager, and the agents' router) --------------------------------
 
-    def apply(self, decisions: Iterable[Decision]) -> None:
+    def apply(self, decisions: Iterable[Decision], refresh_s: float = 0.0) -> None:
         """Enforced decisions only, newest per key (by tick id): the router library keeps that rule
         and takes routing, breaker, admission and retry-budget state; the worker manager acts on
-        the autoscale and batching decisions it accepted."""
-        for d in self.router.apply(decisions, self.t()):
+        the autoscale and batching decisions it accepted. ``refresh_s``: their form on
+        ``control.state`` (:meth:`fleetloop.router.state.DesiredState.accept`)."""
+        for d in self.router.apply(decisions, self.t(), refresh_s):
             self.decisions_applied += 1
             body = d.body
             if isinstance(body, AutoscaleDecision):
