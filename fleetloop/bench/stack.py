@@ -57,7 +57,7 @@ from fleetloop.daemon.cli_common import UsageError
 from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
 from fleetloop.edges.fleet.agents import Agents
 from fleetloop.edges.fleet.live import LiveFleet, _Lag
-from fleetloop.sim.catalog import GPU_MEMORY_UTIL, node_spec
+from fleetloop.perf.catalog import GPU_MEMORY_UTIL, node_spec
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
 
 ARMS = ("vllm-cache-aware", "vllm-p2c", "haproxy-classic", "fleetloop")
