@@ -37,7 +37,10 @@ The model (a fluid steady state of continuous batching; every figure a mean)::
 
 Limits (:func:`max_rate`): the largest ``r`` whose steady state, with the number of calls in the
 node at its 99th percentile, still exists, keeps ``N`` within the engine's running-call cap and
-the KV within the node's cache, and meets the TBT and TTFT targets. With calls arriving as a
+the KV within the node's cache, and meets the TTFT target with its mean and the TBT target with
+its median iteration (a chunk of a long prompt makes its iteration as long on an idle node as on a
+busy one: the batching lever's chunk cap sets that tail, the batch sets the common iterations).
+With calls arriving as a
 Poisson stream and served in parallel (continuous batching admits every call at once while there
 is room: an infinite-server queue), the number in the node is Poisson with mean ``N``: its 99th
 percentile is about ``N + z sqrt(N)`` (z = 2.326, the normal approximation), and the node is held
@@ -352,10 +355,12 @@ def median_step_s(shape: NodeShape, mix: Mix, rate: float, *, slow: float = 1.0)
     gets one token per iteration, so iterations count alike): what a node's ``tbt_p50_ms`` reports
     (the token-weighted median of its iteration times). None when the node is overloaded."""
     st = steady(shape, mix, rate, slow=slow)
-    if st is None:
-        return None
+    return None if st is None else _median_iteration(shape, mix, st, slow)
+
+
+def _median_iteration(shape: NodeShape, mix: Mix, st: Steady, slow: float) -> float:
     terms: list[tuple[float, float]] = []
-    _iteration_s(shape, mix, rate, st.step_s, slow, terms=terms)
+    _iteration_s(shape, mix, st.rate, st.step_s, slow, terms=terms)
     terms.sort(key=lambda x: x[1])
     half = sum(w for w, _ in terms) / 2.0
     seen = 0.0
@@ -380,7 +385,10 @@ def meets(
     shape: NodeShape, mix: Mix, rate: float, targets: Targets, *, slow: float = 1.0, idle_ttft_s: float = 0.0
 ) -> bool:
     """Whether one node meets ``targets`` at ``rate`` calls/s with the calls in it at their 99th
-    percentile (see the module docstring). A TTFT the idle node already misses (a prompt whose own
+    percentile (see the module docstring). The TBT target holds the median iteration: an iteration
+    that carries a long prompt's chunk takes as long on an idle node as on a busy one (its length is
+    the batching lever's, the chunk cap), so only the iterations the batch makes longer are
+    capacity's to keep short, and those are the common ones. A TTFT the idle node already misses (a prompt whose own
     prefill is longer: ``idle_ttft_s``) holds it to that TTFT instead: capacity cannot remove it."""
     base = steady(shape, mix, rate, slow=slow)
     if base is None:
@@ -396,8 +404,8 @@ def meets(
     return (
         hi.running <= shape.max_seqs
         and hi.kv_tokens <= targets.kv_frac * shape.kv_tokens
-        and hi.step_s <= targets.tbt_s
         and hi.ttft_s <= ttft_cap
+        and _median_iteration(shape, mix, hi, slow) <= targets.tbt_s
     )
 
 
