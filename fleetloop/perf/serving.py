@@ -36,15 +36,15 @@ The model (a fluid steady state of continuous batching; every figure a mean)::
     TBT  = t                          (one token per decoding call per iteration)
 
 Limits (:func:`max_rate`): the largest ``r`` whose steady state, with the number of calls in the
-node at its 99th percentile, still exists, keeps ``N`` within the engine's running-call cap and
-the KV within the node's cache, and meets the TTFT target with its mean and the TBT target with
-its median iteration (a chunk of a long prompt makes its iteration as long on an idle node as on a
-busy one: the batching lever's chunk cap sets that tail, the batch sets the common iterations).
-With calls arriving as a
-Poisson stream and served in parallel (continuous batching admits every call at once while there
-is room: an infinite-server queue), the number in the node is Poisson with mean ``N``: its 99th
-percentile is about ``N + z sqrt(N)`` (z = 2.326, the normal approximation), and the node is held
-to its targets at the rate that would give that many on average, ``r (1 + z / sqrt(N))``.
+node at its 99th percentile, still exists, keeps ``N`` within the engine's running-call cap and the
+KV within the node's cache, and meets the TTFT target with its mean and the TBT target with its
+median iteration (a chunk of a long prompt makes its iteration as long on an idle node as on a busy
+one: the batching lever's chunk cap sets that tail, the batch sets the common iterations). With
+calls arriving as a Poisson stream and served in parallel (continuous batching admits every call at
+once while there is room: an infinite-server queue), the number in the node is Poisson with mean
+``N``: its 99th percentile is about ``N + z sqrt(N)`` (z = 2.326, the normal approximation), and the
+node is held to its targets at the rate that would give that many on average, ``r (1 + z /
+sqrt(N))``.
 
 What the model leaves out (each errs as stated): CUDA-graph padding of decode-only iterations
 (the padded batch costs a little more: slightly optimistic at small batches), preemption (past
@@ -388,8 +388,9 @@ def meets(
     percentile (see the module docstring). The TBT target holds the median iteration: an iteration
     that carries a long prompt's chunk takes as long on an idle node as on a busy one (its length is
     the batching lever's, the chunk cap), so only the iterations the batch makes longer are
-    capacity's to keep short, and those are the common ones. A TTFT the idle node already misses (a prompt whose own
-    prefill is longer: ``idle_ttft_s``) holds it to that TTFT instead: capacity cannot remove it."""
+    capacity's to keep short, and those are the common ones. A TTFT the idle node already misses (a
+    prompt whose own prefill is longer: ``idle_ttft_s``) holds it to that TTFT instead: capacity
+    cannot remove it."""
     base = steady(shape, mix, rate, slow=slow)
     if base is None:
         return False

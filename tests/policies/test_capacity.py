@@ -131,6 +131,23 @@ def test_queue_growth_counts_as_arrivals_and_a_crash_adds_none() -> None:
     assert d.inputs["arrivals_per_s"] == pytest.approx(24.0 - 4.0)
 
 
+def test_a_pool_whose_nodes_report_nothing_fresh_holds_its_target_and_drains_nothing() -> None:
+    # Every row stale: the pool's size and demand are unknown, not zero (fail static).
+    state = history(20.0)
+    d, r = decide(pool_snap(h100s(4, stale=True), 20.0), state)
+    assert (d.current_nodes, d.desired_nodes, d.drain, d.reason) == (4, 4, (), "held-no-telemetry")
+    assert r.state is state  # the silence teaches the forecast nothing
+    # Restarted with nothing learned: held at the nodes last seen.
+    d, _ = decide(pool_snap(h100s(6, stale=True), 20.0), CapacityState())
+    assert (d.desired_nodes, d.reason) == (6, "held-no-telemetry")
+    # The rows gone from a pool it had sized: held at its last target, never scaled to its floor.
+    d, _ = decide(pool_snap([], 20.0), state)
+    assert (d.desired_nodes, d.reason) == (4, "held-no-telemetry")
+    # One fresh node: the pool is read again.
+    d, _ = decide(pool_snap([*h100s(3, stale=True), *h100s(1, prefix="f")], 20.0), state)
+    assert d.reason != "held-no-telemetry"
+
+
 def test_unknown_hardware_falls_back_to_the_engine_signals() -> None:
     views = nodes(4, model="mystery-1t", gpu_type="H100", kv_cache_used_frac=0.96)
     d, _ = decide(pool_snap(views, 20.0), history(20.0))

@@ -23,7 +23,8 @@ SLO book. Parameters: ``coverage`` 0.95, ``cold_start_s`` (catalog), ``down_wind
 engine, release and precision (``pools``). Failure mode: no physics for an unknown model or GPU
 (engine signals, no scale-down); a first burst faster than a cold start is lost in part (the
 operator's floor answers it, the memory the next); an engine stated wrongly is caught only past the
-speed deadband (1.5x).
+speed deadband (1.5x); a pool whose nodes report nothing fresh is unknown, not empty: its target
+holds (fail static), nothing drains.
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ class Capacity:
         lo, hi = params.bounds(pid)
         pool = snap.pools.get(pid)
         nodes = snap.pool_nodes(pid)
+        if (nodes and all(n.stale for n in nodes)) or (not nodes and state.last_desired):
+            return _hold(pid, nodes, state, lo, hi)
         p = _nodes(snap, state, ctx)
         current, n_warm = len(p.active), len(p.warm)
         reasons: list[str] = []
@@ -412,6 +415,27 @@ class Capacity:
             "node_calls_per_s": r6(per_node),
         }
         return PolicyResult(decisions=(decision,), state=new_state, diagnostics=diagnostics)
+
+
+def _hold(
+    pid: str, nodes: Sequence[NodeView], state: CapacityState, lo: int, hi: int
+) -> PolicyResult[CapacityState]:
+    """Fail static: the pool's nodes report nothing fresh (every row stale, or the rows gone from a
+    pool that had nodes). Its size and demand are unknown, which is not zero: the target stays where
+    it was (else at the nodes last seen), nothing is drained, and the state learns nothing from the
+    silence (no zero demand enters the forecast, no scale-down window moves)."""
+    seen = sum(1 for n in nodes if not n.draining)
+    held = min(max(state.last_desired if state.last_desired is not None else seen, lo), hi)
+    decision = AutoscaleDecision(
+        entity=f"pool/{pid}",
+        pool_id=pid,
+        current_nodes=seen,
+        desired_nodes=held,
+        drain=(),
+        reason="held-no-telemetry",
+        inputs={"stale_nodes": float(len(nodes)), "raw_desired": float(held)},
+    )
+    return PolicyResult(decisions=(decision,), state=state, diagnostics={"desired_nodes": float(held)})
 
 
 def _burst_key(b: Burst) -> tuple[float, int]:
