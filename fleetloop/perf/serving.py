@@ -355,12 +355,16 @@ def median_step_s(shape: NodeShape, mix: Mix, rate: float, *, slow: float = 1.0)
     gets one token per iteration, so iterations count alike): what a node's ``tbt_p50_ms`` reports
     (the token-weighted median of its iteration times). None when the node is overloaded."""
     st = steady(shape, mix, rate, slow=slow)
-    return None if st is None else _median_iteration(shape, mix, st, slow)
+    med = None if st is None else _median_iteration(shape, mix, st, slow)
+    return None if med is None or math.isinf(med) else med
 
 
 def _median_iteration(shape: NodeShape, mix: Mix, st: Steady, slow: float) -> float:
+    """The token-weighted median of the iteration mixture at ``st``; infinite when the mixture has
+    no value there (a fixed point settled within its tolerance just past the step budget)."""
     terms: list[tuple[float, float]] = []
-    _iteration_s(shape, mix, st.rate, st.step_s, slow, terms=terms)
+    if _iteration_s(shape, mix, st.rate, st.step_s, slow, terms=terms) is None or not terms:
+        return math.inf
     terms.sort(key=lambda x: x[1])
     half = sum(w for w, _ in terms) / 2.0
     seen = 0.0

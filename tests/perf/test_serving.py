@@ -151,6 +151,18 @@ def test_a_long_prompts_chunk_iterations_do_not_set_a_nodes_rate() -> None:
     assert med <= 0.03
 
 
+def test_a_steady_state_just_past_a_small_step_budget_misses_rather_than_fails() -> None:
+    """A 512-token step budget (the batching lever's floor) on an A100: the population's 99th
+    percentile settles within the fixed point's tolerance just past the budget, where the iteration
+    mixture has no value; that rate is missed, the search goes on below it."""
+    shape = node_shape("llama-8b", "A100", 1, max_batch_tokens=512)
+    assert shape is not None
+    mix = Mix(1405.0, 157.4, 293.9, 1405.0)
+    rate = max_rate(shape, mix, Targets(0.1, 2.0))
+    assert rate > 0.0
+    assert meets(shape, mix, rate, Targets(0.1, 2.0))
+
+
 def test_unknown_hardware_has_no_shape() -> None:
     assert node_shape("llama-9000", "H100", 1) is None
     assert node_shape("llama-8b", "TPU", 1) is None
