@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fleetloop.core.checkpoint import decode, encode
+from fleetloop.perf.catalog import node_spec
 from fleetloop.perf.serving import Mix, Targets, max_rate, node_shape
 from fleetloop.policies.autoscale.capacity import Burst, Capacity, CapacityParams, CapacityState, Episode
 from fleetloop.policies.autoscale.capacity.forecast import counting_spread, follow_episode, lagged_spread
@@ -215,6 +216,26 @@ def test_a_burst_that_rose_faster_than_a_cold_start_and_cost_tasks_is_held_in_re
     forgotten = replace(history(20.0), bursts=(costly,))
     d, _ = decide(pool_snap(h100s(4), 20.0), forgotten, memory_s=600.0)
     assert "burst" not in d.reason
+
+
+def test_the_reserve_is_the_bursts_peak_not_a_burst_on_top_of_the_burst() -> None:
+    costly = Burst(NOW_MS - 1_800_000, 20.0, 3.0, 20.0, 300.0, 12)
+    # Demand already past the burst's peak: the reserve (60 calls/s) adds nothing; forecast x ratio
+    # would have sized for 210.
+    state = replace(history(70.0), bursts=(costly,))
+    d, _ = decide(pool_snap(h100s(4), 70.0), state)
+    assert "burst-reserve" not in d.reason
+    assert d.inputs["bound_per_s"] < 70.0 * 1.2
+
+
+def test_before_a_cold_start_is_seen_the_lead_is_the_uncached_cold_start() -> None:
+    snap = pool_snap(h100s(4), 20.0)
+    result = ALGO.decide(snap, CapacityParams(), history(20.0), ctx(snap))
+    (d,) = result.decisions
+    assert isinstance(d, AutoscaleDecision)
+    spec = node_spec("llama-8b", "H100")
+    assert d.inputs["lead_s"] == pytest.approx(sum(spec.cold_start_medians(cached=False).values()))
+    assert d.inputs["lead_s"] > sum(spec.cold_start_medians(cached=True).values())
 
 
 def test_the_state_with_its_bursts_survives_the_checkpoint_codec() -> None:

@@ -9,8 +9,8 @@ Formula, per pool and tick::
     arrivals = new calls ended + diverted calls + growth of calls inside the nodes
     forecast = arrivals + trend x lead (x open-workflow growth while tasks accumulate)
     bound    = forecast + z(coverage) x max(lead-lagged spread, counting spread)
-               raised to base x ratio of a remembered burst while one is under way, and to
-               forecast x ratio of a remembered burst that rose faster than a cold start and cost tasks
+               raised to base x ratio of a remembered burst while one is under way, and to the
+               peak (base x ratio) of a remembered burst that rose faster than a cold start and cost tasks
     need     = (bound + queued / lead) / node_calls_per_s
     desired  = ceil(need) up at once; down to the highest need of one lead, held while tasks fail
                or accumulate or a remembered burst is under way
@@ -164,7 +164,7 @@ class Capacity:
         elif params.cold_start_s is not None:
             lead_s = params.cold_start_s
         elif shape is not None:
-            lead_s = sum(shape.spec.cold_start_medians(cached=True).values())
+            lead_s = sum(shape.spec.cold_start_medians(cached=False).values())  # the longer profile
         else:
             lead_s = 120.0
         lead_ms = lead_s * 1000.0
@@ -292,7 +292,9 @@ class Capacity:
                 reasons.append("burst-remembered")
         costly = [b for b in remembered if b.lost_tasks > 0 and b.rise_s < lead_s]
         if costly:
-            reserve = forecast * max(b.ratio for b in costly)
+            # The peak it reached, in calls/s: between bursts that is the forecast times the ratio;
+            # with demand already at burst level it adds nothing (a ratio of a ratio is no burst seen).
+            reserve = max(b.base * b.ratio for b in costly)
             if reserve > bound:
                 bound = reserve
                 reasons.append("burst-reserve")
