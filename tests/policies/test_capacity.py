@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import pytest
 from fleetloop.core.checkpoint import decode, encode
 from fleetloop.perf.catalog import node_spec
@@ -270,3 +271,44 @@ def test_params_refuse_bounds_out_of_order_and_an_unknown_engine_release() -> No
     p = CapacityParams(pools={"p": {"engine": "sglang", "min_nodes": 3}})  # type: ignore[dict-item]
     assert p.bounds("p") == (3, 1000)
     assert p.pool("q").engine == "vllm"
+
+
+# -- two bursts of one shape, across a restart ------------------------------------------------------
+
+
+def _two_bursts(restore_every: int | None) -> list[bytes]:
+    """Ten seconds a tick: 20 calls/s for 10 min, 80/s for 3 min (tasks fail while it rises), 20/s
+    for 30 min, then the same burst again; the pool has the nodes last asked for at the next tick.
+    ``restore_every``: the state goes through the checkpoint codec every that many ticks (a restart
+    from ``control.checkpoint``). The decisions, encoded."""
+    state, warm, failed, out = ALGO.initial_state(), 2, 0, []
+    plan = [(60, 20.0), (18, 80.0), (180, 20.0), (18, 80.0), (12, 20.0)]
+    tick = 0
+    for ticks, calls in plan:
+        for _ in range(ticks):
+            tick += 1
+            now = NOW_MS + tick * 10_000
+            if calls > 20.0 and tick < 100:
+                failed += 2  # the first burst rose faster than a cold start and cost tasks
+            snap = pool_snap(h100s(warm), calls, now_ms=now, tasks_failed=failed)
+            result = ALGO.decide(snap, CapacityParams(cold_start_s=120.0), state, ctx(snap, tick_ms=10_000))
+            (d,) = result.decisions
+            assert isinstance(d, AutoscaleDecision)
+            out.append(d.model_dump_json().encode())
+            state = result.state
+            if restore_every and tick % restore_every == 0:
+                state = decode(encode(state))
+            warm = max(d.desired_nodes, 1)
+    return out
+
+
+def test_a_second_burst_of_the_same_shape_is_met_from_memory_and_a_restart_changes_no_decision() -> None:
+    straight = _two_bursts(None)
+    assert _two_bursts(7) == straight  # byte-identical across checkpoint and restore
+    rows = [orjson.loads(d) for d in straight]
+    # The first burst (tick 61) meets a pool sized for the calm; after it, the costly burst's peak is
+    # held in reserve, so the second (tick 259) meets a pool that already carries its peak.
+    before_first, before_second = rows[59], rows[257]
+    assert before_first["desired_nodes"] * before_first["inputs"]["node_calls_per_s"] < 80.0
+    assert before_second["desired_nodes"] * before_second["inputs"]["node_calls_per_s"] >= 80.0
+    assert all("burst-reserve" in r["reason"] for r in rows[120:258])
