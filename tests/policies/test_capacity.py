@@ -170,6 +170,17 @@ def test_a_pool_much_slower_than_its_physics_is_sized_as_slow() -> None:
     assert d.inputs["speed_seen"] == pytest.approx(1.3)
 
 
+def test_a_queued_pool_is_overloaded_not_slow() -> None:
+    """Nodes past their knee (a queue on each) stretch their iterations with the batch: that TBT is not
+    read as the pool's speed. Without a queue the same TBT is."""
+    queued = h100s(4, running_requests=60, queue_depth=5, tbt_p50_ms=200.0)
+    d, _ = decide(pool_snap(queued, 60.0), history(60.0))
+    assert d.inputs["speed_seen"] == 1.0
+    assert "tbt_p50_seen_ms" not in d.inputs
+    d, _ = decide(pool_snap(h100s(4, running_requests=60, tbt_p50_ms=200.0), 60.0), history(60.0))
+    assert d.inputs["speed_seen"] > 1.0
+
+
 # -- bursts -----------------------------------------------------------------------------------------
 
 

@@ -219,7 +219,11 @@ class Capacity:
         # The pool's speed against its physics: the nodes' median TBT over the physics' median.
         slow = state.slow
         seen = predicted = None
-        if key is not None and len(p.serving) >= MIN_SPEED_NODES and calls > 0:
+        # Read only while no serving node holds a queue: the physics' steady state holds none, and a
+        # node past its knee stretches its iterations with the batch it is capped at, which would read
+        # as a slow pool, shrink its rate and ask for more nodes the more it is overloaded.
+        queued_now = any(n.queue_depth > 0 for n in p.serving)
+        if key is not None and len(p.serving) >= MIN_SPEED_NODES and calls > 0 and not queued_now:
             tbts = [n.tbt_p50_ms for n in p.serving if n.tbt_p50_ms is not None and n.running_requests > 0]
             seen = _median(tbts)
             predicted = median_step(key, mix, arrivals / len(p.serving))
