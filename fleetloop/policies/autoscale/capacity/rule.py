@@ -23,7 +23,7 @@ SLO book. Parameters: ``coverage`` 0.95, ``cold_start_s`` (catalog), ``down_wind
 engine, release and precision (``pools``). Failure mode: no physics for an unknown model or GPU
 (engine signals, no scale-down); a first burst faster than a cold start is lost in part (the
 operator's floor answers it, the memory the next); an engine stated wrongly is caught only past the
-speed deadband (1.5x); a pool whose nodes report nothing fresh is unknown, not empty: its target
+speed deadband (1.2x); a pool whose nodes report nothing fresh is unknown, not empty: its target
 holds (fail static), nothing drains.
 """
 
@@ -52,7 +52,7 @@ MAX_NEED_NODES = 1_000_000.0  # a hostile figure's need is capped here (a decisi
 MAX_COLD_START_S = 3600.0  # a longer cold -> warm time is a stuck node or a jumped clock, not learned
 MIN_RUNNING = 8  # running calls over the pool's warm nodes before their KV per call is read
 SLOW_BOUNDS = (0.5, 8.0)  # the speed figure is clamped here (a ratio outside is a broken reading)
-SLOW_DEADBAND = 1.5  # a pool's speed is applied only past this factor either way
+SLOW_DEADBAND = 1.2  # a pool's speed is applied only past this factor either way
 MIN_SPEED_NODES = 2  # serving nodes needed to read the pool's speed (a median of one is one node)
 ACCUMULATION_Z = 2.0  # standard deviations of churn the open-workflow count must rise by
 IDLE_KNEE = 2.0  # an SLO below the idle node's own figure: held to this multiple of it instead
