@@ -290,6 +290,15 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 
+def check_family(engine: str, family: str | None) -> None:
+    """Raise ValueError naming the known releases when ``engine`` has no profile ``family`` (None:
+    the engine's current release, always known): what a scenario's pool and a policy's pool spec
+    both check."""
+    known = FAMILIES[engine]
+    if family is not None and family not in known:
+        raise ValueError(f"engine_version: {engine} has no profile {family!r} (known: {', '.join(known)})")
+
+
 def profile(engine: str = DEFAULT_ENGINE, family: str | None = None) -> RuntimeProfile:
     """The profile of ``engine`` at ``family`` (its default family when None). KeyError if unknown."""
     fam = family if family is not None else DEFAULT_FAMILY[engine]

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from fleetloop.perf.catalog import GPUS, MODELS, node_spec
-from fleetloop.perf.engines import FAMILIES, Engine, RuntimeProfile, profile
+from fleetloop.perf.engines import Engine, RuntimeProfile, check_family, profile
 from fleetloop.schemas.errors import one_line
 from fleetloop.sim.catalog import sample_cold_start
 from fleetloop.user_input import UserInputError, read_yaml
@@ -101,12 +101,7 @@ class Pool(_Strict):
 
     @model_validator(mode="after")
     def _engine_family(self) -> Pool:
-        known = FAMILIES[self.engine]
-        if self.engine_version is not None and self.engine_version not in known:
-            raise ValueError(
-                f"engine_version: {self.engine} has no profile {self.engine_version!r} "
-                f"(known: {', '.join(known)})"
-            )
+        check_family(self.engine, self.engine_version)
         return self
 
     @property

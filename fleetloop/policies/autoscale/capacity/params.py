@@ -6,7 +6,7 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from fleetloop.perf.engines import FAMILIES
+from fleetloop.perf.engines import check_family
 from fleetloop.policies.base import Params
 
 
@@ -22,12 +22,7 @@ class PoolSpec(Params):
 
     @model_validator(mode="after")
     def _family(self) -> Self:
-        known = FAMILIES[self.engine]
-        if self.engine_version is not None and self.engine_version not in known:
-            raise ValueError(
-                f"engine_version: {self.engine} has no profile {self.engine_version!r} "
-                f"(known: {', '.join(known)})"
-            )
+        check_family(self.engine, self.engine_version)
         return self
 
 
