@@ -49,13 +49,13 @@ from aiohttp import web
 from fleetloop import clock
 from fleetloop.edges.fleet.metrics import VllmMetrics
 from fleetloop.edges.fleet.server import LOOPBACK, LiveNode, Pending, build_app
+from fleetloop.perf.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
 from fleetloop.schemas.decisions import (
     AutoscaleDecision,
     BatchingDecision,
     Decision,
 )
 from fleetloop.sim import faults as faults_mod
-from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
 from fleetloop.sim.fleet import scale_plan
 from fleetloop.sim.node import Node, Req
 from fleetloop.sim.router import SimRouter, sim_router
