@@ -223,18 +223,11 @@ RESULTS: tuple[Result, ...] = (
         {STDOUT: "soak.json"},
         "twice the daemon's capacity for minutes: lag, RSS and ticks stay bounded",
     ),
-    *(
-        Result(
-            f"stack-{name}",
-            f"fleetloop bench stack --scenario scenarios/stack/{file}.yaml --seconds 75 --drain-s {drain} "
-            f"--out {OUT}",
-            {f"{OUT}/stack-{name}.{ext}": f"stack/stack-{name}.{ext}" for ext in ("md", "json", "png")},
-            f"one emulated fleet ({what}) behind vllm-router, HAProxy and HAProxy driven by fleetloop",
-        )
-        for name, file, drain, what in (
-            ("degraded-gpu", "degraded-gpu-small", 15, "a GPU degrades"),
-            ("prefix-heavy", "prefix-small", 125, "shared prefixes"),
-        )
+    Result(
+        "stack-router-overhead",
+        f"fleetloop bench stack --scenario scenarios/stack/degraded-gpu.yaml --overhead --out {OUT}",
+        {f"{OUT}/router-overhead.{ext}": f"stack/router-overhead.{ext}" for ext in ("md", "json")},
+        "what each router's data path adds to a streamed call's first token, over two idle nodes",
     ),
 )
 

@@ -40,8 +40,25 @@ from fleetloop.topic_layout import require_topics
 
 def register(sub: Any) -> None:
     """``run`` and the ``policy`` group."""
+    _register_run(sub)
+    _register_policy(sub)
+
+
+def _register_run(sub: Any) -> None:
+    """``run``, its flags in the order ``--help`` lists them."""
     run = sub.add_parser("run", help="run the daemon (the sidecar control loop)")
     bootstrap_arg(run, required=True)
+    _role_args(run)
+    _pacing_args(run)
+    _http_args(run)
+    _door_args(run)
+    log_args(run)
+    run.set_defaults(handler=cmd_run)
+
+
+def _role_args(run: argparse.ArgumentParser) -> None:
+    """What this instance is: its policy, its group, whether it ticks, how it produces, and whether it
+    creates the topics."""
     run.add_argument(
         "--policy", metavar="FILE", help="initial policy document (default: the built-in default)"
     )
@@ -61,6 +78,11 @@ def register(sub: Any) -> None:
         help="create any missing topic of the registry first (existing ones are checked either way: "
         "exit 2 naming a topic with the wrong partition count or cleanup policy)",
     )
+
+
+def _pacing_args(run: argparse.ArgumentParser) -> None:
+    """How much work the loop takes on, how often it checkpoints, how long a silent member keeps its
+    partitions, and how long to wait for missing topics."""
     run.add_argument(
         "--overload-max-ticks",
         type=int,
@@ -103,12 +125,41 @@ def register(sub: Any) -> None:
         "failover after a crash takes about this long)",
     )
     run.add_argument(
+        "--rebalance-timeout-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long the group waits in a rebalance for every member to join again; a member first "
+        "checkpoints the shards it gives up, seconds at fleet scale (default 60; at least the session "
+        "timeout)",
+    )
+    run.add_argument(
+        "--group-instance-id",
+        default=None,
+        metavar="NAME",
+        help="static group membership: this instance's name, stable across its restarts and unique in "
+        "the group; a restart within --session-timeout-s keeps its partitions without a rebalance "
+        "(default: none, every join and leave rebalances)",
+    )
+    run.add_argument(
+        "--state-refresh-s",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="control.state gets each key's desired state when it changes, and every key again at "
+        "least this often (default 10; 0: every decision every tick, the old form)",
+    )
+    run.add_argument(
         "--wait-for-topics",
         type=float,
         default=0.0,
         metavar="SECONDS",
         help="wait up to this long for missing topics (default 0: exit 2 at once naming them)",
     )
+
+
+def _http_args(run: argparse.ArgumentParser) -> None:
+    """The optional HTTP face: health, metrics and the live page."""
     run.add_argument(
         "--http-port",
         type=int,
@@ -121,6 +172,10 @@ def register(sub: Any) -> None:
         metavar="HOST",
         help="address the HTTP server binds (default 127.0.0.1: loopback only)",
     )
+
+
+def _door_args(run: argparse.ArgumentParser) -> None:
+    """Which input records the door lets in."""
     run.add_argument(
         "--event-time-window",
         default="600,30",
@@ -135,11 +190,19 @@ def register(sub: Any) -> None:
         metavar="N",
         help=f"refuse input records larger than this (default {Door().max_record_bytes})",
     )
-    log_args(run)
-    run.set_defaults(handler=cmd_run)
 
+
+def _register_policy(sub: Any) -> None:
+    """The ``policy`` group: validate, the lifecycle commands, compare, diff (in that order)."""
     pol = sub.add_parser("policy", help="validate, apply, diff, roll back policy documents; status")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True, parser_class=type(pol))
+    _add_validate(pol_sub)
+    lifecycle.register(pol_sub)
+    compare_command.register(pol_sub)
+    _add_diff(pol_sub)
+
+
+def _add_validate(pol_sub: Any) -> None:
     v = pol_sub.add_parser(
         "validate",
         help="check documents; exit 2 naming the first problem of each bad one",
@@ -150,8 +213,9 @@ def register(sub: Any) -> None:
     v.add_argument("files", nargs="+", metavar="FILE", help="a policy document (YAML); several may be given")
     v.add_argument("--json", action="store_true", help="print one JSON object: per-file results and counts")
     v.set_defaults(handler=cmd_policy_validate)
-    lifecycle.register(pol_sub)
-    compare_command.register(pol_sub)
+
+
+def _add_diff(pol_sub: Any) -> None:
     d = pol_sub.add_parser(
         "diff",
         help="what changes between two documents (exit 1 when they differ)",
@@ -189,6 +253,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("fleetloop run: --checkpoint-max-stretch must be between 1 and 1000")
     if not 1.0 <= args.session_timeout_s <= 300.0:
         raise UsageError("fleetloop run: --session-timeout-s must be between 1 and 300")
+    if not 1.0 <= args.rebalance_timeout_s <= 3600.0:
+        raise UsageError("fleetloop run: --rebalance-timeout-s must be between 1 and 3600")
+    if args.group_instance_id is not None and not 0 < len(args.group_instance_id) <= 249:
+        raise UsageError("fleetloop run: --group-instance-id must be 1 to 249 characters")
+    if not (args.state_refresh_s == 0 or 1.0 <= args.state_refresh_s <= 3600.0):
+        raise UsageError("fleetloop run: --state-refresh-s must be 0 or between 1 and 3600")
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
         raise UsageError(f"fleetloop run: --http-port {args.http_port} is not a port (0..65535)")
     if args.wait_for_topics < 0:
@@ -309,6 +379,9 @@ async def _run_daemon(
             checkpoint_cpu_share=args.checkpoint_cpu_share,
             checkpoint_max_stretch=args.checkpoint_max_stretch,
             session_timeout_s=args.session_timeout_s,
+            group_instance_id=args.group_instance_id or None,
+            rebalance_timeout_s=args.rebalance_timeout_s,
+            state_refresh_s=args.state_refresh_s,
             overload_max_ticks=args.overload_max_ticks,
             door=args.door,
         ),

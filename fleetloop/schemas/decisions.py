@@ -8,7 +8,7 @@ makes a replay comparable byte for byte. Each body carries a reason code and the
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, ValidationError
 from pydantic_core import from_json, to_json
@@ -105,7 +105,15 @@ class AdmissionDecision(_Body):
     empty until the KV cache fills, so outstanding work is the signal that moves first.
     ``new_task_max_outstanding[p]`` binds only on a node with calls queued: one with none admits
     the first call into its running batch at once, which costs the batch time between tokens,
-    while a shed first call is a lost task. A class absent from a table has no limit of that kind."""
+    while a shed first call is a lost task. A class absent from a table has no limit of that kind.
+
+    ``reject_if_budget_below_ms`` sheds a call whose remaining latency budget is known and below it
+    (0: no such threshold). A call with no deadline (budget 0 or absent: ``x-fleetloop-budget-ms``
+    unset) is never shed for its budget, and neither is a call of priority
+    ``budget_protected_priority`` or better: those classes are shed only by their queue and
+    outstanding limits, which the engine floors (the envelope's ``protected_priority``, which it
+    copies here; -1 protects none). A record without the field (an older daemon) protects
+    priority 0, the envelope's default."""
 
     kind: Literal["admission"] = "admission"
     pool_id: Ident
@@ -117,6 +125,9 @@ class AdmissionDecision(_Body):
     )
     new_task_max_outstanding: dict[str, NonNegInt] = Field(
         default_factory=dict, description="the same for the first call of a task"
+    )
+    budget_protected_priority: int = Field(
+        default=0, ge=-1, le=9, description="this priority and better are never shed for their budget"
     )
 
 
@@ -220,6 +231,40 @@ class Decision(Wire):
     def key(self) -> str:
         """The compaction key: one desired state per kind and entity."""
         return f"{self.body.kind}/{self.body.entity}"
+
+
+# The form of a control.state record, in its headers. None: every enforced decision every tick (the
+# first form). ``state_form`` 2: each key when what it asks for changes, and every key re-sent at least
+# every ``refresh_ms`` (fleetloop.daemon.act.state_changes); a reader keeps a routing decision fresh
+# for its fail-static TTL plus that refresh (fleetloop.router.state.DesiredState.routing_fresh).
+FORM_HEADER = "fleetloop.state_form"
+REFRESH_HEADER = "fleetloop.refresh_ms"
+CHANGE_ONLY_FORM = b"2"
+
+
+def state_headers(refresh_ms: int) -> list[tuple[str, bytes]]:
+    """The headers of a change-only record on ``control.state`` (none for the every-tick form)."""
+    if refresh_ms <= 0:
+        return []
+    return [(FORM_HEADER, CHANGE_ONLY_FORM), (REFRESH_HEADER, str(refresh_ms).encode())]
+
+
+def refresh_s_of(headers: Any) -> float:
+    """A ``control.state`` record's refresh period in seconds from its headers (0: the every-tick
+    form, or headers this reader does not understand)."""
+    form = refresh = None
+    for k, v in headers or ():
+        if k == FORM_HEADER:
+            form = bytes(v)
+        elif k == REFRESH_HEADER:
+            refresh = bytes(v)
+    if form != CHANGE_ONLY_FORM or refresh is None:
+        return 0.0
+    try:
+        ms = int(refresh)
+    except ValueError:
+        return 0.0
+    return ms / 1000.0 if 0 < ms <= 3_600_000 else 0.0
 
 
 # kind -> body model, read off DecisionBody itself, so a kind added there is known here.

@@ -687,6 +687,7 @@ def _shape_admission(d: AdmissionDecision, env: Envelope) -> AdmissionDecision:
             "new_task_max_queue_depth": floor(d.new_task_max_queue_depth),
             "max_outstanding": floor(d.max_outstanding),
             "new_task_max_outstanding": floor(d.new_task_max_outstanding),
+            "budget_protected_priority": env.protected_priority,
         }
     )
 
@@ -728,6 +729,7 @@ def _shape_admission_fast(d: AdmissionDecision, env: Envelope) -> AdmissionDecis
             "new_task_max_queue_depth": floor(d.new_task_max_queue_depth),
             "max_outstanding": floor(d.max_outstanding),
             "new_task_max_outstanding": floor(d.new_task_max_outstanding),
+            "budget_protected_priority": protected,
         },
     )
 
@@ -761,15 +763,15 @@ def _freeze_autoscale(d: AutoscaleDecision, snap: FleetSnapshot, held: int | Non
     frozen = max(base, serving)
     if frozen == d.desired_nodes and not d.drain:
         return d
+    return _overruled(d, frozen, "silent-pool-frozen")
+
+
+def _overruled(d: AutoscaleDecision, desired: int, why: str) -> AutoscaleDecision:
+    """``d`` at ``desired`` nodes, draining none, its proposal kept in its inputs, ``why`` said."""
     inputs = dict(d.inputs)
     inputs["proposed_nodes"] = float(d.desired_nodes)
     return d.model_copy(
-        update={
-            "desired_nodes": frozen,
-            "drain": (),
-            "reason": f"{d.reason}:silent-pool-frozen",
-            "inputs": inputs,
-        }
+        update={"desired_nodes": desired, "drain": (), "reason": f"{d.reason}:{why}", "inputs": inputs}
     )
 
 
@@ -783,6 +785,38 @@ def _shape_autoscale(d: AutoscaleDecision, env: Envelope) -> AutoscaleDecision:
     return d.model_copy(
         update={"desired_nodes": desired, "drain": drain, "reason": f"{d.reason}:step-limited"}
     )
+
+
+def settle_autoscale(
+    d: AutoscaleDecision, snap: FleetSnapshot, env: Envelope, held: int | None, silent: bool
+) -> AutoscaleDecision | None:
+    """What the engine lets out of an autoscale proposal for its pool (None: nothing, this tick).
+
+    No telemetry is "unknown", never "no nodes" (a control plane must not shrink a pool its absence
+    would leave alone):
+
+    - a pool with fresh telemetry: the proposal, step-limited (:func:`_shape_autoscale`);
+    - a silent pool (:func:`pool_is_silent`): frozen at the target held (:func:`_freeze_autoscale`);
+    - a pool no node of which is known (no telemetry row: a new pool, or a scraper not running or
+      down long enough for the model to forget the nodes) while router outcomes show it serving:
+      its size is unknown. The target held is a floor (the proposal may still scale up: demand with
+      no capacity, a pool scaled to zero whose calls are shed), never a ceiling;
+    - either of the last two with no target held and no node known: nothing. Any figure would be a
+      guess at the size of a pool that may be serving (every HPA-style autoscaler proposes 0,
+      ``no-nodes-yet``, and a Kubernetes actuator would scale the running pool away); the actuator
+      keeps what it had, as it would without fleetloop (``control.state`` is compacted: the last
+      target published stays there).
+
+    Shared by :func:`decide` and :func:`decide_many`."""
+    known = pool_figures(snap).get(d.pool_id) is not None
+    if not known and held is None:
+        return None
+    if silent:
+        return _freeze_autoscale(d, snap, held)
+    shaped = _shape_autoscale(d, env)
+    if known or held is None or shaped.desired_nodes >= held:
+        return shaped
+    return _overruled(d, held, "no-telemetry-held")
 
 
 def decide(
@@ -845,12 +879,11 @@ def decide(
             shaped_as: list[DecisionBody] = []
             for d in produced:
                 if isinstance(d, AutoscaleDecision):
-                    # Frozen: no move at all (the held target already passed the step limit).
-                    d = (
-                        _freeze_autoscale(d, snap, held.get(d.pool_id))
-                        if silent
-                        else _shape_autoscale(d, env)
-                    )
+                    # Frozen (silent), held (unknown) or nothing: settle_autoscale.
+                    settled = settle_autoscale(d, snap, env, held.get(d.pool_id), silent)
+                    if settled is None:
+                        continue
+                    d = settled
                     if sec.mode == "enforce":
                         held[d.pool_id] = d.desired_nodes
                 shaped_as.append(d)
@@ -1059,11 +1092,10 @@ def decide_many(
                 scaled: list[DecisionBody] = []
                 for d in result.decisions:
                     if isinstance(d, AutoscaleDecision):
-                        d = (
-                            _freeze_autoscale(d, snap, held[j].get(d.pool_id))
-                            if silent
-                            else _shape_autoscale(d, env)
-                        )
+                        settled = settle_autoscale(d, snap, env, held[j].get(d.pool_id), silent)
+                        if settled is None:
+                            continue
+                        d = settled
                         if mode == "enforce":
                             held[j][d.pool_id] = d.desired_nodes
                     scaled.append(d)
