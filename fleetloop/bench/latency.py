@@ -55,7 +55,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -286,17 +286,247 @@ class Seen:
     record_ts_ms: int  # the record's own timestamp: when the daemon staged it
 
 
+@dataclass(slots=True)
+class _Open:
+    """What a run holds open: the load generator, the daemons, the bench's producer (the router's
+    failed calls) and its reader of ``control.state`` and ``control.summaries``, with what that
+    reader has seen so far (its ``watch`` task fills it)."""
+
+    load: LoadProcess
+    producer: AIOKafkaProducer
+    state: AIOKafkaConsumer
+    summaries_tp: TopicPartition
+    requests_topic: str
+    watched: dict[bytes, str]  # a trial target's breaker key (Decision.key) -> its node
+    broker_pid: int | None
+    seen: dict[str, list[Seen]]  # every record of a target, in order
+    # Per shard summary key and boundary, how many times it was published (once is the contract).
+    summaries: dict[tuple[bytes, int], int] = field(default_factory=dict)
+    # Per shard (a summary's key), the newest boundary it published a summary for: the slowest
+    # shard says how far behind the daemons are (the shards' decisions share one topic).
+    newest: dict[bytes, int] = field(default_factory=dict)
+    daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def behind_s(self, wall_ms: int) -> float:
+        return max(0.0, (wall_ms - min(self.newest.values(), default=0)) / 1000.0)
+
+    def routed(self, node_id: str) -> bool:
+        """A router following control.state sends calls to the node: its newest breaker record is
+        not an enforced open."""
+        got = self.seen[node_id]
+        return not got or not (got[-1].state == "open" and got[-1].enforced)
+
+    async def watch(self) -> None:
+        while not self.stop.is_set():
+            batch = await self.state.getmany(timeout_ms=200)
+            now = clock.monotonic_s()
+            wall = clock.wall_ms()
+            for part, records in batch.items():
+                if part == self.summaries_tp:
+                    for r in records:
+                        at = (r.key or b"", int(orjson.loads(r.value)["ts_ms"]))
+                        self.summaries[at] = self.summaries.get(at, 0) + 1
+                        self.newest[at[0]] = max(self.newest.get(at[0], 0), at[1])
+                    continue
+                for r in records:
+                    node_id = self.watched.get(r.key or b"")
+                    if node_id is None:
+                        continue  # only the trial targets' breakers are read (10,000 nodes: ~5k a tick)
+                    d = orjson.loads(r.value)
+                    body = d["body"]
+                    self.seen[node_id].append(
+                        Seen(int(d["ts_ms"]), body["state"], bool(body["enforced"]), body.get("until_ms"),
+                             str(body.get("reason", "")), now, wall, r.timestamp)
+                    )  # fmt: skip
+
+    def cpu_now(self) -> dict[str, float | None]:
+        daemons = self.daemons
+        each = {f"daemon{k}": _cpu_s(d.pid, children=True) for k, d in enumerate(daemons)}
+        return {
+            "generator": _cpu_s(self.load.pid),
+            "broker": _cpu_s(self.broker_pid, children=True),
+            # The daemons' own processes (as the earlier results measured them), then with their
+            # checkpoint children, in all and one by one: where a missed trial's cores went.
+            "daemons": sum(c for d in daemons if (c := _cpu_s(d.pid)) is not None) if daemons else None,
+            "daemons_with_children": sum(c for c in each.values() if c is not None) if daemons else None,
+            **each,
+            "bench": clock.cpu_s(),
+            "machine": _machine_busy_s(),
+        }
+
+
+@dataclass(slots=True)
+class _Trip:
+    """One trial's failed calls: when they started (monotonic), where the node's records from then
+    on begin in ``_Open.seen``, how many were sent, the trigger's ack (monotonic) and its tick
+    boundary, and the node's first enforced open after them (None: none came)."""
+
+    started: float
+    first_seen: int
+    failed: int = 0
+    sent_at: float | None = None
+    boundary: int | None = None
+    opened: Seen | None = None
+
+
+@dataclass(slots=True)
+class _Trials:
+    """The trials of a run: each plays the router that keeps sending failed calls to its node."""
+
+    run: _Open
+    args: argparse.Namespace
+    tick_ms: int
+    threshold: int
+    pool_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    async def trial(self, k: int, pool: Any, node_id: str, start_at: float) -> dict[str, Any]:
+        """One trial: the router's failing calls to ``node_id`` until its first enforced ejection
+        ends (or none came within ``FIRST_OPEN_TIMEOUT_S`` of the trigger)."""
+        await asyncio.sleep(max(0.0, start_at - clock.monotonic_s()))
+        lock = self.pool_locks.setdefault(pool.pool_id, asyncio.Lock())
+        async with lock:
+            row: dict[str, Any] = {
+                "node": node_id,
+                "pool": pool.pool_id,
+                "daemons_behind_s": round(self.run.behind_s(clock.wall_ms()), 2),
+                "generator_lag_s": round(self.run.load.stats.get(LAG_NOW_S), 3),
+                "load_average": _loadavg(),
+            }
+            self.run.load.take(k)
+            await asyncio.sleep(PAUSE_AFTER_TAKE_S)
+            trip = await self._fail_until_ejection_ends(pool, node_id)
+            self.run.load.take(k, taken=False)
+            self._figures(k, node_id, row, trip)
+            return row
+
+    async def _fail_until_ejection_ends(self, pool: Any, node_id: str) -> _Trip:
+        """The router's failed calls to the node, at its rate while the node is routed, until the
+        node's first enforced ejection after them ends (or none came in time)."""
+        run = self.run
+        interval_s = 1.0 / self.args.outcomes_per_node  # a router's calls to one node of its pool
+        trip = _Trip(started=clock.monotonic_s(), first_seen=len(run.seen[node_id]))
+        next_call = trip.started
+        while True:
+            now = clock.monotonic_s()
+            if trip.opened is None:
+                mine = run.seen[node_id][trip.first_seen :]
+                trip.opened = next((x for x in mine if x.state == "open" and x.enforced), None)
+            opened = trip.opened
+            if (
+                opened is not None
+                and clock.wall_ms() >= (opened.until_ms or opened.ts_ms) + AFTER_END_S * 1000
+            ):
+                break  # its first ejection ended (a probe came, or the end passed): watched to the end
+            if opened is None and trip.sent_at is not None and now - trip.sent_at > FIRST_OPEN_TIMEOUT_S:
+                break
+            if (
+                opened is None
+                and trip.sent_at is None
+                and now - trip.started > FIRST_OPEN_TIMEOUT_S + self.threshold * interval_s
+            ):
+                break
+            if run.routed(node_id) and now >= next_call:
+                ts = clock.wall_ms()
+                fut = await run.producer.send(
+                    run.requests_topic, value=_failure(node_id, pool.pool_id, pool.model, ts, trip.failed),
+                    key=pool.pool_id.encode(),
+                )  # fmt: skip
+                meta = await fut
+                trip.failed += 1
+                next_call += interval_s
+                if trip.failed == self.threshold:
+                    trip.sent_at = clock.monotonic_s()
+                    # its tick's cut has it
+                    trip.boundary = -(-meta.timestamp // self.tick_ms) * self.tick_ms
+            elif not run.routed(node_id):
+                next_call = max(next_call, now)  # a router sends nothing while the node is out
+            await asyncio.sleep(0.01)
+        return trip
+
+    def _figures(self, k: int, node_id: str, row: dict[str, Any], trip: _Trip) -> None:
+        """The trial's figures into its row, and its progress line."""
+        mine = self.run.seen[node_id][trip.first_seen :]
+        opened, sent_at, boundary, failed = trip.opened, trip.sent_at, trip.boundary, trip.failed
+        row["failed_calls"] = failed
+        row["boundary_ms"] = boundary
+        flaps = releases([(x.ts_ms, x.state, x.enforced, x.until_ms) for x in mine])
+        row["flaps"] = len(flaps)
+        row["flaps_at_ms_before_end"] = [
+            (opened.until_ms - t) if opened is not None and opened.until_ms is not None else None
+            for t in flaps
+        ]
+        before = [x for x in mine if opened is None or x.arrived_s < opened.arrived_s]
+        row["detected_before_open"] = sorted(
+            {x.reason for x in before if x.state == "open" and not x.enforced}
+        )
+        trials, threshold = self.args.trials, self.threshold
+        if opened is not None and sent_at is not None and boundary is not None:
+            row["latency_ms"] = round((opened.arrived_s - sent_at) * 1000.0, 1)
+            row["after_boundary_ms"] = float(opened.arrived_wall_ms - boundary)
+            row["staged_after_boundary_ms"] = float(opened.record_ts_ms - boundary)
+            row["from_first_failure_ms"] = round((opened.arrived_s - trip.started) * 1000.0, 1)
+            row["ejected_until_ms"] = opened.until_ms
+            row["backoff_ms"] = None if opened.until_ms is None else opened.until_ms - opened.ts_ms
+            progress(
+                f"  trial {k + 1}/{trials} ({node_id}): enforced open {row['latency_ms']:,.0f} ms "
+                f"after its {threshold}th failure in a row ({row['after_boundary_ms']:,.0f} ms after its "
+                f"tick boundary), {len(flaps)} flap(s) in its {(row['backoff_ms'] or 0) / 1000:.0f} s "
+                f"ejection; daemons {row['daemons_behind_s']:.1f} s behind, load {row['load_average']}"
+            )
+        else:
+            row["latency_ms"] = None
+            progress(
+                f"  trial {k + 1}/{trials} ({node_id}): no enforced open within "
+                f"{FIRST_OPEN_TIMEOUT_S:.0f} s of its trigger ({failed} failed calls; daemons "
+                f"{row['daemons_behind_s']:.1f} s behind, generator lag {row['generator_lag_s']:.2f} s)"
+            )
+
+
+@dataclass(slots=True)
+class _Timed:
+    """The trials' rows, and what the run measured around them: the daemons' lag when they began,
+    their wall seconds, CPU per part before and after, and the generator's counters at their start."""
+
+    per_trial: list[dict[str, Any]]
+    behind_at_start: float
+    wall_trials: float
+    cpu0: dict[str, float | None]
+    cpu1: dict[str, float | None]
+    sent0: float
+    load_cpu0: float
+    load_wall0: float
+
+
 async def _run(
     bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str, broker_pid: int | None
 ) -> dict[str, Any]:
     policy = builtin_policy("default")
-    tick_ms = policy.tick_ms
-    threshold = error_threshold(policy)
     fleet = bench_fleet(args.nodes)
     targets = [(fleet.pools[i], node) for i, node in trial_targets(fleet, args.trials)]
-    watched = {f"breaker/node/{node}".encode(): node for _, node in targets}  # Decision.key
-    names = {TELEMETRY: topic_name(prefix, TELEMETRY), REQUESTS: topic_name(prefix, REQUESTS)}
-    topics = (names[TELEMETRY], names[REQUESTS])
+    run = await _open(bootstrap, prefix, args, targets, broker_pid)
+    trials = _Trials(run, args, policy.tick_ms, error_threshold(policy))
+    run.tasks.append(asyncio.create_task(run.watch()))
+    try:
+        await _start(run, bootstrap, prefix, args, log_path)
+        await _wait_for_decisions(run.state, prefix, timeout_s=180.0)
+        timed = await _time_trials(run, trials, targets)
+    finally:
+        await _close(run)
+    return _report(args, trials, timed, n_pools=len(fleet.pools), log_path=log_path)
+
+
+async def _open(
+    bootstrap: str,
+    prefix: str,
+    args: argparse.Namespace,
+    targets: list[tuple[Any, str]],
+    broker_pid: int | None,
+) -> _Open:
+    """The load generator (not started), the bench's producer, and its reader of control.state and
+    control.summaries from their ends."""
+    topics = (topic_name(prefix, TELEMETRY), topic_name(prefix, REQUESTS))
     # Every node with a queue of at least one call: loaded pools, no idle node to take over a
     # failing one's work (the engine reads any queue as a full node).
     spec = LoadSpec(bootstrap, topics, args.nodes, args.outcomes_per_node, args.trials, min_queue=1)
@@ -314,243 +544,98 @@ async def _run(
     summaries_tp = TopicPartition(topic_name(prefix, SUMMARIES), 0)
     state.assign([tp, summaries_tp])
     await state.seek_to_end(tp, summaries_tp)
-    seen: dict[str, list[Seen]] = {node: [] for _, node in targets}  # every record of a target, in order
-    # Per shard summary key and boundary, how many times it was published (once is the contract).
-    summaries: dict[tuple[bytes, int], int] = {}
-    daemons: list[subprocess.Popen[bytes]] = []
-    # Per shard (a summary's key), the newest boundary it published a summary for: the slowest
-    # shard says how far behind the daemons are (the shards' decisions share one topic).
-    newest: dict[bytes, int] = {}
+    return _Open(
+        load=load,
+        producer=producer,
+        state=state,
+        summaries_tp=summaries_tp,
+        requests_topic=topics[1],
+        watched={f"breaker/node/{node}".encode(): node for _, node in targets},  # Decision.key
+        broker_pid=broker_pid,
+        seen={node: [] for _, node in targets},
+    )
 
-    def behind_s(wall_ms: int) -> float:
-        return max(0.0, (wall_ms - min(newest.values(), default=0)) / 1000.0)
 
-    behind_at_start = 0.0
-    stop = asyncio.Event()
+async def _start(run: _Open, bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str) -> None:
+    """The load generator, then ``--daemons`` daemons in one consumer group."""
+    run.load.start()
+    if not await run.load.wait_ready(60.0):
+        raise UsageError("fleetloop bench latency: the load generator did not start")
+    for k in range(args.daemons):
+        # Each daemon in a session of its own, as a service runs: where the kernel shares CPU
+        # between sessions (Linux autogroups), N daemons started from the bench's session would
+        # share one session's slice with the broker and the generator (stopped in ``finally``).
+        with open(f"{log_path}.{k}", "wb") as log:
+            run.daemons.append(subprocess.Popen(
+                [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers", bootstrap,
+                 "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
+            ))  # fmt: skip
+    progress(f"  warming up: {args.nodes:,} nodes reporting, waiting for the daemon's first decisions")
 
-    async def watch() -> None:
-        while not stop.is_set():
-            batch = await state.getmany(timeout_ms=200)
-            now = clock.monotonic_s()
-            wall = clock.wall_ms()
-            for part, records in batch.items():
-                if part == summaries_tp:
-                    for r in records:
-                        at = (r.key or b"", int(orjson.loads(r.value)["ts_ms"]))
-                        summaries[at] = summaries.get(at, 0) + 1
-                        newest[at[0]] = max(newest.get(at[0], 0), at[1])
-                    continue
-                for r in records:
-                    node_id = watched.get(r.key or b"")
-                    if node_id is None:
-                        continue  # only the trial targets' breakers are read (10,000 nodes: ~5k a tick)
-                    d = orjson.loads(r.value)
-                    body = d["body"]
-                    seen[node_id].append(
-                        Seen(int(d["ts_ms"]), body["state"], bool(body["enforced"]), body.get("until_ms"),
-                             str(body.get("reason", "")), now, wall, r.timestamp)
-                    )  # fmt: skip
 
-    def routed(node_id: str) -> bool:
-        """A router following control.state sends calls to the node: its newest breaker record is
-        not an enforced open."""
-        got = seen[node_id]
-        return not got or not (got[-1].state == "open" and got[-1].enforced)
-
-    def cpu_now() -> dict[str, float | None]:
-        each = {f"daemon{k}": _cpu_s(d.pid, children=True) for k, d in enumerate(daemons)}
-        return {
-            "generator": _cpu_s(load.pid),
-            "broker": _cpu_s(broker_pid, children=True),
-            # The daemons' own processes (as the earlier results measured them), then with their
-            # checkpoint children, in all and one by one: where a missed trial's cores went.
-            "daemons": sum(c for d in daemons if (c := _cpu_s(d.pid)) is not None) if daemons else None,
-            "daemons_with_children": sum(c for c in each.values() if c is not None) if daemons else None,
-            **each,
-            "bench": clock.cpu_s(),
-            "machine": _machine_busy_s(),
-        }
-
-    interval_s = 1.0 / args.outcomes_per_node  # a router's calls to one node of its pool
-    pool_locks: dict[str, asyncio.Lock] = {}
-
-    async def trial(k: int, pool: Any, node_id: str, start_at: float) -> dict[str, Any]:
-        """One trial: the router's failing calls to ``node_id`` until its first enforced ejection
-        ends (or none came within ``FIRST_OPEN_TIMEOUT_S`` of the trigger)."""
-        await asyncio.sleep(max(0.0, start_at - clock.monotonic_s()))
-        lock = pool_locks.setdefault(pool.pool_id, asyncio.Lock())
-        async with lock:
-            return await _trial(k, pool, node_id)
-
-    async def _trial(k: int, pool: Any, node_id: str) -> dict[str, Any]:
-        row: dict[str, Any] = {
-            "node": node_id,
-            "pool": pool.pool_id,
-            "daemons_behind_s": round(behind_s(clock.wall_ms()), 2),
-            "generator_lag_s": round(load.stats.get(LAG_NOW_S), 3),
-            "load_average": _loadavg(),
-        }
-        load.take(k)
-        await asyncio.sleep(PAUSE_AFTER_TAKE_S)
-        first_seen = len(seen[node_id])  # records from here on are the trial's
-        started = clock.monotonic_s()
-        failed = 0
-        sent_at: float | None = None  # the trigger's ack, monotonic
-        boundary: int | None = None
-        opened: Seen | None = None
-        next_call = started
-        while True:
-            now = clock.monotonic_s()
-            mine = seen[node_id][first_seen:]
-            if opened is None:
-                opened = next((x for x in mine if x.state == "open" and x.enforced), None)
-            if (
-                opened is not None
-                and clock.wall_ms() >= (opened.until_ms or opened.ts_ms) + AFTER_END_S * 1000
-            ):
-                break  # its first ejection ended (a probe came, or the end passed): watched to the end
-            if opened is None and sent_at is not None and now - sent_at > FIRST_OPEN_TIMEOUT_S:
-                break
-            if (
-                opened is None
-                and sent_at is None
-                and now - started > FIRST_OPEN_TIMEOUT_S + threshold * interval_s
-            ):
-                break
-            if routed(node_id) and now >= next_call:
-                ts = clock.wall_ms()
-                fut = await producer.send(
-                    names[REQUESTS], value=_failure(node_id, pool.pool_id, pool.model, ts, failed),
-                    key=pool.pool_id.encode(),
-                )  # fmt: skip
-                meta = await fut
-                failed += 1
-                next_call += interval_s
-                if failed == threshold:
-                    sent_at = clock.monotonic_s()
-                    boundary = -(-meta.timestamp // tick_ms) * tick_ms  # its tick's cut has it
-            elif not routed(node_id):
-                next_call = max(next_call, now)  # a router sends nothing while the node is out
-            await asyncio.sleep(0.01)
-        load.take(k, taken=False)
-        mine = seen[node_id][first_seen:]
-        row["failed_calls"] = failed
-        row["boundary_ms"] = boundary
-        flaps = releases([(x.ts_ms, x.state, x.enforced, x.until_ms) for x in mine])
-        row["flaps"] = len(flaps)
-        row["flaps_at_ms_before_end"] = [
-            (opened.until_ms - t) if opened is not None and opened.until_ms is not None else None
-            for t in flaps
-        ]
-        before = [x for x in mine if opened is None or x.arrived_s < opened.arrived_s]
-        row["detected_before_open"] = sorted(
-            {x.reason for x in before if x.state == "open" and not x.enforced}
-        )
-        if opened is not None and sent_at is not None and boundary is not None:
-            row["latency_ms"] = round((opened.arrived_s - sent_at) * 1000.0, 1)
-            row["after_boundary_ms"] = float(opened.arrived_wall_ms - boundary)
-            row["staged_after_boundary_ms"] = float(opened.record_ts_ms - boundary)
-            row["from_first_failure_ms"] = round((opened.arrived_s - started) * 1000.0, 1)
-            row["ejected_until_ms"] = opened.until_ms
-            row["backoff_ms"] = None if opened.until_ms is None else opened.until_ms - opened.ts_ms
-            progress(
-                f"  trial {k + 1}/{args.trials} ({node_id}): enforced open {row['latency_ms']:,.0f} ms "
-                f"after its {threshold}th failure in a row ({row['after_boundary_ms']:,.0f} ms after its "
-                f"tick boundary), {len(flaps)} flap(s) in its {(row['backoff_ms'] or 0) / 1000:.0f} s "
-                f"ejection; daemons {row['daemons_behind_s']:.1f} s behind, load {row['load_average']}"
-            )
-        else:
-            row["latency_ms"] = None
-            progress(
-                f"  trial {k + 1}/{args.trials} ({node_id}): no enforced open within "
-                f"{FIRST_OPEN_TIMEOUT_S:.0f} s of its trigger ({failed} failed calls; daemons "
-                f"{row['daemons_behind_s']:.1f} s behind, generator lag {row['generator_lag_s']:.2f} s)"
-            )
-        return row
-
-    tasks = [asyncio.create_task(watch())]
-    per_trial: list[dict[str, Any]] = []
-    cpu0: dict[str, float | None] = {}
-    cpu1: dict[str, float | None] = {}
-    wall_trials = 0.0
-    sent0 = 0.0
-    load_cpu0 = 0.0
-    load_wall0 = 0.0
-    try:
-        load.start()
-        if not await load.wait_ready(60.0):
-            raise UsageError("fleetloop bench latency: the load generator did not start")
-        for k in range(args.daemons):
-            # Each daemon in a session of its own, as a service runs: where the kernel shares CPU
-            # between sessions (Linux autogroups), N daemons started from the bench's session would
-            # share one session's slice with the broker and the generator (stopped in ``finally``).
-            with open(f"{log_path}.{k}", "wb") as log:
-                daemons.append(subprocess.Popen(
-                    [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers", bootstrap,
-                     "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args)],
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
-                ))  # fmt: skip
-        progress(f"  warming up: {args.nodes:,} nodes reporting, waiting for the daemon's first decisions")
-        await _wait_for_decisions(state, prefix, timeout_s=180.0)
-        # Give every node a window of history (a node's first ticks are its warm-up, and each
-        # target serves ok calls for a while before it fails), and the daemons time to decide the
-        # boundaries they are behind on (at most 300 s more: at 10,000 nodes they start about a
-        # minute behind, the history read and the group's joins).
-        await asyncio.sleep(10.0)
-        deadline = clock.monotonic_s() + 300.0
-        while behind_s(clock.wall_ms()) > 3 * tick_ms / 1000.0 and clock.monotonic_s() < deadline:
-            await asyncio.sleep(0.5)
-        behind_at_start = behind_s(clock.wall_ms())
-        progress(
-            f"  trials begin: daemons {behind_at_start:.1f} s behind, generator lag "
-            f"{load.stats.get(LAG_NOW_S):.2f} s, load average {_loadavg()}; each trial watches its "
-            f"node to the end of its ejection"
-        )
-        cpu0 = cpu_now()
-        wall0 = clock.monotonic_s()
-        sent0, load_cpu0, load_wall0 = (load.stats.get(i) for i in (SENT, CPU_S, WALL_S))
-        # Started 1.0-1.8 s apart (different phases of the tick), side by side in distinct pools.
-        starts = [wall0 + sum(1.0 + (j % 3) * 0.37 for j in range(k)) for k in range(len(targets))]
-        per_trial = list(
-            await asyncio.gather(
-                *(
-                    trial(k, pool, node, at)
-                    for k, ((pool, node), at) in enumerate(zip(targets, starts, strict=True))
-                )
+async def _time_trials(run: _Open, trials: _Trials, targets: list[tuple[Any, str]]) -> _Timed:
+    """After the warm-up, every trial side by side, with the CPU each part used meanwhile."""
+    load, tick_ms = run.load, trials.tick_ms
+    # Give every node a window of history (a node's first ticks are its warm-up, and each
+    # target serves ok calls for a while before it fails), and the daemons time to decide the
+    # boundaries they are behind on (at most 300 s more: at 10,000 nodes they start about a
+    # minute behind, the history read and the group's joins).
+    await asyncio.sleep(10.0)
+    deadline = clock.monotonic_s() + 300.0
+    while run.behind_s(clock.wall_ms()) > 3 * tick_ms / 1000.0 and clock.monotonic_s() < deadline:
+        await asyncio.sleep(0.5)
+    behind_at_start = run.behind_s(clock.wall_ms())
+    progress(
+        f"  trials begin: daemons {behind_at_start:.1f} s behind, generator lag "
+        f"{load.stats.get(LAG_NOW_S):.2f} s, load average {_loadavg()}; each trial watches its "
+        f"node to the end of its ejection"
+    )
+    cpu0 = run.cpu_now()
+    wall0 = clock.monotonic_s()
+    sent0, load_cpu0, load_wall0 = (load.stats.get(i) for i in (SENT, CPU_S, WALL_S))
+    # Started 1.0-1.8 s apart (different phases of the tick), side by side in distinct pools.
+    starts = [wall0 + sum(1.0 + (j % 3) * 0.37 for j in range(k)) for k in range(len(targets))]
+    per_trial = list(
+        await asyncio.gather(
+            *(
+                trials.trial(k, pool, node, at)
+                for k, ((pool, node), at) in enumerate(zip(targets, starts, strict=True))
             )
         )
-        wall_trials = clock.monotonic_s() - wall0
-        cpu1 = cpu_now()
-    finally:
-        stop.set()
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        load.stop()
-        for daemon in daemons:
-            daemon.terminate()
-        for daemon in daemons:
-            try:
-                daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
-        await state.stop()
-        await producer.stop()
-    latencies = [r["latency_ms"] for r in per_trial if r.get("latency_ms") is not None]
-    after_boundary = [r["after_boundary_ms"] for r in per_trial if r.get("latency_ms") is not None]
-    staged_after = [r["staged_after_boundary_ms"] for r in per_trial if r.get("latency_ms") is not None]
-    missed = len(per_trial) - len(latencies)
-    flaps = sum(r["flaps"] for r in per_trial)
-    target = tick_ms + 100.0
-    p99 = pct(latencies, 99) if latencies else None
-    with open(f"{log_path}.0", "rb") as f:
-        log_tail = f.read()[-2000:].decode(errors="replace")
-    load_wall = load.stats.get(WALL_S) - load_wall0
-    # CPU per second of wall time during the trials, per part: where the machine's time went.
+    )
+    wall_trials = clock.monotonic_s() - wall0
+    cpu1 = run.cpu_now()
+    return _Timed(per_trial, behind_at_start, wall_trials, cpu0, cpu1, sent0, load_cpu0, load_wall0)
+
+
+async def _close(run: _Open) -> None:
+    """Everything the run holds open, stopped: the reader's task, the generator, the daemons (killed
+    after 30 s), the reader and the producer."""
+    run.stop.set()
+    for t in run.tasks:
+        t.cancel()
+    for t in run.tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
+    run.load.stop()
+    for daemon in run.daemons:
+        daemon.terminate()
+    for daemon in run.daemons:
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+    await run.state.stop()
+    await run.producer.stop()
+
+
+def _cpu_per_s(timed: _Timed) -> dict[str, float | None]:
+    """CPU per second of wall time during the trials, per part: where the machine's time went,
+    with ``other`` what the machine ran besides this bench's processes."""
+    cpu0, cpu1, wall_trials = timed.cpu0, timed.cpu1, timed.wall_trials
     cpu_per_s = {
         k: round((cpu1[k] or 0.0) - (cpu0.get(k) or 0.0), 3) / wall_trials if wall_trials else None
         for k in cpu1
@@ -560,21 +645,41 @@ async def _run(
     if machine is not None:  # what the machine ran besides this bench's processes
         ours = ("generator", "broker", "daemons_with_children", "bench")
         cpu_per_s["other"] = max(0.0, machine - sum(cpu_per_s.get(k) or 0.0 for k in ours))
+    return cpu_per_s
+
+
+def _report(
+    args: argparse.Namespace, trials: _Trials, timed: _Timed, *, n_pools: int, log_path: str
+) -> dict[str, Any]:
+    """The run's figures (the JSON object ``--json`` prints)."""
+    run, tick_ms, per_trial = trials.run, trials.tick_ms, timed.per_trial
+    load, summaries = run.load, run.summaries
+    latencies = [r["latency_ms"] for r in per_trial if r.get("latency_ms") is not None]
+    after_boundary = [r["after_boundary_ms"] for r in per_trial if r.get("latency_ms") is not None]
+    staged_after = [r["staged_after_boundary_ms"] for r in per_trial if r.get("latency_ms") is not None]
+    missed = len(per_trial) - len(latencies)
+    flaps = sum(r["flaps"] for r in per_trial)
+    target = tick_ms + 100.0
+    p99 = pct(latencies, 99) if latencies else None
+    with open(f"{log_path}.0", "rb") as f:
+        log_tail = f.read()[-2000:].decode(errors="replace")
+    load_wall = load.stats.get(WALL_S) - timed.load_wall0
+    cpu_per_s = _cpu_per_s(timed)
     return {
         "bench": "latency",
         "nodes": args.nodes,
         "daemons": args.daemons,
         "outcomes_per_node": args.outcomes_per_node,
-        "error_threshold": threshold,
+        "error_threshold": trials.threshold,
         # How far the slowest shard's newest summary (its newest decided boundary) lagged the wall
         # clock when the trials began, and at worst when a trial began.
-        "daemon_behind_s_at_start": round(behind_at_start, 1),
+        "daemon_behind_s_at_start": round(timed.behind_at_start, 1),
         "daemon_behind_s_max": max((r["daemons_behind_s"] for r in per_trial), default=None),
         # Boundaries each daemon published as skipped for overload (None: not known, see
         # overload_skipped), and the limit they ran with (None: the daemon's default).
         "overload_max_ticks": getattr(args, "overload_max_ticks", None),
         "ticks_overload": [overload_skipped(f"{log_path}.{k}") for k in range(args.daemons)],
-        "pools": len(fleet.pools),
+        "pools": n_pools,
         "events_per_s": int(args.nodes * (1 + args.outcomes_per_node)),
         "trials": args.trials,
         "missed": missed,
@@ -598,13 +703,13 @@ async def _run(
         "summaries_repeated": sum(1 for n in summaries.values() if n > 1),
         # The generator: records a second it produced during the trials against its schedule, its
         # lag behind that schedule, and its CPU seconds per second of load.
-        "load_generator_records_per_s": round((load.stats.get(SENT) - sent0) / load_wall, 1)
+        "load_generator_records_per_s": round((load.stats.get(SENT) - timed.sent0) / load_wall, 1)
         if load_wall
         else None,
         "load_generator_max_lag_s": round(load.stats.get(LAG_MAX_S), 3),
         "load_generator_late_slices": int(load.stats.get(SLICES_LATE)),
         "load_generator_max_ack_wait_s": round(load.stats.get(ACK_MAX_S), 3),
-        "load_generator_cpu_per_s": round((load.stats.get(CPU_S) - load_cpu0) / load_wall, 3)
+        "load_generator_cpu_per_s": round((load.stats.get(CPU_S) - timed.load_cpu0) / load_wall, 3)
         if load_wall
         else None,
         "cpu_per_s_during_trials": {k: round(v, 3) for k, v in cpu_per_s.items() if v is not None},

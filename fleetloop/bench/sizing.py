@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -225,6 +226,31 @@ async def _decided_through(
     return None, len(decided)
 
 
+@dataclass(slots=True)
+class _Window:
+    """The measured window, under load: its boundaries ``[t0_ms, t1_ms)``, its wall seconds, each
+    daemon's CPU seconds in it, the records the generator sent in it and its largest lag."""
+
+    t0_ms: int
+    t1_ms: int
+    wall: float
+    cpus: list[float]
+    events: float
+    gen_lag: float
+
+
+@dataclass(slots=True)
+class _CatchUp:
+    """After the load stopped: the seconds until every pool's last tick of the window was decided
+    (None: not within ``CATCH_UP_S``), the ticks (pool, tick id) decided by then, and the daemons'
+    CPU seconds since they started, their own and their checkpoint encoders'."""
+
+    caught_up_s: float | None
+    pool_ticks: int
+    cpu_all: float
+    children_all: float
+
+
 async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str) -> dict[str, Any]:
     n_daemons = getattr(args, "daemons", 1)
     # One log per daemon: PATH for one (as before), PATH.0, PATH.1, ... for several.
@@ -241,68 +267,134 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     try:
         if not await load.wait_ready(60.0):
             raise UsageError("fleetloop bench sizing: the load generator did not start")
-        for path in log_paths:
-            with open(path, "wb") as log:
-                daemons.append(subprocess.Popen(
-                    [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers", bootstrap,
-                     "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args),
-                     *session_args(args)],
-                    stdout=log, stderr=subprocess.STDOUT,
-                    preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
-                ))  # fmt: skip
-        progress(f"  warming up: {args.nodes:,} nodes reporting, waiting for the daemon's first decisions")
-        deadline = clock.monotonic_s() + 180.0
-        while (await watch.end_offsets([decisions_tp])).get(decisions_tp, 0) == 0:
-            if any(d.poll() is not None for d in daemons) or clock.monotonic_s() > deadline:
-                raise UsageError("fleetloop bench sizing: the daemon published no decision within 180 s")
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(WARMUP_S)
-        # The window starts at the next boundary and covers whole tick periods.
-        t0_ms = (clock.wall_ms() // tick_ms + 1) * tick_ms
-        await asyncio.sleep(max(0.0, t0_ms / 1000.0 - clock.wall_ms() / 1000.0))
-        cpu0 = [cpu_seconds(d.pid) for d in daemons]
-        wall0, sent0 = clock.monotonic_s(), load.stats.get(SENT)
-        while clock.monotonic_s() - wall0 < args.seconds:
-            await asyncio.sleep(min(5.0, args.seconds - (clock.monotonic_s() - wall0)))
-            progress(f"  {clock.monotonic_s() - wall0:,.0f}/{args.seconds:,.0f} s")
-            for d in daemons:
-                if d.poll() is not None:
-                    raise UsageError(f"fleetloop bench sizing: a daemon exited ({d.returncode})")
-        wall = clock.monotonic_s() - wall0
-        cpus = [cpu_seconds(d.pid) - c0 for d, c0 in zip(daemons, cpu0, strict=True)]
-        cpu = sum(cpus)
-        events = load.stats.get(SENT) - sent0
-        t1_ms = t0_ms + int(args.seconds * 1000) // tick_ms * tick_ms
-        gen_lag = load.stats.get(LAG_MAX_S)  # the largest since it started (warm-up included)
+        _start_daemons(bootstrap, prefix, args, log_paths, daemons)
+        await _warm_up(watch, decisions_tp, daemons, args.nodes)
+        window = await _measure_window(args.seconds, load, daemons, tick_ms)
         # The load stops; the daemon decides what is left of the window's ticks. The CPU it spent
         # until its last tick is decided, per second of fleet time decided, is what one second of
         # this fleet costs, whether or not the machine gave it a core meanwhile.
         load.stop()
         progress("  load stopped; waiting for the daemon to decide the window's last ticks")
         caught_up_s, pool_ticks = await _decided_through(
-            watch, decisions_tp, pools, t1_ms // tick_ms - 1, CATCH_UP_S
+            watch, decisions_tp, pools, window.t1_ms // tick_ms - 1, CATCH_UP_S
         )
-        cpu_all = sum(cpu_seconds(d.pid) for d in daemons)  # since they started: start-up counts too
-        children_all = sum(cpu_seconds(d.pid, children=True) for d in daemons)  # checkpoint encoders
+        catch_up = _CatchUp(
+            caught_up_s,
+            pool_ticks,
+            sum(cpu_seconds(d.pid) for d in daemons),  # since they started: start-up counts too
+            sum(cpu_seconds(d.pid, children=True) for d in daemons),  # checkpoint encoders
+        )
     finally:
         load.stop()
-        for d in daemons:
-            if d.poll() is None:
-                d.terminate()
-        for d in daemons:
-            try:
-                d.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                d.kill()
-                d.wait()
+        _stop_daemons(daemons)
         await watch.stop()
     ticks = await _read_topic(bootstrap, topic_name(prefix, TICKS), TOPICS[TICKS].partitions)
     decisions = await _read_topic(bootstrap, topic_name(prefix, DECISIONS), TOPICS[DECISIONS].partitions)
-    verdict = judge(ticks, decisions, pools, t0_ms=t0_ms, t1_ms=t1_ms, tick_ms=tick_ms)
+    verdict = judge(ticks, decisions, pools, t0_ms=window.t0_ms, t1_ms=window.t1_ms, tick_ms=tick_ms)
+    return _report(
+        args,
+        n_pools=len(pools),
+        tick_ms=tick_ms,
+        window=window,
+        catch_up=catch_up,
+        verdict=verdict,
+        log_paths=log_paths,
+    )
+
+
+def _start_daemons(
+    bootstrap: str,
+    prefix: str,
+    args: argparse.Namespace,
+    log_paths: list[str],
+    daemons: list[subprocess.Popen[bytes]],
+) -> None:
+    """One ``fleetloop run`` per log path, in one consumer group, appended to ``daemons`` as each
+    starts (so the caller stops those that started when a later one fails to)."""
+    for path in log_paths:
+        with open(path, "wb") as log:
+            daemons.append(subprocess.Popen(
+                [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers", bootstrap,
+                 "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args),
+                 *session_args(args)],
+                stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
+            ))  # fmt: skip
+
+
+async def _warm_up(
+    watch: AIOKafkaConsumer,
+    decisions_tp: TopicPartition,
+    daemons: list[subprocess.Popen[bytes]],
+    nodes: int,
+) -> None:
+    """Until the daemons' first decision is on ``control.decisions`` (at most 180 s), then
+    ``WARMUP_S`` more."""
+    progress(f"  warming up: {nodes:,} nodes reporting, waiting for the daemon's first decisions")
+    deadline = clock.monotonic_s() + 180.0
+    while (await watch.end_offsets([decisions_tp])).get(decisions_tp, 0) == 0:
+        if any(d.poll() is not None for d in daemons) or clock.monotonic_s() > deadline:
+            raise UsageError("fleetloop bench sizing: the daemon published no decision within 180 s")
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(WARMUP_S)
+
+
+async def _measure_window(
+    seconds: float, load: LoadProcess, daemons: list[subprocess.Popen[bytes]], tick_ms: int
+) -> _Window:
+    """``seconds`` under load from the next tick boundary, the daemons watched for an exit."""
+    # The window starts at the next boundary and covers whole tick periods.
+    t0_ms = (clock.wall_ms() // tick_ms + 1) * tick_ms
+    await asyncio.sleep(max(0.0, t0_ms / 1000.0 - clock.wall_ms() / 1000.0))
+    cpu0 = [cpu_seconds(d.pid) for d in daemons]
+    wall0, sent0 = clock.monotonic_s(), load.stats.get(SENT)
+    while clock.monotonic_s() - wall0 < seconds:
+        await asyncio.sleep(min(5.0, seconds - (clock.monotonic_s() - wall0)))
+        progress(f"  {clock.monotonic_s() - wall0:,.0f}/{seconds:,.0f} s")
+        for d in daemons:
+            if d.poll() is not None:
+                raise UsageError(f"fleetloop bench sizing: a daemon exited ({d.returncode})")
+    return _Window(
+        t0_ms=t0_ms,
+        t1_ms=t0_ms + int(seconds * 1000) // tick_ms * tick_ms,
+        wall=clock.monotonic_s() - wall0,
+        cpus=[cpu_seconds(d.pid) - c0 for d, c0 in zip(daemons, cpu0, strict=True)],
+        events=load.stats.get(SENT) - sent0,
+        gen_lag=load.stats.get(LAG_MAX_S),  # the largest since it started (warm-up included)
+    )
+
+
+def _stop_daemons(daemons: list[subprocess.Popen[bytes]]) -> None:
+    for d in daemons:
+        if d.poll() is None:
+            d.terminate()
+    for d in daemons:
+        try:
+            d.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
+
+
+def _report(
+    args: argparse.Namespace,
+    *,
+    n_pools: int,
+    tick_ms: int,
+    window: _Window,
+    catch_up: _CatchUp,
+    verdict: dict[str, Any],
+    log_paths: list[str],
+) -> dict[str, Any]:
+    """The run's figures and verdicts (the JSON object ``--json`` prints)."""
+    n_daemons = len(log_paths)
+    wall, cpus = window.wall, window.cpus
+    cpu = sum(cpus)
+    cpu_all, children_all, caught_up_s = catch_up.cpu_all, catch_up.children_all, catch_up.caught_up_s
     cpu_frac = cpu / wall if wall > 0 else None
     # Fleet time the daemon decided by then: every pool's ticks decided, in tick periods (a
     # partition ahead of the others decides past the window meanwhile; that counts too).
-    fleet_s = pool_ticks / len(pools) * tick_ms / 1000.0
+    fleet_s = catch_up.pool_ticks / n_pools * tick_ms / 1000.0
     per_fleet_s = cpu_all / fleet_s if caught_up_s is not None and fleet_s > 0 else None
     # Per daemon; the run's figure is the worst daemon's, and the rebalances the group's beyond its
     # start-up's (rebalances_beyond_start).
@@ -320,11 +412,11 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     return {
         "bench": "sizing",
         "nodes": args.nodes,
-        "pools": len(pools),
+        "pools": n_pools,
         "partitions": TOPICS[TELEMETRY].partitions,
         "tick_ms": tick_ms,
         "seconds": round(wall, 1),
-        "events_per_s": round(events / wall) if wall > 0 else None,
+        "events_per_s": round(window.events / wall) if wall > 0 else None,
         "daemon_cpu_s": round(cpu, 2),
         "daemon_cpu_frac": round(cpu_frac, 3) if cpu_frac is not None else None,
         **verdict,
@@ -340,7 +432,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         "nodes_per_core_at_rule_busy": (
             int(args.nodes * RULE_CPU_FRAC / per_fleet_s) if per_fleet_s else None
         ),
-        "load_generator_max_lag_s": round(gen_lag, 3),
+        "load_generator_max_lag_s": round(window.gen_lag, 3),
         # Boundaries the daemon published as skipped for overload over its whole run (None: not
         # known), and the limit it ran with (None: the daemon's default).
         "overload_max_ticks": getattr(args, "overload_max_ticks", None),
