@@ -15,7 +15,8 @@ on, and the date. A JSON result carries that as ``made_by``; a Markdown one ends
 The simulator's tables are deterministic (they change only when the code does) and take hours of
 CPU together; the daemon's benchmarks run brokers and daemons in real time and measure the machine
 they run on (each file says how loaded it was where the bench reports it). Results that later ones
-read (``--reuse``) come first.
+read (``--reuse``) come first. A result marked not committed (its run takes longer than the code
+it measures has stood still) has no files in ``bench/results``; its command makes them.
 """
 
 from __future__ import annotations
@@ -46,16 +47,19 @@ STDOUT = "-"  # a result that is the command's standard output
 class Result:
     """One benchmark's committed result: ``files`` maps what ``command`` writes (a path under its
     scratch directory ``DIR``, or ``-`` for its standard output) to the file it becomes in
-    ``bench/results``; a directory is copied whole."""
+    ``bench/results``; a directory is copied whole. ``committed`` False: the files are not in
+    ``bench/results`` for the current code (the run takes longer than a change to the code it
+    measures has had); the command makes them, and the result is then committed."""
 
     name: str
     command: str
     files: dict[str, str]
     about: str
     runs: int = 1  # a result of several runs of one command: JSON {"runs": [...]} (stdout only)
+    committed: bool = True
 
 
-def _table(name: str, args: str, about: str) -> Result:
+def _table(name: str, args: str, about: str, *, committed: bool = True) -> Result:
     """A simulator suite's table: ``sim-<suite>.md`` and ``.json`` under ``DIR``, renamed ``name``."""
     suite = re.search(r"--suite (\w+)", args)
     stem = f"sim-{suite.group(1)}" if suite else "sim-table"
@@ -66,6 +70,7 @@ def _table(name: str, args: str, about: str) -> Result:
         f"python -m fleetloop.sim.table {args} --out {OUT}",
         {f"{OUT}/{stem}.md": f"{name}.md", f"{OUT}/{stem}.json": f"{name}.json"},
         about,
+        committed=committed,
     )
 
 
@@ -98,12 +103,14 @@ RESULTS: tuple[Result, ...] = (
         "--suite stress --seeds 10 --policies classic,default --reuse bench/results/sim-stress.json "
         "--reuse-policies classic,default --workers 1",
         "the stress suite over 10 seeds (the first five reused from sim-stress), classic and default",
+        committed=False,  # over an hour of CPU
     ),
     _table(
         "sim-stress-ablation",
         "--suite stress --seeds 3 --ablation --policies classic,modern,default "
         "--reuse bench/results/sim-stress.json --reuse-policies classic,modern,default --workers 1",
         "the stress suite over 3 seeds with each lever of the default policy off in turn",
+        committed=False,  # over an hour of CPU
     ),
     _table(
         "sim-fleet",
@@ -341,7 +348,8 @@ def handle(args: argparse.Namespace) -> int:
     chosen = [r for r in RESULTS if not names or r.name in names]
     if args.list:
         for r in chosen:
-            print(f"{r.name}\t{', '.join(r.files.values())}\t{r.command}")
+            note = "" if r.committed else " (not committed)"
+            print(f"{r.name}\t{', '.join(r.files.values())}{note}\t{r.command}")
         return 0
     root = Path.cwd()
     results_dir = Path(args.results)

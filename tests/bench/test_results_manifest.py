@@ -1,6 +1,7 @@
 """bench/results holds one current result per benchmark: every file there is one that ``fleetloop
 bench results`` makes, each says the command, commit and date that made it, bench/README.md lists
-them with their commands, and the directory stays small."""
+them with their commands (and says which are not committed for the current code, whose files are
+not there), and the directory stays small."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ def _files() -> set[str]:
 
 
 def _listed() -> dict[str, str]:
-    """Every file the list makes -> the result's name (a directory's files included)."""
+    """Every file the list makes and commits -> the result's name (a directory's files included)."""
     out: dict[str, str] = {}
     for r in RESULTS:
+        if not r.committed:
+            continue
         for name in r.files.values():
             path = RESULTS_DIR / name
             if path.is_dir():
@@ -39,6 +42,9 @@ def test_every_file_is_a_listed_result_and_every_result_is_there() -> None:
     assert _files() == set(_listed())
     assert len(_files()) <= 60
     assert len({r.name for r in RESULTS}) == len(RESULTS)
+    # a result not committed for the current code has none of its files here (stale ones go)
+    absent = [name for r in RESULTS if not r.committed for name in r.files.values()]
+    assert not [name for name in absent if (RESULTS_DIR / name).exists()]
 
 
 def test_every_result_says_what_made_it() -> None:
@@ -65,7 +71,9 @@ def test_every_result_says_what_made_it() -> None:
 def test_the_readme_lists_every_result_with_its_command_and_the_one_that_makes_them_all() -> None:
     text = (ROOT / "bench" / "README.md").read_text()
     for r in RESULTS:
-        assert re.search(rf"^\| {re.escape(r.name)} \|.*`{re.escape(r.command)}`", text, re.M), r.name
+        row = re.search(rf"^\| {re.escape(r.name)} \|.*`{re.escape(r.command)}`.*$", text, re.M)
+        assert row, r.name
+        assert ("not committed" in row.group(0)) == (not r.committed), r.name
     assert "make bench-results" in text
     recipe = re.search(r"^bench-results:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M)
     assert recipe is not None
@@ -91,6 +99,9 @@ def test_the_list_names_each_result_and_a_wrong_name_is_one_line(capsys: pytest.
     assert main(["bench", "results", "--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in listed] == [r.name for r in RESULTS]
+    assert [line.split("\t")[1].endswith("(not committed)") for line in listed] == [
+        not r.committed for r in RESULTS
+    ]
     assert all(OUT not in r.files.values() for r in RESULTS)
     assert main(["bench", "results", "--only", "nope"]) == 2
     err = capsys.readouterr().err
