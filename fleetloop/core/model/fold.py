@@ -60,6 +60,12 @@ from fleetloop.core.model.state import (
 from fleetloop.core.model.windows import BUCKET_MS, LAT_EDGES_MS, N_LAT_BINS, Window
 from fleetloop.schemas.fast import Outcome, Telemetry
 
+# A batch smaller than this (one record: ``fold_telemetry``, ``fold_outcome``) leaves the snapshot's
+# kept node rows alone, and the snapshot reads what it wrote at the tick: re-reading them costs
+# array writes per batch, which records folded one at a time would pay per record. Either way the
+# snapshot is the same.
+_FEW = 2
+
 
 def _no_pool(cfg: ModelConfig) -> str:
     return f"capacity-pools: pool cap {cfg.max_pools} reached, no silent pool to evict"
@@ -182,10 +188,10 @@ class Folds(LedgerBook):
             # next one lays its rows out again; a node new since is read there). The snapshot
             # checks every row by identity, so nothing here can make it read a wrong value.
             kept = self._snapshots
-            if kept is not None and kept.nodes is not None:
+            if kept is not None and kept.nodes is not None and len(items) >= _FEW:
                 kept.nodes.take(items)
             if wrote_ids:
-                self._wrote_nodes(wrote_ids, wrote_at)
+                self._wrote_nodes(wrote_ids, wrote_at, len(items))
         return out
 
     def fold_outcomes(self, items: Sequence[Outcome | None], *, catch: bool = True) -> list[tuple[int, str]]:
@@ -408,7 +414,7 @@ class Folds(LedgerBook):
                     out.append((i, _fold_error(exc)))
         finally:
             if wrote_ids:
-                self._wrote_nodes(wrote_ids, wrote_at)
+                self._wrote_nodes(wrote_ids, wrote_at, len(items))
         return out
 
     def _fold_copy(self, o: Outcome) -> None:
@@ -429,13 +435,14 @@ class Folds(LedgerBook):
             self._written_from = b
         pool.diverted.add_at(b, 0, float(o.prompt_tokens + o.output_tokens))
 
-    def _wrote_nodes(self, ids: list[str], buckets: list[int]) -> None:
-        """After a batch fold wrote bucket ``buckets[k]`` of node ``ids[k]``'s window: re-read those
-        rows into the snapshot's kept columns here (rather than all of every such bucket at the
-        tick); with no kept columns, or a value they cannot take, mark them written, and the
-        snapshot reads those buckets again."""
+    def _wrote_nodes(self, ids: list[str], buckets: list[int], batch: int) -> None:
+        """After a batch fold of ``batch`` records wrote bucket ``buckets[k]`` of node ``ids[k]``'s
+        window: re-read those rows into the snapshot's kept columns here (rather than all of every
+        such bucket at the tick); with no kept columns, a value they cannot take, or a batch of
+        one record, mark them written, and the snapshot reads those buckets
+        again."""
         kept = self._snapshots
-        if kept is None or kept.nodes is None or not kept.nodes.refresh(ids, buckets):
+        if kept is None or kept.nodes is None or batch < _FEW or not kept.nodes.refresh(ids, buckets):
             low = min(buckets)
             if low < self._node_written_from:  # noqa: PLR1730
                 self._node_written_from = low
