@@ -22,10 +22,22 @@ skew), so a task can leave up to that much late; never early.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 
-from fleetloop.core.model.state import GAP_EDGES_MS, ModelConfig, ModelState, _Workflow
+from fleetloop.core.model.state import (
+    _MAX_NUSD,
+    _MAX_USD,
+    GAP_EDGES_MS,
+    NANO,
+    ModelConfig,
+    ModelState,
+    _Workflow,
+    nano_usd,
+)
+from fleetloop.schemas.fast import Outcome
 
+_EDGE0 = GAP_EDGES_MS[0]
 GAP_QUANTILE = 0.999
 GAP_MIN_SAMPLES = 1_000
 
@@ -77,6 +89,63 @@ class LedgerBook(ModelState):
             ledger.active = OrderedDict(ledger.active)
         if type(ledger.finished) is dict and 2 * len(ledger.finished) >= cfg.max_finished_workflows:
             ledger.finished = OrderedDict(ledger.finished)
+
+    def _fold_task(self, o: Outcome, pool_id: str, ts: int) -> None:
+        """The ledger's part of one outcome: its task opened (unless it finished already: a late or
+        duplicate record), continued or ended, with its spend."""
+        ledger = self.ledger
+        active = ledger.active
+        cost = o.cost_usd
+        wf_id = o.workflow_id
+        wf = active.get(wf_id)
+        if wf is None:
+            if wf_id in ledger.finished:
+                return
+            if len(active) >= self.config.max_open_workflows:
+                # Full: the earliest opened is let go as handed off (by count, as by age), so a new
+                # task, and the outcome of one that ends on its first call here, is never refused.
+                self._close_workflow(active.pop(next(iter(active))))
+                ledger.tasks_handed_off += 1
+                self.evicted["workflows"] += 1
+            wf = active[wf_id] = _Workflow(o.tenant_id, o.priority, ts, ts)
+            ledger.tasks_started += 1
+        else:
+            gap = ts - wf.last_ms
+            gaps = ledger.gaps
+            if gap <= _EDGE0:
+                gaps[0] += 1
+            else:
+                gaps[bisect_left(GAP_EDGES_MS, gap)] += 1
+            if gap > 0:
+                wf.last_ms = ts
+        if pool_id not in wf.pools:
+            wf.pools = (*wf.pools, pool_id)
+            held = self.pools.get(pool_id)
+            if held is not None:
+                held.wf_open += 1
+                held.wf_started += 1
+        wf.attempts += 1
+        if o.attempt == 0:
+            wf.calls += 1
+        spent = (round(cost * NANO) if cost < _MAX_USD else _MAX_NUSD) if cost > 0.0 else 0
+        if spent:
+            wf.spend_nusd += spent
+        task_outcome = o.task_outcome
+        if task_outcome is not None:
+            del active[wf_id]
+            self._close_workflow(wf)
+            self._finish(wf_id, ts)
+            if task_outcome == "succeeded":
+                ledger.tasks_succeeded += 1
+            else:
+                ledger.tasks_failed += 1
+                held = self.pools.get(pool_id)
+                if held is not None:
+                    held.wf_failed += 1
+                # The router's running total covers the calls other shards saw; this shard's own sum
+                # covers attempts a router reported without it. The task spent at least both.
+                carried = nano_usd(o.workflow_spend_usd) + spent
+                ledger.spend_on_failed_nusd += max(wf.spend_nusd, min(carried, _MAX_NUSD))
 
     def _close_workflow(self, wf: _Workflow) -> None:
         """An open task left the ledger (ended, or let go): it is no longer open on its pools."""
