@@ -22,8 +22,10 @@ import os
 import struct
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
+A = TypeVar("A")
+T = TypeVar("T")
 _HEAD = struct.Struct("!BdQ")  # status (0 ok, 1 error), the child's CPU seconds, length of what follows
 
 
@@ -107,3 +109,16 @@ async def _bytes_of(timed: Coroutine[Any, Any, tuple[bytes, float]]) -> bytes:
 def encode_in_child(encode: Callable[[Any], bytes], value: Any) -> Coroutine[Any, Any, bytes]:
     """:func:`encode_timed_in_child` without the CPU figure."""
     return _bytes_of(encode_timed_in_child(encode, value))
+
+
+class Forked:
+    """The runtime's offload port (:class:`fleetloop.daemon.runtime.port.Offload`): a checkpoint
+    encoded in a forked child, decoded in a thread."""
+
+    def encode_timed(
+        self, encode: Callable[[Any], bytes], value: Any
+    ) -> Coroutine[Any, Any, tuple[bytes, float]]:
+        return encode_timed_in_child(encode, value)
+
+    async def in_thread(self, fn: Callable[[A], T], arg: A) -> T:
+        return await asyncio.to_thread(fn, arg)

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from fleetloop import clock
 from fleetloop.core import shard as shard_module
 from fleetloop.core.model import ModelConfig
-from fleetloop.daemon import runtime
+from fleetloop.daemon import faults
 from fleetloop.daemon.observe.decode import Door
 from fleetloop.daemon.runtime import SKIPPED_HEADER, Daemon, DaemonConfig
 from fleetloop.daemon.service.health import TaskDied
@@ -148,7 +148,7 @@ async def _refused_then_crash(kafka_env: Any, monkeypatch: Any, p: Any, caps: Mo
         to_bytes(telemetry(f"inv-{i}/0", f"inv-{i}", ts_ms=1500 + i)) for i in range(12)
     ]  # keyed like the real pool: its partition; inv-0 fits under the cap, the 11 others do not
     crashes = {"after-publish": 0}
-    real_reach = runtime.faults.reach
+    real_reach = faults.reach
 
     def reach(point: str) -> None:
         real_reach(point)
@@ -158,7 +158,7 @@ async def _refused_then_crash(kafka_env: Any, monkeypatch: Any, p: Any, caps: Mo
         if point == "after-publish":
             crashes["after-publish"] += 1
 
-    monkeypatch.setattr(runtime.faults, "reach", reach)
+    monkeypatch.setattr(faults, "reach", reach)
     first = _daemon(kafka_env, model=caps)
     stop = asyncio.Event()
     task = asyncio.create_task(first.run(stop))
@@ -171,7 +171,7 @@ async def _refused_then_crash(kafka_env: Any, monkeypatch: Any, p: Any, caps: Mo
     with pytest.raises(TaskDied):
         await asyncio.wait_for(task, 60)
     assert first.stats.dead_by_reason.get("capacity-pools") == 11
-    monkeypatch.setattr(runtime.faults, "reach", real_reach)
+    monkeypatch.setattr(faults, "reach", real_reach)
     return invented[1:]
 
 

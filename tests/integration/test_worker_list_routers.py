@@ -206,7 +206,11 @@ async def test_a_worker_sglang_router_never_lists_fails_the_pass_with_the_router
         proc, port = await start_sglang_router(urls, "round_robin", tmp_path / "sglang-router.log")
         api = SglangRouterApi(f"http://127.0.0.1:{port}", settle_s=2.0)
         try:
-            assert await api.list_workers() == set(urls)
+            # the router lists a worker given at start only once its first health check passes
+            async def started() -> bool:
+                return await api.list_workers() == set(urls)
+
+            await wait_until(started, 30.0, "sglang-router to list the worker it started with")
             nowhere = f"http://127.0.0.1:{free_port()}"
             with pytest.raises(WorkerListError, match="not listed 2 s after it was added") as exc:
                 await api.add_worker(nowhere)

@@ -3,6 +3,7 @@ counters, per-pool clocks, a silent pool's autoscale target frozen, forged polic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,11 +11,13 @@ import orjson
 from fleetloop.core.decide.engine import Engine, EngineState, decide
 from fleetloop.core.decide.shaping import pool_is_silent
 from fleetloop.core.model import FleetModel, ModelConfig, apply, snapshot
-from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.daemon.runtime.follower import PolicyFollower
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import AutoscaleDecision, Tick
 from tests.support.policies import foundation
 from tests.support.records import outcome, telemetry
+from tests.support.runtime_harness import rig
+from tests.support.virtual_time import FakeClock, run_virtual
 from tests.unit.test_engine import HPA_DOWN, policy
 
 T = 1_700_000_000_000
@@ -230,27 +233,37 @@ def _doc(version: int) -> bytes:
     return orjson.dumps(doc)
 
 
+def _follower_check(check: Callable[[PolicyFollower], None], **kw: Any) -> None:
+    async def run(clock: FakeClock) -> None:
+        async with rig(clock, policy=foundation(), **kw) as r:
+            check(r.follower())
+
+    run_virtual(run)
+
+
 def test_a_forged_policy_version_is_refused_and_later_real_versions_still_apply() -> None:
-    daemon = Daemon(
-        DaemonConfig(bootstrap_servers="unused:9092", policy=foundation(), max_policy_version_step=100)
-    )
-    active = foundation().stamp.version
-    letter = daemon._consider_policy(_Rec(_doc(10**15)), "foundation")
-    assert letter is not None
-    assert letter.reason.startswith("policy-version-jump: version 1000000000000000")
-    assert daemon._pending_policy is None
-    assert daemon._consider_policy(_Rec(_doc(active + 1)), "foundation") is None
-    assert daemon._pending_policy is not None
-    assert daemon._pending_policy.stamp.version == active + 1
-    assert daemon.stats.policies_refused == 1
+    def check(f: PolicyFollower) -> None:
+        active = foundation().stamp.version
+        letter = f.consider(_Rec(_doc(10**15)), "foundation")
+        assert letter is not None
+        assert letter.reason.startswith("policy-version-jump: version 1000000000000000")
+        assert f.pending_policy is None
+        assert f.consider(_Rec(_doc(active + 1)), "foundation") is None
+        assert f.pending_policy is not None
+        assert f.pending_policy.stamp.version == active + 1
+        assert f.stats.policies_refused == 1
+
+    _follower_check(check, max_policy_version_step=100)
 
 
 def test_a_policy_record_that_is_anything_but_a_document_is_refused() -> None:
-    daemon = Daemon(DaemonConfig(bootstrap_servers="unused:9092", policy=foundation()))
-    for value in (b"", b"{", b"[1e999]", b'{"apiVersion": 1}', b"x" * 200_000, _doc(2**53 + 1)):
-        assert daemon._consider_policy(_Rec(value), "foundation") is not None
-    assert daemon.stats.policies_refused == 6
-    assert daemon._pending_policy is None
+    def check(f: PolicyFollower) -> None:
+        for value in (b"", b"{", b"[1e999]", b'{"apiVersion": 1}', b"x" * 200_000, _doc(2**53 + 1)):
+            assert f.consider(_Rec(value), "foundation") is not None
+        assert f.stats.policies_refused == 6
+        assert f.pending_policy is None
+
+    _follower_check(check)
 
 
 def test_a_flood_of_same_model_pools_fills_no_routing_decision_beyond_max_spill_pools() -> None:

@@ -100,49 +100,48 @@ def test_the_gap_keeps_checkpointing_near_its_cpu_share(
     assert checkpoint.gap_s(interval_s, cpu_s, share, stretch) == gap_s
 
 
-async def test_a_costly_checkpoint_stretches_the_next_gap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``Daemon._checkpoint``: a shard is written again only once the gap the last checkpoint's CPU
+def test_a_costly_checkpoint_stretches_the_next_gap() -> None:
+    """``Checkpoints.write``: a shard is written again only once the gap the last checkpoint's CPU
     set has passed; the CPU is counted in the stats."""
-    from fleetloop import clock
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig
+    from tests.support.runtime_harness import Rig, rig
+    from tests.support.virtual_time import FakeClock, run_virtual
 
-    now = [1000.0]
-    monkeypatch.setattr(clock, "monotonic_s", lambda: now[0])
     cpu = [1.0]
 
-    async def timed(encode: Any, values: Any) -> tuple[bytes, float]:
-        return encode(values), cpu[0]
+    class Timed:  # the child's CPU seconds as given
+        async def encode_timed(self, encode: Any, values: Any) -> tuple[bytes, float]:
+            return encode(values), cpu[0]
 
-    monkeypatch.setattr(offload, "encode_timed_in_child", timed)
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    sent: list[bytes] = []
+        async def in_thread(self, fn: Any, arg: Any) -> Any:
+            return fn(arg)
 
-    class Producer:
-        async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[None]:
-            sent.append(key)
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
+    async def run(clock: FakeClock) -> Rig:
+        async with rig(clock) as r:
+            owned = r.own(0, shard_of(20))
+            checkpoints = r.checkpoints(offload=Timed())
+            start = clock.monotonic_s()
 
-    daemon._producer = Producer()
-    daemon.shards[0] = shard_of(20)
+            async def write_at(t: float) -> bool:
+                await asyncio.sleep(start + t - clock.monotonic_s())
+                owned.dirty = True
+                wrote = await checkpoints.write()
+                if checkpoints.task is not None:
+                    await checkpoints.task
+                return wrote
 
-    async def write_at(t: float) -> bool:
-        now[0] = t
-        daemon._dirty.add(0)
-        wrote = await daemon._checkpoint()
-        if daemon._ckpt_task is not None:
-            await daemon._ckpt_task
-        return wrote
+            assert await write_at(0.0)  # 1 CPU-s at 5%: the next in 20 s
+            assert r.stats.checkpoint_gap_s == 20.0
+            assert r.stats.checkpoint_cpu_s_total == 1.0
+            assert not await write_at(10.0)
+            assert not await write_at(19.9)
+            cpu[0] = 0.01
+            assert await write_at(20.0)  # cheap now: back to the interval
+            assert r.stats.checkpoint_gap_s == 5.0
+            assert await write_at(25.0)
+            found = await checkpoints.read()
+            assert found[0].max_seq == 3  # three written, the newest complete
+            return r
 
-    assert await write_at(1000.0)  # 1 CPU-s at 5%: the next in 20 s
-    assert daemon.stats.checkpoint_gap_s == 20.0
-    assert daemon.stats.checkpoint_cpu_s_total == 1.0
-    assert not await write_at(1010.0)
-    assert not await write_at(1019.9)
-    cpu[0] = 0.01
-    assert await write_at(1020.0)  # cheap now: back to the interval
-    assert daemon.stats.checkpoint_gap_s == 5.0
-    assert await write_at(1025.0)
-    assert daemon.stats.checkpoints_written == 3
-    assert daemon.summary()["checkpoint_cpu_ms"] == 1020
+    r = run_virtual(run)
+    assert r.stats.checkpoints_written == 3
+    assert r.stats.summary()["checkpoint_cpu_ms"] == 1020

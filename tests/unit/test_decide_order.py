@@ -103,122 +103,141 @@ def test_troubled_names_the_pools_with_a_failed_call_within_the_cut_only() -> No
     assert "c" in shard.troubled(shard.read)  # c/4's run of errors
 
 
-async def test_the_daemon_puts_the_troubled_pools_of_each_shards_head_boundary_first() -> None:
-    """``Daemon._troubled_heads``: across shards, the ticks of the boundary at the head of each
-    queue whose pool has a failed call in that cut; not a later boundary's, not an untroubled pool's."""
-    from aiokafka import AIOKafkaConsumer
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+def test_the_decider_puts_the_troubled_pools_of_each_shards_head_boundary_first() -> None:
+    """``Decider.decide_ready``: across shards, the ticks of the boundary at the head of each queue
+    whose pool has a failed call in that cut are decided and acknowledged first; not a later
+    boundary's, not an untroubled pool's."""
+    from typing import Any
 
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:9")  # never started: no I/O here
+    from fleetloop.daemon.runtime.partition import HeldTick
+    from tests.support.runtime_harness import Rig, on_rig
+
+    events: list[str] = []
+
+    class Publisher:
+        async def stage(self, decisions: Any, shadow: Any = ()) -> None:
+            events.extend(sorted({d.body.entity.split("/")[1] for d in decisions}))
+
+        async def settle(self) -> bool:
+            events.append("settle")
+            return True
+
+    class Consumer:
+        def highwater(self, tp: Any) -> None:
+            return None
+
     t1, t2 = T0 + 1000, T0 + 2000
-    for p, pools in ((0, ("a", "b")), (1, ("c", "d"))):
-        shard = daemon.shards[p] = Shard(p)
-        shard.add(
-            TELEMETRY, [Row(i, T0 + i, telemetry(f"{q}/0", q, ts_ms=T0 + i)) for i, q in enumerate(pools)]
-        )
-        bad = "b" if p == 0 else "z"  # shard 1's failure is in pool z, which ticks at t2 only
-        shard.add(
-            REQUESTS,
-            [
-                Row(0, T0 + 5, outcome(f"{pools[0]}/0", "ok", pools[0], ts_ms=T0 + 5)),
-                Row(1, T0 + 6, outcome(f"{bad}/0", "error", bad, ts_ms=T0 + 6)),
-            ],
-        )
-        cut = {TELEMETRY: 2, REQUESTS: 2}
-        ticks = [Tick(ts_ms=t1, tick_id=t1 // 1000, pool_id=q) for q in pools]
-        ticks.append(Tick(ts_ms=t2, tick_id=t2 // 1000, pool_id="b" if p == 0 else "z"))
-        daemon._held[p] = [_HeldTick(k, t, t.ts_ms, cut, None, 0.0) for k, t in enumerate(ticks)]
-    heads = daemon._troubled_heads()
-    assert [(p, [(h.offset, h.tick.pool_id if h.tick else None) for h in hs]) for p, hs in heads] == [
-        (0, [(1, "b")])
-    ]
-    # Pool z's failure is in shard 1's cut, but z's tick is at a later boundary: not ahead of c and d.
-    assert daemon.shards[1].troubled({TELEMETRY: 2, REQUESTS: 2}) == {"z"}
+
+    async def check(r: Rig) -> None:
+        for p, pools in ((0, ("a", "b")), (1, ("c", "d"))):
+            owned = r.own(p)
+            shard = owned.shard
+            shard.add(
+                TELEMETRY, [Row(i, T0 + i, telemetry(f"{q}/0", q, ts_ms=T0 + i)) for i, q in enumerate(pools)]
+            )
+            bad = "b" if p == 0 else "z"  # shard 1's failure is in pool z, which ticks at t2 only
+            shard.add(
+                REQUESTS,
+                [
+                    Row(0, T0 + 5, outcome(f"{pools[0]}/0", "ok", pools[0], ts_ms=T0 + 5)),
+                    Row(1, T0 + 6, outcome(f"{bad}/0", "error", bad, ts_ms=T0 + 6)),
+                ],
+            )
+            cut = {TELEMETRY: 2, REQUESTS: 2}
+            ticks = [Tick(ts_ms=t1, tick_id=t1 // 1000, pool_id=q) for q in pools]
+            ticks.append(Tick(ts_ms=t2, tick_id=t2 // 1000, pool_id="b" if p == 0 else "z"))
+            owned.held = [HeldTick(k, t, t.ts_ms, cut, None, 0.0) for k, t in enumerate(ticks)]
+        # Pool z's failure is in shard 1's cut, but z's tick is at a later boundary: not ahead of c and d.
+        assert r.parts[1].shard.troubled({TELEMETRY: 2, REQUESTS: 2}) == {"z"}
+        await r.decider().decide_ready()
+        assert events[:2] == ["b", "settle"]
+        assert events[2:6] == ["a", "b", "c", "d"]  # then each queue in order
+
+    on_rig(check, consumer=Consumer(), publisher=Publisher(), wall_ms=T0)
 
 
-async def test_every_pool_of_a_shard_ticks_a_boundary_at_one_cut_computed_once() -> None:
-    """``Daemon._publish_ticks``: the ticks of one shard at one boundary carry one cut, the cut as
-    it stood when the boundary was published, even when the loop reads more records (stamped
-    before the boundary) while the ticker awaits its sends; and the cut is computed once per shard
-    and boundary, not once per pool (a scan of the shard's pending records: at 10,000 nodes, a
-    third of the daemon's CPU when done per pool)."""
-    import asyncio
+def test_every_pool_of_a_shard_ticks_a_boundary_at_one_cut_computed_once() -> None:
+    """``Ticker.publish``: the ticks of one shard at one boundary carry one cut, the cut as it stood
+    when the boundary was published, even when the loop reads more records (stamped before the
+    boundary) while the ticker awaits its sends; and the cut is computed once per shard and
+    boundary, not once per pool (a scan of the shard's pending records: at 10,000 nodes, a third of
+    the daemon's CPU when done per pool)."""
+    import dataclasses
     from typing import Any
 
     import orjson
-    from aiokafka import TopicPartition
-    from fleetloop.daemon.runtime import CUT_HEADER, Daemon, DaemonConfig
-    from fleetloop.schemas.topics import TICKS, topic_name
+    from fleetloop.daemon.runtime.config import CUT_HEADER
+    from tests.support.runtime_harness import rig
+    from tests.support.virtual_time import FakeClock, run_virtual
 
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    shard = daemon.shards[0] = Shard(0)
     pools = ("a", "b", "c", "d")
-    shard.add(TELEMETRY, [Row(i, T0 + i, telemetry(f"{q}/0", q, ts_ms=T0 + i)) for i, q in enumerate(pools)])
-    daemon._owned.add(TopicPartition(topic_name("", TICKS), 0))
     boundary = T0 + 1000
-    expected = shard.cut_by_time(boundary)
-    scans = []
-    real_cut = shard.cut_by_time
-
-    def counted(ts_ms: int) -> dict[str, int]:
-        scans.append(ts_ms)
-        return real_cut(ts_ms)
-
-    shard.cut_by_time = counted  # type: ignore[method-assign]
+    scans: list[int] = []
     sent: list[tuple[bytes, bytes]] = []
 
-    class Recorder:  # the producer's send, while the loop goes on reading records
-        async def send(self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
-            sent.append((key, dict(headers)[CUT_HEADER]))
-            n = shard.read[TELEMETRY]
-            shard.add(TELEMETRY, [Row(n, T0 + 500, telemetry("a/1", "a", ts_ms=T0 + 500))])
-            done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
+    async def run(clock: FakeClock) -> dict[str, int]:
+        async with rig(clock) as r:
+            shard = r.own(0).shard
+            shard.add(
+                TELEMETRY, [Row(i, T0 + i, telemetry(f"{q}/0", q, ts_ms=T0 + i)) for i, q in enumerate(pools)]
+            )
+            expected = shard.cut_by_time(boundary)
+            real_cut = shard.cut_by_time
 
-    await daemon._publish_ticks(Recorder(), topic_name("", TICKS), boundary, 1000)  # type: ignore[arg-type]
+            def counted(ts_ms: int) -> dict[str, int]:
+                scans.append(ts_ms)
+                return real_cut(ts_ms)
+
+            shard.cut_by_time = counted  # type: ignore[method-assign]
+            producer = r.session.producer
+
+            class Recorder:  # the producer's send, while the loop goes on reading records
+                async def send(self, topic: str, **kw: Any) -> Any:
+                    sent.append((kw["key"], dict(kw["headers"])[CUT_HEADER]))
+                    n = shard.read[TELEMETRY]
+                    shard.add(TELEMETRY, [Row(n, T0 + 500, telemetry("a/1", "a", ts_ms=T0 + 500))])
+                    return await producer.send(topic, **kw)
+
+            r.link.session = dataclasses.replace(r.session, producer=Recorder())  # type: ignore[arg-type]
+            await r.ticker().publish(boundary, 1000)
+            return expected
+
+    expected = run_virtual(run, wall_ms=T0)
     assert [k for k, _ in sent] == [q.encode() for q in pools]
     assert {cut for _, cut in sent} == {orjson.dumps(expected, option=orjson.OPT_SORT_KEYS)}
     assert scans == [boundary]
 
 
-async def test_a_shards_summary_waits_until_every_tick_of_its_boundary_is_decided() -> None:
-    """``Daemon._publish_summaries``: a boundary whose ticks a shard decided over two batches is
-    summarized once, after the second batch (each batch published one before, the first without
-    the pools still to decide: two summaries for one boundary)."""
-    import asyncio
-    from typing import Any
+def test_a_shards_summary_waits_until_every_tick_of_its_boundary_is_decided() -> None:
+    """``Summaries.publish``: a boundary whose ticks a shard decided over two batches is summarized
+    once, after the second batch (each batch published one before, the first without the pools
+    still to decide: two summaries for one boundary)."""
+    from fleetloop.daemon.runtime.partition import HeldTick
+    from fleetloop.schemas.topics import SUMMARIES
+    from tests.support.runtime_harness import Rig, on_rig
 
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    async def check(r: Rig) -> None:
+        owned = r.own(0)
+        shard = owned.shard
+        shard.add(
+            TELEMETRY,
+            [Row(0, T0, telemetry("a/0", "a", ts_ms=T0)), Row(1, T0, telemetry("b/0", "b", ts_ms=T0))],
+        )
+        shard.fold_read()
+        summaries = r.summaries()
+        boundary = T0 + 1000
+        ticks = [Tick(ts_ms=boundary, tick_id=boundary // 1000, pool_id=q) for q in ("a", "b")]
+        # Batch one decided pool a's tick; pool b's, of the same boundary, is still held.
+        summaries.note(0, ticks[0], ())
+        owned.held = [HeldTick(1, ticks[1], boundary, None, None, 0.0)]
+        await summaries.publish()
+        assert r.broker.records(SUMMARIES) == []
+        # Batch two decided pool b's: the boundary is whole, summarized once.
+        owned.held = []
+        summaries.note(0, ticks[1], ())
+        await summaries.publish()
+        await summaries.publish()
+        assert [x.key for x in r.broker.records(SUMMARIES)] == [b"fleetloop/0"]
+        assert r.stats.summaries_published == 1
 
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    shard = daemon.shards[0] = Shard(0)
-    shard.add(
-        TELEMETRY, [Row(0, T0, telemetry("a/0", "a", ts_ms=T0)), Row(1, T0, telemetry("b/0", "b", ts_ms=T0))]
-    )
-    shard.fold_read()
-    sent: list[bytes] = []
-
-    class Recorder:
-        async def send(self, topic: str, key: bytes, value: bytes) -> Any:
-            sent.append(key)
-            done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
-
-    daemon._producer = Recorder()  # type: ignore[assignment]
-    boundary = T0 + 1000
-    ticks = [Tick(ts_ms=boundary, tick_id=boundary // 1000, pool_id=q) for q in ("a", "b")]
-    # Batch one decided pool a's tick; pool b's, of the same boundary, is still held.
-    daemon._note_summary(0, ticks[0], ())
-    daemon._held[0] = [_HeldTick(1, ticks[1], boundary, None, None, 0.0)]
-    await daemon._publish_summaries()
-    assert sent == []
-    # Batch two decided pool b's: the boundary is whole, summarized once.
-    daemon._held[0] = []
-    daemon._note_summary(0, ticks[1], ())
-    await daemon._publish_summaries()
-    await daemon._publish_summaries()
-    assert sent == [b"fleetloop/0"]
-    assert daemon.stats.summaries_published == 1
+    on_rig(check, wall_ms=T0)

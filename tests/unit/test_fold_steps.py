@@ -10,12 +10,10 @@ run between steps, and the decisions are the same."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from fleetloop import clock
 from fleetloop.bench.fleetgen import BASE_TS_MS
 from fleetloop.core import checkpoint
 from fleetloop.core.model.fleet import ModelConfig
@@ -126,16 +124,14 @@ def test_the_bench_fleet_folded_in_steps_decides_the_same(max_rows: int) -> None
         assert _state(stepped) == _state(one), s
 
 
-async def test_the_daemon_folds_a_far_cut_in_steps_and_the_loop_goes_on(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_decider_folds_a_far_cut_in_steps_and_the_loop_goes_on() -> None:
     """A shard with 30 s of a 400-node fleet's records pending decides one boundary (a far cut, as
-    after skipped boundaries): with the daemon's steps, another task (the group heartbeat runs
+    after skipped boundaries): with the decider's steps, another task (the group heartbeat runs
     so) gets the loop many times during the fold, never after a gap near the whole fold's; the
     decisions and the shard equal those of one fold. With the step as large as the cut (the fold
     in one piece, as before), that task waits for the whole fold: the test's mutation check."""
-    from fleetloop.daemon import runtime
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    from fleetloop.daemon.runtime.partition import HeldTick
+    from tests.support.runtime_harness import Rig, on_rig
 
     rows, pools = records(400, 30)
     policy = builtin_policy("default")
@@ -158,38 +154,36 @@ async def test_the_daemon_folds_a_far_cut_in_steps_and_the_loop_goes_on(
         async def settle(self) -> bool:  # a tripping pool's decisions, acknowledged at once
             return True
 
-    async def run(step_rows: int) -> tuple[float, float, int, list[bytes], Any]:
-        monkeypatch.setattr(runtime, "FOLD_STEP_ROWS", step_rows)
-        daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=policy))
-        daemon._consumer = Consumer()  # type: ignore[assignment]
-        daemon._publisher = Publisher()  # type: ignore[assignment]
-        shard = daemon.shards[0] = Shard(0)
-        for logical in INPUTS:
-            shard.add(logical, rows[logical])
-        daemon._publish_from[0] = 0
-        daemon._held[0] = [_HeldTick(k, t, ts, dict(cut), None, 0.0) for k, t in enumerate(ticks)]
-        staged.clear()
-        turns: list[float] = []
-        done = asyncio.Event()
+    def run(step_rows: int) -> tuple[int, int, list[bytes], Shard]:
+        async def check(r: Rig) -> tuple[int, int, list[bytes], Shard]:
+            decider = r.decider()
+            decider.fold_step_rows = step_rows
+            owned = r.own(0)
+            shard = owned.shard
+            for logical in INPUTS:
+                shard.add(logical, rows[logical])
+            owned.held = [HeldTick(k, t, ts, dict(cut), None, 0.0) for k, t in enumerate(ticks)]
+            staged.clear()
+            turns = 0
+            done = asyncio.Event()
 
-        async def heartbeat() -> None:
-            while not done.is_set():
-                turns.append(clock.monotonic_s())
-                await asyncio.sleep(0)
+            async def heartbeat() -> None:
+                nonlocal turns
+                while not done.is_set():
+                    turns += 1
+                    await asyncio.sleep(0)
 
-        beat = asyncio.create_task(heartbeat())
-        await asyncio.sleep(0)
-        started = clock.monotonic_s()
-        await daemon._decide_ready()
-        # The fold is the first thing the boundary does: the longest gap before the decide began.
-        folded_s = clock.monotonic_s() - started
-        done.set()
-        await beat
-        gaps = [b - a for a, b in itertools.pairwise(turns)]
-        return len(turns), max(gaps, default=folded_s), daemon.stats.fold_steps, list(staged), shard
+            beat = asyncio.create_task(heartbeat())
+            await asyncio.sleep(0)
+            await decider.decide_ready()
+            done.set()
+            await beat
+            return turns, r.stats.fold_steps, list(staged), shard
 
-    one_turns, _, one_steps, one_staged, one_shard = await run(10**9)
-    turns, _, steps, got_staged, shard = await run(2_000)
+        return on_rig(check, consumer=Consumer(), publisher=Publisher(), policy=policy)
+
+    one_turns, one_steps, one_staged, one_shard = run(10**9)
+    turns, steps, got_staged, shard = run(2_000)
     assert one_steps == 0
     assert steps >= 10
     assert got_staged == one_staged

@@ -1,31 +1,32 @@
 """Overload: a shard that decides more slowly than the boundaries come is held to at most
 ``overload_max_ticks`` boundaries waiting; the ticker holds the next ticks back and, once fewer wait,
 publishes those it held back as one tick marked skipped ("overload: ...") and the newest boundary
-(``fleetloop.daemon.runtime``, :func:`overload_step`). And the shard's bookkeeping of pools with
+(``fleetloop.daemon.runtime.ticker``, :func:`overload_step`). And the shard's bookkeeping of pools with
 records pending costs what was folded, not the whole backlog (``Shard.pending_pools`` against its
 statement ``tests.oracles.shard.pending_pools_plain``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
 from fleetloop.bench.fleetgen import make_fleet, telemetry_at
 from fleetloop.core.shard import INPUTS, Row, Shard
-from fleetloop.daemon.runtime import (
-    SKIPPED_FROM_HEADER,
-    SKIPPED_HEADER,
-    Daemon,
-    DaemonConfig,
-    overload_step,
-)
-from fleetloop.policies.registry import builtin_policy
+from fleetloop.daemon.runtime.config import SKIPPED_FROM_HEADER, SKIPPED_HEADER
+from fleetloop.daemon.runtime.partition import HeldTick
+from fleetloop.daemon.runtime.telemetry import DaemonStats
+from fleetloop.daemon.runtime.ticker import Pace, Ticker, overload_step
+from fleetloop.daemon.service.health import Health
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import TELEMETRY, TICKS
 from tests.oracles.shard import pending_pools_plain
+from tests.support.runtime_harness import Rig, rig
+from tests.support.virtual_time import FakeClock, run_virtual
 
 TICK_MS = 1000
 T0 = 1_800_000_000_000
@@ -47,19 +48,6 @@ def test_the_rule_holds_a_pools_ticks_back_once_limit_boundaries_wait() -> None:
     assert overload_step(-3, 2, 5, False) == 2  # decided past what this instance published
 
 
-class _Producer:
-    """Records what the ticker sends, in order: (key, tick, headers)."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Tick, dict[str, bytes]]] = []
-
-    async def send(self, topic: str, *, key: bytes, value: bytes, headers: Any = (), **_: Any) -> Any:
-        self.sent.append((key.decode(), Tick.model_validate(orjson.loads(value)), dict(headers)))
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-
 class _Shard(Shard):
     def __init__(self, pools: list[str]) -> None:
         super().__init__(0)
@@ -69,66 +57,80 @@ class _Shard(Shard):
         return list(self._pools)
 
 
-def _daemon(limit: int, pools: list[str]) -> tuple[Daemon, _Shard]:
-    daemon = Daemon(
-        DaemonConfig(
-            bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default"), overload_max_ticks=limit
-        )
-    )
-    shard = _Shard(pools)
-    daemon.shards[0] = shard
-    daemon._owned = {daemon._tp(TICKS, 0)}
-    return daemon, shard
+Sent = list[tuple[str, Tick, dict[str, bytes]]]
+
+
+def sent(r: Rig) -> Sent:
+    """What the ticker published on control.ticks, in order: (key, tick, headers)."""
+    return [
+        ((x.key or b"").decode(), Tick.model_validate_json(x.value or b""), dict(x.headers))
+        for x in r.broker.records(TICKS)
+    ]
+
+
+@contextlib.asynccontextmanager
+async def _ticker(
+    clock: FakeClock, limit: int, pools: list[str], **kw: Any
+) -> AsyncIterator[tuple[Rig, Ticker, _Shard]]:
+    async with rig(clock, overload_max_ticks=limit, **kw) as r:
+        shard = _Shard(pools)
+        r.own(0, shard)
+        yield r, r.ticker(), shard
+
+
+Then = Callable[[Rig, Ticker, _Shard], Awaitable[None]]
 
 
 def _simulate(
-    limit: int, seconds: int, decide_every_s: int, ticker_every_s: int = 1
-) -> tuple[list[int], Daemon, _Producer]:
+    limit: int, seconds: int, decide_every_s: int, ticker_every_s: int = 1, then: Then | None = None
+) -> tuple[list[int], DaemonStats, Health, Sent]:
     """``seconds`` boundaries; the ticker runs at every ``ticker_every_s``-th (held up by a busy
     loop in between) and the shard decides one tick record every ``decide_every_s`` boundaries (in
     the order published: a skipped record is passed as the daemon's loop passes it, at no cost).
-    Returns, per boundary, how many boundaries the newest decided one is behind it."""
+    Returns, per boundary, how many boundaries the newest decided one is behind it; ``then``
+    goes on with the same ticker afterwards."""
 
-    async def run() -> tuple[list[int], Daemon, _Producer]:
+    async def run(clock: FakeClock) -> tuple[list[int], DaemonStats, Health, Sent]:
         pools = ["pool-a", "pool-b"]
-        daemon, shard = _daemon(limit, pools)
-        producer = _Producer()
-        queue: list[tuple[str, Tick, dict[str, bytes]]] = []
-        behind: list[int] = []
-        for s in range(seconds):
-            now_b = T0 + s * TICK_MS
-            start = len(producer.sent)
-            if s % ticker_every_s == 0:
-                held_up = ticker_every_s > 1  # it woke late: the loop held it up
-                await daemon._publish_ticks(producer, "ticks", now_b, TICK_MS, held_up=held_up)  # type: ignore[arg-type]
-            queue.extend(producer.sent[start:])
-            budget = 1 if s % decide_every_s == 0 else 0
-            while queue:
-                pool, tick, headers = queue[0]
-                if SKIPPED_HEADER in headers:
-                    shard.skip(tick)
-                elif budget:
-                    budget -= 1
-                    shard.last_tick[pool] = (tick.tick_id, tick.ts_ms)
-                else:
-                    break
-                queue.pop(0)
-            newest = min(shard.last_tick.get(p, (0, T0 - TICK_MS))[1] for p in pools)
-            behind.append((now_b - newest) // TICK_MS)
-        return behind, daemon, producer
+        async with _ticker(clock, limit, pools) as (r, ticker, shard):
+            queue: Sent = []
+            behind: list[int] = []
+            for s in range(seconds):
+                now_b = T0 + s * TICK_MS
+                start = len(sent(r))
+                if s % ticker_every_s == 0:
+                    held_up = ticker_every_s > 1  # it woke late: the loop held it up
+                    await ticker.publish(now_b, TICK_MS, held_up=held_up)
+                queue.extend(sent(r)[start:])
+                budget = 1 if s % decide_every_s == 0 else 0
+                while queue:
+                    pool, tick, headers = queue[0]
+                    if SKIPPED_HEADER in headers:
+                        shard.skip(tick)
+                    elif budget:
+                        budget -= 1
+                        shard.last_tick[pool] = (tick.tick_id, tick.ts_ms)
+                    else:
+                        break
+                    queue.pop(0)
+                newest = min(shard.last_tick.get(p, (0, T0 - TICK_MS))[1] for p in pools)
+                behind.append((now_b - newest) // TICK_MS)
+            if then is not None:
+                await then(r, ticker, shard)
+            return behind, r.stats, r.health, sent(r)
 
-    return asyncio.run(run())
+    return run_virtual(run, wall_ms=T0)
 
 
 def test_a_shard_deciding_too_slowly_stays_a_bounded_number_of_boundaries_behind() -> None:
     """Two pools, one tick decided every 2 s (a quarter of what the ticks ask): with the rule the
     newest decided boundary stays within a few boundaries of now for 200 s; without it (0), it
-    falls behind without bound, as the daemons did at 10,000 nodes (bench/results/latency-s9.md)."""
+    falls behind without bound, as the daemons did at 10,000 nodes."""
     limit = 3
-    behind, daemon, producer = _simulate(limit, 200, 2)
+    behind, stats, health, published = _simulate(limit, 200, 2)
     # Waiting: at most `limit` per pool, two pools, one decided every 2 s; plus the one in hand.
     assert max(behind[20:]) <= 2 * (2 * limit + 2), behind
-    marks = [(t, h) for _, t, h in producer.sent if SKIPPED_HEADER in h]
+    marks = [(t, h) for _, t, h in published if SKIPPED_HEADER in h]
     assert marks
     for tick, headers in marks:
         assert headers[SKIPPED_HEADER].startswith(b"overload: ")
@@ -136,7 +138,7 @@ def test_a_shard_deciding_too_slowly_stays_a_bounded_number_of_boundaries_behind
     # Every boundary of every pool is published exactly once: as a tick or inside a skipped range.
     for pool in ("pool-a", "pool-b"):
         covered: list[int] = []
-        for key, tick, headers in producer.sent:
+        for key, tick, headers in published:
             if key != pool:
                 continue
             if SKIPPED_HEADER in headers:
@@ -144,16 +146,16 @@ def test_a_shard_deciding_too_slowly_stays_a_bounded_number_of_boundaries_behind
             else:
                 covered.append(tick.tick_id)
         assert covered == list(range(covered[0], covered[0] + len(covered))), pool
-    assert daemon.stats.ticks_overload == sum(t.tick_id - int(h[SKIPPED_FROM_HEADER]) + 1 for t, h in marks)
-    assert daemon.stats.overload_episodes == 1  # one episode, one log line: no flapping
-    assert daemon.health.overloaded == [0]  # still in overload at the end: /healthz says so
-    _, body = daemon.health.live()
-    assert body["overload"] == {"partitions": [0], "ticks_skipped": daemon.stats.ticks_overload}
+    assert stats.ticks_overload == sum(t.tick_id - int(h[SKIPPED_FROM_HEADER]) + 1 for t, h in marks)
+    assert stats.overload_episodes == 1  # one episode, one log line: no flapping
+    assert health.overloaded == [0]  # still in overload at the end: /healthz says so
+    _, body = health.live()
+    assert body["overload"] == {"partitions": [0], "ticks_skipped": stats.ticks_overload}
 
-    unbounded, daemon, producer = _simulate(0, 200, 2)
+    unbounded, stats, _, published = _simulate(0, 200, 2)
     assert unbounded[-1] > 100, unbounded  # the rule off: every boundary decided, ever later
-    assert not any(SKIPPED_HEADER in h for _, _, h in producer.sent)
-    assert daemon.stats.ticks_overload == 0
+    assert not any(SKIPPED_HEADER in h for _, _, h in published)
+    assert stats.ticks_overload == 0
 
 
 @pytest.mark.parametrize("ticker_every_s", [2, 5])
@@ -161,14 +163,14 @@ def test_a_ticker_held_up_by_a_busy_loop_adds_no_backlog(ticker_every_s: int) ->
     """The ticker runs only every few boundaries (the loop held it up, deciding) and finds the
     shard has decided all it published: the boundaries it missed go out as skipped and the newest
     as a tick, not all of them as an outage's would (they would be the next backlog: how the
-    10,000-node daemons fell further behind at every boundary, bench/results/latency-s9.md)."""
-    behind, daemon, producer = _simulate(3, 200, 2, ticker_every_s)
+    10,000-node daemons fell further behind at every boundary)."""
+    behind, stats, _, published = _simulate(3, 200, 2, ticker_every_s)
     assert max(behind[20:]) <= 2 * (2 * 3 + 2) + ticker_every_s, behind
-    assert daemon.stats.ticks_overload > 0
-    for _, _, headers in producer.sent:
+    assert stats.ticks_overload > 0
+    for _, _, headers in published:
         if SKIPPED_HEADER in headers:
             assert headers[SKIPPED_HEADER].startswith(b"overload: ")
-    unbounded, _, _ = _simulate(0, 200, 2, ticker_every_s)
+    unbounded, _, _, _ = _simulate(0, 200, 2, ticker_every_s)
     assert unbounded[-1] > 100, unbounded
 
 
@@ -176,34 +178,36 @@ def test_an_episode_ends_once_the_shard_keeps_up_and_a_shard_on_time_never_skips
     """Two ticks a boundary asked and one decided: overload. Then the shard decides every tick
     published at once: the episode ends (/healthz no longer reports the partition) and nothing more
     is skipped."""
-    _, daemon, producer = _simulate(3, 60, 1)
-    assert daemon.stats.overload_episodes == 1
-    assert daemon.health.overloaded == [0]
 
-    async def keep_up(first_s: int, seconds: int) -> list[dict[str, bytes]]:
-        shard = daemon.shards[0]
-        start = len(producer.sent)
-        for s in range(first_s, first_s + seconds):
-            at = len(producer.sent)
-            await daemon._publish_ticks(producer, "ticks", T0 + s * TICK_MS, TICK_MS)  # type: ignore[arg-type]
-            for pool, tick, headers in producer.sent[at:]:
-                if SKIPPED_HEADER in headers:
-                    shard.skip(tick)
-                else:
-                    shard.last_tick[pool] = (tick.tick_id, tick.ts_ms)
-        return [h for _, _, h in producer.sent[start:]]
+    async def then(r: Rig, ticker: Ticker, shard: _Shard) -> None:
+        assert r.stats.overload_episodes == 1
+        assert r.health.overloaded == [0]
 
-    # The held-back boundaries go out as skipped, then the boundaries on time: over after
-    # overload_max_ticks (3) boundaries in a row with nothing held back or skipped.
-    asyncio.run(keep_up(60, 5))
-    assert daemon.health.overloaded == []
-    assert not daemon._withheld
-    skipped = daemon.stats.ticks_overload
-    later = asyncio.run(keep_up(65, 20))
-    assert len(later) == 2 * 20
-    assert not any(SKIPPED_HEADER in h for h in later)
-    assert daemon.stats.ticks_overload == skipped
-    assert daemon.stats.overload_episodes == 1
+        async def keep_up(first_s: int, seconds: int) -> list[dict[str, bytes]]:
+            start = len(sent(r))
+            for s in range(first_s, first_s + seconds):
+                at = len(sent(r))
+                await ticker.publish(T0 + s * TICK_MS, TICK_MS)
+                for pool, tick, headers in sent(r)[at:]:
+                    if SKIPPED_HEADER in headers:
+                        shard.skip(tick)
+                    else:
+                        shard.last_tick[pool] = (tick.tick_id, tick.ts_ms)
+            return [h for _, _, h in sent(r)[start:]]
+
+        # The held-back boundaries go out as skipped, then the boundaries on time: over after
+        # overload_max_ticks (3) boundaries in a row with nothing held back or skipped.
+        await keep_up(60, 5)
+        assert r.health.overloaded == []
+        assert not r.parts[0].withheld
+        skipped = r.stats.ticks_overload
+        later = await keep_up(65, 20)
+        assert len(later) == 2 * 20
+        assert not any(SKIPPED_HEADER in h for h in later)
+        assert r.stats.ticks_overload == skipped
+        assert r.stats.overload_episodes == 1
+
+    _simulate(3, 60, 1, then=then)
 
 
 # -- pending pools: the counts against the statement -----------------------------------------------
@@ -289,38 +293,38 @@ def test_a_shards_skipped_records_go_first_and_its_ticks_stay_together_by_bounda
     pools of one boundary stay consecutive on the partition, so the shard decides them in one batch
     (a skipped record between them split it into one decide per pool, when it was most behind)."""
 
-    async def run() -> list[tuple[str, Tick, dict[str, bytes]]]:
+    async def run(clock: FakeClock) -> Sent:
         pools = ["a", "b", "c"]
-        daemon, shard = _daemon(3, pools)
-        producer = _Producer()
-        await daemon._publish_ticks(producer, "ticks", T0, TICK_MS)  # type: ignore[arg-type]
-        for pool in pools:
-            shard.last_tick[pool] = (T0 // TICK_MS, T0)
-        await daemon._publish_ticks(producer, "ticks", T0 + TICK_MS, TICK_MS)  # type: ignore[arg-type]
-        # One boundary waiting; the ticker, held up, comes back 4 boundaries later: newest only.
-        start = len(producer.sent)
-        await daemon._publish_ticks(producer, "ticks", T0 + 5 * TICK_MS, TICK_MS, held_up=True)  # type: ignore[arg-type]
-        return producer.sent[start:]
+        async with _ticker(clock, 3, pools) as (r, ticker, shard):
+            await ticker.publish(T0, TICK_MS)
+            for pool in pools:
+                shard.last_tick[pool] = (T0 // TICK_MS, T0)
+            await ticker.publish(T0 + TICK_MS, TICK_MS)
+            # One boundary waiting; the ticker, held up, comes back 4 boundaries later: newest only.
+            start = len(sent(r))
+            await ticker.publish(T0 + 5 * TICK_MS, TICK_MS, held_up=True)
+            return sent(r)[start:]
 
-    sent = asyncio.run(run())
-    kinds = ["skip" if SKIPPED_HEADER in h else "tick" for _, _, h in sent]
+    published = run_virtual(run, wall_ms=T0)
+    kinds = ["skip" if SKIPPED_HEADER in h else "tick" for _, _, h in published]
     assert kinds == ["skip"] * 3 + ["tick"] * 3
-    assert [k for k, _, _ in sent] == ["a", "b", "c", "a", "b", "c"]
-    assert {t.ts_ms for _, t, h in sent if SKIPPED_HEADER not in h} == {T0 + 5 * TICK_MS}
-    assert {int(h[SKIPPED_FROM_HEADER]) for _, _, h in sent if SKIPPED_HEADER in h} == {T0 // TICK_MS + 2}
+    assert [k for k, _, _ in published] == ["a", "b", "c", "a", "b", "c"]
+    assert {t.ts_ms for _, t, h in published if SKIPPED_HEADER not in h} == {T0 + 5 * TICK_MS}
+    assert {int(h[SKIPPED_FROM_HEADER]) for _, _, h in published if SKIPPED_HEADER in h} == {
+        T0 // TICK_MS + 2
+    }
 
 
 def test_an_outages_catch_up_goes_out_boundary_by_boundary() -> None:
-    async def run() -> list[tuple[str, Tick, dict[str, bytes]]]:
-        daemon, shard = _daemon(3, ["a", "b"])
-        for pool in ("a", "b"):
-            shard.last_tick[pool] = (T0 // TICK_MS, T0)  # decided before this instance (a restart)
-        producer = _Producer()
-        await daemon._publish_ticks(producer, "ticks", T0 + 3 * TICK_MS, TICK_MS)  # type: ignore[arg-type]
-        return producer.sent
+    async def run(clock: FakeClock) -> Sent:
+        async with _ticker(clock, 3, ["a", "b"]) as (r, ticker, shard):
+            for pool in ("a", "b"):
+                shard.last_tick[pool] = (T0 // TICK_MS, T0)  # decided before this instance (a restart)
+            await ticker.publish(T0 + 3 * TICK_MS, TICK_MS)
+            return sent(r)
 
-    sent = asyncio.run(run())
-    assert [(k, t.ts_ms - T0) for k, t, _ in sent] == [
+    published = run_virtual(run, wall_ms=T0)
+    assert [(k, t.ts_ms - T0) for k, t, _ in published] == [
         ("a", 1000),
         ("b", 1000),
         ("a", 2000),
@@ -328,44 +332,44 @@ def test_an_outages_catch_up_goes_out_boundary_by_boundary() -> None:
         ("a", 3000),
         ("b", 3000),
     ]
-    assert not any(SKIPPED_HEADER in h for _, _, h in sent)
+    assert not any(SKIPPED_HEADER in h for _, _, h in published)
 
 
 # -- a shard that decided what waited gets its held-back ticks at once -----------------------------
 
 
-async def _held_back(limit: int = 2, t0: int = T0) -> tuple[Daemon, _Shard, _Producer]:
+async def _held_back(r: Rig, ticker: Ticker, shard: _Shard, t0: int = T0) -> None:
     """Pools a, b, c ticked at boundaries ``t0`` .. ``t0`` + 3 s; a and b decided only ``t0``, so 2
     boundaries wait (the limit) and they are held back at the last one; c decided on time."""
-    daemon, shard = _daemon(limit, ["a", "b", "c"])
-    producer = _Producer()
     for s in range(4):
-        await daemon._publish_ticks(producer, "ticks", t0 + s * TICK_MS, TICK_MS)  # type: ignore[arg-type]
+        await ticker.publish(t0 + s * TICK_MS, TICK_MS)
         shard.last_tick["c"] = ((t0 + s * TICK_MS) // TICK_MS, t0 + s * TICK_MS)
         if s == 0:
             for pool in ("a", "b"):
                 shard.last_tick[pool] = (t0 // TICK_MS, t0)
-    return daemon, shard, producer
 
 
 def test_the_loop_wakes_the_ticker_once_a_held_back_shard_has_decided_what_waited() -> None:
-    daemon, shard, _ = asyncio.run(_held_back())
-    assert set(daemon._withheld) == {(0, "a"), (0, "b")}  # 2 waiting at boundary 3: held back
-    daemon._held[0] = [object()]  # type: ignore[list-item]  # ticks still queued: not yet
-    daemon._wake_held_back()
-    assert not daemon._tick_now.is_set()
-    daemon._held[0] = []
-    daemon._wake_held_back()  # the queue is empty but a's and b's ticks are not decided yet
-    assert not daemon._tick_now.is_set()
-    shard.last_tick["a"] = ((T0 + TICK_MS) // TICK_MS, T0 + TICK_MS)  # a: 1 waiting, under the limit
-    daemon._wake_held_back()
-    assert daemon._tick_now.is_set()
-    daemon._tick_now.clear()
-    daemon.config = DaemonConfig(  # type: ignore[misc]
-        bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default"), overload_max_ticks=1
-    )
-    daemon._wake_held_back()  # a still has 1 waiting: not under a limit of 1
-    assert not daemon._tick_now.is_set()
+    async def run(clock: FakeClock) -> None:
+        async with _ticker(clock, 2, ["a", "b", "c"]) as (r, ticker, shard):
+            await _held_back(r, ticker, shard)
+            owned = r.parts[0]
+            assert set(owned.withheld) == {"a", "b"}  # 2 waiting at boundary 3: held back
+            owned.held = [HeldTick(99, None, T0, None, None, 0.0)]  # ticks still queued: not yet
+            ticker.wake_held_back()
+            assert not ticker.tick_now.is_set()
+            owned.held = []
+            ticker.wake_held_back()  # the queue is empty but a's and b's ticks are not decided yet
+            assert not ticker.tick_now.is_set()
+            shard.last_tick["a"] = ((T0 + TICK_MS) // TICK_MS, T0 + TICK_MS)  # a: 1 waiting, under the limit
+            ticker.wake_held_back()
+            assert ticker.tick_now.is_set()
+            ticker.tick_now.clear()
+            ticker.config = replace(ticker.config, overload_max_ticks=1)
+            ticker.wake_held_back()  # a still has 1 waiting: not under a limit of 1
+            assert not ticker.tick_now.is_set()
+
+    run_virtual(run, wall_ms=T0)
 
 
 def test_a_round_between_boundaries_publishes_only_the_held_back_pools() -> None:
@@ -373,143 +377,146 @@ def test_a_round_between_boundaries_publishes_only_the_held_back_pools() -> None
     boundaries held back but the newest) and a tick at boundary 4 (the newest passed); c, on time,
     gets nothing more; the episode goes on until boundaries are published whole."""
 
-    async def run() -> tuple[Daemon, list[tuple[str, Tick, dict[str, bytes]]]]:
-        daemon, shard, producer = await _held_back()
-        await daemon._publish_ticks(producer, "ticks", T0 + 4 * TICK_MS, TICK_MS)  # type: ignore[arg-type]
-        shard.last_tick["c"] = ((T0 + 4 * TICK_MS) // TICK_MS, T0 + 4 * TICK_MS)
-        for pool in ("a", "b"):
-            shard.last_tick[pool] = ((T0 + 2 * TICK_MS) // TICK_MS, T0 + 2 * TICK_MS)
-        start = len(producer.sent)
-        await daemon._publish_ticks(  # type: ignore[arg-type]
-            producer, "ticks", T0 + 4 * TICK_MS, TICK_MS, held_up=True, held_back_only=True
-        )
-        return daemon, producer.sent[start:]
+    async def run(clock: FakeClock) -> tuple[Sent, dict[str, tuple[int, int]], list[int]]:
+        async with _ticker(clock, 2, ["a", "b", "c"]) as (r, ticker, shard):
+            await _held_back(r, ticker, shard)
+            await ticker.publish(T0 + 4 * TICK_MS, TICK_MS)
+            shard.last_tick["c"] = ((T0 + 4 * TICK_MS) // TICK_MS, T0 + 4 * TICK_MS)
+            for pool in ("a", "b"):
+                shard.last_tick[pool] = ((T0 + 2 * TICK_MS) // TICK_MS, T0 + 2 * TICK_MS)
+            start = len(sent(r))
+            await ticker.publish(T0 + 4 * TICK_MS, TICK_MS, held_up=True, held_back_only=True)
+            return sent(r)[start:], dict(r.parts[0].withheld), list(r.health.overloaded)
 
-    daemon, sent = asyncio.run(run())
-    assert [(k, "skip" if SKIPPED_HEADER in h else "tick", t.ts_ms - T0) for k, t, h in sent] == [
+    published, withheld, overloaded = run_virtual(run, wall_ms=T0)
+    assert [(k, "skip" if SKIPPED_HEADER in h else "tick", t.ts_ms - T0) for k, t, h in published] == [
         ("a", "skip", 3000),
         ("b", "skip", 3000),
         ("a", "tick", 4000),
         ("b", "tick", 4000),
     ]
-    assert {int(h[SKIPPED_FROM_HEADER]) for _, _, h in sent if SKIPPED_HEADER in h} == {T0 // TICK_MS + 3}
-    assert not daemon._withheld
-    assert daemon.health.overloaded == [0]
+    assert {int(h[SKIPPED_FROM_HEADER]) for _, _, h in published if SKIPPED_HEADER in h} == {
+        T0 // TICK_MS + 3
+    }
+    assert withheld == {}
+    assert overloaded == [0]
 
 
-async def test_the_ticker_publishes_held_back_ticks_when_woken_not_at_the_next_boundary() -> None:
-    """The ticker task itself (real clock, 1 s ticks): woken by the loop just after a boundary, it
-    publishes the held-back pools' ticks within a fraction of the tick period; without the wake
-    (the loop's call removed) they would wait for the next boundary."""
-    from fleetloop import clock
+def test_the_ticker_publishes_held_back_ticks_when_woken_not_at_the_next_boundary() -> None:
+    """The ticker task itself (virtual time, 1 s ticks): woken by the loop just after a boundary, it
+    publishes the held-back pools' ticks at once; without the wake they would wait for the next
+    boundary (the mutation: the wake not sent -> nothing within the tick period)."""
 
-    now = clock.wall_ms()
-    daemon, shard, producer = await _held_back(t0=now // TICK_MS * TICK_MS - 10 * TICK_MS)
-    for pool in ("a", "b", "c"):  # everything published so far decided; a, b still held back
-        published = daemon._ticked[(0, pool)]
-        shard.last_tick[pool] = (published // TICK_MS, published)
-    now = clock.wall_ms()
-    await asyncio.sleep((TICK_MS - now % TICK_MS) / 1000.0 + 0.05)  # just after a boundary
-    stop = asyncio.Event()
-    daemon.config = DaemonConfig(  # type: ignore[misc]
-        bootstrap_servers="127.0.0.1:9",
-        policy=builtin_policy("default"),
-        overload_max_ticks=2,
-        tick_read_wait_s=0.0,
-    )
-    start = len(producer.sent)
-    ticker = asyncio.create_task(daemon._ticker(producer, stop))  # type: ignore[arg-type]
-    await asyncio.sleep(0.05)
-    woke_at = clock.wall_ms()
-    daemon._wake_held_back()
-    assert daemon._tick_now.is_set()
-    while len(producer.sent) == start and clock.wall_ms() - woke_at < 2 * TICK_MS:
-        await asyncio.sleep(0.005)
-    took_ms = clock.wall_ms() - woke_at
-    stop.set()
-    await ticker
-    sent = producer.sent[start:]
+    async def run(clock: FakeClock, wake: bool) -> tuple[int, Sent, int]:
+        async with _ticker(clock, 2, ["a", "b", "c"], tick_read_wait_s=0.0) as (r, ticker, shard):
+            now = clock.wall_ms()
+            await _held_back(r, ticker, shard, t0=now // TICK_MS * TICK_MS - 10 * TICK_MS)
+            for pool in ("a", "b", "c"):  # everything published so far decided; a, b still held back
+                published = r.parts[0].ticked[pool]
+                shard.last_tick[pool] = (published // TICK_MS, published)
+            now = clock.wall_ms()
+            await asyncio.sleep((TICK_MS - now % TICK_MS) / 1000.0 + 0.05)  # just after a boundary
+            stop = asyncio.Event()
+            start = len(sent(r))
+            task = asyncio.create_task(ticker.run(stop))
+            await asyncio.sleep(0.05)
+            woke_at = clock.wall_ms()
+            if wake:
+                ticker.wake_held_back()
+                assert ticker.tick_now.is_set()
+            while len(sent(r)) == start and clock.wall_ms() - woke_at < 2 * TICK_MS:
+                await asyncio.sleep(0.005)
+            took_ms = clock.wall_ms() - woke_at
+            stop.set()
+            await task
+            return took_ms, sent(r)[start:], woke_at
+
+    took_ms, published, woke_at = run_virtual(lambda clock: run(clock, True), wall_ms=T0)
     assert took_ms < 300, took_ms
-    assert sent
-    assert {k for k, _, _ in sent} <= {"a", "b"}  # only the held-back pools between boundaries
-    newest = max(t.ts_ms for _, t, h in sent if SKIPPED_HEADER not in h)
+    assert published
+    assert {k for k, _, _ in published} <= {"a", "b"}  # only the held-back pools between boundaries
+    newest = max(t.ts_ms for _, t, h in published if SKIPPED_HEADER not in h)
     assert newest == woke_at // TICK_MS * TICK_MS  # the newest boundary passed
+    took_ms, _, _ = run_virtual(lambda clock: run(clock, False), wall_ms=T0)
+    assert took_ms > 800, took_ms
 
 
 # -- an outage's catch-up, capped when the shard is already slow -------------------------------------
 
 
-def _outage(
-    pace: dict[int, float], budget: float = 10.0
-) -> tuple[Daemon, list[tuple[str, Tick, dict[str, bytes]]]]:
+def _outage(pace: dict[int, float], budget: float = 10.0) -> tuple[DaemonStats, Sent]:
     """A new owner of shard 0 (pools a and b last decided at T0 by the previous owner) publishes
     at T0 + 30 s: 30 boundaries missed, an outage's."""
 
-    async def run() -> tuple[Daemon, list[tuple[str, Tick, dict[str, bytes]]]]:
-        daemon, shard = _daemon(2, ["a", "b"])
-        daemon.config = DaemonConfig(  # type: ignore[misc]
-            bootstrap_servers="127.0.0.1:9",
-            policy=builtin_policy("default"),
-            overload_max_ticks=2,
-            catchup_budget_s=budget,
-        )
-        daemon._pace_s.update(pace)
-        for pool in ("a", "b"):
-            shard.last_tick[pool] = (T0 // TICK_MS, T0)
-        producer = _Producer()
-        await daemon._publish_ticks(producer, "ticks", T0 + 30 * TICK_MS, TICK_MS)  # type: ignore[arg-type]
-        return daemon, producer.sent
+    async def run(clock: FakeClock) -> tuple[DaemonStats, Sent]:
+        async with _ticker(clock, 2, ["a", "b"], catchup_budget_s=budget) as (r, ticker, shard):
+            r.pace.seconds.update(pace)
+            for pool in ("a", "b"):
+                shard.last_tick[pool] = (T0 // TICK_MS, T0)
+            await ticker.publish(T0 + 30 * TICK_MS, TICK_MS)
+            return r.stats, sent(r)
 
-    return asyncio.run(run())
+    return run_virtual(run, wall_ms=T0)
 
 
 def test_a_slow_shards_outage_catch_up_is_capped_to_what_fits_the_budget() -> None:
     """2 s a boundary, a 10 s budget: the newest 5 boundaries are caught up, the 25 before them go
     out as one skipped record per pool (every boundary covered once); fast, or with the budget off,
     all 30 are caught up as before."""
-    daemon, sent = _outage({0: 2.0})
-    ticks = [(k, t.ts_ms - T0) for k, t, h in sent if SKIPPED_HEADER not in h]
-    marks = [(k, t, h) for k, t, h in sent if SKIPPED_HEADER in h]
+    stats, published = _outage({0: 2.0})
+    ticks = [(k, t.ts_ms - T0) for k, t, h in published if SKIPPED_HEADER not in h]
+    marks = [(k, t, h) for k, t, h in published if SKIPPED_HEADER in h]
     assert ticks == [(pool, s * TICK_MS) for s in range(26, 31) for pool in ("a", "b")]
     assert [k for k, _, _ in marks] == ["a", "b"]
     for _, tick, headers in marks:
         assert int(headers[SKIPPED_FROM_HEADER]) == T0 // TICK_MS + 1
         assert tick.ts_ms == T0 + 25 * TICK_MS
         assert headers[SKIPPED_HEADER].startswith(b"outage: 25 ticks missed, beyond the catch-up of 5: ")
-    assert daemon.stats.ticks_catchup_capped == 50
-    assert daemon.stats.ticks_caught_up == 2 * 4
+    assert stats.ticks_catchup_capped == 50
+    assert stats.ticks_caught_up == 2 * 4
     # A shard this instance never decided takes the mean pace of those it did (the same machine).
-    _, sent = _outage({3: 1.0, 5: 3.0})
-    assert sum(1 for _, _, h in sent if SKIPPED_HEADER not in h) == 2 * 5
+    _, published = _outage({3: 1.0, 5: 3.0})
+    assert sum(1 for _, _, h in published if SKIPPED_HEADER not in h) == 2 * 5
     # At least overload_max_ticks, whatever the pace.
-    _, sent = _outage({0: 60.0})
-    assert sum(1 for _, _, h in sent if SKIPPED_HEADER not in h) == 2 * 2
+    _, published = _outage({0: 60.0})
+    assert sum(1 for _, _, h in published if SKIPPED_HEADER not in h) == 2 * 2
     for pace, budget in (({0: 0.2}, 10.0), ({0: 2.0}, 0.0), ({}, 10.0)):
-        daemon, sent = _outage(pace, budget)
-        assert not any(SKIPPED_HEADER in h for _, _, h in sent), (pace, budget)
-        assert len(sent) == 2 * 30
-        assert daemon.stats.ticks_catchup_capped == 0
+        stats, published = _outage(pace, budget)
+        assert not any(SKIPPED_HEADER in h for _, _, h in published), (pace, budget)
+        assert len(published) == 2 * 30
+        assert stats.ticks_catchup_capped == 0
 
 
 def test_the_pace_is_each_boundarys_wall_time_each_weighing_half() -> None:
-    daemon, _ = _daemon(2, ["a"])
-    daemon._note_pace(0, 4.0)
-    assert daemon._pace_s[0] == 4.0
-    daemon._note_pace(0, 2.0)
-    daemon._note_pace(0, 1.0)
-    assert daemon._pace_s[0] == 2.0
-    daemon._forget(0)
-    assert daemon._pace_s[0] == 2.0  # the machine's pace outlives the partition
+    pace = Pace()
+    pace.note(0, 4.0)
+    assert pace.of(0) == 4.0
+    pace.note(0, 2.0)
+    pace.note(0, 1.0)
+    assert pace.of(0) == 2.0
+    assert pace.of(7) == 2.0  # a shard not decided here yet: the others' mean, the same machine
+    assert Pace().of(0) is None
 
 
 def test_ticks_published_and_not_decided_are_in_flight() -> None:
     """The loop line's ``fetch_in_flight``: a tick this instance published that its shard has not
-    decided (read back) yet; none once each pool's newest published boundary is decided."""
-    daemon, shard, _ = asyncio.run(_held_back())
-    assert daemon._ticks_in_flight()  # a and b: 2 boundaries waiting
-    for pool in ("a", "b", "c"):
-        published = daemon._ticked[(0, pool)]
-        shard.last_tick[pool] = (published // TICK_MS, published)
-    assert not daemon._ticks_in_flight()
-    daemon._forget(0)
-    assert not daemon._ticks_in_flight()
+    decided (read back) yet; none once each pool's newest published boundary is decided, nor once
+    the partition is forgotten (its record dropped)."""
+
+    async def run(clock: FakeClock) -> None:
+        async with _ticker(clock, 2, ["a", "b", "c"]) as (r, ticker, shard):
+            await _held_back(r, ticker, shard)
+            assert ticker.in_flight()  # a and b: 2 boundaries waiting
+            assert ticker.holding_back()
+            r.parts.forget(0)
+            assert not ticker.in_flight()
+            assert not ticker.holding_back()
+            owned = r.own(0, shard)
+            assert not ticker.in_flight()  # a new record: nothing published by this instance yet
+            await ticker.publish(T0 + 4 * TICK_MS, TICK_MS)
+            for pool in ("a", "b", "c"):
+                published = owned.ticked[pool]
+                shard.last_tick[pool] = (published // TICK_MS, published)
+            assert not ticker.in_flight()
+
+    run_virtual(run, wall_ms=T0)

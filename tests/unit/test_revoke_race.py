@@ -3,7 +3,7 @@
 aiokafka's per-partition accessors (``highwater``, ``last_poll_timestamp``) assert that the
 partition is assigned. The group's rebalance callbacks run beside the daemon's loop, so a
 partition listed before an await may be gone after it: a survivor in ``test_scale_out[kafka]``
-died so once ("AssertionError: Partition is not assigned", session 10). These tests take a
+died so once ("AssertionError: Partition is not assigned"). These tests take a
 partition away during the await and check that the loop's helpers go on, and that a restore that
 saw the assignment move restores again.
 """
@@ -11,11 +11,14 @@ saw the assignment move restores again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiokafka import TopicPartition
-from fleetloop.daemon.runtime import Daemon, DaemonConfig
-from fleetloop.policies.registry import builtin_policy
+from fleetloop.daemon.runtime.assignment import Assignment
+from fleetloop.daemon.runtime.port import TopicPartition
+from tests.support.runtime_harness import rig
+from tests.support.virtual_time import FakeClock, run_virtual
 
 
 class _Consumer:
@@ -55,24 +58,35 @@ class _Consumer:
         return dict.fromkeys(tps, 5)
 
 
-def _daemon(consumer: Any) -> Daemon:
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=builtin_policy("default")))
-    daemon._consumer = consumer
-    return daemon
+Check = Callable[[Assignment], Awaitable[None]]
+
+
+def _with(consumer: Any, check: Check) -> None:
+    """Run ``check`` on an assignment part whose group consumer is ``consumer``."""
+
+    async def run(clock: FakeClock) -> None:
+        async with rig(clock) as r:
+            r.link.session = dataclasses.replace(r.session, consumer=consumer)
+            await check(r.assignment())
+
+    run_virtual(run)
 
 
 def test_end_offsets_of_a_partition_taken_during_the_await() -> None:
     a, b = TopicPartition("t", 0), TopicPartition("t", 1)
-    daemon = _daemon(_Consumer([a, b], take=b))
-    end = asyncio.run(daemon._end_offsets([a, b]))
-    assert end == {a: 7, b: 5}  # the high watermark where the client still knows it
+
+    async def check(assignment: Assignment) -> None:
+        end = await assignment.end_offsets([a, b])
+        assert end == {a: 7, b: 5}  # the high watermark where the client still knows it
+
+    _with(_Consumer([a, b], take=b), check)
 
 
 def test_look_again_skips_a_partition_taken_while_it_waits() -> None:
     a, b = TopicPartition("t", 0), TopicPartition("t", 1)
     consumer = _Consumer([a, b], take=b)
 
-    async def run() -> None:
+    async def check(assignment: Assignment) -> None:
         async def rebalance() -> None:
             await asyncio.sleep(0.05)
             consumer.mine.discard(b)
@@ -80,28 +94,34 @@ def test_look_again_skips_a_partition_taken_while_it_waits() -> None:
             consumer.polls[a] = 2.0  # a's fetch answered
 
         task = asyncio.create_task(rebalance())
-        await _daemon(consumer)._look_again([a, b])
+        await assignment.look_again([a, b])  # raised AssertionError before: b was read after it was taken
         await task
 
-    asyncio.run(run())  # raised AssertionError before: b was read after it was taken
+    _with(consumer, check)
 
 
 def _restore(moves: bool) -> bool:
-    """Run one ``_restore_assignment`` over one assigned partition; when ``moves``, the group's
-    callbacks run during its await (as they do beside the loop). Returns ``_restore_needed``."""
+    """Run one ``Assignment.restore`` over one assigned partition; when ``moves``, the group's
+    callbacks run during its await (as they do beside the loop). Returns whether the loop is to
+    restore again."""
     consumer = _Consumer([], take=TopicPartition("none", 0))
-    daemon = _daemon(consumer)
-    consumer.mine = {TopicPartition(next(iter(daemon._topics)), 0)}
+    needed: list[bool] = []
 
-    async def on_assigned(assigned: Any) -> None:
-        await asyncio.sleep(0)
-        if moves:
-            daemon._assign_gen += 1
+    async def check(assignment: Assignment) -> None:
+        consumer.mine = {TopicPartition(next(iter(assignment.parts.logical)), 0)}
 
-    daemon._on_assigned = on_assigned  # type: ignore[method-assign]
-    daemon._restore_needed = True
-    asyncio.run(daemon._restore_assignment())
-    return daemon._restore_needed
+        async def assign(assigned: Any) -> None:
+            await asyncio.sleep(0)
+            if moves:
+                assignment.parts.generation += 1
+
+        assignment.assign = assign  # type: ignore[method-assign]
+        assignment.needed = True
+        await assignment.restore()
+        needed.append(assignment.needed)
+
+    _with(consumer, check)
+    return needed[0]
 
 
 def test_restore_that_saw_the_assignment_move_restores_again() -> None:

@@ -93,6 +93,7 @@ def test_the_consumer_takes_the_session_timeout(
 ) -> None:
     """The group consumer the daemon starts: this session timeout, heartbeats a sixth of it (at most 1 s)."""
     from fleetloop.daemon import runtime
+    from fleetloop.daemon.runtime import kafka
     from fleetloop.policies.registry import builtin_policy
 
     made: list[dict[str, Any]] = []
@@ -116,8 +117,8 @@ def test_the_consumer_takes_the_session_timeout(
         async def stop(self) -> None:
             pass
 
-    monkeypatch.setattr(runtime, "AIOKafkaConsumer", Consumer)
-    monkeypatch.setattr(runtime, "AIOKafkaProducer", Producer)
+    monkeypatch.setattr(kafka, "AIOKafkaConsumer", Consumer)
+    monkeypatch.setattr(kafka, "AIOKafkaProducer", Producer)
     daemon = runtime.Daemon(
         DaemonConfig(
             bootstrap_servers="127.0.0.1:9",

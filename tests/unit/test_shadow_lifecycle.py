@@ -4,17 +4,18 @@ active-policy record says."""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import pytest
 import yaml
 from fleetloop.core.shard import Shadow
-from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.daemon.runtime.follower import PolicyFollower
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, parse_document
 from tests.support.policies import FOUNDATION_YAML
+from tests.support.runtime_harness import rig
+from tests.support.virtual_time import FakeClock, run_virtual, sleep_until
 
 
 @dataclass(frozen=True)
@@ -40,85 +41,117 @@ def rec(p: CompiledPolicy, offset: int) -> Rec:
     return Rec(key.encode(), orjson.dumps(p.document.model_dump(mode="json")), offset)
 
 
-def daemon() -> Daemon:
-    return Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=doc(1)))
+Then = Callable[[PolicyFollower, FakeClock], Awaitable[None]]
 
 
-def activate_pending(d: Daemon) -> None:
-    assert d._pending_shadow is not None
-    asyncio.run(d._activate_shadow(d._pending_shadow[0], d._pending_offset))
-    d._pending_shadow = None
+def following(check: Then, wall_ms: int = 1_700_000_000_500) -> None:
+    """Run ``check`` on a policy follower (enforcing ``foundation`` v1) in virtual time."""
+
+    async def run(clock: FakeClock) -> None:
+        async with rig(clock, policy=doc(1)) as r:
+            await check(r.follower(), clock)
+
+    run_virtual(run, wall_ms=wall_ms)
+
+
+async def activate_pending(f: PolicyFollower) -> None:
+    assert f.pending_shadow is not None
+    await f.apply_pending()
+    assert f.pending_shadow is None
 
 
 def test_a_shadow_document_runs_beside_and_is_held_to_its_own_versions() -> None:
-    d = daemon()
-    s2 = doc(2, "shadow", threshold=3)
-    assert d._consider_policy(rec(s2, 1), "foundation") is None
-    assert d._pending_policy is None  # the enforcing policy is not replaced
-    activate_pending(d)
-    assert d.engine.policy.stamp.version == 1
-    current = d._shadow_now()
-    assert current is not None
-    assert current.stamp.hash == s2.stamp.hash
-    assert current.stamp.mode == "shadow"
-    # The same shadow again: ignored; an older or equal version: refused with a dead letter.
-    assert d._consider_policy(rec(s2, 2), "foundation") is None
-    assert d._pending_shadow is None
-    refused = d._consider_policy(rec(doc(2, "shadow", threshold=4), 3), "foundation")
-    assert refused is not None
-    assert "not newer than the shadow in force v2" in refused.reason
-    jump = d._consider_policy(rec(doc(5000, "shadow"), 4), "foundation")
-    assert jump is not None
-    assert "policy-version-jump" in jump.reason
-    assert d.stats.policies_refused == 2
-    # Another name's shadow: another group's, ignored.
-    assert d._consider_policy(rec(doc(9, "shadow", name="other"), 5), "foundation") is None
-    assert d._pending_shadow is None
-    # A newer one replaces it; the record names the whole timeline.
-    assert d._consider_policy(rec(doc(3, "shadow", threshold=2), 6), "foundation") is None
-    activate_pending(d)
-    record = d.active_record()
-    assert [sa.document.metadata.version for sa in record.shadow if sa.document] == [2, 3]
-    assert record.version == 1
-    assert record.considered_offset == 6
+    async def check(f: PolicyFollower, clock: FakeClock) -> None:
+        s2 = doc(2, "shadow", threshold=3)
+        assert f.consider(rec(s2, 1), "foundation") is None
+        assert f.pending_policy is None  # the enforcing policy is not replaced
+        await activate_pending(f)
+        assert f.engine.policy.stamp.version == 1
+        current = f.shadow_now()
+        assert current is not None
+        assert current.stamp.hash == s2.stamp.hash
+        assert current.stamp.mode == "shadow"
+        # The same shadow again: ignored; an older or equal version: refused with a dead letter.
+        assert f.consider(rec(s2, 2), "foundation") is None
+        assert f.pending_shadow is None
+        refused = f.consider(rec(doc(2, "shadow", threshold=4), 3), "foundation")
+        assert refused is not None
+        assert "not newer than the shadow in force v2" in refused.reason
+        jump = f.consider(rec(doc(5000, "shadow"), 4), "foundation")
+        assert jump is not None
+        assert "policy-version-jump" in jump.reason
+        assert f.stats.policies_refused == 2
+        # Another name's shadow: another group's, ignored.
+        assert f.consider(rec(doc(9, "shadow", name="other"), 5), "foundation") is None
+        assert f.pending_shadow is None
+        # A newer one replaces it; the record names the whole timeline.
+        assert f.consider(rec(doc(3, "shadow", threshold=2), 6), "foundation") is None
+        await activate_pending(f)
+        record = f.active_record()
+        assert [sa.document.metadata.version for sa in record.shadow if sa.document] == [2, 3]
+        assert record.version == 1
+        assert record.considered_offset == 6
+
+    following(check)
 
 
-def test_a_tombstone_on_name_slash_shadow_removes_the_shadow_from_the_next_boundary(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from fleetloop.daemon import runtime
+def test_a_tombstone_on_name_slash_shadow_removes_the_shadow_from_the_next_boundary() -> None:
+    async def check(f: PolicyFollower, clock: FakeClock) -> None:
+        assert f.consider(Rec(b"foundation/shadow", None, 1), "foundation") is None
+        assert f.pending_shadow is None  # nothing to remove: not even a dead letter
+        assert f.consider(rec(doc(2, "shadow"), 2), "foundation") is None
+        await activate_pending(f)
+        await sleep_until(clock, 1_700_000_005_200)
+        assert f.consider(Rec(b"other/shadow", None, 3), "foundation") is None  # another group's
+        assert f.pending_shadow is None
+        assert f.consider(Rec(b"foundation", None, 3), "foundation") is not None  # empty: refused
+        assert f.consider(Rec(b"foundation/shadow", None, 4), "foundation") is None
+        await activate_pending(f)
+        assert f.shadow_now() is None
+        (t_on, on), (t_off, off) = f.shadows
+        assert isinstance(on, Shadow)
+        assert off is None
+        assert (t_on, t_off) == (1_700_000_001_000, 1_700_000_006_000)  # the next tick boundaries
+        assert f.shadow_at(t_on - 1) is None
+        assert f.shadow_at(t_on) is on
+        assert f.shadow_at(t_off - 1) is on
+        assert f.shadow_at(t_off) is None
+        assert f.active_record().shadow_document is None
 
-    now = [1_700_000_000_500]
-    monkeypatch.setattr(runtime.clock, "wall_ms", lambda: now[0])
-    d = daemon()
-    assert d._consider_policy(Rec(b"foundation/shadow", None, 1), "foundation") is None
-    assert d._pending_shadow is None  # nothing to remove: not even a dead letter
-    assert d._consider_policy(rec(doc(2, "shadow"), 2), "foundation") is None
-    activate_pending(d)
-    now[0] = 1_700_000_005_200
-    assert d._consider_policy(Rec(b"other/shadow", None, 3), "foundation") is None  # another group's
-    assert d._pending_shadow is None
-    assert d._consider_policy(Rec(b"foundation", None, 3), "foundation") is not None  # empty: refused
-    assert d._consider_policy(Rec(b"foundation/shadow", None, 4), "foundation") is None
-    activate_pending(d)
-    assert d._shadow_now() is None
-    (t_on, on), (t_off, off) = d._shadows
-    assert isinstance(on, Shadow)
-    assert off is None
-    assert (t_on, t_off) == (1_700_000_001_000, 1_700_000_006_000)  # the next tick boundaries
-    assert d._shadow_at(t_on - 1) is None
-    assert d._shadow_at(t_on) is on
-    assert d._shadow_at(t_off - 1) is on
-    assert d._shadow_at(t_off) is None
-    assert d.active_record().shadow_document is None
+    following(check)
 
 
 def test_an_enforcing_document_leaves_the_shadow_alone() -> None:
-    d = daemon()
-    assert d._consider_policy(rec(doc(2, "shadow"), 1), "foundation") is None
-    activate_pending(d)
-    assert d._consider_policy(rec(doc(2), 2), "foundation") is None
-    assert d._pending_policy is not None
-    assert d._pending_policy.stamp.version == 2
-    assert d._pending_shadow is None
-    assert d._shadow_now() is not None
+    async def check(f: PolicyFollower, clock: FakeClock) -> None:
+        assert f.consider(rec(doc(2, "shadow"), 1), "foundation") is None
+        await activate_pending(f)
+        assert f.consider(rec(doc(2), 2), "foundation") is None
+        assert f.pending_policy is not None
+        assert f.pending_policy.stamp.version == 2
+        assert f.pending_shadow is None
+        assert f.shadow_now() is not None
+
+    following(check)
+
+
+def test_each_activation_is_on_control_policy_active_and_a_restart_resumes_it() -> None:
+    """The follower publishes the group's record at every activation; a new follower of the
+    group (a restart) loads it: the policy in force, the shadow beside it, where to read on."""
+
+    async def run(clock: FakeClock) -> None:
+        async with rig(clock, policy=doc(1)) as r:
+            f = r.follower()
+            await f.load_active()
+            assert f.consider(rec(doc(2), 1), "foundation") is None
+            assert f.consider(rec(doc(3, "shadow"), 2), "foundation") is None
+            await f.apply_pending()
+            again = r.follower()
+            await again.load_active()
+            assert again.engine.policy.stamp.version == 2
+            shadow = again.shadow_now()
+            assert shadow is not None
+            assert shadow.stamp.version == 3
+            assert again.considered == 2
+            assert again.active_record() == f.active_record()
+
+    run_virtual(run, wall_ms=1_700_000_000_500)

@@ -159,23 +159,22 @@ def test_shard_decide_many_with_one_tick_per_pool_and_nothing_folded_yet() -> No
     assert many.decide_many([], cut, policy) == []
 
 
-async def test_the_daemon_decides_a_boundarys_ticks_in_batches_as_it_did_one_by_one() -> None:
-    """``Daemon._decide_ready`` with every tick kind held in two shards' queues (boundaries with a
+def test_the_decider_decides_a_boundarys_ticks_in_batches_as_it_did_one_by_one() -> None:
+    """``Decider.decide_ready`` with every tick kind held in two shards' queues (boundaries with a
     cut header, a tick without one, a duplicate record, a skipped record, a troubled pool, a tick
     whose decision raises) stages the same decisions in the same order, counts the same outcomes and
     leaves the shards as deciding each tick with ``Shard.decide`` in queue order (troubled first)."""
-    from fleetloop.daemon.runtime import Daemon, DaemonConfig, _HeldTick
+    from fleetloop.daemon.runtime.partition import HeldTick
+    from tests.support.runtime_harness import Rig, on_rig
 
     rows, pools = records(160, 8)
     base = builtin_policy("default")
     policy = flaky(base, "batching", pools[3], {(BASE_TS_MS + 5000) // 1000})
-    daemon = Daemon(DaemonConfig(bootstrap_servers="127.0.0.1:9", policy=policy))
 
     class Consumer:
         def highwater(self, tp: Any) -> None:
             return None  # unknown: a tick without a cut waits max_tick_hold_s (long past here)
 
-    daemon._consumer = Consumer()  # type: ignore[assignment]
     staged: list[bytes] = []
 
     class Publisher:
@@ -185,70 +184,76 @@ async def test_the_daemon_decides_a_boundarys_ticks_in_batches_as_it_did_one_by_
         async def settle(self) -> bool:  # a tripping pool's decisions, acknowledged at once
             return True
 
-    daemon._publisher = Publisher()  # type: ignore[assignment]
-    reference = {p: Shard(p) for p in (0, 1)}
-    expected: list[bytes] = []
-    failed = 0
-    halves = {0: pools[0::2], 1: pools[1::2]}  # each shard its own pools (one input stream: a test)
-    offset = {0: 0, 1: 0}
-    for s in range(8):
-        ts = BASE_TS_MS + (s + 1) * 1000
-        cut = cut_at(rows, ts)
-        queues: dict[int, list[_HeldTick]] = {}
-        for p in (0, 1):
-            shard = daemon.shards.setdefault(p, Shard(p))
-            for sh in (shard, reference[p]):
-                for logical in INPUTS:
-                    sh.add(logical, rows[logical][sh.read[logical] : cut[logical]])
-            daemon._publish_from.setdefault(p, 0)
-            ticks = [Tick(ts_ms=ts, tick_id=ts // 1000, pool_id=q) for q in halves[p]]
-            held = [_HeldTick(offset[p] + k, t, ts, dict(cut), None, 0.0) for k, t in enumerate(ticks)]
-            if s == 2 and p == 0:  # a duplicate record of the boundary's first tick, then a skipped one
-                held.insert(3, replace(held[0], offset=-1))
-                held.append(_HeldTick(-1, ticks[1], ts, None, "outage", 0.0))
-            if s == 4 and p == 1:  # a tick without a cut header (its cut from its record time)
-                held[-1] = replace(held[-1], cut=None)
-            for k, h in enumerate(held):
-                held[k] = replace(h, offset=offset[p] + k)
-            offset[p] += len(held)
-            queues[p] = held
-            daemon._held[p] = list(held)
-        # The reference: troubled ticks of each shard's head boundary first, then the queue in order.
-        troubled = {p: reference[p].troubled(queues[p][0].cut or {}) for p in (0, 1)}
-        early: set[tuple[int, int]] = set()
-        order = [
-            (p, h)
-            for p in (0, 1)
-            for h in queues[p]
-            if h.tick is not None
-            and h.skipped is None
-            and h.cut == queues[p][0].cut
-            and h.tick.pool_id in troubled[p]
-        ]
-        order += [(p, h) for p in (0, 1) for h in queues[p]]
-        for p, h in order:
-            if (p, h.offset) in early:
-                continue
-            early.add((p, h.offset))
-            assert h.tick is not None
-            if h.skipped is not None:
-                reference[p].skip(h.tick)
-                continue
-            try:
-                out = reference[p].decide(h.tick, h.cut or reference[p].cut_by_time(h.timestamp_ms), policy)
-            except Exception:
-                failed += 1
-                continue
-            if out:
-                expected.extend(decision_bytes(d) for d in out)
-        await daemon._decide_ready()
-        assert staged == expected, s
-        assert daemon.stats.ticks_failed == failed, s
-        for p in (0, 1):
-            assert daemon._held[p] == []
-            assert daemon.shards[p].ticks_at == offset[p]
-            reference[p].ticks_at = offset[p]
-            assert encode(daemon.shards[p].checkpoint_value()) == encode(reference[p].checkpoint_value()), s
-    assert failed >= 1
-    assert daemon.stats.ticks_duplicate >= 1
-    assert daemon.stats.ticks_skipped >= 0
+    async def check(r: Rig) -> None:
+        decider = r.decider()
+        failed = 0
+        reference = {p: Shard(p) for p in (0, 1)}
+        expected: list[bytes] = []
+        halves = {0: pools[0::2], 1: pools[1::2]}  # each shard its own pools (one input stream: a test)
+        offset = {0: 0, 1: 0}
+        for s in range(8):
+            ts = BASE_TS_MS + (s + 1) * 1000
+            cut = cut_at(rows, ts)
+            queues: dict[int, list[HeldTick]] = {}
+            for p in (0, 1):
+                shard = (r.parts[p] if p in r.parts else r.own(p)).shard
+                for sh in (shard, reference[p]):
+                    for logical in INPUTS:
+                        sh.add(logical, rows[logical][sh.read[logical] : cut[logical]])
+                ticks = [Tick(ts_ms=ts, tick_id=ts // 1000, pool_id=q) for q in halves[p]]
+                held = [HeldTick(offset[p] + k, t, ts, dict(cut), None, 0.0) for k, t in enumerate(ticks)]
+                if s == 2 and p == 0:  # a duplicate record of the boundary's first tick, then a skipped one
+                    held.insert(3, replace(held[0], offset=-1))
+                    held.append(HeldTick(-1, ticks[1], ts, None, "outage", 0.0))
+                if s == 4 and p == 1:  # a tick without a cut header (its cut from its record time)
+                    held[-1] = replace(held[-1], cut=None)
+                for k, h in enumerate(held):
+                    held[k] = replace(h, offset=offset[p] + k)
+                offset[p] += len(held)
+                queues[p] = held
+                r.parts[p].held = list(held)
+            # The reference: troubled ticks of each shard's head boundary first, then the queue in order.
+            troubled = {p: reference[p].troubled(queues[p][0].cut or {}) for p in (0, 1)}
+            early: set[tuple[int, int]] = set()
+            order = [
+                (p, h)
+                for p in (0, 1)
+                for h in queues[p]
+                if h.tick is not None
+                and h.skipped is None
+                and h.cut == queues[p][0].cut
+                and h.tick.pool_id in troubled[p]
+            ]
+            order += [(p, h) for p in (0, 1) for h in queues[p]]
+            for p, h in order:
+                if (p, h.offset) in early:
+                    continue
+                early.add((p, h.offset))
+                assert h.tick is not None
+                if h.skipped is not None:
+                    reference[p].skip(h.tick)
+                    continue
+                try:
+                    out = reference[p].decide(
+                        h.tick, h.cut or reference[p].cut_by_time(h.timestamp_ms), policy
+                    )
+                except Exception:
+                    failed += 1
+                    continue
+                if out:
+                    expected.extend(decision_bytes(d) for d in out)
+            await decider.decide_ready()
+            assert staged == expected, s
+            assert r.stats.ticks_failed == failed, s
+            for p in (0, 1):
+                assert r.parts[p].held == []
+                assert r.parts[p].shard.ticks_at == offset[p]
+                reference[p].ticks_at = offset[p]
+                assert encode(r.parts[p].shard.checkpoint_value()) == encode(
+                    reference[p].checkpoint_value()
+                ), s
+        assert failed >= 1
+        assert r.stats.ticks_duplicate >= 1
+        assert r.stats.ticks_skipped >= 0
+
+    on_rig(check, consumer=Consumer(), publisher=Publisher(), policy=policy)

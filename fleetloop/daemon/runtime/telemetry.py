@@ -1,0 +1,244 @@
+"""Stats and telemetry: what the daemon counts (:class:`DaemonStats`, read by ``/healthz``, the
+benches and the tests, and logged at the stop), where its consumer loop's time goes
+(:class:`LoopTimes`, the "loop" line), and when each stage of a tripping breaker's way out happened
+(:class:`TripTrace`, the "trip path" line). Observation only: nothing here changes a decision.
+
+The OpenTelemetry instruments are :mod:`fleetloop.daemon.service.metrics`; the parts record on them
+where things happen.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetloop import clock as wall_clock
+from fleetloop.daemon.observability import logger
+from fleetloop.daemon.runtime.port import Clock
+
+log = logger("fleetloop.daemon")
+
+
+@dataclass(slots=True)
+class DaemonStats:
+    events_in: int = 0
+    telemetry_in: int = 0
+    outcomes_in: int = 0
+    ticks_in: int = 0
+    ticks_decided: int = 0
+    summaries_published: int = 0
+    ticks_restored: int = 0  # decided again after a restore to rebuild state, not republished
+    ticks_no_data: int = 0
+    ticks_forced: int = 0
+    ticks_duplicate: int = 0
+    ticks_skipped: int = 0  # boundaries published as skipped (an outage beyond the catch-up)
+    ticks_failed: int = 0  # ticks whose decision raised: published as skipped with the reason
+    fold_steps: int = 0  # far cuts' folds split with a yield after each step (FOLD_STEP_ROWS)
+    last_tick_failure: str = ""
+    dead_letters_lost: int = 0  # dead letters the broker refused to take (counted, logged)
+    dead_letters_suppressed: int = 0  # not published again after a restore: published before
+    dead_letter_scans: int = 0  # reads of the dead-letter topic at a restore: one per assignment
+    dead_letter_marks_lost: int = 0  # restored shards whose dead-letter range retention removed
+    ticks_caught_up: int = 0  # missed boundaries this instance's ticker published late
+    ticks_catchup_capped: int = 0  # missed boundaries published as skipped: beyond catchup_budget_s
+    ticks_overload: int = 0  # boundaries this instance's ticker published as skipped: overload
+    overload_episodes: int = 0  # times a shard of this instance went into overload
+    dead_letters: int = 0
+    decisions_published: int = 0
+    breaker_opens: int = 0
+    policies_applied: int = 0
+    policies_refused: int = 0
+    shadow_decisions: int = 0  # decisions of the shadow policy published to control.shadow
+    shadow_failed: int = 0  # ticks the shadow policy could not decide (the enforced ones were)
+    commits: int = 0
+    commits_skipped: int = 0  # batches that moved no offset since the last commit: none sent
+    checkpoints_written: int = 0
+    checkpoint_bytes: int = 0  # the largest shard's checkpoint last written, compressed
+    checkpoint_loop_ms: float = 0.0  # time the loop spent starting the last checkpoint (the fork)
+    checkpoint_encode_s: float = 0.0  # time from that start to the encoded bytes (in the child)
+    checkpoint_cpu_s: float = 0.0  # the CPU the last checkpoint's child used (its own, not in /proc's)
+    checkpoint_cpu_s_total: float = 0.0  # ... and every checkpoint's since the start
+    checkpoint_gap_s: float = 0.0  # how often a changed shard is checkpointed now (checkpoint.gap_s)
+    checkpoint_decode_s: float = 0.0  # the last assignment's checkpoint decoding (in a thread)
+    shards_restored: int = 0
+    shards_started_clean: int = 0
+    last_decision_ts_ms: int = 0  # the newest tick whose decisions the broker acknowledged
+    dead_by_reason: dict[str, int] = field(default_factory=dict)  # reason kind -> dead letters
+    last_refusal: str = ""
+    breaker_open_nodes: set[str] = field(default_factory=set)
+
+    def summary(self) -> dict[str, int]:
+        """The figures of the "daemon stopped" line."""
+        return {
+            "events_in": self.events_in,
+            "ticks_decided": self.ticks_decided,
+            "ticks_restored": self.ticks_restored,
+            "ticks_caught_up": self.ticks_caught_up,
+            "ticks_skipped": self.ticks_skipped,
+            "ticks_overload": self.ticks_overload,
+            "ticks_catchup_capped": self.ticks_catchup_capped,
+            "overload_episodes": self.overload_episodes,
+            "decisions_published": self.decisions_published,
+            "dead_letters": self.dead_letters,
+            "breaker_opens": self.breaker_opens,
+            "commits": self.commits,
+            "commits_skipped": self.commits_skipped,
+            "checkpoints_written": self.checkpoints_written,
+            "checkpoint_cpu_ms": round(self.checkpoint_cpu_s_total * 1000.0),
+        }
+
+
+LOOP_REPORT_S = 30.0  # how often the daemon logs where its consumer loop's time went ("loop")
+
+
+@dataclass(slots=True)
+class LoopTimes:
+    """Where the consumer loop's wall time goes, by what it was doing or waiting on: per phase the
+    wall seconds, and of them the seconds the loop's thread ran (``cpu``) and was runnable but not
+    run (``runq``: the machine's other work had the cores, :func:`clock.thread_sched_s`); the rest
+    is time the loop waited on something (the broker, a fetch with nothing to do). A daemon behind
+    its boundaries that waits rather than computes, or is not run, shows it here.
+
+    Phases (each :meth:`lap` gives the time since the previous one to its phase): ``fetch`` (a fetch
+    with ticks queued: their cuts' records on the way), ``fetch_in_flight`` (no tick queued, but
+    ticks this instance published are not read back yet: the broker's round trip),
+    ``fetch_idle`` (a fetch with no tick queued or in flight: every published boundary decided, the
+    next one not yet due), ``fetch_held_back`` (the same while the ticker holds pools back for
+    overload, which :meth:`Ticker.wake_held_back` ends), ``read`` (decode into the shards),
+    ``decide`` (folding, deciding and staging; the ticker's and the client's turns between batches
+    included), ``acks`` (waiting for the broker to acknowledge the decisions), ``summaries``,
+    ``dead_letters``, ``checkpoint``, ``commit``, ``restore``, ``loop`` (the rest).
+    ``ticker_late_s``: the latest the ticker woke after a boundary; ``ticker_s``: the ticker's
+    rounds (reads awaited, ticks sent and acknowledged)."""
+
+    wall_s: dict[str, float] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    runq_s: dict[str, float] = field(default_factory=dict)
+    mark: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (monotonic, cpu, runq) at the last lap
+    since_s: float = 0.0  # monotonic start of the current report window
+    ticker_late_s: float = 0.0
+    ticker_s: float = 0.0
+    # The cyclic collector's pauses (``gc.callbacks``, process-wide: the loop waits through each):
+    # seconds in all, the longest one, and how many were full (generation 2) collections.
+    gc_s: float = 0.0
+    gc_max_s: float = 0.0
+    gc_full: int = 0
+    gc_started: float = 0.0
+    clock: Clock = field(default=wall_clock, repr=False)
+
+    def on_gc(self, phase: str, info: Mapping[str, Any]) -> None:
+        """A ``gc.callbacks`` entry: time each collection."""
+        now = self.clock.monotonic_s()
+        if phase == "start":
+            self.gc_started = now
+            return
+        if not self.gc_started:
+            return
+        took = now - self.gc_started
+        self.gc_started = 0.0
+        self.gc_s += took
+        self.gc_max_s = max(self.gc_max_s, took)
+        if info.get("generation") == 2:
+            self.gc_full += 1
+
+    def lap(self, phase: str) -> None:
+        """Give the time since the previous lap to ``phase``."""
+        now = self.clock.monotonic_s()
+        cpu, runq = self.clock.thread_sched_s()
+        w0, c0, r0 = self.mark
+        if w0:
+            self.wall_s[phase] = self.wall_s.get(phase, 0.0) + (now - w0)
+            self.cpu_s[phase] = self.cpu_s.get(phase, 0.0) + (cpu - c0)
+            self.runq_s[phase] = self.runq_s.get(phase, 0.0) + (runq - r0)
+        self.mark = (now, cpu, runq)
+
+    def report(self) -> dict[str, Any] | None:
+        """The window's figures once ``LOOP_REPORT_S`` passed (then a new window), else None: per
+        phase "wall/cpu/runq" seconds, and the totals."""
+        now = self.clock.monotonic_s()
+        if self.since_s == 0.0:
+            self.since_s = now
+            return None
+        span = now - self.since_s
+        if span < LOOP_REPORT_S:
+            return None
+        wall, cpu, runq = (sum(d.values()) for d in (self.wall_s, self.cpu_s, self.runq_s))
+        out: dict[str, Any] = {
+            "window_s": round(span, 1),
+            "cpu_s": round(cpu, 2),
+            "runq_s": round(runq, 2),
+            "waiting_s": round(max(0.0, wall - cpu - runq), 2),
+            **{
+                k: f"{v:.2f}/{self.cpu_s[k]:.2f}/{self.runq_s[k]:.2f}" for k, v in sorted(self.wall_s.items())
+            },
+            "ticker_late_s": round(self.ticker_late_s, 2),
+            "ticker_s": round(self.ticker_s, 2),
+            "gc_s": round(self.gc_s, 3),
+            "gc_max_s": round(self.gc_max_s, 3),
+            "gc_full": self.gc_full,
+        }
+        self.wall_s, self.cpu_s, self.runq_s = {}, {}, {}
+        self.since_s = now
+        self.ticker_late_s = self.ticker_s = 0.0
+        self.gc_s = self.gc_max_s = 0.0
+        self.gc_full = 0
+        return out
+
+
+TRACE_BOUNDARIES = 16  # boundaries whose stage times the trace keeps (the oldest go first)
+
+
+@dataclass(slots=True)
+class TripTrace:
+    """When each stage of a tripping breaker's way out happened after its tick boundary: one
+    "trip path" log line per boundary at which a shard decided a pool with a failed call among the
+    records its cut folds (``Shard.troubled``: decided first, :meth:`Decider.decide_ready`), in
+    milliseconds after the boundary. The stages, in order: ``woke`` (the ticker woke for the
+    boundary), ``read_up`` (its read-up-to-now wait ended, :meth:`Ticker.read_to_now`),
+    ``ticks_acked`` (every tick of the boundary acknowledged by the broker), ``ticks_read`` (the
+    loop read the tripping pool's tick back), ``cut_ready`` (the loop started deciding it: its
+    cut's records read), ``folded`` (the shard folded up to the cut), ``decided``, ``staged`` (its
+    decisions handed to the publisher), ``acked`` (the broker acknowledged them). What a boundary
+    did not reach is left out. Observation only: nothing is decided or published differently."""
+
+    marks: dict[int, dict[str, int]] = field(default_factory=dict)  # boundary -> stage -> wall ms
+    trips: set[int] = field(default_factory=set)  # boundaries with a trip staged, not yet acked
+    clock: Clock = field(default=wall_clock, repr=False)
+
+    def stamp(self, boundary: int, stage: str, at_ms: int | None = None) -> None:
+        """Note ``stage`` of ``boundary`` now (or at ``at_ms``): the first time only."""
+        marks = self.marks.get(boundary)
+        if marks is None:
+            while len(self.marks) >= TRACE_BOUNDARIES:
+                old = min(self.marks)
+                del self.marks[old]
+                self.trips.discard(old)
+            marks = self.marks[boundary] = {}
+        marks.setdefault(stage, self.clock.wall_ms() if at_ms is None else at_ms)
+
+    def after(self, boundary: int) -> dict[str, int]:
+        """Each noted stage of ``boundary`` in milliseconds after it."""
+        return {k: v - boundary for k, v in self.marks.get(boundary, {}).items()}
+
+    def acked(self) -> None:
+        """The broker acknowledged what was staged: one "trip path" line per boundary whose
+        tripping pools' decisions were among it."""
+        for boundary in sorted(self.trips):
+            self.stamp(boundary, "acked")
+            log.info("trip path", boundary=boundary, **self.after(boundary))
+        self.trips.clear()
+
+
+def tune_gc(gen0_threshold: int) -> None:
+    """Collect young objects every ``gen0_threshold`` allocations instead of every 700, and move
+    what exists at start-up (modules, compiled policies) out of the collector's sight for good.
+
+    Reference counting frees almost everything the loop allocates (decoded records, snapshots); the
+    cyclic collector only finds cycles, and with the default threshold it walked the young
+    generation after every few dozen records. Process-wide, so the daemon's process sets it."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(gen0_threshold, gen1, gen2)
