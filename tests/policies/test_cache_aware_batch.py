@@ -19,6 +19,7 @@ from fleetloop.policies.routing.cache_aware import CacheAware, CacheAwareParams
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo, SloBook
 from fleetloop.schemas.decisions import RoutingDecision
 from pydantic import ValidationError
+from tests.oracles.policies import fleet_headroom_plain
 from tests.policies.snapshots import NOW_MS, node, pool, snapshot
 from tests.support.bench_fleet import bench_snapshots
 from tests.support.perturbed import perturbed_snapshots
@@ -403,7 +404,7 @@ def test_fleet_headroom_sums_are_the_per_pool_sums() -> None:
     for snap in perturbed_snapshots(200, 12, seed=5):
         for params in PARAMS:
             fast = cache_aware.fleet_headroom(snap, params)
-            plain = cache_aware.fleet_headroom_plain(snap, params)
+            plain = fleet_headroom_plain(snap, params)
             assert {k: None if v is None else v.hex() for k, v in fast.items()} == {
                 k: None if v is None else v.hex() for k, v in plain.items()
             }

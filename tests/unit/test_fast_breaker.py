@@ -24,6 +24,7 @@ from fleetloop.policies.breaker.latency_outlier import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.oracles.policies import latency_outlier_plain
 from tests.policies.snapshots import node
 from tests.support.perturbed import perturbed_snapshots
 
@@ -54,7 +55,7 @@ def test_columnar_breaker_decides_as_the_per_node_form(params: LatencyOutlierPar
         for pool_id in sorted(snap.pools):
             ctx = PolicyContext(now_ms=snap.now_ms, tick_id=k, tick_ms=1000, pool_id=pool_id, seed=(k,))
             a = algo.decide(snap, params, fast.get(pool_id, algo.initial_state()), ctx)
-            b = algo.decide_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
+            b = latency_outlier_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
             assert [d.model_dump_json() for d in a.decisions] == [d.model_dump_json() for d in b.decisions]
             assert [d.model_fields_set for d in a.decisions] == [d.model_fields_set for d in b.decisions]
             assert {k: v.hex() for k, v in a.diagnostics.items()} == {

@@ -13,6 +13,7 @@ from fleetloop.policies.routing import cache_aware
 from fleetloop.policies.routing.cache_aware import CacheAwareParams
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.oracles.policies import fleet_headroom_plain, spill_targets_plain
 from tests.support.perturbed import perturbed_snapshots
 
 FLOAT_FIELDS = (
@@ -86,7 +87,7 @@ def test_cache_aware_fleet_columns_equal_the_per_pool_forms(snapshots: list[Any]
     spilled = spill_lists = 0
     for snap in snapshots:
         fast = cache_aware.fleet_headroom(snap, params)
-        plain = cache_aware.fleet_headroom_plain(snap, params)
+        plain = fleet_headroom_plain(snap, params)
         assert bits(dict(fast)) == bits(dict(plain))
         spilled += sum(1 for v in fast.values() if v is not None)
         cols = fleet_columns(snap)
@@ -103,7 +104,7 @@ def test_cache_aware_fleet_columns_equal_the_per_pool_forms(snapshots: list[Any]
             assert bits(got[0]) == bits(want[0])
             assert bits(got[1]) == bits(want[1])
             targets = cache_aware.spill_targets(snap, params, pool_id)
-            assert targets == cache_aware.spill_targets_plain(snap, params, pool_id)
+            assert targets == spill_targets_plain(snap, params, pool_id)
             spill_lists += bool(targets)
     assert spilled > 0
     assert spill_lists > 0
@@ -121,7 +122,7 @@ def test_spill_targets_keep_a_pool_whose_headroom_is_exactly_the_floor(snapshots
         at_floor = {p for p, h in cache_aware.fleet_headroom(snap, params).items() if h == floor}
         for pool_id in sorted(snap.pools):
             targets = cache_aware.spill_targets(snap, params, pool_id)
-            assert targets == cache_aware.spill_targets_plain(snap, params, pool_id)
+            assert targets == spill_targets_plain(snap, params, pool_id)
             checked += bool(at_floor & set(targets))
     assert checked > 0
 

@@ -1,7 +1,8 @@
 """slo-predictive reading its nodes as ``NodeFigures`` (from the snapshot's columns, no views) decides
-exactly as when it reads their views (``decide_plain``): the same decisions' JSON, diagnostics bit for
-bit and states, tick after tick on a generated fleet whose nodes go cold, drain, go silent, fail and
-report hostile values; and the figures are the views' own values."""
+exactly as when it reads their views (``tests.oracles.policies.predictive_plain``): the same
+decisions' JSON, diagnostics bit for bit and states, tick after tick on a generated fleet whose
+nodes go cold, drain, go silent, fail and report hostile values; and the figures are the views' own
+values."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from fleetloop.policies.autoscale import predictive
 from fleetloop.policies.autoscale.predictive import NodeFigures, SloPredictive, SloPredictiveParams
 from fleetloop.policies.base import PolicyContext
 from fleetloop.schemas.decisions import AutoscaleDecision, BreakerDecision
+from tests.oracles.policies import predictive_plain
 from tests.support.perturbed import perturbed_snapshots
 
 
@@ -67,10 +69,10 @@ def test_predictive_on_node_figures_decides_as_on_views(snapshots: list[Any], pa
                 refusal = e
             if refusal is not None:
                 with pytest.raises(type(refusal), match=re.escape(str(refusal))):
-                    algo.decide_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
+                    predictive_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
                 refused += 1
                 continue
-            b = algo.decide_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
+            b = predictive_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
             assert [d.model_dump_json() for d in a.decisions] == [d.model_dump_json() for d in b.decisions]
             assert {x: v.hex() for x, v in a.diagnostics.items()} == {
                 x: v.hex() for x, v in b.diagnostics.items()

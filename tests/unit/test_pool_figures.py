@@ -18,6 +18,7 @@ from fleetloop.schemas.decisions import BreakerDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.oracles.engine import cap_ejections_plain, pool_is_silent_plain
+from tests.oracles.policies import pool_tbt_ms_plain
 from tests.policies.snapshots import node, snapshot
 from tests.support.perturbed import perturbed_snapshots
 
@@ -49,7 +50,7 @@ def test_pool_figures_are_the_plain_forms(snapshots: list[Any]) -> None:
             assert f.max_outstanding == max((n.queue_depth + n.running_requests for n in nodes), default=0)
             assert shaping.pool_is_silent(snap, pool_id) == pool_is_silent_plain(snap, pool_id)
             c = ctx_for(snap, pool_id)
-            got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
+            got, want = tbt_feedback.pool_tbt_ms(snap, c), pool_tbt_ms_plain(snap, c)
             assert (got.hex() if got is not None else None) == (want.hex() if want is not None else None)
             state = episodes.get(pool_id)
             plain = ratio.next_episode(params, state, nodes, snap.now_ms, snap.window_ms)
@@ -88,7 +89,7 @@ def test_pool_tbt_with_an_ejected_node_is_the_plain_form(snapshots: list[Any]) -
         )
         c = ctx_for(snap, pool_id, {slowest.node_id: b})
         got = tbt_feedback.pool_tbt_ms(snap, c)
-        assert got == tbt_feedback.pool_tbt_ms_plain(snap, c)
+        assert got == pool_tbt_ms_plain(snap, c)
         # The ejected node is left out: the median moves off the all-nodes figure in some pools.
         checked += got != tbt_feedback.pool_tbt_ms(snap, ctx_for(snap, pool_id))
     assert checked > 0
@@ -136,7 +137,7 @@ def test_pool_figures_of_any_node_mix_and_signed_zeros(rows: list[Any]) -> None:
         assert f.max_outstanding == max((n.queue_depth + n.running_requests for n in nodes), default=0)
         assert f.all_stale == all(n.stale for n in nodes)
         c = ctx_for(snap, pool_id)
-        got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
+        got, want = tbt_feedback.pool_tbt_ms(snap, c), pool_tbt_ms_plain(snap, c)
         assert (got.hex() if got is not None else None) == (want.hex() if want is not None else None)
 
 
@@ -169,7 +170,7 @@ def test_pool_tbt_median_between_signed_zeros_is_the_later_node_s() -> None:
     for first, second in ((0.0, -0.0), (-0.0, 0.0)):
         snap = snapshot([node("a", tbt_p99_ms=first), node("b", tbt_p99_ms=second)])
         c = ctx_for(snap, "p")
-        got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
+        got, want = tbt_feedback.pool_tbt_ms(snap, c), pool_tbt_ms_plain(snap, c)
         assert want is not None
         assert got is not None
         assert got.hex() == want.hex() == second.hex()

@@ -391,10 +391,6 @@ NodesOf = Callable[[FleetSnapshot, str], Sequence[Node]]
 _N = TypeVar("_N", bound=Node)
 
 
-def _views(snap: FleetSnapshot, pool_id: str) -> Sequence[Node]:
-    return snap.pool_nodes(pool_id)
-
-
 def _median(xs: Sequence[float]) -> float | None:
     if not xs:
         return None
@@ -629,16 +625,6 @@ class SloPredictive:
     ) -> PolicyResult[SloPredictiveState]:
         """Reads each node as :class:`NodeFigures` (from the snapshot's columns, no view built)."""
         return self._decide(snap, params, state, ctx, node_figures)
-
-    def decide_plain(
-        self,
-        snap: FleetSnapshot,
-        params: SloPredictiveParams,
-        state: SloPredictiveState,
-        ctx: PolicyContext,
-    ) -> PolicyResult[SloPredictiveState]:
-        """:meth:`decide` reading the nodes' views (what the tests hold it to)."""
-        return self._decide(snap, params, state, ctx, _views)
 
     def decide_pools(
         self,

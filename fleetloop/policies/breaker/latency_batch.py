@@ -1,6 +1,6 @@
 """latency-outlier over a batch of pools at once: :func:`decide_pools`, the batch protocol's form of
 :func:`fleetloop.policies.breaker.latency_outlier.decide_columns` (which stays the rule's statement,
-with ``decide_plain`` above it).
+with the per-node form ``tests.oracles.policies.latency_outlier_plain`` above it).
 
 Equal, element for element and bit for bit (decisions, state, diagnostics), to
 ``[decide_columns(snap, params, s, c) for s, c in zip(states, ctxs)]``. What changes is where the work

@@ -67,7 +67,7 @@ streaking node fails alone (a black hole, a broken GPU, a crashed host) and is e
 that stopped reporting (stale) is never shielded. The engine adds a capacity check on top (no
 ejection whose useful work the rest cannot carry); a node in a failure streak carries none, so
 an error ejection is enforced at the tick it opens, however loaded the pool
-(``fleetloop.core.decide.engine._cap_ejections_plain``).
+(``fleetloop.core.decide.shaping.cap_ejections``).
 
 No release before the end: an ejection this breaker published enforced stays enforced until its
 ``until_ms`` (:func:`held_open`, from the node's last emitted record). The pool-wide rule and the
@@ -130,7 +130,7 @@ Parameters (defaults, bounds; the reasoning behind each):
   the consecutive-errors machine's parameters (Envoy's consecutive-5xx default of 5).
 
 Implementation: :func:`decide_columns` computes the same thing as the per-node form
-(``LatencyOutlier.decide_plain``, kept as the tests' reference): the remembered figures, the pool's
+(``tests.oracles.policies.latency_outlier_plain``, the tests' reference): the remembered figures, the pool's
 medians and MADs, the failure level and every node's verdict are array operations over the
 snapshot's fleet-wide columns (:mod:`fleetloop.policies.columns`); the state machines are stepped
 only for nodes with something to step, and a closed node's decision is assembled directly. Tested
@@ -180,7 +180,6 @@ from fleetloop.policies.breaker.emission import (
     KEYFRAME_TICKS,
     Emitted,
     Fields,
-    change_only,
     emits,
     fields_of,
     keyframe_residue,
@@ -659,109 +658,6 @@ class LatencyOutlier:
 
         return decide_pools(snap, params, states, ctxs)
 
-    def decide_plain(
-        self, snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
-    ) -> PolicyResult[State]:
-        """The per-node form of :func:`decide_columns` (what the tests hold it to)."""
-        now = ctx.now_ms
-        pool = snap.pool_nodes(ctx.pool_id)
-        err_params = params.errors()
-        remembered: dict[str, NodeState] = {}
-        aggs: dict[str, dict[str, float]] = {}
-        memory_ms, min_samples = params.memory_ms, params.min_samples
-        known = state.nodes
-        memory = advance(state.memory, pool, now, memory_ms)
-        meds, oks = memory.medians(min_samples)
-        for n, med, ok in zip(pool, meds, oks, strict=True):
-            prev = known.get(n.node_id)
-            remembered[n.node_id] = (
-                prev if prev is not None else NodeState(was_warm=n.warm and not state.started)
-            )
-            aggs[n.node_id] = (
-                {s: m for s, m, y in zip(SIGNALS, med, ok, strict=True) if y} if serving(n) else {}
-            )
-        refs = {s: reference([a[s] for a in aggs.values() if s in a], params.min_hosts) for s in SIGNALS}
-        slo = ctx.pool_slo(snap)
-        lims = limits(refs, params)
-        tbt_floor = params.tbt_floor_frac * slo.tbt_ms
-        ttft_floor = params.ttft_floor_frac * slo.ttft_ms
-
-        stepped: dict[str, NodeState] = {}
-        reasons: dict[str, str] = {}
-        verdicts: dict[str, Verdict] = {}
-        wants: list[tuple[float, str]] = []
-        started = state.started
-        for n in pool:
-            ns = remembered[n.node_id]
-            err, err_reason = step(ns.err, n.consecutive_failures, now, err_params)
-            # weights just loaded: slow start
-            warm = n.warm
-            ramp = now if started and warm and not ns.was_warm else ns.ramp_from_ms
-            if err is not ns.err or ramp != ns.ramp_from_ms or warm != ns.was_warm:
-                ns = _with(ns, err=err, ramp_from_ms=ramp, was_warm=warm)
-            v = (
-                _judge(n, aggs[n.node_id], lims, tbt_floor, ttft_floor)
-                if serving(n)
-                else Verdict("nodata", "nodata", 0.0)
-            )
-            verdicts[n.node_id] = v
-            ns, lat_reason, want = _latency_step(ns, v, now, params)
-            if want:
-                wants.append((-v.severity, n.node_id))
-            stepped[n.node_id] = ns
-            reasons[n.node_id] = (
-                err_reason if err.state != "closed" or err_reason != "healthy" else lat_reason
-            )
-
-        open_now = sum(1 for ns in stepped.values() if ns.lat == "open" or ns.err.state == "open")
-        over_cap = _eject_within_cap(
-            params, len(pool), wants=wants, stepped=stepped, reasons=reasons, open_now=open_now, now=now
-        )
-
-        # Panic threshold: too few healthy nodes left means the slowness is the pool's, not a node's.
-        live = [n.node_id for n in pool if serving(n)]
-        healthy = [
-            i
-            for i in live
-            if stepped[i].lat != "open"
-            and stepped[i].err.state != "open"
-            and i not in over_cap
-            and not verdicts[i].outlier
-        ]
-        panic = bool(live) and len(healthy) < params.panic_threshold * len(live)
-        share = 1.0 / max(1, len(live))
-        pool_failing = pool_failure_frac(pool, params.error_threshold)
-
-        decisions: list[BreakerDecision] = []
-        new_nodes: dict[str, NodeState] = {}
-        for n in pool:
-            ns = stepped[n.node_id]
-            if ns.ramp_from_ms is not None and now - ns.ramp_from_ms >= params.slow_start_ms:
-                ns = _with(ns, ramp_from_ms=None)
-            new_nodes[n.node_id] = ns
-            decisions.append(
-                self._decision(
-                    n, ns, verdicts[n.node_id], reasons[n.node_id], params,
-                    now=now, share=share, over_cap=n.node_id in over_cap, panic=panic, pool_id=ctx.pool_id,
-                    shared=failing_with_pool(n, pool_failing),
-                    held=held_open(state.emitted.get(n.node_id), now),
-                )
-            )  # fmt: skip
-        diagnostics = {
-            "latency_open": float(sum(1 for ns in new_nodes.values() if ns.lat == "open")),
-            "error_open": float(sum(1 for ns in new_nodes.values() if ns.err.state == "open")),
-            "outliers": float(sum(1 for v in verdicts.values() if v.outlier)),
-            "panic": float(panic),
-            "pool_failure_frac": r6(pool_failing),
-        }
-        # Nodes of other pools keep their state (the engine keys state by pool, so there are none).
-        emitted, fields = change_only(decisions, state.emitted, ctx.tick_id)
-        return PolicyResult(
-            decisions=emitted,
-            state=State(started=True, nodes=new_nodes, memory=memory, emitted=fields),
-            diagnostics=diagnostics,
-        )
-
     @staticmethod
     def _decision(
         n: NodeView,
@@ -896,7 +792,7 @@ def breaker_decision(
 # snapshot's fleet-wide columns (:mod:`fleetloop.policies.columns`), the state machines stepped in one
 # pass that does no work for a node with nothing to step (closed, no streak, no ejection on record, no
 # warmth change, not an outlier: its state object is kept as it was), and the common decision (closed)
-# assembled directly. The same operations on the same doubles as ``decide_plain``, in the same order
+# assembled directly. The same operations on the same doubles as the per-node form, in the same order
 # where order matters (a family stops at its first flagged signal, so a later signal's ratio does not
 # enter the severity); ``tests/unit/test_fast_breaker.py`` holds the two to the same decisions, states
 # and diagnostics, byte for byte, tick after tick on generated fleets.
@@ -1034,9 +930,9 @@ def verdict_columns(
 def decide_columns(
     snap: FleetSnapshot, params: LatencyOutlierParams, state: State, ctx: PolicyContext
 ) -> PolicyResult[State]:
-    """``LatencyOutlier.decide_plain`` over the snapshot's columns (see the comment above). A node's
-    view is read only for a decision that is not closed (an open, probing or ramping node), so a
-    pool's tick builds none in the common case."""
+    """The per-node rule (``tests.oracles.policies.latency_outlier_plain``) over the snapshot's columns
+    (see the comment above). A node's view is read only for a decision that is not closed (an open,
+    probing or ramping node), so a pool's tick builds none in the common case."""
     now = ctx.now_ms
     pool_id = ctx.pool_id
     cols = fleet_columns(snap)

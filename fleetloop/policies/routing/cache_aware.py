@@ -641,17 +641,10 @@ def pool_scores(
     return _scored(pool, params, {n.node_id: step_ms(memory, n.node_id) for n in pool})[0]
 
 
-def shares_plain(scores: Mapping[str, float], alpha: float) -> dict[str, float]:
-    """``S_i ** alpha / sum_j S_j ** alpha``, rounded for the wire (the rule; :func:`shares` is it)."""
-    powered = {k: (v**alpha if v > 0 else 0.0) for k, v in sorted(scores.items())}
-    total = sum(powered.values())
-    return {k: (r6(v / total) if total > 0 else 0.0) for k, v in powered.items()}
-
-
 def shares(scores: Mapping[str, float], alpha: float) -> dict[str, float]:
-    """:func:`shares_plain` with the quotients and their rounding as array operations (the same
-    doubles: one IEEE division each, :func:`r6_array`); the powers and the sum stay Python's, in
-    node order, as the plain form computes them."""
+    """``tests.oracles.policies.shares_plain`` with the quotients and their rounding as array operations
+    (the same doubles: one IEEE division each, :func:`r6_array`); the powers and the sum stay Python's,
+    in node order, as the plain form computes them."""
     keys = sorted(scores)
     powered = [v**alpha if v > 0 else 0.0 for v in (scores[k] for k in keys)]
     total = sum(powered)
@@ -707,11 +700,11 @@ def pool_slo_prompt(
 
 
 def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str, float | None]:
-    """:func:`fleet_headroom_plain` for every pool at once, over the snapshot's fleet-wide columns
-    (:func:`fleetloop.policies.columns.fleet_columns`): each scorer is one array operation over the
-    whole fleet, each pool's step-time median one segment median, so the fleet costs a few dozen
-    numpy calls instead of a few dozen per pool. The same operations on the same doubles, so the
-    same bits (``tests/unit/test_fast_columns.py``); the means are Python sums over each pool's
+    """``tests.oracles.policies.fleet_headroom_plain`` for every pool at once, over the snapshot's
+    fleet-wide columns (:func:`fleetloop.policies.columns.fleet_columns`): each scorer is one array
+    operation over the whole fleet, each pool's step-time median one segment median, so the fleet costs
+    a few dozen numpy calls instead of a few dozen per pool. The same operations on the same doubles, so
+    the same bits (``tests/unit/test_fast_columns.py``); the means are Python sums over each pool's
     proven nodes in node order, as the plain form adds them."""
     key = ("cache-aware.fleet_headroom", id(params))
     memo = snap.memo.get(key)
@@ -741,59 +734,10 @@ def fleet_headroom(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str
     return found
 
 
-def fleet_headroom_plain(snap: FleetSnapshot, params: CacheAwareParams) -> Mapping[str, float | None]:
-    """Pool id -> spill headroom for every pool (mean score over its proven serving nodes; None when
-    it has none), from this snapshot alone, computed once per snapshot.
-
-    A pool's step time here is each node's newest ``tbt_p50_ms`` (one figure, not the remembered
-    median, which is the pool's own policy state): spill-over ranks other pools on what the
-    snapshot says of them, so every pool's tick shares one pass over the fleet.
-
-    The plain per-pool form of :func:`fleet_headroom` (the tests hold the fleet-wide one to it)."""
-    # Keyed by identity (params hold dicts, so they do not hash); the params object is kept in the
-    # memo beside the figures, so its id cannot be reused for another while the snapshot lives.
-    key = ("cache-aware.fleet_headroom_plain", id(params))
-    memo = snap.memo.get(key)
-    found: Mapping[str, float | None] | None = memo[1] if memo is not None and memo[0] is params else None
-    if found is None:
-        out: dict[str, float | None] = {}
-        for pool_id in sorted(snap.pools):
-            pool = snap.pool_nodes(pool_id)
-            steps = {
-                n.node_id: float(n.tbt_p50_ms)
-                if serving(n) and n.tbt_p50_ms is not None and n.tbt_p50_ms > 0
-                else None
-                for n in pool
-            }
-            scores = _scored_columns(pool, params, steps)[0]
-            live = [scores[n.node_id] for n in pool if scores[n.node_id] > 0 and proven(n)]
-            out[pool_id] = sum(live) / len(live) if live else None
-        snap.memo[key] = (params, out)
-        found = out
-    return found
-
-
-def spill_targets_plain(snap: FleetSnapshot, params: CacheAwareParams, pool_id: str) -> tuple[str, ...]:
-    """The pools ``pool_id`` spills over to: the other pools of its model whose headroom is at least
-    ``spill_min_headroom``, by headroom descending (pool id breaks ties), then the pools of every
-    other model with that headroom, likewise ranked. The rule's statement, which
-    :func:`spill_targets` computes once per snapshot and model (the tests hold them equal)."""
-    own_pool = snap.pools.get(pool_id)
-    model = own_pool.model if own_pool is not None else ""
-    spill: list[tuple[float, str]] = []
-    other_models: list[tuple[float, str]] = []
-    for other, h in fleet_headroom(snap, params).items():
-        if other == pool_id or not model:
-            continue
-        if h is not None and h >= params.spill_min_headroom:
-            (spill if snap.pools[other].model == model else other_models).append((-h, other))
-    return tuple(p for _, p in sorted(spill)) + tuple(p for _, p in sorted(other_models))
-
-
 def spill_targets(snap: FleetSnapshot, params: CacheAwareParams, pool_id: str) -> tuple[str, ...]:
-    """:func:`spill_targets_plain` without a pass over every pool per pool (pools squared per tick):
-    the model's ranked candidates are sorted once per snapshot and model, and each pool drops itself
-    from them (removing one entry keeps a sorted list sorted)."""
+    """``tests.oracles.policies.spill_targets_plain`` without a pass over every pool per pool (pools
+    squared per tick): the model's ranked candidates are sorted once per snapshot and model, and each
+    pool drops itself from them (removing one entry keeps a sorted list sorted)."""
     own_pool = snap.pools.get(pool_id)
     model = own_pool.model if own_pool is not None else ""
     if not model:
