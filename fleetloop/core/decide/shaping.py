@@ -126,6 +126,20 @@ def cap_ejections(
     open_ = [d for d in decisions if d.state == "open" and d.enforced]
     if not open_:
         return decisions
+    cap, spare, moves, severity = _pool_capacity(snap, pool_id, env, {d.node_id for d in open_})
+    ordered = sorted(open_, key=severity)
+    return _unenforce(
+        decisions, _choose(ordered, held or {}, now_ms=snap.now_ms, cap=cap, spare=spare, moves=moves)
+    )
+
+
+def _pool_capacity(
+    snap: FleetSnapshot, pool_id: str, env: Envelope, candidates: set[str]
+) -> tuple[int, float, Callable[[str], float | None], Callable[[BreakerDecision], tuple[float, str]]]:
+    """The figures :func:`cap_ejections` judges ``candidates`` (the open, enforced nodes) by, from the
+    pool's rows of the snapshot's columns: the share cap (1), the spare of the serving nodes that are
+    not candidates (2), a node's useful work (``moves``: None when it is not serving) and the
+    candidates' order (``severity``: most consecutive failures first, then node id)."""
     cols = fleet_columns(snap)
     lo, hi = cols.bounds.get(pool_id, (0, 0))
     ids = row_ids(snap)[lo:hi]
@@ -147,7 +161,6 @@ def cap_ejections(
     serving = [r for r in range(len(ids)) if live[r]]
     steps = sorted(x for r in serving if (x := tbt[r]) is not None and x > 0)
     ref = steps[len(steps) // 2] if steps else None
-    candidates = {d.node_id for d in open_}
     others = [r for r in serving if ids[r] not in candidates]
     took = sum(requests_w[r] for r in others)
     pool_ok = sum(ok_w[r] for r in others) / took if took > 0 else None
@@ -167,10 +180,7 @@ def cap_ejections(
         return useful(r) if r is not None and live[r] else None
 
     spare = sum(speed(r) * (1.0 - busy(r)) for r in others)
-    ordered = sorted(open_, key=severity)
-    return _unenforce(
-        decisions, _choose(ordered, held or {}, now_ms=snap.now_ms, cap=cap, spare=spare, moves=moves)
-    )
+    return cap, spare, moves, severity
 
 
 def _choose(
