@@ -1,6 +1,6 @@
 """The folds' statement, one record at a time: what ``FleetModel.fold_telemetries`` and
-``FleetModel.fold_outcomes`` (the one implementation, a batch at a time, its parts inlined in one
-loop) are held to, byte for byte (``tests/unit/test_fold_batch.py``)."""
+``FleetModel.fold_outcomes`` (the one implementation, a batch at a time: the batch's bookkeeping,
+the caps, the snapshot's kept rows) are held to, byte for byte (``tests/unit/test_fold_batch.py``)."""
 
 from __future__ import annotations
 
