@@ -21,7 +21,9 @@ Algorithms propose; the engine disposes. Whatever an algorithm returns, the engi
 - names at most ``max_spill_pools`` overflow pools in a routing decision (the first ones the
   algorithm ranked), so a flood of pools serving the same model cannot fill routers' spill lists;
 - never sheds priority ``protected_priority`` and better below ``min_queue_threshold``, whether
-  the limit is on queue depth or on outstanding work (queued + running).
+  the limit is on queue depth or on outstanding work (queued + running), and never for their
+  latency budget (it names them in the admission decision's ``budget_protected_priority``; a
+  call with no deadline, budget 0, is never shed for one whatever its class).
 
 Inputs: the algorithms' decisions and the snapshot. Defaults below. Failure mode: the envelope
 can only make a decision more conservative; a bug here shows as too little action, never as a

@@ -129,12 +129,17 @@ def load_policy(path: str | Path) -> CompiledPolicy:
 BUILTIN_DIR = Path(__file__).parent
 
 
-def builtin_policy(name: str = "default") -> CompiledPolicy:
-    """A policy document shipped with fleetloop: ``default`` or a baseline (``none``, ``classic``,
-    ``modern``, ``llm-d``)."""
+def builtin_policy_path(name: str = "default") -> Path:
+    """The file of a policy document shipped with fleetloop: ``default`` or a baseline (``none``,
+    ``classic``, ``modern``, ``llm-d``)."""
     path = BUILTIN_DIR / f"{name}.yaml"
     if not path.exists():
         path = BUILTIN_DIR / "baselines" / f"{name}.yaml"
     if not path.exists():
         raise PolicyError(f"no built-in policy named {name!r}")
-    return load_policy(path)
+    return path
+
+
+def builtin_policy(name: str = "default") -> CompiledPolicy:
+    """A policy document shipped with fleetloop, compiled (:func:`builtin_policy_path`)."""
+    return load_policy(builtin_policy_path(name))

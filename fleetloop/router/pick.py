@@ -41,7 +41,8 @@ Per call (:meth:`Router.pick`), in order:
    (``new_task_max_queue_depth[p]`` for the first call of a task), when its outstanding work (queue
    depth + running requests) is at or above ``max_outstanding[p]`` (``new_task_max_outstanding[p]``
    for a first call on a node with calls queued), or when the call's remaining latency budget is
-   below ``reject_if_budget_below_ms``. A first call on a node with nothing queued meets
+   below ``reject_if_budget_below_ms`` (:func:`budget_rejects`: never a call with no deadline,
+   budget 0, nor one of a class the decision protects). A first call on a node with nothing queued meets
    ``max_outstanding[p]`` only: the node admits it into its running batch at once, which costs the
    batch some time between tokens, while a shed first call is a lost task (the KPI counts tasks).
 5b. **Prefill fit**: a call admitted on a pool whose routing decision says it prefills no prompt
@@ -79,7 +80,7 @@ Retries (:meth:`Router.allow_retry`): a retry is let through while this router's
 newest retry-budget decision are below ``retries_allowed_now`` (the tenant's decision first, then
 the pool's); the retry of an attempt whose outcome the decision lists in ``exempt_retries_of``
 (``shed``, ``error``) goes without spending it. Failing static ignores the held shed thresholds
-(step 5) and, when the caller passes ``now_s``, the retry budget: both are as old as the routing.
+(step 5) and the retry budget (at the caller's ``now_s``): both are as old as the routing.
 
 Cost: steps 2-3 are derived once per (pool, priority) and cached until the desired state or the
 fleet changes (:meth:`Router.fleet_changed`, which the embedder calls when a node joins, leaves or
@@ -101,7 +102,7 @@ import numpy as np
 
 from fleetloop.router.epp import EppScheduler
 from fleetloop.router.state import DesiredState, never_empty
-from fleetloop.schemas.decisions import Decision, RetryBudgetDecision, RoutingDecision
+from fleetloop.schemas.decisions import AdmissionDecision, Decision, RetryBudgetDecision, RoutingDecision
 
 FAIL_STATIC_S = 30.0
 
@@ -182,6 +183,19 @@ def _engine_attrs(node: NodeLike) -> tuple[float, int]:
 
 def _node_id(node: NodeLike) -> str:
     return node.node_id
+
+
+def budget_rejects(adm: AdmissionDecision, priority: int, budget_ms: float) -> bool:
+    """The latency-budget threshold (step 5): True when the call's remaining budget is known and
+    below ``reject_if_budget_below_ms`` and its class is not protected. ``budget_ms`` 0 or below
+    is "no deadline" (``x-fleetloop-budget-ms`` unset, an embedder passing 0): such a call is never
+    shed for its budget, or every call of an integration that knows no deadline would be. Classes
+    ``budget_protected_priority`` and better (the envelope's ``protected_priority``, copied into the
+    decision by the engine) are never shed for their budget either, as the envelope floors their
+    queue and outstanding limits: a control plane must not shed the class it protects on a figure
+    (the pool's median first-token time) it would not shed it on otherwise."""
+    floor_ms = adm.reject_if_budget_below_ms
+    return 0 < budget_ms < floor_ms and priority > adm.budget_protected_priority
 
 
 class Router(Generic[N]):
@@ -270,18 +284,18 @@ class Router(Generic[N]):
     def finished(self, node_id: str) -> None:
         self.outstanding[node_id] = self.outstanding.get(node_id, 1) - 1
 
-    def allow_retry(
-        self, pool_id: str, tenant_id: str, failed_as: str = "timeout", now_s: float | None = None
-    ) -> bool:
+    def allow_retry(self, pool_id: str, tenant_id: str, failed_as: str = "timeout", *, now_s: float) -> bool:
         """Spend one retry of the budget if one is left; True when the retry may go out. The retry
         of an attempt that ended as an outcome the budget exempts (``exempt_retries_of``) goes
-        without spending it. Given ``now_s``, a pool failing static (no routing decision fresher
-        than ``fail_static_s``) lets every retry go: a budget whose control plane went away is not
-        refilled, and spent it would refuse every retry for good."""
+        without spending it. A pool failing static at ``now_s`` (no routing decision fresher than
+        ``fail_static_s``; the caller's clock, the one it passes to :meth:`pick` and :meth:`apply`)
+        lets every retry go: a budget whose control plane went away is not refilled, and spent it
+        would refuse every retry for good. ``now_s`` is required so that no caller can leave it
+        out and hold a stale budget."""
         st = self.state.pools.get(pool_id)
         if st is None:
             return True
-        if now_s is not None and self.state.routing_fresh(pool_id, now_s, self.fail_static_s) is None:
+        if self.state.routing_fresh(pool_id, now_s, self.fail_static_s) is None:
             return True
         key = tenant_id if tenant_id in st.budgets else ""
         d = st.budgets.get(key)
@@ -463,7 +477,7 @@ class Router(Generic[N]):
             cap = adm.max_outstanding.get(key)
         if cap is not None and node.queue_depth + node.running >= cap:
             return False
-        return not (adm.reject_if_budget_below_ms and budget_ms < adm.reject_if_budget_below_ms)
+        return not budget_rejects(adm, priority, budget_ms)
 
     def _candidates(self, models: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
         """(the preferred model's pools, every acceptable pool in preference order), cached."""

@@ -105,7 +105,15 @@ class AdmissionDecision(_Body):
     empty until the KV cache fills, so outstanding work is the signal that moves first.
     ``new_task_max_outstanding[p]`` binds only on a node with calls queued: one with none admits
     the first call into its running batch at once, which costs the batch time between tokens,
-    while a shed first call is a lost task. A class absent from a table has no limit of that kind."""
+    while a shed first call is a lost task. A class absent from a table has no limit of that kind.
+
+    ``reject_if_budget_below_ms`` sheds a call whose remaining latency budget is known and below it
+    (0: no such threshold). A call with no deadline (budget 0 or absent: ``x-fleetloop-budget-ms``
+    unset) is never shed for its budget, and neither is a call of priority
+    ``budget_protected_priority`` or better: those classes are shed only by their queue and
+    outstanding limits, which the engine floors (the envelope's ``protected_priority``, which it
+    copies here; -1 protects none). A record without the field (an older daemon) protects
+    priority 0, the envelope's default."""
 
     kind: Literal["admission"] = "admission"
     pool_id: Ident
@@ -117,6 +125,9 @@ class AdmissionDecision(_Body):
     )
     new_task_max_outstanding: dict[str, NonNegInt] = Field(
         default_factory=dict, description="the same for the first call of a task"
+    )
+    budget_protected_priority: int = Field(
+        default=0, ge=-1, le=9, description="this priority and better are never shed for their budget"
     )
 
 

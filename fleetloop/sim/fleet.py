@@ -641,7 +641,7 @@ class FleetSim:
                 t = self.now + wait
                 if t >= task.deadline_t:
                     cause = "deadline"
-                elif not self.router.allow_retry(att.pool_id, task.tenant_id, kind):
+                elif not self.router.allow_retry(att.pool_id, task.tenant_id, kind, now_s=self.now):
                     cause = "retry_budget"
                 else:
                     retry_at = t
@@ -758,8 +758,7 @@ class FleetSim:
     def total_cost_usd(self) -> float:
         total = 0.0
         for node in self._all_nodes():
-            end = node.removed_at if node.removed_at is not None else self.now
-            total += max(0.0, end - node.provisioned_at) * node.spec.usd_per_s
+            total += node.billed_s(self.now) * node.spec.usd_per_s
         return total
 
     def _all_nodes(self) -> list[Node]:
@@ -777,14 +776,7 @@ class FleetSim:
         summary["nodes"] = {
             "provisioned_total": len(nodes),
             "peak_provisioned": int(max((r["provisioned"] for r in self.timeline), default=0)),
-            "node_hours": round(
-                sum(
-                    ((n.removed_at if n.removed_at is not None else self.now) - n.provisioned_at)
-                    for n in nodes
-                )
-                / 3600.0,
-                6,
-            ),
+            "node_hours": round(sum(n.billed_s(self.now) for n in nodes) / 3600.0, 6),
         }
         summary["tasks"]["failed_by"] = dict(sorted(self.failed_by.items()))
         summary["requests"]["orphaned"] = self.orphans

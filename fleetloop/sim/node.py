@@ -271,6 +271,12 @@ class Node:
                 break
         return tuple(out)
 
+    def billed_s(self, end: float, start: float = 0.0) -> float:
+        """Seconds this node is billed within ``[start, end]``: from its provisioning to its removal
+        (a node is paid for while it boots, serves, drains or sits idle)."""
+        stop = self.removed_at if self.removed_at is not None else end
+        return max(0.0, min(stop, end) - max(self.provisioned_at, start))
+
     def cost_so_far(self, req: Req) -> float:
         """The attempt's attributed cost up to the last iteration boundary."""
         if req.state == "decode":

@@ -1,6 +1,7 @@
-"""``fleetloop bench stack`` smoke run: real emulated fleet, real vllm-router, real HAProxy, the openai
-SDK, short. Checks the table is written with sane figures, and that an arm in which no task succeeds
-fails the command (exit 1) instead of printing a table that looks like a result."""
+"""``fleetloop bench stack`` smoke runs: real emulated fleet, real vllm-router, real HAProxy, a real
+daemon and scraper on the embedded broker, the openai SDK in agent processes, short. Checks the
+table is written with sane figures, and that an arm in which no task succeeds fails the command
+(exit 1) instead of printing a table that looks like a result."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetloop.bench.stack import haproxy_config
+from fleetloop.bench.stack.arms import haproxy_config
 from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,20 +42,31 @@ def _bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]
 def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
     require_tool("haproxy")
     r = _bench(
-        "--scenario", str(SCENARIO), "--seconds", "15", "--drain-s", "10",
-        "--arms", "vllm-p2c,haproxy-classic", "--out", str(tmp_path), "--json",
+        "--scenario", str(SCENARIO), "--seconds", "15", "--drain-s", "10", "--runs", "1",
+        "--arms", "vllm-p2c,fleetloop-haproxy", "--out", str(tmp_path), "--json", "--max-lag-ms", "1000",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
-    stem = tmp_path / "stack-degraded-gpu"
-    assert json.loads(Path(f"{stem}.json").read_text())["arms"] == doc["arms"]
+    stem = tmp_path / "stack-degraded-gpu-small"
+    assert json.loads(Path(f"{stem}.json").read_text())["runs_raw"] == doc["runs_raw"]
     md = Path(f"{stem}.md").read_text()
     assert Path(f"{stem}.png").stat().st_size > 10_000
+    assert Path(f"{stem}-arms.png").stat().st_size > 10_000  # medians and ranges against the targets
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", doc["made_by"]["commit"])
+    assert doc["made_by"]["command"] == doc["command"]
+    assert set(doc["made_by"]["load"]) == {"start", "end"}
     assert f"Command: `fleetloop bench stack --scenario {SCENARIO} --seconds 15" in md  # what made it
-    assert re.search(r"`, run 20\d\d-\d\d-\d\d \d\d:\d\d UTC\.", md), md  # and when
-    assert [a["arm"] for a in doc["arms"]] == ["vllm-p2c", "haproxy-classic"]
-    for arm in doc["arms"]:
-        assert f"| {arm['arm']} |" in md
+    assert re.search(r"`, commit [0-9a-f]{12}(-dirty)?, run 20\d\d-\d\d-\d\d \d\d:\d\d UTC", md), (
+        md
+    )  # and when
+    assert [a["arm"] for a in doc["runs_raw"]] == ["vllm-p2c", "fleetloop-haproxy"]
+    assert "tasks ok" in r.stderr  # progress lines
+    assert "[1/2] about" in r.stderr  # where the bench is, and what is left
+    assert "[2/2] about" in r.stderr
+    assert "| 1 | vllm-p2c | 1 |" in md  # every run, in the order it ran
+    assert "| 2 | fleetloop-haproxy | 1 |" in md
+    for arm in doc["runs_raw"]:
+        assert f"| {arm['arm']} | 1 |" in md
         t = arm["tasks"]
         assert t["succeeded"] > 0
         assert 0 < t["success_rate"] <= 1
@@ -63,11 +75,13 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
         assert 1.0 < arm["latency"]["ttft_p50_ms"] <= arm["latency"]["ttft_p99_ms"] < 60_000
         assert 0 < arm["cost_per_successful_task_usd"] < 1.0
         assert arm["realtime_lag"]["node_events"]["n"] > 0
+        assert arm["realtime_lag"]["agents_loop_p99_ms"] is not None
         assert arm["timeline"]["ok_tasks"][-1] == t["succeeded"]
-    # every router process of the run is gone
-    for arm in doc["arms"]:
-        cfg = Path(arm["logs"]) / "haproxy.cfg"
-        pids = subprocess.run(["pgrep", "-f", str(cfg)], capture_output=True, text=True, check=False)
+        assert arm["timeline"]["nodes_provisioned"][0] == 4
+    assert doc["targets"]["headline"]["ours"] == "fleetloop-haproxy"
+    # every process of the run is gone
+    for arm in doc["runs_raw"]:
+        pids = subprocess.run(["pgrep", "-f", arm["logs"]], capture_output=True, text=True, check=False)
         assert not pids.stdout.strip(), pids.stdout
 
 
@@ -79,11 +93,11 @@ def test_an_arm_with_no_successful_task_fails_the_run(tmp_path: Path) -> None:
     doc += "faults:\n  - {at_s: 0, kind: crash, pool: chat-l40s, count: 4}\n"
     scen = tmp_path / "dead.yaml"
     scen.write_text(doc)
-    r = _bench("--scenario", str(scen), "--seconds", "6", "--drain-s", "5", "--arms", "haproxy-classic",
-               "--out", str(tmp_path / "out"), "--json")  # fmt: skip
+    r = _bench("--scenario", str(scen), "--seconds", "6", "--drain-s", "5", "--arms", "haproxy-leastconn",
+               "--runs", "1", "--out", str(tmp_path / "out"), "--json", "--max-lag-ms", "1000")  # fmt: skip
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
-    assert "no successful task under haproxy-classic" in r.stderr
-    arm = json.loads(r.stdout)["arms"][0]
+    assert "no successful task under haproxy-leastconn" in r.stderr
+    arm = json.loads(r.stdout)["runs_raw"][0]
     assert arm["tasks"]["succeeded"] == 0
     assert arm["tasks"]["failed"] > 0
 
@@ -91,6 +105,7 @@ def test_an_arm_with_no_successful_task_fails_the_run(tmp_path: Path) -> None:
 def test_haproxy_config_has_health_checks_and_leastconn(tmp_path: Path) -> None:
     cfg = haproxy_config(tmp_path, 8000, None, [("s0", "127.0.0.1:9000"), ("s1", "127.0.0.1:9001")])
     assert "balance leastconn" in cfg
+    assert "\n    option http-no-delay\n" in cfg  # a streamed token is not held ~200 ms for more
     assert "option httpchk GET /health" in cfg
     assert cfg.count("check inter 1s fall 2 rise 2") == 2
     assert "log 127.0.0.1" not in cfg  # classic: no log for a control plane
@@ -116,7 +131,7 @@ def test_the_stack_scenarios_load_with_one_pool_and_one_model() -> None:
         assert len({m for w in s.workload for m in w.models}) == 1, f
 
 
-@pytest.mark.parametrize("arm", ["vllm-p2c", "haproxy-classic"])
+@pytest.mark.parametrize("arm", ["vllm-p2c", "haproxy-leastconn"])
 def test_a_router_port_taken_before_the_router_binds_it_is_retried_on_a_fresh_one(
     arm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,15 +141,17 @@ def test_a_router_port_taken_before_the_router_binds_it_is_retried_on_a_fresh_on
     if arm.startswith("haproxy"):
         require_tool("haproxy")
     from aiohttp import web
-    from fleetloop.bench import stack
+    from fleetloop.bench.stack import procs as procs_mod
+    from fleetloop.bench.stack.arms import BY_NAME, Launch, Slots
     from tests.support.http import nodes
 
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
     taken = int(held.getsockname()[1])
-    real, handed = stack._free_port, iter([taken])
-    monkeypatch.setattr(stack, "_free_port", lambda kind=socket.SOCK_STREAM: next(handed, 0) or real(kind))
+    real, handed = procs_mod.free_port, iter([taken])
+    monkeypatch.setattr(procs_mod, "free_port", lambda kind=socket.SOCK_STREAM: next(handed, 0) or real(kind))
+    router = BY_NAME[arm].router
 
     def answer(node: str) -> Any:
         async def reply(_: web.Request) -> web.Response:
@@ -145,12 +162,16 @@ def test_a_router_port_taken_before_the_router_binds_it_is_retried_on_a_fresh_on
     async def start() -> int:
         async with nodes(2, answer) as ports:  # vllm-router's power of two needs two workers
             urls = {f"p/{i}": f"http://127.0.0.1:{p}" for i, p in enumerate(ports)}
+            slots = Slots("p", "m", urls)
             procs: dict[str, asyncio.subprocess.Process] = {}
             try:
-                port, _ = await stack._start_router(arm, urls, {"p/0": "s0", "p/1": "s1"}, tmp_path, procs)
+                port = await procs_mod.start_answering(
+                    "router", lambda port: router.argv(Launch(port, urls, slots, tmp_path, None)),
+                    router.probe, tmp_path, procs,
+                )  # fmt: skip
             finally:
                 for p in procs.values():
-                    await stack._stop(p)
+                    await procs_mod.stop(p)
             return port
 
     try:
@@ -159,4 +180,51 @@ def test_a_router_port_taken_before_the_router_binds_it_is_retried_on_a_fresh_on
         held.close()
     assert port != taken
     first = (tmp_path / "router-attempt1.log").read_text(errors="replace")
-    assert any(m in first for m in stack.BIND_FAILED), first[-1000:]
+    assert any(m in first for m in procs_mod.BIND_FAILED), first[-1000:]
+
+
+def test_through_sglang_router_the_nodes_see_each_prompts_size_and_prefix(tmp_path: Path) -> None:
+    """SGLang's router forwards none of the client's headers, so the agents' prompts go as text of
+    their real size with the shared prefix in it: behind it, the node is sent prompts of the
+    scenario's size (thousands of tokens, not the few of a short message) and their prefixes."""
+    from fleetloop.bench.stack.arms import BY_NAME, Launch, Slots
+    from fleetloop.bench.stack.procs import start_answering, stop
+    from fleetloop.edges.fleet.agents import Agents
+    from fleetloop.edges.fleet.live import LiveFleet
+    from fleetloop.sim.scenario import load_scenario
+
+    s = load_scenario(ROOT / "scenarios" / "stack" / "prefix-small.yaml")
+    s = s.model_copy(
+        update={"pools": [s.pools[0].model_copy(update={"nodes": 1, "min_nodes": 1, "max_nodes": 1})]}
+    )
+    router = BY_NAME["sglang-cache-aware"].router
+
+    async def go() -> list[tuple[int, str | None, int]]:
+        fleet = LiveFleet(s, seed=5)
+        await fleet.start()
+        seen: list[tuple[int, str | None, int]] = []
+        real = fleet.submit
+        fleet.submit = lambda ln, req: (
+            seen.append((req.prompt, req.prefix_digest, req.prefix_tokens)),
+            real(ln, req),
+        )[1]  # type: ignore[method-assign]
+        urls = fleet.urls()
+        slots = Slots(s.pools[0].id, s.pools[0].model, dict(urls))
+        procs: dict[str, asyncio.subprocess.Process] = {}
+        try:
+            port = await start_answering(
+                "router", lambda p: router.argv(Launch(p, dict(urls), slots, tmp_path, None)),
+                router.probe, tmp_path, procs,
+            )  # fmt: skip
+            agents = Agents(fleet, router_url=f"http://127.0.0.1:{port}", rate_scale=10.0)
+            await agents.run(fleet.t() + 3.0, 0.0)
+        finally:
+            for p in procs.values():
+                await stop(p)
+            await fleet.stop()
+        return seen
+
+    seen = asyncio.run(go())
+    assert seen
+    assert min(p for p, _, _ in seen) > 500  # the scenario's prompts: median 7,000, never a few tokens
+    assert all(d is not None and 0 < k < p for p, d, k in seen)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -101,6 +102,30 @@ async def test_streaming_with_usage_chunk(fleet: LiveFleet) -> None:
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.prompt_tokens == 3000
     assert chunks[-1].usage.completion_tokens == 40
+
+
+async def test_the_first_token_is_sent_when_the_engine_makes_it_not_at_the_next_poll(
+    fleet: LiveFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler waits for the first token OR the end, whichever comes first. Waiting for both
+    (asyncio.wait's default) held every stream's first chunk until the next disconnect poll or the
+    call's end, so every emulated TTFT was a multiple of 250 ms. With the poll stretched to an hour,
+    the first chunk arrives while the call is still decoding (its 100 tokens take seconds)."""
+    from fleetloop.edges.fleet import server
+
+    monkeypatch.setattr(server, "POLL_S", 3600.0)
+    api = _client(fleet)
+    node = fleet.live["p/0"].node
+    stream = await api.chat.completions.create(
+        model="llama-8b", messages=[{"role": "user", "content": "x"}], max_tokens=100, stream=True
+    )
+    running_at_first: int | None = None
+    async with asyncio.timeout(60):
+        async for chunk in stream:
+            if running_at_first is None:
+                running_at_first = node.running
+                assert chunk.choices[0].delta.role == "assistant"
+    assert running_at_first == 1  # the call was still decoding when its first token arrived
 
 
 async def test_streaming_disconnect_aborts_the_request(fleet: LiveFleet) -> None:
@@ -205,3 +230,114 @@ async def test_agents_send_every_call_to_one_router_url() -> None:
     assert all(h["x-fleetloop-priority"] == "0" and h["x-fleetloop-task"] for h in seen)
     assert {h["model"] for h in seen} == {"llama-8b"}
     assert fleet.live["p/0"].node.counter == 0  # the node itself got nothing: the router answered
+
+
+def test_a_prompt_as_text_carries_its_size_and_shared_prefix() -> None:
+    from fleetloop.edges.fleet.server import prefix_in_text, prompt_text
+
+    a = prompt_text(7000, "d1", 6000, "task-1 call 0")
+    b = prompt_text(7500, "d1", 6000, "task-1 call 1")
+    assert len(a) == 7000 * 4
+    assert len(b) == 7500 * 4
+    assert prefix_in_text(a) == prefix_in_text(b) == ("d1", 6000)
+    assert a[: 6000 * 4] == b[: 6000 * 4]  # the shared part is the same text in every call
+    assert "task-1 call 0" in a
+    plain = prompt_text(300, None, 0, "chat 5")
+    assert len(plain) == 1200
+    assert prefix_in_text(plain) == (None, 0)
+    assert prefix_in_text("[fleetloop-prefix broken") == (None, 0)
+
+
+async def test_without_headers_the_node_reads_size_and_prefix_from_the_text(fleet: LiveFleet) -> None:
+    """A router that forwards no client header (SGLang's) still delivers a prompt's size and its
+    shared prefix: the second call of a prefix finds it cached."""
+    from fleetloop.edges.fleet.server import prompt_text
+
+    api = _client(fleet)
+    usage = []
+    for step in range(2):
+        text = prompt_text(3000, "ctx", 2500, f"t call {step}")
+        resp = await api.chat.completions.create(
+            model="llama-8b", messages=[{"role": "user", "content": text}], max_tokens=2
+        )
+        assert resp.usage is not None
+        usage.append(resp.usage)
+    assert [u.prompt_tokens for u in usage] == [3000, 3000]
+    assert dict(fleet.live["p/0"].node.cache) == {"ctx": 2500}
+    assert usage[1].prompt_tokens_details is not None
+    assert usage[1].prompt_tokens_details.cached_tokens == 2500
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_fleet_stops_at_once_with_calls_still_on_its_nodes(stream: bool) -> None:
+    """A call still in a node's handler when the fleet stops can never finish (the engines stop
+    first), so closing the node does not wait for it: aiohttp's default waited 60 s twice a node,
+    and a bench run whose agents left orphans on a few slow nodes took minutes to tear down."""
+    f = LiveFleet(one_node(), seed=1)
+    await f.start()
+    api = openai.AsyncOpenAI(base_url=f"{f.urls()['p/0']}/v1", api_key="x", max_retries=0)
+    msgs: Any = [{"role": "user", "content": "x"}]
+
+    async def call() -> None:
+        if stream:
+            async for _ in await api.chat.completions.create(
+                model="llama-8b", messages=msgs, max_tokens=20000, stream=True
+            ):
+                pass
+        else:
+            await api.chat.completions.create(model="llama-8b", messages=msgs, max_tokens=20000)
+
+    task = asyncio.create_task(call())
+    node = f.live["p/0"].node
+    try:
+        await wait_until(lambda: node.running == 1, 10.0)
+        async with asyncio.timeout(30):  # 120 s before; a second or two now
+            await f.stop()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert f.urls() == {}
+
+
+async def _retries_after_the_budget_went(fail_static_s: float, exempt: tuple[str, ...] = ()) -> int:
+    """The agents' retries when a control plane published a spent retry budget for their pool once,
+    then went away, and the pool's one node is down (every call fails: a retry each, if allowed)."""
+    from fleetloop.edges.fleet.agents import Agents
+    from fleetloop.schemas.decisions import Decision, PolicyStamp, RetryBudgetDecision, RoutingDecision
+
+    fleet = LiveFleet(one_node(), seed=5)
+    await fleet.start(faults=False)
+    try:
+        fleet.router.fail_static_s = fail_static_s
+        stamp = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
+        bodies = [
+            RoutingDecision(entity="pool/p", reason="t", pool_id="p", weights={"p/0": 1.0}),
+            RetryBudgetDecision(
+                entity="pool/p", reason="t", pool_id="p", retry_ratio=0.0, min_retries_per_s=0.0,
+                retries_allowed_now=0, exempt_retries_of=exempt,  # type: ignore[arg-type]
+            ),
+        ]  # fmt: skip
+        fleet.apply([Decision(ts_ms=fleet.wall_ms(), tick_id=1, policy=stamp, body=b) for b in bodies])
+        node = fleet.node("p/0")
+        assert node is not None
+        fleet.crash_node(node, comes_back=False)
+        agents = Agents(fleet, rate_scale=5.0)
+        await agents.run(2.0, 5.0)
+    finally:
+        await fleet.stop()
+    assert agents.stats.tasks_started >= 3
+    return agents.stats.retries
+
+
+async def test_the_agents_spend_a_retry_budget_at_event_time() -> None:
+    """The emulated agents ask the router for a retry at the fleet's clock: a budget held from a
+    control plane that went away (its routing older than the fail-static TTL, here 0.1 s) refuses
+    nothing, while a fresh one (TTL 30 s) binds."""
+    assert await _retries_after_the_budget_went(30.0) == 0
+    assert await _retries_after_the_budget_went(0.1) > 0
+
+
+async def test_the_agents_retry_a_dropped_or_shed_call_outside_the_budget() -> None:
+    """The agents tell the router what the failed attempt ended as: the retry of a call its node
+    dropped (or nobody took) goes without spending a budget that exempts it, as in the simulator."""
+    assert await _retries_after_the_budget_went(30.0, ("error", "shed")) > 0

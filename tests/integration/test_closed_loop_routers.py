@@ -96,6 +96,9 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
         kafka_env.prefix,
         "--period-s",
         "0.25",
+        # torn down with HAProxy, vllm-router and the test's own backends at once: nothing to restore
+        # (tests/integration/test_actuator_exit.py and test_worker_list_routers.py check the restore)
+        "--keep-state-on-exit",
     ]
     traffic, stop = Traffic(), asyncio.Event()
     tick_id = 0

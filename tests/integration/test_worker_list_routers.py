@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -181,9 +182,18 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_router(
                 return "drift:" in log_path.read_text()
 
             await wait_until(drift_logged, 5, "drift line")
+
+            # SIGTERM: the actuator puts every mapped worker back in the router's list before it
+            # exits (a dead actuator must not leave workers out that nothing brings back)
+            act.send_signal(signal.SIGTERM)
+            exiting = act  # polled, not waited on: the workers answer the router's health checks here
+            await wait_until(lambda: exiting.poll() is not None, 60, "the actuator exits")
+            assert await listed() == set(urls), log_path.read_text()[-2000:]
+            assert f"restore: add {urls[1]}" in log_path.read_text()
+            assert "exit: plain state restored (1 change(s))" in log_path.read_text()
         finally:
             await client.aclose()
-            if act is not None:
+            if act is not None and act.poll() is None:
                 act.terminate()
                 act.wait(10)
             vr.terminate()

@@ -26,10 +26,9 @@ from fleetloop.core.decide.shaping import (
     _unenforce,
     _unscaled,
     cap_ejections,
-    freeze_autoscale,
     hold,
     pool_is_silent,
-    shape_autoscale,
+    settle_autoscale,
     share_cap,
 )
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, r6, r6_array
@@ -113,8 +112,11 @@ def decide_plain(
             shaped_as: list[DecisionBody] = []
             for d in produced:
                 if isinstance(d, AutoscaleDecision):
-                    # Frozen: no move at all (the held target already passed the step limit).
-                    d = freeze_autoscale(d, snap, held.get(d.pool_id)) if silent else shape_autoscale(d, env)
+                    # Frozen (silent), held (unknown) or nothing: settle_autoscale.
+                    settled = settle_autoscale(d, snap, env, held.get(d.pool_id), silent)
+                    if settled is None:
+                        continue
+                    d = settled
                     if sec.mode == "enforce":
                         held[d.pool_id] = d.desired_nodes
                 shaped_as.append(d)
@@ -271,6 +273,7 @@ def shape_admission_plain(d: AdmissionDecision, env: Envelope) -> AdmissionDecis
             "new_task_max_queue_depth": floor(d.new_task_max_queue_depth),
             "max_outstanding": floor(d.max_outstanding),
             "new_task_max_outstanding": floor(d.new_task_max_outstanding),
+            "budget_protected_priority": env.protected_priority,
         }
     )
 

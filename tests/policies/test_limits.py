@@ -36,6 +36,7 @@ from fleetloop.schemas import (
     Decision,
     PolicyStamp,
     RetryBudgetDecision,
+    RoutingDecision,
     Tick,
 )
 from hypothesis import given, settings
@@ -626,9 +627,10 @@ def test_router_lets_exempt_retries_through_a_spent_budget(
         exempt_retries_of=exempt,  # type: ignore[arg-type]
     )
     stamp = PolicyStamp(name="t", version=1, hash="0" * 16, mode="enforce")
-    r.apply([Decision(ts_ms=NOW_MS, tick_id=1, policy=stamp, body=body)], now_s=0.0)
-    assert r.allow_retry("p", "t", "timeout")  # spends the only one
-    assert r.allow_retry("p", "t", failed_as) is allowed_after_spent
+    routed = RoutingDecision(entity="pool/p", pool_id="p", reason="r", weights={"n": 1.0})
+    r.apply([Decision(ts_ms=NOW_MS, tick_id=1, policy=stamp, body=b) for b in (routed, body)], now_s=0.0)
+    assert r.allow_retry("p", "t", "timeout", now_s=1.0)  # spends the only one
+    assert r.allow_retry("p", "t", failed_as, now_s=1.0) is allowed_after_spent
 
 
 def test_ratio_publishes_the_exemptions_unless_turned_off() -> None:

@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 from fleetloop.edges.actuate.haproxy.actuator import BackendMapError, load_backend_map
-from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET, LogParser
+from fleetloop.edges.actuate.haproxy.logs import (
+    HAPROXY_FRONTEND_SNIPPET,
+    HAPROXY_STREAMING_DEFAULTS,
+    LogParser,
+)
 from fleetloop.edges.actuate.haproxy.mapping import (
     UNMAPPED,
     BackendMap,
@@ -245,3 +249,5 @@ def test_readme_lists_every_unmapped_field_and_the_exact_frontend_snippet() -> N
     for name, why in UNMAPPED.items():
         assert f"| `{name}` | {why} |" in readme, name
     assert HAPROXY_FRONTEND_SNIPPET in readme
+    # the streamed-token option sits in the README's defaults block (indented as the block is)
+    assert f"   defaults\n       mode http\n       log global\n   {HAPROXY_STREAMING_DEFAULTS}\n" in readme

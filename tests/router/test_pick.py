@@ -254,8 +254,35 @@ def test_first_call_of_a_task_has_its_own_limits() -> None:
 def test_budget_below_threshold_is_shed() -> None:
     w = World({"p": 1})
     w.apply(routing("p", {"p/0": 1.0}), admission("p", reject_if_budget_below_ms=500))
-    assert w.pick(budget_ms=499) == "shed:p"
-    assert w.pick(budget_ms=500) == "primary:p/0"
+    assert w.pick(1, budget_ms=499) == "shed:p"
+    assert w.pick(1, budget_ms=500) == "primary:p/0"
+
+
+def test_a_call_with_no_deadline_is_never_shed_for_its_budget() -> None:
+    """Budget 0 is "no deadline" (``x-fleetloop-budget-ms`` unset, an embedder that has none): such
+    a call is not shed for a budget it does not have, or every call of such an integration would be."""
+    w = World({"p": 1})
+    w.apply(routing("p", {"p/0": 1.0}), admission("p", reject_if_budget_below_ms=500))
+    assert [w.pick(p, budget_ms=0) for p in (0, 1, 2)] == ["primary:p/0"] * 3
+    assert w.pick(2, budget_ms=1) == "shed:p"
+
+
+def test_protected_classes_are_never_shed_for_their_budget() -> None:
+    """The envelope floors a protected class's queue limits; its budget threshold is not a way
+    around that. The engine names the classes (``budget_protected_priority``); a record without the
+    field, from an older daemon, protects priority 0 as the envelope's default does."""
+    w = World({"p": 1})
+    w.apply(routing("p", {"p/0": 1.0}), admission("p", reject_if_budget_below_ms=500))
+    assert w.pick(0, budget_ms=100) == "primary:p/0"
+    assert w.pick(1, budget_ms=100) == "shed:p"
+    w.apply(admission("p", tick=2, reject_if_budget_below_ms=500, budget_protected_priority=1))
+    assert [w.pick(p, budget_ms=100) for p in (0, 1, 2)] == ["primary:p/0", "primary:p/0", "shed:p"]
+    w.apply(admission("p", tick=3, reject_if_budget_below_ms=500, budget_protected_priority=-1))
+    assert w.pick(0, budget_ms=100) == "shed:p"
+    # the queue limits still shed a protected class
+    w.apply(admission("p", tick=4, reject_if_budget_below_ms=500, max_queue_depth={"0": 2}))
+    w.eps["p/0"].queue_depth = 2
+    assert w.pick(0, budget_ms=100) == "shed:p"
 
 
 def test_fail_static_then_plain_round_robin() -> None:
@@ -352,12 +379,14 @@ def test_least_outstanding_spreads_a_ticks_calls_and_follows_finished_calls() ->
 def test_retry_budget_tenant_first_and_reset_by_each_decision() -> None:
     w = World({"p": 1})
     r = w.router
-    assert r.allow_retry("p", "t")  # no budget published: retries are not limited here
-    w.apply(budget("p", 2), budget("p", 0, tenant="gold"))
-    assert [r.allow_retry("p", "free") for _ in range(3)] == [True, True, False]
-    assert not r.allow_retry("p", "gold")
+    assert r.allow_retry("p", "t", now_s=1.0)  # no budget published: retries are not limited here
+    w.apply(routing("p", {"p/0": 1.0}), budget("p", 2), budget("p", 0, tenant="gold"))
+    assert [r.allow_retry("p", "free", now_s=1.0) for _ in range(3)] == [True, True, False]
+    assert not r.allow_retry("p", "gold", now_s=1.0)
     w.apply(budget("p", 1, tick=2))
-    assert [r.allow_retry("p", "free") for _ in range(2)] == [True, False]
+    assert [r.allow_retry("p", "free", now_s=1.0) for _ in range(2)] == [True, False]
+    # failing static (no routing fresher than the TTL): the held budget is as old, and refuses nothing
+    assert [r.allow_retry("p", "free", now_s=31.0) for _ in range(3)] == [True] * 3
 
 
 def test_apply_reports_what_it_accepted() -> None:

@@ -7,7 +7,13 @@ from typing import Any
 import orjson
 import pytest
 from fleetloop.policies.registry import PolicyError, builtin_policy
-from fleetloop.schemas.decisions import AutoscaleDecision, Decision, PolicyStamp
+from fleetloop.schemas.decisions import (
+    AutoscaleDecision,
+    Decision,
+    PolicyStamp,
+    RetryBudgetDecision,
+    RoutingDecision,
+)
 from fleetloop.sim.fleet import FleetSim
 from fleetloop.sim.runner import EPOCH_MS, run
 from fleetloop.sim.scenario import Scenario, parse_scenario
@@ -295,3 +301,40 @@ def test_a_call_that_never_completes_is_a_miss_for_the_caller_view() -> None:
     assert free["calls"] == s["tasks"]["started"] > 0  # one call per task, whatever its retries
     assert free["calls_ttft_within_slo"] == 0
     assert s["requests"]["retries"] > 0
+
+
+def _budget_gone_at(crash_s: int) -> dict[str, int]:
+    """A control plane publishes a spent retry budget for ``small`` once, at 1 s, then goes away;
+    three of its nodes crash at ``crash_s`` and the clients retry the calls they lost. What the
+    tasks that failed failed of."""
+    d = small_scenario_dict()
+    d["faults"] = [{"at_s": crash_s, "kind": "crash", "pool": "small", "count": 2}]
+    d["workload"] = [d["workload"][1]]
+    d["tenants"] = [{"id": "free", "priority": 2}]
+    d["workload"][0]["output_tokens"] = {"median": 2000, "max": 4000}
+    sim = FleetSim(parse_scenario(d, "budget-gone"), 1, start_ms=EPOCH_MS)
+    sim.advance_to(EPOCH_MS + 1_000)
+    weights = {n.node_id: 1.0 for n in sim.pool_nodes("small")}
+    routing = RoutingDecision(entity="pool/small", reason="t", pool_id="small", weights=weights)
+    spent = RetryBudgetDecision(
+        entity="pool/small", reason="t", pool_id="small", retry_ratio=0.0, min_retries_per_s=0.0,
+        retries_allowed_now=0, exempt_retries_of=(),
+    )  # fmt: skip
+    sim.apply(
+        [
+            Decision(ts_ms=EPOCH_MS + 1_000, tick_id=1, policy=_stamp("enforce"), body=b)
+            for b in (routing, spent)
+        ]
+    )
+    sim.advance_to(EPOCH_MS + (crash_s + 20) * 1_000)
+    return sim.failed_by
+
+
+def test_a_budget_whose_control_plane_went_away_refuses_no_retry() -> None:
+    """The simulator's clients spend the retry budget at event time: once the routing is older than
+    the router's fail-static TTL (30 s), the held budget is as old and refuses nothing (a budget
+    nobody refills would refuse every retry for good)."""
+    fresh = _budget_gone_at(10)
+    assert any(k.startswith("retry_budget:") for k in fresh), fresh  # the budget binds while fresh
+    stale = _budget_gone_at(45)
+    assert not any(k.startswith("retry_budget:") for k in stale), stale

@@ -300,6 +300,21 @@ def test_protected_priorities_never_shed_below_the_floor(
     assert d.body.new_task_max_queue_depth == max_queue_depth
 
 
+@pytest.mark.parametrize("protected", [-1, 0, 2])
+@pytest.mark.parametrize("many", [False, True], ids=["decide", "decide_many"])
+def test_the_engine_names_the_classes_no_budget_threshold_sheds(protected: int, many: bool) -> None:
+    """The envelope's protected classes are never shed for their latency budget: the engine copies
+    ``protected_priority`` into every admission decision, whatever the algorithm proposed."""
+    snap = at([node("a")])
+    pol = policy(admission={"type": "slo-aware"}, envelope={"protected_priority": protected})
+    tick = Tick(ts_ms=snap.now_ms, tick_id=1, pool_id="p")
+    engine = Engine(pol)
+    result = engine.tick_many(snap, [tick])[0] if many else engine.tick(snap, tick)
+    (d,) = of_kind(result, "admission")
+    assert isinstance(d.body, AdmissionDecision)
+    assert d.body.budget_protected_priority == protected
+
+
 def test_thresholds_above_the_floor_are_left_alone() -> None:
     (d,) = of_kind(run(at([node("a")])), "admission")
     assert isinstance(d.body, AdmissionDecision)

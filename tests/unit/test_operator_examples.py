@@ -10,7 +10,7 @@ import shlex
 
 from fleetloop.cli.main import build_parser
 from fleetloop.edges.actuate.haproxy.actuator import load_backend_map
-from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
+from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET, HAPROXY_STREAMING_DEFAULTS
 from fleetloop.sim.scenario import load_scenario
 from tests.support.journey import REPO, readme_lines
 
@@ -32,6 +32,7 @@ def test_every_fleetloop_line_of_the_journey_parses() -> None:
 def test_the_haproxy_config_and_backend_map_agree() -> None:
     cfg = (OPERATOR / "haproxy.cfg").read_text()
     assert HAPROXY_FRONTEND_SNIPPET in cfg
+    assert f"defaults\n    mode http\n{HAPROXY_STREAMING_DEFAULTS}\n" in cfg  # tokens forwarded at once
     servers = dict(re.findall(r"^\s+server (\S+) (127\.0\.0\.1:\d+)", cfg, re.M))
     assert servers == {f"s{i}": f"127.0.0.1:{8100 + i}" for i in range(3)}
     backend_map = load_backend_map(OPERATOR / "backends.yaml")

@@ -21,11 +21,10 @@ from pydantic import TypeAdapter
 
 from fleetloop.core.decide.shaping import (
     cap_ejections,
-    freeze_autoscale,
     hold,
     pool_is_silent,
+    settle_autoscale,
     shape_admission,
-    shape_autoscale,
     shape_routing,
 )
 from fleetloop.policies.base import FleetSnapshot, PolicyContext, PolicyResult
@@ -295,8 +294,11 @@ def _shape_section(batch: _Batch, section: str, sec: Section, results: list[Poli
             shaped = []
             for d in result.decisions:
                 if isinstance(d, AutoscaleDecision):
-                    # Frozen: no move at all (the held target already passed the step limit).
-                    d = freeze_autoscale(d, snap, held.get(d.pool_id)) if silent else shape_autoscale(d, env)
+                    # Frozen (silent), held (unknown) or nothing: settle_autoscale.
+                    settled = settle_autoscale(d, snap, env, held.get(d.pool_id), silent)
+                    if settled is None:
+                        continue
+                    d = settled
                     if mode == "enforce":
                         held[d.pool_id] = d.desired_nodes
                 shaped.append(d)

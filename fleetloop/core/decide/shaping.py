@@ -579,6 +579,7 @@ def shape_admission(d: AdmissionDecision, env: Envelope) -> AdmissionDecision:
             "new_task_max_queue_depth": floor(d.new_task_max_queue_depth),
             "max_outstanding": floor(d.max_outstanding),
             "new_task_max_outstanding": floor(d.new_task_max_outstanding),
+            "budget_protected_priority": protected,
         },
     )
 
@@ -604,15 +605,15 @@ def freeze_autoscale(d: AutoscaleDecision, snap: FleetSnapshot, held: int | None
     frozen = max(base, serving)
     if frozen == d.desired_nodes and not d.drain:
         return d
+    return _overruled(d, frozen, "silent-pool-frozen")
+
+
+def _overruled(d: AutoscaleDecision, desired: int, why: str) -> AutoscaleDecision:
+    """``d`` at ``desired`` nodes, draining none, its proposal kept in its inputs, ``why`` said."""
     inputs = dict(d.inputs)
     inputs["proposed_nodes"] = float(d.desired_nodes)
     return d.model_copy(
-        update={
-            "desired_nodes": frozen,
-            "drain": (),
-            "reason": f"{d.reason}:silent-pool-frozen",
-            "inputs": inputs,
-        }
+        update={"desired_nodes": desired, "drain": (), "reason": f"{d.reason}:{why}", "inputs": inputs}
     )
 
 
@@ -626,3 +627,33 @@ def shape_autoscale(d: AutoscaleDecision, env: Envelope) -> AutoscaleDecision:
     return d.model_copy(
         update={"desired_nodes": desired, "drain": drain, "reason": f"{d.reason}:step-limited"}
     )
+
+
+def settle_autoscale(
+    d: AutoscaleDecision, snap: FleetSnapshot, env: Envelope, held: int | None, silent: bool
+) -> AutoscaleDecision | None:
+    """What the engine lets out of an autoscale proposal for its pool (None: nothing, this tick).
+
+    No telemetry is "unknown", never "no nodes" (a control plane must not shrink a pool its absence
+    would leave alone):
+
+    - a pool with fresh telemetry: the proposal, step-limited (:func:`shape_autoscale`);
+    - a silent pool (:func:`pool_is_silent`): frozen at the target held (:func:`freeze_autoscale`);
+    - a pool no node of which is known (no telemetry row: a new pool, or a scraper not running or
+      down long enough for the model to forget the nodes) while router outcomes show it serving:
+      its size is unknown. The target held is a floor (the proposal may still scale up: demand with
+      no capacity, a pool scaled to zero whose calls are shed), never a ceiling;
+    - either of the last two with no target held and no node known: nothing. Any figure would be a
+      guess at the size of a pool that may be serving (every HPA-style autoscaler proposes 0,
+      ``no-nodes-yet``, and a Kubernetes actuator would scale the running pool away); the actuator
+      keeps what it had, as it would without fleetloop (``control.state`` is compacted: the last
+      target published stays there)."""
+    known = pool_figures(snap).get(d.pool_id) is not None
+    if not known and held is None:
+        return None
+    if silent:
+        return freeze_autoscale(d, snap, held)
+    shaped = shape_autoscale(d, env)
+    if known or held is None or shaped.desired_nodes >= held:
+        return shaped
+    return _overruled(d, held, "no-telemetry-held")

@@ -3,10 +3,18 @@
 A pass that fails with the target's own error (its API unreachable, an answer it cannot parse) is
 counted and logged once per distinct message, and retried on the next period: an actuator never
 stops because its target is briefly away. Any other exception is a bug and propagates.
+
+On a clean exit (the loop stopped: SIGTERM, SIGINT) an actuator restores its target's plain state
+unless told to keep the last one (``--keep-state-on-exit``): what the target is with no fleetloop
+decision held, the rotation rule's fail-static (:mod:`fleetloop.router.state`): every mapped HAProxy
+server ready at the plain weight with no maxconn, every mapped worker listed. A dead actuator must
+not leave servers in maint or workers removed that nothing will ever bring back; each change is
+logged (``restore: ...``), then one line says how many there were.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
@@ -40,6 +48,20 @@ async def reconcile_forever(
         await asyncio.gather(*waits, return_exceptions=True)
 
 
+# How long a clean exit waits for the plain state to be restored: an orchestrator's grace period
+# (Kubernetes: 30 s by default) must still see the process end by itself.
+RESTORE_S = 10.0
+
+
+def keep_state_arg(p: argparse.ArgumentParser, plain: str) -> None:
+    """``--keep-state-on-exit``, which every actuator takes; ``plain`` says what it restores without it."""
+    p.add_argument(
+        "--keep-state-on-exit",
+        action="store_true",
+        help=f"on SIGTERM/SIGINT leave the router as last reconciled (default: restore {plain})",
+    )
+
+
 class Reconciler:
     """Base of an actuator: ``run`` drives its ``reconcile`` pass with :func:`reconcile_forever`.
 
@@ -54,13 +76,18 @@ class Reconciler:
     async def reconcile(self) -> Any:
         raise NotImplementedError
 
+    async def restore(self) -> list[Any]:
+        """One pass to the plain state (the targets of a state that holds no decision); the changes."""
+        raise NotImplementedError
+
     def failed(self, message: str) -> None:
         raise NotImplementedError
 
     def last_error(self) -> str:
         raise NotImplementedError
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, *, restore_on_exit: bool = False) -> None:
+        """Reconcile until ``stop`` is set; then, with ``restore_on_exit``, :meth:`restore` once."""
         await reconcile_forever(
             self.reconcile,
             stop=stop,
@@ -71,3 +98,15 @@ class Reconciler:
             last_error=self.last_error,
             log=self.log,
         )
+        if restore_on_exit:
+            try:
+                done = await asyncio.wait_for(self.restore(), RESTORE_S)
+            except self.target_error as exc:
+                self.log.error("exit: the plain state was not restored: %s", exc)
+                return
+            except TimeoutError:
+                self.log.error("exit: the plain state was not restored within %.0f s", RESTORE_S)
+                return
+            self.log.info("exit: plain state restored (%d change(s))", len(done))
+        else:
+            self.log.info("exit: last state kept (--keep-state-on-exit)")

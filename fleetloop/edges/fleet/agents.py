@@ -15,8 +15,10 @@ and shared prefix.
   the node cannot see: the request runs on as an orphan.
 - ``router_url``: every call goes to that one URL instead (a real router in front of the fleet:
   vllm-router, HAProxy); the agent picks no node, asks no retry budget and publishes no outcome
-  (the router's own log is the outcome source); a prefix's digest leads the message text so a
-  router that hashes prompts (vllm-router ``cache_aware``) can see the shared prefix.
+  (the router's own log is the outcome source); the message is text of the prompt's real size
+  (:func:`fleetloop.edges.fleet.server.prompt_text`), its shared prefix the same text in every
+  call, so a router that hashes prompts (``cache_aware``) sees the prefix as in production and one
+  that drops the client's headers (SGLang's router) still delivers the prompt's size.
 - Connection refused or a 5xx is an ``error``; a router that places the call nowhere, ``shed``.
   Each attempt's outcome goes to ``fleet.requests`` keyed by pool (the last call of a task says
   whether the task succeeded). ``cost_usd`` is 0: a client cannot see GPU cost; fleetloop takes it
@@ -29,7 +31,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -37,7 +39,7 @@ import openai
 from openai import AsyncOpenAI
 
 from fleetloop.edges.fleet.live import LiveFleet
-from fleetloop.edges.fleet.server import HDR_PREFIX, HDR_PREFIX_TOKENS, HDR_PROMPT_TOKENS
+from fleetloop.edges.fleet.server import HDR_PREFIX, HDR_PREFIX_TOKENS, HDR_PROMPT_TOKENS, prompt_text
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.sim.clients import Task, backoff_s, draw_call, new_task, prefix_tokens
 
@@ -59,6 +61,14 @@ class AgentStats:
     shed: int = 0
     retries: int = 0
     ttft_ms: list[float] = field(default_factory=list)
+
+    def add(self, other: AgentStats) -> None:
+        """Count ``other``'s tasks and calls in too (agents split over processes)."""
+        for f in fields(self):
+            if f.name == "ttft_ms":
+                self.ttft_ms.extend(other.ttft_ms)
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def summary(self) -> dict[str, Any]:
         ttft = sorted(self.ttft_ms)
@@ -285,7 +295,9 @@ class Agents:
             retry_at: float | None = None
             if not final and attempt < client.max_retries:
                 t = fleet.t() + backoff_s(self._rng_backoff, client.backoff_s, client.backoff_max_s, attempt)
-                if t < task.deadline_t and fleet.router.allow_retry(pool_id, task.tenant_id):
+                if t < task.deadline_t and fleet.router.allow_retry(
+                    pool_id, task.tenant_id, kind, now_s=fleet.t()
+                ):
                     retry_at = t
             if retry_at is None:
                 self._emit(task, attempt, a, kind, last=True, failed=True)
@@ -339,9 +351,12 @@ class Agents:
             headers[HDR_PREFIX] = task.prefix_digest
             headers[HDR_PREFIX_TOKENS] = str(prefix_tokens(task))
         text = f"{task.task_id} call {task.step}"
-        if self.router_url is not None and task.prefix_digest is not None:
-            # A router that hashes the prompt (vllm-router cache_aware) sees the shared prefix too.
-            text = f"context {task.prefix_digest} {text}"
+        if self.router_url is not None:
+            # Through a router the prompt is text of its real size, its shared prefix the same text
+            # in every call: a router that hashes prompts (cache_aware) matches what it would match
+            # in production, and one that forwards no client header (SGLang's) still delivers the
+            # prompt's size and prefix to the node.
+            text = prompt_text(task.prompt, task.prefix_digest, prefix_tokens(task), text)
         messages: list[Any] = [{"role": "user", "content": text}]
         start = fleet.t()
         deadline_left = max(0.001, task.deadline_t - start)

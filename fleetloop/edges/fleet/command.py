@@ -40,7 +40,7 @@ from rich.table import Table
 from fleetloop import clock, term
 from fleetloop.edges.cli import EdgeUsageError, connection_from, one_line_errors
 from fleetloop.edges.fleet.agents import Agents
-from fleetloop.edges.fleet.live import LiveFleet, _Lag
+from fleetloop.edges.fleet.live import LiveFleet, _Lag, probe_loop_lag
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
 from fleetloop.schemas.decisions import Decision, decision_from_newer
 from fleetloop.schemas.requests import RequestOutcome
@@ -50,7 +50,6 @@ from fleetloop.topic_layout import TopicLayoutError, require_topics
 from fleetloop.user_input import check_seed, output_file
 
 PROGRESS_EVERY_S = 5.0
-LOOP_PROBE_S = 0.05
 
 
 def register(sub: Any) -> None:
@@ -124,17 +123,11 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _probe(lag: _Lag, stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    while not stop.is_set():
-        t = loop.time()
-        await asyncio.sleep(LOOP_PROBE_S)
-        lag.add(loop.time() - t - LOOP_PROBE_S)
-
-
-async def _follow_state(
+async def follow_state(
     fleet: LiveFleet, bootstrap: Bootstrap, topic: str, stop: asyncio.Event, bad: list[int]
 ) -> None:
+    """The worker manager's input: ``control.state`` from its beginning into :meth:`LiveFleet.apply`
+    until ``stop``; a record that does not parse is counted in ``bad[0]``."""
     consumer = AIOKafkaConsumer(**connect(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
@@ -199,13 +192,13 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
                 ) from None
             background.append(
                 asyncio.create_task(
-                    _follow_state(fleet, conn, topic_name(args.topic_prefix, STATE), stop, bad_state)
+                    follow_state(fleet, conn, topic_name(args.topic_prefix, STATE), stop, bad_state)
                 )
             )
             background.append(
                 asyncio.create_task(_send(producer, topic_name(args.topic_prefix, REQUESTS), outbox))
             )
-        background.append(asyncio.create_task(_probe(loop_lag, stop)))
+        background.append(asyncio.create_task(probe_loop_lag(loop_lag, stop)))
         urls = fleet.urls()
         if args.nodes_file:
             _write_atomic(Path(args.nodes_file), urls)

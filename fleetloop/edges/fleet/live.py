@@ -62,6 +62,12 @@ from fleetloop.sim.router import SimRouter, sim_router
 from fleetloop.sim.scenario import Fault, Pool, Scenario
 
 LAG_SAMPLES = 20_000
+# How long closing a node's server waits for calls still in its handlers (aiohttp's default: 60 s a
+# node). A node is closed when it is removed (drained: none left), crashes (its calls fail with it)
+# or the fleet stops, whose engines stop first: a call still waiting then can never finish, and
+# every node holding one (an orphan a client gave up on, a call on a slow node) held the stop for
+# minutes.
+CLOSE_WAIT_S = 1.0
 
 
 @dataclass(slots=True)
@@ -86,6 +92,18 @@ class _Lag:
             "p99_ms": round(float(np.quantile(arr, 0.99)) * 1000.0, 3),
             "max_ms": round(self.worst_s * 1000.0, 3),
         }
+
+
+LOOP_PROBE_S = 0.05
+
+
+async def probe_loop_lag(lag: _Lag, stop: asyncio.Event) -> None:
+    """How late the event loop wakes a 50 ms sleep, into ``lag``, until ``stop``."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        t = loop.time()
+        await asyncio.sleep(LOOP_PROBE_S)
+        lag.add(loop.time() - t - LOOP_PROBE_S)
 
 
 class LiveFleet:
@@ -170,11 +188,21 @@ class LiveFleet:
         if faults:
             self.schedule_faults()
 
-    def schedule_faults(self) -> None:
-        """The scenario's faults at their ``at_s`` counted from now."""
-        now = self.t()
+    def schedule_faults(self, *, at: float | None = None, kinds: Sequence[str] | None = None) -> None:
+        """The scenario's faults at their ``at_s`` counted from ``at`` (fleet time; default now),
+        only those of ``kinds`` when given."""
+        now = self.t() if at is None else at
         for f in self.scenario.faults:
-            self._at(now + f.at_s, self.inject, f)
+            if kinds is None or f.kind in kinds:
+                self._at(now + f.at_s, self.inject, f)
+
+    def start_clock(self, t0: float) -> None:
+        """Share another fleet's clock without serving: ``t0`` is that fleet's start on the event
+        loop's monotonic clock (``CLOCK_MONOTONIC``, the same in every process of the machine). For
+        agents run in a process of their own (:mod:`fleetloop.bench.stack`): they read fleet time
+        and the load spikes' rate factors, scheduled here with ``schedule_faults(kinds=...)``."""
+        self.loop = asyncio.get_running_loop()
+        self.t0 = t0
 
     async def stop(self) -> None:
         self._stopping = True
@@ -246,7 +274,9 @@ class LiveFleet:
 
     async def _listen(self, ln: LiveNode) -> None:
         if ln.runner is None:
-            runner = web.AppRunner(build_app(self, ln), access_log=None, handle_signals=False)
+            runner = web.AppRunner(
+                build_app(self, ln), access_log=None, handle_signals=False, shutdown_timeout=CLOSE_WAIT_S
+            )
             await runner.setup()
             site = web.TCPSite(runner, LOOPBACK, ln.port, reuse_address=True)
             await site.start()
@@ -418,6 +448,20 @@ class LiveFleet:
 
     def lag_report(self) -> dict[str, float | int | None]:
         return self.lag.report()
+
+    def cost_usd(self, start: float, end: float) -> float:
+        """What every node ever provisioned cost within ``[start, end]`` (fleet time), billed as the
+        simulator bills (:meth:`fleetloop.sim.node.Node.billed_s`)."""
+        return sum(ln.node.billed_s(end, start) * ln.node.spec.usd_per_s for ln in self.live.values())
+
+    def counts(self) -> dict[str, int]:
+        """Nodes now: provisioned (billed: booting, serving or draining) and serving."""
+        billed = sum(1 for ln in self.live.values() if ln.node.alive)
+        return {"provisioned": billed, "serving": sum(1 for ln in self.live.values() if ln.serving)}
+
+    def serving_urls(self) -> dict[str, str]:
+        """The nodes a ready-endpoint list would hold now (serving: warm, listening, not draining)."""
+        return {nid: ln.url for nid, ln in sorted(self.live.items()) if ln.serving and ln.runner is not None}
 
     def node_table(self) -> list[dict[str, Any]]:
         return [

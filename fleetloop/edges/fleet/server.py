@@ -5,9 +5,12 @@
   sends one a token; fewer chunks keep the emulated clients' parsing cheap), a chunk with
   ``finish_reason``, the usage chunk when ``stream_options.include_usage`` is set, ``[DONE]``) and
   not. The prompt's size is the ``X-Fleetloop-Prompt-Tokens`` header when a client sends it (the
-  emulated fleet's agents do, to avoid shipping 100k tokens of text), else ~4 characters a token;
+  emulated fleet's agents do, to avoid shipping 100k tokens of text to a node they call directly),
+  else 4 characters a token;
   the engine generates ``max_tokens`` (finish reason ``length``). ``X-Fleetloop-Prefix`` and
-  ``X-Fleetloop-Prefix-Tokens`` name a shared prompt prefix (the prefix cache's key).
+  ``X-Fleetloop-Prefix-Tokens`` name a shared prompt prefix (the prefix cache's key); without
+  them, a prompt made by :func:`prompt_text` names its prefix in its text (through a router that
+  forwards no client header).
 - A streaming client that disconnects aborts its request (the engine stops spending on it, as vLLM
   does); a non-streaming one cannot be seen leaving, so its request runs on as an orphan.
 - ``GET /v1/models``, ``GET /health`` (200 when serving, 503 while loading or draining),
@@ -41,6 +44,12 @@ TOKEN_TEXT = " tok"  # noqa: S105 - the text of one generated token, not a secre
 HDR_PROMPT_TOKENS = "X-Fleetloop-Prompt-Tokens"
 HDR_PREFIX = "X-Fleetloop-Prefix"
 HDR_PREFIX_TOKENS = "X-Fleetloop-Prefix-Tokens"
+# A prompt sent as text of its real size (four characters a token) names its shared prefix in the
+# text itself, for a router that forwards no client header (SGLang's router): the prefix's digest
+# at the start, then the shared part, identical in every call that shares it, then the end mark.
+PREFIX_OPEN = "[fleetloop-prefix "
+PREFIX_CLOSE = "[/fleetloop-prefix]"
+CHARS_PER_TOKEN = 4
 _ids = itertools.count(1)
 
 FLEET_KEY = web.AppKey("fleet", object)
@@ -163,10 +172,13 @@ async def _complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or MAX_TOKENS_DEFAULT
     if not isinstance(max_tokens, int) or max_tokens < 1:
         return _error(400, "max_tokens must be a positive integer", "BadRequestError")
-    prompt = _int_header(request, HDR_PROMPT_TOKENS) or max(1, len(text) // 4)
+    prompt = _int_header(request, HDR_PROMPT_TOKENS) or max(1, len(text) // CHARS_PER_TOKEN)
     prompt = min(max(1, prompt), MAX_PROMPT_TOKENS)
     digest = request.headers.get(HDR_PREFIX) or None
-    prefix_tokens = max(0, min(prompt - 1, _int_header(request, HDR_PREFIX_TOKENS) or 0)) if digest else 0
+    shared = _int_header(request, HDR_PREFIX_TOKENS) or 0
+    if digest is None:
+        digest, shared = prefix_in_text(text)
+    prefix_tokens = max(0, min(prompt - 1, shared)) if digest else 0
     loop = asyncio.get_running_loop()
     pending = Pending(loop.create_future(), loop.create_future(), ln.metrics)
     req = Req(next(_ids), prompt, max_tokens, digest, prefix_tokens, owner=pending)
@@ -181,6 +193,33 @@ async def _complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
     finally:
         ln.inflight -= 1
         fleet.maybe_retire(ln)
+
+
+def prompt_text(tokens: int, digest: str | None, shared_tokens: int, tail: str) -> str:
+    """A prompt of ``tokens`` tokens as text (four characters a token): with ``digest``, its first
+    ``shared_tokens`` tokens are the shared prefix, marked (:func:`prefix_in_text` reads it) and the
+    same text in every call that shares it (a router that hashes prompts sees the prefix it would
+    see in production); then ``tail`` (what makes the call its own) and filler."""
+    want = max(1, tokens) * CHARS_PER_TOKEN
+    head = ""
+    if digest is not None and shared_tokens > 0:
+        opening = f"{PREFIX_OPEN}{digest}] "
+        body_len = max(0, shared_tokens * CHARS_PER_TOKEN - len(opening))
+        unit = f"{digest} "
+        head = opening + (unit * (body_len // len(unit) + 1))[:body_len] + PREFIX_CLOSE
+    text = f"{head} {tail} "
+    return text + "x" * max(0, want - len(text))
+
+
+def prefix_in_text(text: str) -> tuple[str | None, int]:
+    """(digest, shared tokens) of a prompt :func:`prompt_text` made; (None, 0) for any other."""
+    if not text.startswith(PREFIX_OPEN):
+        return None, 0
+    close = text.find("]", len(PREFIX_OPEN))
+    end = text.find(PREFIX_CLOSE)
+    if close < 0 or end < 0:
+        return None, 0
+    return text[len(PREFIX_OPEN) : close] or None, end // CHARS_PER_TOKEN
 
 
 def _prompt_text(body: dict[str, Any], *, chat: bool) -> str | None:
@@ -274,7 +313,10 @@ async def _stream(
     sent = 0
     try:
         while not pending.first.done() and not pending.done.done():
-            await asyncio.wait((pending.first, pending.done), timeout=POLL_S)
+            # FIRST_COMPLETED: the first token goes out when the engine makes it, not at the poll
+            await asyncio.wait(
+                (pending.first, pending.done), timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED
+            )
             if _gone(request):
                 fleet.abort(ln, req)
                 return resp

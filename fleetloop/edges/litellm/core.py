@@ -38,7 +38,6 @@ from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import Outcome, RequestOutcome
 
 PENDING_MAX_S = 900.0  # a call with no result after this long (a client that went away) is forgotten
-NO_BUDGET_MS = 1e12  # a call that names no latency budget is not shed for one
 
 
 @dataclass(slots=True)
@@ -124,10 +123,9 @@ class LiteLLMRouting:
         self._learn(model_group, places)
         self._restrict(places)
         call = call_of(request, call_id=call_id, default_priority=self.default_priority)
-        budget = call.latency_budget_ms if call.latency_budget_ms > 0 else NO_BUDGET_MS
-        route = self.router.pick(
+        route = self.router.pick(  # budget 0: no deadline, never shed for one (router.pick.budget_rejects)
             (model_group,), call.priority, call.prefix_digest, new_task=call.step_index == 0,
-            budget_ms=budget, now_s=now_s, prompt_tokens=call.prompt_tokens,
+            budget_ms=call.latency_budget_ms, now_s=now_s, prompt_tokens=call.prompt_tokens,
         )  # fmt: skip
         retrying = call.attempt > 0 or call_id in self._placed
         self._placed.pop(call_id, None)

@@ -280,7 +280,7 @@ class SloAware:
 
 _ADMISSION_FIELDS = (
     "entity", "reason", "inputs", "kind", "pool_id", "max_queue_depth", "new_task_max_queue_depth",
-    "reject_if_budget_below_ms", "max_outstanding", "new_task_max_outstanding",
+    "reject_if_budget_below_ms", "max_outstanding", "new_task_max_outstanding", "budget_protected_priority",
 )  # fmt: skip
 assert (
     tuple(AdmissionDecision.model_fields) == _ADMISSION_FIELDS
@@ -327,6 +327,7 @@ def _admission_decision(  # noqa: PLR0917 - the decision's fields
             "reject_if_budget_below_ms": reject_ms,
             "max_outstanding": {},
             "new_task_max_outstanding": new_task_outstanding,
+            "budget_protected_priority": 0,
         }
         return assemble(AdmissionDecision, values, set(_ADMISSION_GIVEN))
     return AdmissionDecision(

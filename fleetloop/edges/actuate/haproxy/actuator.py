@@ -128,7 +128,15 @@ class HaproxyActuator(Reconciler):
 
     async def reconcile(self) -> list[tuple[Change, str]]:
         """One pass; returns the changes made, each tagged ``apply`` or ``drift``."""
-        want = targets(self.state, self.bmap, self.now(), self.fail_static_s)
+        return await self._pass(self.state, restoring=False)
+
+    async def restore(self) -> list[tuple[Change, str]]:
+        """Every mapped server ready at the plain weight, no maxconn: the targets of a state that
+        holds no decision (fail-static), whatever is held. Each change is tagged ``restore``."""
+        return await self._pass(DesiredState(), restoring=True)
+
+    async def _pass(self, state: DesiredState, *, restoring: bool) -> list[tuple[Change, str]]:
+        want = targets(state, self.bmap, self.now(), self.fail_static_s)
         seen = await self.observe()
         changes, missing = plan(want, seen)
         for slot in missing:
@@ -144,7 +152,10 @@ class HaproxyActuator(Reconciler):
                 log.warning("HAProxy answered: %s", " | ".join(problems)[:500])
             for c in changes:
                 kind = "drift" if self._asserted.get(c.slot) == want[c.slot] else "apply"
-                if kind == "drift":
+                if restoring:
+                    kind = "restore"
+                    log.info("restore: %s %s %s -> %s", c.slot.name, c.field, c.was, c.want)
+                elif kind == "drift":
                     self.stats.drift += 1
                     log.warning(
                         "drift: %s %s was %s (want %s, %s); re-asserted",

@@ -1,12 +1,15 @@
 """``fleetloop actuate haproxy``: apply control.state to HAProxy through its runtime API.
 
 ``fleetloop actuate haproxy --runtime-api ADDR --backend-map FILE --bootstrap-servers HOST:PORT
-[--log-listen 127.0.0.1:PORT] [--period-s 0.5] [--fail-static-s 30] [--once] [--json]``
+[--log-listen 127.0.0.1:PORT] [--period-s 0.5] [--fail-static-s 30] [--keep-state-on-exit] [--once]
+[--json]``
 
 It follows ``control.state``, keeps every declared HAProxy server at its target (weights, maint,
 drain, maxconn; see mapping.py for the table and what is not mapped), re-asserts it when HAProxy
 drifts, and, with ``--log-listen``, turns HAProxy's request log into RequestOutcomes on
 ``fleet.requests``. ``--once`` reconciles once after catching up and exits (``--json``: what it did).
+On SIGTERM or SIGINT it puts every mapped server back ready at the plain weight with no maxconn
+(what HAProxy is without fleetloop), logging each change, unless ``--keep-state-on-exit``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from fleetloop.edges.actuate.haproxy.actuator import BackendMapError, HaproxyAct
 from fleetloop.edges.actuate.haproxy.logs import LogParser, listen_udp
 from fleetloop.edges.actuate.haproxy.mapping import BackendMap
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi, RuntimeApiError, parse_address
+from fleetloop.edges.actuate.loop import keep_state_arg
 from fleetloop.edges.cli import EdgeUsageError as UsageError
 from fleetloop.edges.cli import connection_from, one_line_errors, start_following
 from fleetloop.kafka_security import bootstrap_arg
@@ -47,6 +51,7 @@ def register(act_sub: Any) -> None:
     p.add_argument("--log-listen", metavar="HOST:PORT", help="receive HAProxy's log (syslog over UDP) here")
     p.add_argument("--period-s", type=float, default=0.5, help="reconcile period (default 0.5, 0.05-60)")
     p.add_argument("--fail-static-s", type=float, default=30.0, help="keep the last state this long (30)")
+    keep_state_arg(p, "every mapped server ready at equal weight, no maxconn")
     p.add_argument("--default-priority", type=int, default=1, help="priority of calls without the header")
     p.add_argument("--once", action="store_true", help="catch up, reconcile once, exit")
     p.add_argument("--json", action="store_true", help="with --once: print one JSON object")
@@ -175,7 +180,7 @@ async def _main(args: argparse.Namespace, bmap: BackendMap, listen: tuple[str, i
             args.period_s,
         )
         reporter = asyncio.create_task(_report(parser, publisher, lag_ms, stop))
-        await act.run(stop)
+        await act.run(stop, restore_on_exit=not args.keep_state_on_exit)
         await reporter
         return 0
     finally:

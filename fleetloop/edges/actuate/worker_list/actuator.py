@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from fleetloop.edges.actuate.loop import Reconciler
+from fleetloop.edges.actuate.loop import Reconciler, keep_state_arg
 from fleetloop.edges.actuate.worker_list.mapping import (
     WorkerMap,
     WorkerMapError,
@@ -109,7 +109,15 @@ class WorkerListActuator(Reconciler):
 
     async def reconcile(self) -> list[tuple[str, str, str, str]]:
         """One pass; returns (action, url, why, apply|drift) for each change made."""
-        want = desired_workers(self.state, self.wmap, self.now(), self.fail_static_s)
+        return await self._pass(self.state, restoring=False)
+
+    async def restore(self) -> list[tuple[str, str, str, str]]:
+        """Every mapped worker listed: the membership of a state that holds no decision
+        (fail-static), whatever is held. Each change is tagged ``restore``."""
+        return await self._pass(DesiredState(), restoring=True)
+
+    async def _pass(self, state: DesiredState, *, restoring: bool) -> list[tuple[str, str, str, str]]:
+        want = desired_workers(state, self.wmap, self.now(), self.fail_static_s)
         present = await self.api.list_workers()
         steps = sorted(plan(want, present), key=lambda s: s[0] != "add")  # adds first
         done = []
@@ -121,7 +129,10 @@ class WorkerListActuator(Reconciler):
             else:
                 await self.api.remove_worker(url)
                 self.stats.removed += 1
-            if kind == "drift":
+            if restoring:
+                kind = "restore"
+                self.log.info("restore: %s %s", action, url)
+            elif kind == "drift":
                 self.stats.drift += 1
                 self.log.warning(
                     "drift: %s was %s (want %s, %s); re-asserted",
@@ -172,6 +183,7 @@ def add_arguments(p: argparse.ArgumentParser, router: str) -> None:
     bootstrap_arg(p, required=True)
     p.add_argument("--period-s", type=float, default=0.5, help="reconcile period (default 0.5, 0.05-60)")
     p.add_argument("--fail-static-s", type=float, default=30.0, help="keep the last state this long (30)")
+    keep_state_arg(p, "every mapped worker listed")
 
 
 def checked(args: argparse.Namespace) -> WorkerMap:
@@ -223,7 +235,7 @@ async def run(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         act.log.info("following control.state; reconciling %s every %.2f s", args.url, args.period_s)
-        await act.run(stop)
+        await act.run(stop, restore_on_exit=not args.keep_state_on_exit)
         return 0
     finally:
         with contextlib.suppress(Exception):
