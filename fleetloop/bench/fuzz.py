@@ -40,6 +40,7 @@ from rich.table import Table
 from fleetloop import clock, term
 from fleetloop.bench.live import (
     BrokerInfo,
+    RunningDaemon,
     drop_topics,
     fresh_prefix,
     outcome_bytes,
@@ -51,7 +52,7 @@ from fleetloop.bench.live import (
 )
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.daemon.observe.decode import Door
-from fleetloop.daemon.runtime import DaemonConfig
+from fleetloop.daemon.runtime import Daemon, DaemonConfig
 from fleetloop.kafka_security import bootstrap_arg
 from fleetloop.policies.registry import CompiledPolicy, builtin_policy
 from fleetloop.schemas.decisions import Decision
@@ -264,6 +265,27 @@ async def _send_all(
             )
 
 
+class _Seen:
+    """The real pools' decisions as the daemon publishes them: each one's canonical bytes by (tick,
+    key), and which (pool, tick) have been decided."""
+
+    def __init__(self, pools: Sequence[str]) -> None:
+        self.pools = pools
+        self.decided: dict[tuple[int, str], bytes] = {}
+        self.ticks_done: set[tuple[str, int]] = set()
+
+    def record(self, ds: Sequence[Decision]) -> None:
+        for d in ds:
+            pool = getattr(d.body, "pool_id", "")
+            if pool in self.pools:
+                self.decided[(d.tick_id, d.key)] = _canonical(d)
+                self.ticks_done.add((pool, d.tick_id))
+
+    def missed(self, k: int) -> int:
+        """The real pools whose tick ``k`` has not been decided."""
+        return sum(1 for p in self.pools if (p, k) not in self.ticks_done)
+
+
 async def one_run(
     args: argparse.Namespace,
     info: BrokerInfo,
@@ -274,17 +296,7 @@ async def one_run(
     label: str,
 ) -> dict[str, Any]:
     prefix, idempotent = await fresh_prefix(info, "fuzz")
-    pools = _real_pools(args.pools)
-    decided: dict[tuple[int, str], bytes] = {}
-    ticks_done: set[tuple[str, int]] = set()
-
-    def on_decisions(ds: Sequence[Decision]) -> None:
-        for d in ds:
-            pool = getattr(d.body, "pool_id", "")
-            if pool in pools:
-                decided[(d.tick_id, d.key)] = _canonical(d)
-                ticks_done.add((pool, d.tick_id))
-
+    seen = _Seen(_real_pools(args.pools))
     config = DaemonConfig(
         bootstrap_servers=info.bootstrap_servers,
         policy=policy,
@@ -299,60 +311,100 @@ async def one_run(
     )
     rss_before = rss_mib()
     start_s = clock.monotonic_s()
-    missed = 0
     try:
         await producer.start()
-        async with running_daemon(config, on_decisions) as running:
-            chunks = [list(garbage[i :: args.ticks]) for i in range(args.ticks)]
-            sent_policies = [h for h in garbage if h.logical == POLICY]
-            for k in range(1, args.ticks + 1):
-                chunk = [(h.logical, h.key, h.value) for h in chunks[k - 1] if h.logical != POLICY]
-                if k == 2 and sent_policies:
-                    chunk += [(h.logical, h.key, h.value) for h in sent_policies]
-                await _send_all(producer, prefix, chunk + real_records(pools, args.nodes, k, t0))
-                ticks = [
-                    (
-                        TICKS,
-                        p.encode(),
-                        orjson.dumps({"ts_ms": t0 + k * 1000 + 500, "tick_id": k, "pool_id": p}),
-                    )
-                    for p in pools
-                ]
-                await _send_all(producer, prefix, ticks)
-                waited_s = clock.monotonic_s()
-                while not all((p, k) in ticks_done for p in pools) and running.crashed is None:
-                    await asyncio.sleep(0.02)
-                    if clock.monotonic_s() - waited_s > 60:
-                        progress(f"  {label}: tick {k} not decided for every pool within 60 s")
-                        break
-                missed += sum(1 for p in pools if (p, k) not in ticks_done)
-                if running.crashed is not None:
-                    missed += len(pools) * (args.ticks - k)
-                    break
-                if k % 5 == 0 or k == args.ticks:
-                    s = running.daemon.stats
-                    progress(
-                        f"  {label}: tick {k}/{args.ticks}  records in {s.events_in:,}  "
-                        f"dead letters {s.dead_letters:,}  RSS {rss_mib():.0f} MiB"
-                    )
+        async with running_daemon(config, seen.record) as running:
+            missed = await _tick_by_tick(
+                args, producer, prefix, running, seen=seen, t0=t0, garbage=garbage, label=label
+            )
             daemon = running.daemon
             # Let the policy follower see the forged policies before reading its counters.
-            if sent_policies:
-                async with asyncio.timeout(30):
-                    while daemon.stats.policies_refused < len(sent_policies) and running.crashed is None:
-                        await asyncio.sleep(0.05)
+            await _policies_refused(running, sum(1 for h in garbage if h.logical == POLICY))
             crashed = running.crashed
     finally:
         await producer.stop()
     elapsed = clock.monotonic_s() - start_s
-    stats = daemon.stats
-    models = [shard.model for shard in daemon.shards.values()]
     result = {
         "prefix": prefix,
         "seconds": round(elapsed, 1),
         "crashed": f"{type(crashed).__name__}: {crashed}" if crashed is not None else None,
-        "ticks_expected": args.ticks * len(pools),
+        "ticks_expected": args.ticks * len(seen.pools),
         "ticks_missed": missed,
+        **_daemon_figures(daemon),
+        "rss_mib": {"before": round(rss_before, 1), "after": round(rss_mib(), 1)},
+        "decisions": seen.decided,
+    }
+    await drop_topics(info, prefix)
+    return result
+
+
+async def _tick_by_tick(
+    args: argparse.Namespace,
+    producer: AIOKafkaProducer,
+    prefix: str,
+    running: RunningDaemon,
+    *,
+    seen: _Seen,
+    t0: int,
+    garbage: Sequence[Hostile],
+    label: str,
+) -> int:
+    """``args.ticks`` ticks: each sends its share of the garbage (the forged policies all at tick 2)
+    and the real fleet's records, then the real pools' ticks, and waits until every real pool has
+    decided it (at most 60 s). The ticks missed (every one left when the daemon crashed)."""
+    pools = seen.pools
+    chunks = [list(garbage[i :: args.ticks]) for i in range(args.ticks)]
+    sent_policies = [h for h in garbage if h.logical == POLICY]
+    missed = 0
+    for k in range(1, args.ticks + 1):
+        chunk = [(h.logical, h.key, h.value) for h in chunks[k - 1] if h.logical != POLICY]
+        if k == 2 and sent_policies:
+            chunk += [(h.logical, h.key, h.value) for h in sent_policies]
+        await _send_all(producer, prefix, chunk + real_records(pools, args.nodes, k, t0))
+        ticks = [
+            (TICKS, p.encode(), orjson.dumps({"ts_ms": t0 + k * 1000 + 500, "tick_id": k, "pool_id": p}))
+            for p in pools
+        ]
+        await _send_all(producer, prefix, ticks)
+        await _until_decided(running, seen, k, label)
+        missed += seen.missed(k)
+        if running.crashed is not None:
+            missed += len(pools) * (args.ticks - k)
+            break
+        if k % 5 == 0 or k == args.ticks:
+            s = running.daemon.stats
+            progress(
+                f"  {label}: tick {k}/{args.ticks}  records in {s.events_in:,}  "
+                f"dead letters {s.dead_letters:,}  RSS {rss_mib():.0f} MiB"
+            )
+    return missed
+
+
+async def _until_decided(running: RunningDaemon, seen: _Seen, k: int, label: str) -> None:
+    """Until every real pool has decided tick ``k``, the daemon crashed, or 60 s passed (said)."""
+    waited_s = clock.monotonic_s()
+    while seen.missed(k) and running.crashed is None:
+        await asyncio.sleep(0.02)
+        if clock.monotonic_s() - waited_s > 60:
+            progress(f"  {label}: tick {k} not decided for every pool within 60 s")
+            break
+
+
+async def _policies_refused(running: RunningDaemon, forged: int) -> None:
+    """Until the policy follower has refused ``forged`` documents (or the daemon crashed); at most
+    30 s (TimeoutError)."""
+    if forged:
+        async with asyncio.timeout(30):
+            while running.daemon.stats.policies_refused < forged and running.crashed is None:
+                await asyncio.sleep(0.05)
+
+
+def _daemon_figures(daemon: Daemon) -> dict[str, Any]:
+    """The daemon's counters after a run, and its models' sizes, refusals and evictions summed over
+    its shards (one model per input partition)."""
+    stats = daemon.stats
+    models = [shard.model for shard in daemon.shards.values()]
+    return {
         "ticks_forced": stats.ticks_forced,
         "ticks_failed": stats.ticks_failed,
         "fold_errors": sum(shard.fold_errors for shard in daemon.shards.values()),
@@ -372,11 +424,7 @@ async def one_run(
             if models
             else {},
         },
-        "rss_mib": {"before": round(rss_before, 1), "after": round(rss_mib(), 1)},
-        "decisions": decided,
     }
-    await drop_topics(info, prefix)
-    return result
 
 
 async def fuzz(args: argparse.Namespace, info: BrokerInfo) -> dict[str, Any]:

@@ -40,8 +40,25 @@ from fleetloop.topic_layout import require_topics
 
 def register(sub: Any) -> None:
     """``run`` and the ``policy`` group."""
+    _register_run(sub)
+    _register_policy(sub)
+
+
+def _register_run(sub: Any) -> None:
+    """``run``, its flags in the order ``--help`` lists them."""
     run = sub.add_parser("run", help="run the daemon (the sidecar control loop)")
     bootstrap_arg(run, required=True)
+    _role_args(run)
+    _pacing_args(run)
+    _http_args(run)
+    _door_args(run)
+    log_args(run)
+    run.set_defaults(handler=cmd_run)
+
+
+def _role_args(run: argparse.ArgumentParser) -> None:
+    """What this instance is: its policy, its group, whether it ticks, how it produces, and whether it
+    creates the topics."""
     run.add_argument(
         "--policy", metavar="FILE", help="initial policy document (default: the built-in default)"
     )
@@ -61,6 +78,11 @@ def register(sub: Any) -> None:
         help="create any missing topic of the registry first (existing ones are checked either way: "
         "exit 2 naming a topic with the wrong partition count or cleanup policy)",
     )
+
+
+def _pacing_args(run: argparse.ArgumentParser) -> None:
+    """How much work the loop takes on, how often it checkpoints, how long a silent member keeps its
+    partitions, and how long to wait for missing topics."""
     run.add_argument(
         "--overload-max-ticks",
         type=int,
@@ -109,6 +131,10 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="wait up to this long for missing topics (default 0: exit 2 at once naming them)",
     )
+
+
+def _http_args(run: argparse.ArgumentParser) -> None:
+    """The optional HTTP face: health, metrics and the live page."""
     run.add_argument(
         "--http-port",
         type=int,
@@ -121,6 +147,10 @@ def register(sub: Any) -> None:
         metavar="HOST",
         help="address the HTTP server binds (default 127.0.0.1: loopback only)",
     )
+
+
+def _door_args(run: argparse.ArgumentParser) -> None:
+    """Which input records the door lets in."""
     run.add_argument(
         "--event-time-window",
         default="600,30",
@@ -135,11 +165,19 @@ def register(sub: Any) -> None:
         metavar="N",
         help=f"refuse input records larger than this (default {Door().max_record_bytes})",
     )
-    log_args(run)
-    run.set_defaults(handler=cmd_run)
 
+
+def _register_policy(sub: Any) -> None:
+    """The ``policy`` group: validate, the lifecycle commands, compare, diff (in that order)."""
     pol = sub.add_parser("policy", help="validate, apply, diff, roll back policy documents; status")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True, parser_class=type(pol))
+    _add_validate(pol_sub)
+    lifecycle.register(pol_sub)
+    compare_command.register(pol_sub)
+    _add_diff(pol_sub)
+
+
+def _add_validate(pol_sub: Any) -> None:
     v = pol_sub.add_parser(
         "validate",
         help="check documents; exit 2 naming the first problem of each bad one",
@@ -150,8 +188,9 @@ def register(sub: Any) -> None:
     v.add_argument("files", nargs="+", metavar="FILE", help="a policy document (YAML); several may be given")
     v.add_argument("--json", action="store_true", help="print one JSON object: per-file results and counts")
     v.set_defaults(handler=cmd_policy_validate)
-    lifecycle.register(pol_sub)
-    compare_command.register(pol_sub)
+
+
+def _add_diff(pol_sub: Any) -> None:
     d = pol_sub.add_parser(
         "diff",
         help="what changes between two documents (exit 1 when they differ)",

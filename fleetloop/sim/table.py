@@ -46,6 +46,7 @@ from fleetloop.sim.scenario import ScenarioError, load_scenario
 from fleetloop.sim.suite import (
     BASELINES,
     SUITES,
+    Job,
     latency_summary,
     progress_line,
     reuse_rows,
@@ -312,7 +313,7 @@ def ablation_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m fleetloop.sim.table", description=__doc__.splitlines()[0])
     ap.add_argument(
         "--scenarios", default="scenarios", help="directory of scenario files (default: scenarios)"
@@ -353,7 +354,28 @@ def main(argv: list[str] | None = None) -> int:
         help="with --reuse: whose rows may be reused (default: the baselines, which do not read the "
         "default policy); add default only for rows of the same commit",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _csv(value: str) -> list[str]:
+    """A comma-separated flag's items, blanks dropped."""
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+def _reuse(args: argparse.Namespace, jobs: list[Job]) -> tuple[list[Job], list[dict[str, Any]], list[str]]:
+    """``--reuse``: (jobs still to run, rows taken from the earlier files, those files). OSError or
+    ValueError for a file that cannot be read or is not a suite or table JSON."""
+    sources = _csv(args.reuse)
+    if not sources:
+        return jobs, [], sources
+    jobs, reused = reuse_rows(jobs, [Path(x) for x in sources], _csv(args.reuse_policies))
+    return jobs, reused, sources
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The side-by-side table (``--suite``: :func:`main_suite`): plan the runs, take what ``--reuse``
+    offers, run the rest, write and print the table."""
+    args = _parser().parse_args(argv)
     if args.suite:
         return main_suite(args)
     files = sorted(Path(args.scenarios).glob("*.yaml"))
@@ -366,56 +388,70 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as exc:
         sys.stderr.write(f"{exc}\n")
         return 2
-    jobs: list[tuple[str, str, str, int]] = [
-        (str(f), label, spec, seeds[str(f)]) for f in files for label, spec in policies
-    ]
+    jobs: list[Job] = [(str(f), label, spec, seeds[str(f)]) for f in files for label, spec in policies]
     if args.ablation:
         jobs += [
             (str(f), f"no-{section}", f"ablate:{section}", seeds[str(f)])
             for f in files
             for section in LEVER_OFF
         ]
-    reused: list[dict[str, Any]] = []
-    sources = [x.strip() for x in args.reuse.split(",") if x.strip()]
-    if sources:  # rows of the scenario's own seed from earlier suite or table runs of this commit
-        try:
-            reusable = [x.strip() for x in args.reuse_policies.split(",") if x.strip()]
-            jobs, reused = reuse_rows(jobs, [Path(x) for x in sources], reusable)
-        except (OSError, ValueError) as exc:
-            sys.stderr.write(f"--reuse: {exc}\n")
-            return 2
+    # Rows of the scenario's own seed from earlier suite or table runs of this commit.
+    try:
+        jobs, reused, sources = _reuse(args, jobs)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"--reuse: {exc}\n")
+        return 2
+    if sources:
         sys.stderr.write(f"reused {len(reused)} rows; {len(jobs)} runs to go\n")
     # One line per finished run on stderr (the table with --ablation is ~80 runs, minutes long).
     all_rows = reused + run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
-    order = [label for label, _ in policies] + [f"no-{section}" for section in LEVER_OFF]
+    labels = [label for label, _ in policies]
+    order = labels + [f"no-{section}" for section in LEVER_OFF]
     all_rows.sort(key=lambda r: (r["scenario"], order.index(r["policy"])))
-    labels = {label for label, _ in policies}
-    rows = [r for r in all_rows if r["policy"] in labels]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    md = markdown(rows) + targets(rows)[0] + against_modern(rows)
-    if args.ablation:
-        ab = ablation_markdown(all_rows)
-        (out / "sim-ablation.md").write_text(ab)
-        md += "\n" + ab
-    if reused:
-        md += (
-            f"\n{len(reused)} rows were reused from earlier runs of the same code "
-            f"(`--reuse {','.join(sources)}`: same scenario files, each scenario's own seed).\n"
-        )
-    (out / "sim-table.md").write_text(md)
-    payload = {
-        "policies": [label for label, _ in policies],
-        "rows": all_rows,
-        "targets_met": targets(rows)[1],
-        "reused_from": sources if reused else [],
-    }
-    (out / "sim-table.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
+    md, payload = _write_table(
+        Path(args.out), labels, all_rows, ablation=args.ablation, reused=len(reused), sources=sources
+    )
     if args.json:
         sys.stdout.write(orjson.dumps(payload).decode() + "\n")
     else:
         sys.stdout.write(md)
     return 0
+
+
+def _write_table(
+    out: Path,
+    labels: list[str],
+    all_rows: list[dict[str, Any]],
+    *,
+    ablation: bool,
+    reused: int,
+    sources: list[str],
+) -> tuple[str, dict[str, Any]]:
+    """Write ``sim-table.md`` and ``.json`` to ``out`` (and ``sim-ablation.md`` with ``--ablation``):
+    the table of the ``labels`` policies' rows, its targets, default against modern, and whether
+    ``reused`` of the rows came from the ``--reuse`` files ``sources``. (The markdown, the JSON.)"""
+    shown = set(labels)
+    rows = [r for r in all_rows if r["policy"] in shown]
+    out.mkdir(parents=True, exist_ok=True)
+    md = markdown(rows) + targets(rows)[0] + against_modern(rows)
+    if ablation:
+        ab = ablation_markdown(all_rows)
+        (out / "sim-ablation.md").write_text(ab)
+        md += "\n" + ab
+    if reused:
+        md += (
+            f"\n{reused} rows were reused from earlier runs of the same code "
+            f"(`--reuse {','.join(sources)}`: same scenario files, each scenario's own seed).\n"
+        )
+    (out / "sim-table.md").write_text(md)
+    payload = {
+        "policies": labels,
+        "rows": all_rows,
+        "targets_met": targets(rows)[1],
+        "reused_from": sources if reused else [],
+    }
+    (out / "sim-table.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
+    return md, payload
 
 
 def suite_against_modern(rows: list[dict[str, Any]]) -> str:
@@ -451,12 +487,12 @@ def main_suite(args: argparse.Namespace) -> int:
         return 2
     files = suite_files(args.suite)
     if args.only:
-        keep = {x.strip() for x in args.only.split(",") if x.strip()}
+        keep = set(_csv(args.only))
         files = [f for f in files if f.stem in keep]
     if not files:
         sys.stderr.write(f"no scenario files in suite {args.suite!r}\n")
         return 2
-    wanted = {x.strip() for x in args.policies.split(",") if x.strip()}
+    wanted = set(_csv(args.policies))
     known = ("none", *BASELINES, "default")
     if not wanted <= set(known):
         sys.stderr.write(f"--policies: unknown {sorted(wanted - set(known))} (known: {', '.join(known)})\n")
@@ -469,7 +505,7 @@ def main_suite(args: argparse.Namespace) -> int:
         )
         if label in wanted
     ]
-    levers = [x.strip() for x in args.levers.split(",") if x.strip()]
+    levers = _csv(args.levers)
     if not set(levers) <= set(LEVER_OFF):
         sys.stderr.write(
             f"--levers: unknown {sorted(set(levers) - set(LEVER_OFF))} (known: {', '.join(LEVER_OFF)})\n"
@@ -482,17 +518,13 @@ def main_suite(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         sys.stderr.write(f"{exc}\n")
         return 2
-    reused: list[dict[str, Any]] = []
-    sources = [x.strip() for x in args.reuse.split(",") if x.strip()]
-    if sources:
-        try:
-            reusable = [x.strip() for x in args.reuse_policies.split(",") if x.strip()]
-            jobs, reused = reuse_rows(jobs, [Path(x) for x in sources], reusable)
-        except (OSError, ValueError) as exc:
-            sys.stderr.write(f"--reuse: {exc}\n")
-            return 2
-        if not args.json:
-            sys.stderr.write(f"reused {len(reused)} rows; {len(jobs)} runs to go\n")
+    try:
+        jobs, reused, sources = _reuse(args, jobs)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"--reuse: {exc}\n")
+        return 2
+    if sources and not args.json:
+        sys.stderr.write(f"reused {len(reused)} rows; {len(jobs)} runs to go\n")
     ran = run_jobs(jobs, args.workers, run_one, None if args.json else progress_line)
     order = {(r["scenario"], int(r["seed"]), r["policy"]): r for r in (*reused, *ran)}
     rows = [order[k] for k in sorted(order)]

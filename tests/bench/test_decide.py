@@ -113,12 +113,12 @@ def test_a_whole_fleet_tick_scores_the_fleet_once_and_each_pool_once_not_pools_s
 ) -> None:
     """The snapshot-only scorers once for the whole fleet, the speed scorer once per pool for its own
     routing and once for the fleet's spill-over headroom (shared by every pool)."""
-    from fleetloop.policies.routing import cache_aware
+    from fleetloop.policies.routing.cache_aware import batch, rule
 
-    calls = {"_load_terms": 0, "_with_speed": 0}
+    calls = {"load_terms": 0, "with_speed": 0}
 
     def counting(name: str) -> object:
-        real = getattr(cache_aware, name)
+        real = getattr(rule, name)
 
         def wrapped(*args: object, **kwargs: object) -> object:
             calls[name] += 1
@@ -126,8 +126,13 @@ def test_a_whole_fleet_tick_scores_the_fleet_once_and_each_pool_once_not_pools_s
 
         return wrapped
 
+    # Wherever the package calls them: the rule's module (the fleet's load, a pool's scores, the
+    # headroom) and the batch's (a batch's scores).
     for name in calls:
-        monkeypatch.setattr(cache_aware, name, counting(name))
+        wrapped = counting(name)
+        for module in (rule, batch):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, wrapped)
     for n_nodes in (200, 800):
         model, engine, pools, ts = _model_and_engine(n_nodes, 1)
         calls.update(dict.fromkeys(calls, 0))
@@ -135,8 +140,8 @@ def test_a_whole_fleet_tick_scores_the_fleet_once_and_each_pool_once_not_pools_s
         # The speed scorer once per pool (the loop of decide) or once for the batch (cache-aware's
         # decide_pools, which since d297dfd decides every tick's pools, growing ones too), and once
         # for the fleet's headroom: never pools squared.
-        assert calls["_load_terms"] == 1
-        assert 2 <= calls["_with_speed"] <= len(pools) + 1
+        assert calls["load_terms"] == 1
+        assert 2 <= calls["with_speed"] <= len(pools) + 1
 
 
 def test_the_workflow_phase_holds_n_workflows_past_the_default_cap(monkeypatch: pytest.MonkeyPatch) -> None:

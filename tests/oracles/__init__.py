@@ -1,2 +1,2 @@
-"""Reference forms: the plain statement of a rule whose production form is made fast, kept here as
-the oracle the property tests hold the production form to (equal, bit for bit)."""
+"""Reference forms of rules the product implements once, in another shape: the tests hold the
+product to them, bit for bit."""

@@ -10,17 +10,13 @@ import pytest
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.prefill import prefill_ms, prompt_tokens_within
-from fleetloop.policies.routing.cache_aware import (
-    CacheAware,
-    CacheAwareParams,
-    combine,
-    components,
-)
+from fleetloop.policies.routing.cache_aware import CacheAware, CacheAwareParams
 from fleetloop.policies.slo import Slo, SloBook
 from fleetloop.schemas.decisions import RoutingDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from tests.oracles.cache_aware import combine, components
 from tests.policies.snapshots import NOW_MS, POOL, ctx, node, snapshot
 
 

@@ -16,10 +16,11 @@ from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, Poli
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.routing import cache_aware
 from fleetloop.policies.routing.cache_aware import CacheAware, CacheAwareParams
+from fleetloop.policies.routing.cache_aware import batch as ca_batch
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo, SloBook
 from fleetloop.schemas.decisions import RoutingDecision
 from pydantic import ValidationError
-from tests.oracles.policies import fleet_headroom_plain
+from tests.oracles import cache_aware as ca_oracle
 from tests.policies.snapshots import NOW_MS, node, pool, snapshot
 from tests.support.bench_fleet import bench_snapshots
 from tests.support.perturbed import perturbed_snapshots
@@ -108,7 +109,7 @@ def same(a: PolicyResult[Any], b: PolicyResult[Any]) -> None:
 
 class Chains:
     """The loop of ``decide`` and ``decide_pools``, each carrying its own states, compared per tick;
-    counts the pools ``decide_pools`` left to ``decide`` (to show the batch path was taken)."""
+    counts the pools ``decide_pools`` left to the per-pool form (to show the batch path was taken)."""
 
     def __init__(self, params: CacheAwareParams, monkeypatch: pytest.MonkeyPatch) -> None:
         self.params = params
@@ -119,14 +120,14 @@ class Chains:
         self.refused = 0
         self._inside = False
         self._left = 0
-        decide = CacheAware.decide
+        decide = ca_batch.decide_pool
 
-        def counting(algo: CacheAware, *args: Any) -> Any:
+        def counting(*args: Any) -> Any:
             if self._inside:
                 self._left += 1
-            return decide(algo, *args)
+            return decide(*args)
 
-        monkeypatch.setattr(CacheAware, "decide", counting)
+        monkeypatch.setattr(ca_batch, "decide_pool", counting)
 
     def tick(self, snap: FleetSnapshot, pool_ids: Sequence[str], tick_id: int = 1) -> list[PolicyResult[Any]]:
         ctxs = contexts(snap, pool_ids, tick_id)
@@ -404,7 +405,7 @@ def test_fleet_headroom_sums_are_the_per_pool_sums() -> None:
     for snap in perturbed_snapshots(200, 12, seed=5):
         for params in PARAMS:
             fast = cache_aware.fleet_headroom(snap, params)
-            plain = fleet_headroom_plain(snap, params)
+            plain = ca_oracle.fleet_headroom_plain(snap, params)
             assert {k: None if v is None else v.hex() for k, v in fast.items()} == {
                 k: None if v is None else v.hex() for k, v in plain.items()
             }

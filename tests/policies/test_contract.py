@@ -4,8 +4,8 @@ Run over ``REGISTRY``, so a new algorithm is held to it the moment it is in the 
 (fleetloop.policies.builtin): decisions only for the tick's pool, each a valid wire model of its
 section's kind; deterministic (same inputs, same output and state); its input state left untouched; routing
 weights >= 0 summing to 1 (or all zero when no node can serve); autoscale targets >= 0; a module
-docstring that states the formula, inputs, parameters and failure mode; a ``Params`` model whose
-defaults validate.
+docstring (for a package, the README.md beside its code) that states the formula, inputs, parameters
+and failure mode; a ``Params`` model whose defaults validate.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import inspect
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,9 +109,17 @@ def test_registered_with_name_section_and_default_params(section: str, name: str
 
 @pytest.mark.parametrize(("section", "name", "cls"), ALGORITHMS, ids=IDS)
 def test_docstring_states_formula_inputs_parameters_failure_mode(section: str, name: str, cls: Any) -> None:
+    """A module's docstring, or for a package its README.md beside the code."""
     module = inspect.getmodule(cls)
     doc = (module.__doc__ if module is not None else None) or ""
-    assert doc.lstrip().startswith(f"{name}:"), "the docstring opens with the algorithm's name"
+    if module is not None and Path(module.__file__ or "").name == "__init__.py":
+        readme = Path(module.__file__ or "").with_name("README.md")
+        assert doc.lstrip().startswith(f"{name}:"), "the package's docstring opens with the algorithm's name"
+        assert "README.md" in doc, "the package's docstring sends the reader to its README.md"
+        doc = readme.read_text(encoding="utf-8")
+        assert doc.startswith(f"# {name}\n"), "the README is titled with the algorithm's name"
+    else:
+        assert doc.lstrip().startswith(f"{name}:"), "the docstring opens with the algorithm's name"
     for word in ("Formula", "Inputs", "Failure mode"):
         assert word in doc, f"{name}: docstring lacks {word!r}"
     assert "Parameters" in doc or "Defaults" in doc, f"{name}: docstring lacks 'Parameters'"

@@ -18,23 +18,20 @@ import pytest
 from fleetloop.core.checkpoint import CheckpointError, decode, encode
 from fleetloop.core.decide.engine import Engine
 from fleetloop.policies.base import NodeView
-from fleetloop.policies.breaker.latency_outlier import (
-    SIGNALS,
-    State,
-    _remembered,
-    advance,
-    aggregate,
-    breaker_decision,
-)
+from fleetloop.policies.breaker.latency_outlier import SIGNALS, State, breaker_decision
+from fleetloop.policies.columns import fleet_columns
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.routing import cache_aware
-from fleetloop.policies.routing.cache_aware import CacheAwareParams, _routing_decision, combine, components
+from fleetloop.policies.routing.cache_aware import CacheAwareParams, routing_decision
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import BreakerDecision, Decision, RoutingDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from tests.policies.snapshots import NOW_MS, ctx, node, snapshot
+from tests.oracles import cache_aware as ca_oracle
+from tests.oracles.cache_aware import combine, components
+from tests.oracles.latency_outlier import _remembered, advance, aggregate
+from tests.policies.snapshots import NOW_MS, POOL, ctx, node, snapshot
 from tests.support.policies import foundation
 
 figure = st.none() | st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
@@ -155,16 +152,22 @@ def test_cache_aware_score_is_combine_of_components(
 ) -> None:
     params = CacheAwareParams(w_queue=max(wq, 0.1), w_kv=wk, w_hbm=wh, w_speed=ws)
     pool = tuple(node(f"n{i:02d}", **r) for i, r in enumerate(rows))
-    memory = cache_aware.remember({}, snapshot(pool), params, pool)
-    steps = {n.node_id: cache_aware.step_ms(memory, n.node_id) for n in pool}
-    scores, speeds = cache_aware._scored(pool, params, steps)
+    snap = snapshot(pool)
+    memory = ca_oracle.remember({}, snap, params, pool)
+    steps = {n.node_id: ca_oracle.step_ms(memory, n.node_id) for n in pool}
+    scores, speeds = ca_oracle.scored(pool, params, steps)
     for n in pool:
         parts = components(n, pool, params, memory)
         assert speeds[n.node_id] == parts["speed"]
-        expected = combine(parts, params) if cache_aware.serving(n, params.silent_after_ms) else 0.0
+        expected = combine(parts, params) if ca_oracle.serving(n, params.silent_after_ms) else 0.0
         assert scores[n.node_id] == expected
-    # The columnar form gives the same doubles (hex compares the bits; -0.0 would differ too).
-    col_scores, col_speeds = cache_aware._scored_columns(pool, params, steps)
+    # The product's scorers, array operations over the pool's rows, give the same doubles (hex
+    # compares the bits; -0.0 would differ too).
+    cols = fleet_columns(snap)
+    ids = tuple(n.node_id for n in pool)
+    rows = slice(*cols.bounds[POOL])
+    mem = cache_aware.remember_rows(PoolMemory.empty(1), snap.now_ms, params, ids, cols=cols, rows=rows)
+    col_scores, col_speeds = cache_aware.pool_scores(snap, ids, params, mem, cols=cols, rows=rows)
     assert [v.hex() for v in col_scores.values()] == [v.hex() for v in scores.values()]
     assert [v.hex() for v in col_speeds.values()] == [v.hex() for v in speeds.values()]
     assert list(col_scores) == list(scores)
@@ -190,8 +193,8 @@ step_tick = st.lists(
 def test_cache_aware_pool_memory_is_the_per_node_memory_it_replaced(
     ticks: list[tuple[int, list[Any]]], memory_ms: int
 ) -> None:
-    """Tick after tick, the pool's step-time array holds what :func:`cache_aware.remember` keeps and
-    gives :func:`cache_aware.step_ms`'s medians, bit for bit; the per-node form of an older
+    """Tick after tick, the pool's step-time array holds what the oracle's ``remember`` keeps and
+    gives its ``step_ms``'s medians, bit for bit; the per-node form of an older
     checkpoint converts to the same memory."""
     params = CacheAwareParams(speed_memory_ms=memory_ms)
     plain: Any = {}
@@ -202,13 +205,13 @@ def test_cache_aware_pool_memory_is_the_per_node_memory_it_replaced(
         pool = tuple(
             node(i, tbt_p50_ms=t, weights_state=w, stale=stale) for i, t, w, stale in sorted(members)
         )
-        plain = cache_aware.remember(plain, snapshot(pool, now_ms=now), params, pool)
-        mem = cache_aware.remember_pool(mem, now, params, pool)
+        plain = ca_oracle.remember(plain, snapshot(pool, now_ms=now), params, pool)
+        mem = ca_oracle.remember_pool(mem, now, params, pool)
         assert mem.figures() == plain
         assert cache_aware.as_memory(plain).figures() == plain
-        steps = cache_aware.pool_steps(mem)
+        steps = ca_oracle.pool_steps(mem)
         for n in pool:
-            want = cache_aware.step_ms(plain, n.node_id)
+            want = ca_oracle.step_ms(plain, n.node_id)
             got = steps[n.node_id]
             assert got == want
             assert got is None or got.hex() == float(want or 0).hex()
@@ -272,10 +275,10 @@ def test_routing_decision_assembled_equals_validated_and_refuses_what_validation
         prefix_affinity=args[5],
         spill_to=args[6],
     )
-    _same(_routing_decision(*args), slow)
+    _same(routing_decision(*args), slow)
     for bad in ({"a": float("nan")}, {"a": -0.5}):
         with pytest.raises(ValidationError):
-            _routing_decision("p", bad, *args[2:])
+            routing_decision("p", bad, *args[2:])
 
 
 def test_engine_decisions_equal_validated_wrappers_and_the_lazy_generator_is_the_seeded_one() -> None:
@@ -294,7 +297,7 @@ def test_engine_decisions_equal_validated_wrappers_and_the_lazy_generator_is_the
 
 def test_node_view_fixture_is_a_serving_node() -> None:
     n: NodeView = node("a")
-    assert cache_aware.serving(n, 3000)
+    assert ca_oracle.serving(n, 3000)
 
 
 def test_breaker_state_from_before_the_pool_memory_is_refused_with_its_reason() -> None:
@@ -336,8 +339,8 @@ def test_cache_aware_prefix_map_is_the_per_digest_sort_it_replaced(rows: list[An
     result = cache_aware.CacheAware().decide(snap, params, PoolMemory.empty(1), ctx(snap))
     (d,) = result.decisions
     assert isinstance(d, RoutingDecision)
-    steps = cache_aware.pool_steps(result.state)
-    scores, speeds = cache_aware._scored(pool, params, steps)
+    steps = ca_oracle.pool_steps(result.state)
+    scores, speeds = ca_oracle.scored(pool, params, steps)
     best = max(scores.values(), default=0.0)
     holders: dict[str, list[str]] = {}
     for n in pool:

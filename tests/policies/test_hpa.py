@@ -1101,3 +1101,36 @@ def test_monotonic_in_load(utils: list[float], factor: float, initialized: bool)
         run([(0, lighter)], params, state)[0].desired_nodes
         <= run([(0, heavier)], params, state)[0].desired_nodes
     )
+
+
+_policies = st.builds(
+    ScalingPolicy,
+    type=st.sampled_from(["Pods", "Percent"]),
+    value=st.integers(1, 400),
+    period_s=st.integers(1, 120),
+)
+_events = st.lists(st.tuples(st.integers(NOW_MS - 200_000, NOW_MS), st.integers(1, 50)), max_size=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.integers(0, 500),
+    _events,
+    _events,
+    st.sampled_from(["Max", "Min", "Disabled"]),
+    st.lists(_policies, max_size=4),
+)
+def test_both_directions_rate_limits_are_kubernetes_two_functions(
+    current: int, up: list[Any], down: list[Any], select: Any, policies: list[ScalingPolicy]
+) -> None:
+    """One function of the direction gives what Kubernetes' two functions give, for every select
+    policy, policy type, period and history (``tests/oracles/hpa.py`` states the two)."""
+    from tests.oracles import hpa as oracle
+
+    rules = ScalingRules(stabilization_window_s=0, select_policy=select, policies=tuple(policies))
+    assert scale_up_limit(current, up, down, rules, NOW_MS) == oracle.scale_up_limit(
+        current, up, down, rules, NOW_MS
+    )
+    assert scale_down_limit(current, up, down, rules, NOW_MS) == oracle.scale_down_limit(
+        current, up, down, rules, NOW_MS
+    )

@@ -18,7 +18,7 @@ from fleetloop.schemas.decisions import AutoscaleDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from tests.oracles.policies import predictive_plain
+from tests.oracles import predictive as oracle
 from tests.policies.snapshots import NOW_MS, ctx, node, nodes, snapshot
 
 ALGO = SloPredictive()
@@ -428,7 +428,7 @@ def test_a_cold_start_from_a_clock_that_jumped_is_not_learned(seen_cold_at: int)
     lead and the down window negative (an empty max(), the pool's whole tick refused) or absurd."""
     state = settled(not_warm_since=(("c0", seen_cold_at),), cold_start_s=90.0)
     snap = pool_snap([*loaded(4, 40), node("c0")])  # c0 is warm now
-    for decide_form in (ALGO.decide, predictive_plain):
+    for decide_form in (ALGO.decide, oracle.decide):
         result = decide_form(snap, SloPredictiveParams(headroom=0.8), state, ctx(snap))
         assert result.state.cold_start_s == 90.0  # unchanged
         (d,) = result.decisions
@@ -456,7 +456,7 @@ def test_demand_the_router_diverted_is_still_this_pools_to_carry(diverted: float
         assert "diverted_tok_s" not in d.inputs
         assert d == d0
     params = SloPredictiveParams(headroom=0.8)
-    plain = predictive_plain(snap, params, state, ctx(snap))
+    plain = oracle.decide(snap, params, state, ctx(snap))
     (batch,) = ALGO.decide_pools(snap, params, [state], [ctx(snap)])
     assert plain == batch == ALGO.decide(snap, params, state, ctx(snap))
 

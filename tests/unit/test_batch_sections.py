@@ -1,7 +1,9 @@
 """The batch forms (``decide_pools``) of slo-predictive autoscale, slo-aware admission, the ratio
-retry budget and tbt-feedback batching equal the loop of their ``decide``, element for element and
-bit for bit: the decisions' JSON and fields set, the diagnostics' doubles (``float.hex``) and the
-states (``repr``: -0.0 and NaN told apart), tick after tick with each form's own states carried, on:
+retry budget and tbt-feedback batching equal the loop of their reference form (``decide``; for
+slo-predictive, whose ``decide`` is a batch of one, its oracle ``tests/oracles/predictive.py``),
+element for element and bit for bit: the decisions' JSON and fields set, the diagnostics' doubles
+(``float.hex``) and the states (``repr``: -0.0 and NaN told apart), tick after tick with each form's
+own states carried, on:
 
 - the bench fleet (:mod:`fleetloop.bench.fleetgen` through the real model);
 - a fleet that misbehaves (:func:`tests.support.perturbed.perturbed_snapshots`: nodes going cold,
@@ -27,7 +29,8 @@ from typing import Any
 import numpy as np
 import pytest
 from fleetloop.policies.admission.slo_aware import SloAware, SloAwareParams
-from fleetloop.policies.autoscale.predictive import SloPredictive, SloPredictiveParams, _recent, _within
+from fleetloop.policies.autoscale.predictive import SloPredictive, SloPredictiveParams
+from fleetloop.policies.autoscale.predictive.rule import _recent, _within
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
 from fleetloop.policies.batching.tbt_feedback import TbtFeedback, TbtFeedbackParams
 from fleetloop.policies.columns import fleet_columns
@@ -35,6 +38,7 @@ from fleetloop.policies.pool_figures import inputs_ok, r6_fast, r6_many, segment
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.policies.retry_budget.ratio import Ratio, RatioParams
 from fleetloop.schemas.decisions import BreakerDecision
+from tests.oracles import predictive as predictive_oracle
 from tests.policies import snapshots as sb
 from tests.support.bench_fleet import bench_snapshots
 from tests.support.perturbed import perturbed_snapshots
@@ -152,6 +156,11 @@ def same(a: PolicyResult[Any], b: PolicyResult[Any], where: str) -> None:
     assert repr(a.state) == repr(b.state), where
 
 
+def reference(algo: Algo) -> Callable[..., PolicyResult[Any]]:
+    """The form a batch is held to: the algorithm's oracle when its ``decide`` is the batch itself."""
+    return predictive_oracle.decide if isinstance(algo, SloPredictive) else algo.decide  # type: ignore[no-any-return]
+
+
 def run_both(
     algo: Algo,
     params: Any,
@@ -168,7 +177,7 @@ def run_both(
         assert [repr(s) for s in s_plain] == [repr(s) for s in s_batch]
         a_snap, b_snap = fresh(snap), fresh(snap)
         try:
-            want = [algo.decide(a_snap, params, s, c) for s, c in zip(s_plain, ctxs, strict=True)]
+            want = [reference(algo)(a_snap, params, s, c) for s, c in zip(s_plain, ctxs, strict=True)]
         except (ValueError, OverflowError) as e:  # both refuse alike (never expected: counted)
             with pytest.raises(type(e), match=re.escape(str(e)[:60])):
                 algo.decide_pools(b_snap, params, s_batch, ctxs)
@@ -462,7 +471,7 @@ def test_cases_cover_the_pools_the_batch_decides() -> None:
     snap = next(iter(bench_snapshots(200, 1)))
     ctxs = contexts(snap, 0, {}, sorted(snap.pools))
     states = [algo.initial_state() for _ in ctxs]
-    want = [algo.decide(fresh(snap), params, s, c) for s, c in zip(states, ctxs, strict=True)]
+    want = [reference(algo)(fresh(snap), params, s, c) for s, c in zip(states, ctxs, strict=True)]
     got = algo.decide_pools(fresh(snap), params, states, ctxs)
     bad = dataclasses.replace(
         got[0], diagnostics={**got[0].diagnostics, "pressure": got[0].diagnostics["pressure"] + 1e-12}
@@ -531,7 +540,7 @@ def test_a_batch_with_a_pool_twice_is_decided_pool_by_pool(case: Case, bench: li
     pools = sorted(snap.pools)[:3]
     ctxs = contexts(snap, 3, breakers_for(snap, 3, np.random.default_rng(1)), [*pools, pools[0]])
     states = [algo.initial_state() for _ in ctxs]
-    want = [algo.decide(fresh(snap), params, s, c) for s, c in zip(states, ctxs, strict=True)]
+    want = [reference(algo)(fresh(snap), params, s, c) for s, c in zip(states, ctxs, strict=True)]
     got = algo.decide_pools(fresh(snap), params, states, ctxs)
     for a, b in zip(want, got, strict=True):
         same(a, b, "a pool twice")

@@ -14,8 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
-from fleetloop.policies.breaker.latency_batch import rows_of
-from fleetloop.policies.breaker.latency_outlier import LatencyOutlier, LatencyOutlierParams, State, row_cache
+from fleetloop.policies.breaker.latency_outlier import (
+    LatencyOutlier,
+    LatencyOutlierParams,
+    State,
+    row_cache,
+    rows_of,
+)
 from tests.policies.snapshots import NOW_MS, node
 from tests.policies.snapshots import snapshot as view_snapshot
 from tests.support.bench_fleet import bench_snapshots

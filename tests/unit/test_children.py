@@ -10,7 +10,8 @@ import time
 
 import pytest
 from fleetloop import clock
-from fleetloop.bench import latency, sizing, stack
+from fleetloop.bench import latency, sizing
+from fleetloop.bench.stack import procs as stack_procs
 from fleetloop.daemon.children import die_with_parent
 
 # The parent starts a child the way the bench starts its daemons, prints the child's pid, waits.
@@ -62,7 +63,7 @@ def test_a_child_dies_with_its_sigkilled_parent() -> None:
 
 def test_the_bench_starts_its_children_with_it() -> None:
     """The commands that start long-lived children in sessions of their own pass it."""
-    for module in (latency, sizing, stack):
+    for module in (latency, sizing, stack_procs):
         with open(module.__file__ or "", encoding="utf-8") as f:
             assert "preexec_fn=die_with_parent" in f.read(), module.__name__
     assert callable(die_with_parent)

@@ -13,7 +13,7 @@ from fleetloop.policies.routing import cache_aware
 from fleetloop.policies.routing.cache_aware import CacheAwareParams
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.oracles.policies import fleet_headroom_plain, spill_targets_plain
+from tests.oracles import cache_aware as ca_oracle
 from tests.support.perturbed import perturbed_snapshots
 
 FLOAT_FIELDS = (
@@ -87,7 +87,7 @@ def test_cache_aware_fleet_columns_equal_the_per_pool_forms(snapshots: list[Any]
     spilled = spill_lists = 0
     for snap in snapshots:
         fast = cache_aware.fleet_headroom(snap, params)
-        plain = fleet_headroom_plain(snap, params)
+        plain = ca_oracle.fleet_headroom_plain(snap, params)
         assert bits(dict(fast)) == bits(dict(plain))
         spilled += sum(1 for v in fast.values() if v is not None)
         cols = fleet_columns(snap)
@@ -96,15 +96,15 @@ def test_cache_aware_fleet_columns_equal_the_per_pool_forms(snapshots: list[Any]
             rows = slice(*cols.bounds.get(pool_id, (0, 0)))
             state = memories.get(pool_id, PoolMemory.empty(1))
             ids = tuple(n.node_id for n in pool)
-            mem = cache_aware._remember_rows(state, snap.now_ms, params, ids, cols=cols, rows=rows)
-            assert mem == cache_aware.remember_pool(state, snap.now_ms, params, pool)
+            mem = cache_aware.remember_rows(state, snap.now_ms, params, ids, cols=cols, rows=rows)
+            assert mem == ca_oracle.remember_pool(state, snap.now_ms, params, pool)
             memories[pool_id] = mem
-            got = cache_aware._pool_scores(snap, ids, params, mem, cols=cols, rows=rows)
-            want = cache_aware._scored(pool, params, cache_aware.pool_steps(mem))
+            got = cache_aware.pool_scores(snap, ids, params, mem, cols=cols, rows=rows)
+            want = ca_oracle.scored(pool, params, ca_oracle.pool_steps(mem))
             assert bits(got[0]) == bits(want[0])
             assert bits(got[1]) == bits(want[1])
             targets = cache_aware.spill_targets(snap, params, pool_id)
-            assert targets == spill_targets_plain(snap, params, pool_id)
+            assert targets == ca_oracle.spill_targets_plain(snap, params, pool_id)
             spill_lists += bool(targets)
     assert spilled > 0
     assert spill_lists > 0
@@ -122,7 +122,7 @@ def test_spill_targets_keep_a_pool_whose_headroom_is_exactly_the_floor(snapshots
         at_floor = {p for p, h in cache_aware.fleet_headroom(snap, params).items() if h == floor}
         for pool_id in sorted(snap.pools):
             targets = cache_aware.spill_targets(snap, params, pool_id)
-            assert targets == spill_targets_plain(snap, params, pool_id)
+            assert targets == ca_oracle.spill_targets_plain(snap, params, pool_id)
             checked += bool(at_floor & set(targets))
     assert checked > 0
 

@@ -1,8 +1,8 @@
-"""slo-predictive reading its nodes as ``NodeFigures`` (from the snapshot's columns, no views) decides
-exactly as when it reads their views (``tests.oracles.policies.predictive_plain``): the same
-decisions' JSON, diagnostics bit for bit and states, tick after tick on a generated fleet whose
-nodes go cold, drain, go silent, fail and report hostile values; and the figures are the views' own
-values."""
+"""slo-predictive (its batch form, a pool at a time) decides exactly as its oracle reading each pool's
+node views one by one (``tests/oracles/predictive.py``): the same decisions' JSON, diagnostics bit for
+bit and states, tick after tick on a generated fleet whose nodes go cold, drain, go silent, fail and
+report hostile values; and ``NodeFigures`` (read from the snapshot's columns, no views) are the views'
+own values."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fleetloop.policies.autoscale import predictive
 from fleetloop.policies.autoscale.predictive import NodeFigures, SloPredictive, SloPredictiveParams
 from fleetloop.policies.base import PolicyContext
 from fleetloop.schemas.decisions import AutoscaleDecision, BreakerDecision
-from tests.oracles.policies import predictive_plain
+from tests.oracles import predictive as oracle
 from tests.support.perturbed import perturbed_snapshots
 
 
@@ -39,7 +39,7 @@ def test_node_figures_are_the_views_values(snapshots: list[Any]) -> None:
     [SloPredictiveParams(), SloPredictiveParams(spare_nodes=0, tolerance=0.0, down_period_s=0.0)],
     ids=["default", "eager"],
 )
-def test_predictive_on_node_figures_decides_as_on_views(snapshots: list[Any], params: Any) -> None:
+def test_predictive_decides_as_its_oracle_on_views(snapshots: list[Any], params: Any) -> None:
     algo = SloPredictive()
     fast: dict[str, Any] = {}
     plain: dict[str, Any] = {}
@@ -69,10 +69,10 @@ def test_predictive_on_node_figures_decides_as_on_views(snapshots: list[Any], pa
                 refusal = e
             if refusal is not None:
                 with pytest.raises(type(refusal), match=re.escape(str(refusal))):
-                    predictive_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
+                    oracle.decide(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
                 refused += 1
                 continue
-            b = predictive_plain(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
+            b = oracle.decide(snap, params, plain.get(pool_id, algo.initial_state()), ctx)
             assert [d.model_dump_json() for d in a.decisions] == [d.model_dump_json() for d in b.decisions]
             assert {x: v.hex() for x, v in a.diagnostics.items()} == {
                 x: v.hex() for x, v in b.diagnostics.items()

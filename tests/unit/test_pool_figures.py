@@ -17,8 +17,9 @@ from fleetloop.policies.retry_budget.ratio import RatioParams
 from fleetloop.schemas.decisions import BreakerDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.oracles import ratio as ratio_oracle
 from tests.oracles.engine import cap_ejections_plain, pool_is_silent_plain
-from tests.oracles.policies import pool_tbt_ms_plain
+from tests.oracles.tbt_feedback import pool_tbt_ms_plain
 from tests.policies.snapshots import node, snapshot
 from tests.support.perturbed import perturbed_snapshots
 
@@ -44,8 +45,8 @@ def test_pool_figures_are_the_plain_forms(snapshots: list[Any]) -> None:
         for pool_id in [*sorted(snap.pools), "no-such-pool"]:
             nodes = snap.pool_nodes(pool_id)
             f = figures_of(snap, pool_id)
-            assert f.lost_calls == ratio.lost_calls(nodes)
-            assert f.lost_nodes == ratio.lost_nodes(nodes)
+            assert f.lost_calls == ratio_oracle.lost_calls(nodes)
+            assert f.lost_nodes == ratio_oracle.lost_nodes(nodes)
             assert f.warm_fresh == sum(1 for n in nodes if n.warm and not n.stale)
             assert f.max_outstanding == max((n.queue_depth + n.running_requests for n in nodes), default=0)
             assert shaping.pool_is_silent(snap, pool_id) == pool_is_silent_plain(snap, pool_id)
@@ -53,7 +54,7 @@ def test_pool_figures_are_the_plain_forms(snapshots: list[Any]) -> None:
             got, want = tbt_feedback.pool_tbt_ms(snap, c), pool_tbt_ms_plain(snap, c)
             assert (got.hex() if got is not None else None) == (want.hex() if want is not None else None)
             state = episodes.get(pool_id)
-            plain = ratio.next_episode(params, state, nodes, snap.now_ms, snap.window_ms)
+            plain = ratio_oracle.next_episode(params, state, nodes, snap.now_ms, snap.window_ms)
             fast = ratio.episode_after(
                 params,
                 state,
@@ -131,8 +132,8 @@ def test_pool_figures_of_any_node_mix_and_signed_zeros(rows: list[Any]) -> None:
     for pool_id in sorted(snap.pools):
         nodes = snap.pool_nodes(pool_id)
         f = figures_of(snap, pool_id)
-        assert f.lost_calls == ratio.lost_calls(nodes)
-        assert f.lost_nodes == ratio.lost_nodes(nodes)
+        assert f.lost_calls == ratio_oracle.lost_calls(nodes)
+        assert f.lost_nodes == ratio_oracle.lost_nodes(nodes)
         assert f.warm_fresh == sum(1 for n in nodes if n.warm and not n.stale)
         assert f.max_outstanding == max((n.queue_depth + n.running_requests for n in nodes), default=0)
         assert f.all_stale == all(n.stale for n in nodes)

@@ -88,7 +88,7 @@ weights_maps = st.dictionaries(
 @given(weights_maps, st.sampled_from([0.5, 1.0, 4.0, 6.0, 16.0]))
 def test_cache_aware_shares_are_the_plain_rule(scores: dict[str, float], alpha: float) -> None:
     from fleetloop.policies.routing.cache_aware import shares
-    from tests.oracles.policies import shares_plain
+    from tests.oracles.cache_aware import shares_plain
 
     got, want = shares(scores, alpha), shares_plain(scores, alpha)
     assert list(got) == list(want)
@@ -130,7 +130,7 @@ def near_tie_pairs() -> list[dict[str, float]]:
 def test_shares_scaling_and_renormalizing_at_near_ties() -> None:
     from fleetloop.policies.routing.cache_aware import shares
     from tests.oracles import engine
-    from tests.oracles.policies import shares_plain
+    from tests.oracles.cache_aware import shares_plain
 
     for m in near_tie_pairs():
         wide = {**m, **{f"n{i}": 0.0 for i in range(10)}}  # long enough for the array path

@@ -260,65 +260,102 @@ def replay_ticks(
         shard = shards.get(p)
         if shard is None:
             shard = shards[p] = Shard(p)
-        cut: dict[str, int] = {}
-        for part, upto in sorted(rt.input_offsets.items()):
-            logical = part.rsplit(":", 1)[0]
-            records = inputs.get(part, ())
-            i = j = cursors.get(part, 0)
-            while j < len(records) and records[j][0] < upto:
-                j += 1
-            shard.add(logical, (Row(off, 0, rec) for off, rec in records[i:j]))
-            cursors[part] = j
-            cut[logical] = upto
-        chosen = policy if isinstance(policy, CompiledPolicy) else policy.get(rt.policy_hash)
-        if chosen is None:
-            raise KeyError(rt.policy_hash)
-        produced_ds = shard.decide(rt.tick, cut, chosen) or ()
+        cut = _fold_to_cut(shard, rt.input_offsets, inputs, cursors)
+        produced = shard.decide(rt.tick, cut, _policy_of(rt, policy)) or ()
         report.ticks_replayed += 1
         if window.before(rt) or (judged is not None and not judged(rt)):
             continue
-        report.ticks_compared += 1
-        report.ticks_by_policy[rt.policy_hash] = report.ticks_by_policy.get(rt.policy_hash, 0) + 1
-        stretch = report.stretches.get(rt.policy_hash)
-        if stretch is None:
-            stamp = rt.decisions[0].policy
-            stretch = report.stretches[rt.policy_hash] = Stretch(
-                stamp.name, stamp.version, stamp.hash, mode, rt.tick.tick_id, rt.tick.tick_id
-            )
-        stretch.ticks += 1
-        stretch.first_tick = min(stretch.first_tick, rt.tick.tick_id)
-        stretch.last_tick = max(stretch.last_tick, rt.tick.tick_id)
-        recorded = {d.key: as_bytes(d) for d in rt.decisions}
-        produced = {d.key: as_bytes(d) for d in produced_ds}
-        report.breaker_opens_recorded += sum(1 for d in recorded_unique(rt.decisions) if _is_open(d))
-        report.breaker_opens_replayed += sum(1 for d in produced_ds if _is_open(d))
-        for k in sorted(set(recorded) | set(produced)):
-            kind = k.split("/", 1)[0]
-            stretch.decisions_compared += 1
-            if k not in produced:
-                report.missing += 1
-                stretch.missing += 1
-            elif k not in recorded:
-                report.extra += 1
-                stretch.extra += 1
-            elif recorded[k] == produced[k]:
-                report.identical += 1
-                stretch.identical += 1
-                report.decisions_compared += 1
-                continue
-            else:
-                report.different += 1
-                stretch.different += 1
-            report.decisions_compared += 1
-            report.changed_by_kind[kind] = report.changed_by_kind.get(kind, 0) + 1
-            if report.first_difference is None:
-                report.first_difference = {
-                    "tick_id": str(rt.tick.tick_id),
-                    "key": k,
-                    "recorded": recorded.get(k, b"").decode(),
-                    "replayed": produced.get(k, b"").decode(),
-                }
+        _compare_tick(report, rt, produced, as_bytes=as_bytes, mode=mode)
     return report
+
+
+def _fold_to_cut(
+    shard: Shard,
+    input_offsets: Mapping[str, int],
+    inputs: Mapping[str, Sequence[tuple[int, NodeTelemetry | RequestOutcome | None]]],
+    cursors: dict[str, int],
+) -> dict[str, int]:
+    """Fold into ``shard`` each partition's records from its cursor up to the tick's recorded offset
+    (never past it), moving the cursors; the tick's cut by logical topic."""
+    cut: dict[str, int] = {}
+    for part, upto in sorted(input_offsets.items()):
+        logical = part.rsplit(":", 1)[0]
+        records = inputs.get(part, ())
+        i = j = cursors.get(part, 0)
+        while j < len(records) and records[j][0] < upto:
+            j += 1
+        shard.add(logical, (Row(off, 0, rec) for off, rec in records[i:j]))
+        cursors[part] = j
+        cut[logical] = upto
+    return cut
+
+
+def _policy_of(rt: RecordedTick, policy: CompiledPolicy | Mapping[str, CompiledPolicy]) -> CompiledPolicy:
+    """The policy that decides ``rt``: the one given, or the one its decisions are stamped with
+    (KeyError when that one is not among those given)."""
+    chosen = policy if isinstance(policy, CompiledPolicy) else policy.get(rt.policy_hash)
+    if chosen is None:
+        raise KeyError(rt.policy_hash)
+    return chosen
+
+
+def _stretch_of(report: ReplayReport, rt: RecordedTick, mode: str) -> Stretch:
+    """The stretch of ``rt``'s recorded policy, opened at its first compared tick, with ``rt`` counted."""
+    stretch = report.stretches.get(rt.policy_hash)
+    if stretch is None:
+        stamp = rt.decisions[0].policy
+        stretch = report.stretches[rt.policy_hash] = Stretch(
+            stamp.name, stamp.version, stamp.hash, mode, rt.tick.tick_id, rt.tick.tick_id
+        )
+    stretch.ticks += 1
+    stretch.first_tick = min(stretch.first_tick, rt.tick.tick_id)
+    stretch.last_tick = max(stretch.last_tick, rt.tick.tick_id)
+    return stretch
+
+
+def _compare_tick(
+    report: ReplayReport,
+    rt: RecordedTick,
+    produced_ds: Sequence[Decision],
+    *,
+    as_bytes: Callable[[Decision], bytes],
+    mode: str,
+) -> None:
+    """Judge one compared tick: its decisions as recorded against those replayed, key by key, tallied
+    in ``report`` and in its policy's stretch (the first difference kept)."""
+    report.ticks_compared += 1
+    report.ticks_by_policy[rt.policy_hash] = report.ticks_by_policy.get(rt.policy_hash, 0) + 1
+    stretch = _stretch_of(report, rt, mode)
+    recorded = {d.key: as_bytes(d) for d in rt.decisions}
+    produced = {d.key: as_bytes(d) for d in produced_ds}
+    report.breaker_opens_recorded += sum(1 for d in recorded_unique(rt.decisions) if _is_open(d))
+    report.breaker_opens_replayed += sum(1 for d in produced_ds if _is_open(d))
+    for k in sorted(set(recorded) | set(produced)):
+        kind = k.split("/", 1)[0]
+        stretch.decisions_compared += 1
+        if k not in produced:
+            report.missing += 1
+            stretch.missing += 1
+        elif k not in recorded:
+            report.extra += 1
+            stretch.extra += 1
+        elif recorded[k] == produced[k]:
+            report.identical += 1
+            stretch.identical += 1
+            report.decisions_compared += 1
+            continue
+        else:
+            report.different += 1
+            stretch.different += 1
+        report.decisions_compared += 1
+        report.changed_by_kind[kind] = report.changed_by_kind.get(kind, 0) + 1
+        if report.first_difference is None:
+            report.first_difference = {
+                "tick_id": str(rt.tick.tick_id),
+                "key": k,
+                "recorded": recorded.get(k, b"").decode(),
+                "replayed": produced.get(k, b"").decode(),
+            }
 
 
 class UnknownPolicy(LookupError):

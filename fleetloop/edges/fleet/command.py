@@ -29,6 +29,7 @@ import json
 import os
 import signal
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,95 +154,158 @@ async def follow_state(
         await consumer.stop()
 
 
+@dataclass(slots=True)
+class _Wires:
+    """What a run holds open beside the fleet: the producer (with a broker), the background tasks,
+    the outcomes waiting to be sent, the count of unreadable state records and the loop's lag."""
+
+    outbox: asyncio.Queue[RequestOutcome] = field(default_factory=asyncio.Queue)
+    loop_lag: _Lag = field(default_factory=_Lag)
+    producer: AIOKafkaProducer | None = None
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+    bad_state: list[int] = field(default_factory=lambda: [0])
+
+
 async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> dict[str, Any]:
     err = term.console(stderr=True)
     seed = args.seed if args.seed is not None else scenario.seed
     fleet = LiveFleet(scenario, seed=seed, base_port=args.base_port)
     stop = asyncio.Event()
+    _stop_on_signals(stop)
+    wires = _Wires()
+    await _listen(fleet)
+    try:
+        conn = connection_from(args) if args.bootstrap_servers else None
+        if conn is not None:
+            await _connect(args, conn, fleet, stop, wires)
+        wires.background.append(asyncio.create_task(probe_loop_lag(wires.loop_lag, stop)))
+        urls = fleet.urls()
+        if args.nodes_file:
+            _write_atomic(Path(args.nodes_file), urls)
+        err.print(_banner(scenario, urls, seconds, conn, wires.producer))
+        publish = wires.outbox.put_nowait if wires.producer is not None and not args.no_outcomes else None
+        agents = None if args.no_agents else Agents(fleet, publish=publish)
+        wires.background.append(asyncio.create_task(_progress(fleet, agents, stop, err, wires.loop_lag)))
+        await _serve(agents, stop, seconds, args.drain_s)
+        stop.set()
+        await _drain(wires)
+    finally:
+        await _close(fleet, wires, stop, args.nodes_file)
+    return _result(args, scenario, seed=seed, seconds=seconds, fleet=fleet, wires=wires, agents=agents)
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    producer: AIOKafkaProducer | None = None
-    background: list[asyncio.Task[Any]] = []
-    bad_state = [0]
-    outbox: asyncio.Queue[RequestOutcome] = asyncio.Queue()
-    loop_lag = _Lag()
+
+
+async def _listen(fleet: LiveFleet) -> None:
+    """Every initial node listens, or none does and the run ends in one line."""
     try:
         await fleet.start()
     except OSError as exc:
         await fleet.stop()
         raise EdgeUsageError(f"fleetloop fleet: cannot listen: {exc}") from None
+
+
+async def _connect(
+    args: argparse.Namespace, conn: Bootstrap, fleet: LiveFleet, stop: asyncio.Event, wires: _Wires
+) -> None:
+    """With a broker: check the topics, start the producer, then follow control.state into the fleet
+    and send the agents' outcomes to fleet.requests in the background."""
+    wires.producer = AIOKafkaProducer(**connect(conn), acks="all", linger_ms=5)
+    # Once, before the state consumer or the first send names a topic (which would
+    # auto-create a missing one).
+    read_write = [STATE] if args.no_outcomes else [STATE, REQUESTS]
     try:
-        conn = connection_from(args) if args.bootstrap_servers else None
-        if conn is not None:
-            producer = AIOKafkaProducer(**connect(conn), acks="all", linger_ms=5)
-            # Once, before the state consumer or the first send names a topic (which would
-            # auto-create a missing one).
-            read_write = [STATE] if args.no_outcomes else [STATE, REQUESTS]
-            try:
-                async with asyncio.timeout(30):
-                    await require_topics(conn, args.topic_prefix, read_write, cleanup=True)
-                    await producer.start()
-            except TopicLayoutError as exc:
-                raise EdgeUsageError(f"fleetloop fleet: {exc}") from None
-            except Exception as exc:
-                where = shown(conn)
-                raise EdgeUsageError(
-                    f"fleetloop fleet: cannot use Kafka at {where}: {error_text(exc)}"
-                ) from None
-            background.append(
-                asyncio.create_task(
-                    follow_state(fleet, conn, topic_name(args.topic_prefix, STATE), stop, bad_state)
-                )
-            )
-            background.append(
-                asyncio.create_task(_send(producer, topic_name(args.topic_prefix, REQUESTS), outbox))
-            )
-        background.append(asyncio.create_task(probe_loop_lag(loop_lag, stop)))
-        urls = fleet.urls()
-        if args.nodes_file:
-            _write_atomic(Path(args.nodes_file), urls)
-        err.print(
-            f"[bold]fleetloop fleet[/bold]: {scenario.name}, {len(urls)} node(s) on loopback "
-            f"({min(urls.values(), default='-')} ...), {seconds:g} s"
-            + (
-                f", control.state and fleet.requests on {shown(conn) if conn is not None else '-'}"
-                if producer
-                else ", open loop"
-            )
+        async with asyncio.timeout(30):
+            await require_topics(conn, args.topic_prefix, read_write, cleanup=True)
+            await wires.producer.start()
+    except TopicLayoutError as exc:
+        raise EdgeUsageError(f"fleetloop fleet: {exc}") from None
+    except Exception as exc:
+        where = shown(conn)
+        raise EdgeUsageError(f"fleetloop fleet: cannot use Kafka at {where}: {error_text(exc)}") from None
+    wires.background.append(
+        asyncio.create_task(
+            follow_state(fleet, conn, topic_name(args.topic_prefix, STATE), stop, wires.bad_state)
         )
-        publish = outbox.put_nowait if producer is not None and not args.no_outcomes else None
-        agents = None if args.no_agents else Agents(fleet, publish=publish)
-        background.append(asyncio.create_task(_progress(fleet, agents, stop, err, loop_lag)))
-        if agents is not None:
-            work = asyncio.create_task(agents.run(seconds, args.drain_s))
-            stopper = asyncio.create_task(stop.wait())
-            await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            if not work.done():
-                work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
-        else:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), seconds)
-        stop.set()
-        while not outbox.empty():
-            await asyncio.sleep(0.05)
-        if producer is not None:
-            await producer.flush()
-    finally:
-        stop.set()
-        for t in background:
-            t.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
-        if args.nodes_file:
-            with contextlib.suppress(OSError):
-                _write_atomic(Path(args.nodes_file), fleet.all_urls())
-        await fleet.stop()
-        if producer is not None:
-            await producer.stop()
+    )
+    wires.background.append(
+        asyncio.create_task(_send(wires.producer, topic_name(args.topic_prefix, REQUESTS), wires.outbox))
+    )
+
+
+def _banner(
+    scenario: Scenario,
+    urls: dict[str, str],
+    seconds: float,
+    conn: Bootstrap | None,
+    producer: AIOKafkaProducer | None,
+) -> str:
+    return (
+        f"[bold]fleetloop fleet[/bold]: {scenario.name}, {len(urls)} node(s) on loopback "
+        f"({min(urls.values(), default='-')} ...), {seconds:g} s"
+        + (
+            f", control.state and fleet.requests on {shown(conn) if conn is not None else '-'}"
+            if producer
+            else ", open loop"
+        )
+    )
+
+
+async def _serve(agents: Agents | None, stop: asyncio.Event, seconds: float, drain_s: float) -> None:
+    """Until the agents are done (their work and the drain) or, serving only, ``seconds`` pass; a
+    signal ends either early."""
+    if agents is not None:
+        work = asyncio.create_task(agents.run(seconds, drain_s))
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not work.done():
+            work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+    else:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def _drain(wires: _Wires) -> None:
+    """The outcomes still queued are sent and acknowledged."""
+    while not wires.outbox.empty():
+        await asyncio.sleep(0.05)
+    if wires.producer is not None:
+        await wires.producer.flush()
+
+
+async def _close(fleet: LiveFleet, wires: _Wires, stop: asyncio.Event, nodes_file: str | None) -> None:
+    """However the run ended: the background tasks stop, the nodes file names every node the run
+    had, the nodes stop listening, the producer closes."""
+    stop.set()
+    for t in wires.background:
+        t.cancel()
+    await asyncio.gather(*wires.background, return_exceptions=True)
+    if nodes_file:
+        with contextlib.suppress(OSError):
+            _write_atomic(Path(nodes_file), fleet.all_urls())
+    await fleet.stop()
+    if wires.producer is not None:
+        await wires.producer.stop()
+
+
+def _result(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    *,
+    seed: int,
+    seconds: float,
+    fleet: LiveFleet,
+    wires: _Wires,
+    agents: Agents | None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "scenario": scenario.name,
         "seed": seed,
@@ -249,9 +313,9 @@ async def _run(args: argparse.Namespace, scenario: Scenario, seconds: float) -> 
         "scale": args.scale,
         "start_wall_ms": fleet.start_wall_ms,
         "nodes": {"provisioned": len(fleet.live), "table": fleet.node_table()},
-        "realtime_lag": {"node_events": fleet.lag_report(), "event_loop": loop_lag.report()},
+        "realtime_lag": {"node_events": fleet.lag_report(), "event_loop": wires.loop_lag.report()},
         "decisions_applied": fleet.decisions_applied,
-        "bad_state_records": bad_state[0],
+        "bad_state_records": wires.bad_state[0],
         "aborted_by_disconnect": fleet.aborted,
         "faults": fleet.fault_log,
         "wall_s": round(fleet.t(), 3) if fleet.loop else 0.0,

@@ -4,8 +4,8 @@ What a careful operator runs today instead of HPA on GPU utilization: a KEDA ``S
 two Prometheus triggers on the serving engine's metrics, which KEDA turns into one Kubernetes HPA
 with two external metrics; the HPA computes a replica count per metric and takes the largest
 (``HorizontalController.computeReplicasForMetrics``), then applies the same default ``behavior`` as
-:mod:`fleetloop.policies.autoscale.hpa` (stabilization, rate limits, bounds; those functions are
-reused from there unchanged).
+:mod:`fleetloop.policies.autoscale.hpa` (stabilization, rate limits, bounds): this module gives
+that controller its metric, nothing more.
 
 Formula, at each sync (``current`` = the target set at the previous sync):
 
@@ -28,7 +28,8 @@ Formula, at each sync (``current`` = the target set at the previous sync):
        desired_kv  = current if |usage_ratio - 1| <= tolerance else ceil(usage_ratio x ready)
 
    ``desired = max(desired_q, desired_kv)``, then stabilized and rate limited as HPA does with its
-   default behavior through the same sync as ``hpa`` (:func:`fleetloop.policies.autoscale.hpa.sync`:
+   default behavior through the same controller as ``hpa``
+   (:class:`fleetloop.policies.autoscale.hpa.HpaController`:
    scale up at once by max(100%, 4 pods) per 15 s; scale down to the highest
    recommendation of the last 300 s, by at most 100% per 15 s), within ``[min_replicas,
    max_replicas]``, every ``sync_period_ms`` 15 000 (KEDA's tutorial polls every 15 s, HPA syncs
@@ -55,48 +56,23 @@ ready nodes' queue (a sum) still drives scale-up while the KV average counts onl
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from typing import Protocol
-
 from pydantic import Field
 
 from fleetloop.policies.autoscale.hpa import (
-    DEFAULT_SCALE_DOWN,
-    DEFAULT_SCALE_UP,
-    HpaState,
-    ReplicaBounds,
-    ScalingRules,
-    sync,
+    HpaController,
+    Metric,
+    SyncParams,
+    average_value_replicas,
+    ratio_replicas,
+    ready_nodes,
+    within_abs,
 )
-from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
+from fleetloop.policies.base import NodeView
 
 
-class KedaEngineParams(ReplicaBounds):
+class KedaEngineParams(SyncParams):
     waiting_per_node: float = Field(default=5.0, ge=0.1, le=10_000.0)
     kv_target: float = Field(default=0.8, ge=0.05, le=1.0)
-    tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
-    sync_period_ms: int = Field(default=15_000, ge=1, le=600_000)
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
-
-
-def _within(ratio: float, tolerance: float) -> bool:
-    return abs(ratio - 1.0) <= tolerance
-
-
-def average_value_replicas(total: float, per_node: float, current: int, tolerance: float) -> int:
-    """An external metric with an ``AverageValue`` target (KEDA's default metric type), as
-    Kubernetes' ``GetExternalPerPodMetricReplicas``: ``current`` while ``total / (per_node x
-    current)`` is within ``tolerance`` of 1, else ``ceil(total / per_node)``."""
-    ratio = total / (per_node * current) if current > 0 else math.inf
-    return current if _within(ratio, tolerance) else math.ceil(total / per_node)
-
-
-def ready_nodes(nodes: tuple[NodeView, ...] | list[NodeView]) -> list[NodeView]:
-    """The nodes whose engine metrics an external-metrics autoscaler reads: warm, not draining,
-    with fresh telemetry (cold and loading pods report nothing; a stale one is missing)."""
-    return [n for n in nodes if not n.draining and n.weights_state == "warm" and not n.stale]
 
 
 def metric_replicas(
@@ -109,8 +85,7 @@ def metric_replicas(
     waiting = float(sum(n.queue_depth for n in ready))
     kv = sum(n.kv_cache_used_frac for n in ready) / len(ready)
     q_desired = average_value_replicas(waiting, params.waiting_per_node, current, params.tolerance)
-    kv_ratio = kv / params.kv_target
-    kv_desired = current if _within(kv_ratio, params.tolerance) else math.ceil(kv_ratio * len(ready))
+    kv_desired = ratio_replicas(kv / params.kv_target, current, len(ready), params.tolerance, within_abs)
     inputs = {
         "ready_nodes": float(len(ready)),
         "waiting_total": waiting,
@@ -121,55 +96,11 @@ def metric_replicas(
     return max(q_desired, kv_desired), inputs
 
 
-class ScaledObjectRules(Protocol):
-    """What a KEDA ScaledObject's generated HPA takes from a policy's parameters."""
+class KedaEngine(HpaController[KedaEngineParams]):
+    """The HPA KEDA generates for a ScaledObject with the two triggers above (:func:`metric_replicas`)."""
 
-    @property
-    def sync_period_ms(self) -> int: ...
-    @property
-    def scale_up(self) -> ScalingRules: ...
-    @property
-    def scale_down(self) -> ScalingRules: ...
-    def bounds(self, pool_id: str) -> tuple[int, int]: ...
-
-
-def scaled_object(
-    snap: FleetSnapshot,
-    params: ScaledObjectRules,
-    state: HpaState,
-    ctx: PolicyContext,
-    metrics: Callable[[tuple[NodeView, ...], int], tuple[int | None, dict[str, float]]],
-) -> PolicyResult[HpaState]:
-    """One sync of the HPA KEDA generates for a ScaledObject whose triggers ``metrics`` evaluates
-    (the pool's nodes and the current target -> the larger trigger's replica count and its inputs):
-    no scale-to-zero disabling (KEDA's ``minReplicaCount`` may be 0). Shared by ``keda-engine``
-    and ``keda-epp``."""
-    nodes = snap.pool_nodes(ctx.pool_id)
-    return sync(
-        ctx,
-        nodes,
-        state,
-        sync_period_ms=params.sync_period_ms,
-        bounds=params.bounds(ctx.pool_id),
-        up_rules=params.scale_up,
-        down_rules=params.scale_down,
-        recommend=lambda current: metrics(nodes, current),
-        inputs={},
-        zero_disables=False,
-    )
-
-
-class KedaEngine:
     name = "keda-engine"
-    section = "autoscale"
     Params = KedaEngineParams
 
-    def initial_state(self) -> HpaState:
-        return HpaState()
-
-    def decide(
-        self, snap: FleetSnapshot, params: KedaEngineParams, state: HpaState, ctx: PolicyContext
-    ) -> PolicyResult[HpaState]:
-        return scaled_object(
-            snap, params, state, ctx, lambda nodes, current: metric_replicas(nodes, current, params)
-        )
+    def metric(self, params: KedaEngineParams) -> Metric:
+        return lambda nodes, current: metric_replicas(nodes, current, params)

@@ -30,8 +30,8 @@ non-draining nodes with fresh telemetry)::
     AverageValue(total, t) = current if |total / (t x current) - 1| <= tolerance else ceil(total / t)
 
 then the HPA's stabilization and rate limits with the ScaledObject's ``behavior`` (its policy
-file gives them), through the same sync as ``hpa`` and ``keda-engine``
-(:func:`fleetloop.policies.autoscale.hpa.sync`).
+file gives them), through the same controller as ``hpa`` and ``keda-engine``
+(:class:`fleetloop.policies.autoscale.hpa.HpaController`).
 
 Inputs: per node ``queue_depth`` (vLLM ``num_requests_waiting``), ``running_requests``,
 ``weights_state``, ``draining``, ``stale``; event time. State:
@@ -56,24 +56,19 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetloop.policies.autoscale.hpa import (
-    DEFAULT_SCALE_DOWN,
-    DEFAULT_SCALE_UP,
-    HpaState,
-    ReplicaBounds,
-    ScalingRules,
+    HpaController,
+    Metric,
+    SyncParams,
+    average_value_replicas,
+    ready_nodes,
 )
-from fleetloop.policies.autoscale.keda_engine import average_value_replicas, ready_nodes, scaled_object
-from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
+from fleetloop.policies.base import NodeView
 
 
-class KedaEppParams(ReplicaBounds):
+class KedaEppParams(SyncParams):
     queue_per_node: float = Field(default=1.0, ge=0.1, le=10_000.0)
     running_per_node: float = Field(default=16.0, ge=0.1, le=10_000.0)
     queue_depth_threshold: int = Field(default=5, ge=0, le=10_000)
-    tolerance: float = Field(default=0.1, ge=0.0, le=1.0)
-    sync_period_ms: int = Field(default=15_000, ge=1, le=600_000)
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
 
 
 def epp_replicas(
@@ -98,17 +93,11 @@ def epp_replicas(
     return max(by_queue, by_running), inputs
 
 
-class KedaEpp:
+class KedaEpp(HpaController[KedaEppParams]):
+    """The HPA KEDA generates for the ScaledObject with the two EPP triggers (:func:`epp_replicas`)."""
+
     name = "keda-epp"
-    section = "autoscale"
     Params = KedaEppParams
 
-    def initial_state(self) -> HpaState:
-        return HpaState()
-
-    def decide(
-        self, snap: FleetSnapshot, params: KedaEppParams, state: HpaState, ctx: PolicyContext
-    ) -> PolicyResult[HpaState]:
-        return scaled_object(
-            snap, params, state, ctx, lambda nodes, current: epp_replicas(nodes, current, params)
-        )
+    def metric(self, params: KedaEppParams) -> Metric:
+        return lambda nodes, current: epp_replicas(nodes, current, params)

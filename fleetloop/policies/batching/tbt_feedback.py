@@ -94,7 +94,7 @@ def pool_tbt_ms(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
 
     With no node ejected (no enforced open breaker this tick) it is the pool's figure computed for
     the whole fleet at once (:mod:`fleetloop.policies.pool_figures`); else the same rule
-    (``tests.oracles.policies.pool_tbt_ms_plain`` node by node) over the pool's rows of the snapshot's
+    (``tests.oracles.tbt_feedback.pool_tbt_ms_plain`` node by node) over the pool's rows of the snapshot's
     columns (the same values, sorted the same way), without building the pool's views."""
     ejected = {i for i, b in ctx.breakers.items() if b.enforced and b.state == "open"}
     if not ejected:

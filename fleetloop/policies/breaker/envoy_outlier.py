@@ -88,7 +88,7 @@ from typing import Literal, Self
 import numpy as np
 from pydantic import Field, model_validator
 
-from fleetloop.policies.base import FleetSnapshot, Params, PolicyContext, PolicyResult, r6
+from fleetloop.policies.base import FleetSnapshot, NodeView, Params, PolicyContext, PolicyResult, r6
 from fleetloop.policies.breaker.emission import Emitted, change_only
 from fleetloop.schemas.decisions import BreakerDecision
 
@@ -218,6 +218,116 @@ def _try_eject(
     return kind
 
 
+def _endpoints(nodes: Sequence[NodeView], state: DetectorState) -> dict[str, HostState]:
+    """The detector's hosts (a working copy): the cluster's endpoints, i.e. the nodes that are ready
+    (warm, not draining, not silent). A node that leaves them is forgotten (the member-update
+    callback); one that (re)joins a running detector starts with a fresh counter, as a new host
+    monitor does."""
+    started = state.next_interval_ms is not None
+    hosts: dict[str, HostState] = {}
+    for n in nodes:
+        if n.warm and not n.stale:
+            cf = n.consecutive_failures
+            fresh = HostState(failures_mark=cf, failures_seen=cf) if started else HostState()
+            hosts[n.node_id] = state.hosts.get(n.node_id, fresh)
+    return hosts
+
+
+@dataclass(slots=True)
+class _Pass:
+    """One tick's pass of the detector: the endpoints' host monitors (a working copy, updated in
+    place), what it reads per node, and what it found per node."""
+
+    hosts: dict[str, HostState]
+    failures: Mapping[str, int]  # every pool node's consecutive_failures
+    volumes: Mapping[str, int]  # each endpoint's calls in the window (ok + failures)
+    events: dict[str, str] = field(default_factory=dict)  # node -> what happened to it this tick
+    runs: dict[str, int] = field(default_factory=dict)  # node -> failed calls since its counter's reset
+    rates: dict[str, float] = field(default_factory=dict)  # node -> success rate %, when judged
+
+
+def _consecutive_5xx(tick: _Pass, params: EnvoyOutlierParams, *, now: int, rng: np.random.Generator) -> None:
+    """The consecutive-5xx detector over the calls since the previous tick: each host's run since
+    its counter's last reset, and a detection, longest run first, for each host not ejected whose
+    run reached ``consecutive_5xx``."""
+    hosts, failures = tick.hosts, tick.failures
+    candidates: list[tuple[int, str]] = []
+    for node_id, h in hosts.items():
+        cf = failures[node_id]
+        mark = 0 if cf < h.failures_seen else h.failures_mark  # the run shrank: an ok call reset it
+        tick.runs[node_id] = cf - mark
+        hosts[node_id] = replace(h, failures_mark=mark, failures_seen=cf)
+        if not h.ejected and cf - mark >= params.consecutive_5xx:
+            candidates.append((mark - cf, node_id))
+    for _, node_id in sorted(candidates):
+        # Detected: Envoy resets the counter whether or not the ejection happens.
+        hosts[node_id] = replace(hosts[node_id], failures_mark=failures[node_id])
+        tick.events[node_id] = _try_eject(hosts, node_id, "consecutive-5xx", params=params, now=now, rng=rng)
+
+
+def _on_interval(
+    snap: FleetSnapshot, tick: _Pass, params: EnvoyOutlierParams, ctx: PolicyContext
+) -> dict[str, float]:
+    """One run of the interval timer, in Envoy's order: return the hosts whose ejection time has
+    passed, run the statistical detectors, then step down the backoff of hosts returned at least an
+    interval ago. The diagnostics."""
+    now, hosts = ctx.now_ms, tick.hosts
+    for node_id, h in hosts.items():
+        if h.ejected and h.ejected_at_ms is not None and ejection_time_ms(params, h) <= now - h.ejected_at_ms:
+            hosts[node_id] = replace(
+                h, ejected=False, unejected_at_ms=now, failures_mark=tick.failures[node_id]
+            )
+            tick.events[node_id] = "unejected"
+    diagnostics = _statistical(snap, tick, params, ctx) if hosts else {}
+    for node_id, h in hosts.items():
+        returned = h.unejected_at_ms
+        if not h.ejected and returned is not None and now - returned >= params.interval_ms and h.backoff:
+            hosts[node_id] = replace(h, backoff=h.backoff - 1)
+    return diagnostics
+
+
+def _statistical(
+    snap: FleetSnapshot, tick: _Pass, params: EnvoyOutlierParams, ctx: PolicyContext
+) -> dict[str, float]:
+    """``DetectorImpl::processSuccessRateEjections`` for the external-origin monitor."""
+    hosts = tick.hosts
+    if (
+        len(hosts) < params.success_rate_minimum_hosts
+        and len(hosts) < params.failure_percentage_minimum_hosts
+    ):
+        return {}
+    valid_sr: list[tuple[str, float]] = []
+    valid_fp: list[tuple[str, float]] = []
+    for node_id, h in hosts.items():
+        volume = tick.volumes[node_id]
+        if h.ejected or volume == 0:
+            continue
+        rate = 100.0 * snap.nodes[node_id].ok_w / volume
+        tick.rates[node_id] = rate
+        if volume >= params.success_rate_request_volume:
+            valid_sr.append((node_id, rate))
+        if volume >= params.failure_percentage_request_volume:
+            valid_fp.append((node_id, rate))
+    out: dict[str, float] = {}
+    if valid_sr and len(valid_sr) >= params.success_rate_minimum_hosts:
+        mean, threshold = success_rate_threshold(
+            [r for _, r in valid_sr], params.success_rate_stdev_factor / 1000.0
+        )
+        out = {"success_rate_mean_pct": r6(mean), "success_rate_threshold_pct": r6(threshold)}
+        for node_id, rate in valid_sr:
+            if rate < threshold:
+                tick.events[node_id] = _try_eject(
+                    hosts, node_id, "success-rate", params=params, now=ctx.now_ms, rng=ctx.rng
+                )
+    if valid_fp and len(valid_fp) >= params.failure_percentage_minimum_hosts:
+        for node_id, rate in valid_fp:
+            if 100.0 - rate >= params.failure_percentage_threshold and not hosts[node_id].ejected:
+                tick.events[node_id] = _try_eject(
+                    hosts, node_id, "failure-percentage", params=params, now=ctx.now_ms, rng=ctx.rng
+                )
+    return out
+
+
 class EnvoyOutlier:
     name = "envoy-outlier"
     section = "breaker"
@@ -231,98 +341,23 @@ class EnvoyOutlier:
     ) -> PolicyResult[DetectorState]:
         now = ctx.now_ms
         nodes = snap.pool_nodes(ctx.pool_id)
-        failures = {n.node_id: n.consecutive_failures for n in nodes}
-        # Envoy's hosts are the cluster's endpoints: the nodes that are ready (warm, not draining,
-        # not silent). A node that leaves them is forgotten (the member-update callback); one that
-        # (re)joins a running detector starts with a fresh counter, as a new host monitor does.
-        started = state.next_interval_ms is not None
-        hosts: dict[str, HostState] = {}
-        for n in nodes:
-            if n.warm and not n.stale:
-                cf = n.consecutive_failures
-                fresh = HostState(failures_mark=cf, failures_seen=cf) if started else HostState()
-                hosts[n.node_id] = state.hosts.get(n.node_id, fresh)
-        events: dict[str, str] = {}
-        runs: dict[str, int] = {}
-        candidates: list[tuple[int, str]] = []
-
+        hosts = _endpoints(nodes, state)
+        tick = _Pass(
+            hosts=hosts,
+            failures={n.node_id: n.consecutive_failures for n in nodes},
+            volumes={n.node_id: n.ok_w + n.failures_w for n in nodes if n.node_id in hosts},
+        )
         # 1. Consecutive 5xx, from the calls that arrived since the previous tick.
-        for node_id, h in hosts.items():
-            cf = failures[node_id]
-            mark = 0 if cf < h.failures_seen else h.failures_mark  # the run shrank: an ok call reset it
-            runs[node_id] = cf - mark
-            hosts[node_id] = replace(h, failures_mark=mark, failures_seen=cf)
-            if not h.ejected and cf - mark >= params.consecutive_5xx:
-                candidates.append((mark - cf, node_id))
-        for _, node_id in sorted(candidates):
-            # Detected: Envoy resets the counter whether or not the ejection happens.
-            hosts[node_id] = replace(hosts[node_id], failures_mark=failures[node_id])
-            events[node_id] = _try_eject(
-                hosts, node_id, "consecutive-5xx", params=params, now=now, rng=ctx.rng
-            )
-
+        _consecutive_5xx(tick, params, now=now, rng=ctx.rng)
         # 2. The interval timer (DetectorImpl::onIntervalTimer).
         diagnostics: dict[str, float] = {}
-        rates: dict[str, float] = {}
-        volumes = {n.node_id: n.ok_w + n.failures_w for n in nodes if n.node_id in hosts}
         next_interval = state.next_interval_ms
         if next_interval is None:
             next_interval = now + params.interval_ms
         elif now >= next_interval:
-            for node_id, h in hosts.items():
-                if (
-                    h.ejected
-                    and h.ejected_at_ms is not None
-                    and ejection_time_ms(params, h) <= now - h.ejected_at_ms
-                ):
-                    hosts[node_id] = replace(
-                        h, ejected=False, unejected_at_ms=now, failures_mark=failures[node_id]
-                    )
-                    events[node_id] = "unejected"
-            if hosts:
-                diagnostics.update(
-                    self._statistical(
-                        snap, params=params, hosts=hosts, events=events, rates=rates, volumes=volumes, ctx=ctx
-                    )
-                )
-            for node_id, h in hosts.items():
-                returned = h.unejected_at_ms
-                if (
-                    not h.ejected
-                    and returned is not None
-                    and now - returned >= params.interval_ms
-                    and h.backoff
-                ):
-                    hosts[node_id] = replace(h, backoff=h.backoff - 1)
+            diagnostics = _on_interval(snap, tick, params, ctx)
             next_interval = now + params.interval_ms
-
-        decisions = []
-        for n in nodes:
-            if n.node_id not in hosts:
-                decisions.append(
-                    BreakerDecision(
-                        entity=f"node/{n.node_id}",
-                        pool_id=ctx.pool_id,
-                        node_id=n.node_id,
-                        state="closed",
-                        reason="not-an-endpoint",
-                    )
-                )
-                continue
-            inputs = {"consecutive_failures": float(runs[n.node_id]), "requests_w": float(volumes[n.node_id])}
-            if n.node_id in rates:
-                inputs["success_rate_pct"] = r6(rates[n.node_id])
-            inputs["backoff"] = float(hosts[n.node_id].backoff)
-            decisions.append(
-                self._decision(
-                    params,
-                    h=hosts[n.node_id],
-                    event=events.get(n.node_id),
-                    node_id=n.node_id,
-                    ctx=ctx,
-                    inputs=inputs,
-                )
-            )
+        decisions = [self._node_decision(n.node_id, tick, params, ctx) for n in nodes]
         diagnostics["ejected"] = float(sum(1 for h in hosts.values() if h.ejected))
         emitted, fields = change_only(decisions, state.emitted, ctx.tick_id)
         return PolicyResult(
@@ -331,53 +366,35 @@ class EnvoyOutlier:
             diagnostics=diagnostics,
         )
 
-    @staticmethod
-    def _statistical(
-        snap: FleetSnapshot,
-        *,
-        params: EnvoyOutlierParams,
-        hosts: dict[str, HostState],
-        events: dict[str, str],
-        rates: dict[str, float],
-        volumes: Mapping[str, int],
-        ctx: PolicyContext,
-    ) -> dict[str, float]:
-        """``DetectorImpl::processSuccessRateEjections`` for the external-origin monitor."""
-        if (
-            len(hosts) < params.success_rate_minimum_hosts
-            and len(hosts) < params.failure_percentage_minimum_hosts
-        ):
-            return {}
-        valid_sr: list[tuple[str, float]] = []
-        valid_fp: list[tuple[str, float]] = []
-        for node_id, h in hosts.items():
-            volume = volumes[node_id]
-            if h.ejected or volume == 0:
-                continue
-            rate = 100.0 * snap.nodes[node_id].ok_w / volume
-            rates[node_id] = rate
-            if volume >= params.success_rate_request_volume:
-                valid_sr.append((node_id, rate))
-            if volume >= params.failure_percentage_request_volume:
-                valid_fp.append((node_id, rate))
-        out: dict[str, float] = {}
-        if valid_sr and len(valid_sr) >= params.success_rate_minimum_hosts:
-            mean, threshold = success_rate_threshold(
-                [r for _, r in valid_sr], params.success_rate_stdev_factor / 1000.0
+    @classmethod
+    def _node_decision(
+        cls, node_id: str, tick: _Pass, params: EnvoyOutlierParams, ctx: PolicyContext
+    ) -> BreakerDecision:
+        """A node's record for this tick: closed and not judged when it is not an endpoint; else its
+        host monitor's state with the inputs it was judged on."""
+        if node_id not in tick.hosts:
+            return BreakerDecision(
+                entity=f"node/{node_id}",
+                pool_id=ctx.pool_id,
+                node_id=node_id,
+                state="closed",
+                reason="not-an-endpoint",
             )
-            out = {"success_rate_mean_pct": r6(mean), "success_rate_threshold_pct": r6(threshold)}
-            for node_id, rate in valid_sr:
-                if rate < threshold:
-                    events[node_id] = _try_eject(
-                        hosts, node_id, "success-rate", params=params, now=ctx.now_ms, rng=ctx.rng
-                    )
-        if valid_fp and len(valid_fp) >= params.failure_percentage_minimum_hosts:
-            for node_id, rate in valid_fp:
-                if 100.0 - rate >= params.failure_percentage_threshold and not hosts[node_id].ejected:
-                    events[node_id] = _try_eject(
-                        hosts, node_id, "failure-percentage", params=params, now=ctx.now_ms, rng=ctx.rng
-                    )
-        return out
+        inputs = {
+            "consecutive_failures": float(tick.runs[node_id]),
+            "requests_w": float(tick.volumes[node_id]),
+        }
+        if node_id in tick.rates:
+            inputs["success_rate_pct"] = r6(tick.rates[node_id])
+        inputs["backoff"] = float(tick.hosts[node_id].backoff)
+        return cls._decision(
+            params,
+            h=tick.hosts[node_id],
+            event=tick.events.get(node_id),
+            node_id=node_id,
+            ctx=ctx,
+            inputs=inputs,
+        )
 
     @staticmethod
     def _decision(

@@ -1,0 +1,402 @@
+"""slo-predictive's rule, pool by pool: the state it keeps, the demand trend, the learned cold start,
+capacity and effective TBT, the open-workflow accumulation test, the node need, and the target with
+its stabilization (README.md beside this file: "Formula"). Pure arithmetic on figures
+:mod:`fleetloop.policies.autoscale.predictive.signals` reads; no I/O, no clock."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import NamedTuple, TypeVar
+
+from fleetloop.policies.autoscale.predictive.params import SloPredictiveParams
+from fleetloop.policies.autoscale.predictive.signals import Node
+from fleetloop.policies.base import PoolView
+
+MIN_LEARN_PRESSURE = 0.05  # below it an idle node says nothing about capacity
+# No pool has a million nodes; a larger need is capped so its figure stays within a decision's bound.
+MAX_NEED_NODES = 1_000_000.0
+SIGNIFICANCE = 2.0  # standard errors a slope must clear to count as a trend
+MIN_TREND_SAMPLES = 3.0  # independent windows needed to fit a slope
+ACCUMULATION_Z = 2.0  # standard deviations of churn the open-workflow count must rise by
+# The longest time from first seen cold to warm taken as a cold start: the bound of the
+# ``cold_start_s`` parameter. A node that took longer was stuck, not starting.
+MAX_COLD_START_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class SloPredictiveState:
+    demand: tuple[tuple[int, float], ...] = ()  # (event time ms, tokens/s), oldest first
+    capacity_tok_s: float | None = None  # learned tokens/s per warm node at P = 1
+    cold_start_s: float | None = None  # learned cold -> warm time
+    not_warm_since: tuple[tuple[str, int], ...] = ()  # node id -> first seen cold or loading
+    recs: tuple[tuple[int, int], ...] = ()  # (event time ms, raw target)
+    last_desired: int | None = None
+    last_down_ms: int | None = None
+    drained: tuple[tuple[str, int], ...] = ()  # node id -> when we asked to drain it
+    tbt_ms: float | None = None  # effective time between tokens, smoothed over a window
+    failed_tasks: int = 0  # the pool's count of failed tasks at the last tick
+    last_failure_ms: int | None = None  # when a task last failed on this pool
+    # (event time ms, open workflows, tasks started so far, tasks ended so far), oldest first
+    open_workflows: tuple[tuple[int, int, int, int], ...] = ()
+
+
+def trend_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
+    """A demand trend that holds over the whole span and over its newer half, else 0."""
+    if len(samples) < 2:
+        return 0.0
+    mid_ms = (samples[0][0] + samples[-1][0]) / 2.0
+    whole = fit_slope(samples, window_ms)
+    newer = fit_slope([s for s in samples if s[0] >= mid_ms], window_ms)
+    return min(whole, newer) if whole > 0 and newer > 0 else 0.0
+
+
+def fit_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
+    """The least-squares slope of demand (tokens/s per s) when positive and significant, else 0.
+
+    Samples ``window_ms`` apart are the independent ones (each is a window average), so the
+    standard error is inflated by sqrt(n / n_eff) with ``n_eff = span / window``."""
+    n = len(samples)
+    if n < 3:
+        return 0.0
+    span_ms = samples[-1][0] - samples[0][0]
+    n_eff = span_ms / max(1, window_ms)
+    if n_eff < MIN_TREND_SAMPLES:
+        return 0.0
+    ts = [(t - samples[0][0]) / 1000.0 for t, _ in samples]
+    ys = [y for _, y in samples]
+    mt = sum(ts) / n
+    my = sum(ys) / n
+    sxx = sum((t - mt) ** 2 for t in ts)
+    if sxx <= 0:
+        return 0.0
+    slope = sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / sxx
+    if slope <= 0:
+        return 0.0
+    resid = sum((y - my - slope * (t - mt)) ** 2 for t, y in zip(ts, ys, strict=True))
+    var = resid / max(1, n - 2)
+    se = math.sqrt(var / sxx) * math.sqrt(n / max(n_eff, 1.0))
+    return slope if slope > SIGNIFICANCE * se else 0.0
+
+
+def accumulation(samples: Sequence[tuple[int, int, int, int]]) -> tuple[float, float]:
+    """(rise, noise) of the open-workflow count over the samples' span: ``rise`` is its net change,
+    0 unless the newer half rose too (a step that levelled off is not accumulation); ``noise`` is
+    the standard deviation of that change if it were only the churn of a level count, the square
+    root of the tasks that started plus those that ended over the span (a birth-death count's
+    change is their difference; for Poisson starts and ends its variance is their sum)."""
+    if len(samples) < 2:
+        return 0.0, 0.0
+    t_old, open_old, started_old, ended_old = samples[0]
+    t_new, open_new, started_new, ended_new = samples[-1]
+    mid_ms = (t_old + t_new) / 2.0
+    open_mid = next(o for t, o, _, _ in samples if t >= mid_ms)
+    rise = float(open_new - open_old) if open_new > open_mid else 0.0
+    return rise, math.sqrt(max(1, (started_new - started_old) + (ended_new - ended_old)))
+
+
+_N = TypeVar("_N", bound=Node)
+
+
+def drain_order(nodes: Sequence[_N]) -> list[_N]:
+    """Scale-down victims, best first: cold, then loading (paid for, carrying nothing), then warm
+    ones by load (running + queued requests, then KV use), highest node id first on ties."""
+    rank = {"cold": 0, "loading": 1}
+    by_id = sorted(nodes, key=lambda n: n.node_id, reverse=True)
+    return sorted(
+        by_id,
+        key=lambda n: (
+            rank.get(n.weights_state, 2),
+            n.running_requests + n.queue_depth,
+            n.kv_cache_used_frac,
+        ),
+    )
+
+
+_T = TypeVar("_T", bound=tuple)  # type: ignore[type-arg]
+
+
+def _recent(seq: tuple[_T, ...], now: int, span: float) -> tuple[_T, ...]:
+    """``tuple(e for e in seq if now - e[0] <= span)``: the plain filter, here as a slice when the
+    kept entries are a suffix (times ascending, as every tick appends ``now``), checked by the
+    oldest kept time (the ``min`` of the suffix's times, taken in C), else the filter itself."""
+    n = len(seq)
+    i = 0
+    while i < n and not now - seq[i][0] <= span:
+        i += 1
+    if i == n:
+        return ()
+    rest = seq[i:]
+    if now - min(map(_FIRST, rest)) <= span:
+        return rest
+    return tuple(e for e in seq if now - e[0] <= span)
+
+
+class Target(NamedTuple):
+    """A pool's node target this tick (:func:`target`)."""
+
+    raw: int  # before stabilization
+    desired: int
+    reason: str
+    recs: tuple[tuple[int, int], ...]  # the raw targets stabilization keeps, this one last
+    last_down_ms: int | None
+    last_failure_ms: int | None
+    failed_tasks: int
+
+
+def target(
+    state: SloPredictiveState,
+    params: SloPredictiveParams,
+    pool: PoolView | None,
+    *,
+    now: int,
+    has_nodes: bool,
+    current: int,
+    n_warm: int,
+    capacity: float | None,
+    need: float,
+    slope: float,
+    sibling_binds: bool,
+    accumulating: bool,
+    lead_s: float,
+    bounds: tuple[int, int],
+) -> Target:
+    """The raw target and its reason from ``need``, then stabilization (both forms): up at once past
+    a short window (``up_window_s``), down only to the highest raw target within the down window
+    (the lead, unless ``down_window_s``), held while tasks fail or accumulate, one step of at most
+    ``down_step_frac`` per ``down_period_s``, clamped to the pool's bounds. ``has_nodes``: the pool
+    has a node row; ``current``: its active nodes; ``n_warm``: those serving."""
+    lo, hi = bounds
+    if not has_nodes and pool is None:
+        raw, reason = lo, "no-pool-yet"
+    elif current == 0:
+        raw, reason = max(lo, math.ceil(need)), "no-active-node"
+    elif not n_warm and capacity is None:
+        raw, reason = current, "nothing-warm-yet"
+    elif abs(need / current - 1.0) <= params.tolerance:
+        raw, reason = current, "within-tolerance"
+    else:
+        raw = math.ceil(need - 1e-9)
+        reason = "scale-up" if raw > current else "scale-down"
+    if slope > 0 and raw > current:
+        reason = "scale-up-trend"
+    if sibling_binds and raw > current:
+        reason = "scale-up-sibling-short"
+
+    down_window_ms = (params.down_window_s if params.down_window_s is not None else lead_s) * 1000.0
+    up_window_ms = params.up_window_s * 1000.0
+    keep_ms = max(down_window_ms, up_window_ms)
+    first = () if state.last_desired is not None else ((now, current),)  # as HPA's first sync
+    recs = (*first, *_recent(state.recs, now, keep_ms), (now, raw))
+    up_floor = _within(recs, now, up_window_ms, min)
+    down_ceiling = _within(recs, now, down_window_ms, max)
+    desired = min(max(current, up_floor), down_ceiling)
+    if raw > current and up_floor < raw:
+        reason = "scale-up-stabilized"
+    elif raw < current and down_ceiling > raw:
+        reason = "scale-down-stabilized"
+    last_down = state.last_down_ms
+    last_failure = state.last_failure_ms
+    failed_tasks = pool.tasks_failed if pool is not None else state.failed_tasks
+    if failed_tasks > state.failed_tasks and state.last_desired is not None:
+        last_failure = now
+    failing = last_failure is not None and now - last_failure <= down_window_ms
+    if desired < current and failing:
+        desired, reason = current, "scale-down-held-tasks-failing"
+    if desired < current and accumulating:
+        desired, reason = current, "scale-down-held-tasks-accumulating"
+    if desired < current:
+        if last_down is not None and now - last_down < params.down_period_s * 1000.0:
+            desired, reason = current, "scale-down-rate-limited"
+        else:
+            step = max(1, math.floor(params.down_step_frac * current))
+            desired = max(desired, current - step)
+    if current == 0:
+        desired = raw
+    clamped = min(max(desired, lo), hi)
+    if clamped != desired:
+        reason = "at-max-nodes" if clamped < desired else "at-min-nodes"
+        desired = clamped
+    if desired < current:
+        last_down = now
+    return Target(raw, desired, reason, recs, last_down, last_failure, failed_tasks)
+
+
+def learn_cold_start(cold_start: float | None, now: int, seen_cold_ms: int) -> float | None:
+    """The EWMA (weight 1/2) of cold -> warm times, with the sample ``now - seen_cold_ms``. A sample
+    outside (0, ``MAX_COLD_START_S``] is no cold start but a clock that jumped (a tick from the far
+    future, then back) or a stuck node, and is not learned: a negative one made the lead and the down
+    window negative (an empty max(), the pool's tick refused), a huge one a lead of years."""
+    sample = (now - seen_cold_ms) / 1000.0
+    if not 0.0 < sample <= MAX_COLD_START_S:
+        return cold_start
+    return sample if cold_start is None else 0.5 * cold_start + 0.5 * sample
+
+
+def _within(
+    recs: tuple[tuple[int, int], ...], now: int, span: float, pick: Callable[[Iterable[int]], int]
+) -> int:
+    """``pick(r for t, r in recs if now - t <= span)``. When the times ascend (every tick appends
+    ``now``), the entries within ``span`` are a suffix: its start is found by bisection, and checked
+    (the suffix's oldest time is within ``span``, the newest time before it is not: ``min`` and
+    ``max`` taken in C), then the suffix is picked in C; else the plain generator."""
+    i = bisect_left(recs, True, key=lambda e: now - e[0] <= span)
+    rest = recs[i:]
+    if (not rest or now - min(map(_FIRST, rest)) <= span) and (
+        i == 0 or not now - max(map(_FIRST, recs[:i])) <= span
+    ):
+        return pick(map(_SECOND, rest))
+    return pick(r for t, r in recs if now - t <= span)
+
+
+_FIRST = itemgetter(0)
+_SECOND = itemgetter(1)
+
+
+# -- the rule's steps, pool by pool (the batch form calls them in this order) -----------------------
+
+
+def cold_starts(
+    state: SloPredictiveState, now: int, nodes: Iterable[tuple[str, bool, bool]]
+) -> tuple[float | None, tuple[tuple[str, int], ...]]:
+    """(the learned cold start, the not-warm nodes' first-seen times) after this tick: ``nodes`` are
+    the pool's ``(node id, stale, weights loaded)`` in node order; a node seen going from cold or
+    loading to warm is a cold-start sample (:func:`learn_cold_start`)."""
+    since = dict(state.not_warm_since)
+    cold_start = state.cold_start_s
+    live: set[str] = set()
+    for node_id, stale, warm in nodes:
+        if stale:
+            continue
+        live.add(node_id)
+        if not warm:
+            since.setdefault(node_id, now)
+        elif node_id in since:
+            cold_start = learn_cold_start(cold_start, now, since.pop(node_id))
+    return cold_start, tuple(sorted((i, t) for i, t in since.items() if i in live))
+
+
+class Trend(NamedTuple):
+    """The pool's served-token demand over the lead (:func:`demand_trend`)."""
+
+    samples: tuple[tuple[int, float], ...]  # kept over the horizon, this tick's last
+    horizon_ms: float
+    full: bool  # a whole horizon seen: a controller that has not does not extrapolate (start-up)
+    slope: float  # tokens/s per s, 0 unless a significant trend (:func:`trend_slope`)
+    projected: float  # demand one lead ahead
+
+
+def demand_trend(state: SloPredictiveState, now: int, demand: float, lead_s: float, window_ms: int) -> Trend:
+    horizon_ms = max(lead_s * 1000.0, 3.0 * window_ms)
+    samples = (*_recent(state.demand, now, horizon_ms), (now, demand))
+    full = bool(state.demand) and now - state.demand[0][0] >= horizon_ms
+    slope = trend_slope(samples, window_ms) if full else 0.0
+    return Trend(samples, horizon_ms, full, slope, demand + slope * lead_s)
+
+
+def smoothed_tbt(  # noqa: PLR0917 - the state and params, then the pool's figures
+    state: SloPredictiveState,
+    params: SloPredictiveParams,
+    pool: PoolView | None,
+    now: int,
+    n_warm: int,
+    median_running: float | None,
+    tick_s: float,
+    window_ms: int,
+) -> float | None:
+    """The effective time between tokens a running request sees (Little's law: requests in service
+    over tokens out per second), smoothed over a window. The median node's concurrency times the
+    node count: one slow node piling up requests (a breaker's case, not a capacity one) does not make
+    the whole pool look stalled."""
+    out_rate = pool.output_tokens_rate_per_s if pool else 0.0
+    running = n_warm * (median_running or 0.0)
+    started = state.demand[0][0] if state.demand else now
+    settled = now - started >= window_ms and pool is not None and pool.requests_w >= params.min_requests
+    # Output is counted when a call ends: until a whole window of calls has ended the rate
+    # understates the tokens flowing and the ratio would read as a stall.
+    tbt_now = 1000.0 * running / out_rate if n_warm and out_rate > 0 and settled else None
+    tbt = state.tbt_ms
+    if tbt_now is not None:
+        beta = 1.0 - 0.5 ** (tick_s * 1000.0 / window_ms)
+        tbt = tbt_now if tbt is None else tbt + beta * (tbt_now - tbt)
+    elif not n_warm:
+        tbt = None
+    return tbt
+
+
+def learned_capacity(  # noqa: PLR0917 - the state and params, then the pool's figures
+    state: SloPredictiveState,
+    params: SloPredictiveParams,
+    pool: PoolView | None,
+    n_warm: int,
+    p_now: float,
+    demand: float,
+    tick_s: float,
+) -> tuple[float | None, float | None]:
+    """(the capacity per warm node at the target, learned from the pressure it is seen at; this
+    tick's observation of it, None when the tick teaches nothing)."""
+    capacity = state.capacity_tok_s
+    learnable = (
+        pool is not None
+        and n_warm
+        and pool.requests_w >= params.min_requests
+        and p_now >= MIN_LEARN_PRESSURE
+        and demand > 0
+    )
+    if not learnable:
+        return capacity, None
+    c_obs = demand / n_warm / p_now
+    alpha = 1.0 - 0.5 ** (tick_s / params.capacity_halflife_s)
+    return (c_obs if capacity is None else capacity + alpha * (c_obs - capacity)), c_obs
+
+
+class OpenWorkflows(NamedTuple):
+    """The pool's open workflows over the horizon (:func:`open_workflow_trend`)."""
+
+    samples: tuple[tuple[int, int, int, int], ...]  # kept over the horizon, this tick's last
+    rise: float
+    noise: float
+    accumulating: bool
+
+
+def open_workflow_trend(
+    state: SloPredictiveState, pool: PoolView | None, now: int, horizon_ms: float, full: bool
+) -> OpenWorkflows:
+    """Open workflows: each one will call again (a chain of sequential calls), so while their
+    number grows the demand still ahead is not yet in the served tokens."""
+    counts = (
+        (now, pool.open_workflows, pool.workflows_started, pool.workflows_ended)
+        if pool is not None
+        else (now, 0, 0, 0)
+    )
+    samples = (*_recent(state.open_workflows, now, horizon_ms), counts)
+    rise, noise = accumulation(samples) if full else (0.0, 0.0)
+    return OpenWorkflows(samples, rise, noise, rise > ACCUMULATION_Z * noise)
+
+
+def need_nodes(  # noqa: PLR0917 - the figures of the formula's ``need``
+    params: SloPredictiveParams,
+    level: float,
+    demand: float,
+    backlog: float,
+    capacity: float | None,
+    projected: float,
+    diverted_tok_s: float,
+    sibling_short: float,
+) -> float:
+    """``need`` (README.md, "Formula"): ``level`` is ``n_w * P``."""
+    growth = max(1.0, projected / demand) if demand > 0 else 1.0
+    by_capacity = (demand + backlog) / capacity if capacity else 0.0
+    # Calls the router moved to another model's pool: demand this pool still has to carry.
+    diverted = diverted_tok_s / capacity if capacity else 0.0
+    need = (max(level, by_capacity) + diverted) * growth + sibling_short
+    if need > 0:
+        need += params.spare_nodes  # N+k: survive losing k nodes while replacements warm up
+    # A hostile figure the schema accepts (a node reporting 10**12 queued prompt tokens) reads
+    # as ~1e15 nodes, past a decision's figure bound, and would fail the pool's whole tick
+    # (breaker and routing with it). Past MAX_NEED_NODES the figure only says "as many as
+    # allowed": max_nodes and the step limit apply after.
+    return min(need, MAX_NEED_NODES)
