@@ -7,8 +7,9 @@ For each size a shard folds ``--seconds`` of a generated fleet's telemetry and r
 Then: the compressed size, the time to encode and to decode (a restore; the decoded state must
 encode to the same bytes, or the bench says so and exits 1), and for each way of encoding and
 decoding the longest the loop went without running, measured by a 5 ms heartbeat on a real loop
-while one checkpoint is taken or restored. The figures are wall times on this machine, compared
-within the run.
+while one checkpoint is taken or restored (decoded in a thread with the cyclic collector as it
+was, and held then frozen as the daemon's restore does now). The figures are wall times on this
+machine, compared within the run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fleetloop.bench.fleetgen import BASE_TS_MS, make_fleet, outcomes_at, teleme
 from fleetloop.core import checkpoint
 from fleetloop.core.shard import Row, Shard
 from fleetloop.daemon import offload
+from fleetloop.daemon.runtime.telemetry import gc_held
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.requests import RequestOutcome
@@ -123,11 +125,17 @@ async def measure(shard: Shard) -> dict[str, Any]:
     async def decode_inline() -> None:
         checkpoint.decode(blob)
 
-    async def decode_thread() -> None:  # as the daemon restores
+    async def decode_thread() -> None:  # as the daemon restored
         await asyncio.to_thread(checkpoint.decode, blob)
+
+    async def decode_thread_held() -> None:  # as the daemon restores: the collector held, then frozen
+        with gc_held(True):
+            await asyncio.to_thread(checkpoint.decode, blob)
+        gc.unfreeze()  # the bench's next measurement starts as before
 
     stall_decode_inline = await _stall_ms(decode_inline)
     stall_decode_thread = await _stall_ms(decode_thread)
+    stall_decode_held = await _stall_ms(decode_thread_held)
     stall_inline = await _stall_ms(inline)
     rss0 = rss_mib()
     stall_forked = await _stall_ms(forked)
@@ -145,6 +153,7 @@ async def measure(shard: Shard) -> dict[str, Any]:
         "loop_stall_forked_ms": round(stall_forked, 1),
         "restore_stall_inline_ms": round(stall_decode_inline, 1),
         "restore_stall_thread_ms": round(stall_decode_thread, 1),
+        "restore_stall_thread_gc_held_ms": round(stall_decode_held, 1),
         "fork_ms": round(fork_ms[0], 2),
         "rss_mib": round(rss0, 1),
     }
@@ -190,6 +199,7 @@ def _print(result: dict[str, Any]) -> None:
         "fork",
         "dec/loop",
         "dec/thread",
+        "dec/thread, gc held",
     )
     for c in cols:
         t.add_column(c, justify="right")
@@ -206,5 +216,6 @@ def _print(result: dict[str, Any]) -> None:
             f"{r['fork_ms']:,.1f}",
             f"{r['restore_stall_inline_ms']:,.0f}",
             f"{r['restore_stall_thread_ms']:,.0f}",
+            f"{r['restore_stall_thread_gc_held_ms']:,.0f}",
         )
     term.console().print(t)

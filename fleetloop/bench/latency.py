@@ -81,6 +81,8 @@ from fleetloop.bench.loadgen import (
     loop_shares,
     overload_args,
     overload_skipped,
+    rebalances_beyond_start,
+    stability,
     trial_targets,
 )
 from fleetloop.daemon.brokers import BrokerStartError, ensure_topics, start_broker
@@ -611,6 +613,11 @@ async def _run(
         # time it ran, was runnable but not run (the machine busy), and waited (on the broker, or
         # with nothing to decide), and the phases that took the most wall time.
         "daemon_loops": [loop_shares(f"{log_path}.{k}") for k in range(args.daemons)],
+        # Each daemon's stability over its run ("daemon stopped" line): longest loop stall and GC
+        # pause (wall, and without waiting for a core), its assignments, and the group's beyond its
+        # start-up's (rebalances_beyond_start).
+        "daemon_stability": (stable := [stability(f"{log_path}.{k}") for k in range(args.daemons)]),
+        "rebalances_beyond_start": rebalances_beyond_start([x["assignments"] for x in stable]),
         # The after-boundary part by stage, from the daemons' "trip path" lines (runtime.TripTrace)
         # joined to the trials by boundary: per stage p50 / p99 / max ms after the boundary.
         "trip_path_ms": trip_path_stages(
@@ -714,6 +721,13 @@ def print_table(result: dict[str, Any]) -> None:
         f"flaps (releases of an enforced ejection before its end): {result['flaps']} in "
         f"{result['trials_with_flaps']} of {result['trials']} trials; published open but not enforced "
         f"first in {result['trials_detected_first']} trials"
+    )
+    stalls = [x.get("loop_stall_max_ms") for x in result.get("daemon_stability", [])]
+    own = [x.get("loop_stall_own_max_ms") for x in result.get("daemon_stability", [])]
+    pauses = [x.get("gc_pause_max_ms") for x in result.get("daemon_stability", [])]
+    console.print(
+        f"stability per daemon: longest loop stall {stalls} ms ({own} ms not waiting for a core), longest "
+        f"GC pause {pauses} ms; rebalances beyond the start-up's: {result.get('rebalances_beyond_start')}"
     )
     console.print(
         f"target: p99 <= {result['target_ms']:.0f} ms with no flap: {met} (load average "

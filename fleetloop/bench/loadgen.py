@@ -134,13 +134,45 @@ def overload_args(args: Any) -> list[str]:
 def overload_skipped(log_path: str) -> int | None:
     """Boundaries a daemon published as skipped for overload (``ticks_overload`` on its "daemon
     stopped" line; None: the line is not there, e.g. a daemon killed, or a tree without the rule)."""
+    return stopped_figure(log_path, "ticks_overload")
+
+
+def stopped_figure(log_path: str, name: str) -> int | None:
+    """A figure of a daemon's "daemon stopped" line (``DaemonStats.summary``), the last such line's;
+    None: no such line, or a daemon that did not report that figure."""
     found = None
+    pattern = re.compile(re.escape(name.encode()) + rb"[\"=: ]+(\d+)")
     with contextlib.suppress(OSError), open(log_path, "rb") as f:
         for line in f:
             if b"daemon stopped" in line:
-                m = re.search(rb"ticks_overload[\"=: ]+(\d+)", line)
+                m = pattern.search(line)
                 found = int(m.group(1)) if m else found
     return found
+
+
+def stability(log_path: str) -> dict[str, int | None]:
+    """A daemon's stability over its run, from its "daemon stopped" line: the longest event-loop
+    stall and collector pause (ms; ``_own_``: without the time its thread waited for a core), and
+    its partition assignments (1: never rebalanced)."""
+    names = (
+        "loop_stall_max_ms",
+        "gc_pause_max_ms",
+        "loop_stall_own_max_ms",
+        "gc_pause_own_max_ms",
+        "assignments",
+    )
+    return {k: stopped_figure(log_path, k) for k in names}
+
+
+def rebalances_beyond_start(assignments: list[int | None]) -> int | None:
+    """The assignments of N daemons of one group beyond what their start-up explains: each daemon
+    that joins hands every member already there (and itself) one assignment, so N daemons starting
+    in any order get at most N(N+1)/2 between them; the rest are rebalances of a running group.
+    None when a daemon's figure is not known."""
+    if any(a is None for a in assignments):
+        return None
+    n = len(assignments)
+    return max(0, sum(a or 0 for a in assignments) - n * (n + 1) // 2)
 
 
 def trial_targets(fleet: Fleet, trials: int) -> list[tuple[int, str]]:

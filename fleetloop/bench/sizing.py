@@ -2,7 +2,7 @@
 decide every tick of every pool, and how far behind the tick boundary?
 
 ``fleetloop bench sizing [--nodes 1500] [--seconds 60] [--outcomes-per-node 2] [--broker tansu|kafka]
-[--json]``
+[--daemons 1] [--session-timeout-s S] [--json]``
 
 The README's sizing rule (about 1,500 nodes, ~4,500 events/s, per process at one-second ticks) is
 what this measures end to end (the rule before it, 3,000 nodes per core, was derived from per-event
@@ -28,6 +28,12 @@ Then the load stops and the daemon decides what is left of the window's ticks:
   ``cpu_s_per_fleet_s``): what one second of this fleet costs one process, whether or not the
   machine gave it a core meanwhile (start-up counts too: the figure errs high), and from it the
   nodes one core serves at the rule's 70% busy.
+
+With ``--daemons N`` the fleet is split by N daemons in one consumer group: the CPU figures are
+their sum, with each one's share beside, and the stability figures the worst daemon's. And over
+each daemon's whole run, from its "daemon stopped" line: the longest event-loop stall and
+collector pause, and the group's assignments (``rebalances`` after the first); ``stable`` when it
+never rebalanced and neither took more than 100 ms; ``nodes_per_half_core`` at the window's CPU share.
 
 Verdicts: ``keeps_up`` (real time): every tick in the window decided and the p99 lag within one
 tick period; on a shared machine that gives the daemon less than a core this fails for the
@@ -62,6 +68,8 @@ from fleetloop.bench.loadgen import (
     daemon_log_path,
     overload_args,
     overload_skipped,
+    rebalances_beyond_start,
+    stability,
 )
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.children import die_with_parent
@@ -71,6 +79,7 @@ from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS, TOPI
 
 RULE_NODES = 1500  # README: about 1,500 nodes (~4,500 events/s) per process at one-second ticks
 RULE_CPU_FRAC = 0.7  # ... costing at most 70% of one core
+STALL_MAX_MS = 100  # stable: the event loop never ran more than this late, nor a GC pause took longer
 WARMUP_S = 10.0
 CATCH_UP_S = 240.0  # after the window, at most this long for the daemon to decide its last ticks
 SKIPPED_HEADER = "fleetloop.skipped"
@@ -88,10 +97,29 @@ def register(subparsers: Any) -> None:
         "--outcomes-per-node", type=float, default=2.0, help="routed calls per node per second (default 2)"
     )
     p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu", help="default: tansu")
+    p.add_argument(
+        "--daemons",
+        type=int,
+        default=1,
+        help="fleetloop run processes in one consumer group splitting the pools (default 1); the CPU "
+        "and stability figures are per daemon",
+    )
+    p.add_argument(
+        "--session-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the daemon's consumer-group session timeout (default: the daemon's own)",
+    )
     add_overload_arg(p)
     add_daemon_log_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
+
+
+def session_args(args: argparse.Namespace) -> list[str]:
+    s = getattr(args, "session_timeout_s", None)
+    return [] if s is None else ["--session-timeout-s", str(s)]
 
 
 def cpu_seconds(pid: int, *, children: bool = False) -> float:
@@ -198,43 +226,51 @@ async def _decided_through(
 
 
 async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: str) -> dict[str, Any]:
+    n_daemons = getattr(args, "daemons", 1)
+    # One log per daemon: PATH for one (as before), PATH.0, PATH.1, ... for several.
+    log_paths = [log_path] if n_daemons == 1 else [f"{log_path}.{k}" for k in range(n_daemons)]
     tick_ms = builtin_policy("default").tick_ms
     pools = {p.pool_id for p in bench_fleet(args.nodes).pools}
     topics = (topic_name(prefix, TELEMETRY), topic_name(prefix, REQUESTS))
     load = LoadProcess(LoadSpec(bootstrap, topics, args.nodes, args.outcomes_per_node, 0))
     load.start()
-    daemon: subprocess.Popen[bytes] | None = None
+    daemons: list[subprocess.Popen[bytes]] = []
     decisions_tp = TopicPartition(topic_name(prefix, DECISIONS), 0)
     watch = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await watch.start()
     try:
         if not await load.wait_ready(60.0):
             raise UsageError("fleetloop bench sizing: the load generator did not start")
-        with open(log_path, "wb") as log:
-            daemon = subprocess.Popen(
-                [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers", bootstrap,
-                 "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args)],
-                stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
-            )  # fmt: skip
+        for path in log_paths:
+            with open(path, "wb") as log:
+                daemons.append(subprocess.Popen(
+                    [sys.executable, "-m", "fleetloop.cli.main", "run", "--bootstrap-servers", bootstrap,
+                     "--topic-prefix", prefix, "--group-id", f"bench-{prefix}", *overload_args(args),
+                     *session_args(args)],
+                    stdout=log, stderr=subprocess.STDOUT,
+                    preexec_fn=die_with_parent,  # noqa: PLW1509 (see die_with_parent)
+                ))  # fmt: skip
         progress(f"  warming up: {args.nodes:,} nodes reporting, waiting for the daemon's first decisions")
         deadline = clock.monotonic_s() + 180.0
         while (await watch.end_offsets([decisions_tp])).get(decisions_tp, 0) == 0:
-            if daemon.poll() is not None or clock.monotonic_s() > deadline:
+            if any(d.poll() is not None for d in daemons) or clock.monotonic_s() > deadline:
                 raise UsageError("fleetloop bench sizing: the daemon published no decision within 180 s")
             await asyncio.sleep(0.5)
         await asyncio.sleep(WARMUP_S)
         # The window starts at the next boundary and covers whole tick periods.
         t0_ms = (clock.wall_ms() // tick_ms + 1) * tick_ms
         await asyncio.sleep(max(0.0, t0_ms / 1000.0 - clock.wall_ms() / 1000.0))
-        cpu0, wall0, sent0 = cpu_seconds(daemon.pid), clock.monotonic_s(), load.stats.get(SENT)
+        cpu0 = [cpu_seconds(d.pid) for d in daemons]
+        wall0, sent0 = clock.monotonic_s(), load.stats.get(SENT)
         while clock.monotonic_s() - wall0 < args.seconds:
             await asyncio.sleep(min(5.0, args.seconds - (clock.monotonic_s() - wall0)))
             progress(f"  {clock.monotonic_s() - wall0:,.0f}/{args.seconds:,.0f} s")
-            if daemon.poll() is not None:
-                raise UsageError(f"fleetloop bench sizing: the daemon exited ({daemon.returncode})")
+            for d in daemons:
+                if d.poll() is not None:
+                    raise UsageError(f"fleetloop bench sizing: a daemon exited ({d.returncode})")
         wall = clock.monotonic_s() - wall0
-        cpu = cpu_seconds(daemon.pid) - cpu0
+        cpus = [cpu_seconds(d.pid) - c0 for d, c0 in zip(daemons, cpu0, strict=True)]
+        cpu = sum(cpus)
         events = load.stats.get(SENT) - sent0
         t1_ms = t0_ms + int(args.seconds * 1000) // tick_ms * tick_ms
         gen_lag = load.stats.get(LAG_MAX_S)  # the largest since it started (warm-up included)
@@ -246,17 +282,19 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         caught_up_s, pool_ticks = await _decided_through(
             watch, decisions_tp, pools, t1_ms // tick_ms - 1, CATCH_UP_S
         )
-        cpu_all = cpu_seconds(daemon.pid)  # since it started: imports and start-up count too
-        children_all = cpu_seconds(daemon.pid, children=True)  # its checkpoint encoders
+        cpu_all = sum(cpu_seconds(d.pid) for d in daemons)  # since they started: start-up counts too
+        children_all = sum(cpu_seconds(d.pid, children=True) for d in daemons)  # checkpoint encoders
     finally:
         load.stop()
-        if daemon is not None and daemon.poll() is None:
-            daemon.terminate()
+        for d in daemons:
+            if d.poll() is None:
+                d.terminate()
+        for d in daemons:
             try:
-                daemon.wait(timeout=30)
+                d.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
+                d.kill()
+                d.wait()
         await watch.stop()
     ticks = await _read_topic(bootstrap, topic_name(prefix, TICKS), TOPICS[TICKS].partitions)
     decisions = await _read_topic(bootstrap, topic_name(prefix, DECISIONS), TOPICS[DECISIONS].partitions)
@@ -266,6 +304,13 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
     # partition ahead of the others decides past the window meanwhile; that counts too).
     fleet_s = pool_ticks / len(pools) * tick_ms / 1000.0
     per_fleet_s = cpu_all / fleet_s if caught_up_s is not None and fleet_s > 0 else None
+    # Per daemon; the run's figure is the worst daemon's, and the rebalances the group's beyond its
+    # start-up's (rebalances_beyond_start).
+    per_daemon = [stability(path) for path in log_paths]
+    stall = _worst(x["loop_stall_max_ms"] for x in per_daemon)
+    gc_pause = _worst(x["gc_pause_max_ms"] for x in per_daemon)
+    rebalances = rebalances_beyond_start([x["assignments"] for x in per_daemon])
+    cpu_frac_max = max(cpus) / wall if wall > 0 else None
     keeps_up = (
         verdict["ticks_expected"] > 0
         and verdict["ticks_decided"] == verdict["ticks_expected"]
@@ -299,17 +344,52 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         # Boundaries the daemon published as skipped for overload over its whole run (None: not
         # known), and the limit it ran with (None: the daemon's default).
         "overload_max_ticks": getattr(args, "overload_max_ticks", None),
-        "ticks_overload": overload_skipped(log_path),
+        "ticks_overload": _total(overload_skipped(path) for path in log_paths),
+        # Stability over the daemon's whole run (start-up and restore included), from its "daemon
+        # stopped" line: the longest the event loop ran late (its heartbeats with it), the longest
+        # collector pause, and the group's assignments (1: never rebalanced). None: not reported.
+        "daemons": n_daemons,
+        "loop_stall_max_ms": stall,
+        "gc_pause_max_ms": gc_pause,
+        # ... without the time a daemon's loop thread waited for a core: its own work's share.
+        "loop_stall_own_max_ms": _worst(x["loop_stall_own_max_ms"] for x in per_daemon),
+        "gc_pause_own_max_ms": _worst(x["gc_pause_own_max_ms"] for x in per_daemon),
+        "daemon_stability": per_daemon,
+        "rebalances": rebalances,
+        "stable": (
+            None
+            if stall is None or gc_pause is None or rebalances is None
+            else rebalances == 0 and stall <= STALL_MAX_MS and gc_pause <= STALL_MAX_MS
+        ),
+        # Each daemon's share of a core in the window (the busiest's is the one that counts), and
+        # the nodes one daemon serves at half a core at that share.
+        "daemon_cpu_frac_each": [round(c / wall, 3) for c in cpus] if wall > 0 else None,
+        "nodes_per_half_core": int(args.nodes / n_daemons * 0.5 / cpu_frac_max) if cpu_frac_max else None,
         "keeps_up": keeps_up,
         "within_rule": per_fleet_s is not None and per_fleet_s <= RULE_CPU_FRAC,
         "rule": {"nodes": RULE_NODES, "cpu_frac": RULE_CPU_FRAC},
     }
 
 
+def _worst(values: Any) -> int | None:
+    got = list(values)
+    return None if not got or any(v is None for v in got) else max(got)
+
+
+def _total(values: Any) -> int | None:
+    got = list(values)
+    return None if any(v is None for v in got) else sum(got)
+
+
+def _yes(v: bool | None) -> str:
+    return "unknown" if v is None else "yes" if v else "NO"
+
+
 def handle(args: argparse.Namespace) -> int:
     within("sizing", "--nodes", args.nodes, 16, 100_000)
     within("sizing", "--seconds", args.seconds, 5, 3600)
     within("sizing", "--outcomes-per-node", args.outcomes_per_node, 0, 100)
+    within("sizing", "--daemons", args.daemons, 1, 8)
     with (
         bench_broker("sizing", args.broker) as broker,
         tempfile.TemporaryDirectory(prefix="fleetloop-sizing-") as tmp,
@@ -324,7 +404,8 @@ def handle(args: argparse.Namespace) -> int:
         result = asyncio.run(main())
         result["broker"] = args.broker
         if not result["keeps_up"]:
-            with open(log_path, "rb") as f:
+            first_log = log_path if args.daemons == 1 else f"{log_path}.0"
+            with open(first_log, "rb") as f:
                 result["daemon_log_tail"] = f.read()[-2000:].decode(errors="replace")
     if args.json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -332,15 +413,22 @@ def handle(args: argparse.Namespace) -> int:
         r = result
         sys.stdout.write(
             f"sizing: {r['nodes']:,} nodes in {r['pools']} pools, {r['events_per_s']:,} events/s, "
-            f"{r['partitions']} partitions, one daemon ({r['broker']}), {r['seconds']:.0f} s:\n"
+            f"{r['partitions']} partitions, {r['daemons']} daemon(s) ({r['broker']}), {r['seconds']:.0f} s:\n"
             f"  ticks decided {r['ticks_decided']:,}/{r['ticks_expected']:,} (published "
             f"{r['ticks_published']:,}, skipped {r['ticks_skipped']}); decision lag after the boundary "
             f"p50 {r['lag_p50_ms']} ms, p99 {r['lag_p99_ms']} ms, max {r['lag_max_ms']} ms\n"
-            f"  daemon CPU {r['daemon_cpu_frac']:.2f} of one core in the window; keeps up in real time: "
+            f"  daemon CPU {r['daemon_cpu_frac']:.2f} of one core in the window (each: "
+            f"{r['daemon_cpu_frac_each']}); keeps up in real time: "
             f"{'yes' if r['keeps_up'] else 'NO'}\n"
             f"  cost: {r['cpu_s_per_fleet_s']} CPU-s per fleet-second (window decided "
             f"{r['caught_up_after_s']} s after the load stopped) = about "
             f"{r['nodes_per_core_at_rule_busy'] or 0:,} nodes per core at {RULE_CPU_FRAC:.0%} busy; "
             f"within the rule: {'yes' if r['within_rule'] else 'NO'}\n"
+            f"  stability over the run: longest loop stall {r['loop_stall_max_ms']} ms "
+            f"({r['loop_stall_own_max_ms']} ms not waiting for a core), longest GC pause "
+            f"{r['gc_pause_max_ms']} ms ({r['gc_pause_own_max_ms']} ms), rebalances {r['rebalances']}; "
+            f"stable (no rebalance, both within "
+            f"{STALL_MAX_MS} ms): {_yes(r['stable'])}; about {r['nodes_per_half_core'] or 0:,} nodes per "
+            f"daemon at half a core\n"
         )
     return 0

@@ -125,6 +125,31 @@ def _pacing_args(run: argparse.ArgumentParser) -> None:
         "failover after a crash takes about this long)",
     )
     run.add_argument(
+        "--rebalance-timeout-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long the group waits in a rebalance for every member to join again; a member first "
+        "checkpoints the shards it gives up, seconds at fleet scale (default 60; at least the session "
+        "timeout)",
+    )
+    run.add_argument(
+        "--group-instance-id",
+        default=None,
+        metavar="NAME",
+        help="static group membership: this instance's name, stable across its restarts and unique in "
+        "the group; a restart within --session-timeout-s keeps its partitions without a rebalance "
+        "(default: none, every join and leave rebalances)",
+    )
+    run.add_argument(
+        "--state-refresh-s",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="control.state gets each key's desired state when it changes, and every key again at "
+        "least this often (default 10; 0: every decision every tick, the old form)",
+    )
+    run.add_argument(
         "--wait-for-topics",
         type=float,
         default=0.0,
@@ -228,6 +253,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("fleetloop run: --checkpoint-max-stretch must be between 1 and 1000")
     if not 1.0 <= args.session_timeout_s <= 300.0:
         raise UsageError("fleetloop run: --session-timeout-s must be between 1 and 300")
+    if not 1.0 <= args.rebalance_timeout_s <= 3600.0:
+        raise UsageError("fleetloop run: --rebalance-timeout-s must be between 1 and 3600")
+    if args.group_instance_id is not None and not 0 < len(args.group_instance_id) <= 249:
+        raise UsageError("fleetloop run: --group-instance-id must be 1 to 249 characters")
+    if not (args.state_refresh_s == 0 or 1.0 <= args.state_refresh_s <= 3600.0):
+        raise UsageError("fleetloop run: --state-refresh-s must be 0 or between 1 and 3600")
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
         raise UsageError(f"fleetloop run: --http-port {args.http_port} is not a port (0..65535)")
     if args.wait_for_topics < 0:
@@ -348,6 +379,9 @@ async def _run_daemon(
             checkpoint_cpu_share=args.checkpoint_cpu_share,
             checkpoint_max_stretch=args.checkpoint_max_stretch,
             session_timeout_s=args.session_timeout_s,
+            group_instance_id=args.group_instance_id or None,
+            rebalance_timeout_s=args.rebalance_timeout_s,
+            state_refresh_s=args.state_refresh_s,
             overload_max_ticks=args.overload_max_ticks,
             door=args.door,
         ),

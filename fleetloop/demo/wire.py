@@ -37,9 +37,9 @@ from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.children import stop_child
 from fleetloop.daemon.cli_common import UsageError
 from fleetloop.kafka_security import error_text
+from fleetloop.perf.catalog import GPU_MEMORY_UTIL, node_spec
 from fleetloop.schemas import Decision
 from fleetloop.schemas.topics import STATE, topic_name
-from fleetloop.sim.catalog import GPU_MEMORY_UTIL, node_spec
 from fleetloop.sim.scenario import Scenario
 
 POOL = "chat-l40s"

@@ -11,6 +11,7 @@ from typing import Any, Final
 from fleetloop.policies.admission.max_pending import MaxPending
 from fleetloop.policies.admission.queue_depth import QueueDepth
 from fleetloop.policies.admission.slo_aware import SloAware
+from fleetloop.policies.autoscale.capacity import Capacity
 from fleetloop.policies.autoscale.fixed import Fixed
 from fleetloop.policies.autoscale.hpa import Hpa
 from fleetloop.policies.autoscale.keda_engine import KedaEngine
@@ -37,6 +38,7 @@ ALGORITHMS: Final[tuple[type[Any], ...]] = (
     QueueDepth,
     SloAware,
     # autoscale
+    Capacity,
     Fixed,
     Hpa,
     KedaEngine,

@@ -6,7 +6,10 @@ handed to the sink (a :class:`~fleetloop.router.pick.Router`, or anything with t
 which keeps the newest tick per key. A record is stamped with its arrival on the router's monotonic
 clock minus its age (``wall now - ts_ms``, clamped to [0, the sink's TTL]), so a router starting on an
 old compacted state does not take it for fresh: the fail-static TTL counts from when fleetloop
-decided, not from when this router happened to read it.
+decided, not from when this router happened to read it. A record of the change-only form (headers
+``fleetloop.state_form`` 2 and ``fleetloop.refresh_ms``, :func:`~fleetloop.schemas.decisions.refresh_s_of`)
+is handed over with its refresh period: its daemon re-sends an unchanged key only that often, so the
+sink keeps its routing fresh that much longer. A record without them is the every-tick form.
 
 Optionally it follows ``fleet.telemetry`` from its end and keeps :class:`Endpoint` load figures
 (queue depth, running requests, warm, draining) current for admission decisions.
@@ -36,7 +39,7 @@ from fleetloop.kafka_security import Bootstrap, connect
 from fleetloop.router import clock
 from fleetloop.router.pick import Endpoint
 from fleetloop.router.state import DesiredState
-from fleetloop.schemas.decisions import Decision, decision_from_newer
+from fleetloop.schemas.decisions import Decision, decision_from_newer, refresh_s_of
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import STATE, TELEMETRY, topic_name
 
@@ -44,7 +47,9 @@ from fleetloop.schemas.topics import STATE, TELEMETRY, topic_name
 class StateSink(Protocol):
     fail_static_s: float
 
-    def apply(self, decisions: Sequence[Decision], now_s: float) -> list[Decision]: ...
+    def apply(
+        self, decisions: Sequence[Decision], now_s: float, refresh_s: float = 0.0
+    ) -> list[Decision]: ...
     def fleet_changed(self) -> None: ...
 
 
@@ -146,7 +151,7 @@ class StateFollower:
         c = self._consumer
         while True:
             batch = await c.getmany(timeout_ms=self._poll_ms, max_records=5000)
-            decisions: list[Decision] = []
+            decisions: list[tuple[Decision, float]] = []
             for tp, records in batch.items():
                 if tp.topic == self._tel_topic:
                     self._telemetry([r.value for r in records if r.value is not None])
@@ -167,7 +172,7 @@ class StateFollower:
                         self.stats.newer += 1
                         self.stats.last_newer = f"{tp.topic}:{tp.partition}:{r.offset}: {', '.join(dropped)}"
                     if d is not None:
-                        decisions.append(d)
+                        decisions.append((d, refresh_s_of(r.headers)))
                 if records and tp in self._targets and records[-1].offset + 1 >= self._targets[tp]:
                     del self._targets[tp]
             if decisions:
@@ -175,15 +180,15 @@ class StateFollower:
             if not self._caught_up.is_set() and not self._targets:
                 self._mark_caught_up()
 
-    def _apply(self, decisions: list[Decision]) -> None:
+    def _apply(self, decisions: list[tuple[Decision, float]]) -> None:
         now_s = clock.monotonic_s()
         wall = clock.wall_ms()
         ttl = self.sink.fail_static_s
         accepted: list[Decision] = []
         # One call per age bucket would be exact; one per record keeps it simple and is cheap.
-        for d in decisions:
-            age_s = min(max(0.0, (wall - d.ts_ms) / 1000.0), ttl + 1.0)
-            accepted += self.sink.apply([d], now_s - age_s)
+        for d, refresh_s in decisions:
+            age_s = min(max(0.0, (wall - d.ts_ms) / 1000.0), ttl + refresh_s + 1.0)
+            accepted += self.sink.apply([d], now_s - age_s, refresh_s)
             self.stats.last_tick_id = max(self.stats.last_tick_id, d.tick_id)
         self.stats.accepted += len(accepted)
         if accepted and self.on_accepted is not None:
@@ -222,8 +227,8 @@ class StateOnly:
         self.state = DesiredState()
         self.fail_static_s = fail_static_s
 
-    def apply(self, decisions: Sequence[Decision], now_s: float) -> list[Decision]:
-        return [d for d in decisions if self.state.accept(d, now_s)]
+    def apply(self, decisions: Sequence[Decision], now_s: float, refresh_s: float = 0.0) -> list[Decision]:
+        return [d for d in decisions if self.state.accept(d, now_s, refresh_s)]
 
     def fleet_changed(self) -> None:
         return None

@@ -237,8 +237,9 @@ class Router(Generic[N]):
 
     # -- desired state ----------------------------------------------------------------------------
 
-    def apply(self, decisions: Iterable[Decision], now_s: float) -> list[Decision]:
-        """Take in decisions (any order, duplicates welcome); return those accepted, in order."""
+    def apply(self, decisions: Iterable[Decision], now_s: float, refresh_s: float = 0.0) -> list[Decision]:
+        """Take in decisions (any order, duplicates welcome); return those accepted, in order.
+        ``refresh_s``: their form on ``control.state`` (:meth:`DesiredState.accept`)."""
         out: list[Decision] = []
         for d in decisions:
             body = d.body
@@ -246,7 +247,7 @@ class Router(Generic[N]):
             if isinstance(body, RoutingDecision):
                 st = self.state.pools.get(body.pool_id)
                 old = st.routing if st is not None else None
-            if not self.state.accept(d, now_s):
+            if not self.state.accept(d, now_s, refresh_s):
                 continue
             out.append(d)
             if isinstance(body, RoutingDecision):

@@ -14,7 +14,8 @@ recompute. No clock, no I/O: the caller says when (``now_s``, on whatever monoto
 :class:`~fleetloop.router.pick.Router`, and any to come): which of a pool's nodes take new calls.
 Fleetloop must never make a pool unreachable that it would not be without fleetloop, so:
 
-1. *No fresh routing decision* (none held, or none newer than the caller's fail-static TTL): the
+1. *No fresh routing decision* (none held, or none newer than the caller's fail-static TTL, plus
+   the daemon's refresh period when it sends only changes: ``control.state``'s form 2): the
    state is unknown, not empty. Every node the caller serves the pool with takes calls, evenly,
    whatever else is held ("fail-static"): what the router did before fleetloop.
 2. *A fresh decision*: a node takes calls, at its weight, unless :meth:`DesiredState.left_out`
@@ -59,10 +60,12 @@ from fleetloop.schemas.decisions import (
 
 @dataclass(slots=True)
 class PoolState:
-    """What is held for one pool. ``routing_at_s`` is when the routing decision arrived."""
+    """What is held for one pool. ``routing_at_s`` is when the routing decision arrived;
+    ``routing_refresh_s`` how often its daemon re-sends an unchanged one (0: every tick)."""
 
     routing: RoutingDecision | None = None
     routing_at_s: float = -1e18
+    routing_refresh_s: float = 0.0
     admission: AdmissionDecision | None = None
     budgets: dict[str, RetryBudgetDecision] = field(default_factory=dict)  # tenant ("" = pool-wide)
     autoscale: AutoscaleDecision | None = None
@@ -87,8 +90,11 @@ class DesiredState:
             st = self.pools[pool_id] = PoolState()
         return st
 
-    def accept(self, d: Decision, now_s: float) -> bool:
-        """File ``d`` if it is enforced and not older than what is held for its key."""
+    def accept(self, d: Decision, now_s: float, refresh_s: float = 0.0) -> bool:
+        """File ``d`` if it is enforced and not older than what is held for its key. ``refresh_s``:
+        the record's form on ``control.state`` (:func:`fleetloop.schemas.decisions.refresh_s_of`):
+        0 when its daemon sends every decision every tick, else how often it re-sends an unchanged
+        one."""
         if d.policy.mode != "enforce":
             self.dropped_shadow += 1
             return False
@@ -104,6 +110,7 @@ class DesiredState:
             st = self.pool(body.pool_id)
             st.routing = body
             st.routing_at_s = now_s
+            st.routing_refresh_s = refresh_s
             self.version += 1
         elif isinstance(body, BreakerDecision):
             self.breakers[body.node_id] = body
@@ -127,9 +134,11 @@ class DesiredState:
         return sum(1 for b in self.breakers.values() if b.enforced and b.state == "open")
 
     def routing_fresh(self, pool_id: str, now_s: float, ttl_s: float) -> RoutingDecision | None:
-        """The pool's routing decision while it is younger than ``ttl_s``; None once it went stale."""
+        """The pool's routing decision while it is younger than ``ttl_s``, plus its daemon's refresh
+        period when the daemon sends only changes (an unchanged pool's record is that much older
+        while the daemon still stands by it); None once it went stale."""
         st = self.pools.get(pool_id)
-        if st is None or st.routing is None or now_s - st.routing_at_s > ttl_s:
+        if st is None or st.routing is None or now_s - st.routing_at_s > ttl_s + st.routing_refresh_s:
             return None
         return st.routing
 

@@ -8,7 +8,7 @@ makes a replay comparable byte for byte. Each body carries a reason code and the
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, ValidationError
 from pydantic_core import from_json, to_json
@@ -231,6 +231,40 @@ class Decision(Wire):
     def key(self) -> str:
         """The compaction key: one desired state per kind and entity."""
         return f"{self.body.kind}/{self.body.entity}"
+
+
+# The form of a control.state record, in its headers. None: every enforced decision every tick (the
+# first form). ``state_form`` 2: each key when what it asks for changes, and every key re-sent at least
+# every ``refresh_ms`` (fleetloop.daemon.act.state_changes); a reader keeps a routing decision fresh
+# for its fail-static TTL plus that refresh (fleetloop.router.state.DesiredState.routing_fresh).
+FORM_HEADER = "fleetloop.state_form"
+REFRESH_HEADER = "fleetloop.refresh_ms"
+CHANGE_ONLY_FORM = b"2"
+
+
+def state_headers(refresh_ms: int) -> list[tuple[str, bytes]]:
+    """The headers of a change-only record on ``control.state`` (none for the every-tick form)."""
+    if refresh_ms <= 0:
+        return []
+    return [(FORM_HEADER, CHANGE_ONLY_FORM), (REFRESH_HEADER, str(refresh_ms).encode())]
+
+
+def refresh_s_of(headers: Any) -> float:
+    """A ``control.state`` record's refresh period in seconds from its headers (0: the every-tick
+    form, or headers this reader does not understand)."""
+    form = refresh = None
+    for k, v in headers or ():
+        if k == FORM_HEADER:
+            form = bytes(v)
+        elif k == REFRESH_HEADER:
+            refresh = bytes(v)
+    if form != CHANGE_ONLY_FORM or refresh is None:
+        return 0.0
+    try:
+        ms = int(refresh)
+    except ValueError:
+        return 0.0
+    return ms / 1000.0 if 0 < ms <= 3_600_000 else 0.0
 
 
 # kind -> body model, read off DecisionBody itself, so a kind added there is known here.

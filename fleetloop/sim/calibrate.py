@@ -3,7 +3,7 @@
 ``python -m fleetloop.sim.calibrate [--held-out] [--json] [--subset] [--out FILE] [--fit]`` runs
 the simulator's own :class:`fleetloop.sim.node.Node` (not the formulas) on each measurement's
 workload, with the catalog's GPU and model numbers and the runtime profile
-(:mod:`fleetloop.sim.runtime`) of the engine the source ran, and compares.
+(:mod:`fleetloop.perf.engines`) of the engine the source ran, and compares.
 
 The rows, their citations and their split live in ``fleetloop/sim/data/calibration.csv`` (its
 header says how each column reads). The split was declared once, before any constant was fitted:
@@ -53,10 +53,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fleetloop.sim import catalog, runtime
-from fleetloop.sim.catalog import GPUS, MODELS, NodeSpec, node_spec
+from fleetloop.perf import catalog
+from fleetloop.perf import engines as runtime
+from fleetloop.perf.catalog import GPUS, MODELS, NodeSpec, node_spec
+from fleetloop.perf.engines import RuntimeProfile
 from fleetloop.sim.node import Node, Req
-from fleetloop.sim.runtime import RuntimeProfile
 
 DATA = Path(__file__).resolve().parent / "data" / "calibration.csv"
 LATENCY = ("e2e_ms", "ttft_ms", "ttft_p50_ms", "itl_ms", "tpot_p50_ms")

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 import msgspec
 import numpy as np
 
+from fleetloop.perf.catalog import NodeSpec, node_spec
 from fleetloop.schemas.decisions import (
     AutoscaleDecision,
     BatchingDecision,
@@ -49,7 +50,6 @@ from fleetloop.schemas.requests import RequestOutcome, diverted_copy_update
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.sim import faults as faults_mod
 from fleetloop.sim.accounting import Accounting
-from fleetloop.sim.catalog import NodeSpec, node_spec
 from fleetloop.sim.clients import Attempt, Task, backoff_s, draw_call, new_task, prefix_tokens
 from fleetloop.sim.node import IntervalStats, Node, Req
 from fleetloop.sim.router import SimRouter, kv_used_frac, sim_router

@@ -1,11 +1,11 @@
 """A serving node: one model replica on one or more GPUs, with iteration-level continuous batching.
 
-Physics (per iteration, ``spec`` from :mod:`fleetloop.sim.catalog`; P params, L layers, d hidden,
+Physics (per iteration, ``spec`` from :mod:`fleetloop.perf.catalog`; P params, L layers, d hidden,
 W weight bytes, kvb KV bytes per token (both at the pool's precision), F achieved FLOP/s on large
 GEMMs, g(M) = M / (M + 64) the GEMM share a batch of M tokens gets, BW the weight-streaming and
 BWkv the paged-KV bandwidth, o(B, M, A) the iteration's fixed costs for B sequences, M tokens and A
 newly admitted requests: per step, per sequence, per request, and the tensor-parallel all-reduces
-of M tokens, :meth:`fleetloop.sim.catalog.NodeSpec.overhead_s`):
+of M tokens, :meth:`fleetloop.perf.catalog.NodeSpec.overhead_s`):
 
 - a **mixed iteration** (prefill chunks plus one token for each decoding request), capped at
   ``max_batch_tokens`` tokens, decode tokens first (vLLM's chunked-prefill scheduler)::
@@ -29,7 +29,7 @@ of M tokens, :meth:`fleetloop.sim.catalog.NodeSpec.overhead_s`):
   arrival, cancellation or fault truncates the run at the step boundary after it (the quadratic is
   solved for the step).
 
-The serving engine (``runtime``, a :class:`fleetloop.sim.runtime.RuntimeProfile`) sets the step's
+The serving engine (``runtime``, a :class:`fleetloop.perf.engines.RuntimeProfile`) sets the step's
 token budget, the running-request cap, the KV memory share, the CUDA-graph batch sizes (a decode
 batch's GEMMs run padded to the next captured size), the CPU costs ``o``, whether prefill shares a
 step with decodes (vLLM V1, TensorRT-LLM) or runs in steps of its own (SGLang, vLLM V0: decoders
@@ -52,7 +52,6 @@ not attributed.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections import OrderedDict, deque
@@ -60,23 +59,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fleetloop.sim import catalog
-from fleetloop.sim.catalog import NodeSpec
-from fleetloop.sim.runtime import DEFAULT_PROFILE, RuntimeProfile
+from fleetloop.perf.catalog import NodeSpec
+from fleetloop.perf.engines import DEFAULT_PROFILE, RuntimeProfile
+from fleetloop.perf.step import StepCosts, compute_s, kv_capacity_tokens, memory_s, padded_batch, roofline
 
 HOT_PREFIXES = 16
-
-
-def roofline(a: float, b: float) -> float:
-    """A step's time from its memory and compute times: a smooth maximum, ``(a^p + b^p)^(1/p)`` with
-    ``p`` :data:`fleetloop.sim.catalog.ROOF_P`. Far from the ridge it is the larger one (the
-    roofline); near it (a mid-sized decode batch) kernels reach neither peak and it is more."""
-    p = catalog.ROOF_P
-    hi = max(a, b)
-    if hi <= 0.0:
-        return 0.0
-    lo = min(a, b)
-    return hi * float((1.0 + (lo / hi) ** p) ** (1.0 / p))
 
 
 class NodeListener(Protocol):
@@ -225,19 +212,15 @@ class Node:
         self._admit_seq = 0
         self.stats = IntervalStats()
         self._busy_mark = now  # busy time counted up to here
-        # constants of the physics
-        m = spec.model
-        self._two_p = 2.0 * m.params
-        self._attn = spec.attn_flops_per_ctx
-        self._w = spec.weight_bytes
-        self._kvb = float(spec.kv_bytes_per_token)
-        self._f = spec.flops
-        self._bw = spec.bytes_per_s
-        self._bw_kv = spec.kv_bytes_per_s
+        # constants of the physics (fleetloop.perf.step prices every iteration from them)
+        self._costs = costs = StepCosts.of(spec)
+        self._attn = costs.attn
+        self._kvb = costs.kvb
+        self._f = costs.flops
+        self._bw_kv = costs.bw_kv
         self._pins: dict[str, int] = {}  # prefix digest -> running requests that use its blocks
         self._usd_s = spec.usd_per_s
-        kv_bytes = runtime.kv_budget_bytes(spec.hbm_bytes, spec.weight_bytes, spec.gpus)
-        self.capacity = max(0, int(kv_bytes // spec.kv_bytes_per_token))
+        self.capacity = kv_capacity_tokens(spec, runtime)
 
     # -- queries ----------------------------------------------------------------------------------
 
@@ -567,14 +550,6 @@ class Node:
         elif self.prefilling:  # max_batch_tokens < 1 cannot happen; keep the loop safe
             self._start_mixed(now, 0, max(1, self.max_batch_tokens))
 
-    def _padded(self, batch: int) -> int:
-        """The decode batch as its CUDA graph runs it: padded up to the next captured size (a batch
-        past the largest runs eagerly, as it is)."""
-        graphs = self._graphs
-        if not graphs or batch > graphs[-1]:
-            return batch
-        return graphs[bisect.bisect_left(graphs, batch)]
-
     def _start_mixed(self, now: float, n_dec: int, budget: int, *, with_decode: bool = True) -> None:
         chunks: list[tuple[Req, int]] = []
         ctx = self.ctx_decode if with_decode else 0
@@ -594,8 +569,8 @@ class Node:
             attn += self._attn * (c * r.pos + c * c / 2.0)
             kv_read += r.pos + c
         spec = self.spec
-        comp = (self._two_p * total / spec.gemm_share(total) + attn) / self._f
-        mem = self._w / self._bw + self._kvb * kv_read / self._bw_kv
+        comp = compute_s(self._costs, total, attn)
+        mem = memory_s(self._costs, kv_read)
         o = spec.overhead_s(
             n_dec + len(chunks),
             total,
@@ -621,9 +596,9 @@ class Node:
             room = self.capacity - self.kv_used - self.cache_tokens
         steps = max(1, min(steps, room // n_dec))
         spec = self.spec
-        mem = self._w / self._bw + self._kvb * self.ctx_decode / self._bw_kv
-        padded = self._padded(n_dec)
-        comp = (self._two_p * padded / spec.gemm_share(padded) + self._attn * self.ctx_decode) / self._f
+        mem = memory_s(self._costs, self.ctx_decode)
+        padded = padded_batch(self._graphs, n_dec)
+        comp = compute_s(self._costs, padded, self._attn * self.ctx_decode)
         first = roofline(mem, comp)
         # Every step adds a token to each context: the KV read and the attention FLOPs grow by a
         # fixed amount a step. The run is summed with the chord of the step time from its first to

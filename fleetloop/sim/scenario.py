@@ -24,9 +24,10 @@ from pydantic import (
     model_validator,
 )
 
+from fleetloop.perf.catalog import GPUS, MODELS, node_spec
+from fleetloop.perf.engines import Engine, RuntimeProfile, check_family, profile
 from fleetloop.schemas.errors import one_line
-from fleetloop.sim.catalog import GPUS, MODELS, node_spec, sample_cold_start
-from fleetloop.sim.runtime import FAMILIES, Engine, RuntimeProfile, profile
+from fleetloop.sim.catalog import sample_cold_start
 from fleetloop.user_input import UserInputError, read_yaml
 
 Ident = str
@@ -65,12 +66,12 @@ class Pool(_Strict):
     min_nodes: Int = Field(default=0, ge=0, le=1000)
     max_nodes: Int | None = Field(default=None, ge=0, le=1000)
     # extension: a fixed cold start in seconds; absent, each boot draws one from the published
-    # phase distribution (fleetloop.sim.catalog: init, download, load, compile, capture), per `cache`
+    # phase distribution (fleetloop.perf.catalog: init, download, load, compile, capture), per `cache`
     cold_start_s: float | None = Field(default=None, ge=0.0, le=3600.0)
     cache: Literal["cached", "uncached"] = "cached"  # extension: what a booting node finds on disk
     gpus_per_node: Int | None = Field(default=None, ge=1, le=64)  # extension: tensor-parallel degree
     precision: Literal["bf16", "fp8"] = "bf16"  # extension: weights and KV cache in 2 or 1 bytes
-    # extension: the serving engine and its release family (fleetloop.sim.runtime); None = the
+    # extension: the serving engine and its release family (fleetloop.perf.engines); None = the
     # engine's default family (vllm v1, sglang 0.3, trtllm 1.0)
     engine: Engine = "vllm"  # runtime.DEFAULT_ENGINE
     engine_version: str | None = Field(default=None, max_length=20)
@@ -100,12 +101,7 @@ class Pool(_Strict):
 
     @model_validator(mode="after")
     def _engine_family(self) -> Pool:
-        known = FAMILIES[self.engine]
-        if self.engine_version is not None and self.engine_version not in known:
-            raise ValueError(
-                f"engine_version: {self.engine} has no profile {self.engine_version!r} "
-                f"(known: {', '.join(known)})"
-            )
+        check_family(self.engine, self.engine_version)
         return self
 
     @property

@@ -42,7 +42,7 @@ Fleet, one pool per ``pool_id`` seen in telemetry inside the window:
   --runtime`` read it, given to :func:`derive` per pool (``fleetloop whatif --engine``); telemetry
   records do not carry it, so without it a pool is simulated as vLLM V1 (noted). The engine sets
   the simulated node's per-request and per-step costs, batching and KV share
-  (:mod:`fleetloop.sim.runtime`).
+  (:mod:`fleetloop.perf.engines`).
 
 Faults (``at_s`` relative to ``from_ms``):
 - ``degrade``: a node whose TBT p50 (TTFT p50 where a pool reports no TBT) is >= 2.5x the median of
@@ -82,10 +82,10 @@ from typing import Any
 
 import numpy as np
 
+from fleetloop.perf.catalog import GPUS, MODELS, node_spec
+from fleetloop.perf.engines import DEFAULT_ENGINE, DEFAULT_FAMILY, ENGINES, FAMILIES
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
-from fleetloop.sim.catalog import GPUS, MODELS, node_spec
-from fleetloop.sim.runtime import DEFAULT_ENGINE, DEFAULT_FAMILY, ENGINES, FAMILIES
 from fleetloop.sim.scenario import Scenario, ScenarioError, parse_scenario
 
 DEGRADE_ON = 2.5  # ratio to the pool's median that starts a degrade episode

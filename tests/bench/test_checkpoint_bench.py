@@ -20,6 +20,7 @@ FIGURES = (
     "loop_stall_forked_ms",
     "restore_stall_inline_ms",
     "restore_stall_thread_ms",
+    "restore_stall_thread_gc_held_ms",
 )
 
 

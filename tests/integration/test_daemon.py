@@ -8,8 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
+from fleetloop.router import Endpoint, Router
+from fleetloop.router.follow import StateFollower
+from fleetloop.schemas.decisions import refresh_s_of
 from fleetloop.schemas.topics import DEADLETTER, DECISIONS, REQUESTS, STATE, TELEMETRY, TICKS
 from tests.support.kafka import decisions_of, producer, read_all, running_daemon, send, wait_decided
 from tests.support.records import outcome, telemetry, tick, to_bytes
@@ -110,3 +114,35 @@ async def test_restart_resumes_from_committed_offsets_without_losing_a_decision(
     t4 = next(d for d in decided if d.body.kind == "routing" and d.tick_id == 4)
     assert sorted(t4.body.weights) == list(NODES)  # type: ignore[union-attr]
     assert t4.body.reason == "least-queue"
+
+
+async def test_control_state_holds_changes_in_the_change_only_form_and_a_router_reads_it(
+    kafka_env: Any,
+) -> None:
+    """On a real broker: control.decisions holds every decision of every tick, control.state the
+    enforced ones that changed (and the first of each key), each with the form's headers; the
+    router library's follower files the pool's routing with the daemon's refresh period."""
+    async with running_daemon(kafka_env) as daemon, producer(kafka_env) as p:
+        for k in range(1, 7):
+            await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=k * 1000) for n in NODES])
+            await send(p, kafka_env, TICKS, [tick(k)])
+            await wait_decided(daemon, k * 1000)
+    logged = await read_all(
+        kafka_env, DECISIONS, until=lambda rs: {d.tick_id for d in decisions_of(rs)} >= {6}
+    )
+    state = await read_all(kafka_env, STATE, until=lambda rs: len(rs) > 0)
+    assert state
+    assert all(refresh_s_of(r.headers) == 10.0 for r in state)
+    assert all(not r.headers for r in logged)
+    assert len(state) < len(logged)  # steady telemetry, unchanged decisions: not re-sent
+    assert {d.key for d in decisions_of(state)} == {d.key for d in decisions_of(logged)}
+    eps = {n: Endpoint(node_id=n, pool_id="p") for n in NODES}
+    router: Router[Endpoint] = Router(
+        {"m": ("p",)}, np.random.default_rng(0), members={"p": list(eps.values())}, nodes=eps
+    )
+    follower = StateFollower(router, kafka_env.bootstrap_servers, topic_prefix=kafka_env.prefix)
+    await follower.start()
+    try:
+        assert router.state.pools["p"].routing_refresh_s == 10.0
+    finally:
+        await follower.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 
-from fleetloop.sim.catalog import NodeSpec
+from fleetloop.perf.catalog import NodeSpec
 from fleetloop.sim.node import Node, Req
 
 

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fleetloop.sim import catalog
-from fleetloop.sim.catalog import (
+from fleetloop.perf import catalog
+from fleetloop.perf.catalog import (
     ENGINE_EFF,
     GPU_MEMORY_UTIL,
     LAYER_S,
     TP_COMPUTE_EFF,
     NodeSpec,
     node_spec,
-    sample_cold_start,
 )
-from fleetloop.sim.node import Req, roofline
-from fleetloop.sim.runtime import DEFAULT_PROFILE
+from fleetloop.perf.engines import DEFAULT_PROFILE
+from fleetloop.perf.step import roofline
+from fleetloop.sim.catalog import sample_cold_start
+from fleetloop.sim.node import Req
 from tests.sim.physics import Loop, batch
 
 

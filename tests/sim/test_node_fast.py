@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fleetloop.sim.catalog import node_spec
+from fleetloop.perf.catalog import node_spec
 from fleetloop.sim.node import Node, Req
 
 

@@ -1,6 +1,6 @@
 """A prompt longer than a pool's nodes hold in KV cache goes to a pool of its model that holds it.
 
-llama-70b on one MI300X holds ~96k tokens, on two H200s ~344k (``fleetloop.sim.catalog``). Before
+llama-70b on one MI300X holds ~96k tokens, on two H200s ~344k (``fleetloop.perf.catalog``). Before
 the routing decision carried ``max_prompt_tokens``, the router split a model's calls by capacity
 whatever their size, so a 100k-token prompt sent to the MI300X pool failed there (an engine error),
 and its retries failed the same way whenever the split sent them back (research-long-context lost

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+from fleetloop.perf.catalog import node_spec
 from fleetloop.schemas.decisions import Decision, PolicyStamp, RoutingDecision
-from fleetloop.sim.catalog import node_spec
 from fleetloop.sim.node import Node
 from fleetloop.sim.router import SimRouter, sim_router
 from tests.sim.physics import Loop

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from fleetloop.sim import runtime
+from fleetloop.perf import engines as runtime
+from fleetloop.perf.catalog import node_spec
+from fleetloop.perf.engines import PROFILES, profile
+from fleetloop.perf.step import padded_batch
 from fleetloop.sim.calibrate import Row, simulate
-from fleetloop.sim.catalog import node_spec
 from fleetloop.sim.node import Node, Req
-from fleetloop.sim.runtime import PROFILES, profile
 from fleetloop.sim.scenario import ScenarioError, parse_scenario
 from fleetloop.whatif.derive import engine_arg
 from tests.sim.physics import Loop
@@ -115,11 +116,11 @@ def test_multi_step_blocks_make_a_new_request_wait_for_the_block() -> None:
 
 
 def test_decode_batch_pads_to_the_next_cuda_graph() -> None:
-    loop = _node("vllm", "v1")
-    assert loop.node._padded(5) == 8
-    assert loop.node._padded(250) == 256
-    assert loop.node._padded(257) == 272
-    assert loop.node._padded(600) == 600  # past the largest graph: eager, unpadded
+    graphs = _node("vllm", "v1").node._graphs
+    assert padded_batch(graphs, 5) == 8
+    assert padded_batch(graphs, 250) == 256
+    assert padded_batch(graphs, 257) == 272
+    assert padded_batch(graphs, 600) == 600  # past the largest graph: eager, unpadded
 
 
 def test_served_requests_pay_the_engines_per_request_cost_outside_the_gpu_loop() -> None:

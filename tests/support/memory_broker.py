@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fleetloop.daemon.act.publish import dead_letter_record, decision_bytes
+from fleetloop.daemon.act.state_changes import StateChanges
 from fleetloop.daemon.observe.decode import DeadLetter
+from fleetloop.daemon.runtime.config import STATE_REFRESH_S
 from fleetloop.daemon.runtime.port import Rebalance, Record, TopicPartition
-from fleetloop.schemas.decisions import Decision
+from fleetloop.schemas.decisions import Decision, state_headers
 from fleetloop.schemas.topics import (
     DEADLETTER,
     DECISIONS,
@@ -111,8 +113,11 @@ class MemoryBroker:
         partitions: int = 2,
         group: str = "fleetloop",
         stage_delay_s: float = 0.0,
+        state_refresh_ms: int = int(STATE_REFRESH_S * 1000),
     ) -> None:
         self.clock = clock
+        # control.state's change-only rule, as the daemon's publisher applies it (0: every decision).
+        self.state_refresh_ms = state_refresh_ms
         # How long handing one tick's decisions to the publisher takes: a daemon slower than its
         # boundaries (its loop busy that long per tick decided) in virtual time.
         self.stage_delay_s = stage_delay_s
@@ -463,6 +468,8 @@ class MemoryPublisher:
         self.decisions, self.state = topic_name(p, DECISIONS), topic_name(p, STATE)
         self.shadow, self.deadletter = topic_name(p, SHADOW), topic_name(p, DEADLETTER)
         self.end_offset = 0
+        self.state_changes = StateChanges(broker.state_refresh_ms)
+        self.state_headers = state_headers(broker.state_refresh_ms)
 
     async def stage(self, decisions: Sequence[Decision], shadow: Sequence[Decision] = ()) -> None:
         if self.broker.stage_delay_s and decisions:
@@ -472,8 +479,8 @@ class MemoryPublisher:
         for d in decisions:
             value = decision_bytes(d)
             self.broker.append(self.decisions, value, d.key.encode())
-            if d.policy.mode == "enforce":
-                self.broker.append(self.state, value, d.key.encode())
+            if d.policy.mode == "enforce" and self.state_changes.publish(d):
+                self.broker.append(self.state, value, d.key.encode(), headers=self.state_headers)
 
     async def flush(self) -> None:
         self.broker.check()

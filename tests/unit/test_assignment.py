@@ -44,17 +44,22 @@ def _assigned(r: Rig) -> list[TopicPartition]:
     return tps
 
 
+async def checkpointed(clock: FakeClock, broker: MemoryBroker) -> tuple[bytes, dict[str, int]]:
+    """A first owner reads 40 records of each input into partition 0's shard, folds half and
+    checkpoints it: the checkpoint's bytes and the shard's folded offsets."""
+    async with rig(clock, broker) as first:
+        _inputs(first, 40)
+        owned = first.own(0)
+        _read_into(first, owned.shard)
+        owned.dirty = True
+        assert await first.checkpoints().write(force=True)
+        return checkpoint.encode(owned.shard.checkpoint_value()), dict(owned.shard.folded)
+
+
 def test_a_new_owner_restores_the_checkpoint_exactly_and_reads_on_from_its_offsets() -> None:
     async def run(clock: FakeClock) -> None:
         broker = MemoryBroker(clock, partitions=1)
-        async with rig(clock, broker) as first:
-            _inputs(first, 40)
-            owned = first.own(0)
-            _read_into(first, owned.shard)
-            owned.dirty = True
-            assert await first.checkpoints().write(force=True)
-            written = checkpoint.encode(owned.shard.checkpoint_value())
-            folded = dict(owned.shard.folded)
+        written, folded = await checkpointed(clock, broker)
         async with rig(clock, broker) as second:
             assignment = second.assignment()
             await assignment.assign(_assigned(second))

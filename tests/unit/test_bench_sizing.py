@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
+from fleetloop.bench.loadgen import overload_skipped, rebalances_beyond_start, stability
 from fleetloop.bench.sizing import SKIPPED_HEADER, judge
+from fleetloop.daemon.runtime.telemetry import DaemonStats
 
 
 @dataclass
@@ -54,3 +57,39 @@ def test_skipped_and_missing_ticks_are_not_decided() -> None:
     decisions = [_decision("a", 10, 10_100), _decision("a", 11, 11_100)]
     v = judge(ticks, decisions, {"a"}, t0_ms=10_000, t1_ms=13_000, tick_ms=1000)
     assert (v["ticks_expected"], v["ticks_published"], v["ticks_skipped"], v["ticks_decided"]) == (3, 1, 1, 1)
+
+
+def test_the_stability_figures_come_from_the_daemons_stop_line(tmp_path: Path) -> None:
+    stats = DaemonStats(
+        loop_stall_max_ms=42.4,
+        gc_pause_max_ms=7.0,
+        loop_stall_own_max_ms=12.0,
+        assignments=3,
+        ticks_overload=2,
+    )
+    log = tmp_path / "daemon.log"
+    lines = [
+        {"event": "daemon started", "assignments": 9},
+        {"event": "loop", "stall_max_s": 0.04},
+        {"event": "daemon stopped", **stats.summary()},
+    ]
+    log.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    assert stability(str(log)) == {
+        "loop_stall_max_ms": 42,
+        "gc_pause_max_ms": 7,
+        "loop_stall_own_max_ms": 12,
+        "gc_pause_own_max_ms": 0,
+        "assignments": 3,
+    }
+    assert overload_skipped(str(log)) == 2
+    assert set(stability(str(tmp_path / "none.log")).values()) == {None}
+
+
+def test_rebalances_are_the_assignments_beyond_what_the_daemons_start_up_explains() -> None:
+    assert rebalances_beyond_start([1]) == 0
+    assert rebalances_beyond_start([2, 1]) == 0  # the second to join hands the first one more
+    assert rebalances_beyond_start([1, 2]) == 0  # ... whichever joined first
+    assert rebalances_beyond_start([2, 2]) == 1  # one more round with both running
+    assert rebalances_beyond_start([3, 2, 1]) == 0
+    assert rebalances_beyond_start([5, 4, 3]) == 6
+    assert rebalances_beyond_start([1, None]) is None

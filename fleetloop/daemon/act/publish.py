@@ -1,7 +1,8 @@
 """Publishing decisions and dead letters.
 
 Every decision goes to ``control.decisions`` (the audit log replay compares against); enforced
-ones also go to ``control.state`` (compacted: the newest desired state per key). The decisions of a
+ones also go to ``control.state`` (compacted: the newest desired state per key) when they change what
+their key asks for, and on a periodic refresh (:mod:`fleetloop.daemon.act.state_changes`). The decisions of a
 shadow policy (a document run beside the enforcing one) go to ``control.shadow`` only: routers never
 read it, and replay's log stays the enforcing policy's alone. Values are
 canonical JSON (sorted keys), so the same decision is the same bytes in a live run and a replay.
@@ -32,8 +33,9 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from pydantic import BaseModel
 
+from fleetloop.daemon.act.state_changes import StateChanges
 from fleetloop.daemon.observe.decode import DeadLetter, digest
-from fleetloop.schemas.decisions import Decision, PolicyStamp
+from fleetloop.schemas.decisions import Decision, PolicyStamp, state_headers
 from fleetloop.schemas.topics import DEADLETTER, DECISIONS, SHADOW, STATE, topic_name
 
 
@@ -268,8 +270,11 @@ class Publisher:
     29,000 at 10,000): appending to a batch costs ~1 us, and the loop never waits on a round trip
     between pools."""
 
-    def __init__(self, producer: AIOKafkaProducer, prefix: str) -> None:
+    def __init__(self, producer: AIOKafkaProducer, prefix: str, state_refresh_ms: int = 0) -> None:
         self._producer = producer
+        # control.state: each key when it changes, and a refresh (state_changes); 0: every decision.
+        self.state_changes = StateChanges(state_refresh_ms)
+        self._state_headers = state_headers(state_refresh_ms)
         self._decisions = topic_name(prefix, DECISIONS)
         self._state = topic_name(prefix, STATE)
         self._shadow = topic_name(prefix, SHADOW)
@@ -305,8 +310,8 @@ class Publisher:
                 key = d.key.encode()
                 value = decision_bytes(d)
                 await self._append(self._decisions, key, value)
-                if d.policy.mode == "enforce":
-                    await self._append(self._state, key, value)
+                if d.policy.mode == "enforce" and self.state_changes.publish(d):
+                    await self._append(self._state, key, value, self._state_headers)
                     self.state_published += 1
             self.decisions_published += len(decisions)
         except Exception as exc:  # e.g. no metadata for a topic yet: flush() raises it to the caller
@@ -344,7 +349,10 @@ class Publisher:
             await asyncio.wait(sent)
         return self._failed is None and not any(f.exception() is not None for f in sent if not f.cancelled())
 
-    async def _append(self, topic: str, key: bytes, value: bytes) -> None:
+    async def _append(
+        self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> None:
+        headers = headers if headers is not None else []  # a list: the client's batch refuses a tuple
         parts = self._partitions.get(topic)
         if parts is None:
             parts = self._partitions[topic] = sorted(await self._producer.partitions_for(topic))
@@ -353,10 +361,10 @@ class Publisher:
         builder = self._open.get((topic, part))
         if builder is None:
             builder = self._open[(topic, part)] = self._producer.create_batch()
-        if builder.append(timestamp=None, key=key, value=value) is None:  # full: queue it, start another
+        if builder.append(timestamp=None, key=key, value=value, headers=headers) is None:  # full: next
             self._full.append((topic, part, self._open.pop((topic, part))))
             builder = self._open[(topic, part)] = self._producer.create_batch()
-            builder.append(timestamp=None, key=key, value=value)
+            builder.append(timestamp=None, key=key, value=value, headers=headers)
 
     async def _hand_over(self) -> None:
         """Hand the staged batches to the client, one at a time and in the order they were filled

@@ -33,7 +33,7 @@ from fleetloop.daemon.runtime.intake import Intake
 from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import OwnedPartition, Partitions
 from fleetloop.daemon.runtime.port import Clock, GroupConsumer, TopicPartition
-from fleetloop.daemon.runtime.telemetry import DaemonStats
+from fleetloop.daemon.runtime.telemetry import DaemonStats, gc_held
 from fleetloop.schemas.topics import TICKS
 
 log = logger("fleetloop.daemon")
@@ -86,6 +86,10 @@ class Assignment:
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         self.parts.generation += 1
+        if self.link.stop is None or not self.link.stop.is_set():
+            # Counted while running: the group hands a stopping member's partitions on as it stops
+            # (another member's leave), which is the stop's, not a rebalance of a running group.
+            self.stats.assignments += 1
         try:
             await self.assign(assigned)
         except (self.link.broker.error, OSError) as exc:  # the loop restores once the broker answers again
@@ -95,6 +99,13 @@ class Assignment:
     # -- assigning ---------------------------------------------------------------------------------
 
     async def assign(self, assigned: Sequence[TopicPartition]) -> None:
+        """Restore (or keep) a shard per assigned partition index (:meth:`_held`), with the cyclic
+        collector held meanwhile and the restored shards frozen out of its sight
+        (:func:`~fleetloop.daemon.runtime.telemetry.gc_held`)."""
+        with gc_held(self.config.gc_gen0_threshold > 0):
+            await self._held(assigned)
+
+    async def _held(self, assigned: Sequence[TopicPartition]) -> None:
         """Restore (or keep) a shard per assigned partition index, each sought to where it goes on.
 
         The partitions are paused from when their end offsets are known until they are sought:

@@ -18,6 +18,7 @@ from fleetloop.policies.registry import CompiledPolicy
 CUT_HEADER = "fleetloop.cut"
 SKIPPED_HEADER = "fleetloop.skipped"
 SKIPPED_FROM_HEADER = "fleetloop.skipped_from"
+STATE_REFRESH_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,23 @@ class DaemonConfig:
     # about half of it; a large fleet on a busy machine may need longer (its heartbeats come late
     # and the group rebalances over and over). The heartbeat interval is a sixth of it, at most 1 s.
     session_timeout_s: float = 6.0
+    # Static membership (KIP-345): a name of this instance, stable across its restarts and unique in
+    # the group. A member that restarts under the same name within the session timeout gets its
+    # partitions back without a rebalance of the whole group (and a stop leaves none: its
+    # partitions wait out the session timeout); pair it with a session timeout longer than a
+    # restart. None: dynamic membership, every join and leave a rebalance.
+    group_instance_id: str | None = None
+    # How long the group waits, in a rebalance, for every member to join again. A member's revoke
+    # callback first checkpoints every shard it holds (a fork and seconds of encoding at 10,000
+    # nodes on a loaded machine); the client's default is the session timeout (6 s), past which
+    # the slow member is dropped from the generation and its late join starts another rebalance.
+    # The session timeout still bounds how long a crashed member holds its partitions.
+    rebalance_timeout_s: float = 60.0
+    # control.state gets each key's decision when it changes and re-sends every key at least this
+    # often (fleetloop.daemon.act.state_changes); 0: every enforced decision every tick (the old
+    # form). Below the routers' fail-static default (30 s), so a router that does not know the
+    # change-only form still finds its routing fresh.
+    state_refresh_s: float = STATE_REFRESH_S
     catchup_max_ticks: int = 600  # missed boundaries decided after an outage, per pool; older: skipped
     # ... and fewer when the shard is already slow: when its recent pace (wall seconds per boundary
     # decided) says the catch-up would take longer than this, the newest boundaries that fit it (at
@@ -63,8 +81,12 @@ class DaemonConfig:
     tick_read_wait_s: float = 0.1
     # Cyclic GC: the young generation is collected every this many new container objects (Python's
     # default, 700, runs it every few dozen decoded records: ~25% of ingest CPU, measured by
-    # ``fleetloop bench ingest``). 0 leaves the interpreter's settings alone.
-    gc_gen0_threshold: int = 100_000
+    # ``fleetloop bench ingest``), and what survives a collection is frozen (freeze_survivors), so
+    # a collection walks only the young objects: its pause grows with this figure. 100,000 paused
+    # the loop up to 74-100 ms of CPU at 10,000 nodes on a loaded machine; with half of it the
+    # collections come twice as often and each walks half as many objects. 0 leaves the
+    # interpreter's settings alone.
+    gc_gen0_threshold: int = 50_000
     door: Door = field(default_factory=Door)  # record size, event-time window around the broker's
     max_policy_version_step: int = 1000  # refuse a policy version further above the active one
     model: ModelConfig = field(default_factory=ModelConfig)  # caps and retention of each shard's model

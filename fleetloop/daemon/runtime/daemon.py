@@ -50,7 +50,14 @@ from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import Partitions
 from fleetloop.daemon.runtime.port import Broker, Clock, Offload, Record, TopicPartition
 from fleetloop.daemon.runtime.summaries import Summaries
-from fleetloop.daemon.runtime.telemetry import DaemonStats, LoopTimes, TripTrace, tune_gc
+from fleetloop.daemon.runtime.telemetry import (
+    DaemonStats,
+    LoopTimes,
+    StallWatch,
+    TripTrace,
+    freeze_survivors,
+    tune_gc,
+)
 from fleetloop.daemon.runtime.ticker import Pace, Ticker
 from fleetloop.daemon.service import metrics
 from fleetloop.daemon.service.health import Health, supervise
@@ -82,7 +89,7 @@ class Daemon:
         self.clock = clock
         self.engine = Engine(config.policy)  # holds the active policy; state lives in the shards
         self.stats = stats = DaemonStats()
-        self.loop_times = LoopTimes(clock=clock)
+        self.loop_times = LoopTimes(clock=clock, stats=stats)
         self.trace = TripTrace(clock=clock)
         self.health = Health(policy_loaded=True)
         self._on_decisions = on_decisions
@@ -168,6 +175,12 @@ class Daemon:
                         "policy": lambda: self._follower.follow(stop),
                         "broker-watch": lambda: link.watch(stop, self._refresh_health),
                     }
+                    if self.clock is wall_clock:
+                        # Stalls are the real loop's: on a virtual clock there are none to measure,
+                        # and a 20 ms timer would only reorder the virtual schedule the tests pin.
+                        jobs["stall-watch"] = lambda: StallWatch(self.clock, self.loop_times.on_stall).run(
+                            stop
+                        )
                     if cfg.run_ticker:
                         jobs["ticker"] = lambda: self._ticker.run(stop)
                     in_force = self.engine.policy.stamp  # the resumed one, not --policy's, after a restart
@@ -205,6 +218,7 @@ class Daemon:
             try:
                 if (figures := times.report()) is not None:
                     log.info("loop", **figures)
+                freeze_survivors(times, self.config.gc_gen0_threshold > 0)
                 times.lap("loop")
                 if self._assignment.needed:
                     await self._assignment.restore()
@@ -355,3 +369,6 @@ class Daemon:
     def is_ready(self) -> bool:
         self._refresh_health()
         return self.health.ready()[0]
+
+    def stability(self) -> dict[str, float]:
+        return self.stats.stability()

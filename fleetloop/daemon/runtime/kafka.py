@@ -175,6 +175,7 @@ class KafkaBroker:
             **connect(cfg.bootstrap_servers),
             client_id=cfg.client_id,
             group_id=cfg.group_id,
+            group_instance_id=cfg.group_instance_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             partition_assignment_strategy=(RangePartitionAssignor,),
@@ -188,6 +189,9 @@ class KafkaBroker:
             # Short sessions: the embedded broker completes a join in about half the session timeout.
             session_timeout_ms=int(cfg.session_timeout_s * 1000),
             heartbeat_interval_ms=int(min(1.0, cfg.session_timeout_s / 6.0) * 1000),
+            # Not the session timeout (the client's default): a revoke that checkpoints a large
+            # shard outlasts it, and the member dropped for it rejoins into another rebalance.
+            rebalance_timeout_ms=int(max(cfg.rebalance_timeout_s, cfg.session_timeout_s) * 1000),
             max_partition_fetch_bytes=MAX_FETCH_BYTES,
             # A fetch that the broker never answers (seen on the embedded broker under floods)
             # stalls every partition until it times out: 15 s, not the client's default 40 s.
@@ -208,7 +212,7 @@ class KafkaBroker:
                     producer,
                     _GroupConsumer(consumer),
                     _PolicyReader(policy_consumer, self.policy_topic),
-                    Publisher(producer, cfg.prefix),
+                    Publisher(producer, cfg.prefix, int(cfg.state_refresh_s * 1000)),
                 )
             finally:
                 await policy_consumer.stop()

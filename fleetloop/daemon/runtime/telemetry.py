@@ -9,8 +9,10 @@ where things happen.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +67,18 @@ class DaemonStats:
     shards_restored: int = 0
     shards_started_clean: int = 0
     last_decision_ts_ms: int = 0  # the newest tick whose decisions the broker acknowledged
+    # Stability at scale, since the start: the longest the event loop went without running a
+    # callback it had due (StallWatch: heartbeats, the ticker and the fetches wait that long), the
+    # longest cyclic-GC pause (gc.callbacks: process-wide, the loop waits through it), and how often
+    # the group handed this instance partitions (the first assignment, then one per rebalance).
+    loop_stall_max_ms: float = 0.0
+    gc_pause_max_ms: float = 0.0
+    assignments: int = 0
+    # ... and the same two without the time the loop's thread was runnable but not run (the
+    # machine's other work had the cores): what the daemon's own work made of them. On a machine
+    # with a core to spare the two agree; on a starved one the wall figures are the machine's.
+    loop_stall_own_max_ms: float = 0.0
+    gc_pause_own_max_ms: float = 0.0
     dead_by_reason: dict[str, int] = field(default_factory=dict)  # reason kind -> dead letters
     last_refusal: str = ""
     breaker_open_nodes: set[str] = field(default_factory=set)
@@ -87,6 +101,21 @@ class DaemonStats:
             "commits_skipped": self.commits_skipped,
             "checkpoints_written": self.checkpoints_written,
             "checkpoint_cpu_ms": round(self.checkpoint_cpu_s_total * 1000.0),
+            "loop_stall_max_ms": round(self.loop_stall_max_ms),
+            "gc_pause_max_ms": round(self.gc_pause_max_ms),
+            "loop_stall_own_max_ms": round(self.loop_stall_own_max_ms),
+            "gc_pause_own_max_ms": round(self.gc_pause_own_max_ms),
+            "assignments": self.assignments,
+        }
+
+    def stability(self) -> dict[str, float]:
+        """The stability figures (loop stall, GC pause, assignments): for ``/metrics`` and the benches."""
+        return {
+            "loop_stall_max_ms": round(self.loop_stall_max_ms, 1),
+            "gc_pause_max_ms": round(self.gc_pause_max_ms, 1),
+            "loop_stall_own_max_ms": round(self.loop_stall_own_max_ms, 1),
+            "gc_pause_own_max_ms": round(self.gc_pause_own_max_ms, 1),
+            "assignments": self.assignments,
         }
 
 
@@ -126,20 +155,31 @@ class LoopTimes:
     gc_max_s: float = 0.0
     gc_full: int = 0
     gc_started: float = 0.0
+    gc_runq: float = 0.0
+    freeze_due: bool = False  # a collection ended: what survived it is frozen next (freeze_survivors)
+    stall_max_s: float = 0.0  # the longest loop stall in the window (StallWatch)
+    stall_own_max_s: float = 0.0  # ... without its thread's wait for a core
+    stats: DaemonStats | None = field(default=None, repr=False)  # lifetime maxima go here too
     clock: Clock = field(default=wall_clock, repr=False)
 
     def on_gc(self, phase: str, info: Mapping[str, Any]) -> None:
         """A ``gc.callbacks`` entry: time each collection."""
         now = self.clock.monotonic_s()
+        runq = self.clock.thread_sched_s()[1] if self.stats is not None else 0.0
         if phase == "start":
-            self.gc_started = now
+            self.gc_started, self.gc_runq = now, runq
             return
         if not self.gc_started:
             return
         took = now - self.gc_started
         self.gc_started = 0.0
+        self.freeze_due = True
         self.gc_s += took
         self.gc_max_s = max(self.gc_max_s, took)
+        if self.stats is not None:
+            own = max(0.0, took - (runq - self.gc_runq))
+            self.stats.gc_pause_max_ms = max(self.stats.gc_pause_max_ms, took * 1000.0)
+            self.stats.gc_pause_own_max_ms = max(self.stats.gc_pause_own_max_ms, own * 1000.0)
         if info.get("generation") == 2:
             self.gc_full += 1
 
@@ -178,13 +218,48 @@ class LoopTimes:
             "gc_s": round(self.gc_s, 3),
             "gc_max_s": round(self.gc_max_s, 3),
             "gc_full": self.gc_full,
+            "stall_max_s": round(self.stall_max_s, 3),
+            "stall_own_max_s": round(self.stall_own_max_s, 3),
         }
         self.wall_s, self.cpu_s, self.runq_s = {}, {}, {}
         self.since_s = now
         self.ticker_late_s = self.ticker_s = 0.0
-        self.gc_s = self.gc_max_s = 0.0
+        self.gc_s = self.gc_max_s = self.stall_max_s = self.stall_own_max_s = 0.0
         self.gc_full = 0
         return out
+
+    def on_stall(self, stalled_s: float, own_s: float) -> None:
+        """The loop ran a due callback ``stalled_s`` late, ``own_s`` of it not counting the time its
+        thread waited for a core (:class:`StallWatch`)."""
+        self.stall_max_s = max(self.stall_max_s, stalled_s)
+        self.stall_own_max_s = max(self.stall_own_max_s, own_s)
+        if self.stats is not None:
+            self.stats.loop_stall_max_ms = max(self.stats.loop_stall_max_ms, stalled_s * 1000.0)
+            self.stats.loop_stall_own_max_ms = max(self.stats.loop_stall_own_max_ms, own_s * 1000.0)
+
+
+STALL_PROBE_S = 0.02  # how often StallWatch asks the loop for a turn
+
+
+class StallWatch:
+    """How long the event loop goes without running what it has due: a task that sleeps
+    ``STALL_PROBE_S`` over and over and reports how much later than asked it woke (a loop stall:
+    a long synchronous step, a GC pause, the GIL held by a thread). aiokafka's heartbeats are a task
+    on this loop too, so a stall is how late they are; a stall past the session timeout is a
+    rebalance. Observation only."""
+
+    def __init__(self, clock: Clock, on_stall: Callable[[float, float], None]) -> None:
+        self.clock = clock
+        self.on_stall = on_stall
+
+    async def run(self, stop: asyncio.Event) -> None:
+        clock = self.clock
+        while not stop.is_set():
+            asked, runq0 = clock.monotonic_s(), clock.thread_sched_s()[1]
+            await asyncio.sleep(STALL_PROBE_S)
+            late = max(0.0, clock.monotonic_s() - asked - STALL_PROBE_S)
+            # Of it, the time the loop's thread waited for a core is the machine's, not the loop's.
+            self.on_stall(late, max(0.0, late - (clock.thread_sched_s()[1] - runq0)))
 
 
 TRACE_BOUNDARIES = 16  # boundaries whose stage times the trace keeps (the oldest go first)
@@ -229,6 +304,45 @@ class TripTrace:
             self.stamp(boundary, "acked")
             log.info("trip path", boundary=boundary, **self.after(boundary))
         self.trips.clear()
+
+
+@contextlib.contextmanager
+def gc_held(tuned: bool) -> Iterator[None]:
+    """No cyclic collection while a large state is built (a restore decodes whole shards: hundreds
+    of thousands of objects, each batch of new ones a young collection, and the growth a full one
+    over the whole heap: 0.7 s at 10,000 nodes on a loaded machine), then what exists is moved out
+    of the collector's sight for good (:func:`gc.freeze`): a restored shard lives as long as its
+    partition stays, and a full collection walking it found nothing to free. Only where the daemon
+    tunes the collector (``tuned``; the tests share the process and leave it alone). Reference
+    counting frees as ever meanwhile; a cycle made in that time is kept."""
+    if not tuned or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
+def freeze_survivors(times: LoopTimes, tuned: bool) -> None:
+    """After a collection, freeze what survived it (:func:`gc.freeze`, a splice of the collector's
+    lists): the older generations stay empty, so no collection walks more than the young objects
+    since the last one. Called by the loop between batches (not from the collector's callback),
+    only where the daemon tunes the collector.
+
+    Measured at 10,000 nodes (one process, a generated fleet folded and decided every second): the
+    young collections found 0 unreachable objects, and so did the middle and full ones: the
+    daemon's state holds no cycles and the collector only ever walks it. A young collection
+    (100,000 allocations) took up to 74 ms of CPU; the first middle one, over ten young ones'
+    survivors, 195 ms of CPU (1.25 s of wall time at load 16); a full one over a restored
+    10,000-node shard 683 ms of wall time. Frozen objects are still freed by reference counting
+    when they die; a cycle among them that outlived the collection after its making would be kept."""
+    if times.freeze_due:
+        times.freeze_due = False
+        if tuned:
+            gc.freeze()
 
 
 def tune_gc(gen0_threshold: int) -> None:

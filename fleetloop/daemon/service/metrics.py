@@ -36,6 +36,10 @@ class MetricSource(Protocol):
 
     def is_ready(self) -> bool: ...
 
+    def stability(self) -> dict[str, float]:
+        """``loop_stall_max_ms``, ``gc_pause_max_ms``, ``assignments`` (since the start)."""
+        ...
+
 
 _sources: weakref.WeakSet[MetricSource] = weakref.WeakSet()
 
@@ -126,6 +130,14 @@ def _ready(_: CallbackOptions) -> Iterable[Observation]:
         yield Observation(1 if src.is_ready() else 0)
 
 
+def _stability(what: str):  # type: ignore[no-untyped-def]
+    def cb(_: CallbackOptions) -> Iterable[Observation]:
+        for src in list(_sources):
+            yield Observation(src.stability().get(what, 0))
+
+    return cb
+
+
 def _dropped(_: CallbackOptions) -> Iterable[Observation]:
     yield Observation(logs_dropped())
 
@@ -159,6 +171,24 @@ meter.create_observable_gauge(
     "fleetloop.broker.connected", [_connected], unit="1", description="1 when the broker answers metadata"
 )
 meter.create_observable_gauge("fleetloop.ready", [_ready], unit="1", description="1 when /readyz answers 200")
+meter.create_observable_gauge(
+    "fleetloop.loop.stall_max",
+    [_stability("loop_stall_max_ms")],
+    unit="ms",
+    description="the longest the event loop went without running a callback it had due, since the start",
+)
+meter.create_observable_gauge(
+    "fleetloop.gc.pause_max",
+    [_stability("gc_pause_max_ms")],
+    unit="ms",
+    description="the longest cyclic garbage-collector pause, since the start",
+)
+meter.create_observable_counter(
+    "fleetloop.group.assignments",
+    [_stability("assignments")],
+    unit="1",
+    description="partition assignments from the consumer group: the first, then one per rebalance",
+)
 meter.create_observable_counter(
     "fleetloop.log.lines_dropped", [_dropped], unit="1", description="log lines dropped (slow stderr reader)"
 )

@@ -43,7 +43,7 @@ from fleetloop.edges.cli import EdgeUsageError, connection_from, one_line_errors
 from fleetloop.edges.fleet.agents import Agents
 from fleetloop.edges.fleet.live import LiveFleet, _Lag, probe_loop_lag
 from fleetloop.kafka_security import Bootstrap, bootstrap_arg, connect, error_text, shown
-from fleetloop.schemas.decisions import Decision, decision_from_newer
+from fleetloop.schemas.decisions import Decision, decision_from_newer, refresh_s_of
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.topics import REQUESTS, STATE, topic_name
 from fleetloop.sim.scenario import Scenario, ScenarioError, load_scenario
@@ -136,7 +136,8 @@ async def follow_state(
         await consumer.seek_to_beginning()
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=200)
-            decisions: list[Decision] = []
+            # By form: a change-only daemon's records keep routing fresh that much longer.
+            decisions: dict[float, list[Decision]] = {}
             for rs in batch.values():
                 for r in rs:
                     if not r.value:
@@ -147,9 +148,9 @@ async def follow_state(
                         bad[0] += 1
                         continue
                     if d is not None:
-                        decisions.append(d)
-            if decisions:
-                fleet.apply(decisions)
+                        decisions.setdefault(refresh_s_of(r.headers), []).append(d)
+            for refresh_s, ds in decisions.items():
+                fleet.apply(ds, refresh_s)
     finally:
         await consumer.stop()
 

@@ -49,13 +49,13 @@ from aiohttp import web
 from fleetloop import clock
 from fleetloop.edges.fleet.metrics import VllmMetrics
 from fleetloop.edges.fleet.server import LOOPBACK, LiveNode, Pending, build_app
+from fleetloop.perf.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
 from fleetloop.schemas.decisions import (
     AutoscaleDecision,
     BatchingDecision,
     Decision,
 )
 from fleetloop.sim import faults as faults_mod
-from fleetloop.sim.catalog import DEFAULT_MAX_BATCH_TOKENS, NodeSpec, node_spec
 from fleetloop.sim.fleet import scale_plan
 from fleetloop.sim.node import Node, Req
 from fleetloop.sim.router import SimRouter, sim_router
@@ -341,11 +341,12 @@ class LiveFleet:
 
     # -- desired state in (the worker manager, and the agents' router) --------------------------------
 
-    def apply(self, decisions: Iterable[Decision]) -> None:
+    def apply(self, decisions: Iterable[Decision], refresh_s: float = 0.0) -> None:
         """Enforced decisions only, newest per key (by tick id): the router library keeps that rule
         and takes routing, breaker, admission and retry-budget state; the worker manager acts on
-        the autoscale and batching decisions it accepted."""
-        for d in self.router.apply(decisions, self.t()):
+        the autoscale and batching decisions it accepted. ``refresh_s``: their form on
+        ``control.state`` (:meth:`fleetloop.router.state.DesiredState.accept`)."""
+        for d in self.router.apply(decisions, self.t(), refresh_s):
             self.decisions_applied += 1
             body = d.body
             if isinstance(body, AutoscaleDecision):

@@ -95,8 +95,8 @@ class LiteLLMRouting:
     def fail_static_s(self, value: float) -> None:
         self.router.fail_static_s = value
 
-    def apply(self, decisions: Sequence[Decision], now_s: float) -> list[Decision]:
-        return self.router.apply(decisions, now_s)
+    def apply(self, decisions: Sequence[Decision], now_s: float, refresh_s: float = 0.0) -> list[Decision]:
+        return self.router.apply(decisions, now_s, refresh_s)
 
     def fleet_changed(self) -> None:
         self.router.fleet_changed()

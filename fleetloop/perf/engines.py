@@ -1,13 +1,14 @@
 """Serving-engine runtime profiles: what the engine adds to the GPU's own time, per engine and release.
 
-The node model (:mod:`fleetloop.sim.node`) prices an iteration from the GPU's FLOPs and bytes
-(:mod:`fleetloop.sim.catalog`). The engine decides what an iteration holds and what it costs on
-top: how prefill shares a step with decode, how many sequences and tokens a step may take, which
-batch sizes run as captured CUDA graphs, how long a request spends outside the GPU loop (HTTP,
-tokenization, the hop to the engine core, detokenization and streaming back), and the CPU work of
-every step. A :class:`RuntimeProfile` holds those, one per engine and release family, each number
-with its source in :attr:`RuntimeProfile.sources` (a file of the engine's public source at a named
-place, or a published measurement). The CPU costs no source states as a number are fitted, on the
+The node model (:mod:`fleetloop.perf.step`, which the simulator's nodes run) prices an iteration
+from the GPU's FLOPs and bytes (:mod:`fleetloop.perf.catalog`). The engine decides what an
+iteration holds and what it costs on top: how prefill shares a step with decode, how many
+sequences and tokens a step may take, which batch sizes run as captured CUDA graphs, how long a
+request spends outside the GPU loop (HTTP, tokenization, the hop to the engine core,
+detokenization and streaming back), and the CPU work of every step. A :class:`RuntimeProfile`
+holds those, one per engine and release family, each number with its source in
+:attr:`RuntimeProfile.sources` (a file of the engine's public source at a named place, or a
+published measurement). The CPU costs no source states as a number are fitted, on the
 fitting half of the calibration rows only (:mod:`fleetloop.sim.calibrate`, ``--fit``), and say so.
 
 Profiles (``engine`` / ``family``):
@@ -287,6 +288,15 @@ DEFAULT_FAMILY: dict[str, str] = {"vllm": "v1", "sglang": "0.3", "trtllm": "1.0"
 FAMILIES: dict[str, tuple[str, ...]] = {
     e: tuple(sorted(f for (eng, f) in PROFILES if eng == e)) for e in ENGINES
 }
+
+
+def check_family(engine: str, family: str | None) -> None:
+    """Raise ValueError naming the known releases when ``engine`` has no profile ``family`` (None:
+    the engine's current release, always known): what a scenario's pool and a policy's pool spec
+    both check."""
+    known = FAMILIES[engine]
+    if family is not None and family not in known:
+        raise ValueError(f"engine_version: {engine} has no profile {family!r} (known: {', '.join(known)})")
 
 
 def profile(engine: str = DEFAULT_ENGINE, family: str | None = None) -> RuntimeProfile:
