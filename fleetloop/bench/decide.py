@@ -16,10 +16,10 @@ ledger at the largest size of at most 10,000 nodes and measures RSS and ticks ag
 worst case: every task still open). The garbage collector runs with the daemon's settings
 (``--gc daemon``, what ``fleetloop run`` sets at start: a tick allocates tens of thousands of
 objects, and with Python's default thresholds full collections over the whole model land inside
-ticks); ``--gc python`` measures with Python's defaults, as sessions before 5 did. The records
-folded are what the daemon folds (``--records twin``, the default since session 10: the msgspec
-twins its shard decodes, one batch fold per topic and second); ``--records model`` folds the wire
-models one call per record, as sessions 4-9 measured.
+ticks); ``--gc python`` measures with Python's defaults. The records folded are what the daemon
+folds (``--records twin``, the default: the msgspec twins its shard decodes, one batch fold per
+topic and second); ``--records model`` folds the wire models one call per record, as the bench's
+earlier figures were measured.
 """
 
 from __future__ import annotations
@@ -82,18 +82,18 @@ def register(subparsers: Any) -> None:
         help="garbage collector settings: the daemon's (gc.freeze at start, young generation every"
         f" {DAEMON_GEN0:,} allocations; default) or Python's defaults",
     )
-    # Twins by default since session 10: the daemon's shard decodes msgspec twins and folds them in
-    # one batch per topic, and the snapshot reads their attributes; the wire models cost the fold
-    # and the snapshot's column reads 1.4-2x more (session 10's start at 10k: fold of 1 s 163 vs
+    # Twins by default: the daemon's shard decodes msgspec twins and folds them in one batch per
+    # topic, and the snapshot reads their attributes; the wire models cost the fold and the
+    # snapshot's column reads 1.4-2x more (at 10k when twins became the default: fold of 1 s 163 vs
     # 83 ms, snapshot 35 vs 25 ms), so the old default overstated both. ``--records model`` keeps
-    # the figures of sessions 4-9 reproducible.
+    # the earlier figures reproducible.
     p.add_argument(
         "--records",
         choices=("model", "twin"),
         default="twin",
         help="what is folded: the msgspec twins in one batch fold per topic and second, as the"
-        " daemon's shard decodes and folds them (default since session 10), or the wire models, one"
-        " fold call per record (the default of sessions 4-9)",
+        " daemon's shard decodes and folds them (default), or the wire models, one fold call per"
+        " record (the earlier default)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)

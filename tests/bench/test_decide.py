@@ -89,7 +89,7 @@ def test_bench_decide_folds_twins_as_the_daemon_does_and_reports_the_collector(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     args = ["bench", "decide", "--nodes", "64", "--ticks", "3", "--warmup", "2", "--json"]
-    assert main(args) == 0  # the default since session 10: what the daemon folds
+    assert main(args) == 0  # the default: what the daemon folds
     twin = orjson.loads(capsys.readouterr().out)
     assert main([*args, "--records", "model"]) == 0
     plain = orjson.loads(capsys.readouterr().out)
