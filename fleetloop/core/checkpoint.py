@@ -4,7 +4,7 @@ Why a checkpoint and not a warm-up re-read. The state behind a decision is not a
 bounded suffix of the inputs: the workflow ledger counts every task since the start, Envoy's
 ejection count and backoff grow with every ejection, HPA keeps scale events and the predictive
 autoscaler its demand history. Re-reading "the last N records" therefore gives a state that is
-only close to the one a continuous run has (the ejection counts that went 5 -> 3). Instead the
+only close to the one a continuous run has (an ejection count that restarts lower). Instead the
 runtime writes, every few seconds, each shard's fleet model and policy state together with the
 input offsets and the last tick they reflect, to the compacted ``control.checkpoint`` topic; a new
 owner restores the newest complete checkpoint and folds exactly the records between its offsets
@@ -12,14 +12,14 @@ and the end through the same code path (:mod:`fleetloop.core.shard`), deciding t
 between again without publishing the ones already published. Restore + fold-forward is the
 continuous computation, so the state is equal, not approximately equal.
 
-Encoding (format 2, stated value by value above ``_enc_plain``). A tagged JSON tree compressed with
+Encoding (format 2, stated value by value above ``_INT_LO``). A tagged JSON tree compressed with
 zlib: floats are written with the shortest repr that reads back to the same double (orjson), so
 values round-trip bit for bit, and a float that is not finite as its 8 bytes (a NaN keeps its sign
 and payload); ints beyond 64 bits, tuples, dicts, sets, numpy scalars and instances are tagged; a
 numpy array of numbers is its raw bytes with dtype and shape. Each state class's field names are
 written once per checkpoint (``"classes"``), an instance as its values in that order. Only classes
 defined in ``fleetloop`` modules that are dataclasses, pydantic models, msgspec structs or listed
-in ``_PLAIN`` can be named, and decoding never calls a constructor or any code of theirs (fields
+in ``_SLOTTED`` can be named, and decoding never calls a constructor or any code of theirs (fields
 are set on a bare instance; slots a class names in ``_TRANSIENT``, state derived from the rest
 such as the model's snapshot caches, are not written; a decoded instance gets the plain values
 that mapping gives; a struct is built by msgspec from its values, checked), so a forged
@@ -27,13 +27,13 @@ checkpoint can at worst produce a wrong state, never run code. A dataclass field
 checkpoint was written decodes as its declared default (a field without a default, or one removed,
 does not decode). A value that does not decode (for example written by another fleetloop version
 whose state classes changed) raises :class:`CheckpointError`; the runtime then starts that shard
-clean and says so. Format 1 (session 9 and before: every instance with its class and field names,
+clean and says so. Format 1 (the earlier format: every instance with its class and field names,
 every list element tagged one by one) is still decoded.
 
-Cost (``fleetloop bench checkpoint``, ``bench/results/checkpoint-s10.md``): the encoder resolves
-each class's fields once and passes runs of plain values (a window's row of finite floats, a
-struct's scalar fields) to orjson as they are, without a Python call per element; an int beyond
-64 bits makes orjson refuse the fast tree, and the value is then written by the plain statement.
+Cost (``fleetloop bench checkpoint``): the encoder resolves each class's fields once and passes
+runs of plain values (a window's row of finite floats, a struct's scalar fields) to orjson as they
+are, without a Python call per element; an int beyond 64 bits makes orjson refuse that tree, and
+the value is then encoded again with every int checked.
 
 Chunking. A checkpoint larger than ``CHUNK_BYTES`` is split over several records; records are
 written to one of two slots alternately (``<group>/<partition>/<slot>/<chunk>``), so a crash while
@@ -71,11 +71,9 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be decoded into a state this code can use."""
 
 
-def _plain_classes() -> frozenset[str]:
-    return frozenset({"fleetloop.core.model.fleet:FleetModel", "fleetloop.core.model.windows:Window"})
-
-
-_PLAIN = _plain_classes()
+# State classes that are neither dataclasses, pydantic models nor msgspec structs: their slots are
+# their fields.
+_SLOTTED = frozenset({"fleetloop.core.model.fleet:FleetModel", "fleetloop.core.model.windows:Window"})
 
 
 def _name(cls: type) -> str:
@@ -97,8 +95,9 @@ def _name(cls: type) -> str:
 #   array: ``{"$a": dtype, "shape": [..], "v": [its values, flattened]}``;
 # - an instance of a state class: ``{"$o": its class name, "f": [its values in the order the
 #   class's entry in "classes" lists the fields]}``.
-# ``_enc_plain`` states it one value at a time; ``_Encoder`` writes the same tree with runs of
-# plain values passed through unvisited (``tests/unit/test_checkpoint_codec.py`` holds them equal).
+# ``_Encoder`` writes it with runs of plain values passed through unvisited;
+# ``tests.oracles.checkpoint`` states it one value at a time (``tests/unit/test_checkpoint_codec.py``
+# holds the two equal).
 
 _INT_LO, _INT_HI = -(2**63), 2**64  # the ints orjson writes as JSON numbers
 _RAW_KINDS = frozenset("biufcmM")  # array dtypes whose bytes are the values (no object pointers)
@@ -164,7 +163,11 @@ def _kind_of(cls: type) -> str | _Class:
         return "npscalar"
     if issubclass(cls, np.ndarray):
         return "array"
-    if issubclass(cls, (BaseModel, msgspec.Struct)) or dataclasses.is_dataclass(cls) or _name(cls) in _PLAIN:
+    if (
+        issubclass(cls, (BaseModel, msgspec.Struct))
+        or dataclasses.is_dataclass(cls)
+        or _name(cls) in _SLOTTED
+    ):
         fields = _ordered_fields(cls)
         return _Class(_name(cls), fields, _getter(fields))
     if issubclass(cls, Mapping):  # e.g. MappingProxyType in a frozen state: kept as a dict
@@ -187,46 +190,17 @@ def _set_order(encoded: Any) -> bytes:
     return orjson.dumps(encoded)
 
 
-def _enc_plain(o: Any, classes: dict[str, list[str]]) -> Any:
-    """The encoding's statement: ``o`` as the tree the format describes, one value at a time
-    (``classes`` collects each state class's field list)."""
-    t = type(o)
-    if o is None or t is bool or t is str:
-        return o
-    if t is int:
-        return o if _INT_LO <= o < _INT_HI else {"$i": hex(o)}
-    if t is float:
-        return o if math.isfinite(o) else _bits(o)
-    if t is list:
-        return [_enc_plain(x, classes) for x in o]
-    if t is tuple:
-        return {"$t": [_enc_plain(x, classes) for x in o]}
-    kind = "mapping" if t is dict else _kind(t)
-    if kind == "mapping":
-        keys = [_enc_plain(k, classes) for k in o]
-        return {"$m": keys, "v": [_enc_plain(v, classes) for v in o.values()]}
-    if kind == "set":
-        return {"$s": sorted((_enc_plain(x, classes) for x in o), key=_set_order), "frozen": t is frozenset}
-    if kind == "npscalar":
-        return {"$np": o.dtype.str, "v": _enc_plain(o.item(), classes)}
-    if kind == "array":
-        if o.dtype.kind in _RAW_KINDS:
-            return {**_array_head(o), "b": base64.b64encode(o.tobytes()).decode("ascii")}
-        return {**_array_head(o), "v": [_enc_plain(x, classes) for x in o.ravel().tolist()]}
-    if isinstance(kind, _Class):
-        classes[kind.name] = list(kind.fields)
-        values = []
-        for k in kind.fields:
-            if not hasattr(o, k):
-                raise CheckpointError(f"cannot checkpoint a {kind.name} with a field unset")
-            values.append(_enc_plain(getattr(o, k), classes))
-        return {"$o": kind.name, "f": values}
-    raise CheckpointError(f"cannot checkpoint a value of type {_name(t)}")
+def _ints_fit(values: Iterable[Any]) -> bool:
+    """Every int among ``values`` is one orjson writes as a JSON number."""
+    return all(_INT_LO <= x < _INT_HI for x in values if type(x) is int)
 
 
-def _plain_run(types: AbstractSet[type], values: Iterable[Any]) -> bool:
-    """True if ``values``, whose types are ``types``, are all written as they are (an int beyond 64
-    bits is not caught here: see :class:`_Encoder`). Their sum is finite only if every one is."""
+def _plain_run(types: AbstractSet[type], values: Iterable[Any], *, check_ints: bool) -> bool:
+    """True if ``values``, whose types are ``types``, are all written as they are: scalars, and
+    finite floats (their sum is finite only if every one is). Ints are checked to fit in 64 bits
+    only with ``check_ints`` (see :class:`_Encoder`; ``values`` is then read twice)."""
+    if check_ints and int in types and not _ints_fit(values):
+        return False
     if types <= _SCALARS:
         return True
     if types <= _NUMBERS:
@@ -239,22 +213,26 @@ def _plain_run(types: AbstractSet[type], values: Iterable[Any]) -> bool:
 
 
 class _Encoder:
-    """:func:`_enc_plain`'s tree, faster: a run of values that are all plain (None, bools, strs,
-    ints, finite floats) is handed to orjson as it is, checked with a few C calls (the types in
-    it; for numbers, that their sum is finite, which it is not if one of them is inf or NaN, and
-    may not be when they are huge: then they are visited one by one). Ints are passed unchecked:
-    one beyond 64 bits makes ``orjson.dumps`` refuse the tree, and :func:`encode` falls back to
-    the statement."""
+    """A value as the tree the format describes. A run of values that are all plain (None, bools,
+    strs, ints, finite floats) is handed to orjson as it is, checked with a few C calls (the types
+    in it; for numbers, that their sum is finite, which it is not if one of them is inf or NaN, and
+    may not be when they are huge: then they are visited one by one). Ints are passed unchecked
+    unless ``check_ints``: one beyond 64 bits makes ``orjson.dumps`` refuse the tree, and
+    :func:`encode` then encodes again checking every int (tagging those beyond 64 bits)."""
 
-    __slots__ = ("classes",)
+    __slots__ = ("check_ints", "classes", "scalars")
 
-    def __init__(self) -> None:
+    def __init__(self, *, check_ints: bool = False) -> None:
         self.classes: dict[str, list[str]] = {}
+        self.check_ints = check_ints
+        self.scalars = _SCALARS - {int} if check_ints else _SCALARS
 
     def enc(self, o: Any) -> Any:
         t = type(o)
-        if t in _SCALARS:
+        if t in self.scalars:
             return o
+        if t is int:
+            return o if _INT_LO <= o < _INT_HI else {"$i": hex(o)}
         if t is float:
             return o if o - o == 0.0 else _bits(o)
         if t is list:
@@ -272,13 +250,17 @@ class _Encoder:
 
     def seq(self, xs: list[Any] | tuple[Any, ...]) -> Any:
         """The values of ``xs`` written in order (``xs`` itself when every one is plain)."""
+        check = self.check_ints
         types = set(map(type, xs))
-        if _plain_run(types, xs):
+        if _plain_run(types, xs, check_ints=check):
             return xs
-        if types == _LISTS and _plain_run(set(map(type, chain.from_iterable(xs))), chain.from_iterable(xs)):
-            return xs  # lists of plain values (a window's rows), checked in one go
+        if types == _LISTS:  # lists of plain values (a window's rows), checked in one go
+            flat: Iterable[Any] = list(chain.from_iterable(xs)) if check else chain.from_iterable(xs)
+            if _plain_run(set(map(type, chain.from_iterable(xs))), flat, check_ints=check):
+                return xs
         enc = self.enc
-        return [x if (tx := type(x)) in _SCALARS or (tx is float and x - x == 0.0) else enc(x) for x in xs]
+        scalars = self.scalars
+        return [x if (tx := type(x)) in scalars or (tx is float and x - x == 0.0) else enc(x) for x in xs]
 
     def other(self, o: Any, t: type) -> Any:
         kind = _kind(t)
@@ -303,25 +285,17 @@ def _dumps(classes: dict[str, list[str]], tree: Any) -> bytes:
     return orjson.dumps({"format": FORMAT, "classes": dict(sorted(classes.items())), "v": tree})
 
 
-def encode_plain(value: Any) -> bytes:
-    """:func:`encode` as the format states it, one value at a time (the reference the tests hold
-    :func:`encode` to)."""
-    classes: dict[str, list[str]] = {}
-    tree = _enc_plain(value, classes)
-    try:
-        raw = _dumps(classes, tree)
-    except TypeError as exc:  # e.g. a str orjson cannot write (a lone surrogate)
-        raise CheckpointError(f"cannot checkpoint: {exc}") from None
-    return zlib.compress(raw, 1)
-
-
 def encode(value: Any) -> bytes:
     """``value`` as compressed tagged JSON; :func:`decode` gives an equal value back."""
     encoder = _Encoder()
     try:
         raw = _dumps(encoder.classes, encoder.enc(value))
-    except TypeError:  # an int beyond 64 bits (passed unchecked): the statement tags it
-        return encode_plain(value)
+    except TypeError:  # an int beyond 64 bits (passed unchecked): again, every int checked
+        encoder = _Encoder(check_ints=True)
+        try:
+            raw = _dumps(encoder.classes, encoder.enc(value))
+        except TypeError as exc:  # e.g. a str orjson cannot write (a lone surrogate)
+            raise CheckpointError(f"cannot checkpoint: {exc}") from None
     return zlib.compress(raw, 1)
 
 
@@ -356,7 +330,9 @@ def _resolve(name: str) -> type:
         raise CheckpointError(f"class {name!r} does not exist in this fleetloop") from None
     if not isinstance(obj, type):
         raise CheckpointError(f"{name!r} is not a class")
-    if not (dataclasses.is_dataclass(obj) or issubclass(obj, (BaseModel, msgspec.Struct)) or name in _PLAIN):
+    if not (
+        dataclasses.is_dataclass(obj) or issubclass(obj, (BaseModel, msgspec.Struct)) or name in _SLOTTED
+    ):
         raise CheckpointError(f"class {name!r} is not a state class")
     return obj
 
@@ -566,7 +542,7 @@ def gap_s(interval_s: float, cpu_s: float, share: float, max_stretch: float) -> 
     about ``share`` of one core), at most ``max_stretch * interval_s``. ``share`` 0 or a CPU figure
     that is not a positive number: ``interval_s``. The trade-off: a longer gap is that many more
     seconds of records a new owner folds forward from the checkpoint after a restart or a
-    rebalance (``bench/results/checkpoint-s10.md``)."""
+    rebalance."""
     if not (share > 0.0 and cpu_s > 0.0 and math.isfinite(cpu_s)):
         return interval_s
     return max(interval_s, min(cpu_s / share, max_stretch * interval_s))

@@ -132,10 +132,9 @@ class Shard:
         self.read: dict[str, int] = dict(self.folded)  # next input offset not yet read
         self.pending_pools: set[str] = set()
         # Per pool, how many pending records with a valid item it has: ``pending_pools`` after a fold
-        # is its keys, without a pass over every pending record (:meth:`_pending_pools_plain` is the
-        # statement). That pass ran at every cut and cost O(backlog): a shard behind by minutes
-        # (1,000,000 rows) spent ~170 ms of each boundary on it, so the further behind it was,
-        # the slower it decided (bench/results/latency-s9.md).
+        # is its keys (the pools of the pending records) without a pass over every pending record,
+        # which would cost O(backlog) at every cut: the further behind a shard, the slower it would
+        # decide.
         self._pending_n: Counter[str] = Counter()
         self._snaps: dict[tuple[int, int, int, tuple[int, ...]], FleetSnapshot] = {}
         self.fold_errors = 0  # records whose folding raised: skipped, counted, dead-lettered
@@ -306,7 +305,7 @@ class Shard:
         """Keep per-pool bookkeeping (pools with records pending, last ticks, policy state) to the
         pools the model holds or has pending: a pool the model evicted or refused leaves it, so
         neither memory nor the ticker's work grows with every pool id ever seen."""
-        pending = set(self._pending_n)  # == self._pending_pools_plain(), without the pass
+        pending = set(self._pending_n)  # the pools of the pending records, without a pass over them
         self.pending_pools = pending
         live = self.model.pools
         for pool in [p for p in self.last_tick if p not in live and p not in pending]:
@@ -314,10 +313,6 @@ class Shard:
         for states in (self.states, self.shadow_states, self.shadow_of, self._before):
             for pool in [p for p in states if p not in live and p not in pending]:
                 del states[pool]
-
-    def _pending_pools_plain(self) -> set[str]:
-        """The statement of ``pending_pools`` after a fold: the pools of the pending records."""
-        return {row.item.pool_id for q in self.pending.values() for row in q if row.item is not None}
 
     def fold_read(self) -> None:
         """Fold every record read so far, as the next tick's cut would (``fleetloop bench ingest``

@@ -9,7 +9,7 @@ Algorithms propose; the engine disposes. Whatever an algorithm returns, the engi
   serving have no spare capacity for (a pool-wide slowdown: ejecting would pile the same load on
   fewer, equally slow nodes); a node in a failure streak carries no useful work, so it is ejected
   at the tick its breaker opens whatever the pool's load; an ejection it let out enforced is held
-  to its end (no release, no flapping); see ``fleetloop.core.decide.engine._cap_ejections_plain``;
+  to its end (no release, no flapping); see ``fleetloop.core.decide.shaping.cap_ejections``;
 - fails open: when every node of a pool would get weight 0, it spreads traffic evenly over the
   pool's non-draining nodes instead (panic threshold; routers never eject every node);
 - limits an autoscale target to ``max_scale_step`` nodes away from the current count per tick

@@ -8,9 +8,10 @@ attribute reads per tick, and it needs every view built. Here each figure is one
 over the fleet (rows grouped by pool, as the columns are), kept in ``snap.memo`` and read per pool.
 
 The plain per-node forms state the rules (``tests/oracles/ratio.py``'s lost calls and nodes,
-``tbt_feedback.pool_tbt_ms``, ``engine.pool_is_silent``, ...), and
-``tests/unit/test_pool_figures.py`` holds these to them, value for value (ints exactly, the median
-bit for bit, signed zeros included), on generated fleets that misbehave. Pure: no I/O, no clock.
+``tests/oracles/tbt_feedback.py``'s TBT median, ``tests/oracles/engine.py``'s silent-pool check,
+...), and ``tests/unit/test_pool_figures.py`` holds these to them, value for value (ints exactly,
+the median bit for bit, signed zeros included), on generated fleets that misbehave. Pure: no I/O,
+no clock.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ class _Eligible(Generic[N]):
 class _PoolCounters:
     budget_used: dict[str, int] = field(default_factory=dict)
     rr_credit: dict[str, float] = field(default_factory=dict)
-    rr_plain: int = 0
+    rr_fallback: int = 0
 
 
 def _one(node: NodeLike) -> float:
@@ -346,7 +346,7 @@ class Router(Generic[N]):
         self._eligible[ck] = el
         return el
 
-    def _plain(self, pool_id: str, *, honour_breakers: bool) -> N | None:
+    def _round_robin(self, pool_id: str, *, honour_breakers: bool) -> N | None:
         """Plain round robin over live, warm, non-draining members (and, while the state is fresh,
         not ejected ones, unless every one is: a router never ejects every node)."""
         live = [n for n in self.members.get(pool_id, ()) if n.alive and n.warm and not n.draining]
@@ -355,8 +355,8 @@ class Router(Generic[N]):
         if not live:
             return None
         c = self._pool(pool_id)
-        node = live[c.rr_plain % len(live)]
-        c.rr_plain += 1
+        node = live[c.rr_fallback % len(live)]
+        c.rr_fallback += 1
         return node
 
     def pick_node(
@@ -374,9 +374,9 @@ class Router(Generic[N]):
         unknown) are what ``llm-d-epp`` scores prefix-cache hits on."""
         el = self._eligible_for(pool_id, priority, now_s)
         if el is None:
-            return self._plain(pool_id, honour_breakers=False)
+            return self._round_robin(pool_id, honour_breakers=False)
         if not el.nodes:
-            return self._plain(pool_id, honour_breakers=True)
+            return self._round_robin(pool_id, honour_breakers=True)
         st = self.state.pools[pool_id]
         d = st.routing
         assert d is not None

@@ -392,9 +392,11 @@ class Node:
             self._truncate(now)
 
     def _evict_cache(self, need: int, keep: str | None = None) -> None:
-        """:meth:`_evict_cache_plain` without copying the cache's keys on every call (thousands of
-        prefixes on a busy node, while the eviction usually stops after a few): the victims are
-        chosen in one pass over the LRU order with the same test before each, then removed."""
+        """Evict LRU prefixes until ``need`` more KV tokens fit (never ``keep``, never a pinned one:
+        a prefix that running requests read is never evicted under them). The victims are chosen in
+        one pass over the LRU order with the fit tested before each, then removed, without copying
+        the cache's keys (thousands of prefixes on a busy node, while eviction usually stops after
+        a few)."""
         kv = self.kv_used + need  # token counts: integers, so the sums are exact in any order
         left = self.cache_tokens
         if kv + left <= self.capacity:
@@ -412,15 +414,6 @@ class Node:
         for digest in victims:
             del cache[digest]
         self.cache_tokens = left
-
-    def _evict_cache_plain(self, need: int, keep: str | None = None) -> None:
-        """Evict LRU prefixes until ``need`` more KV tokens fit (never ``keep``, never a pinned one)."""
-        for digest in list(self.cache):
-            if self.kv_used + self.cache_tokens + need <= self.capacity:
-                return
-            if digest == keep or self._pins.get(digest, 0) > 0:
-                continue  # a prefix that running requests read is never evicted under them
-            self.cache_tokens -= self.cache.pop(digest)
 
     def _admit(self, now: float) -> None:
         """Move waiting requests into the batch while this iteration's token budget has room for
@@ -493,14 +486,10 @@ class Node:
             return done_at
         return None
 
-    def _newest_decoding_plain(self) -> Req:
-        """The decoding request admitted last (the statement; ``decoding`` is not empty)."""
-        return max(self.decoding.values(), key=lambda r: r.admitted_seq)
-
     def _newest_decoding(self) -> Req:
-        """:meth:`_newest_decoding_plain` (admission numbers are unique, so there are no ties): the
-        top of ``_newest_heap`` once entries of requests that left decoding (or were admitted again
-        since) are dropped."""
+        """The decoding request admitted last (``decoding`` is not empty; admission numbers are
+        unique, so there are no ties): the top of ``_newest_heap`` once entries of requests that
+        left decoding (or were admitted again since) are dropped."""
         heap = self._newest_heap
         decoding = self.decoding
         while True:
@@ -803,14 +792,10 @@ class Node:
                 self.listener.on_waste(r, extra)
 
     def _sweep_cancelled(self) -> None:
-        """:meth:`_sweep_cancelled_plain`, skipped when no running request can be cancelled."""
+        """Take every cancelled request out of the batch; skipped when none can be cancelled."""
         if not self._cancelled_hint:  # no running request is cancelled: both scans find nothing
             return
         self._cancelled_hint = 0
-        self._sweep_cancelled_plain()
-
-    def _sweep_cancelled_plain(self) -> None:
-        """Take every cancelled request out of the batch (the statement)."""
         for r in [r for r in self.prefilling if r.cancelled]:
             self._remove_running(r, 0.0)
         for r in sorted((r for r in self.decoding.values() if r.cancelled), key=lambda r: r.rid):

@@ -19,6 +19,7 @@ import orjson
 import pytest
 from fleetloop.daemon.brokers import free_port
 from fleetloop.daemon.runtime import Daemon, DaemonConfig
+from fleetloop.daemon.runtime.follower import PolicyFollower
 from fleetloop.daemon.service.health import TaskDied
 from fleetloop.daemon.service.http import HttpServer, make_app
 from fleetloop.schemas.topics import REQUESTS, TELEMETRY, TICKS
@@ -64,7 +65,7 @@ async def test_probes_and_metrics_of_a_running_daemon(kafka_env: Any, tmp_path: 
         }
         live = (await svc.get("/healthz")).json()
         assert live["ok"] is True
-        assert set(live["tasks"]) == {"consumer", "policy", "broker-watch"}
+        assert set(live["tasks"]) == {"consumer", "policy", "broker-watch", "stall-watch"}
         async with producer(kafka_env) as p:
             await send(p, kafka_env, TELEMETRY, [telemetry(n, ts_ms=1000) for n in NODES])
             await send(
@@ -138,11 +139,11 @@ async def test_a_dying_task_fails_healthz_and_stops_the_daemon(
     """Fault injection: the policy follower raises once the daemon runs; nothing else is faked."""
     gate = asyncio.Event()
 
-    async def broken_follower(self: Daemon, consumer: Any, stop: asyncio.Event) -> None:
+    async def broken_follower(self: PolicyFollower, stop: asyncio.Event) -> None:
         await gate.wait()
         raise RuntimeError("policy topic unreadable (injected)")
 
-    monkeypatch.setattr(Daemon, "_follow_policies", broken_follower)
+    monkeypatch.setattr(PolicyFollower, "follow", broken_follower)
     daemon = Daemon(
         DaemonConfig(
             bootstrap_servers=kafka_env.bootstrap_servers,

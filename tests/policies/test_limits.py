@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fleetloop.core.decide import engine
+from fleetloop.core.decide import shaping
 from fleetloop.core.decide.engine import EngineState, decide
 from fleetloop.policies.admission.slo_aware import SloAware, SloAwareParams
 from fleetloop.policies.autoscale.predictive import SloPredictive, SloPredictiveParams
@@ -41,6 +41,7 @@ from fleetloop.schemas import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.oracles.engine import cap_ejections_plain
 from tests.policies.snapshots import NOW_MS, ctx, node, snapshot, tenant
 
 # -- pool-wide slowdown: the breaker ---------------------------------------------------------------
@@ -186,8 +187,8 @@ def _capped(
         for n in views
     ]  # fmt: skip
     env = Envelope(max_ejected_frac=max_ejected_frac)
-    got = engine._cap_ejections(list(decisions), snap, "p", env, held)
-    assert got == engine._cap_ejections_plain(list(decisions), snap, "p", env, held)
+    got = shaping.cap_ejections(list(decisions), snap, "p", env, held)
+    assert got == cap_ejections_plain(list(decisions), snap, "p", env, held)
     return {d.node_id: d for d in got}
 
 
@@ -278,7 +279,7 @@ def test_a_held_ejection_is_not_judged_again_until_its_end() -> None:
 def test_share_cap_always_lets_one_node_out_unless_the_fraction_is_zero(
     frac: float, pool_size: int, cap: int
 ) -> None:
-    assert engine.share_cap(frac, pool_size) == cap
+    assert shaping.share_cap(frac, pool_size) == cap
 
 
 # -- shed-then-retry and mass failures: the retry budget -------------------------------------------

@@ -2,8 +2,7 @@
 
 ``Node`` skips ``_sweep_cancelled``'s scans when no running request can be cancelled, finds the
 preemption victim on a heap and evicts prefixes without copying the cache's keys; ``PlainNode``
-runs the statements (``_sweep_cancelled_plain``, ``_newest_decoding_plain``,
-``_evict_cache_plain``). Both are fed the same generated sequence of submissions (small KV, so
+runs the statements. Both are fed the same generated sequence of submissions (small KV, so
 preemption is frequent; shared prefixes), cancellations, abandonments, degradations, crashes and
 events, and every callback, every request's fields and the node's books must be equal after every
 step."""
@@ -22,9 +21,27 @@ from fleetloop.sim.node import Node, Req
 
 
 class PlainNode(Node):
-    _sweep_cancelled = Node._sweep_cancelled_plain
-    _newest_decoding = Node._newest_decoding_plain
-    _evict_cache = Node._evict_cache_plain
+    """The node with its fast forms' statements."""
+
+    def _sweep_cancelled(self) -> None:
+        """Take every cancelled request out of the batch (every time: no hint)."""
+        for r in [r for r in self.prefilling if r.cancelled]:
+            self._remove_running(r, 0.0)
+        for r in sorted((r for r in self.decoding.values() if r.cancelled), key=lambda r: r.rid):
+            self._remove_running(r, 0.0)
+
+    def _newest_decoding(self) -> Req:
+        """The decoding request admitted last (``decoding`` is not empty)."""
+        return max(self.decoding.values(), key=lambda r: r.admitted_seq)
+
+    def _evict_cache(self, need: int, keep: str | None = None) -> None:
+        """Evict LRU prefixes until ``need`` more KV tokens fit (never ``keep``, never a pinned one)."""
+        for digest in list(self.cache):
+            if self.kv_used + self.cache_tokens + need <= self.capacity:
+                return
+            if digest == keep or self._pins.get(digest, 0) > 0:
+                continue
+            self.cache_tokens -= self.cache.pop(digest)
 
 
 def _fields(r: Req) -> tuple[Any, ...]:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from fleetloop.core.decide.engine import Engine, EngineState, decide, pool_is_silent
+from fleetloop.core.decide.engine import Engine, EngineState, decide
+from fleetloop.core.decide.shaping import pool_is_silent
 from fleetloop.core.model import FleetModel, ModelConfig, apply, snapshot
 from fleetloop.daemon.runtime.follower import PolicyFollower
 from fleetloop.policies.registry import builtin_policy

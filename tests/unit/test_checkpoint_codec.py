@@ -1,7 +1,7 @@
 """The checkpoint codec (format 2): the fast encoder writes the bytes the format's statement
-(``encode_plain``) writes, on real shard states and hostile values; every value decodes back to
-itself bit for bit (types, float bits, NaN payloads, array dtypes and bytes); a forged checkpoint
-only ever raises ``CheckpointError``; format 1 checkpoints still decode."""
+(``tests.oracles.checkpoint.encode_plain``) writes, on real shard states and hostile values; every
+value decodes back to itself bit for bit (types, float bits, NaN payloads, array dtypes and bytes);
+a forged checkpoint only ever raises ``CheckpointError``; format 1 checkpoints still decode."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import orjson
 import pytest
 from fleetloop.bench.checkpoint import build
 from fleetloop.core import checkpoint
-from fleetloop.core.checkpoint import CheckpointError, decode, encode, encode_plain
+from fleetloop.core.checkpoint import CheckpointError, decode, encode
 from fleetloop.core.decide.engine import Engine, EngineState, envelope_of
 from fleetloop.core.model.fleet import FleetModel, apply, snapshot
 from fleetloop.core.shard import Shard
@@ -33,6 +33,7 @@ from fleetloop.sim.scenario import load_scenario
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from tests.oracles.checkpoint import encode_plain
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -1,9 +1,10 @@
-"""``decide_many`` (a boundary's ticks, section by section) equals the loop of ``decide`` (the
-statement), bit for bit: decisions in the same order per pool (their bytes and fields set), states
-(pickled: what a checkpoint holds) and diagnostics (their bits and order), over many ticks with
-state carried, on generated fleets with hostile values, silent and late pools, under the shipped
-policies, in shadow mode, across policy changes that swap algorithms, and with algorithms that
-decide many pools in one call (``decide_pools``) or draw from the tick's generator."""
+"""``decide_many`` (a boundary's ticks, section by section) equals the loop of ``decide_plain`` (the
+statement, ``tests.oracles.engine``), bit for bit: decisions in the same order per pool (their bytes
+and fields set), states (pickled: what a checkpoint holds) and diagnostics (their bits and order),
+over many ticks with state carried, on generated fleets with hostile values, silent and late pools,
+under the shipped policies, in shadow mode, across policy changes that swap algorithms, and with
+algorithms that decide many pools in one call (``decide_pools``) or draw from the tick's
+generator."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from fleetloop.policies.base import FleetSnapshot, PolicyContext, PolicyResult
 from fleetloop.policies.registry import CompiledPolicy, Section, builtin_policy, compile_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.policy import PolicyDocument
+from tests.oracles.engine import decide_plain
 from tests.support.perturbed import perturbed_snapshots
 from tests.support.policies import foundation
 
@@ -53,7 +55,7 @@ def loop(
     ticks: Sequence[Tick],
     offsets: dict[str, int] | None,
 ) -> list[TickResult]:
-    return [decide(snap, policy, s, t, offsets) for s, t in zip(states, ticks, strict=True)]
+    return [decide_plain(snap, policy, s, t, offsets) for s, t in zip(states, ticks, strict=True)]
 
 
 def run_both(
@@ -125,7 +127,7 @@ def test_decide_many_equals_the_loop_for_unknown_and_small_pools() -> None:
 
 def test_decide_many_keeps_other_pools_states_as_decide_does() -> None:
     """A state holding other pools' (and a swapped-out algorithm's) entries is kept and filtered
-    exactly as :func:`decide` does, key order included."""
+    exactly as the statement does, key order included."""
     policy = builtin_policy("default")
     classic = builtin_policy("classic")
     snaps = list(perturbed_snapshots(80, 6))

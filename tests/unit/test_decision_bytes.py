@@ -1,5 +1,5 @@
 """``decision_bytes`` (orjson over the models' own field dicts) writes the bytes of
-``decision_bytes_plain`` (pydantic's JSON form, keys sorted), the statement, byte for byte: on every
+``_pydantic_bytes`` (pydantic's JSON form, keys sorted), the statement, byte for byte: on every
 decision of generated fleets under the shipped policies, on bodies holding hostile values the
 engine's unvalidated builders could carry (NaN, infinities, -0.0, 1e308, numpy scalars, ints past
 64 bits, odd strings), and on generated bodies. Where the plain form raises, the fast one raises
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from fleetloop.core.decide.engine import EngineState, decide_many
 from fleetloop.daemon.act import publish
-from fleetloop.daemon.act.publish import decision_bytes, decision_bytes_plain
+from fleetloop.daemon.act.publish import _pydantic_bytes as decision_bytes_plain
+from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import Tick
 from fleetloop.schemas.base import assemble
@@ -106,7 +107,7 @@ def test_the_fast_form_does_not_call_the_plain_one_for_finite_bodies(monkeypatch
     def refuse(_: Decision) -> bytes:
         raise AssertionError("plain form called")
 
-    monkeypatch.setattr(publish, "decision_bytes_plain", refuse)
+    monkeypatch.setattr(publish, "_pydantic_bytes", refuse)
     assert decision_bytes(d) == want
 
 

@@ -17,10 +17,11 @@ import orjson
 import pytest
 from fleetloop.core import checkpoint
 from fleetloop.core.model import FleetModel, apply, snapshot
-from fleetloop.core.model.fleet import fold_plain, snapshot_plain
 from fleetloop.schemas import RequestOutcome
 from fleetloop.schemas.fast import OUTCOME_TWIN
 from fleetloop.schemas.requests import diverted_copy
+from tests.oracles.fold import fold_plain
+from tests.oracles.snapshot import snapshot_plain
 from tests.support.checkpoints import edit_field
 from tests.support.records import outcome, telemetry
 

@@ -457,8 +457,8 @@ def test_other_pools_state_is_kept() -> None:
 
 
 def test_outstanding_work_limits_get_the_same_floor() -> None:
-    from fleetloop.core.decide.engine import _shape_admission
     from fleetloop.policies.envelope import Envelope
+    from tests.oracles.engine import shape_admission_plain as _shape_admission
 
     d = AdmissionDecision(
         entity="pool/p",
@@ -480,8 +480,9 @@ def test_the_fast_admission_shaping_is_the_statement() -> None:
     order, priorities of two digits and below zero, values below and above the floors, huge, and
     of other types the schema's ints admit when a body is built without validation (``True``,
     ``1.0``: never read from an ``int`` table's entry)."""
-    from fleetloop.core.decide.engine import _shape_admission, _shape_admission_fast
+    from fleetloop.core.decide.shaping import shape_admission as _shape_admission_fast
     from fleetloop.policies.envelope import Envelope
+    from tests.oracles.engine import shape_admission_plain as _shape_admission
 
     tables: list[dict[str, Any]] = [
         {},

@@ -1,11 +1,11 @@
-"""The columnar snapshot (:func:`fleetloop.core.model.fleet.snapshot`: a ``NodeTable`` of rows, every
-window summed for all nodes and pools at once, bucket arrays kept between snapshots) equals the plain
-one (:func:`snapshot_plain`: a view per node, each window summed on its own), bit for bit: every
-view's every field (value, type, float bits), every pool, tenant and the ledger, the iteration order,
-and the columns policies read. Snapshots are taken between folds, so the kept bucket arrays are
-exercised the way a daemon does: buckets written again after they were read, late records, records
-going back in time, evictions, nodes leaving, coming back and moving pools, a checkpoint restore.
-"""
+"""The columnar snapshot (:func:`fleetloop.core.model.snapshot.snapshot`: a ``NodeTable`` of rows,
+every window summed for all nodes and pools at once, bucket arrays kept between snapshots) equals
+the plain one (``tests.oracles.snapshot.snapshot_plain``: a view per node, each window summed on its
+own), bit for bit: every view's every field (value, type, float bits), every pool, tenant and the
+ledger, the iteration order, and the columns policies read. Snapshots are taken between folds, so
+the kept bucket arrays are exercised the way a daemon does: buckets written again after they were
+read, late records, records going back in time, evictions, nodes leaving, coming back and moving
+pools, a checkpoint restore."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import pytest
 import tests.support.perturbed as perturbed
 from fleetloop.core import checkpoint
 from fleetloop.core.model import fleet as fm
-from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot, snapshot_plain
+from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.policies.base import FleetSnapshot, NodeView
 from fleetloop.policies.columns import FleetColumns, NodeTable, fleet_columns
 from hypothesis import HealthCheck, given, settings
+from tests.oracles.snapshot import snapshot_plain
 from tests.unit.test_fold_batch import T0, TIGHT, Batch, _hostile, _sequences, out, tel
 from tests.unit.test_kept_numbers import fresh_table
 
@@ -326,7 +327,7 @@ def test_columns_of_an_empty_model() -> None:
     assert len(cols) == 0
     assert cols.floats("tbt_p50_ms").shape == (0,)
     assert cols.ints("requests_w").shape == (0,)
-    assert fm.snapshot(FleetModel(), 2**70).nodes == {}  # beyond int64: the plain form
+    assert fm.snapshot(FleetModel(), 2**70).nodes == {}  # beyond int64: no row is live
 
 
 def test_a_decoded_model_starts_its_transient_state_without_a_getattr_fallback() -> None:

@@ -1,11 +1,11 @@
-"""The batch folds the daemon uses (``FleetModel.fold_telemetries`` / ``fold_outcomes``) are the
-per-record folds (``fold_telemetry`` / ``fold_outcome``, run by ``fold_plain``) made fast, and nothing
-else: after the same records the model is the same, byte for byte (its checkpoint encoding: every
-window, clock, counter, ledger entry and cap counter), and the same records come back refused,
-folded in part or failed, with the same reasons. Checked on the bench's generated fleet, on hostile
-sequences (tight caps, 100k new ids, far-future and late event times, values beyond the schema's
-bounds that only a forged record can hold: 1e308, NaN, inf, negative, wrong types) and on generated
-sequences (Hypothesis)."""
+"""The batch folds (``FleetModel.fold_telemetries`` / ``fold_outcomes``, the one implementation) are
+the per-record statements (``tests.oracles.fold``: ``fold_telemetry`` / ``fold_outcome``, run by
+``fold_plain``) made fast, and nothing else: after the same records the model is the same, byte for
+byte (its checkpoint encoding: every window, clock, counter, ledger entry and cap counter), and the
+same records come back refused, folded in part or failed, with the same reasons. Checked on the
+bench's generated fleet, on hostile sequences (tight caps, 100k new ids, far-future and late event
+times, values beyond the schema's bounds that only a forged record can hold: 1e308, NaN, inf,
+negative, wrong types) and on generated sequences (Hypothesis)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from typing import Any
 
 from fleetloop.bench.fleetgen import make_fleet, outcomes_at, telemetry_at
 from fleetloop.core import checkpoint
-from fleetloop.core.model.fleet import FleetModel, ModelConfig, fold_plain
+from fleetloop.core.model.fleet import FleetModel, ModelConfig
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN, OutcomeRec, TelemetryRec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.oracles.fold import fold_plain
 from tests.support.records import telemetry_fields
 
 T0 = 1_767_225_600_000

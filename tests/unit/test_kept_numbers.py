@@ -200,7 +200,7 @@ def _count_reads(monkeypatch: Any) -> list[tuple[int, int]]:
 
 
 def test_the_tick_reads_no_node_bucket_whole_once_the_folds_keep_them(monkeypatch: Any) -> None:
-    from fleetloop.core.model.fleet import snapshot_plain
+    from tests.oracles.snapshot import snapshot_plain
     from tests.unit.test_fast_snapshot import assert_same
 
     reads = _count_reads(monkeypatch)

@@ -1,17 +1,19 @@
 """The ledger's let-go pass the fold runs (``FleetModel._let_go_workflows``: one pass over each
-dict) is its statement (``_let_go_workflows_plain``: the front read with ``next(iter(d))`` once per
-entry that leaves) made fast, and nothing else: after the same pass, or the same records folded, the
-model is the same byte for byte (its checkpoint encoding: the open and finished tasks in the same
-order, every pool's task counts, the handed-off and evicted counters). Checked on generated ledgers
-(every task older than the horizon included, where the statement's loop wraps round to the entries
-it moved), on the bench's fleet, on the hostile sequences of ``test_fold_batch`` (tight caps, 100k
-new ids, far-future and late event times, 1e308, NaN, -0.0) and at the cost the fast form is for."""
+dict) is its statement (``tests.oracles.ledger.let_go_workflows_plain``: the front read with
+``next(iter(d))`` once per entry that leaves) made fast, and nothing else: after the same pass, or
+the same records folded, the model is the same byte for byte (its checkpoint encoding: the open and
+finished tasks in the same order, every pool's task counts, the handed-off and evicted counters).
+Checked on generated ledgers (every task older than the horizon included, where the statement's loop
+wraps round to the entries it moved), on the bench's fleet, on the hostile sequences of
+``test_fold_batch`` (tight caps, 100k new ids, far-future and late event times, 1e308, NaN, -0.0)
+and at the cost the fast form is for."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from fleetloop import clock
@@ -21,6 +23,7 @@ from fleetloop.core.model.fleet import GAP_EDGES_MS, FleetModel, ModelConfig, _P
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.oracles.ledger import let_go_workflows_plain
 from tests.unit.test_fold_batch import TIGHT, Batch, _hostile, out
 
 T0 = 1_767_225_600_000
@@ -31,7 +34,7 @@ NO_GAPS = [0] * (len(GAP_EDGES_MS) + 1)  # nothing learned: the horizon is aband
 def _plain_let_go() -> Iterator[None]:
     """Every fold in the block runs the statement instead of the fast pass."""
     fast = FleetModel._let_go_workflows
-    FleetModel._let_go_workflows = FleetModel._let_go_workflows_plain  # type: ignore[method-assign]
+    FleetModel._let_go_workflows = let_go_workflows_plain  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -131,7 +134,7 @@ def test_generated_ledgers_let_go_the_same(drawn: Any, config: ModelConfig) -> N
     fast = _ledger_model(entries, finished, gaps, config)
     plain = copy.deepcopy(fast)
     fast._let_go_workflows(now)
-    plain._let_go_workflows_plain(now)
+    let_go_workflows_plain(plain, now)
     assert list(fast.ledger.active) == list(plain.ledger.active)
     assert checkpoint.encode(fast) == checkpoint.encode(plain)
 
@@ -152,7 +155,7 @@ def test_tasks_and_finishes_at_the_horizons_edges_leave_as_the_statement_says() 
             fast = _ledger_model(entries, done, NO_GAPS, config)
             plain = _ledger_model(entries, done, NO_GAPS, config)
             fast._let_go_workflows(now)
-            plain._let_go_workflows_plain(now)
+            let_go_workflows_plain(plain, now)
             assert checkpoint.encode(fast) == checkpoint.encode(plain)
 
 
@@ -166,7 +169,7 @@ def test_every_task_older_than_the_horizon_some_quiet_wraps_round_as_the_stateme
     fast = _ledger_model(entries, [], NO_GAPS, config)
     plain = copy.deepcopy(fast)
     fast._let_go_workflows(now)
-    plain._let_go_workflows_plain(now)
+    let_go_workflows_plain(plain, now)
     assert list(plain.ledger.active) == ["w7", "w8", "w1", "w2", "w4", "w5"]  # 4 moves left: 4 moved again
     assert list(fast.ledger.active) == list(plain.ledger.active)
     assert checkpoint.encode(fast) == checkpoint.encode(plain)
@@ -179,9 +182,9 @@ def test_a_pass_costs_what_leaves_not_the_holes_earlier_passes_left() -> None:
     config = ModelConfig(abandon_workflow_after_ms=1_000)
     entries = [(T0 + k, T0 + k, 1) for k in range(30_000)]
     spent = []
-    for name in ("_let_go_workflows", "_let_go_workflows_plain"):
+    for plain in (False, True):
         model = _ledger_model(entries, [], NO_GAPS, config)
-        run = getattr(model, name)
+        run = partial(let_go_workflows_plain, model) if plain else model._let_go_workflows
         c0 = clock.cpu_s()
         for step in range(1, 101):
             run(T0 + 1_000 + 200 * step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -9,9 +10,11 @@ import numpy as np
 import pytest
 from fleetloop.core.model import FleetModel, ModelConfig, apply, snapshot
 from fleetloop.core.model.windows import LAT_EDGES_MS, lat_bin
+from fleetloop.policies.base import NodeView
 from fleetloop.schemas import NodeTelemetry, RequestOutcome
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+from tests.oracles.snapshot import node_view_plain
 from tests.support.records import outcome, telemetry
 
 T = 1_700_000_000_000  # a whole second: bucket boundaries fall on T + k * 1000
@@ -492,8 +495,6 @@ def test_snapshot_node_views_equal_the_keyword_built_views(
 ) -> None:
     """The snapshot builds each node's view by setting its slots (a fast path); it must equal, field
     for field and in type, the view built with keywords from the same node."""
-    from fleetloop.core.model import fleet as fm
-
     records: list[Record] = [
         telemetry(n, ts_ms=T + 3_000, tbt_p50_ms=tbt, weights_state=weights_state, draining=draining)
         for n in ("a", "b", "c")
@@ -506,37 +507,11 @@ def test_snapshot_node_views_equal_the_keyword_built_views(
     now = T + now_offset
     snap = snapshot(model, now)
     for node_id, view in snap.nodes.items():
-        plain = fm.node_view_plain(model.nodes[node_id], now, 10_000, 5_000)
+        plain = node_view_plain(model.nodes[node_id], now, 10_000, 5_000)
         assert view == plain
-        assert [type(getattr(view, f)) for f in fm._NODE_VIEW_FIELDS] == [
-            type(getattr(plain, f)) for f in fm._NODE_VIEW_FIELDS
+        assert [type(getattr(view, f.name)) for f in dataclasses.fields(NodeView)] == [
+            type(getattr(plain, f.name)) for f in dataclasses.fields(NodeView)
         ]
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.dictionaries(
-        st.integers(min_value=0, max_value=400),
-        st.lists(st.floats(min_value=0.0, max_value=1e9) | st.integers(0, 10**6), min_size=8, max_size=8),
-        max_size=40,
-    ),
-    st.integers(min_value=0, max_value=420_000),
-    st.integers(min_value=0, max_value=400_000),
-)
-def test_node_window_sum_unrolled_is_the_window_total(
-    buckets: dict[int, list[float]], now_ms: int, window_ms: int
-) -> None:
-    """The snapshot's unrolled 8-column sum equals ``Window.total`` bit for bit (float sums depend
-    on their order; both add bucket by ascending bucket, from 0.0), however long the window."""
-    from fleetloop.core.model.fleet import node_totals
-    from fleetloop.core.model.windows import Window
-
-    win = Window(8)
-    for b, row in buckets.items():
-        win.buckets[b] = list(row)
-    want = win.total(now_ms, window_ms)
-    got = node_totals(win, now_ms, window_ms)
-    assert [float(x).hex() for x in got] == [float(x).hex() for x in want]
 
 
 def test_the_handoff_horizon_is_learned_from_the_gaps_between_a_tasks_calls() -> None:

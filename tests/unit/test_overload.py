@@ -3,7 +3,7 @@
 publishes those it held back as one tick marked skipped ("overload: ...") and the newest boundary
 (``fleetloop.daemon.runtime.ticker``, :func:`overload_step`). And the shard's bookkeeping of pools with
 records pending costs what was folded, not the whole backlog (``Shard.pending_pools`` against its
-statement ``Shard._pending_pools_plain``)."""
+statement ``tests.oracles.shard.pending_pools_plain``)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from fleetloop.daemon.runtime.ticker import Pace, Ticker, overload_step
 from fleetloop.daemon.service.health import Health
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import TELEMETRY, TICKS
+from tests.oracles.shard import pending_pools_plain
 from tests.support.runtime_harness import Rig, rig
 from tests.support.virtual_time import FakeClock, run_virtual
 
@@ -253,13 +254,13 @@ def test_pending_pools_after_a_fold_is_its_statement(seed: int) -> None:
             **dict.fromkeys(INPUTS[1:], 0),
         }
         shard._fold_to(cut)
-        assert shard.pending_pools == shard._pending_pools_plain(), step
+        assert shard.pending_pools == pending_pools_plain(shard), step
         assert set(shard._pending_n) == shard.pending_pools
         assert sum(shard._pending_n.values()) == sum(
             1 for r in shard.pending[TELEMETRY] if r.item is not None
         )
     shard.fold_read()
-    assert shard.pending_pools == set() == shard._pending_pools_plain()
+    assert shard.pending_pools == set() == pending_pools_plain(shard)
 
 
 def test_the_benches_read_the_skipped_count_from_a_daemons_last_line(tmp_path: Any) -> None:

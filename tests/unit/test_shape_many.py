@@ -1,8 +1,9 @@
-"""The engine's batch routing shaping (``_shape_routing_many``) equals the loop of ``_shape_routing``
-(the statement) bit for bit: on the perturbed fleet's snapshots (nodes cold, draining, stale,
-silent), with breakers open and half-open, enforced or not, weights that do not match the pool's
-nodes, several priority classes, pools every node of which is zeroed (fail open, no node), pools
-the snapshot does not hold, and hostile weights (1e308, subnormal, -0.0, NaN, ties of ``r6``)."""
+"""The engine's routing shaping (``shaping.shape_routing``, a batch) equals the loop of
+``shape_routing_plain`` (the statement, ``tests.oracles.engine``) bit for bit: on the perturbed
+fleet's snapshots (nodes cold, draining, stale, silent), with breakers open and half-open, enforced
+or not, weights that do not match the pool's nodes, several priority classes, pools every node of
+which is zeroed (fail open, no node), pools the snapshot does not hold, and hostile weights (1e308,
+subnormal, -0.0, NaN, ties of ``r6``)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import math
 from typing import Any
 
 import numpy as np
-from fleetloop.core.decide.engine import _ARRAY_FROM as ARRAY_FROM
-from fleetloop.core.decide.engine import _shape_routing, _shape_routing_many, envelope_of
+from fleetloop.core.decide.engine import envelope_of
+from fleetloop.core.decide.shaping import shape_routing
 from fleetloop.daemon.cli_common import policy_from
 from fleetloop.policies.base import FleetSnapshot
 from fleetloop.policies.columns import fleet_columns
 from fleetloop.schemas.decisions import BreakerDecision, RoutingDecision
+from tests.oracles.engine import _ARRAY_FROM as ARRAY_FROM
+from tests.oracles.engine import shape_routing_plain
 from tests.support.perturbed import perturbed_snapshots
 
 ENV = envelope_of(policy_from(None))
@@ -106,8 +109,8 @@ def test_the_batch_shaping_equals_the_loop_on_the_perturbed_fleet() -> None:
     probing = 0
     for snap in perturbed_snapshots(320, 24):
         items = decisions_for(snap, rng)
-        want = [_shape_routing(d, snap, b, ENV) for d, b in items]
-        got = _shape_routing_many(items, snap, ENV)
+        want = [shape_routing_plain(d, snap, b, ENV) for d, b in items]
+        got = shape_routing(items, snap, ENV)
         assert [body_bits(d) for d in got] == [body_bits(d) for d in want]
         seen_reasons.update(d.reason if d is not None else "none" for d in got)
         probing += sum(d.inputs["probing_nodes"] > 0 for d in got if d is not None)
@@ -118,10 +121,10 @@ def test_the_batch_shaping_equals_the_loop_on_the_perturbed_fleet() -> None:
 
 def test_an_empty_batch_and_a_batch_of_one() -> None:
     snap = next(iter(perturbed_snapshots(40, 1)))
-    assert _shape_routing_many([], snap, ENV) == []
+    assert shape_routing([], snap, ENV) == []
     (d, b) = decisions_for(snap, np.random.default_rng(1))[0]
-    want = _shape_routing(d, snap, b, ENV)
-    assert body_bits(_shape_routing_many([(d, b)], snap, ENV)[0]) == body_bits(want)
+    want = shape_routing_plain(d, snap, b, ENV)
+    assert body_bits(shape_routing([(d, b)], snap, ENV)[0]) == body_bits(want)
 
 
 def test_the_row_path_meets_breakers_in_any_order_and_on_stale_nodes() -> None:
@@ -160,8 +163,8 @@ def test_the_row_path_meets_breakers_in_any_order_and_on_stale_nodes() -> None:
             )  # fmt: skip
             row_path += ids == sorted(ids)
             items.append((d, breakers))
-        want = [_shape_routing(d, snap, b, ENV) for d, b in items]
-        got = _shape_routing_many(items, snap, ENV)
+        want = [shape_routing_plain(d, snap, b, ENV) for d, b in items]
+        got = shape_routing(items, snap, ENV)
         assert [body_bits(d) for d in got] == [body_bits(d) for d in want]
     assert row_path > 0
     assert stale_breakers > 0

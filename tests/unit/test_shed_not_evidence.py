@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import pytest
 from fleetloop.core.decide.engine import EngineState, decide, decide_many
 from fleetloop.core.model import FleetModel, apply, snapshot
-from fleetloop.core.model.fleet import fold_plain
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, parse_document
 from fleetloop.schemas import BreakerDecision, NodeTelemetry, RequestOutcome, Tick
+from tests.oracles.fold import fold_plain
 from tests.support.policies import foundation
 from tests.support.records import outcome, telemetry
 

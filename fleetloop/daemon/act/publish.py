@@ -39,9 +39,10 @@ from fleetloop.schemas.decisions import Decision, PolicyStamp, state_headers
 from fleetloop.schemas.topics import DEADLETTER, DECISIONS, SHADOW, STATE, topic_name
 
 
-def decision_bytes_plain(decision: Decision) -> bytes:
-    """A decision's bytes on the wire: pydantic's JSON form of it (python mode, written by orjson),
-    keys sorted. The statement :func:`decision_bytes` is held to, byte for byte."""
+def _pydantic_bytes(decision: Decision) -> bytes:
+    """A decision's bytes on the wire as their rule states them: pydantic's JSON form of it (python
+    mode, written by orjson), keys sorted. :func:`decision_bytes` writes these bytes, and takes
+    this way for a decision it cannot vouch for."""
     return orjson.dumps(decision.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
 
 
@@ -61,7 +62,7 @@ _DICT_OF = {_ANY: _ANY, _FLOAT: _FLOATS, _INT: _INTS, _FLOATS: _FLOATS2}
 def _field_kind(annotation: object) -> int | None:
     """The kind of a field type (None, allowed anywhere, is written null by both forms); None for
     a type this module does not plan (a nested model, a float in a sequence): its body class
-    always takes the plain form."""
+    always takes pydantic's form."""
     while get_origin(annotation) is Annotated:
         annotation = get_args(annotation)[0]
     origin = get_origin(annotation)
@@ -92,7 +93,7 @@ _INT_OR_NONE = frozenset((int, type(None)))
 
 
 class _Plan:
-    """What :func:`_plain_values` checks in one model class's field dict, grouped so that each group
+    """What :func:`_written_alike` checks in one model class's field dict, grouped so that each group
     is one C-level pass: the float fields' values (exactly floats, or None), the int fields'
     (exactly ints, or None), and each dict of floats, of ints and of dicts of floats."""
 
@@ -143,7 +144,7 @@ def _floats_only(d: Any) -> bool:
     return type(d) is dict and (not d or _FLOAT_ONLY.issuperset(map(type, d.values())))
 
 
-def _plain_values(values: dict[str, Any], plan: _Plan) -> bool:
+def _written_alike(values: dict[str, Any], plan: _Plan) -> bool:
     """Every float field holds exactly a float (or None where allowed), every int field exactly an
     int, every dict of them exactly a dict of those: then orjson writes what pydantic's JSON form
     writes."""
@@ -173,7 +174,7 @@ _STAMPS_SEEN: dict[int, PolicyStamp] = {}
 
 
 def _stamp_ok(stamp: PolicyStamp, plan: _Plan) -> bool:
-    if not _plain_values(stamp.__dict__, plan):
+    if not _written_alike(stamp.__dict__, plan):
         return False
     if len(_STAMPS_SEEN) >= 64:
         _STAMPS_SEEN.clear()
@@ -182,15 +183,15 @@ def _stamp_ok(stamp: PolicyStamp, plan: _Plan) -> bool:
 
 
 def decision_bytes(decision: Decision) -> bytes:
-    """:func:`decision_bytes_plain`'s bytes, from the models' own field dicts: orjson writes every
-    value a decision holds (str, int, float, bool, None, tuples, dicts) itself and sorts keys at
-    every depth as the plain form does, so only the two nested models need their dict. The two
-    forms differ only where pydantic converts a value that is not its field's type (a bool or an
-    int in a float field, a bool in an int field), so a decision's float and int fields are checked
-    against its class's plan first; one that fails the check, a body class not planned, or a value
-    orjson refuses (a numpy scalar, an int past 64 bits) goes the plain way. A 10,000-node tick
-    publishes ~5,300 decisions; ``model_dump(mode="json")`` was about two thirds of what encoding
-    them cost."""
+    """A decision's bytes on the wire (:func:`_pydantic_bytes`), from the models' own field dicts:
+    orjson writes every value a decision holds (str, int, float, bool, None, tuples, dicts) itself
+    and sorts keys at every depth as pydantic's form does, so only the two nested models need their
+    dict. The two differ only where pydantic converts a value that is not its field's type (a bool
+    or an int in a float field, a bool in an int field), so a decision's float and int fields are
+    checked against its class's plan first; one that fails the check, a body class not planned, or
+    a value orjson refuses (a numpy scalar, an int past 64 bits) takes pydantic's way. Why two
+    ways: a whole-fleet tick publishes thousands of decisions, and ``model_dump(mode="json")`` was
+    about two thirds of what encoding them cost."""
     body = decision.body
     plan = _PLANS.get(type(body))
     values = body.__dict__
@@ -202,16 +203,16 @@ def decision_bytes(decision: Decision) -> bytes:
         or type(stamp) is not PolicyStamp
         or type(decision.input_offsets) is not dict
     ):
-        return decision_bytes_plain(decision)
+        return _pydantic_bytes(decision)
     try:
         if not (
-            _plain_values(values, plan)
+            _written_alike(values, plan)
             and (_STAMPS_SEEN.get(id(stamp)) is stamp or _stamp_ok(stamp, _STAMP_PLAN))
             and type(decision.ts_ms) is int
             and type(decision.tick_id) is int
             and _INT_ONLY.issuperset(map(type, decision.input_offsets.values()))
         ):
-            return decision_bytes_plain(decision)
+            return _pydantic_bytes(decision)
         return orjson.dumps(
             {
                 "body": values,
@@ -223,7 +224,7 @@ def decision_bytes(decision: Decision) -> bytes:
             option=orjson.OPT_SORT_KEYS,
         )
     except (TypeError, ValueError, KeyError):
-        return decision_bytes_plain(decision)
+        return _pydantic_bytes(decision)
 
 
 def _raise_if_transient(exc: Exception) -> None:
@@ -267,7 +268,7 @@ class Publisher:
     sends in the background; :meth:`flush` returns once the broker acknowledged every one. One
     ``send`` call per record cost ~9 us of the loop's time (~2,900 records a tick at 1,000 nodes,
     29,000 at 10,000): appending to a batch costs ~1 us, and the loop never waits on a round trip
-    between pools (bench/results/latency-s6.md)."""
+    between pools."""
 
     def __init__(self, producer: AIOKafkaProducer, prefix: str, state_refresh_ms: int = 0) -> None:
         self._producer = producer

@@ -93,9 +93,9 @@ def pool_tbt_ms(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
     """The upper median of the newest TBT p99 over the pool's warm, fresh, not-ejected nodes.
 
     With no node ejected (no enforced open breaker this tick) it is the pool's figure computed for
-    the whole fleet at once (:mod:`fleetloop.policies.pool_figures`); else :func:`pool_tbt_ms_plain`
-    over the pool's rows of the snapshot's columns (the same values, sorted the same way), without
-    building the pool's views."""
+    the whole fleet at once (:mod:`fleetloop.policies.pool_figures`); else the same rule
+    (``tests.oracles.tbt_feedback.pool_tbt_ms_plain`` node by node) over the pool's rows of the snapshot's
+    columns (the same values, sorted the same way), without building the pool's views."""
     ejected = {i for i, b in ctx.breakers.items() if b.enforced and b.state == "open"}
     if not ejected:
         return figures_of(snap, ctx.pool_id).tbt_upper_median
@@ -108,22 +108,6 @@ def pool_tbt_ms(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
         for node_id, ok, t in zip(row_ids(snap)[lo:hi], fresh, tbt, strict=True)
         if ok and not math.isnan(t) and node_id not in ejected
     ]
-    if not values:
-        return None
-    values.sort()
-    return values[len(values) // 2]
-
-
-def pool_tbt_ms_plain(snap: FleetSnapshot, ctx: PolicyContext) -> float | None:
-    """:func:`pool_tbt_ms` node by node (the rule's statement)."""
-    values: list[float] = []
-    for n in snap.pool_nodes(ctx.pool_id):
-        if not n.warm or n.stale or n.tbt_p99_ms is None:
-            continue
-        b = ctx.breakers.get(n.node_id)
-        if b is not None and b.enforced and b.state == "open":
-            continue
-        values.append(n.tbt_p99_ms)
     if not values:
         return None
     values.sort()
