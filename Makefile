@@ -16,7 +16,7 @@ PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-.PHONY: install demo test test-system lint unit integration kafka kafka-up kafka-down schemas bench sim-table clean
+.PHONY: install demo test test-system lint unit integration kafka kafka-up kafka-down schemas bench-results clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "fleetloop needs $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
@@ -65,6 +65,11 @@ test-system: $(STAMP) kafka
 
 schemas: $(STAMP)
 	$(BIN)/python -m fleetloop.schemas.export
+
+# Every committed result in bench/results made again, one process at a time (bench/README.md):
+# hours, since it runs the simulator's tables and real-time benches with brokers.
+bench-results: $(STAMP) kafka
+	$(BIN)/fleetloop bench results
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,4 +1,4 @@
-"""The one module that reads the clock (STYLE.md rule 2: time is an input; ruff bans it elsewhere)."""
+"""The one module that reads the clock (time is an input; ruff bans it elsewhere)."""
 
 from __future__ import annotations
 

@@ -50,9 +50,9 @@ def layout_problems(
       fleet.deadletter, and the state/decision topics the demo, the emulated fleet and replay read),
       so a record keyed onto another partition is never seen.
     - The pool-keyed inputs (fleet.telemetry, fleet.requests, control.ticks) may have any number of
-      partitions (more spread pools over more daemons, README "Sizing"), but the same number: the
-      daemon decides a pool's tick from the shard of one partition index across the three, so a
-      pool's ticks and its records must hash to the same index.
+      partitions (more spread pools over more daemons, docs/performance.md, "Sizing"), but the same
+      number: the daemon decides a pool's tick from the shard of one partition index across the
+      three, so a pool's ticks and its records must hash to the same index.
     - A topic the registry compacts must be compacted (it holds the latest record per key: a policy,
       the active policy, a checkpoint, desired state); one it does not must not be (compaction
       would drop the audit and replay history). An absent ``cleanup.policy`` is Kafka's default,
@@ -161,5 +161,5 @@ async def require_topics(
         policies = await cleanup_policies(admin, wanted) if cleanup else None
     found = {n: counts[n] for n in wanted}
     if problems := layout_problems(prefix, found, policies):
-        raise TopicLayoutError(f"{'; '.join(problems)} (see README, Topics)")
+        raise TopicLayoutError(f"{'; '.join(problems)} (see docs/operations.md, Topics)")
     return found

@@ -11,6 +11,7 @@ from fleetloop.bench import (
     fuzz,
     ingest,
     latency,
+    results,
     rollup,
     router,
     sizing,
@@ -29,6 +30,7 @@ def register(subparsers: Any) -> None:
     fuzz.register(sub)
     ingest.register(sub)
     latency.register(sub)
+    results.register(sub)
     rollup.register(sub)
     router.register(sub)
     sizing.register(sub)

@@ -18,8 +18,7 @@ worst case: every task still open). The garbage collector runs with the daemon's
 objects, and with Python's default thresholds full collections over the whole model land inside
 ticks); ``--gc python`` measures with Python's defaults. The records folded are what the daemon
 folds (``--records twin``, the default: the msgspec twins its shard decodes, one batch fold per
-topic and second); ``--records model`` folds the wire models one call per record, as the bench's
-earlier figures were measured.
+topic and second); ``--records model`` folds the wire models one call per record.
 """
 
 from __future__ import annotations
@@ -84,16 +83,14 @@ def register(subparsers: Any) -> None:
     )
     # Twins by default: the daemon's shard decodes msgspec twins and folds them in one batch per
     # topic, and the snapshot reads their attributes; the wire models cost the fold and the
-    # snapshot's column reads 1.4-2x more (at 10k when twins became the default: fold of 1 s 163 vs
-    # 83 ms, snapshot 35 vs 25 ms), so the old default overstated both. ``--records model`` keeps
-    # the earlier figures reproducible.
+    # snapshot's column reads 1.4-2x more, so folding them would overstate both.
     p.add_argument(
         "--records",
         choices=("model", "twin"),
         default="twin",
         help="what is folded: the msgspec twins in one batch fold per topic and second, as the"
         " daemon's shard decodes and folds them (default), or the wire models, one fold call per"
-        " record (the earlier default)",
+        " record",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=handle)
@@ -304,7 +301,7 @@ def _with_workflows(
     records are folded as the size's other phases fold them (``twins``). When the ledger is then
     full (its cap is ``n``, or lower), one more second of new tasks is folded, each letting go of
     the earliest open one, and its CPU per outcome is reported beside the opening's (a fold that
-    let go in O(open tasks) was ~8x slower there, ``bench/results/ledger-s13.md``)."""
+    let go in O(open tasks) would be several times slower there)."""
     gc.collect()
     rss0 = rss_mib()
     opened = 0

@@ -4,7 +4,7 @@ Run as its own process (faust owns its worker and event loop)::
 
     python -m fleetloop.bench.faust_peer BOOTSTRAP TELEMETRY_TOPIC REQUESTS_TOPIC EVENTS RESULT_FILE
 
-What a Python team would write with the stream processor DESIGN.md names: two typed ``faust.Record``
+What a Python team would write with faust-streaming, the Python stream processor: two typed ``faust.Record``
 streams (faust decodes JSON into them), one agent per topic folding each record into per-pool
 aggregates (telemetry: reports, queue depth, KV use, cost; outcomes: calls, ok, failures, retries,
 tokens). The aggregates live in process memory, not in a faust Table: a Table adds a changelog

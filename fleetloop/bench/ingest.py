@@ -18,8 +18,8 @@ other, on the same records:
 
 Each is timed from when its partitions are assigned (group joins and start-up excluded; faust: from
 its first record) to its last record, in wall time and in CPU seconds of its own process; events
-per CPU-second is the steadier figure on a shared machine. Targets (issue 9): fleetloop >= 50% of
-the floor and >= 15x faust.
+per CPU-second is the steadier figure on a shared machine. Targets: fleetloop >= 50% of the floor
+and >= 15x faust.
 """
 
 from __future__ import annotations

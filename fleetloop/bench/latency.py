@@ -347,7 +347,7 @@ class _Open:
         return {
             "generator": _cpu_s(self.load.pid),
             "broker": _cpu_s(self.broker_pid, children=True),
-            # The daemons' own processes (as every earlier session measured them), then with their
+            # The daemons' own processes (as the earlier results measured them), then with their
             # checkpoint children, in all and one by one: where a missed trial's cores went.
             "daemons": sum(c for d in daemons if (c := _cpu_s(d.pid)) is not None) if daemons else None,
             "daemons_with_children": sum(c for c in each.values() if c is not None) if daemons else None,

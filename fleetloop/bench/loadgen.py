@@ -11,7 +11,7 @@ none). Records are stamped with the wall time of their slice.
 Why a module and a process of its own: one ``await producer.send`` per record plus one
 ``orjson.dumps`` of a 30-field dict cost ~15-20 us a record in the bench's own event loop; at
 10,000 nodes (15,000 records a second) that loop, which also reads ``control.state`` and times the
-trials, fell 90-198 s behind (bench/results/latency-s6.md). Here each node's record is encoded
+trials, fell 90-198 s behind in a 20-trial run. Here each node's record is encoded
 once: the bytes that change every second (the time stamp and the queue depth of a telemetry
 record; the time stamp, request id, workflow id and step of an outcome) are written in front of
 the node's pre-encoded tail, and each record is appended to a record batch per topic partition

@@ -4,9 +4,9 @@ decide every tick of every pool, and how far behind the tick boundary?
 ``fleetloop bench sizing [--nodes 1500] [--seconds 60] [--outcomes-per-node 2] [--broker tansu|kafka]
 [--daemons 1] [--session-timeout-s S] [--json]``
 
-The README's sizing rule (about 1,500 nodes, ~4,500 events/s, per process at one-second ticks) is
-what this measures end to end (the rule before it, 3,000 nodes per core, was derived from per-event
-and per-pool costs measured apart, and did not hold when run here: ``bench/results/ingest-s5.md``).
+The sizing rule of docs/performance.md (about 1,500 nodes, ~4,500 events/s, per process at
+one-second ticks) is what this measures end to end: a rule derived from per-event and per-pool costs
+measured apart did not hold when the whole daemon ran.
 It starts a broker and one daemon (``fleetloop run``, its own process, ticker on, default policy), and plays a
 generated fleet of ``--nodes`` in real time: every node reports telemetry once a second and routers
 report ``--outcomes-per-node`` calls per node per second, in 50 ms slices (the load generator of
@@ -78,7 +78,7 @@ from fleetloop.daemon.cli_common import UsageError
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.topics import DECISIONS, REQUESTS, TELEMETRY, TICKS, TOPICS, topic_name
 
-RULE_NODES = 1500  # README: about 1,500 nodes (~4,500 events/s) per process at one-second ticks
+RULE_NODES = 1500  # docs/performance.md: about 1,500 nodes (~4,500 events/s) per process at one-second ticks
 RULE_CPU_FRAC = 0.7  # ... costing at most 70% of one core
 STALL_MAX_MS = 100  # stable: the event loop never ran more than this late, nor a GC pause took longer
 WARMUP_S = 10.0

@@ -1,4 +1,4 @@
-"""``python -m fleetloop.cli.settings_table`` prints the README's table of the long-running
+"""``python -m fleetloop.cli.settings_table`` prints docs/configuration.md's table of the long-running
 commands' ``FLEETLOOP_*`` settings, generated from the whole command line (a test keeps the two equal).
 
 It sits above the CLI, which imports the settings: the settings module itself stays a leaf.

@@ -44,7 +44,7 @@ class NodeView:
     """One node as of ``now_ms``: its newest telemetry plus router-observed figures over the window.
 
     ``stale`` is true when the newest telemetry is older than the engine's stale threshold; the
-    engine treats a stale node as saturated (STYLE.md, rule 6).
+    engine treats a stale node as saturated (the safety envelope).
     """
 
     node_id: str

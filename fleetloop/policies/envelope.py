@@ -1,4 +1,4 @@
-"""The safety envelope: limits the engine applies to every algorithm's output (STYLE.md, rule 6).
+"""The safety envelope: limits the engine applies to every algorithm's output (docs/decisions/fail-static.md).
 
 Algorithms propose; the engine disposes. Whatever an algorithm returns, the engine:
 

@@ -3,7 +3,7 @@
 ``compile_policy(document)`` checks every section's ``params`` against the named algorithm's
 ``Params`` model and returns a :class:`CompiledPolicy` stamped with the document's hash. Any
 problem raises :class:`PolicyError` with one line naming the field, so the active policy stays in
-force (DESIGN.md, "Policy documents").
+force (docs/policies.md).
 """
 
 from __future__ import annotations

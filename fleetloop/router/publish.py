@@ -3,7 +3,7 @@
 ``publish()`` is synchronous and O(1): it puts the outcome on a bounded in-memory queue and returns
 (False, counted in ``stats.dropped``, when the queue is full: a router must not stall its request
 path because Kafka is slow; fleetloop reads a missing outcome as missing, never as "no demand").
-A background task serializes and sends them, keyed by pool id (DESIGN.md, "Topics"), and waits for
+A background task serializes and sends them, keyed by pool id (docs/operations.md, "Topics"), and waits for
 acknowledgements in batches. ``stop()`` flushes what is queued. A call the router moved to another
 model's pool (``routed_from`` set) also goes out as its copy keyed by the pool it was moved from
 (:func:`fleetloop.schemas.requests.diverted_copy`), so the shard that sizes that pool counts it

@@ -2,7 +2,7 @@
 
 ``control.state`` is compacted and keyed ``<kind>/<entity>``; a router may see the same decision
 twice (at-least-once) or an older one after a newer one (a restart re-reading the topic). The rule
-is the one in DESIGN.md, "Delivery semantics": a decision older, by ``tick_id``, than the one held
+is at-least-once delivery of desired state: a decision older, by ``tick_id``, than the one held
 for its key is dropped; a decision of the same tick replaces the held one (publishing the same
 decision twice is harmless). Shadow-mode decisions never act.
 

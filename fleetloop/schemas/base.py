@@ -1,6 +1,6 @@
 """Base class for every wire model, and the bounded field types every model is built from.
 
-Every number on the wire is finite and within a physical range (issue #8, "bounds at the door"):
+Every number on the wire is finite and within a physical range ("bounds at the door"):
 a value outside it is refused at decode time, with its field named, and the record goes to the
 dead-letter topic. The bounds travel in the exported JSON Schema (``minimum`` / ``maximum``), so a
 producer in another language can check them before sending. They are generous on purpose (a

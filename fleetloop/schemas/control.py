@@ -1,6 +1,7 @@
 """Control records. Tick: the event that makes fleetloop decide; ticks travel on ``control.ticks``
-so a replay sees exactly the ticks the live run saw (STYLE.md, rule 3). ActivePolicy: the policy a
-daemon group activated (and the shadow policy it runs beside it), on ``control.policy.active``."""
+so a replay sees exactly the ticks the live run saw (docs/decisions/ticks-as-events.md).
+ActivePolicy: the policy a daemon group activated (and the shadow policy it runs beside it), on
+``control.policy.active``."""
 
 from __future__ import annotations
 

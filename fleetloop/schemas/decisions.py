@@ -1,4 +1,4 @@
-"""Decisions: desired state that fleetloop publishes, keyed by entity (STYLE.md, rule 8).
+"""Decisions: desired state that fleetloop publishes, keyed by entity.
 
 Every decision is absolute (weights, states, thresholds, targets; never a delta), so publishing it
 twice is harmless and a router keeps the newest by ``tick_id``. The envelope stamps the policy

@@ -1,7 +1,7 @@
 """Fast twins of the input wire models: msgspec structs generated from the pydantic models.
 
 The daemon reads telemetry and request outcomes by the hundred thousand per second; validating each
-into a pydantic model cost ~8 µs a record (issue 9), most of it the identifier pattern and the
+into a pydantic model cost ~8 µs a record, most of it the identifier pattern and the
 objects the cyclic collector then walks. A *twin* decodes the same JSON into a ``msgspec.Struct``
 (no GC tracking, ~2-4 µs) and accepts **exactly a subset** of what the pydantic model accepts, with
 **the same values**:

@@ -1,4 +1,4 @@
-"""PolicyDocument: the versioned YAML that picks and parametrizes the algorithms (DESIGN.md).
+"""PolicyDocument: the versioned YAML that picks and parametrizes the algorithms (docs/policies.md).
 
 This model checks the document's shape. Each section's ``params`` is checked against the named
 algorithm's own ``Params`` model by :func:`fleetloop.policies.registry.compile_policy`, so an

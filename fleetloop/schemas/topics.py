@@ -1,4 +1,4 @@
-"""The topic registry: every topic fleetloop uses, in one place (DESIGN.md, "Topics")."""
+"""The topic registry: every topic fleetloop uses, in one place (docs/operations.md, "Topics")."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 ``fleetloop sim --scenario FILE [--policy FILE | --baseline none|classic|modern|llm-d] [--seed N] [--json]
 [--report DIR]``. Without ``--policy`` or ``--baseline`` it runs fleetloop's default policy.
-``--json`` prints one JSON object (keys: DESIGN.md, "Commands"); otherwise a table, with progress
-on stderr for runs that take more than a moment. A bad scenario or policy is one line on stderr and
-exit code 2.
+``--json`` prints one JSON object (keys: ``fleetloop.sim.fleet.SimReport.summary``); otherwise a
+table, with progress on stderr for runs that take more than a moment. A bad scenario or policy is
+one line on stderr and exit code 2.
 """
 
 from __future__ import annotations

@@ -97,8 +97,8 @@ _OUTCOME_ACCEPTS = OUTCOME_TWIN.decoder()[1]
 
 @dataclass(frozen=True, slots=True)
 class SimReport:
-    """Accounting so far: ``summary`` holds the DESIGN.md keys (tasks, cost, latency, requests,
-    by_priority) plus nodes; ``timeline`` one row per simulated second."""
+    """Accounting so far: ``summary`` holds tasks, cost, latency, requests, by_priority and
+    nodes; ``timeline`` one row per simulated second."""
 
     scenario: str
     seed: int

@@ -1,11 +1,11 @@
-"""Scenario files: the simulator's public input format (DESIGN.md, "Scenario files").
+"""Scenario files: the simulator's public input format (``scenarios/README.md``).
 
 Every model is strict (``extra="forbid"``) so a typo is an error, not a silently ignored field.
 :func:`load_scenario` turns every problem into a :class:`ScenarioError` whose ``str()`` is one line
 naming the file and the field, e.g.
 ``scenarios/x.yaml: pools[0].gpu: unknown GPU 'H900' (known: A100, H100, H200, L40S, MI300X)``.
-Fields beyond DESIGN.md are optional with defaults, so every DESIGN.md scenario stays valid; they
-are documented in ``scenarios/README.md``.
+Fields marked *extension* there are optional with defaults, so a file written without them stays
+valid.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ TTFT p99, priority-0 success) and writes it to ``OUT/sim-table.md`` and ``OUT/si
 only when the code does; the wall times and speed-ups are the only figures that vary between
 machines.
 
-Below the table it checks issue 4's targets (cost per successful task against classic, success and
+Below the table it checks its targets (cost per successful task against classic, success and
 priority-0 success, the prefix-heavy TTFT against none) and reports default against ``modern`` (the
 engine-signal autoscaler a careful operator runs today; reported, not a pass/fail target).
 ``--ablation`` also runs the default policy with each lever turned off in turn (its section swapped
@@ -18,7 +18,7 @@ and writes ``sim-ablation.md``: what each lever contributes.
 
 ``--suite stress|shipped|all|fleet [--seeds N] [--only A,B]`` runs a suite over seeds instead
 (classic and default, ``N`` seeds per scenario, 5 by default; ``--policies`` may add ``modern``,
-reported against default per run) and checks issue 15's per-seed targets; see
+reported against default per run) and checks the suite's per-seed targets; see
 :mod:`fleetloop.sim.suite`. It writes ``sim-<suite>.md`` and ``.json`` beside the table, or, with
 ``--ablation``, ``sim-<suite>-ablation.md`` and ``.json`` (so an ablation over fewer seeds never
 replaces the suite's own table).
@@ -182,7 +182,7 @@ def _by(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def targets(rows: list[dict[str, Any]]) -> tuple[str, bool]:
-    """Issue 4's targets, checked on this table: (markdown, all met)."""
+    """The table's targets, checked on its rows: (markdown, all met)."""
     t = _by(rows)
     scenarios = sorted({r["scenario"] for r in rows})
     if not all((s, "classic") in t and (s, "default") in t for s in scenarios):
@@ -190,7 +190,7 @@ def targets(rows: list[dict[str, Any]]) -> tuple[str, bool]:
     ratios: dict[str, float] = {}
     lines = [
         "",
-        "## Targets (issue 4)",
+        "## Targets",
         "",
         "| scenario | $/success vs classic | success vs classic | p0 vs classic |",
     ]
@@ -325,7 +325,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--suite",
         choices=sorted(SUITES),
-        help="run a suite over seeds against issue 15's targets (writes sim-SUITE.md/.json)",
+        help="run a suite over seeds against the suite's targets (writes sim-SUITE.md/.json)",
     )
     ap.add_argument("--seeds", type=int, default=5, help="seeds per scenario with --suite (default 5)")
     ap.add_argument(

@@ -1,5 +1,5 @@
 """Real brokers for integration tests: every test here runs once per broker, ``test_x[tansu]`` and
-``test_x[kafka]`` (DESIGN.md, "Brokers": every integration test runs against both).
+``test_x[kafka]`` (docs/decisions/kafka-spine.md: every integration test runs against both).
 
 - ``broker``: session-scoped; each broker starts once per session (pytest groups the tests by
   broker, so only one runs at a time) and stops at the end. A broker that cannot start makes every

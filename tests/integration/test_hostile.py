@@ -1,4 +1,4 @@
-"""Hostile records against a live daemon on both brokers (issue #8): schema-valid overflow bait,
+"""Hostile records against a live daemon on both brokers: schema-valid overflow bait,
 numbers no fleet produces, NaN, a far-future record for an invented node, a ~1 MB record, 1,000
 invented pools. The daemon keeps deciding every tick of the real pool from the real nodes only,
 dead-letters the rest with a reason each, and commits past all of it.

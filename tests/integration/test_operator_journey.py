@@ -44,6 +44,7 @@ from tests.support.wait import wait_until_sync
 BIN = Path(sys.executable).parent
 README_PORTS = {"kafka": 9092, "http": 8080, "fleet": 8100, "haproxy": 8000, "log": 5514}
 README_SOCKET = "/tmp/fleetloop-haproxy.sock"
+V3_TICKS = 4  # ticks decided under v3 before v4 is applied (the replay compares all but the first)
 
 
 def _free_tcp(count: int = 1) -> int:
@@ -287,6 +288,14 @@ def test_the_operator_journey_in_the_readme_runs_on_apache_kafka(tmp_path: Path)
 
         wait_until_sync(ready, 120, "the daemon ready (/readyz 200)", interval_s=0.5)
         j.alive("daemon", "fleet", "scrape")
+        # Readiness needs no decision, so v4 could go in before v3 decided a tick; the replay below
+        # compares from the tick after the first decided one, and would then find no v3 stretch.
+        wait_until_sync(
+            lambda: len({d.tick_id for d in _decisions(bs, DECISIONS)}) >= V3_TICKS,
+            60,
+            f"{V3_TICKS} ticks decided under v3",
+            interval_s=0.5,
+        )
 
         # Policy: status, apply, rollback.
         out = _ok(j.run("fleetloop policy status"), "policy status")
@@ -334,6 +343,9 @@ def test_the_operator_journey_in_the_readme_runs_on_apache_kafka(tmp_path: Path)
         text = _ok(j.run(by_time), "replay by time")
         result = json.loads(_ok(j.run(by_time, extra=" --json"), "replay by time --json"))
         j.used.pop()
+        since = int(j.env["FROM"]) // 1000  # a tick id is its boundary in epoch seconds (1 s ticks)
+        v3 = {d.tick_id for d in _decisions(bs, DECISIONS) if d.policy.version == 3}
+        assert max(v3) >= since, "no v3 tick in the replayed window: the journey applied v4 too early"
         assert result["mode"] == "mixed", result
         assert result["reproduced"] is True, result
         stretches = [(s["policy"]["version"], s["mode"]) for s in result["stretches"]]

@@ -16,7 +16,7 @@ from fleetloop.daemon.brokers import ProcessBroker
 
 pytestmark = pytest.mark.system  # a benchmark (soak)
 
-RSS_CEILING_MIB = 1024.0  # issue 9's memory budget for a whole 10k-node fleet with 1M open workflows
+RSS_CEILING_MIB = 1024.0  # the memory budget for a whole 10k-node fleet with 1M open workflows
 
 
 async def test_soak_short_form_at_twice_the_measured_capacity(broker: ProcessBroker) -> None:

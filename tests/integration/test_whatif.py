@@ -4,7 +4,7 @@ The demo runs the daemon and the simulator's fleet over Kafka in real time (one 
 30x a third of the way in); whatif then reads the topics it left, derives a scenario, and simulates
 it under the recorded policy and a candidate (the classic baseline).
 
-The fidelity bounds are loose on purpose, and why (measured, see notes/whatif-s4.md):
+The fidelity bounds are loose on purpose, and why (measured):
 - the derived scenario reproduces the window's distributions, not its draws: ~65 tasks (25 s of
   arrivals) give the success rate a sampling error near 4 points (sqrt(0.87 x 0.13 / 65)), and the
   simulated success of one derived scenario moves 75-84% over seeds 1-4 and 7;

@@ -222,7 +222,7 @@ def test_spill_own_model_first_and_proven_nodes_only(
 
 
 def test_spill_list_is_the_same_with_a_flood_of_invented_idle_pools() -> None:
-    """Issue 8's fuzz: invented pools (valid telemetry, same model, never served) used to rank first
+    """Found by the fuzz bench: invented pools (valid telemetry, same model, never served) used to rank first
     and crowd the engine's 8-pool cap out of the real pools."""
     real = [node("a", pool_id="p", queue_depth=8)] + [
         node(f"r{i}", pool_id=f"real-{i}", ok_w=2, queue_depth=i % 3) for i in range(10)

@@ -1,4 +1,4 @@
-"""The contract every algorithm of the table keeps, in every section (STYLE.md, rules 5 and 11).
+"""The contract every algorithm of the table keeps, in every section.
 
 Run over ``REGISTRY``, so a new algorithm is held to it the moment it is in the table
 (fleetloop.policies.builtin): decisions only for the tick's pool, each a valid wire model of its

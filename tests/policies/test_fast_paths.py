@@ -310,7 +310,7 @@ def test_breaker_state_from_before_the_pool_memory_is_refused_with_its_reason() 
             "ramp_from_ms": None, "was_warm": True, "obs": {"$t": []},
         },
     }  # fmt: skip
-    old = zlib.compress(orjson.dumps({"format": 1, "v": old_node}))  # as session 9 wrote it
+    old = zlib.compress(orjson.dumps({"format": 1, "v": old_node}))  # as an older fleetloop wrote it
     with pytest.raises(CheckpointError, match=r"latency_outlier:NodeState fields changed: \['obs'\]"):
         decode(old)
 

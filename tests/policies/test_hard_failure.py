@@ -35,7 +35,7 @@ def _with_envelope(policy: CompiledPolicy, **envelope: Any) -> CompiledPolicy:
 
 
 def share_bound(frac: float, pool_size: int) -> int:
-    """The envelope's bound as the README states it: at most ``floor(max_ejected_frac x nodes)``
+    """The envelope's bound as the docs state it: at most ``floor(max_ejected_frac x nodes)``
     of a pool ejected, but one may always be (unless the fraction is 0)."""
     return 0 if frac <= 0 else max(1, math.floor(frac * pool_size + 1e-9))
 

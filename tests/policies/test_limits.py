@@ -1,4 +1,4 @@
-"""Levers that know their limits (issue 15): decision tables for each new rule, and the property
+"""Levers that know their limits: decision tables for each new rule, and the property
 that no lever's decision costs priority 0 anything in a pure capacity-loss case.
 
 - pool-wide slowdown: the breaker does not enforce an error ejection the pool shares;

@@ -95,7 +95,7 @@ def test_queue_limits_open_with_the_level(
     level: float, expected: tuple[dict[str, int], dict[str, int]]
 ) -> None:
     """A queue that drains before its calls time out costs latency, not tasks: the queue limits
-    are the static ones only under distress (issue 15, mass preemption)."""
+    are the static ones only under distress (mass preemption)."""
     assert queue_limits(P, level) == expected
 
 
@@ -124,7 +124,7 @@ def test_decide_tightens_under_distress_and_publishes_everything() -> None:
     assert (d.entity, d.pool_id, d.reason) == ("pool/p", "p", "slo-near")
     assert d.new_task_max_outstanding == {"1": 358, "2": 179}
     assert d.max_outstanding == {}  # continuing calls are never shed on outstanding work
-    # Queue thresholds follow the level (issue 15): 179.2 / 16 = 11.2x the static ones.
+    # Queue thresholds follow the level: 179.2 / 16 = 11.2x the static ones.
     assert d.max_queue_depth == {"0": 716, "1": 358, "2": 179}
     assert d.new_task_max_queue_depth == {"0": 537, "1": 268, "2": 134}
     assert d.reject_if_budget_below_ms == 900

@@ -1,9 +1,9 @@
 """A few short rows of the committed tables come out of the simulator again, field for field.
 
-Issue 15 is judged on ``bench/results/sim-stress.json`` and ``sim-shipped.json`` (and the other
-tables there); a change meant to make the simulator faster must not move a single figure. These
-rows (~40 CPU-s together) are the quick check; before landing a speed-up, every stress and shipped
-scenario is rerun against its committed rows (see ``bench/results/sim-speed-s10.md``). Only the
+The suites are judged on ``bench/results/sim-stress.json`` and ``sim-shipped.json`` (and the other
+tables there); a change meant to leave the simulator's behaviour alone must not move a single
+figure. These rows (~40 CPU-s together) are the quick check; a change that moves them on purpose
+makes the tables again (``fleetloop bench results``, bench/README.md) and says what moved. Only the
 wall time and the speed-up derived from it may differ.
 """
 

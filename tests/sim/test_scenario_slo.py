@@ -1,4 +1,4 @@
-"""Issue 14: the scenario's ``slo`` is the objective the policy runs against, not only the one the
+"""The scenario's ``slo`` is the objective the policy runs against, not only the one the
 report judges by (one source of truth). The scenario sets the scale, the policy its class shape."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CI smoke subset of the stress suite (issue 15): two stress scenarios, one seed, the suite's own
+"""CI smoke subset of the stress suite: two stress scenarios, one seed, the suite's own
 target check. The full suite is ``python -m fleetloop.sim.table --suite stress`` (5 seeds)."""
 
 from __future__ import annotations

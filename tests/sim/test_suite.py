@@ -1,4 +1,4 @@
-"""The suite targets (issue 15), on hand-made rows: per (scenario, seed) pair and in geometric mean."""
+"""The suite targets, on hand-made rows: per (scenario, seed) pair and in geometric mean."""
 
 from __future__ import annotations
 

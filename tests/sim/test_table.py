@@ -1,4 +1,4 @@
-"""The side-by-side table's target checks (issue 4), on hand-made rows: met and not met."""
+"""The side-by-side table's target checks, on hand-made rows: met and not met."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The README's account of ``/api/state`` (the live page's data, and a script's) is what the endpoint
-serves: every key the README names is one the endpoint has, every key the endpoint has is named,
-and the README's bounds and order are the live view's."""
+"""docs/operations.md's account of ``/api/state`` (the live page's data, and a script's) is what the endpoint
+serves: every key the doc names is one the endpoint has, every key the endpoint has is named,
+and the doc's bounds and order are the live view's."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from fleetloop.daemon.service.live import HISTORY, RECENT, LiveView, add_routes, ledger_of
 from fleetloop.schemas.decisions import BreakerDecision, Decision, PolicyStamp, RoutingDecision
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 STAMP = PolicyStamp(name="p", version=2, hash="0123456789abcdef", mode="enforce")
 
 
 def api_state_doc() -> str:
-    """The README's sentences about ``/api/state``: from its first mention to the end of the item."""
-    text = README.read_text(encoding="utf-8")
+    """The doc's sentences about ``/api/state``: from its first mention to the end of the item."""
+    text = DOC.read_text(encoding="utf-8")
     start = text.index("`/api/state`")
     return " ".join(text[start : text.index("\n- **", start)].split())
 
@@ -59,9 +59,9 @@ async def test_the_readme_names_what_api_state_serves_and_nothing_else() -> None
     per_entity = {"tick_id", "ts_ms"}
     assert per_entity <= set(state["routing"][0])
     for keys in (set(state), policy, recent, kpi, per_entity):
-        assert keys <= named, f"served but not in the README: {sorted(keys - named)}"
+        assert keys <= named, f"served but not in docs/operations.md: {sorted(keys - named)}"
     served_keys = set(state) | policy | recent | kpi | per_entity
-    assert named <= served_keys, f"in the README but not served: {sorted(named - served_keys)}"
+    assert named <= served_keys, f"in docs/operations.md but not served: {sorted(named - served_keys)}"
 
 
 async def test_the_readme_s_bounds_and_order_are_the_live_view_s() -> None:

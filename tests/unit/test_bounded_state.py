@@ -1,4 +1,4 @@
-"""Bounded state and fail-safe decisions (issue #8): caps with eviction of silent entities and
+"""Bounded state and fail-safe decisions: caps with eviction of silent entities and
 counters, per-pool clocks, a silent pool's autoscale target frozen, forged policy versions refused."""
 
 from __future__ import annotations

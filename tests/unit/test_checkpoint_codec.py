@@ -393,7 +393,7 @@ def test_values_that_cannot_be_checkpointed_say_so() -> None:
 
 
 def test_a_format_1_checkpoint_still_decodes() -> None:
-    """As session 9 wrote it: every instance with its class and field names inline, floats that are
+    """As an older fleetloop wrote it: every instance with its class and field names inline, floats that are
     not finite as their repr."""
     old = {
         "format": 1,

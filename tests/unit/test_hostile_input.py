@@ -1,6 +1,6 @@
 """Bounds at the door: every number bounded in the schema (and in its JSON Schema export), record
 size and event time checked before anything reaches the model, and no bytes whatever that make the
-decoder or the model raise (issue #8)."""
+decoder or the model raise."""
 
 from __future__ import annotations
 

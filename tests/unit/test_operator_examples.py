@@ -1,5 +1,5 @@
 """The operator journey's files and lines, checked without a broker (the journey itself runs in
-``tests/integration/test_operator_journey.py``): every ``fleetloop`` line of the README's section
+``tests/integration/test_operator_journey.py``): every ``fleetloop`` line of docs/operations.md's journey
 parses, the HAProxy config carries the actuator's frontend lines verbatim and names the servers the
 backend map does, and the fleet is pinned at the three nodes those name."""
 

@@ -125,7 +125,7 @@ def test_no_routing_decision_ever_leaves_its_pool_nothing_to_route_to() -> None:
 
 
 def test_the_readme_says_how_long_the_model_remembers_a_silent_node() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "integrations" / "routers.md").read_text()
     said = re.search(r"longer\s+than\s+the\s+model\s+remembers\s+a\s+node,\s+(\d+)\s+s\)", readme)
     assert said is not None
     assert int(said.group(1)) * 1000 == FORGET_MS

@@ -410,7 +410,7 @@ def test_topic_registry_keys_are_the_logical_names() -> None:
 def test_the_readme_topics_table_lists_every_registry_topic_with_its_cleanup_and_partitions() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     section = readme.split("## Topics", 1)[1].split("\n## ", 1)[0]
     table = [
         [c.strip() for c in line.strip().strip("|").split("|")]

@@ -1,4 +1,5 @@
-"""FLEETLOOP_* environment settings: every flag has one, they work, and the README's table is the parser's."""
+"""FLEETLOOP_* environment settings: every flag has one, they work, and docs/configuration.md's
+table is the parser's."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ import pytest
 from fleetloop.cli.main import build_parser, main
 from fleetloop.daemon.service.settings import EnvError, env_name, env_table, walk
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def test_readme_table_is_generated_from_the_parser() -> None:
-    text = README.read_text(encoding="utf-8")
+    text = DOC.read_text(encoding="utf-8")
     m = re.search(r"<!-- settings-table:start -->\n(.*?)<!-- settings-table:end -->", text, re.S)
-    assert m, "README lost its settings table markers"
+    assert m, "docs/configuration.md lost its settings table markers"
     assert m.group(1) == env_table(build_parser(environ={})), (
-        "README's settings table is stale: paste `python -m fleetloop.cli.settings_table`"
+        "docs/configuration.md's settings table is stale: paste `python -m fleetloop.cli.settings_table`"
     )
 
 

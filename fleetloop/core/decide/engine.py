@@ -1,4 +1,5 @@
-"""The decision engine: one frozen input per tick boundary, one result out per pool.
+"""The decision engine: one frozen input per tick boundary, one result out per pool
+(docs/architecture.md).
 
 ``decide_many(snapshot, policy, states, ticks, input_offsets) -> [TickResult]`` decides the ticks of
 one boundary (one per pool, sharing ``ts_ms`` and ``tick_id``); ``decide`` is a batch of one. It runs

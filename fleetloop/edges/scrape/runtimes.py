@@ -332,7 +332,7 @@ FIELD_LABELS: dict[str, str] = {
 def field_table(runtime: str) -> str:
     """The metric -> NodeTelemetry field table (Markdown) of ``runtime``, one column per release.
 
-    The README carries these tables verbatim; a test fails when they drift."""
+    docs/integrations/scrape.md carries these tables verbatim; a test fails when they drift."""
     releases = list(RELEASES[runtime])
     head = "| NodeTelemetry field | " + " | ".join(f"{r.runtime} {r.version}" for r in releases) + " |"
     sep = "|---" * (len(releases) + 1) + "|"

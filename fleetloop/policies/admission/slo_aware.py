@@ -84,19 +84,19 @@ Trade-offs: every shed first call is a task lost, so this lever buys priority-0 
 with low-priority tasks; the routers apply the new-task outstanding limit only on a node with calls
 queued (:mod:`fleetloop.router.pick` step 5: a node with none admits the call into its batch at
 once, at some cost in time between tokens, and the shed would lose the task for that). Measured
-over both suites (``bench/results/admission-s13.md``): gpu-mix-cascade went from +37..+78 tasks
-against classic to +443..+484 at 0.87x its cost (the lever there from -1,175 tasks over three
-seeds to -45), burst-a100-2x came 101-381 tasks closer to classic, and no row lost a target. In
-a fleet where the low class is the bulk of the tasks, shedding lowers the success rate, which the
-failure gate limits to real distress. The level is pool-wide; the additive climb back (60 ticks
-from 16 to 256) keeps the pool conservative for about a minute after a breach, but only nodes
-with calls queued shed for it. In an overload that outlasts the tasks' deadlines
+over both suites when the lever was added (on the node model of that time): gpu-mix-cascade went
+from +37..+78 tasks against classic to +443..+484 at 0.87x its cost (the lever there from -1,175
+tasks over three seeds to -45), burst-a100-2x came 101-381 tasks closer to classic, and no row lost
+a target. In a fleet where the low class is the bulk of the tasks, shedding lowers the success
+rate, which the failure gate limits to real distress. The level is pool-wide; the additive climb
+back (60 ticks from 16 to 256) keeps the pool conservative for about a minute after a breach, but
+only nodes with calls queued shed for it. In an overload that outlasts the tasks' deadlines
 (burst-a100-2x) the level falls to ``min_level`` within a window of the first lost tasks (the
 losses and the window's p99 lag the queue behind them). Those sheds are the overflow of the six
 warm nodes the autoscaler holds at the step, not shedding that capacity could carry: with the
-lever off the pool loses 894 more tasks over seeds 29-31 (queues run past the clients' 15 s wait
-for a first token; ``bench/results/sim-stress-ablation.md``), while classic holds 12 warm nodes
-there.
+lever off the pool lost 894 more tasks over seeds 29-31 (queues run past the clients' 15 s wait
+for a first token; the stress suite's ablation on that node model, made by ``fleetloop bench
+results --only sim-stress-ablation``), while classic holds 12 warm nodes there.
 It cannot tell latency from long prompts or a slow decode batch from latency shedding would cure;
 ``min_level`` keeps it from shedding lightly loaded nodes for it.
 Failure mode: an SLO set far below what the pool can do, with calls failing for another reason (a

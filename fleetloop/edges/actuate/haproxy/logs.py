@@ -3,10 +3,10 @@
 HAProxy logs one line per request to a syslog target; the actuator listens on a loopback UDP port
 (``--log-listen 127.0.0.1:PORT``) and HAProxy points ``log 127.0.0.1:PORT len 4096 local0`` at it.
 The frontend copies fleetloop's request headers into variables and logs them with ``LOG_FORMAT``
-(``HAPROXY_FRONTEND_SNIPPET`` is the exact text to paste; the README shows it, with
-``HAPROXY_STREAMING_DEFAULTS`` for the ``defaults`` section), read by the table every integration
-shares (:mod:`fleetloop.edges.headers`): a missing request id is HAProxy's unique id (``%ID``), a
-missing priority ``--default-priority`` (1).
+(``HAPROXY_FRONTEND_SNIPPET`` is the exact text to paste; docs/integrations/routers.md shows it,
+with ``HAPROXY_STREAMING_DEFAULTS`` for the ``defaults`` section), read by the table every
+integration shares (:mod:`fleetloop.edges.headers`): a missing request id is HAProxy's unique id
+(``%ID``), a missing priority ``--default-priority`` (1).
 
 From HAProxy itself: backend and server (-> pool and node through the backend map), status code,
 termination state, ``%Tr`` (time to the server's response headers: the time to first token of a

@@ -1,6 +1,6 @@
 """Desired state -> HAProxy server settings. Pure: no I/O, no clock (``now_s`` comes in).
 
-The mapping (the README's table; tests check each row):
+The mapping (docs/integrations/routers.md's table; tests check each row):
 
 - routing weight ``w`` of a node -> ``set server B/S weight round(256 * w / max w in pool)``
   (1..256; 0 for ``w = 0``: no new traffic);
@@ -37,7 +37,8 @@ from fleetloop.router.state import DesiredState, rotation
 
 Admin = Literal["ready", "drain", "maint"]
 
-# What HAProxy's runtime API cannot express (the README's "not mapped" table): field -> why.
+# What HAProxy's runtime API cannot express (the "not mapped" table of
+# docs/integrations/routers.md): field -> why.
 UNMAPPED: dict[str, str] = {
     "routing.by_priority": "one weight per server; per-class weights need a backend per class",
     "routing.prefix_affinity": "no per-request server choice from a runtime table without config",
