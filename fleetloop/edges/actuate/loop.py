@@ -14,6 +14,7 @@ logged (``restore: ...``), then one line says how many there were.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import logging
@@ -62,7 +63,7 @@ def keep_state_arg(p: argparse.ArgumentParser, plain: str) -> None:
     )
 
 
-class Reconciler:
+class Reconciler(abc.ABC):
     """Base of an actuator: ``run`` drives its ``reconcile`` pass with :func:`reconcile_forever`.
 
     A subclass names its target's error class and logger, sets ``wake`` and ``period_s``, and counts
@@ -73,16 +74,20 @@ class Reconciler:
     wake: asyncio.Event
     period_s: float
 
+    @abc.abstractmethod
     async def reconcile(self) -> Any:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def restore(self) -> list[Any]:
         """One pass to the plain state (the targets of a state that holds no decision); the changes."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def failed(self, message: str) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def last_error(self) -> str:
         raise NotImplementedError
 

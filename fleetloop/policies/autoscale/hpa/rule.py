@@ -8,6 +8,7 @@ only.
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -283,7 +284,7 @@ Metric = Callable[[tuple[NodeView, ...], int], tuple[int | None, dict[str, float
 P = TypeVar("P", bound=SyncParams)
 
 
-class HpaController(Generic[P]):
+class HpaController(abc.ABC, Generic[P]):
     """An HPA on one metric as a policy of the autoscale section: the subclass names the algorithm and
     gives :meth:`metric` (and, for ``hpa``, the inputs every decision carries and the Kubernetes HPA's
     scale-to-zero disabling; a KEDA-generated HPA has neither)."""
@@ -294,6 +295,7 @@ class HpaController(Generic[P]):
     def initial_state(self) -> HpaState:
         return HpaState()
 
+    @abc.abstractmethod
     def metric(self, params: P) -> Metric:
         raise NotImplementedError
 
