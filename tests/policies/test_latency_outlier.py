@@ -120,6 +120,41 @@ def test_consecutive_errors_still_eject() -> None:
     assert d["n4"].until_ms == NOW_MS + 1000 + 30_000
 
 
+def _survivors(**n0: Any) -> list[NodeView]:
+    """Sixteen survivors of a mass preemption, each serving at its peers' speed with a full batch
+    and a queue; n0's queued calls (the lost nodes' calls it took) are the first to time out:
+    nine in a row, while its batch went on completing calls in the window. The others' timeouts
+    are yet to come, so the pool-wide rule reads n0 as failing alone."""
+    busy = {"queue_depth": 40, "running_requests": 250, "kv_cache_used_frac": 0.95}
+    busy |= {"requests_w": 40, "ok_w": 40}
+    first = {"requests_w": 40, "ok_w": 31, "failures_w": 9, "consecutive_failures": 9, "node_timeouts_w": 9}
+    return pool(count=16, **{f"n{i}": busy for i in range(1, 16)}, n0={**busy, **first, **n0})
+
+
+def test_a_survivor_whose_queued_calls_time_out_is_not_ejected() -> None:
+    d = Run().step(_survivors())
+    assert d["n0"].state == "open"  # the error machine saw the streak
+    assert not d["n0"].enforced
+    assert d["n0"].reason == "consecutive-failures:queueing"
+
+
+@pytest.mark.parametrize(
+    "n0",
+    [
+        {"node_timeouts_w": 0},  # its calls were refused (a crashed host, a fast-error black hole)
+        {"ok_w": 0, "requests_w": 9},  # no call completes: a black hole that swallows them
+        {"node_errors_w": 2},  # it fails calls itself
+        {"tbt_p50_ms": 160.0, "tbt_p99_ms": 320.0},  # a degraded GPU: slow steps against its peers
+        {"stale": True},  # stopped reporting
+    ],
+)
+def test_a_streak_that_is_the_nodes_own_still_ejects(n0: dict[str, Any]) -> None:
+    # Two ticks: a step time is judged once the node has remembered min_samples (2) of them.
+    d = Run().steps(_survivors(**n0), 2)
+    assert (d["n0"].state, d["n0"].enforced) == ("open", True), d["n0"].reason
+    assert d["n0"].reason == "ejected"
+
+
 def test_backoff_probe_relapse_and_recovery_with_slow_start() -> None:
     run = Run(detect_ticks=1, slow_start_ms=20_000, slow_start_min_frac=0.25)
     views = pool(slow=("n2",))
