@@ -3,6 +3,7 @@ the ejected-share cap and the panic threshold."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -131,8 +132,16 @@ def _survivors(**n0: Any) -> list[NodeView]:
     return pool(count=16, **{f"n{i}": busy for i in range(1, 16)}, n0={**busy, **first, **n0})
 
 
+def _after_serving(views: list[NodeView]) -> dict[str, BreakerDecision]:
+    """The breaker's records at the tick of ``views``, after two ticks of the same pool serving
+    without a failure (the step times it remembers: ``min_samples``)."""
+    run = Run()
+    run.steps([replace(v, failures_w=0, consecutive_failures=0, node_timeouts_w=0) for v in views], 2)
+    return run.step(views)
+
+
 def test_a_survivor_whose_queued_calls_time_out_is_not_ejected() -> None:
-    d = Run().step(_survivors())
+    d = _after_serving(_survivors())
     assert d["n0"].state == "open"  # the error machine saw the streak
     assert not d["n0"].enforced
     assert d["n0"].reason == "consecutive-failures:queueing"
@@ -149,10 +158,15 @@ def test_a_survivor_whose_queued_calls_time_out_is_not_ejected() -> None:
     ],
 )
 def test_a_streak_that_is_the_nodes_own_still_ejects(n0: dict[str, Any]) -> None:
-    # Two ticks: a step time is judged once the node has remembered min_samples (2) of them.
-    d = Run().steps(_survivors(**n0), 2)
+    d = _after_serving(_survivors(**n0))
     assert (d["n0"].state, d["n0"].enforced) == ("open", True), d["n0"].reason
-    assert d["n0"].reason == "ejected"
+    assert d["n0"].reason == "consecutive-failures"
+
+
+def test_a_streak_on_a_node_without_a_step_time_still_ejects() -> None:
+    """Nothing says its steps run at its peers' speed (a hung engine reports none)."""
+    d = Run().step(_survivors(tbt_p50_ms=None, tbt_p99_ms=None))
+    assert (d["n0"].state, d["n0"].enforced, d["n0"].reason) == ("open", True, "consecutive-failures")
 
 
 def test_backoff_probe_relapse_and_recovery_with_slow_start() -> None:

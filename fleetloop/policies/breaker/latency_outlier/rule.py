@@ -203,14 +203,15 @@ def failing_with_pool(n: NodeView, pool_failing: float) -> bool:
 def queueing(n: NodeView, v: Verdict) -> bool:
     """The node's failure streak is its queue's, not the node's: it is serving (warm, fresh), it
     completed calls in the window, the only failures it reports itself are callers that gave up
-    waiting (timeouts, no errors), and its step time is not flagged against its peers'.
+    waiting (timeouts, no errors), and its step time was read and is clear against its peers'
+    (a node with no step figure, or a flagged one, is not shielded).
 
     A survivor of a capacity loss (half a pool reclaimed) takes the lost nodes' calls; the calls
     queued behind its full batch time out together a client timeout later, a burst of consecutive
     failures, while its batch goes on completing calls at its peers' speed. Ejecting it piles its
     calls onto the other survivors, whose queues then time out in turn (README.md beside this
     file: "Timeouts of a node that serves")."""
-    return serving(n) and n.ok_w > 0 and n.node_timeouts_w > 0 and n.node_errors_w == 0 and v.tbt != "flagged"
+    return serving(n) and n.ok_w > 0 and n.node_timeouts_w > 0 and n.node_errors_w == 0 and v.tbt == "clear"
 
 
 def held_open(before: Emitted | None, now: int) -> bool:
