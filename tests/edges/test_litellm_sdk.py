@@ -154,3 +154,116 @@ async def test_a_shed_call_is_refused_by_litellm_and_published_with_no_node(
         await call(r, "t-2", stream=False, priority=2)
     assert refused.value.status_code == 429
     assert [(o.workflow_id, o.outcome, o.node_id) for o in got][-1] == ("t-2", "shed", None)
+
+
+# -- LiteLLM's sync calls (``Router.completion``): fleetloop's pick as the router's custom strategy --
+
+
+def sync_call(r: litellm.Router, task: str, *, stream: bool, priority: int = 0) -> None:
+    """One ``Router.completion``, in a thread of its own (the fleet serves from this loop)."""
+    resp = r.completion(
+        model="llama-8b",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        stream=stream,
+        metadata={"fleetloop": {"task": task, "call": 1, "tenant": "gold", "priority": priority}},
+    )
+    if stream:
+        for _ in resp:
+            pass
+
+
+async def test_sync_calls_go_where_fleetloop_picks_and_each_outcome_names_its_node(
+    fleet: LiveFleet, outcomes: tuple[FleetloopCallback, list[RequestOutcome]]
+) -> None:
+    cb, got = outcomes
+    cb.routing.apply([routing("p", dict.fromkeys(NODES, 1.0)), breaker("p/1")], clock.monotonic_s())
+    r = router(fleet, num_retries=0)
+    r.register_plugin(cb.strategy(r))
+    for i in range(8):
+        await asyncio.to_thread(sync_call, r, f"t{i}", stream=i % 2 == 0)
+    await until(lambda: len(got) == 8)
+    assert {o.node_id for o in got} == {"p/0", "p/2"}  # never the node behind the open breaker
+    assert {(o.outcome, o.pool_id, o.model, o.tenant_id, o.priority, o.step_index) for o in got} == {
+        ("ok", "p", "llama-8b", "gold", 0, 1)
+    }
+    assert sorted(o.workflow_id for o in got) == sorted(f"t{i}" for i in range(8))
+    streamed = [o for o in got if int(o.workflow_id[1:]) % 2 == 0]
+    assert len(streamed) == 4
+    assert all(o.ttft_ms is not None and 0 < o.ttft_ms <= o.e2e_ms for o in streamed)
+    assert all(o.output_tokens == 3 for o in got)
+    assert cb.routing.counts.picked == 8
+    assert not cb.routing.pending
+    assert set(cb.routing.router.outstanding.values()) == {0}
+
+
+async def test_sync_failed_attempts_count_against_their_node_and_a_shed_call_is_refused_429(
+    fleet: LiveFleet, outcomes: tuple[FleetloopCallback, list[RequestOutcome]]
+) -> None:
+    cb, got = outcomes
+    cb.routing.apply([routing("p", {"p/0": 1.0, "p/1": 0.0, "p/2": 0.0}, tick=1)], clock.monotonic_s())
+    node = fleet.node("p/0")
+    assert node is not None
+    fleet.crash_node(node, comes_back=False)
+    r = router(fleet, num_retries=2, retry_after=0)
+    r.register_plugin(cb.strategy(r))
+    with pytest.raises(litellm.InternalServerError):
+        await asyncio.to_thread(sync_call, r, "t-1", stream=False)
+    # each of LiteLLM's three attempts is p/0's (fleetloop's routing names only p/0)
+    await until(lambda: len(got) == 3)
+    assert [(o.node_id, o.outcome, o.workflow_id) for o in got] == [("p/0", "error", "t-1")] * 3
+    now = clock.monotonic_s()
+    cb.routing.apply([breaker("p/0", tick=2), routing("p", {"p/0": 0.0, "p/1": 1.0, "p/2": 1.0}, tick=2),
+                      admission("p", max_queue_depth={"2": 0}, tick=2)], now)  # fmt: skip
+    await asyncio.to_thread(sync_call, r, "t-2", stream=True)
+    await until(lambda: len(got) == 4)
+    assert (got[-1].outcome, got[-1].workflow_id) == ("ok", "t-2")
+    assert got[-1].node_id in ("p/1", "p/2")
+    from litellm.types.router import RouterRateLimitError
+
+    r_once = router(fleet, num_retries=0)
+    r_once.register_plugin(cb.strategy(r_once))
+    with pytest.raises(RouterRateLimitError) as refused:
+        await asyncio.to_thread(sync_call, r_once, "t-3", stream=False, priority=2)
+    assert refused.value.status_code == 429
+    assert [(o.workflow_id, o.outcome, o.node_id) for o in got][-1] == ("t-3", "shed", None)
+
+
+async def test_async_calls_through_the_strategy_are_each_placed_once(
+    fleet: LiveFleet, outcomes: tuple[FleetloopCallback, list[RequestOutcome]]
+) -> None:
+    """A router with fleetloop's strategy also hands it its async calls: the strategy places them
+    and the deployment filter, which then sees only that deployment, does not place them again."""
+    cb, got = outcomes
+    cb.routing.apply([routing("p", dict.fromkeys(NODES, 1.0))], clock.monotonic_s())
+    r = router(fleet, num_retries=0)
+    r.register_plugin(cb.strategy(r))
+    for i in range(4):
+        await call(r, f"a{i}", stream=i % 2 == 0)
+    await until(lambda: len(got) == 4)
+    assert cb.routing.counts.picked == 4
+    assert {o.outcome for o in got} == {"ok"}
+    assert not cb.routing.pending
+
+
+async def test_a_sync_call_never_waits_for_the_broker(fleet: LiveFleet) -> None:
+    """With no broker to reach (nothing listens on the port), a sync call is served at once: the
+    Kafka clients start in a thread of their own and retry there; its outcome waits in the buffer."""
+    cb = FleetloopCallback("127.0.0.1:1", rng=np.random.default_rng(0))
+    litellm.logging_callback_manager.add_litellm_callback(cb)
+    try:
+        cb.routing.apply([routing("p", dict.fromkeys(NODES, 1.0))], clock.monotonic_s())
+        r = router(fleet, num_retries=0)
+        r.register_plugin(cb.strategy(r))
+        await asyncio.to_thread(sync_call, r, "t-0", stream=False)
+        await until(lambda: len(cb._buffer) == 1)
+        assert cb.publisher is None
+        assert cb._thread is not None
+        assert cb._thread.is_alive()
+        assert cb._loop is not None
+        assert cb._loop is not asyncio.get_running_loop()
+        assert [(o.workflow_id, o.outcome) for o in cb._buffer] == [("t-0", "ok")]
+    finally:
+        litellm.logging_callback_manager.remove_callback_from_all_lists(cb)
+        await asyncio.to_thread(cb.close, 5.0)
+    assert cb._thread is None
