@@ -232,6 +232,51 @@ async def test_agents_send_every_call_to_one_router_url() -> None:
     assert fleet.live["p/0"].node.counter == 0  # the node itself got nothing: the router answered
 
 
+@pytest.mark.parametrize(
+    ("status", "body", "counted"),
+    [
+        (429, "No deployments available for selected model", "shed"),  # LiteLLM's shed (fleetloop's too)
+        (500, "internal error", "errors"),
+        (503, "no server is available", "errors"),  # a node's 503 passed on looks the same
+    ],
+)
+async def test_agents_count_a_routers_429_as_a_shed_and_other_refusals_as_errors(
+    status: int, body: str, counted: str
+) -> None:
+    """Behind a router URL the agents read its answer by the rule HAProxy's log is read with
+    (``fleetloop.edges.answers``): a 429 is a call the router placed nowhere, a shed."""
+    from aiohttp import web
+    from fleetloop.edges.fleet.agents import Agents
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"error": {"message": body, "code": str(status)}}, status=status)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    fleet = LiveFleet(one_node(), seed=3)
+    await fleet.start()
+    try:
+        agents = Agents(fleet, router_url=f"http://127.0.0.1:{port}/", rate_scale=10.0)
+        await agents.run(1.0, 10.0)
+    finally:
+        await fleet.stop()
+        await runner.cleanup()
+    s = agents.stats
+    assert s.sent > 0
+    assert s.ok == s.tasks_succeeded == 0
+    assert {"shed": s.shed, "errors": s.errors, "timeouts": s.timeouts} == {
+        "shed": s.sent if counted == "shed" else 0,
+        "errors": s.sent if counted == "errors" else 0,
+        "timeouts": 0,
+    }
+
+
 def test_a_prompt_as_text_carries_its_size_and_shared_prefix() -> None:
     from fleetloop.edges.fleet.server import prefix_in_text, prompt_text
 
