@@ -188,6 +188,21 @@ async def test_a_shed_call_is_refused_by_litellm_and_published_with_no_node(
     assert [(o.workflow_id, o.outcome, o.node_id) for o in got][-1] == ("t-2", "shed", None)
 
 
+async def test_the_strategy_leaves_out_deployments_litellm_holds_in_cooldown(
+    fleet: LiveFleet, outcomes: tuple[FleetloopCallback, list[RequestOutcome]]
+) -> None:
+    """The filter gets LiteLLM's candidates with its cooldowns applied; the strategy, which LiteLLM
+    hands no candidates, reads the same cooldowns itself."""
+    cb, got = outcomes
+    cb.routing.apply([routing("p", dict.fromkeys(NODES, 1.0))], clock.monotonic_s())
+    r = router(fleet, cb, num_retries=0)
+    r.health().cooldowns.add_deployment_to_cooldown("p-1", RuntimeError("test"), 500, 120.0)
+    for i in range(9):
+        await call(r, f"t{i}", stream=False, sync=True)
+    await until(lambda: len(got) == 9)
+    assert {o.node_id for o in got} == {"p/0", "p/2"}
+
+
 async def test_async_calls_through_the_strategy_are_each_placed_once(
     fleet: LiveFleet, outcomes: tuple[FleetloopCallback, list[RequestOutcome]]
 ) -> None:
