@@ -71,7 +71,8 @@ def test_tenant_decisions_of_a_batch_share_parts_no_copy_can_change() -> None:
         [d.model_dump_json() for d in ds] for ds in alone
     ]
     gold_p, gold_q = batch[0][2], batch[1][2]
-    assert isinstance(gold_p, RetryBudgetDecision) and isinstance(gold_q, RetryBudgetDecision)
+    assert isinstance(gold_p, RetryBudgetDecision)
+    assert isinstance(gold_q, RetryBudgetDecision)
     assert gold_p.inputs is gold_q.inputs  # what the batch form shares (else this test tests nothing)
     assert gold_p.__pydantic_fields_set__ is gold_q.__pydantic_fields_set__
     before = (gold_q.model_dump_json(), set(gold_q.model_fields_set), dict(gold_q.inputs))
