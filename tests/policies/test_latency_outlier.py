@@ -3,6 +3,7 @@ the ejected-share cap and the panic threshold."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -118,6 +119,54 @@ def test_consecutive_errors_still_eject() -> None:
     assert d["n4"].state == "open"
     assert d["n4"].reason == "consecutive-failures"
     assert d["n4"].until_ms == NOW_MS + 1000 + 30_000
+
+
+def _survivors(**n0: Any) -> list[NodeView]:
+    """Sixteen survivors of a mass preemption, each serving at its peers' speed with a full batch
+    and a queue; n0's queued calls (the lost nodes' calls it took) are the first to time out:
+    nine in a row, while its batch went on completing calls in the window. The others' timeouts
+    are yet to come, so the pool-wide rule reads n0 as failing alone."""
+    busy = {"queue_depth": 40, "running_requests": 250, "kv_cache_used_frac": 0.95}
+    busy |= {"requests_w": 40, "ok_w": 40}
+    first = {"requests_w": 40, "ok_w": 31, "failures_w": 9, "consecutive_failures": 9, "node_timeouts_w": 9}
+    return pool(count=16, **{f"n{i}": busy for i in range(1, 16)}, n0={**busy, **first, **n0})
+
+
+def _after_serving(views: list[NodeView]) -> dict[str, BreakerDecision]:
+    """The breaker's records at the tick of ``views``, after two ticks of the same pool serving
+    without a failure (the step times it remembers: ``min_samples``)."""
+    run = Run()
+    run.steps([replace(v, failures_w=0, consecutive_failures=0, node_timeouts_w=0) for v in views], 2)
+    return run.step(views)
+
+
+def test_a_survivor_whose_queued_calls_time_out_is_not_ejected() -> None:
+    d = _after_serving(_survivors())
+    assert d["n0"].state == "open"  # the error machine saw the streak
+    assert not d["n0"].enforced
+    assert d["n0"].reason == "consecutive-failures:queueing"
+
+
+@pytest.mark.parametrize(
+    "n0",
+    [
+        {"node_timeouts_w": 0},  # its calls were refused (a crashed host, a fast-error black hole)
+        {"ok_w": 0, "requests_w": 9},  # no call completes: a black hole that swallows them
+        {"node_errors_w": 2},  # it fails calls itself
+        {"tbt_p50_ms": 160.0, "tbt_p99_ms": 320.0},  # a degraded GPU: slow steps against its peers
+        {"stale": True},  # stopped reporting
+    ],
+)
+def test_a_streak_that_is_the_nodes_own_still_ejects(n0: dict[str, Any]) -> None:
+    d = _after_serving(_survivors(**n0))
+    assert (d["n0"].state, d["n0"].enforced) == ("open", True), d["n0"].reason
+    assert d["n0"].reason == "consecutive-failures"
+
+
+def test_a_streak_on_a_node_without_a_step_time_still_ejects() -> None:
+    """Nothing says its steps run at its peers' speed (a hung engine reports none)."""
+    d = Run().step(_survivors(tbt_p50_ms=None, tbt_p99_ms=None))
+    assert (d["n0"].state, d["n0"].enforced, d["n0"].reason) == ("open", True, "consecutive-failures")
 
 
 def test_backoff_probe_relapse_and_recovery_with_slow_start() -> None:

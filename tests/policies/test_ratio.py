@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from fleetloop.schemas.base import updated
 from fleetloop.schemas.decisions import RetryBudgetDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.policies.snapshots import ctx, node, nodes, snapshot, tenant
+from tests.policies.snapshots import NOW_MS, ctx, node, nodes, snapshot, tenant
 
 
 @pytest.mark.parametrize(
@@ -54,6 +55,39 @@ def test_pool_budget_and_one_per_tenant_seen_in_the_window() -> None:
 
 def test_per_tenant_off_publishes_the_pool_budget_only() -> None:
     assert [d.entity for d in budgets(per_tenant=False)] == ["pool/p"]
+
+
+def test_the_episode_lasts_while_the_survivors_queue_drains_after_the_nodes_are_back() -> None:
+    """A third of a 24-node pool reclaimed at once; a minute later the nodes are back (cold start
+    done), but the 16 survivors still hold the queue of the lost nodes' calls, which keeps timing
+    out. Those calls' retries are the displaced load's: the grown ratio holds (peak 8 short, now
+    8 / 24) until a window holds no failed call on a serving node. Ending it on the node count
+    alone left the priority-0 tenant no budget (0 here) while its tasks' retries were refused."""
+    algo, params = Ratio(), RatioParams()
+    survivors = nodes(16, ok_w=60)
+    reclaimed = [node(f"r{i}", weights_state="loading", failures_w=80) for i in range(8)]
+    t0 = snapshot([*survivors, *reclaimed], pool_fields={"p": {"requests_w": 2000, "failures_w": 640}})
+    first = algo.decide(t0, params, None, ctx(t0))
+    assert first.decisions[0].inputs["nodes_short"] == 8.0
+
+    back = [*survivors, *(node(f"r{i}", ok_w=5) for i in range(8))]
+    fields = {"requests_w": 1800, "retries_w": 900, "failures_w": 700}
+    t1 = snapshot(
+        back, now_ms=NOW_MS + 60_000, pool_fields={"p": fields}, tenants=[tenant("users", 0, 900, 450)]
+    )
+    later = algo.decide(t1, params, first.state, ctx(t1))
+    pool_d, users = later.decisions
+    assert pool_d.reason == "budget+mass-failure"
+    assert pool_d.inputs["nodes_short"] == 8.0
+    assert pool_d.inputs["ratio_added"] == round(8 / 24, 6)
+    assert users.retries_allowed_now == math.floor(10 * 10 + (0.2 + 8 / 24) * 900) - 450  # 130
+
+    drained = snapshot(
+        back, now_ms=NOW_MS + 70_000, pool_fields={"p": {"requests_w": 1800, "retries_w": 300}}
+    )
+    done = algo.decide(drained, params, later.state, ctx(drained))
+    assert done.state is None
+    assert done.decisions[0].reason == "budget"
 
 
 def test_tenant_decisions_of_a_batch_share_parts_no_copy_can_change() -> None:

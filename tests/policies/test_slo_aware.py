@@ -38,7 +38,9 @@ BOOK = SloBook(default=SLO)
         (256.0, 0.9, 0.05, (179.2, "slo-near")),  # both exactly at their thresholds
         (20.0, 3.0, 0.50, (16.0, "slo-near")),  # floor
         (256.0, 3.0, 0.01, (256.0, "tasks-succeed")),  # over the SLO but tasks succeed: no shedding
-        (100.0, 3.0, 0.0, (104.0, "tasks-succeed")),  # ... and the level climbs back
+        (100.0, 3.0, 0.0, (142.857143, "tasks-succeed")),  # ... and the level climbs back (/ 0.7)
+        (16.0, 3.0, 0.0, (22.857143, "tasks-succeed")),  # as fast as it fell, at least +4
+        (250.0, 3.0, 0.0, (256.0, "tasks-succeed")),  # ceiling
         (100.0, 0.7, 0.20, (100.0, "hold")),
         (100.0, 0.6, 0.20, (104.0, "slo-headroom")),  # failing, but latency fine: not our lever
         (254.0, 0.1, 0.20, (256.0, "slo-headroom")),  # ceiling
@@ -141,7 +143,28 @@ def test_decide_does_not_shed_while_tasks_succeed() -> None:
     assert d.reason == "tasks-succeed"
     assert d.new_task_max_outstanding == {}  # at the ceiling: no outstanding limit
     res = SloAware().decide(snap, P, 100.0, ctx(snap, slo=BOOK))  # below it, the level's limits
-    assert res.decisions[0].new_task_max_outstanding == {"1": 208, "2": 104}
+    assert res.decisions[0].new_task_max_outstanding == {"1": 285, "2": 142}
+
+
+def test_the_level_climbs_back_as_fast_as_it_fell_once_tasks_succeed() -> None:
+    """After a breach (a burst of lost tasks when half a busy pool was reclaimed) the level sits at
+    its floor; once a window has lost no task the level is back at the ceiling within 8 ticks, and
+    with it no new-task outstanding limit, even with TTFT p99 still 20x the SLO (the queue built
+    while the pool was short drains for a while). An additive climb (+4 a tick) still shed every
+    new low-priority task on a node with calls queued a minute later."""
+    level, fell = P.max_level, 0
+    while level > P.min_level:  # distress: 10% of tasks lost, pressure 20
+        level, fell = next_level(P, level, 20.0, 0.1)[0], fell + 1
+    assert fell == 8
+    snap = _overloaded(lost=0, ttft_p99=30_000.0)
+    climbed: list[float] = []
+    for _ in range(fell):
+        res = SloAware().decide(snap, P, level, ctx(snap, slo=BOOK))
+        assert res.decisions[0].reason == "tasks-succeed"
+        level = res.state
+        climbed.append(level)
+    assert climbed[-2] < P.max_level == climbed[-1]
+    assert res.decisions[0].new_task_max_outstanding == {}
 
 
 def test_reject_budget_is_capped_and_off_without_data() -> None:

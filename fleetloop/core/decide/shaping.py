@@ -94,11 +94,13 @@ def cap_ejections(
     then failed (an ok call ends a streak), so a node in a streak carries no useful work, whatever
     it served earlier in the window and however loaded its pool. It is ejected at once into a busy
     pool, as Envoy's consecutive-5xx ejection does (the breaker names the streak; its pool-wide rule
-    still shields a failure the whole pool shares). A node with no call in the window has no success
-    share of its own; an empty window is not "all ok" (ejecting a node the routers stopped sending
-    to would read as moving its whole load): it is read as its pool's, the other serving nodes'
-    success share. Only when no serving node of the pool took a call (a deployment without router
-    outcomes, scrape only) does the node's telemetry alone say what it carries.
+    still shields a failure the whole pool shares, and latency-outlier's queueing rule a streak of
+    timeouts on a node that keeps completing calls at its peers' speed). A node with no call in the
+    window has no success share of its own; an empty window is not "all ok" (ejecting a node the
+    routers stopped sending to would read as moving its whole load): it is read as its pool's, the
+    other serving nodes' success share. Only when no serving node of the pool took a call (a
+    deployment without router outcomes, scrape only) does the node's telemetry alone say what it
+    carries.
 
     A slow node carries little useful work (its ``speed_i``), so it too may be ejected into a busy
     pool; a pool-wide slowdown leaves no spare anywhere and no node slow against the median, so

@@ -31,7 +31,8 @@ The state is a level ``L``, the new-task
 outstanding limit of the least important class, starting at ``max_level``::
 
     no latency figure:                   L unchanged                        reason no-data
-    f <  min_failure_frac:               L = min(max_level, L + increase)   reason tasks-succeed
+    f <  min_failure_frac:               L = min(max_level, max(L + increase, L / decrease))
+                                                                            reason tasks-succeed
     x >= tighten_at (and f large):       L = max(min_level, L * decrease)   reason slo-near
     x <= relax_below:                    L = min(max_level, L + increase)   reason slo-headroom
     otherwise:                           L unchanged                        reason hold
@@ -56,14 +57,24 @@ The failure gate is the KPI speaking: the fleet is paid per successful task, so 
 while tasks still succeed does not justify losing a task; shedding starts when the miss turns into
 lost tasks, and the level climbs back as soon as tasks succeed again, even if latency is still
 over the SLO (long prompts keep TTFT p99 high without any
-shedding curing it). The queue thresholds follow the same gate: at ``min_level`` (distress) they
-are the static ``queue-depth`` ones, which act once a node is full, and they open in proportion to
-the level above it (16x at ``max_level``). A queue that drains before its calls time out costs
-latency, not tasks: after a capacity loss (half a pool reclaimed) the surviving nodes queue while
-every call still succeeds, and shedding new tasks there would lose them for nothing. The engine
-floors the thresholds for protected classes. The budget rule rejects a call whose remaining
-budget (the smaller of its client timeout and its task's deadline) is below the pool's median
-TTFT: it is more likely than not to fail anyway, and rejecting it at once spends no GPU time on it.
+shedding curing it). It climbs back as fast as it fell: by the inverse of ``decrease`` a tick
+(16 to 256 in 8 ticks), at least ``increase``. The gate reads a window, so the climb starts only
+once a whole window has lost fewer than one task in twenty; from then on every tick below the
+ceiling sheds new low-priority tasks (each a lost task) against a distress the gate says is over.
+A pool whose nodes run near ``max_num_seqs`` in normal service (the bulk of a busy pool) sheds
+every such task on a node with calls queued at any level below its running count, so an additive
+climb (60 ticks from 16 to 256) kept shedding them for a minute after the losses had stopped: in
+``scenarios/stress/mass-preempt-budget.yaml`` (seed 17) that was most of 1,952 tasks lost as
+``retries_exhausted:shed`` after the reclaimed nodes were back, 1,511 with this climb. If the
+losses return, the level falls again within a window (``decrease`` a tick).
+The queue thresholds follow the same gate: at ``min_level`` (distress) they are the static
+``queue-depth`` ones, which act once a node is full, and they open in proportion to the level above
+it (16x at ``max_level``). A queue that drains before its calls time out costs latency, not tasks:
+after a capacity loss (half a pool reclaimed) the surviving nodes queue while every call still
+succeeds, and shedding new tasks there would lose them for nothing. The engine floors the thresholds
+for protected classes. The budget rule rejects a call whose remaining budget (the smaller of its
+client timeout and its task's deadline) is below the pool's median TTFT: it is more likely than not
+to fail anyway, and rejecting it at once spends no GPU time on it.
 
 Inputs: the pool's TTFT p50 and p99, request, failure and shed counts over the window; its nodes'
 newest TBT p99 (warm, fresh, not ejected by ``ctx.breakers``) and router-observed failures; the
@@ -88,9 +99,11 @@ over both suites when the lever was added (on the node model of that time): gpu-
 from +37..+78 tasks against classic to +443..+484 at 0.87x its cost (the lever there from -1,175
 tasks over three seeds to -45), burst-a100-2x came 101-381 tasks closer to classic, and no row lost
 a target. In a fleet where the low class is the bulk of the tasks, shedding lowers the success
-rate, which the failure gate limits to real distress. The level is pool-wide; the additive climb
-back (60 ticks from 16 to 256) keeps the pool conservative for about a minute after a breach, but
-only nodes with calls queued shed for it. In an overload that outlasts the tasks' deadlines
+rate, which the failure gate limits to real distress. The level is pool-wide; the climb back (8
+ticks from 16 to 256 once a window has lost fewer than one task in twenty) keeps the pool
+conservative for a few seconds after a breach, and only nodes with calls queued shed for it; a
+breach that comes back soon finds the level lower again within a window (a sawtooth, not a steady
+level: the window lags the losses by up to its length). In an overload that outlasts the tasks' deadlines
 (burst-a100-2x) the level falls to ``min_level`` within a window of the first lost tasks (the
 losses and the window's p99 lag the queue behind them). Those sheds are the overflow of the six
 warm nodes the autoscaler holds at the step, not shedding that capacity could carry: with the
@@ -173,7 +186,8 @@ def next_level(
     if x is None:
         return level, "no-data"
     if failing < params.min_failure_frac:
-        return min(params.max_level, level + params.increase), "tasks-succeed"
+        # As fast as it fell (see the module docstring), at least ``increase``.
+        return min(params.max_level, max(level + params.increase, level / params.decrease)), "tasks-succeed"
     if x >= params.tighten_at:
         return max(params.min_level, level * params.decrease), "slo-near"
     if x <= params.relax_below:

@@ -37,6 +37,7 @@ from fleetloop.policies.breaker.latency_outlier.rule import (
     failing_with_pool,
     held_open,
     node_decision,
+    queueing,
     quiet,
     row_cache,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "fleet_figures",
     "held_open",
     "node_decision",
+    "queueing",
     "quiet",
     "row_cache",
     "rows_of",

@@ -200,6 +200,20 @@ def failing_with_pool(n: NodeView, pool_failing: float) -> bool:
     return serving(n) and n.requests_w > 0 and pool_failing >= POOL_WIDE_SHARE * failure_share(n) > 0
 
 
+def queueing(n: NodeView, v: Verdict) -> bool:
+    """The node's failure streak is its queue's, not the node's: it is serving (warm, fresh), it
+    completed calls in the window, the only failures it reports itself are callers that gave up
+    waiting (timeouts, no errors), and its step time was read and is clear against its peers'
+    (a node with no step figure, or a flagged one, is not shielded).
+
+    A survivor of a capacity loss (half a pool reclaimed) takes the lost nodes' calls; the calls
+    queued behind its full batch time out together a client timeout later, a burst of consecutive
+    failures, while its batch goes on completing calls at its peers' speed. Ejecting it piles its
+    calls onto the other survivors, whose queues then time out in turn (README.md beside this
+    file: "Timeouts of a node that serves")."""
+    return serving(n) and n.ok_w > 0 and n.node_timeouts_w > 0 and n.node_errors_w == 0 and v.tbt == "clear"
+
+
 def held_open(before: Emitted | None, now: int) -> bool:
     """The node's last record (its state fields as this breaker emitted them) was an enforced
     ejection whose end (``until_ms``) is still ahead: it stays enforced while its machine is open.
@@ -276,10 +290,11 @@ def node_decision(
             untils.append(ns.err.since_ms + backoff_ms(params, ns.err.ejections))
         if lat_open:
             untils.append(ns.lat_since_ms + backoff_ms(params, ns.lat_ejections))
-        # An ejection published enforced stays so to its end (:func:`held_open`): the
-        # pool-wide and panic rules judge whether to enforce it, not whether to release it.
-        enforced = held or (err_open and not shared) or (lat_open and not panic)
-        why = "pool-wide" if err_open and shared else "panic"
+        # An ejection published enforced stays so to its end (:func:`held_open`): the pool-wide,
+        # queueing and panic rules judge whether to enforce it, not whether to release it.
+        queued = err_open and not shared and queueing(n, v)
+        enforced = held or (err_open and not shared and not queued) or (lat_open and not panic)
+        why = "pool-wide" if err_open and shared else "queueing" if queued else "panic"
         return breaker_decision(
             pool_id, node_id, "open", reason if enforced else f"{reason}:{why}",
             inputs=inputs, ejections=ejections, enforced=enforced, until_ms=max(untils),

@@ -55,6 +55,7 @@ def pool_budget(
         lost_now=lambda: figs.lost_nodes,
         now_ms=snap.now_ms,
         window_ms=snap.window_ms,
+        failing=max(0, (pool.failures_w if pool else 0) - lost),
     )
     extra = short / max(1, warm) if short else 0.0
     inputs = {
