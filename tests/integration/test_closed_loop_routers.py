@@ -23,7 +23,8 @@ import pytest
 from fleetloop.router import clock
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import TELEMETRY, TICKS
-from tests.integration.test_haproxy import Traffic, haproxy_config
+from tests.integration.test_haproxy import Traffic
+from tests.support.haproxy import chat_backend_map, haproxy_config
 from tests.support.http import free_port, nodes
 from tests.support.kafka import producer, running_daemon, send
 from tests.support.records import telemetry
@@ -80,10 +81,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
     servers = contextlib.AsyncExitStack()
     ports = await servers.enter_async_context(nodes(3, answer))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    (tmp_path / "backends.yaml").write_text(
-        "pools:\n  chat:\n    backend: chat\n    model: llama-8b\n"
-        "    servers: {chat/0: s0, chat/1: s1, chat/2: s2}\n"
-    )
+    bmap = chat_backend_map(tmp_path)
     (tmp_path / "workers.yaml").write_text(
         "pools:\n  chat:\n" + "".join(f"    chat/{i}: {u}\n" for i, u in enumerate(urls))
     )
@@ -165,7 +163,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                         "--runtime-api",
                         f"unix:{tmp_path}/admin.sock",
                         "--backend-map",
-                        str(tmp_path / "backends.yaml"),
+                        str(bmap),
                         "--log-listen",
                         f"127.0.0.1:{log_port}",
                     ],
