@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from fleetloop.router import clock
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import TELEMETRY, TICKS
 from tests.integration.test_haproxy import Traffic
+from tests.support.actuators import start_actuator
 from tests.support.haproxy import chat_backend_map, haproxy_config
 from tests.support.http import free_port, nodes
 from tests.support.kafka import producer, running_daemon, send
@@ -86,14 +85,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
         "pools:\n  chat:\n" + "".join(f"    chat/{i}: {u}\n" for i, u in enumerate(urls))
     )
     procs: list[subprocess.Popen[bytes]] = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     common = [
-        "--bootstrap-servers",
-        kafka_env.bootstrap_servers,
-        "--topic-prefix",
-        kafka_env.prefix,
-        "--period-s",
-        "0.25",
         # torn down with HAProxy, vllm-router and the test's own backends at once: nothing to restore
         # (tests/integration/test_actuator_exit.py and test_worker_list_routers.py check the restore)
         "--keep-state-on-exit",
@@ -173,14 +165,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                     ["--url", f"http://127.0.0.1:{vr_port}", "--worker-map", str(tmp_path / "workers.yaml")],
                 ),
             ):
-                with (tmp_path / f"{name}.log").open("wb") as f:
-                    procs.append(
-                        subprocess.Popen(
-                            [sys.executable, "-m", "fleetloop.cli.main", "actuate", name, *extra, *common],
-                            stderr=f,
-                            env=env,
-                        )
-                    )
+                procs.append(start_actuator(name, kafka_env, tmp_path / f"{name}.log", *extra, *common))
             drivers = [asyncio.create_task(drive()) for _ in range(3)]
             vr = httpx.AsyncClient(base_url=f"http://127.0.0.1:{vr_port}", timeout=5.0)
             try:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from fleetloop.schemas.decisions import (
     RoutingDecision,
 )
 from fleetloop.schemas.topics import REQUESTS, STATE
+from tests.support.actuators import actuate_argv
 from tests.support.haproxy import chat_backend_map, haproxy_config, running_haproxy, start_actuator
 from tests.support.http import Handler, free_port, nodes
 from tests.support.kafka import producer, read_all
@@ -252,28 +252,11 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
             await prod.flush()
 
         def once() -> dict[str, Any]:
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "fleetloop.cli.main",
-                    "actuate",
-                    "haproxy",
-                    "--runtime-api",
-                    f"unix:{tmp_path}/admin.sock",
-                    "--backend-map",
-                    str(bmap),
-                    "--bootstrap-servers",
-                    kafka_env.bootstrap_servers,
-                    "--topic-prefix",
-                    kafka_env.prefix,
-                    "--once",
-                    "--json",
-                ],
-                capture_output=True,
-                timeout=120,
-                check=False,
-            )
+            argv = actuate_argv(
+                "haproxy", kafka_env, "--runtime-api", f"unix:{tmp_path}/admin.sock",
+                "--backend-map", str(bmap), "--once", "--json",
+            )  # fmt: skip
+            proc = subprocess.run(argv, capture_output=True, timeout=120, check=False)
             assert proc.returncode == 0, proc.stderr.decode()[-2000:]
             return dict(orjson.loads(proc.stdout))
 

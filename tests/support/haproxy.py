@@ -1,19 +1,18 @@
 """Real HAProxy for the tests that drive it (Debian's package, through ``require_tool``): the config
 of a frontend over the three-server ``chat`` backend, the backend map that names those servers to
-``fleetloop actuate haproxy``, HAProxy itself running until the test is done, and the actuator."""
+``fleetloop actuate haproxy``, HAProxy itself running until the test is done, and the actuator on it."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi
+from tests.support import actuators
 from tests.support.tools import require_tool
 from tests.support.wait import wait_until
 
@@ -81,31 +80,11 @@ async def running_haproxy(tmp: Path, config: str) -> AsyncIterator[RuntimeApi]:
 def start_actuator(
     tmp: Path, bmap: Path, kafka_env: Any, log: Path, *extra: str, log_port: int | None = None
 ) -> subprocess.Popen[bytes]:
-    """``fleetloop actuate haproxy`` on the runtime API in ``tmp``, reconciling every 0.25 s, with
+    """``fleetloop actuate haproxy`` on the runtime API in ``tmp`` and the backend map ``bmap``, with
     ``extra`` flags; HAProxy's log read on UDP ``log_port`` (as outcomes) when one is given. Its own
     log lines go to ``log``."""
     listen = ["--log-listen", f"127.0.0.1:{log_port}"] if log_port is not None else []
-    with log.open("wb") as log_file:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fleetloop.cli.main",
-                "actuate",
-                "haproxy",
-                "--runtime-api",
-                f"unix:{tmp}/{SOCKET}",
-                "--backend-map",
-                str(bmap),
-                "--bootstrap-servers",
-                kafka_env.bootstrap_servers,
-                "--topic-prefix",
-                kafka_env.prefix,
-                *listen,
-                "--period-s",
-                "0.25",
-                *extra,
-            ],
-            stderr=log_file,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+    return actuators.start_actuator(
+        "haproxy", kafka_env, log, "--runtime-api", f"unix:{tmp}/{SOCKET}", "--backend-map", str(bmap),
+        *listen, *extra,
+    )  # fmt: skip
