@@ -21,7 +21,7 @@ START_TIMEOUT_S = 10.0  # HAProxy opens its socket in milliseconds; this is a lo
 
 
 def haproxy_config(tmp: Path, fe_port: int, log_port: int, ports: list[int]) -> str:
-    """A frontend on ``fe_port`` over backend ``chat`` (servers s0-s2 on ``ports``, weight 100,
+    """A frontend on ``fe_port`` over backend ``chat`` (its three servers on ``ports``, weight 100,
     round robin), the request log sent to UDP ``log_port``, the runtime API at ``tmp/admin.sock``."""
     return f"""
 global
