@@ -220,7 +220,7 @@ async def test_agents_send_every_call_to_one_router_url() -> None:
     await fleet.start()
     try:
         agents = Agents(fleet, router_url=f"http://127.0.0.1:{port}/", rate_scale=10.0)
-        await agents.run(2.0, 10.0)
+        await agents.run(fleet.t() + 2.0, 10.0)
     finally:
         await fleet.stop()
         await runner.cleanup()
@@ -322,7 +322,7 @@ async def _retries_after_the_budget_went(fail_static_s: float, exempt: tuple[str
         assert node is not None
         fleet.crash_node(node, comes_back=False)
         agents = Agents(fleet, rate_scale=5.0)
-        await agents.run(2.0, 5.0)
+        await agents.run(fleet.t() + 2.0, 5.0)
     finally:
         await fleet.stop()
     assert agents.stats.tasks_started >= 3
