@@ -61,6 +61,10 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
     )  # and when
     assert [a["arm"] for a in doc["runs_raw"]] == ["vllm-p2c", "fleetloop-haproxy"]
     assert "tasks ok" in r.stderr  # progress lines
+    # a 25 s run is shorter than the peers' 300 s scale-down stabilization: said before and in the file
+    assert doc["peer_scale_in_hold_s"] == 300.0
+    assert "peers cannot scale in within it" in r.stderr
+    assert "peers cannot scale in within it" in md
     assert "[1/2] about" in r.stderr  # where the bench is, and what is left
     assert "[2/2] about" in r.stderr
     assert "| 1 | vllm-p2c | 1 |" in md  # every run, in the order it ran

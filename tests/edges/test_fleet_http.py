@@ -8,6 +8,7 @@ vLLM scraper.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -182,13 +183,45 @@ async def test_metrics_read_by_the_vllm_scraper(fleet: LiveFleet) -> None:
     assert rec.tbt_p50_ms is not None
 
 
+@contextlib.asynccontextmanager
+async def router_at(chat: Any) -> AsyncIterator[str]:
+    """A stand-in router on loopback answering ``POST /v1/chat/completions`` with ``chat``: its URL."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        await runner.cleanup()
+
+
+async def agents_behind(chat: Any, seconds: float) -> tuple[Any, LiveFleet]:
+    """One node's scenario's agents for ``seconds``, every call to a router answering with ``chat``."""
+    from fleetloop.edges.fleet.agents import Agents
+
+    async with router_at(chat) as url:
+        fleet = LiveFleet(one_node(), seed=3)
+        await fleet.start()
+        try:
+            agents = Agents(fleet, router_url=url, rate_scale=10.0)
+            await agents.run(fleet.t() + seconds, 10.0)
+        finally:
+            await fleet.stop()
+    return agents, fleet
+
+
 async def test_agents_send_every_call_to_one_router_url() -> None:
     """``Agents(router_url=...)``: no node is picked by the agent; every attempt goes to the one URL
     (as behind vllm-router or HAProxy) with the task headers, and the router's answers count."""
     import json as _json
 
     from aiohttp import web
-    from fleetloop.edges.fleet.agents import Agents
 
     seen: list[dict[str, str]] = []
 
@@ -209,27 +242,43 @@ async def test_agents_send_every_call_to_one_router_url() -> None:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    fleet = LiveFleet(one_node(), seed=3)
-    await fleet.start()
-    try:
-        agents = Agents(fleet, router_url=f"http://127.0.0.1:{port}/", rate_scale=10.0)
-        await agents.run(fleet.t() + 2.0, 10.0)
-    finally:
-        await fleet.stop()
-        await runner.cleanup()
+    agents, fleet = await agents_behind(chat, 2.0)
     s = agents.stats
     assert s.tasks_started >= 5
     assert len(seen) == s.sent == s.ok == s.tasks_succeeded == s.p0_succeeded
     assert all(h["x-fleetloop-priority"] == "0" and h["x-fleetloop-task"] for h in seen)
     assert {h["model"] for h in seen} == {"llama-8b"}
     assert fleet.live["p/0"].node.counter == 0  # the node itself got nothing: the router answered
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "counted"),
+    [
+        (429, "No deployments available for selected model", "shed"),  # LiteLLM's shed (fleetloop's too)
+        (500, "internal error", "errors"),
+        (503, "no server is available", "errors"),  # a node's 503 passed on looks the same
+    ],
+)
+async def test_agents_count_a_routers_429_as_a_shed_and_other_refusals_as_errors(
+    status: int, body: str, counted: str
+) -> None:
+    """Behind a router URL the agents read its answer by the rule HAProxy's log is read with
+    (``fleetloop.edges.answers``): a 429 is a call the router placed nowhere, a shed."""
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"error": {"message": body, "code": str(status)}}, status=status)
+
+    agents, _ = await agents_behind(chat, 1.0)
+    s = agents.stats
+    assert s.sent > 0
+    assert s.ok == s.tasks_succeeded == 0
+    assert {"shed": s.shed, "errors": s.errors, "timeouts": s.timeouts} == {
+        "shed": s.sent if counted == "shed" else 0,
+        "errors": s.sent if counted == "errors" else 0,
+        "timeouts": 0,
+    }
 
 
 def test_a_prompt_as_text_carries_its_size_and_shared_prefix() -> None:

@@ -49,6 +49,7 @@ def node_view_plain(node: _Node, now_ms: int, window_ms: int, stale_after_ms: in
         node_errors_w=int(w[st._N_ERR]),
         node_timeouts_w=int(w[st._N_TO]),
         preemptions_w=int(w[st._N_PRE]),
+        engine=t.engine,
     )
 
 

@@ -186,6 +186,8 @@ LINE = (
         ("s1", "504", "sH--", "timeout", "p/1"),
         ("<NOSRV>", "503", "SC--", "shed", None),
         ("s1", "503", "sQ--", "shed", None),
+        ("s1", "429", "----", "shed", None),  # turned away for load: the rule of fleetloop.edges.answers
+        ("s1", "200", "CD--", "error", "p/1"),  # cut short by the client after the answer began
     ],
 )
 def test_log_line_to_outcome(server: str, status: str, tsc: str, outcome: str, node: str | None) -> None:

@@ -326,6 +326,21 @@ def alone(arm: Arm) -> Arm | None:
     return next((a for a in ARMS if not a.fleetloop and a.router == arm.router), None)
 
 
+def peer_scale_in_hold_s(arms: list[Arm]) -> float | None:
+    """How long after its first sync the peers' autoscaler keeps at least the nodes it started with:
+    the scale-down stabilization window of their policy's HPA (``modern``: Kubernetes' default,
+    300 s), unshortened, as a real KEDA deployment runs it (KEDA's ``cooldownPeriod``, also 300 s,
+    only governs scaling to zero, which a pool's minimum rules out). None without a peer arm, or
+    when the peers' autoscaler is no HPA."""
+    from fleetloop.policies.autoscale.hpa import SyncParams  # noqa: PLC0415 - only for a run's note
+    from fleetloop.policies.registry import builtin_policy  # noqa: PLC0415 - see above
+
+    policies = sorted({a.policy for a in arms if not a.fleetloop})
+    params = [builtin_policy(name).sections["autoscale"].params for name in policies]
+    windows = [p.scale_down.stabilization_window_s for p in params if isinstance(p, SyncParams)]
+    return float(max(windows)) if windows else None
+
+
 def missing_binaries(arms: list[Arm]) -> list[str]:
     need = sorted({b for a in arms for b in a.router.binaries()})
     return [b for b in need if shutil.which(b) is None and not Path(b).exists()]

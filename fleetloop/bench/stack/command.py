@@ -22,7 +22,7 @@ from rich.console import Console
 
 from fleetloop import clock, term
 from fleetloop.bench.stack import overhead, report
-from fleetloop.bench.stack.arms import ARMS, BY_NAME, missing_binaries
+from fleetloop.bench.stack.arms import ARMS, BY_NAME, missing_binaries, peer_scale_in_hold_s
 from fleetloop.bench.stack.run import RunSpec, run_arm
 from fleetloop.daemon.brokers import start_broker
 from fleetloop.daemon.cli_common import UsageError
@@ -186,6 +186,9 @@ def cmd_stack(args: argparse.Namespace) -> int:
         f"{_hm(estimate_s(len(plan), args.seconds, args.drain_s))} if no run is void; "
         f"load average {load_start}"
     )
+    hold_s = peer_scale_in_hold_s([BY_NAME[a] for a in arms])
+    if hold_s is not None and args.seconds + args.drain_s < hold_s:
+        err.print(f"bench stack: {report.hold_note(hold_s, args.seconds + args.drain_s)}")
     err.print("bench stack: starting the embedded broker (Tansu) on loopback ...")
     broker = start_broker("tansu")
     try:
@@ -204,6 +207,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
         "scenario_file": str(args.scenario),
         "seconds": args.seconds,
         "drain_s": args.drain_s,
+        "peer_scale_in_hold_s": hold_s,
         "runs": args.runs,
         "max_lag_ms": args.max_lag_ms,
         "arms": arms,

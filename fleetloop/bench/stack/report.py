@@ -147,6 +147,22 @@ def _verdict(c: dict[str, Any]) -> str:
     return f"`{c['ours']}` vs `{c['peer']}`: " + "; ".join(parts)
 
 
+def hold_note(hold_s: float, run_s: float) -> str:
+    """What a run shorter than the peers' scale-down stabilization means for their cost."""
+    return (
+        f"peers' KEDA keeps the nodes it started with for {hold_s:g} s after its first sync (the HPA's "
+        f"default scale-down stabilization, not shortened); a run's load and drain last at most "
+        f"{run_s:g} s, so the peers cannot scale in within it and their cost includes nodes a longer "
+        "run would let go"
+    )
+
+
+def _hold(doc: dict[str, Any]) -> str:
+    hold_s = doc.get("peer_scale_in_hold_s")
+    run_s = float(doc["seconds"]) + float(doc.get("drain_s") or 0.0)
+    return f" Note: {hold_note(hold_s, run_s)}." if hold_s is not None and run_s < hold_s else ""
+
+
 def table_markdown(doc: dict[str, Any]) -> str:
     digits = {
         "success": 3,
@@ -180,7 +196,7 @@ def table_markdown(doc: dict[str, Any]) -> str:
         f"Median [min–max] over each arm's valid runs. Faults: {faults or 'none'}. Cost = every node's "
         "usd_per_h x the time it was billed (booting, serving, draining) from load start to the last "
         "task's end. Peers autoscale with KEDA on queue and KV (`modern`); fleetloop arms with fleetloop's "
-        "default policy.\n\n"
+        f"default policy.{_hold(doc)}\n\n"
         + head
         + "".join(rows)
         + "\nTargets (median of runs, and in each run; success >= peer, cost <= 0.9x, TTFT p50 <= 1.1x):\n\n"

@@ -19,7 +19,10 @@ and shared prefix.
   (:func:`fleetloop.edges.fleet.server.prompt_text`), its shared prefix the same text in every
   call, so a router that hashes prompts (``cache_aware``) sees the prefix as in production and one
   that drops the client's headers (SGLang's router) still delivers the prompt's size.
-- Connection refused or a 5xx is an ``error``; a router that places the call nowhere, ``shed``.
+- Connection refused or a 5xx is an ``error``; a router that places the call nowhere, ``shed``: no
+  node from fleetloop's router, or behind a router URL its 429 (LiteLLM's "no deployments
+  available", a rate limiter's refusal), by the rule HAProxy's log is read with
+  (:func:`fleetloop.edges.answers.answer_outcome`).
   Each attempt's outcome goes to ``fleet.requests`` keyed by pool (the last call of a task says
   whether the task succeeded). ``cost_usd`` is 0: a client cannot see GPU cost; fleetloop takes it
   from the nodes' telemetry (``cost_rate_usd_per_h``).
@@ -38,6 +41,7 @@ import numpy as np
 import openai
 from openai import AsyncOpenAI
 
+from fleetloop.edges.answers import answer_outcome
 from fleetloop.edges.fleet.live import LiveFleet
 from fleetloop.edges.fleet.server import HDR_PREFIX, HDR_PREFIX_TOKENS, HDR_PROMPT_TOKENS, prompt_text
 from fleetloop.schemas.requests import RequestOutcome
@@ -338,7 +342,7 @@ class Agents:
     async def _http_call(
         self, task: Task, url: str, model: str, budget_s: float
     ) -> tuple[str, float | None, int]:
-        """One attempt over HTTP: (``ok`` | ``error`` | ``timeout``, TTFT ms, output tokens)."""
+        """One attempt over HTTP: (``ok`` | ``error`` | ``timeout`` | ``shed``, TTFT ms, output tokens)."""
         fleet = self.fleet
         api = self._client(url)
         headers = {
@@ -389,7 +393,9 @@ class Agents:
             return "ok", ttft, tokens
         except (TimeoutError, openai.APITimeoutError):
             return "timeout", None, 0
-        except openai.OpenAIError:  # refused, reset, 5xx, a stream the node broke off
+        except openai.APIStatusError as exc:  # the router's or node's answer: 429 is a shed
+            return answer_outcome(exc.status_code), None, 0
+        except openai.OpenAIError:  # refused, reset, a stream the node broke off
             return "error", None, 0
 
     def _emit(

@@ -21,10 +21,15 @@ LiteLLM's choice without its cooldowns, and the proxy's ``config.yaml`` has no k
 its ``router_settings.plugins`` (``RoutingPlugin``) narrow a call's candidates by provider model
 name (``litellm_params.model``), which many deployments of one model share, so they cannot name a
 node. A callback is what the proxy loads by module path (``litellm_settings.callbacks``), and
-``async_filter_deployments`` sees each deployment. Where it does not run: LiteLLM's synchronous
-calls (``Router.completion``) run neither the filter nor the async logging hooks, so they are
-LiteLLM's own pick and fleetloop sees none of their outcomes: use the async calls
-(``acompletion``; the proxy's are all async).
+``async_filter_deployments`` sees each deployment.
+
+LiteLLM's synchronous calls (SDK ``Router.completion``) run no deployment filter: the one sync hook
+that chooses is a custom routing strategy's ``get_available_deployment``. For them the SDK user
+also registers :meth:`~fleetloop.edges.litellm.handler.FleetloopCallback.strategy`, which picks
+among the deployments not in LiteLLM's cooldown exactly as the filter does (a shed: LiteLLM's 429),
+and the callback's sync logging hooks (``log_success_event``, ``log_failure_event`` per failed
+attempt) publish their outcomes without waiting for Kafka (the clients run in a loop on a thread of
+their own when the caller has none). ``docs/integrations/routers.md`` has the table of paths.
 
 Use:
 
@@ -32,7 +37,8 @@ Use:
   ``config.yaml``, ``FLEETLOOP_BOOTSTRAP_SERVERS`` in its environment (``examples/litellm/``).
 - **SDK**: ``cb = FleetloopCallback(BOOTSTRAP)``; ``litellm.callbacks.append(cb)``; call
   ``router.acompletion(..., metadata={"fleetloop": {"task": ..., "priority": ...}})``; ``await
-  cb.stop()`` at shutdown flushes the outcomes queued.
+  cb.stop()`` at shutdown flushes the outcomes queued. Sync calls: also
+  ``router.register_plugin(cb.strategy(router))`` and ``cb.close()`` at shutdown.
 - Deployments map to nodes and pools by ``model_info`` (``fleetloop_node``, ``fleetloop_pool``) or
   a deployment map (:mod:`fleetloop.edges.litellm.mapping`); :mod:`fleetloop.edges.litellm.launch`
   starts a proxy on loopback for a bench arm.

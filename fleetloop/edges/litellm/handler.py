@@ -1,12 +1,18 @@
 """The LiteLLM callback: fleetloop's pick as a LiteLLM deployment filter, and every attempt's outcome to
 ``fleet.requests``. The I/O shell around :mod:`fleetloop.edges.litellm.core`.
 
-LiteLLM runs a ``CustomLogger``'s hooks in the event loop that serves the call (the proxy's, or the
-SDK caller's); the Kafka clients start in that loop on the first hook, in the background: a call
-never waits for the broker. Until ``control.state`` has been read the router holds no decision and
-fails static (LiteLLM's candidates, round robin), as it does whenever the state goes stale; outcomes
-produced before the producer is up wait in a bounded buffer. A broker that cannot be reached is
-retried every ``RETRY_S`` and logged once per distinct error; it never fails a call.
+LiteLLM runs a ``CustomLogger``'s async hooks in the event loop that serves the call (the proxy's,
+or the SDK caller's); the Kafka clients start in that loop on the first hook, in the background: a
+call never waits for the broker. A sync call (``Router.completion``, picked by
+:class:`FleetloopStrategy`) runs the sync hooks in its caller's thread or LiteLLM's logging threads:
+with no loop there, the clients start in a loop of their own on a daemon thread, and an outcome from
+any other thread is handed to the clients' loop (``call_soon_threadsafe``), never waited on. One
+lock guards the routing state across those threads.
+
+Until ``control.state`` has been read the router holds no decision and fails static (LiteLLM's
+candidates, round robin), as it does whenever the state goes stale; outcomes produced before the
+producer is up wait in a bounded buffer. A broker that cannot be reached is retried every
+``RETRY_S`` and logged once per distinct error; it never fails a call.
 """
 
 from __future__ import annotations
@@ -16,14 +22,16 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import openai
 from litellm.integrations.custom_logger import CustomLogger
+from litellm.types.router import CustomRoutingStrategyBase, RouterRateLimitError
 
 from fleetloop.edges.litellm.core import LiteLLMRouting
 from fleetloop.edges.litellm.mapping import (
@@ -37,11 +45,13 @@ from fleetloop.router import clock
 from fleetloop.router.follow import StateFollower
 from fleetloop.router.pick import FAIL_STATIC_S
 from fleetloop.router.publish import OutcomePublisher
+from fleetloop.schemas.decisions import Decision
 from fleetloop.schemas.requests import Outcome, RequestOutcome
 
 log = logging.getLogger("fleetloop.litellm")
 RETRY_S = 5.0
 BUFFER = 10_000  # outcomes kept while the producer is not up yet (the oldest go first)
+CLOSE_S = 10.0  # what :meth:`FleetloopCallback.close` waits for the flush
 
 
 class ConfigError(ValueError):
@@ -74,6 +84,45 @@ def _int(v: Any) -> int:
     return v if isinstance(v, int) and v >= 0 else 0
 
 
+def _is_async(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a logging event is an async call's (``acompletion``, the proxy's): those are reported
+    by the async hooks, so the sync ones leave them alone and none is counted twice."""
+    params = kwargs.get("litellm_params") or {}
+    return bool(kwargs.get("acompletion") or (isinstance(params, Mapping) and params.get("acompletion")))
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class _LockedSink:
+    """The routing state as the state follower's sink, its changes under the callback's lock (the
+    follower runs in the Kafka clients' loop; a sync call picks in its caller's thread)."""
+
+    def __init__(self, routing: LiteLLMRouting, lock: threading.Lock) -> None:
+        self._routing = routing
+        self._lock = lock
+
+    @property
+    def fail_static_s(self) -> float:
+        return self._routing.fail_static_s
+
+    @fail_static_s.setter
+    def fail_static_s(self, value: float) -> None:
+        self._routing.fail_static_s = value
+
+    def apply(self, decisions: Sequence[Decision], now_s: float, refresh_s: float = 0.0) -> list[Decision]:
+        with self._lock:
+            return self._routing.apply(decisions, now_s, refresh_s)
+
+    def fleet_changed(self) -> None:
+        with self._lock:
+            self._routing.fleet_changed()
+
+
 class FleetloopCallback(CustomLogger):
     """Add to ``litellm.callbacks`` (SDK) or name in the proxy's ``litellm_settings.callbacks``
     (``fleetloop.edges.litellm.proxy.handler``). ``bootstrap_servers`` None: no Kafka at all (state
@@ -104,6 +153,11 @@ class FleetloopCallback(CustomLogger):
         self._buffer: deque[RequestOutcome] = deque(maxlen=BUFFER)
         self._task: asyncio.Task[None] | None = None
         self._last_error = ""
+        # The routing state is read and changed from the serving loop, from LiteLLM's sync callers'
+        # threads and its logging threads: one lock, held only while it is read or changed.
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the Kafka clients run
+        self._thread: threading.Thread | None = None  # that loop's thread, when no caller had a loop
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> FleetloopCallback:
@@ -172,8 +226,30 @@ class FleetloopCallback(CustomLogger):
     # -- Kafka, in the serving loop -----------------------------------------------------------------
 
     def _ensure_started(self) -> None:
-        if self._task is None and self.bootstrap is not None:
-            self._task = asyncio.get_running_loop().create_task(self._connect(), name="fleetloop-litellm")
+        """Start the Kafka clients once: in the caller's loop (an async call's hook), or, for a sync
+        caller with no loop, in a loop of their own on a daemon thread. Never waits for the broker."""
+        if self.bootstrap is None:
+            return
+        running = _running_loop()
+        with self._lock:  # once, whichever thread comes first
+            if self._loop is not None:
+                return
+            if running is not None:
+                self._loop = running
+                self._task = running.create_task(self._connect(), name="fleetloop-litellm")
+                return
+            loop = self._loop = asyncio.new_event_loop()
+        thread = self._thread = threading.Thread(target=self._serve, args=(loop,), name="fleetloop-litellm")
+        thread.daemon = True  # LiteLLM's sync user need not close it: its outcomes are best effort
+        thread.start()
+
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        self._task = loop.create_task(self._connect(), name="fleetloop-litellm")
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
 
     def _failed(self, what: str, exc: BaseException) -> None:
         message = f"{what}: {error_text(exc)}"
@@ -199,7 +275,10 @@ class FleetloopCallback(CustomLogger):
         while self.follower is None:
             endpoints = self.routing.endpoints if self.follow_telemetry else None
             follower = StateFollower(
-                self.routing, self.bootstrap, topic_prefix=self.topic_prefix, endpoints=endpoints
+                _LockedSink(self.routing, self._lock),
+                self.bootstrap,
+                topic_prefix=self.topic_prefix,
+                endpoints=endpoints,
             )
             try:
                 await follower.start()
@@ -211,7 +290,8 @@ class FleetloopCallback(CustomLogger):
             log.info("fleetloop: following control.state (%d decisions)", follower.stats.accepted)
 
     async def stop(self) -> None:
-        """Stop following and flush the outcomes queued (for an SDK user's shutdown, and tests)."""
+        """Stop following and flush the outcomes queued (for an SDK user's shutdown, and tests), in
+        the loop the Kafka clients run in (a sync caller's: :meth:`close`)."""
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
@@ -223,13 +303,40 @@ class FleetloopCallback(CustomLogger):
         if self.publisher is not None:
             await self.publisher.stop()
             self.publisher = None
+        if self._thread is None:
+            self._loop = None  # the next hook starts the clients again, in its own loop
+
+    def close(self, timeout_s: float = CLOSE_S) -> None:
+        """:meth:`stop` for a sync user (``Router.completion`` only, no loop of its own): stops the
+        clients' thread after the flush. With the clients in a caller's loop, ``await stop()``."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        with contextlib.suppress(Exception):  # a flush that does not finish in time is given up
+            asyncio.run_coroutine_threadsafe(self.stop(), loop).result(timeout_s)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout_s)
+        self._loop = self._thread = None
 
     def _publish(self, o: RequestOutcome | None) -> None:
+        """Hand an outcome on without waiting: from a thread other than the clients' loop (a sync
+        call, LiteLLM's logging threads) it is queued into that loop, whose producer sends it."""
         if o is None:
             return
         if self._publish_to is not None:
             self._publish_to(o)
-        elif self.publisher is not None:
+            return
+        loop = self._loop
+        if loop is None or loop is _running_loop():
+            self._queue(o)
+            return
+        try:
+            loop.call_soon_threadsafe(self._queue, o)
+        except RuntimeError:  # that loop is closed: keep it for a later start
+            self._buffer.append(o)
+
+    def _queue(self, o: RequestOutcome) -> None:
+        if self.publisher is not None:
             self.publisher.publish(o)
         else:
             self._buffer.append(o)
@@ -245,23 +352,34 @@ class FleetloopCallback(CustomLogger):
         parent_otel_span: Any = None,
     ) -> list[Any]:
         """Keep the deployments on the node fleetloop picks (none: shed)."""
+        return self._select(model, healthy_deployments, request_kwargs or {})
+
+    def _select(self, model: str, deployments: Sequence[Any], request: Mapping[str, Any]) -> list[Any]:
         self._ensure_started()
-        request = request_kwargs or {}
         call_id, trace_id = _call_ids(request)
-        kept, shed = self.routing.select(
-            model,
-            healthy_deployments,
-            request,
-            call_id=call_id or trace_id or f"litellm-{uuid.uuid4()}",
-            now_s=clock.monotonic_s(),
-            wall_ms=clock.wall_ms(),
-        )
+        with self._lock:
+            kept, shed = self.routing.select(
+                model,
+                deployments,
+                request,
+                call_id=call_id or trace_id or f"litellm-{uuid.uuid4()}",
+                now_s=clock.monotonic_s(),
+                wall_ms=clock.wall_ms(),
+            )
         self._publish(shed)
         return list(kept)
 
     async def async_log_success_event(
         self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
+        self._success(kwargs, start_time, end_time)
+
+    def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """A sync call's success (LiteLLM runs it in a logging thread of its own)."""
+        if not _is_async(kwargs):
+            self._success(kwargs, start_time, end_time)
+
+    def _success(self, kwargs: Any, start_time: Any, end_time: Any) -> None:
         self._ensure_started()
         slp = kwargs.get("standard_logging_object") or {}
         params = kwargs.get("litellm_params") or {}
@@ -272,8 +390,8 @@ class FleetloopCallback(CustomLogger):
         )
         first = _seconds(began, kwargs.get("completion_start_time"))
         whole = _seconds(began, end_time)
-        self._publish(
-            self.routing.outcome(
+        with self._lock:
+            o = self.routing.outcome(
                 _call_ids(kwargs),
                 {
                     "model_name": slp.get("model_group"),
@@ -289,7 +407,7 @@ class FleetloopCallback(CustomLogger):
                 prompt_tokens=_int(slp.get("prompt_tokens")),
                 output_tokens=_int(slp.get("completion_tokens")),
             )
-        )
+        self._publish(o)
 
     async def async_post_call_failure_deployment_hook(
         self,
@@ -306,9 +424,19 @@ class FleetloopCallback(CustomLogger):
     ) -> None:
         """A failure the deployment hook did not report (a stream that broke after its first
         chunk): only for a call fleetloop placed and has no result for yet, so none is counted twice."""
+        with self._lock:
+            placed = self.routing.placed(_call_ids(kwargs))
+        if placed:
+            self._logged_failure(kwargs)
+
+    def log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """A sync call's failed attempt: LiteLLM logs each, its own retries included (the async
+        calls' are the deployment hook's)."""
+        if not _is_async(kwargs):
+            self._logged_failure(kwargs)
+
+    def _logged_failure(self, kwargs: Mapping[str, Any]) -> None:
         ids = _call_ids(kwargs)
-        if not self.routing.placed(ids):
-            return
         params = kwargs.get("litellm_params") or {}
         self._failure(
             {**params, "litellm_call_id": ids[0], "litellm_trace_id": ids[1]},
@@ -320,8 +448,8 @@ class FleetloopCallback(CustomLogger):
     def _failure(self, request: Mapping[str, Any], exception: Any, model_info: Any, api_base: Any) -> None:
         self._ensure_started()
         kind: Outcome = "timeout" if isinstance(exception, openai.APITimeoutError | TimeoutError) else "error"
-        self._publish(
-            self.routing.outcome(
+        with self._lock:
+            o = self.routing.outcome(
                 _call_ids(request),
                 {
                     "model_name": request_metadata(request).get("model_group"),
@@ -333,4 +461,59 @@ class FleetloopCallback(CustomLogger):
                 now_s=clock.monotonic_s(),
                 wall_ms=clock.wall_ms(),
             )
-        )
+        self._publish(o)
+
+    # -- the sync calls' pick ---------------------------------------------------------------------
+
+    def strategy(self, router: Any) -> FleetloopStrategy:
+        """fleetloop's pick as ``router``'s custom routing strategy, for its sync calls:
+        ``router.register_plugin(cb.strategy(router))``."""
+        return FleetloopStrategy(self, router)
+
+    def pick(self, router: Any, model: str, request: Mapping[str, Any]) -> Any:
+        """The deployment a call goes to: among ``model``'s deployments that LiteLLM does not hold
+        in cooldown, the filter's choice (:meth:`async_filter_deployments`; a retry is LiteLLM's
+        same call placed again, as there); raises LiteLLM's 429 when the call is shed or every
+        deployment cools down."""
+        deployments = [d for d in router.registry().deployments(model) or () if isinstance(d, Mapping)]
+        ids = [str((d.get("model_info") or {}).get("id") or "") for d in deployments]
+        cooling = {str(i) for i, _ in router.health().cooldowns.get_active_cooldowns(ids, None)}
+        healthy = [d for d, i in zip(deployments, ids, strict=True) if i not in cooling]
+        kept = self._select(model, healthy, request) if healthy else []
+        if not kept:
+            raise RouterRateLimitError(
+                model=model, cooldown_time=0.0, enable_pre_call_checks=False, cooldown_list=sorted(cooling)
+            )
+        with self._lock:
+            k = int(self.routing.rng.integers(len(kept)))
+        return kept[k]
+
+
+class FleetloopStrategy(CustomRoutingStrategyBase):
+    """LiteLLM's custom routing strategy that picks as fleetloop's callback does
+    (:meth:`FleetloopCallback.pick`): the SDK's sync calls run no deployment filter, only a custom
+    strategy. LiteLLM hands its async calls to it too, once registered; each call is picked once."""
+
+    def __init__(self, callback: FleetloopCallback, router: Any) -> None:
+        self.callback = callback
+        self.router = router
+
+    def get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[object] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, object] | None = None,
+    ) -> Any:
+        return self.callback.pick(self.router, model, request_kwargs or {})
+
+    async def async_get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[object] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, object] | None = None,
+    ) -> Any:
+        return self.callback.pick(self.router, model, request_kwargs or {})

@@ -11,10 +11,11 @@ integration shares (:mod:`fleetloop.edges.headers`): a missing request id is HAP
 From HAProxy itself: backend and server (-> pool and node through the backend map), status code,
 termination state, ``%Tr`` (time to the server's response headers: the time to first token of a
 streamed completion, an upper bound for a non-streamed one) and ``%Ta`` (end to end), accept time.
-Outcome: ``ok`` for 2xx/3xx; ``shed`` when HAProxy had no server or the request timed out in its
-queue (``<NOSRV>``, or termination ``sQ``/``SQ``); ``timeout`` for a server-side or client-side
-timeout (termination ``s*``/``c*``); ``error`` otherwise. Output tokens and cost are not visible to a
-proxy: they are 0 here, and fleetloop takes tokens and cost rate from the nodes' telemetry.
+Outcome (the rule every integration shares, :func:`fleetloop.edges.answers.answer_outcome`):
+``ok`` for 2xx/3xx; ``shed`` when HAProxy had no server or the request timed out in its queue
+(``<NOSRV>``, or termination ``sQ``/``SQ``), or the answer was 429; ``timeout`` for a server-side or
+client-side timeout (termination ``s*``/``c*``); ``error`` otherwise. Output tokens and cost are not
+visible to a proxy: they are 0 here, and fleetloop takes tokens and cost rate from the nodes' telemetry.
 
 A line that does not parse, or does not make a valid RequestOutcome (a header value the schema
 refuses), is counted and dropped with its reason kept; it never stops the receiver.
@@ -31,8 +32,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetloop.edges.actuate.haproxy.mapping import PoolMap, Slot
+from fleetloop.edges.answers import answer_outcome
 from fleetloop.edges.headers import HEADERS, call_headers
-from fleetloop.schemas.requests import RequestOutcome
+from fleetloop.schemas.requests import Outcome, RequestOutcome
 
 _VARS = [h.replace("-", "_") for h in HEADERS]
 LOG_FORMAT = (
@@ -94,14 +96,10 @@ class LogParser:
                 raise ValueError(f"backend {backend!r} is not in the backend map")
             slot = self.by_server.get((backend, server))
             st = _int(status, 0)
-            if server == "<NOSRV>" or tsc[:2] in ("sQ", "SQ") or slot is None:
-                outcome = "shed"
-            elif 200 <= st < 400 and tsc[:1] == "-":
-                outcome = "ok"
-            elif tsc[:1] in ("s", "c"):
-                outcome = "timeout"
-            else:
-                outcome = "error"
+            placed = server != "<NOSRV>" and tsc[:2] not in ("sQ", "SQ") and slot is not None
+            outcome: Outcome = answer_outcome(st, placed=placed)
+            if outcome != "shed" and not (outcome == "ok" and tsc[:1] == "-"):  # cut short, or refused
+                outcome = "timeout" if tsc[:1] in ("s", "c") else "error"
             c = call_headers(h, request_id=uid, default_priority=self.default_priority)
             tr_ms, ta_ms = _int(tr, -1), _int(ta, 0)
             ro = RequestOutcome(
