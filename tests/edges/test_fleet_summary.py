@@ -42,19 +42,25 @@ def test_unfinished_tasks_count_against_the_success_rate(capsys: pytest.CaptureF
     assert "25.0%" in out
 
 
-def test_a_short_run_reports_every_started_task(capsys: pytest.CaptureFixture[str]) -> None:
+def _short_run(seconds: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """``fleetloop fleet`` on steady-chat for ``seconds``, no drain: its summary's tasks."""
     argv = [
         "fleet",
         "--scenario",
         "scenarios/steady-chat.yaml",
         "--seconds",
-        "1.5",
+        seconds,
         "--drain-s",
         "0",
         "--json",
     ]
     assert main(argv) == 0
-    t = json.loads(capsys.readouterr().out)["tasks"]
+    tasks: dict[str, Any] = json.loads(capsys.readouterr().out)["tasks"]
+    return tasks
+
+
+def test_a_short_run_reports_every_started_task(capsys: pytest.CaptureFixture[str]) -> None:
+    t = _short_run("1.5", capsys)
     assert t["started"] > 0
     assert t["started"] == t["succeeded"] + t["failed"] + t["unfinished"]
     assert t["success_rate"] == round(t["succeeded"] / t["started"], 4)
@@ -74,16 +80,4 @@ def test_the_agents_send_work_for_the_whole_window_however_slow_the_start(
         time.sleep(0.6)  # a set-up this slow: longer than the run's whole window (0.5 s)
 
     monkeypatch.setattr(Agents, "__init__", slow)
-    argv = [
-        "fleet",
-        "--scenario",
-        "scenarios/steady-chat.yaml",
-        "--seconds",
-        "0.5",
-        "--drain-s",
-        "0",
-        "--json",
-    ]
-    assert main(argv) == 0
-    t = json.loads(capsys.readouterr().out)["tasks"]
-    assert t["started"] > 0
+    assert _short_run("0.5", capsys)["started"] > 0

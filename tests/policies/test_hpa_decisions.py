@@ -27,31 +27,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.policies.snapshots import NOW_MS, ctx, node, snapshot
 
+# The two ported limit cases' behavior: 2 pods or 50% a minute, whichever allows less.
+MIN_OF_TWO = ScalingRules(
+    stabilization_window_s=300,
+    select_policy="Min",
+    policies=(
+        ScalingPolicy(type="Pods", value=2, period_s=60),
+        ScalingPolicy(type="Percent", value=50, period_s=60),
+    ),
+)
+
 
 def test_calculate_scale_up_limit_with_scaling_rules() -> None:
     # Ported: TestCalculateScaleUpLimitWithScalingRules (select policy Min: the smaller allowance).
-    rules = ScalingRules(
-        stabilization_window_s=300,
-        select_policy="Min",
-        policies=(
-            ScalingPolicy(type="Pods", value=2, period_s=60),
-            ScalingPolicy(type="Percent", value=50, period_s=60),
-        ),
-    )
-    assert scale_up_limit(1, (), (), rules, NOW_MS) == 2
+    assert scale_up_limit(1, (), (), MIN_OF_TWO, NOW_MS) == 2
 
 
 def test_calculate_scale_down_limit_with_behaviors() -> None:
     # Ported: TestCalculateScaleDownLimitWithBehaviors (select policy Min).
-    rules = ScalingRules(
-        stabilization_window_s=300,
-        select_policy="Min",
-        policies=(
-            ScalingPolicy(type="Pods", value=2, period_s=60),
-            ScalingPolicy(type="Percent", value=50, period_s=60),
-        ),
-    )
-    assert scale_down_limit(5, (), (), rules, NOW_MS) == 3
+    assert scale_down_limit(5, (), (), MIN_OF_TWO, NOW_MS) == 3
 
 
 @pytest.mark.parametrize(
