@@ -1,9 +1,10 @@
 """What the benchmarks share: progress lines, percentiles, RSS, the exponent of a log-log fit,
-the one-line checks of their flags and the broker they start."""
+the one-line checks of their flags, the broker they start and the daemons they stop."""
 
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -87,3 +88,18 @@ def bench_broker(cmd: str, kind: str) -> Iterator[ProcessBroker]:
         raise UsageError(f"fleetloop bench {cmd}: {exc}") from None
     with broker:
         yield broker
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
+    """The bench's child processes (daemons) stopped: all asked to stop at once (SIGTERM, so they
+    shut down cleanly in parallel), then each waited for, and killed if it has not exited within
+    ``timeout_s``."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -63,7 +63,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.table import Table
 
 from fleetloop import clock, term
-from fleetloop.bench.common import pct, progress
+from fleetloop.bench.common import pct, progress, stop_processes
 from fleetloop.bench.loadgen import (
     ACK_MAX_S,
     CPU_S,
@@ -620,14 +620,7 @@ async def _close(run: _Open) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await t
     run.load.stop()
-    for daemon in run.daemons:
-        daemon.terminate()
-    for daemon in run.daemons:
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+    stop_processes(run.daemons)
     await run.state.stop()
     await run.producer.stop()
 

@@ -57,7 +57,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from fleetloop import clock
-from fleetloop.bench.common import bench_broker, pct, progress, within
+from fleetloop.bench.common import bench_broker, pct, progress, stop_processes, within
 from fleetloop.bench.loadgen import (
     LAG_MAX_S,
     SENT,
@@ -286,7 +286,7 @@ async def _run(bootstrap: str, prefix: str, args: argparse.Namespace, log_path: 
         )
     finally:
         load.stop()
-        _stop_daemons(daemons)
+        stop_processes(daemons)
         await watch.stop()
     ticks = await _read_topic(bootstrap, topic_name(prefix, TICKS), TOPICS[TICKS].partitions)
     decisions = await _read_topic(bootstrap, topic_name(prefix, DECISIONS), TOPICS[DECISIONS].partitions)
@@ -362,18 +362,6 @@ async def _measure_window(
         events=load.stats.get(SENT) - sent0,
         gen_lag=load.stats.get(LAG_MAX_S),  # the largest since it started (warm-up included)
     )
-
-
-def _stop_daemons(daemons: list[subprocess.Popen[bytes]]) -> None:
-    for d in daemons:
-        if d.poll() is None:
-            d.terminate()
-    for d in daemons:
-        try:
-            d.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
 
 
 def _report(

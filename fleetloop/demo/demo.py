@@ -45,6 +45,7 @@ from fleetloop.policies.registry import CompiledPolicy, compile_policy
 from fleetloop.schemas import Decision
 from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.schemas.topics import POLICY, REQUESTS, STATE, TELEMETRY, topic_name
+from fleetloop.sim.builder import pool, two_tenant_scenario
 from fleetloop.sim.fleet import FleetSim
 from fleetloop.sim.scenario import Scenario, parse_scenario
 
@@ -56,53 +57,15 @@ DEGRADED_NODE = "chat-l40s/2"
 def demo_scenario(seconds: int) -> Scenario:
     """A small llama-8b pool serving copilot-style tasks; one GPU degrades a third of the way in."""
     return parse_scenario(
-        {
-            "name": "demo-degraded-gpu",
-            "description": "fleetloop demo: four L40S nodes, copilot tasks, one GPU degrades",
-            "seed": 7,
-            "duration_s": seconds,
-            "slo": {"ttft_ms": 2000, "tbt_ms": 100},
-            "pools": [
-                {
-                    "id": "chat-l40s",
-                    "model": "llama-8b",
-                    "gpu": "L40S",
-                    "nodes": 4,
-                    "min_nodes": 4,
-                    "max_nodes": 4,
-                    "cold_start_s": 45,
-                }
-            ],
-            "tenants": [{"id": "gold", "priority": 0}, {"id": "free", "priority": 2}],
-            "workload": [
-                {
-                    "kind": "copilot",
-                    "tenant": "gold",
-                    "rate_per_s": 0.6,
-                    "calls": [3, 6],
-                    "prompt_tokens": {"median": 1500, "max": 12000},
-                    "output_tokens": {"median": 200, "max": 1500},
-                    "shared_prefix_tokens": 1000,
-                    "models": ["llama-8b"],
-                    "deadline_s": 45,
-                    "client": {"timeout_s": 8, "max_retries": 2},
-                },
-                {
-                    "kind": "chatbot",
-                    "tenant": "free",
-                    "rate_per_s": 2.0,
-                    "calls": [1, 1],
-                    "prompt_tokens": {"median": 600, "max": 6000},
-                    "output_tokens": {"median": 200, "max": 1500},
-                    "models": ["llama-8b"],
-                    "deadline_s": 30,
-                    "client": {"timeout_s": 8, "max_retries": 2},
-                },
-            ],
-            "faults": [
-                {"at_s": max(5, seconds // 3), "kind": "degrade", "node": DEGRADED_NODE, "factor": 30.0}
-            ],
-        },
+        two_tenant_scenario(
+            "demo-degraded-gpu",
+            description="fleetloop demo: four L40S nodes, copilot tasks, one GPU degrades",
+            seed=7,
+            duration_s=seconds,
+            slo={"ttft_ms": 2000, "tbt_ms": 100},
+            pools=[pool("chat-l40s", "llama-8b", "L40S", 4, cold_start_s=45)],
+            faults=[{"at_s": max(5, seconds // 3), "kind": "degrade", "node": DEGRADED_NODE, "factor": 30.0}],
+        ),
         "<demo scenario>",
     )
 

@@ -210,7 +210,7 @@ async def agents_behind(chat: Any, seconds: float) -> tuple[Any, LiveFleet]:
         await fleet.start()
         try:
             agents = Agents(fleet, router_url=url, rate_scale=10.0)
-            await agents.run(seconds, 10.0)
+            await agents.run(fleet.t() + seconds, 10.0)
         finally:
             await fleet.stop()
     return agents, fleet
@@ -371,7 +371,7 @@ async def _retries_after_the_budget_went(fail_static_s: float, exempt: tuple[str
         assert node is not None
         fleet.crash_node(node, comes_back=False)
         agents = Agents(fleet, rate_scale=5.0)
-        await agents.run(2.0, 5.0)
+        await agents.run(fleet.t() + 2.0, 5.0)
     finally:
         await fleet.stop()
     assert agents.stats.tasks_started >= 3

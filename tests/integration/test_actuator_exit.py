@@ -10,12 +10,9 @@ ready at the plain weight with no maxconn, and the log says what was restored; w
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +21,10 @@ from fleetloop.edges.actuate.haproxy.mapping import Observed, parse_servers_stat
 from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi
 from fleetloop.schemas.decisions import AdmissionDecision, AutoscaleDecision
 from fleetloop.schemas.topics import STATE
-from tests.integration.test_haproxy import _decision, backends, haproxy_config, routing
+from tests.integration.test_haproxy import _decision, backends, routing
+from tests.support.haproxy import chat_backend_map, haproxy_config, running_haproxy, start_actuator
 from tests.support.http import free_port
 from tests.support.kafka import producer
-from tests.support.tools import require_tool
 from tests.support.wait import wait_until
 
 SERVERS = ("s0", "s1", "s2")
@@ -45,25 +42,16 @@ async def _servers(api: RuntimeApi) -> dict[str, Observed]:
 async def test_sigterm_puts_haproxy_back_to_plain_load_balancing(
     kafka_env: Any, tmp_path: Path, keep: bool
 ) -> None:
-    require_tool("haproxy")
     fe_port, log_port = free_port(), free_port(socket.SOCK_DGRAM)
-    bmap = tmp_path / "backends.yaml"
-    bmap.write_text(
-        "pools:\n  chat:\n    backend: chat\n    model: llama-8b\n"
-        "    servers: {chat/0: s0, chat/1: s1, chat/2: s2}\n"
-    )
+    bmap = chat_backend_map(tmp_path)
     log_path = tmp_path / "actuator.log"
-    async with backends(3) as ports, producer(kafka_env) as prod:
-        cfg = tmp_path / "haproxy.cfg"
-        cfg.write_text(haproxy_config(tmp_path, fe_port, log_port, ports))
-        hap = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stderr=subprocess.DEVNULL)
-        api = RuntimeApi(f"unix:{tmp_path}/admin.sock")
+    async with (
+        backends(3) as ports,
+        producer(kafka_env) as prod,
+        running_haproxy(tmp_path, haproxy_config(tmp_path, fe_port, log_port, ports)) as api,
+    ):
         act: subprocess.Popen[bytes] | None = None
         try:
-            for _ in range(200):
-                if (tmp_path / "admin.sock").exists():
-                    break
-                await asyncio.sleep(0.05)
             plain = await _servers(api)
             assert plain == dict.fromkeys(SERVERS, Observed("ready", 100, 0))
             bodies = [
@@ -81,14 +69,9 @@ async def test_sigterm_puts_haproxy_back_to_plain_load_balancing(
                 key, value = _decision(b, 1)
                 await prod.send(kafka_env.topic(STATE), key=key, value=value)
             await prod.flush()
-            args = [
-                sys.executable, "-m", "fleetloop.cli.main", "actuate", "haproxy",
-                "--runtime-api", f"unix:{tmp_path}/admin.sock", "--backend-map", str(bmap),
-                "--bootstrap-servers", kafka_env.bootstrap_servers, "--topic-prefix", kafka_env.prefix,
-                "--period-s", "0.25", *(["--keep-state-on-exit"] if keep else []),
-            ]  # fmt: skip
-            with log_path.open("wb") as log_file:
-                act = subprocess.Popen(args, stderr=log_file, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            act = start_actuator(
+                tmp_path, bmap, kafka_env, log_path, *(["--keep-state-on-exit"] if keep else [])
+            )
             steered = {
                 "s0": Observed("ready", 256, 5),
                 "s1": Observed("drain", 128, 5),
@@ -118,5 +101,3 @@ async def test_sigterm_puts_haproxy_back_to_plain_load_balancing(
             if act is not None and act.poll() is None:
                 act.kill()
                 act.wait(10)
-            hap.terminate()
-            hap.wait(10)

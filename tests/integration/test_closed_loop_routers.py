@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,9 @@ import pytest
 from fleetloop.router import clock
 from fleetloop.schemas import Tick
 from fleetloop.schemas.topics import TELEMETRY, TICKS
-from tests.integration.test_haproxy import Traffic, haproxy_config
+from tests.integration.test_haproxy import Traffic
+from tests.support.actuators import start_actuator
+from tests.support.haproxy import chat_backend_map, haproxy_config
 from tests.support.http import free_port, nodes
 from tests.support.kafka import producer, running_daemon, send
 from tests.support.records import telemetry
@@ -80,22 +80,12 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
     servers = contextlib.AsyncExitStack()
     ports = await servers.enter_async_context(nodes(3, answer))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    (tmp_path / "backends.yaml").write_text(
-        "pools:\n  chat:\n    backend: chat\n    model: llama-8b\n"
-        "    servers: {chat/0: s0, chat/1: s1, chat/2: s2}\n"
-    )
+    bmap = chat_backend_map(tmp_path)
     (tmp_path / "workers.yaml").write_text(
         "pools:\n  chat:\n" + "".join(f"    chat/{i}: {u}\n" for i, u in enumerate(urls))
     )
     procs: list[subprocess.Popen[bytes]] = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     common = [
-        "--bootstrap-servers",
-        kafka_env.bootstrap_servers,
-        "--topic-prefix",
-        kafka_env.prefix,
-        "--period-s",
-        "0.25",
         # torn down with HAProxy, vllm-router and the test's own backends at once: nothing to restore
         # (tests/integration/test_actuator_exit.py and test_worker_list_routers.py check the restore)
         "--keep-state-on-exit",
@@ -165,7 +155,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                         "--runtime-api",
                         f"unix:{tmp_path}/admin.sock",
                         "--backend-map",
-                        str(tmp_path / "backends.yaml"),
+                        str(bmap),
                         "--log-listen",
                         f"127.0.0.1:{log_port}",
                     ],
@@ -175,14 +165,7 @@ async def test_a_bad_node_leaves_haproxy_and_vllm_router_through_the_daemon(
                     ["--url", f"http://127.0.0.1:{vr_port}", "--worker-map", str(tmp_path / "workers.yaml")],
                 ),
             ):
-                with (tmp_path / f"{name}.log").open("wb") as f:
-                    procs.append(
-                        subprocess.Popen(
-                            [sys.executable, "-m", "fleetloop.cli.main", "actuate", name, *extra, *common],
-                            stderr=f,
-                            env=env,
-                        )
-                    )
+                procs.append(start_actuator(name, kafka_env, tmp_path / f"{name}.log", *extra, *common))
             drivers = [asyncio.create_task(drive()) for _ in range(3)]
             vr = httpx.AsyncClient(base_url=f"http://127.0.0.1:{vr_port}", timeout=5.0)
             try:

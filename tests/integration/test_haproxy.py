@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +18,6 @@ from typing import Any
 import httpx
 import orjson
 from aiohttp import web
-from fleetloop.edges.actuate.haproxy.logs import HAPROXY_FRONTEND_SNIPPET
-from fleetloop.edges.actuate.haproxy.runtime_api import RuntimeApi
 from fleetloop.router import clock
 from fleetloop.schemas import RequestOutcome
 from fleetloop.schemas.decisions import (
@@ -32,9 +28,10 @@ from fleetloop.schemas.decisions import (
     RoutingDecision,
 )
 from fleetloop.schemas.topics import REQUESTS, STATE
+from tests.support.actuators import actuate_argv
+from tests.support.haproxy import chat_backend_map, haproxy_config, running_haproxy, start_actuator
 from tests.support.http import Handler, free_port, nodes
 from tests.support.kafka import producer, read_all
-from tests.support.tools import require_tool
 from tests.support.wait import wait_until
 
 TICK_S = 1.0
@@ -68,61 +65,6 @@ def backends(n: int) -> contextlib.AbstractAsyncContextManager[list[int]]:
         return hello
 
     return nodes(n, answer)
-
-
-def haproxy_config(tmp: Path, fe_port: int, log_port: int, ports: list[int]) -> str:
-    return f"""
-global
-    stats socket {tmp}/admin.sock mode 600 level admin
-    log 127.0.0.1:{log_port} len 4096 local0
-defaults
-    mode http
-    log global
-    timeout connect 1s
-    timeout client 10s
-    timeout server 10s
-    timeout queue 2s
-frontend fe
-    bind 127.0.0.1:{fe_port}
-{HAPROXY_FRONTEND_SNIPPET}
-    default_backend chat
-backend chat
-    balance roundrobin
-    server s0 127.0.0.1:{ports[0]} weight 100
-    server s1 127.0.0.1:{ports[1]} weight 100
-    server s2 127.0.0.1:{ports[2]} weight 100
-"""
-
-
-def start_actuator(
-    tmp: Path, bmap: Path, kafka_env: Any, log_port: int, log: Path
-) -> subprocess.Popen[bytes]:
-    """``fleetloop actuate haproxy`` on the runtime API in ``tmp``, HAProxy's log on ``log_port``,
-    reconciling every 0.25 s; its log lines go to ``log``."""
-    with log.open("wb") as log_file:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fleetloop.cli.main",
-                "actuate",
-                "haproxy",
-                "--runtime-api",
-                f"unix:{tmp}/admin.sock",
-                "--backend-map",
-                str(bmap),
-                "--bootstrap-servers",
-                kafka_env.bootstrap_servers,
-                "--topic-prefix",
-                kafka_env.prefix,
-                "--log-listen",
-                f"127.0.0.1:{log_port}",
-                "--period-s",
-                "0.25",
-            ],
-            stderr=log_file,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
 
 
 def _decision(body: Any, tick: int) -> tuple[bytes, bytes]:
@@ -173,19 +115,14 @@ async def _drive(fe_port: int, traffic: Traffic, stop: asyncio.Event) -> None:
 async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_start_brings_it_back(
     kafka_env: Any, tmp_path: Path
 ) -> None:
-    require_tool("haproxy")
     fe_port, log_port = free_port(), free_port(socket.SOCK_DGRAM)
-    bmap = tmp_path / "backends.yaml"
-    bmap.write_text(
-        "pools:\n  chat:\n    backend: chat\n    model: llama-8b\n"
-        "    servers: {chat/0: s0, chat/1: s1, chat/2: s2}\n"
-    )
+    bmap = chat_backend_map(tmp_path)
     actuator_log = tmp_path / "actuator.log"
-    async with backends(3) as ports, producer(kafka_env) as prod:
-        cfg = tmp_path / "haproxy.cfg"
-        cfg.write_text(haproxy_config(tmp_path, fe_port, log_port, ports))
-        hap = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stderr=subprocess.DEVNULL)
-        api = RuntimeApi(f"unix:{tmp_path}/admin.sock")
+    async with (
+        backends(3) as ports,
+        producer(kafka_env) as prod,
+        running_haproxy(tmp_path, haproxy_config(tmp_path, fe_port, log_port, ports)) as api,
+    ):
 
         async def publish(tick: int, *bodies: Any) -> float:
             for b in bodies:
@@ -194,13 +131,9 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
             await prod.flush()
             return clock.monotonic_s()
 
-        for _ in range(200):  # the actuator starts once HAProxy's runtime API socket is there
-            if (tmp_path / "admin.sock").exists():
-                break
-            await asyncio.sleep(0.05)
         # tick 1 before the actuator starts: it must catch up from the compacted topic
         await publish(1, routing({"chat/0": 0.5, "chat/1": 0.5}))
-        act = start_actuator(tmp_path, bmap, kafka_env, log_port, actuator_log)
+        act = start_actuator(tmp_path, bmap, kafka_env, actuator_log, log_port=log_port)
         traffic, stop = Traffic(), asyncio.Event()
         driver = asyncio.create_task(_drive(fe_port, traffic, stop))
         try:
@@ -272,9 +205,7 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
             stop.set()
             await driver
             act.terminate()
-            hap.terminate()
             act.wait(10)
-            hap.wait(10)
         assert act.returncode == 0, actuator_log.read_text()[-2000:]
 
         # outcomes from HAProxy's log reached fleet.requests, with the headers' task, call, tenant, priority
@@ -297,11 +228,9 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
     kafka_env: Any, tmp_path: Path
 ) -> None:
     """At the scale users run: 1,000 slots in one backend (more than one runtime-API line holds)."""
-    require_tool("haproxy")
     n = 1000
     servers = "\n".join(f"    server s{i} 127.0.0.1:{20000 + i} weight 100" for i in range(n))
-    cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(
+    config = (
         f"global\n    stats socket {tmp_path}/admin.sock mode 600 level admin\n"
         "defaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
         f"frontend fe\n    bind 127.0.0.1:{free_port()}\n    default_backend big\nbackend big\n{servers}\n"
@@ -312,13 +241,7 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
         + "".join(f"      big/{i}: s{i}\n" for i in range(n))
     )
     weights = {f"big/{i}": float(1 + i % 7) for i in range(n - 10)}  # the last 10 slots: not members
-    hap = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stderr=subprocess.DEVNULL)
-    try:
-        api = RuntimeApi(f"unix:{tmp_path}/admin.sock")
-        for _ in range(100):
-            if (tmp_path / "admin.sock").exists():
-                break
-            await asyncio.sleep(0.05)
+    async with running_haproxy(tmp_path, config) as api:
         async with producer(kafka_env) as prod:
             body = RoutingDecision(entity="pool/big", reason="r", pool_id="big", weights=weights)
             key, value = _decision(body, 1)
@@ -329,28 +252,11 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
             await prod.flush()
 
         def once() -> dict[str, Any]:
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "fleetloop.cli.main",
-                    "actuate",
-                    "haproxy",
-                    "--runtime-api",
-                    f"unix:{tmp_path}/admin.sock",
-                    "--backend-map",
-                    str(bmap),
-                    "--bootstrap-servers",
-                    kafka_env.bootstrap_servers,
-                    "--topic-prefix",
-                    kafka_env.prefix,
-                    "--once",
-                    "--json",
-                ],
-                capture_output=True,
-                timeout=120,
-                check=False,
-            )
+            argv = actuate_argv(
+                "haproxy", kafka_env, "--runtime-api", f"unix:{tmp_path}/admin.sock",
+                "--backend-map", str(bmap), "--once", "--json",
+            )  # fmt: skip
+            proc = subprocess.run(argv, capture_output=True, timeout=120, check=False)
             assert proc.returncode == 0, proc.stderr.decode()[-2000:]
             return dict(orjson.loads(proc.stdout))
 
@@ -367,6 +273,3 @@ async def test_a_thousand_servers_reconcile_in_one_pass_and_drift_is_found(
         await api.run(["set server big/s6 weight 1"])
         second = once()
         assert [(c["server"], c["field"], c["was"]) for c in second["changes"]] == [("big/s6", "weight", "1")]
-    finally:
-        hap.terminate()
-        hap.wait(10)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,11 @@ from fleetloop.policies.registry import builtin_policy
 from fleetloop.router import clock
 from fleetloop.schemas import RoutingDecision
 from fleetloop.schemas.topics import STATE, TELEMETRY
-from tests.integration.test_haproxy import (
-    Traffic,
-    _drive,
-    backends,
-    haproxy_config,
-    start_actuator,
-)
+from tests.integration.test_haproxy import Traffic, _drive, backends
+from tests.support.haproxy import chat_backend_map, haproxy_config, running_haproxy, start_actuator
 from tests.support.http import free_port
 from tests.support.kafka import decisions_of, producer, read_all, send
 from tests.support.records import telemetry
-from tests.support.tools import require_tool
 from tests.support.wait import wait_until
 
 NODES = ("chat/0", "chat/1", "chat/2")
@@ -48,13 +41,8 @@ def routings(records: list[Any]) -> list[RoutingDecision]:
 async def test_a_pool_without_telemetry_and_after_a_quiet_period_keeps_serving(
     kafka_env: Any, tmp_path: Path
 ) -> None:
-    require_tool("haproxy")
     fe_port, log_port = free_port(), free_port(socket.SOCK_DGRAM)
-    bmap = tmp_path / "backends.yaml"
-    bmap.write_text(
-        "pools:\n  chat:\n    backend: chat\n    model: llama-8b\n"
-        "    servers: {chat/0: s0, chat/1: s1, chat/2: s2}\n"
-    )
+    bmap = chat_backend_map(tmp_path)
     actuator_log = tmp_path / "actuator.log"
     daemon = Daemon(
         DaemonConfig(
@@ -67,16 +55,13 @@ async def test_a_pool_without_telemetry_and_after_a_quiet_period_keeps_serving(
         )
     )
     stop_daemon = asyncio.Event()
-    async with backends(3) as ports, producer(kafka_env) as prod:
-        cfg = tmp_path / "haproxy.cfg"
-        cfg.write_text(haproxy_config(tmp_path, fe_port, log_port, ports))
-        hap = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stderr=subprocess.DEVNULL)
-        for _ in range(200):
-            if (tmp_path / "admin.sock").exists():
-                break
-            await asyncio.sleep(0.05)
+    async with (
+        backends(3) as ports,
+        producer(kafka_env) as prod,
+        running_haproxy(tmp_path, haproxy_config(tmp_path, fe_port, log_port, ports)),
+    ):
         running = asyncio.create_task(daemon.run(stop_daemon))
-        act = start_actuator(tmp_path, bmap, kafka_env, log_port, actuator_log)
+        act = start_actuator(tmp_path, bmap, kafka_env, actuator_log, log_port=log_port)
         traffic, stop = Traffic(), asyncio.Event()
         driver: asyncio.Task[None] | None = None
         try:
@@ -126,9 +111,7 @@ async def test_a_pool_without_telemetry_and_after_a_quiet_period_keeps_serving(
             if driver is not None:
                 await driver
             act.terminate()
-            hap.terminate()
             act.wait(10)
-            hap.wait(10)
             stop_daemon.set()
             await asyncio.wait_for(running, 60)
         # whatever fleetloop published, it never told HAProxy the pool had no node to route to

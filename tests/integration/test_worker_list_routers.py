@@ -5,10 +5,8 @@ and autoscale decisions add and remove workers, and a manual change is undone as
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from fleetloop.schemas.decisions import (
     RoutingDecision,
 )
 from fleetloop.schemas.topics import STATE
+from tests.support.actuators import start_actuator
 from tests.support.http import Handler, nodes
 from tests.support.kafka import producer
 from tests.support.vllm_router import start_sglang_router, start_vllm_router
@@ -107,28 +106,9 @@ async def test_breaker_and_autoscale_add_and_remove_workers_on_a_real_router(
 
         try:
             await publish(1, routing({"chat/0": 0.5, "chat/1": 0.5}))  # chat/2 not provisioned yet
-            with log_path.open("wb") as log_file:
-                act = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "fleetloop.cli.main",
-                        "actuate",
-                        router,
-                        "--url",
-                        f"http://127.0.0.1:{port}",
-                        "--worker-map",
-                        str(wmap),
-                        "--bootstrap-servers",
-                        kafka_env.bootstrap_servers,
-                        "--topic-prefix",
-                        kafka_env.prefix,
-                        "--period-s",
-                        "0.25",
-                    ],
-                    stderr=log_file,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                )
+            act = start_actuator(
+                router, kafka_env, log_path, "--url", f"http://127.0.0.1:{port}", "--worker-map", str(wmap)
+            )
 
             async def members(want: set[str]) -> Any:
                 async def check() -> bool:

@@ -27,6 +27,7 @@ from fleetloop.core.decide.shaping import (
     _unscaled,
     cap_ejections,
     hold,
+    keep_held,
     pool_is_silent,
     settle_autoscale,
     share_cap,
@@ -93,6 +94,8 @@ def decide_plain(
                 shaped = [
                     d.model_copy(update={"enforced": False}) if d.state != "closed" else d for d in shaped
                 ]
+            if sec.mode != "shadow":
+                shaped = keep_held(shaped, snap, pool_id, ejected.get(pool_id))
             shaped = cap_ejections(shaped, snap, pool_id, env, ejected.get(pool_id))
             hold(ejected, pool_id, shaped)
             breakers.update({d.node_id: d for d in shaped})

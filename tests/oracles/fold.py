@@ -7,27 +7,10 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
+from fleetloop.core.model import state as st
 from fleetloop.core.model.fleet import FleetModel
 from fleetloop.core.model.state import (
     _MAX_NUSD,
-    _N_ERR,
-    _N_FAIL,
-    _N_OK,
-    _N_PRE,
-    _N_REQ,
-    _N_TO,
-    _N_TTFT_N,
-    _N_TTFT_SUM,
-    _P_FAIL,
-    _P_OK,
-    _P_OUT,
-    _P_PROMPT,
-    _P_REQ,
-    _P_RETRY,
-    _P_SHED,
-    _T_REQ,
-    _T_RETRY,
-    _T_SHED,
     FAILED_OUTCOMES,
     GAP_EDGES_MS,
     N_PRIORITIES,
@@ -84,9 +67,9 @@ def fold_telemetry(model: FleetModel, t: Telemetry) -> str | None:
         b = ts // BUCKET_MS
         if b < model._node_written_from:
             model._node_written_from = b
-        node.win.add_at(b, _N_ERR, t.errors)
-        node.win.add_at(b, _N_TO, t.timeouts)
-        node.win.add_at(b, _N_PRE, t.preemptions)
+        node.win.add_at(b, st._N_ERR, t.errors)
+        node.win.add_at(b, st._N_TO, t.timeouts)
+        node.win.add_at(b, st._N_PRE, t.preemptions)
     return None
 
 
@@ -127,17 +110,17 @@ def fold_outcome(model: FleetModel, o: Outcome) -> str | None:
         rows[b] = [1.0, float(ok), float(failed), float(retry), float(shed),
                    float(o.prompt_tokens), float(o.output_tokens)]  # fmt: skip
     else:
-        row[_P_REQ] += 1.0
+        row[st._P_REQ] += 1.0
         if ok:
-            row[_P_OK] += 1.0
+            row[st._P_OK] += 1.0
         if failed:
-            row[_P_FAIL] += 1.0
+            row[st._P_FAIL] += 1.0
         if retry:
-            row[_P_RETRY] += 1.0
+            row[st._P_RETRY] += 1.0
         if shed:
-            row[_P_SHED] += 1.0
-        row[_P_PROMPT] += o.prompt_tokens
-        row[_P_OUT] += o.output_tokens
+            row[st._P_SHED] += 1.0
+        row[st._P_PROMPT] += o.prompt_tokens
+        row[st._P_OUT] += o.output_tokens
     ttft_ms = o.ttft_ms
     if ttft_ms is not None:  # pool.ttft.add_at(b, lat_bin(ttft_ms), 1.0), inlined
         rows = pool.ttft.buckets
@@ -167,11 +150,11 @@ def fold_outcome(model: FleetModel, o: Outcome) -> str | None:
         if row is None:
             rows[b] = [1.0, float(retry), float(shed)]
         else:
-            row[_T_REQ] += 1.0
+            row[st._T_REQ] += 1.0
             if retry:
-                row[_T_RETRY] += 1.0
+                row[st._T_RETRY] += 1.0
             if shed:
-                row[_T_SHED] += 1.0
+                row[st._T_SHED] += 1.0
     node_id = o.node_id
     if node_id is None or shed:  # a shed call never reached a node: no evidence about one
         return None
@@ -192,14 +175,14 @@ def fold_outcome(model: FleetModel, o: Outcome) -> str | None:
         if row is None:
             rows[b] = [1.0, float(ok), float(failed), ttft, float(ttft_ms is not None), 0.0, 0.0, 0.0]
         else:
-            row[_N_REQ] += 1.0
+            row[st._N_REQ] += 1.0
             if ok:
-                row[_N_OK] += 1.0
+                row[st._N_OK] += 1.0
             if failed:
-                row[_N_FAIL] += 1.0
-            row[_N_TTFT_SUM] += ttft  # always added: keeps a -0.0 sum's sign as Window.add did
+                row[st._N_FAIL] += 1.0
+            row[st._N_TTFT_SUM] += ttft  # always added: keeps a -0.0 sum's sign as Window.add did
             if ttft_ms is not None:
-                row[_N_TTFT_N] += 1.0
+                row[st._N_TTFT_N] += 1.0
     if node is not None:
         if ok:
             node.consecutive_failures = 0

@@ -4,29 +4,9 @@ node table whose views are built on demand) is held to, value for value and bit 
 
 from __future__ import annotations
 
+from fleetloop.core.model import state as st
 from fleetloop.core.model.fleet import FleetModel
-from fleetloop.core.model.state import (
-    _N_ERR,
-    _N_FAIL,
-    _N_OK,
-    _N_PRE,
-    _N_REQ,
-    _N_TO,
-    _N_TTFT_N,
-    _N_TTFT_SUM,
-    _P_FAIL,
-    _P_OK,
-    _P_OUT,
-    _P_PROMPT,
-    _P_REQ,
-    _P_RETRY,
-    _P_SHED,
-    _T_REQ,
-    _T_RETRY,
-    _T_SHED,
-    NANO,
-    _Node,
-)
+from fleetloop.core.model.state import _Node
 from fleetloop.core.model.windows import quantile_from_bins
 from fleetloop.policies.base import FleetSnapshot, LedgerView, NodeView, PoolView, TenantView
 
@@ -61,14 +41,14 @@ def node_view_plain(node: _Node, now_ms: int, window_ms: int, stale_after_ms: in
         tbt_p99_ms=t.tbt_p99_ms,
         max_batch_tokens=t.max_batch_tokens,
         cost_rate_usd_per_h=t.cost_rate_usd_per_h,
-        requests_w=int(w[_N_REQ]),
-        ok_w=int(w[_N_OK]),
-        failures_w=int(w[_N_FAIL]),
+        requests_w=int(w[st._N_REQ]),
+        ok_w=int(w[st._N_OK]),
+        failures_w=int(w[st._N_FAIL]),
         consecutive_failures=node.consecutive_failures,
-        ttft_mean_ms_w=(w[_N_TTFT_SUM] / w[_N_TTFT_N]) if w[_N_TTFT_N] else None,
-        node_errors_w=int(w[_N_ERR]),
-        node_timeouts_w=int(w[_N_TO]),
-        preemptions_w=int(w[_N_PRE]),
+        ttft_mean_ms_w=(w[st._N_TTFT_SUM] / w[st._N_TTFT_N]) if w[st._N_TTFT_N] else None,
+        node_errors_w=int(w[st._N_ERR]),
+        node_timeouts_w=int(w[st._N_TO]),
+        preemptions_w=int(w[st._N_PRE]),
         engine=t.engine,
     )
 
@@ -103,17 +83,17 @@ def snapshot_plain(
             model=first.model if first else "",
             gpu_type=first.gpu_type if first else "",
             node_ids=ids,
-            requests_w=int(w[_P_REQ]),
-            ok_w=int(w[_P_OK]),
-            failures_w=int(w[_P_FAIL]),
-            retries_w=int(w[_P_RETRY]),
-            shed_w=int(w[_P_SHED]),
-            request_rate_per_s=w[_P_REQ] / seconds,
-            retry_rate_per_s=w[_P_RETRY] / seconds,
+            requests_w=int(w[st._P_REQ]),
+            ok_w=int(w[st._P_OK]),
+            failures_w=int(w[st._P_FAIL]),
+            retries_w=int(w[st._P_RETRY]),
+            shed_w=int(w[st._P_SHED]),
+            request_rate_per_s=w[st._P_REQ] / seconds,
+            retry_rate_per_s=w[st._P_RETRY] / seconds,
             ttft_p50_ms_w=quantile_from_bins(hist, 0.50),
             ttft_p99_ms_w=quantile_from_bins(hist, 0.99),
-            prompt_tokens_rate_per_s=w[_P_PROMPT] / seconds,
-            output_tokens_rate_per_s=w[_P_OUT] / seconds,
+            prompt_tokens_rate_per_s=w[st._P_PROMPT] / seconds,
+            output_tokens_rate_per_s=w[st._P_OUT] / seconds,
             requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
             tasks_ended_w=int(tasks[0]),
             tasks_lost_w=int(tasks[1]),
@@ -128,7 +108,7 @@ def snapshot_plain(
         tenant = model.tenants[tenant_id]
         w = tenant.win.total(now_ms, window_ms)
         tenants[tenant_id] = TenantView(
-            tenant_id, tenant.priority, int(w[_T_REQ]), int(w[_T_RETRY]), int(w[_T_SHED])
+            tenant_id, tenant.priority, int(w[st._T_REQ]), int(w[st._T_RETRY]), int(w[st._T_SHED])
         )
     ledger = model.ledger
     return FleetSnapshot(
@@ -142,7 +122,7 @@ def snapshot_plain(
             tasks_succeeded=ledger.tasks_succeeded,
             tasks_failed=ledger.tasks_failed,
             active_workflows=len(ledger.active),
-            fleet_cost_usd=ledger.fleet_cost_nusd / NANO,
-            spend_on_failed_usd=ledger.spend_on_failed_nusd / NANO,
+            fleet_cost_usd=ledger.fleet_cost_nusd / st.NANO,
+            spend_on_failed_usd=ledger.spend_on_failed_nusd / st.NANO,
         ),
     )

@@ -11,6 +11,7 @@ import time
 import pytest
 from fleetloop import clock
 from fleetloop.bench import latency, sizing
+from fleetloop.bench.common import stop_processes
 from fleetloop.bench.stack import procs as stack_procs
 from fleetloop.daemon.children import die_with_parent
 
@@ -67,3 +68,34 @@ def test_the_bench_starts_its_children_with_it() -> None:
         with open(module.__file__ or "", encoding="utf-8") as f:
             assert "preexec_fn=die_with_parent" in f.read(), module.__name__
     assert callable(die_with_parent)
+
+
+def test_the_bench_stops_its_daemons_and_kills_one_that_ignores_sigterm() -> None:
+    """``stop_processes`` (the sizing and latency benches' one way to stop their daemons): every
+    running one gets SIGTERM, one that ignores it is killed after the timeout, one that has already
+    exited is left as it was."""
+    ignores = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True);"
+            " time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    obeys = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    done.wait(10)
+    assert ignores.stdout is not None
+    ignores.stdout.readline()  # its handler is set
+    try:
+        stop_processes([ignores, obeys, done], timeout_s=1.0)
+        assert obeys.returncode == -signal.SIGTERM
+        assert ignores.returncode == -signal.SIGKILL
+        assert done.returncode == 3
+    finally:
+        for p in (ignores, obeys):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        ignores.stdout.close()

@@ -16,10 +16,10 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from fleetloop.cli.main import main
 from fleetloop.daemon.cli_common import held_client_logs
 from fleetloop.kafka_security import error_text
+from tests.support.haproxy import running_haproxy
 from tests.support.http import free_port, nodes
 from tests.support.policies import FOUNDATION_YAML
 from tests.support.service import FLEETLOOP
-from tests.support.tools import require_tool
 from tests.support.vllm_router import start_vllm_router
 
 REFUSED = "127.0.0.1:1"  # nothing listens: connection refused at once, no broker needed
@@ -169,10 +169,8 @@ async def _cli_async(*args: str) -> subprocess.CompletedProcess[str]:
 async def test_actuate_haproxy_with_an_unreachable_broker_is_one_line(tmp_path: Path) -> None:
     """Its consumer was started outside the try that stops it: the one line came with two more
     (``Unclosed AIOKafkaConsumer`` and the consumer's repr)."""
-    require_tool("haproxy")
     sock = tmp_path / "admin.sock"
-    cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(
+    config = (
         f"global\n    stats socket {sock} mode 600 level admin\n"
         "defaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
         f"frontend fe\n    bind 127.0.0.1:{free_port()}\n    default_backend chat\n"
@@ -180,19 +178,11 @@ async def test_actuate_haproxy_with_an_unreachable_broker_is_one_line(tmp_path: 
     )
     bmap = tmp_path / "backends.yaml"
     bmap.write_text("pools:\n  chat:\n    backend: chat\n    model: m\n    servers:\n      chat/0: s0\n")
-    hap = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            if sock.exists():
-                break
-            await asyncio.sleep(0.05)
+    async with running_haproxy(tmp_path, config):
         done = await _cli_async(
             "actuate", "haproxy", "--runtime-api", f"unix:{sock}", "--backend-map", str(bmap),
             "--bootstrap-servers", REFUSED,
         )  # fmt: skip
-    finally:
-        hap.terminate()
-        hap.wait(10)
     _follow_refused(done, "fleetloop actuate haproxy")
 
 

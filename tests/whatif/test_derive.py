@@ -10,69 +10,34 @@ import yaml
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.schemas.telemetry import NodeTelemetry
+from fleetloop.sim.builder import pool, two_tenant_scenario
 from fleetloop.sim.scenario import load_scenario, parse_scenario
 from fleetloop.whatif.derive import DeriveError, catalog_gpu, catalog_model, derive
 from tests.whatif.recorded import Recording, record
 
 T0 = 1_800_000_000_000
 
-INCIDENT: dict[str, Any] = {
-    "name": "incident",
-    "seed": 3,
-    "duration_s": 150,
-    "slo": {"ttft_ms": 2000, "tbt_ms": 100},
-    "pools": [
-        {
-            "id": "chat",
-            "model": "llama-8b",
-            "gpu": "L40S",
-            "nodes": 4,
-            "min_nodes": 4,
-            "max_nodes": 4,
-            "cold_start_s": 30,
-        },
-        {
-            "id": "big",
-            "model": "llama-70b",
-            "gpu": "H100",
-            "nodes": 3,
-            "min_nodes": 3,
-            "max_nodes": 3,
-            "cold_start_s": 60,
-        },
+INCIDENT: dict[str, Any] = two_tenant_scenario(
+    "incident",
+    seed=3,
+    duration_s=150,
+    slo={"ttft_ms": 2000, "tbt_ms": 100},
+    pools=[
+        pool("chat", "llama-8b", "L40S", 4, cold_start_s=30),
+        pool("big", "llama-70b", "H100", 3, cold_start_s=60),
     ],
-    "tenants": [{"id": "gold", "priority": 0}, {"id": "free", "priority": 2}],
-    "workload": [
-        {
-            "kind": "copilot",
-            "tenant": "gold",
-            "rate_per_s": 0.5,
-            "calls": [3, 6],
-            "prompt_tokens": {"median": 1500, "max": 12000},
-            "output_tokens": {"median": 200, "max": 1500},
-            "shared_prefix_tokens": 1000,
-            "models": ["llama-70b"],
-            "deadline_s": 60,
-            "client": {"timeout_s": 10, "max_retries": 2, "stream": False},
-        },
-        {
-            "kind": "chatbot",
-            "tenant": "free",
-            "rate_per_s": 2.0,
-            "calls": [1, 1],
-            "prompt_tokens": {"median": 600, "max": 6000},
-            "output_tokens": {"median": 200, "max": 1500},
-            "models": ["llama-8b"],
-            "deadline_s": 30,
-            "client": {"timeout_s": 8, "max_retries": 2},
-        },
-    ],
-    "faults": [
+    copilot={
+        "rate_per_s": 0.5,
+        "models": ["llama-70b"],
+        "deadline_s": 60,
+        "client": {"timeout_s": 10, "max_retries": 2, "stream": False},
+    },
+    faults=[
         {"at_s": 40, "kind": "degrade", "node": "chat/2", "factor": 20.0, "duration_s": 40},
         {"at_s": 70, "kind": "crash", "node": "big/1"},
         {"at_s": 100, "kind": "preempt", "node": "chat/0"},
     ],
-}
+)
 
 
 @pytest.fixture(scope="module")

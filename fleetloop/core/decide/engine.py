@@ -23,6 +23,7 @@ from pydantic import TypeAdapter
 from fleetloop.core.decide.shaping import (
     cap_ejections,
     hold,
+    keep_held,
     pool_is_silent,
     settle_autoscale,
     shape_admission,
@@ -335,6 +336,9 @@ def _shape_breakers(
                     capped = True
             shaped.append(d)
     ejected = batch.ejected[j]
+    if not shadow and ejected.get(pool_id):
+        shaped = keep_held(shaped, batch.snap, pool_id, ejected.get(pool_id))
+        capped = any(d.state == "open" and d.enforced for d in shaped)
     if capped:
         shaped = cap_ejections(shaped, batch.snap, pool_id, batch.env, ejected.get(pool_id))
     hold(ejected, pool_id, shaped)

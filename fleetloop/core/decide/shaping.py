@@ -58,6 +58,67 @@ def hold(
         ejected.pop(pool_id, None)
 
 
+HELD = "held-to-its-end"  # the reason of an ejection the engine holds after its breaker let go
+HOLD_ENDED = "hold-ended"  # the reason of the closed record that ends such a hold
+
+
+def keep_held(
+    decisions: list[BreakerDecision],
+    snap: FleetSnapshot,
+    pool_id: str,
+    held: Mapping[str, int | None] | None,
+) -> list[BreakerDecision]:
+    """Rule (3) of :func:`cap_ejections` where the breaker itself lets go early: an ejection the
+    engine let out enforced at the pool's last tick, with an end still ahead (``now < until_ms``), is
+    published open and enforced to that end whatever the breaker now proposes for the node (closed,
+    half-open, detected only, or nothing: an absent node is closed), reason ``held-to-its-end``. A
+    breaker can let go of a node it no longer judges: Envoy's forgets a host that leaves the
+    endpoints (stale, cold, draining), and one that comes back is a new host. Without this the
+    ejection was released for as long as the node was away (to a pool's even spread when every node
+    fell to weight 0) and at once when it came back, failing or not.
+
+    At the first tick at or past the end, a node the breaker says nothing of (so closed, since every
+    record that is not closed is published every tick) gets a closed record, reason ``hold-ended``:
+    a router keeps the newest record, which was the held one. Only the pool's nodes in the snapshot
+    are held; an ejection with no end given is held only while its breaker keeps it open."""
+    if not held:
+        return decisions
+    now = snap.now_ms
+    cols = fleet_columns(snap)
+    lo, hi = cols.bounds.get(pool_id, (0, 0))
+    present = set(row_ids(snap)[lo:hi])
+    at = {d.node_id: i for i, d in enumerate(decisions)}
+    out = list(decisions)
+    for node_id, until in sorted(held.items()):
+        if until is None or node_id not in present:
+            continue
+        i = at.get(node_id)
+        d = out[i] if i is not None else None
+        if now < until:
+            if d is not None and d.state == "open" and d.enforced:
+                continue
+            rec = BreakerDecision(
+                entity=f"node/{node_id}",
+                pool_id=pool_id,
+                node_id=node_id,
+                state="open",
+                until_ms=until,
+                ejections=d.ejections if d is not None else 0,
+                reason=HELD,
+            )
+        elif d is None:
+            rec = BreakerDecision(
+                entity=f"node/{node_id}", pool_id=pool_id, node_id=node_id, state="closed", reason=HOLD_ENDED
+            )
+        else:
+            continue
+        if i is None:
+            out.append(rec)
+        else:
+            out[i] = rec
+    return out
+
+
 def cap_ejections(
     decisions: list[BreakerDecision],
     snap: FleetSnapshot,
@@ -112,8 +173,9 @@ def cap_ejections(
     telemetry shows it), and its window empties once routers stop sending to it, so a fresh
     judgement would release it for one tick and take it back the next (a flap). It comes back
     through its breaker: half-open at the end of its backoff, a probe share, then closed or open
-    again. Only (1) can release a held ejection early, when the pool shrank under it (the envelope's
-    bound comes first).
+    again. A breaker that lets go of it before its end (stops judging the node) does not release
+    it either: :func:`keep_held` publishes it held. Only (1) can release a held ejection early, when
+    the pool shrank under it (the envelope's bound comes first).
 
     Inputs: the breaker decisions of the pool's tick (open and enforced ones are the candidates),
     per node ``consecutive_failures``, ``ok_w``, ``requests_w``, ``queue_depth``,

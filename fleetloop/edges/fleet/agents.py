@@ -121,7 +121,7 @@ class _Attempt:
 
 
 class Agents:
-    """Runs the scenario's workloads against ``fleet`` until ``duration_s``; tasks then finish."""
+    """Runs the scenario's workloads against ``fleet`` until an end in fleet time; tasks then finish."""
 
     def __init__(
         self,
@@ -165,9 +165,10 @@ class Agents:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    async def run(self, duration_s: float, drain_s: float) -> None:
-        """Arrivals until ``duration_s`` (fleet time), then wait up to ``drain_s`` for tasks to end."""
-        arrivals = [asyncio.create_task(self._arrivals(i, duration_s)) for i in range(len(self._wake))]
+    async def run(self, until_t: float, drain_s: float) -> None:
+        """Arrivals until fleet time ``until_t`` (an end, not a length: ``fleet.t() + seconds`` for a
+        window from now), then wait up to ``drain_s`` for tasks to end."""
+        arrivals = [asyncio.create_task(self._arrivals(i, until_t)) for i in range(len(self._wake))]
         try:
             await asyncio.gather(*arrivals)
             with contextlib.suppress(TimeoutError):
@@ -182,7 +183,7 @@ class Agents:
             await asyncio.gather(*arrivals, *self._tasks, return_exceptions=True)
             await self._http.aclose()
 
-    async def _arrivals(self, i: int, duration_s: float) -> None:
+    async def _arrivals(self, i: int, until_t: float) -> None:
         w = self.scenario.workload[i]
         rng = self._rng_arrivals[i]
         wake = self._wake[i]
@@ -191,14 +192,14 @@ class Agents:
             rate = w.rate_per_s * self.rate_scale * fleet.rate_factor(w.tenant)
             wait = float(rng.exponential(1.0 / rate))
             due = fleet.t() + wait
-            if due >= duration_s:
-                wait = duration_s - fleet.t()
+            if due >= until_t:
+                wait = until_t - fleet.t()
             wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, wait)):
                     await wake.wait()
                     continue  # the rate changed: redraw (memoryless)
-            if fleet.t() >= duration_s - 1e-6:
+            if fleet.t() >= until_t - 1e-6:
                 return
             self._seq += 1
             task = new_task(

@@ -258,10 +258,12 @@ def _banner(
 
 
 async def _serve(agents: Agents | None, stop: asyncio.Event, seconds: float, drain_s: float) -> None:
-    """Until the agents are done (their work and the drain) or, serving only, ``seconds`` pass; a
-    signal ends either early."""
+    """Until the agents are done (``seconds`` of work from now, then the drain) or, serving only,
+    ``seconds`` pass; a signal ends either early. The agents' window starts when they do, not when
+    the fleet started listening: setting up (the nodes, the broker, the HTTP client) took part of a
+    short window on a loaded machine, all of it at times, and the run started no task."""
     if agents is not None:
-        work = asyncio.create_task(agents.run(seconds, drain_s))
+        work = asyncio.create_task(agents.run(agents.fleet.t() + seconds, drain_s))
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()

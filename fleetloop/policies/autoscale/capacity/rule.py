@@ -48,13 +48,17 @@ from fleetloop.policies.autoscale.capacity.forecast import (
 from fleetloop.policies.autoscale.capacity.params import CapacityParams, PoolSpec
 from fleetloop.policies.autoscale.capacity.physics import ShapeKey, median_step, node_rate, shape_of
 from fleetloop.policies.autoscale.capacity.state import Burst, CapacityState, Episode
-from fleetloop.policies.autoscale.predictive import accumulation, drain_order, trend_slope
+from fleetloop.policies.autoscale.predictive import (
+    accumulation,
+    cold_starts,
+    drain_order,
+    trend_slope,
+)
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult, PoolView, r6
 from fleetloop.policies.slo import Slo
 from fleetloop.schemas.decisions import AutoscaleDecision
 
 MAX_NEED_NODES = 1_000_000.0  # a hostile figure's need is capped here (a decision's figure bound)
-MAX_COLD_START_S = 3600.0  # a longer cold -> warm time is a stuck node or a jumped clock, not learned
 MIN_RUNNING = 8  # running calls over the pool's warm nodes before their KV per call is read
 SLOW_BOUNDS = (0.5, 8.0)  # the speed figure is clamped here (a ratio outside is a broken reading)
 SLOW_DEADBAND = 1.2  # a pool's speed is applied only past this factor either way
@@ -102,25 +106,6 @@ def _median(xs: Sequence[float]) -> float | None:
 
 def _ewma(old: float | None, new: float, alpha: float) -> float:
     return new if old is None else old + alpha * (new - old)
-
-
-def _learn_cold_start(
-    nodes: Sequence[NodeView], state: CapacityState, now: int
-) -> tuple[float | None, tuple[tuple[str, int], ...]]:
-    """The EWMA (weight 1/2) of the cold -> warm times seen, and the not-warm nodes' first-seen times."""
-    since = dict(state.not_warm_since)
-    cold_start = state.cold_start_s
-    for n in nodes:
-        if n.stale:
-            continue
-        if n.weights_state != "warm":
-            since.setdefault(n.node_id, now)
-        elif n.node_id in since:
-            sample = (now - since.pop(n.node_id)) / 1000.0
-            if 0.0 < sample <= MAX_COLD_START_S:
-                cold_start = sample if cold_start is None else 0.5 * cold_start + 0.5 * sample
-    live = {n.node_id for n in nodes if not n.stale}
-    return cold_start, tuple(sorted((i, t) for i, t in since.items() if i in live))
 
 
 def pool_engine(ref: NodeView, warm: Sequence[NodeView], spec: PoolSpec) -> tuple[str, str | None]:
@@ -252,7 +237,12 @@ class _Lead:
 def _lead(t: _Tick, nodes: Sequence[NodeView], pid: str) -> _Lead:
     p, state, params, now = t.p, t.state, t.params, t.now
     # The lead: cold starts seen, else the operator's figure, else the catalog's.
-    cold_start, not_warm_since = _learn_cold_start(nodes, state, now)
+    cold_start, not_warm_since = cold_starts(
+        state.cold_start_s,
+        state.not_warm_since,
+        now,
+        ((n.node_id, n.stale, n.weights_state == "warm") for n in nodes),
+    )
     ref = p.warm[0] if p.warm else (p.active[0] if p.active else None)
     key = _shape_key(ref, p.warm, params, pid)
     shape = shape_of(key) if key is not None else None

@@ -199,7 +199,9 @@ def _pool_tick(  # noqa: PLR0917 - the batch's figures, then the pool's place, s
     # Cold start: learn from nodes seen going from cold/loading to warm.
     if state.not_warm_since or (has_nodes and fig.not_warm[j]):
         ids, stale, warm = pool_rows(snap, fig, pid)
-        cold_start, not_warm_since = cold_starts(state, now, zip(ids, stale, warm, strict=True))
+        cold_start, not_warm_since = cold_starts(
+            state.cold_start_s, state.not_warm_since, now, zip(ids, stale, warm, strict=True)
+        )
     else:
         cold_start, not_warm_since = state.cold_start_s, ()
     lead_s = cold_start if cold_start is not None else params.cold_start_s

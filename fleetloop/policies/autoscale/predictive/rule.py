@@ -260,13 +260,16 @@ _SECOND = itemgetter(1)
 
 
 def cold_starts(
-    state: SloPredictiveState, now: int, nodes: Iterable[tuple[str, bool, bool]]
+    cold_start: float | None,
+    not_warm_since: tuple[tuple[str, int], ...],
+    now: int,
+    nodes: Iterable[tuple[str, bool, bool]],
 ) -> tuple[float | None, tuple[tuple[str, int], ...]]:
-    """(the learned cold start, the not-warm nodes' first-seen times) after this tick: ``nodes`` are
-    the pool's ``(node id, stale, weights loaded)`` in node order; a node seen going from cold or
-    loading to warm is a cold-start sample (:func:`learn_cold_start`)."""
-    since = dict(state.not_warm_since)
-    cold_start = state.cold_start_s
+    """(the learned cold start, the not-warm nodes' first-seen times) after this tick, from the last
+    tick's: ``nodes`` are the pool's ``(node id, stale, weights loaded)`` in node order; a node seen
+    going from cold or loading to warm is a cold-start sample (:func:`learn_cold_start`). The one
+    implementation for every autoscaler that learns its lead (slo-predictive, capacity)."""
+    since = dict(not_warm_since)
     live: set[str] = set()
     for node_id, stale, warm in nodes:
         if stale:
