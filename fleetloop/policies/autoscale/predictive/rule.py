@@ -185,8 +185,9 @@ def target(
         raw, reason = max(lo, math.ceil(need)), "no-active-node"
     elif not n_warm and capacity is None:
         raw, reason = base, "nothing-warm-yet"
-    elif base and abs(need / base - 1.0) <= params.tolerance:
-        raw, reason = base, "within-tolerance"
+    elif abs(need / current - 1.0) <= params.tolerance:
+        # The nodes there are enough; above the committed size only for a need above it.
+        raw, reason = (current if need > base else base), "within-tolerance"
     else:
         raw = math.ceil(need - 1e-9)
         reason = "scale-up" if raw > base else "scale-down"
