@@ -116,7 +116,8 @@ async def run_wire(
             "--usd-per-h",
             f"{spec.usd_per_h:.4f}",
         ]
-        scrape_args += ["--kv-gib", f"{kv_gib:.3f}", "--interval-s", "1", "--json"]
+        # The emulated nodes speak vLLM's /metrics whatever the scenario's engine: say which it is.
+        scrape_args += ["--kv-gib", f"{kv_gib:.3f}", "--interval-s", "1", "--engine", pool.engine, "--json"]
         procs["scrape"] = await _spawn(_child(*scrape_args), logdir, "scrape")
         state_task = asyncio.create_task(_watch_state(bootstrap, prefix, opened, err, started_mono))
         fleet_rc = await procs["fleet"].wait()

@@ -81,6 +81,8 @@ class NodeView:
     node_errors_w: int
     node_timeouts_w: int
     preemptions_w: int
+    # The serving engine the node reports (``NodeTelemetry.engine``; None: not reported).
+    engine: str | None = None
 
     @property
     def warm(self) -> bool:

@@ -237,6 +237,7 @@ class NodeTable(Mapping[str, NodeView]):
             int(w[W_ERR]),
             int(w[W_TO]),
             int(w[W_PRE]),
+            t.engine,
         )
         view = _new(NodeView)
         for setter, value in zip(_VIEW_SETTERS, values, strict=True):

@@ -319,6 +319,7 @@ if TYPE_CHECKING:
         prompt_tokens: int = 0
         output_tokens: int = 0
         cost_rate_usd_per_h: float
+        engine: str | None = None
 
     class OutcomeRec(msgspec.Struct, frozen=True, kw_only=True):
         ts_ms: int

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
@@ -20,12 +20,34 @@ from fleetloop.schemas.base import (
 
 WeightsState = Literal["cold", "loading", "warm"]
 
+MAX_ENGINE_CHARS: Final = 32
+# The serving engine's name, lower case as the engines spell themselves (``vllm``, ``sglang``,
+# ``trtllm``): a bounded identifier. A name this version does not know is well-formed and kept;
+# the capacity model reads it as "engine unknown" (fleetloop/policies/autoscale/capacity).
+EngineName = Annotated[
+    str, Field(min_length=1, max_length=MAX_ENGINE_CHARS, pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+]
+
+
+def _unset(value: object) -> bool:
+    return value is None
+
 
 class NodeTelemetry(Wire):
     """One serving node (one model replica, one or more GPUs) over one reporting interval.
 
     Latency figures are over the interval ending at ``ts_ms``; counters (errors, tokens) count the
     interval only, so a consumer can sum them without differencing. Keyed by ``pool_id`` on the wire.
+
+    ``engine`` names the serving engine the node runs (``vllm``, ``sglang``, ``trtllm``; absent:
+    not known to the producer). It came after the other fields and is written only when set, so a
+    record without it is byte for byte what earlier daemons read (``extra="forbid"``) and a record
+    from an earlier producer decodes with ``engine`` None: producers and daemons upgrade in either
+    order until a producer names an engine. A name in lower case that fleetloop has no runtime
+    profile for (``lmdeploy``) is a valid record: the capacity model then plans with the pool's
+    stated engine (the vLLM profile unless the policy names one). A name that is not such an
+    identifier (upper case, spaces, over 32 characters, not a string) makes the record malformed:
+    it goes to the dead-letter topic with the reason, like any other bad field.
     """
 
     ts_ms: EpochMs
@@ -57,3 +79,9 @@ class NodeTelemetry(Wire):
     prompt_tokens: Tokens = 0
     output_tokens: Tokens = 0
     cost_rate_usd_per_h: float = Field(ge=0.0, le=MAX_USD_PER_H, allow_inf_nan=False)
+    # Written only when set (see the class docstring).
+    engine: EngineName | None = Field(
+        default=None,
+        exclude_if=_unset,
+        description="serving engine (vllm, sglang, trtllm); a name without a runtime profile: engine unknown",
+    )

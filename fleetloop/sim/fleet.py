@@ -722,6 +722,7 @@ class FleetSim:
             "prompt_tokens": s.prompt_tokens,
             "output_tokens": s.output_tokens,
             "cost_rate_usd_per_h": spec.usd_per_h,
+            "engine": pool.engine,  # the scenario's engine, as a scraper names the runtime it reads
         }
 
     def _timeline_row(self, provisioned: int, warm: int, rate: float) -> None:

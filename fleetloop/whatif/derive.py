@@ -38,11 +38,12 @@ Fleet, one pool per ``pool_id`` seen in telemetry inside the window:
   fewest/most nodes reporting in any two-interval bucket of the window (the recorded autoscaler's
   range; bounds the candidate's autoscaler to it too).
 - ``cold_start_s`` when a node was seen booting (cold or loading, then warm): the median boot.
-- ``engine`` (and ``engine_version``): the serving engine the pool ran, as ``fleetloop scrape
-  --runtime`` read it, given to :func:`derive` per pool (``fleetloop whatif --engine``); telemetry
-  records do not carry it, so without it a pool is simulated as vLLM V1 (noted). The engine sets
-  the simulated node's per-request and per-step costs, batching and KV share
-  (:mod:`fleetloop.perf.engines`).
+- ``engine`` (and ``engine_version``): the serving engine the pool ran, given to :func:`derive`
+  per pool (``fleetloop whatif --engine``), else the one its telemetry names most
+  (``NodeTelemetry.engine``, which ``fleetloop scrape`` sets from the runtime it reads), at that
+  engine's current release; a pool with neither (records from before the field, or naming an
+  engine without a runtime profile) is simulated as vLLM V1 (noted). The engine sets the simulated
+  node's per-request and per-step costs, batching and KV share (:mod:`fleetloop.perf.engines`).
 
 Faults (``at_s`` relative to ``from_ms``):
 - ``degrade``: a node whose TBT p50 (TTFT p50 where a pool reports no TBT) is >= 2.5x the median of
@@ -183,7 +184,7 @@ def derive(
     window_s = (to_ms - from_ms) / 1000.0
     pools, index, pool_notes = _pools(tel)
     notes.extend(pool_notes)
-    notes.extend(_engines(pools, engines or {}))
+    notes.extend(_engines(pools, engines or {}, _reported_engines(tel)))
     spike = _spike([t.start_ms for t in started.values()], from_ms, to_ms)
     tenants, workload, wl_notes = _workload(started, window_s, spike, from_ms)
     notes.extend(wl_notes)
@@ -552,9 +553,28 @@ def engine_arg(text: str) -> tuple[str, tuple[str, str | None]]:
     return pool, (engine, family if colon else None)
 
 
-def _engines(pools: list[dict[str, Any]], engines: Mapping[str, tuple[str, str | None]]) -> list[str]:
-    """Set each pool's engine from ``engines`` (its own entry, else ``*``); a pool named there that
-    the window does not hold, and a pool with no engine given, are noted."""
+def _reported_engines(tel: Sequence[NodeTelemetry]) -> dict[str, str]:
+    """Per pool, the engine its telemetry names most (``NodeTelemetry.engine``, ties to the first
+    name), among the engines that have a runtime profile; a pool whose records name none is left out."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for t in tel:
+        if t.engine in ENGINES:
+            counts[t.pool_id][t.engine] += 1
+    out: dict[str, str] = {}
+    for pool_id, c in counts.items():
+        top = max(c.values())
+        out[pool_id] = min(e for e, n in c.items() if n == top)
+    return out
+
+
+def _engines(
+    pools: list[dict[str, Any]],
+    engines: Mapping[str, tuple[str, str | None]],
+    reported: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Set each pool's engine from ``engines`` (its own entry, else ``*``), else from the engine its
+    telemetry names (``reported``, at that engine's current release); a pool named there that the
+    window does not hold, and a pool with neither, are noted."""
     notes: list[str] = []
     ids = {p["id"] for p in pools}
     unknown = sorted(set(engines) - ids - {"*"})
@@ -562,6 +582,8 @@ def _engines(pools: list[dict[str, Any]], engines: Mapping[str, tuple[str, str |
         notes.append(f"--engine names pool(s) not in the window: {', '.join(unknown)}")
     for p in pools:
         given = engines.get(p["id"], engines.get("*"))
+        if given is None and reported is not None and p["id"] in reported:
+            given = (reported[p["id"]], None)
         if given is None:
             notes.append(
                 f"pool {p['id']}: telemetry does not name the serving engine; simulated as "

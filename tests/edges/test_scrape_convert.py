@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import orjson
 import pytest
 from fleetloop.edges.scrape.convert import (
     Converter,
@@ -170,6 +171,40 @@ def test_fixture_converts(name: str) -> None:
     assert third.preemptions >= 0
     assert third.ttft_p50_ms is not None
     assert third.ttft_p50_ms <= 100.0 + 1e-6
+
+
+# fixture -> the engine its records name (Dynamo's page does not say which engine serves behind it)
+ENGINE_NAMED = {
+    "vllm-0.33.0": "vllm",
+    "vllm-0.8.5": "vllm",
+    "vllm-0.6.6": "vllm",
+    "sglang-0.5.23": "sglang",
+    "trtllm-serve": "trtllm",
+    "trtllm-triton": "trtllm",
+    "dynamo-1.6.1": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_runtimes_records_name_the_engine_it_reads(name: str) -> None:
+    assert set(ENGINE_NAMED) == set(CASES)
+    runtime = CASES[name][0]
+    _, second, third = _run(name, runtime, [_scrape(name, 1), _scrape(name, 2), _scrape(name, 3)])
+    assert second is not None
+    assert third is not None
+    assert second.engine == third.engine == ENGINE_NAMED[name]
+    wire = orjson.loads(second.model_dump_json())
+    assert wire.get("engine") == ENGINE_NAMED[name]
+    assert ("engine" in wire) == (ENGINE_NAMED[name] is not None)  # none named: the record as before
+
+
+@pytest.mark.parametrize(("runtime", "name"), [("dynamo", "dynamo-1.6.1"), ("vllm", "vllm-0.33.0")])
+def test_a_stated_engine_is_what_the_records_name(runtime: str, name: str) -> None:
+    """``fleetloop scrape --engine``: Dynamo's backend, or the engine an emulated vLLM page stands for."""
+    conv = Converter(runtime, NodeIdentity(node_id="p/n0", pool_id="p", engine="sglang"))
+    recs = _feed(conv, [_scrape(name, 1), _scrape(name, 2)])
+    assert recs[1] is not None
+    assert recs[1].engine == "sglang"
 
 
 def test_vllm_v1_exact_quantiles_and_model_label() -> None:

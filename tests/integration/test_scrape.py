@@ -92,5 +92,6 @@ async def test_scrape_publishes_good_targets_and_survives_bad_ones(kafka_env: An
     assert tel[0].queue_depth == 2
     assert tel[0].gpu_type == "L40S"
     assert tel[0].cost_rate_usd_per_h == 1.5
+    assert {t.engine for t in tel} == {"vllm"}  # the runtime it read, on the wire
     assert tel[1].prompt_tokens == 300
     assert all(t.prompt_tokens >= 0 for t in tel)

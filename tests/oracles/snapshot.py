@@ -69,6 +69,7 @@ def node_view_plain(node: _Node, now_ms: int, window_ms: int, stale_after_ms: in
         node_errors_w=int(w[_N_ERR]),
         node_timeouts_w=int(w[_N_TO]),
         preemptions_w=int(w[_N_PRE]),
+        engine=t.engine,
     )
 
 

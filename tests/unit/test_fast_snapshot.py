@@ -26,7 +26,7 @@ from tests.oracles.snapshot import snapshot_plain
 from tests.unit.test_fold_batch import T0, TIGHT, Batch, _hostile, _sequences, out, tel
 from tests.unit.test_kept_numbers import fresh_table
 
-TEXT_FIELDS = {"node_id", "pool_id", "model", "gpu_type", "weights_state", "hot_prefixes"}
+TEXT_FIELDS = {"node_id", "pool_id", "model", "gpu_type", "weights_state", "hot_prefixes", "engine"}
 NUMERIC = [f.name for f in dataclasses.fields(NodeView) if f.name not in TEXT_FIELDS]
 FLOAT_TYPED = {f.name for f in dataclasses.fields(NodeView) if "float" in str(f.type)}
 

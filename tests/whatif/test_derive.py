@@ -452,8 +452,29 @@ def test_the_engine_a_pool_ran_is_carried_into_the_scenario(incident: Recording)
     assert (pools["big"].engine, pools["big"].runtime.name) == ("trtllm", "trtllm 1.0")
     assert (pools["chat"].engine, pools["chat"].engine_version) == ("sglang", "0.3")
     assert not any("does not name the serving engine" in n for n in d.notes)
-    plain = derive(incident.outcomes, incident.telemetry, **window)
+    # Records from before NodeTelemetry.engine (or naming an engine without a profile): vLLM, noted.
+    unnamed = [t.model_copy(update={"engine": None}) for t in incident.telemetry]
+    plain = derive(incident.outcomes, unnamed, **window)
     assert all(p.engine == "vllm" for p in plain.scenario.pools)
     assert sum("does not name the serving engine" in n for n in plain.notes) == 2
+    odd = [t.model_copy(update={"engine": "lmdeploy"}) for t in incident.telemetry]
+    assert sum("does not name" in n for n in derive(incident.outcomes, odd, **window).notes) == 2
     other = derive(incident.outcomes, incident.telemetry, **window, engines={"gone": ("vllm", None)})
     assert any("--engine names pool(s) not in the window: gone" in n for n in other.notes)
+
+
+def test_the_engine_the_telemetry_names_is_the_pools_unless_whatif_engine_names_another(
+    incident: Recording,
+) -> None:
+    window = {"from_ms": incident.from_ms, "to_ms": incident.to_ms}
+    assert {t.engine for t in incident.telemetry} == {"vllm"}  # the simulator names its pools' engine
+    named = [
+        t.model_copy(update={"engine": "sglang"}) if t.pool_id == "chat" else t for t in incident.telemetry
+    ]
+    d = derive(incident.outcomes, named, **window)
+    pools = {p.id: p for p in d.scenario.pools}
+    assert (pools["chat"].engine, pools["chat"].engine_version) == ("sglang", None)
+    assert pools["big"].engine == "vllm"
+    assert not any("does not name the serving engine" in n for n in d.notes)
+    given = derive(incident.outcomes, named, **window, engines={"chat": ("trtllm", None)})
+    assert {p.id: p.engine for p in given.scenario.pools}["chat"] == "trtllm"

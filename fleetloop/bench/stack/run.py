@@ -144,7 +144,7 @@ async def _control_plane(
         fleetloop_argv(
             "scrape", "--runtime", "vllm", "--pool", pool.id, "--target", targets, *common,
             "--gpu-type", pool.gpu, "--gpu-count", str(node.gpus), "--usd-per-h", f"{node.usd_per_h:.4f}",
-            "--kv-gib", f"{kv_gib:.3f}", "--interval-s", "1",
+            "--kv-gib", f"{kv_gib:.3f}", "--interval-s", "1", "--engine", pool.engine,
         ),
         logdir,
         "scrape",

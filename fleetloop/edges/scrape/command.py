@@ -40,6 +40,7 @@ from fleetloop.edges.scrape.convert import (
 )
 from fleetloop.edges.scrape.runtimes import RUNTIMES
 from fleetloop.kafka_security import bootstrap_arg, connect, error_text, shown
+from fleetloop.perf.engines import ENGINES
 from fleetloop.schemas.telemetry import NodeTelemetry
 from fleetloop.schemas.topics import TELEMETRY, topic_name
 from fleetloop.topic_layout import TopicLayoutError, require_topics
@@ -137,6 +138,12 @@ def register(sub: Any) -> None:
     p.add_argument("--model", help="model id to report (default: the runtime's model label)")
     p.add_argument("--gpu-type", default="unknown", help="GPU type of these nodes (e.g. H100)")
     p.add_argument("--gpu-count", type=int, default=1, help="GPUs per node (default 1)")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="serving engine to report (default: the runtime's own; dynamo's backend is not on its "
+        "page, so its records name none unless this is given)",
+    )
     p.add_argument("--usd-per-h", type=float, default=0.0, help="what one node costs per hour")
     p.add_argument(
         "--kv-gib", type=float, default=0.0, help="KV-cache memory per node, for hbm_free_gib (default 0)"
@@ -204,6 +211,7 @@ async def _run(args: argparse.Namespace, targets: list[Target]) -> list[TargetSt
                     gpu_count=args.gpu_count,
                     usd_per_h=args.usd_per_h,
                     kv_gib=args.kv_gib,
+                    engine=args.engine,
                 ),
             ),
         )

@@ -40,7 +40,15 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from fleetloop.edges.scrape.runtimes import FIELD_KINDS, LOAD_FIELDS, RELEASES, Release, Source, detect
+from fleetloop.edges.scrape.runtimes import (
+    ENGINE_OF,
+    FIELD_KINDS,
+    LOAD_FIELDS,
+    RELEASES,
+    Release,
+    Source,
+    detect,
+)
 from fleetloop.schemas.telemetry import NodeTelemetry
 
 MAX_INTERVAL_MS = 600_000  # NodeTelemetry.interval_ms's bound
@@ -102,6 +110,7 @@ class NodeIdentity:
     gpu_count: int = 1
     usd_per_h: float = 0.0
     kv_gib: float = 0.0  # KV-cache memory: hbm_free_gib = kv_gib x (1 - kv_cache_used_frac)
+    engine: str | None = None  # None: the runtime's own engine (runtimes.ENGINE_OF)
 
 
 def bucket_quantile(q: float, cumulative: list[tuple[float, float]]) -> float | None:
@@ -378,6 +387,7 @@ class Converter:
                 prompt_tokens=count("prompt_tokens"),
                 output_tokens=count("output_tokens"),
                 cost_rate_usd_per_h=ident.usd_per_h,
+                engine=ident.engine if ident.engine is not None else ENGINE_OF[self.runtime],
             )
         except ValidationError as exc:
             first = exc.errors()[0]

@@ -276,6 +276,12 @@ RELEASES: dict[str, tuple[Release, ...]] = {
 
 RUNTIMES: tuple[str, ...] = tuple(RELEASES)
 
+# The serving engine each runtime's records name (``NodeTelemetry.engine``). Dynamo's frontend
+# serves a vLLM, SGLang or TensorRT-LLM worker behind it and its metric names do not say which
+# (the trtllm worker re-exports the same names as ``trtllm-serve``; the frontend's are its own):
+# its records name none unless ``fleetloop scrape --engine`` states it.
+ENGINE_OF: dict[str, str | None] = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm", "dynamo": None}
+
 
 def _carried(names: frozenset[str], present: frozenset[str] | set[str]) -> frozenset[str]:
     """The ``names`` a page carries: a histogram's base name by its ``_bucket`` samples."""

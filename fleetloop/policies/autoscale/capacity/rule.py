@@ -16,24 +16,27 @@ Formula, per pool and tick::
                or accumulate or a remembered burst is under way
 
 Inputs: node telemetry (weights state, draining, stale, running, queued, KV use, prefix hit rate,
-TBT p50, step budget, model, GPU type and count), open breakers, the pool's window (new calls,
-retries, token rates, diverted tokens) and ledger share (open, started, ended, failed tasks), the
-SLO book. Parameters: ``coverage`` 0.95, ``cold_start_s`` (catalog), ``down_window_s`` (the lead),
+TBT p50, step budget, model, GPU type and count, serving engine), open breakers, the pool's window
+(new calls, retries, token rates, diverted tokens) and ledger share (open, started, ended, failed
+tasks), the SLO book. Parameters: ``coverage`` 0.95, ``cold_start_s`` (catalog), ``down_window_s`` (the lead),
 ``halflife_s`` 60, ``memory_s`` 86400, ``max_bursts`` 8, ``spare_nodes`` 0, bounds and per-pool
-engine, release and precision (``pools``). Failure mode: no physics for an unknown model or GPU
-(engine signals, no scale-down); a first burst faster than a cold start is lost in part (the
-operator's floor answers it, the memory the next); an engine stated wrongly is caught only past the
-speed deadband (1.2x); a pool whose nodes report nothing fresh is unknown, not empty: its target
-holds (fail static), nothing drains.
+engine, release and precision (``pools``; the engine the nodes report, when it has a runtime
+profile, comes before the stated one: :func:`pool_engine`). Failure mode: no physics for an
+unknown model or GPU (engine signals, no scale-down); a first burst faster than a cold start is
+lost in part (the operator's floor answers it, the memory the next); an engine neither reported
+nor stated rightly is caught only past the speed deadband (1.2x); a pool whose nodes report
+nothing fresh is unknown, not empty: its target holds (fail static), nothing drains.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from fleetloop.perf.engines import FAMILIES
 from fleetloop.perf.serving import Mix, NodeShape, Targets, steady
 from fleetloop.policies.autoscale.capacity.forecast import (
     Sample,
@@ -42,7 +45,7 @@ from fleetloop.policies.autoscale.capacity.forecast import (
     lagged_spread,
     plan_then,
 )
-from fleetloop.policies.autoscale.capacity.params import CapacityParams
+from fleetloop.policies.autoscale.capacity.params import CapacityParams, PoolSpec
 from fleetloop.policies.autoscale.capacity.physics import ShapeKey, median_step, node_rate, shape_of
 from fleetloop.policies.autoscale.capacity.state import Burst, CapacityState, Episode
 from fleetloop.policies.autoscale.predictive import accumulation, drain_order, trend_slope
@@ -120,6 +123,22 @@ def _learn_cold_start(
     return cold_start, tuple(sorted((i, t) for i, t in since.items() if i in live))
 
 
+def pool_engine(ref: NodeView, warm: Sequence[NodeView], spec: PoolSpec) -> tuple[str, str | None]:
+    """The engine and release the pool's physics is planned with: the engine its nodes report
+    (``NodeTelemetry.engine``; the commonest among the warm nodes, ties to the first name, else the
+    reference node's), when fleetloop has a runtime profile for it; otherwise (not reported, or a
+    name without a profile: engine unknown) the engine the operator states for the pool, which is
+    vLLM unless stated. The stated release (``engine_version``) applies only to the stated engine:
+    a pool that reports another engine runs that engine's current release profile."""
+    counts = Counter(n.engine for n in (warm or (ref,)) if n.engine in FAMILIES)
+    if counts:
+        top = max(counts.values())
+        reported = min(e for e, c in counts.items() if c == top)
+        if reported != spec.engine:
+            return reported, None
+    return spec.engine, spec.engine_version
+
+
 def _shape_key(
     ref: NodeView | None, warm: Sequence[NodeView], params: CapacityParams, pool_id: str
 ) -> ShapeKey | None:
@@ -128,7 +147,8 @@ def _shape_key(
     spec = params.pool(pool_id)
     budgets = [float(n.max_batch_tokens) for n in warm if n.max_batch_tokens > 0]
     budget = int(_median(budgets) or ref.max_batch_tokens)
-    return (ref.model, ref.gpu_type, ref.gpu_count, spec.engine, spec.engine_version, spec.precision, budget)
+    engine, family = pool_engine(ref, warm, spec)
+    return (ref.model, ref.gpu_type, ref.gpu_count, engine, family, spec.precision, budget)
 
 
 class Capacity:
