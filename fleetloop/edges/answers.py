@@ -1,5 +1,6 @@
 """A router's answer to a call as the caller's outcome: one rule for every integration that reads one
-(HAProxy's request log, the emulated fleet's agents behind a router URL).
+(HAProxy's request log, the emulated fleet's agents behind a router URL, LiteLLM's failure hooks on
+a deployment's answer).
 
 A call the router placed on no node is ``shed``: HAProxy with no server for it (``<NOSRV>``) or whose
 queue timed out before one took it (termination ``sQ``), and a router that answers 429 Too Many

@@ -14,7 +14,8 @@ Algorithms propose; the engine disposes. Whatever an algorithm returns, the engi
   pool's non-draining nodes instead (panic threshold; routers never eject every node);
 - limits an autoscale target to ``max_scale_step`` nodes away from the current count per tick
   (pool bounds are the autoscale algorithm's and the GPU workers' to enforce), whatever target
-  an algorithm proposes;
+  an algorithm proposes; a decrease counts from the target it last let out when that is lower
+  (nodes already asked to go back are no new step);
 - freezes the autoscale target of a silent pool (no fresh telemetry from any of its nodes and no
   router outcome in the window) at the last target it let out, never below the pool's serving
   nodes: silence means fleetloop knows nothing, not that demand vanished;

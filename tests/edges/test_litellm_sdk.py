@@ -188,6 +188,48 @@ async def test_a_shed_call_is_refused_by_litellm_and_published_with_no_node(
     assert [(o.workflow_id, o.outcome, o.node_id) for o in got][-1] == ("t-2", "shed", None)
 
 
+@pytest_asyncio.fixture(loop_scope="module")
+async def busy_node() -> AsyncIterator[str]:
+    """A deployment that turns every call away for load: 429 Too Many Requests (a vLLM server behind
+    its own rate limiter, or another router as a deployment)."""
+    from aiohttp import web
+
+    async def refuse(_: web.Request) -> web.Response:
+        body = {"error": {"message": "too many requests", "type": "rate_limit", "code": 429}}
+        return web.json_response(body, status=429)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@PATHS
+async def test_a_deployments_429_is_a_shed_not_an_error_of_its_node(
+    fleet: LiveFleet, busy_node: str, outcomes: tuple[FleetloopCallback, list[RequestOutcome]], sync: bool
+) -> None:
+    """LiteLLM's failure hooks classify an attempt's answer by the rule every integration shares
+    (``fleetloop.edges.answers.answer_outcome``): a 429 is a shed, no node's error; counted as one,
+    a deployment that sheds for load would open its breaker and lose the calls it could serve."""
+    cb, got = outcomes
+    cb.routing.apply([routing("p", {"p/0": 0.0, "p/1": 0.0, "p/2": 0.0, "p/9": 1.0})], clock.monotonic_s())
+    cfg = launch.proxy_config({**fleet.urls(), "p/9": busy_node}, model="llama-8b", pool="p")
+    r = litellm.Router(model_list=cfg["model_list"], num_retries=0)
+    if sync:
+        r.register_plugin(cb.strategy(r))
+    with pytest.raises(litellm.RateLimitError):
+        await call(r, "t-429", stream=False, sync=sync)
+    await until(lambda: len(got) == 1)
+    assert [(o.workflow_id, o.outcome, o.node_id) for o in got] == [("t-429", "shed", None)]
+    assert not cb.routing.pending
+
+
 async def test_the_strategy_leaves_out_deployments_litellm_holds_in_cooldown(
     fleet: LiveFleet, outcomes: tuple[FleetloopCallback, list[RequestOutcome]]
 ) -> None:

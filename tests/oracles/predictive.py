@@ -194,7 +194,7 @@ def decide(
     inputs["raw_desired"] = float(raw)
 
     drain: tuple[str, ...] = ()
-    if desired < current:
+    if desired < current and t.stepped_down:
         drain = tuple(n.node_id for n in drain_order(active)[: current - desired])
         drained = tuple(sorted((*drained, *((i, now) for i in drain))))
 

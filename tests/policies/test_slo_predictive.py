@@ -192,6 +192,40 @@ def test_scale_down_is_rate_limited_and_drains() -> None:
     assert again.current_nodes == 7  # the drained nodes are not counted while they wind down
 
 
+def test_a_hold_keeps_the_last_target_not_nodes_still_going_back() -> None:
+    """Nine nodes report, but the last target was 7 (two asked to drain a window ago still report,
+    not draining: the actuator has not removed them). A rate-limited or held scale-down keeps 7 and
+    names no drain again; holding at the 9 seen raised an idle pool's target back up every period."""
+    snap = pool_snap(loaded(9, 2))  # need about 2
+    state = settled(last_desired=7, last_down_ms=NOW_MS - 10_000)
+    d, result = decide(snap, state, down_window_s=0)
+    assert (d.current_nodes, d.desired_nodes, d.reason, d.drain) == (9, 7, "scale-down-rate-limited", ())
+    failing, _ = decide(pool_snap(loaded(9, 2), tasks_failed=1), settled(last_desired=7), down_window_s=0)
+    assert (failing.desired_nodes, failing.reason) == (7, "scale-down-held-tasks-failing")
+    # The next step counts from 7 (floor(0.25 * 7) = 1), and names the nodes that reach it.
+    later, _ = decide(pool_snap(loaded(9, 2), now_ms=NOW_MS + 30_000), result.state, down_window_s=0)
+    assert (later.desired_nodes, later.reason, len(later.drain)) == (6, "scale-down", 3)
+
+
+@pytest.mark.parametrize(
+    ("count", "kv", "last", "desired"),
+    [
+        # 4 nodes kept by the worker manager's floor under a target of 3, need 4.2 (P_kv = 1.05):
+        # within the band of the 4 serving, and above 3: the target is the 4 there, no fifth node.
+        (4, 0.84, 3, 4),
+        # 10 serving under a target of 9, need 8.5 (P_kv = 0.85): within the band (20%) of the 10,
+        # not above 9: held at 9, not raised to the nodes not yet given back.
+        (10, 0.68, 9, 9),
+    ],
+)
+def test_the_tolerance_band_is_around_the_nodes_serving(
+    count: int, kv: float, last: int, desired: int
+) -> None:
+    snap = pool_snap(loaded(count, 2, kv=kv))
+    d, _ = decide(snap, settled(last_desired=last), down_window_s=0, tolerance=0.2)
+    assert (d.current_nodes, d.desired_nodes, d.reason) == (count, desired, "within-tolerance")
+
+
 def test_scale_down_held_while_tasks_fail() -> None:
     snap = pool_snap(loaded(8, 4), tasks_failed=3)  # three tasks ended here in failure since the last tick
     d, _ = decide(snap, settled(last_desired=8), down_window_s=0)

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 from fleetloop.core.decide.engine import Engine, EngineState, TickResult, decide
+from fleetloop.core.decide.shaping import shape_autoscale
 from fleetloop.daemon.act.publish import decision_bytes
 from fleetloop.policies.base import FleetSnapshot, NodeView
+from fleetloop.policies.envelope import Envelope
 from fleetloop.policies.registry import CompiledPolicy, compile_policy, parse_document
 from fleetloop.schemas import (
     AdmissionDecision,
@@ -277,6 +279,28 @@ def test_a_step_limited_scale_down_drains_only_the_nodes_of_that_step() -> None:
     )
     assert d.desired_nodes == 7
     assert len(d.drain) == d.current_nodes - d.desired_nodes
+
+
+@pytest.mark.parametrize(
+    ("held", "desired", "reason"),
+    [
+        (None, 16, "scale-down:step-limited"),  # nothing let out yet: 8 from the 24 seen
+        (18, 14, "scale-down"),  # 18 let out, 24 still seen: 4 more is the step, not 10
+        (30, 16, "scale-down:step-limited"),  # a target above the nodes seen counts from them
+    ],
+)
+def test_a_scale_down_step_counts_from_the_target_already_let_out(
+    held: int | None, desired: int, reason: str
+) -> None:
+    """Nodes asked to go back that still report are no step: counted from them, the limit raised a
+    held 14 back to 16 each tick until the actuator removed them (a flapping target)."""
+    d = AutoscaleDecision(
+        entity="pool/p", pool_id="p", current_nodes=24, desired_nodes=14,
+        drain=tuple(f"n{i}" for i in range(10)), reason="scale-down", inputs={},
+    )  # fmt: skip
+    shaped = shape_autoscale(d, Envelope(), held)
+    assert (shaped.desired_nodes, shaped.reason) == (desired, reason)
+    assert len(shaped.drain) == shaped.current_nodes - shaped.desired_nodes
 
 
 # -- admission floor --------------------------------------------------------------------------------

@@ -681,8 +681,12 @@ def _overruled(d: AutoscaleDecision, desired: int, why: str) -> AutoscaleDecisio
     )
 
 
-def shape_autoscale(d: AutoscaleDecision, env: Envelope) -> AutoscaleDecision:
-    lo = d.current_nodes - env.max_scale_step
+def shape_autoscale(d: AutoscaleDecision, env: Envelope, held: int | None = None) -> AutoscaleDecision:
+    """``d`` at most ``max_scale_step`` nodes from the current count. A decrease counts from the
+    lower of that count and the target ``held`` (last let out): nodes already asked to go back that
+    the actuator has not removed yet are no step, and counting from them would raise a held target
+    back up each tick until they are gone (a flapping target on an idle pool)."""
+    lo = (d.current_nodes if held is None else min(d.current_nodes, held)) - env.max_scale_step
     hi = d.current_nodes + env.max_scale_step
     desired = min(max(d.desired_nodes, lo, 0), hi)
     if desired == d.desired_nodes:
@@ -717,7 +721,7 @@ def settle_autoscale(
         return None
     if silent:
         return freeze_autoscale(d, snap, held)
-    shaped = shape_autoscale(d, env)
+    shaped = shape_autoscale(d, env, held)
     if known or held is None or shaped.desired_nodes >= held:
         return shaped
     return _overruled(d, held, "no-telemetry-held")

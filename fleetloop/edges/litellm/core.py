@@ -163,11 +163,12 @@ class LiteLLMRouting:
         prompt_tokens: int = 0,
         output_tokens: int = 0,
     ) -> RequestOutcome | None:
-        """One attempt's result (``ok``, ``error`` or ``timeout``) on the deployment ``served_by``
-        (a ``model_list`` entry's fields; None: unknown), or None when there is nothing to publish:
-        no node to attribute it to, or header values the schema refuses (counted). ``call_ids``: the
-        ids the call may have been placed under, the first one known wins (LiteLLM's proxy hands its
-        filter the call id, its SDK only the trace id; its logging events carry both)."""
+        """One attempt's result (``ok``, ``error``, ``timeout``, or ``shed``: published with no node)
+        on the deployment ``served_by`` (a ``model_list`` entry's fields; None: unknown), or None
+        when there is nothing to publish: no node to attribute it to, or header values the schema
+        refuses (counted). ``call_ids``: the ids the call may have been placed under, the first one
+        known wins (LiteLLM's proxy hands its filter the call id, its SDK only the trace id; its
+        logging events carry both)."""
         pending = None
         for key in call_ids:
             pending = self.pending.pop(key, None) if key else None

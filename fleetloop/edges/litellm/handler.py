@@ -33,6 +33,7 @@ import openai
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase, RouterRateLimitError
 
+from fleetloop.edges.answers import answer_outcome
 from fleetloop.edges.litellm.core import LiteLLMRouting
 from fleetloop.edges.litellm.mapping import (
     DeploymentMap,
@@ -82,6 +83,20 @@ def _yes(v: str | None, *, default: bool) -> bool:
 
 def _int(v: Any) -> int:
     return v if isinstance(v, int) and v >= 0 else 0
+
+
+def failure_outcome(exception: Any) -> Outcome:
+    """A failed attempt's outcome. A timeout is the caller's own clock; an answer with an HTTP
+    status (LiteLLM's exceptions carry the deployment's as ``status_code``) goes by the rule every
+    integration shares (:func:`fleetloop.edges.answers.answer_outcome`: a 429 is a shed, no node's
+    error); anything else (refused, reset, a stream broken off) is an error of the node tried."""
+    if isinstance(exception, openai.APITimeoutError | TimeoutError):
+        return "timeout"
+    status = getattr(exception, "status_code", None)
+    if type(status) is not int:
+        return "error"
+    answer = answer_outcome(status)
+    return "error" if answer == "ok" else answer  # a failed attempt, whatever status it names
 
 
 def _is_async(kwargs: Mapping[str, Any]) -> bool:
@@ -447,7 +462,7 @@ class FleetloopCallback(CustomLogger):
 
     def _failure(self, request: Mapping[str, Any], exception: Any, model_info: Any, api_base: Any) -> None:
         self._ensure_started()
-        kind: Outcome = "timeout" if isinstance(exception, openai.APITimeoutError | TimeoutError) else "error"
+        kind = failure_outcome(exception)
         with self._lock:
             o = self.routing.outcome(
                 _call_ids(request),

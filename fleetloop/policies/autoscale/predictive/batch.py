@@ -291,8 +291,9 @@ def _drain(  # noqa: PLR0917 - the pool, the drains asked, its node count and it
     t: Target,
 ) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
     """(the nodes to drain for ``t``, the drains asked so far with them): not-warm nodes first, then
-    the least loaded warm ones (:func:`drain_order`), none already asked."""
-    if t.desired >= current:
+    the least loaded warm ones (:func:`drain_order`), none already asked; only on a tick whose target
+    fell (``t.stepped_down``), enough for the active nodes to reach it."""
+    if t.desired >= current or not t.stepped_down:
         return (), drained
     asked = {i for i, _ in drained}
     nodes = [

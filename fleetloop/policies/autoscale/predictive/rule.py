@@ -145,6 +145,9 @@ class Target(NamedTuple):
     last_down_ms: int | None
     last_failure_ms: int | None
     failed_tasks: int
+    # The target fell below the committed size (:func:`committed`) this tick: the nodes to give
+    # back are named now, once, not again on every tick the actuator has not yet removed them.
+    stepped_down: bool
 
 
 def target(
@@ -168,22 +171,29 @@ def target(
     a short window (``up_window_s``), down only to the highest raw target within the down window
     (the lead, unless ``down_window_s``), held while tasks fail or accumulate, one step of at most
     ``down_step_frac`` per ``down_period_s``, clamped to the pool's bounds. ``has_nodes``: the pool
-    has a node row; ``current``: its active nodes; ``n_warm``: those serving."""
+    has a node row; ``current``: its active nodes; ``n_warm``: those serving.
+
+    Stabilization works from the pool's *committed* size (:func:`committed`): the last target when
+    the active nodes are more than it (nodes asked to go back that the actuator has not removed yet,
+    or that a floor of its own keeps), else the active nodes. A hold or a rate limit keeps that size;
+    it never raises the target to nodes the rule already gave back (README.md: "Committed size")."""
     lo, hi = bounds
+    base = committed(state, current)
     if not has_nodes and pool is None:
         raw, reason = lo, "no-pool-yet"
     elif current == 0:
         raw, reason = max(lo, math.ceil(need)), "no-active-node"
     elif not n_warm and capacity is None:
-        raw, reason = current, "nothing-warm-yet"
+        raw, reason = base, "nothing-warm-yet"
     elif abs(need / current - 1.0) <= params.tolerance:
-        raw, reason = current, "within-tolerance"
+        # The nodes there are enough; above the committed size only for a need above it.
+        raw, reason = (current if need > base else base), "within-tolerance"
     else:
         raw = math.ceil(need - 1e-9)
-        reason = "scale-up" if raw > current else "scale-down"
-    if slope > 0 and raw > current:
+        reason = "scale-up" if raw > base else "scale-down"
+    if slope > 0 and raw > base:
         reason = "scale-up-trend"
-    if sibling_binds and raw > current:
+    if sibling_binds and raw > base:
         reason = "scale-up-sibling-short"
 
     down_window_ms = (params.down_window_s if params.down_window_s is not None else lead_s) * 1000.0
@@ -193,10 +203,10 @@ def target(
     recs = (*first, *_recent(state.recs, now, keep_ms), (now, raw))
     up_floor = _within(recs, now, up_window_ms, min)
     down_ceiling = _within(recs, now, down_window_ms, max)
-    desired = min(max(current, up_floor), down_ceiling)
-    if raw > current and up_floor < raw:
+    desired = min(max(base, up_floor), down_ceiling)
+    if raw > base and up_floor < raw:
         reason = "scale-up-stabilized"
-    elif raw < current and down_ceiling > raw:
+    elif raw < base and down_ceiling > raw:
         reason = "scale-down-stabilized"
     last_down = state.last_down_ms
     last_failure = state.last_failure_ms
@@ -204,25 +214,37 @@ def target(
     if failed_tasks > state.failed_tasks and state.last_desired is not None:
         last_failure = now
     failing = last_failure is not None and now - last_failure <= down_window_ms
-    if desired < current and failing:
-        desired, reason = current, "scale-down-held-tasks-failing"
-    if desired < current and accumulating:
-        desired, reason = current, "scale-down-held-tasks-accumulating"
-    if desired < current:
+    if desired < base and failing:
+        desired, reason = base, "scale-down-held-tasks-failing"
+    if desired < base and accumulating:
+        desired, reason = base, "scale-down-held-tasks-accumulating"
+    if desired < base:
         if last_down is not None and now - last_down < params.down_period_s * 1000.0:
-            desired, reason = current, "scale-down-rate-limited"
+            desired, reason = base, "scale-down-rate-limited"
         else:
-            step = max(1, math.floor(params.down_step_frac * current))
-            desired = max(desired, current - step)
-    if current == 0:
+            step = max(1, math.floor(params.down_step_frac * base))
+            desired = max(desired, base - step)
+    if base == 0:
         desired = raw
     clamped = min(max(desired, lo), hi)
     if clamped != desired:
         reason = "at-max-nodes" if clamped < desired else "at-min-nodes"
         desired = clamped
-    if desired < current:
+    stepped_down = desired < base
+    if stepped_down:
         last_down = now
-    return Target(raw, desired, reason, recs, last_down, last_failure, failed_tasks)
+    return Target(raw, desired, reason, recs, last_down, last_failure, failed_tasks, stepped_down)
+
+
+def committed(state: SloPredictiveState, current: int) -> int:
+    """The pool size stabilization holds and steps from: ``min(current, last target)`` once a target
+    was set, else ``current``. Active nodes above the last target are nodes the rule asked to give
+    back (the actuator is still removing them, its drain is not yet in telemetry, or a floor of its
+    own keeps them), not demand: holding at ``current`` there would raise the target back to them
+    without any load (as Kubernetes' HPA, which steps from ``spec.replicas``, not from the pods it
+    sees). Fewer active nodes than the target (a node lost) read as they are."""
+    last = state.last_desired
+    return current if last is None else min(current, last)
 
 
 def learn_cold_start(cold_start: float | None, now: int, seen_cold_ms: int) -> float | None:
