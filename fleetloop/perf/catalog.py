@@ -69,6 +69,15 @@ Achieved efficiency (what a serving engine gets out of the peak numbers):
   launches, not the kernels). It is the decode step's fixed cost that grows with the model's depth
   (32 layers for 8B, 80 for 70B, 126 for 405B), on every GPU of a tensor-parallel group alike.
   Fitted like ``ENGINE_EFF``.
+- ``EAGER_LAYER_S``: an iteration that does not run as a captured CUDA graph (a prefill or mixed
+  step on the engines that capture decode batches only, a decode batch past the largest graph)
+  launches every layer's kernels from Python one by one, so it lasts at least ``layers x
+  EAGER_LAYER_S`` whatever its GPU time: the GPU waits for the launches when it runs ahead of them
+  (a short prefill of a deep model on several GPUs), and the launches hide behind it otherwise
+  (every long prefill). Which iterations run eagerly is the engine's
+  (:meth:`fleetloop.perf.engines.RuntimeProfile.runs_eager`, with sources). Fitted like
+  ``ENGINE_EFF``: only a short prefill of a deep model reaches the floor (the calibration's 70B
+  rows on four H100s; an 8B prefill of 224 tokens runs longer on its GPU than the floor).
 - Fixed costs of a step (scheduler, input preparation, launch, sampling) and of a request depend
   on the serving engine: :mod:`fleetloop.perf.engines` holds them per engine and release, with the
   step's token budget, the running-sequence cap, CUDA-graph batch sizes and KV memory share.
@@ -126,8 +135,9 @@ ENGINE_EFF = 0.8142  # fitted (see the module docstring)
 GEMM_HALF_TOKENS = 64.0
 DECODE_BW_UTIL = 0.7225  # fitted (see the module docstring)
 KV_BW_UTIL = 0.7061  # fitted (see the module docstring)
-ROOF_P = 4.12  # fitted (see the module docstring): the roofline's smoothness near the ridge
+ROOF_P = 4.0  # fitted (see the module docstring): the roofline's smoothness near the ridge
 LAYER_S = 2.461e-05  # fitted (see the module docstring): a step's per-layer kernel floor
+EAGER_LAYER_S = 0.0004  # fitted (see the module docstring): an eager iteration's per-layer CPU floor
 TP_COMPUTE_EFF = 0.9
 GPU_MEMORY_UTIL = 0.9
 BUSBW_SHARE = 0.8  # achieved all-reduce bus bandwidth / link rate per direction

@@ -131,6 +131,22 @@ class RuntimeProfile:
             return (1, 2, 4, *range(8, top + 1, 8))
         return tuple(s for s in _TRT_GRAPHS if s <= top)
 
+    def runs_eager(self, tokens: float, *, prefill: bool, graph_top: int) -> bool:
+        """Whether an iteration of ``tokens`` tokens runs eagerly (no captured CUDA graph), its
+        kernels launched one by one (``graph_top``: the largest captured decode batch). A decode
+        batch past the largest graph does on every engine. A step that carries prefill tokens does on
+        the engines that capture decode batches only (vLLM V0: ``CUDAGraphRunner`` is used for decode
+        batches only, vllm 0.6 worker/model_runner.py; SGLang 0.3: its ``CudaGraphRunner`` replays
+        decode batches, extend batches run eagerly; TensorRT-LLM's PyTorch backend: ``cuda_graph_config``
+        captures generation-only batches), and on vLLM V1 only past its largest capture size: V1's
+        piecewise CUDA graphs cover any batch of up to that many tokens, prefill and mixed ones
+        included, attention excepted (vllm-project/vllm docs/design/cuda_graphs.md, "Motivation")."""
+        if tokens > graph_top:
+            return True
+        if not prefill:
+            return False
+        return not (self.engine == "vllm" and self.family == "v1")
+
     def kv_budget_bytes(self, hbm_bytes: float, weight_bytes: float, gpus: int) -> float:
         """Bytes for the KV cache on a node of ``gpus`` GPUs with ``hbm_bytes`` in all."""
         share = self.kv_share[0 if gpus <= 1 else 1]
@@ -143,9 +159,9 @@ class RuntimeProfile:
 FIT: dict[str, float] = {
     "vllm v1 api_s": 1e-05,
     "vllm v1 step_s": 0.0008025,
-    "vllm 0.6 api_s": 0.005182,
+    "vllm 0.6 api_s": 0.004311,
     "vllm 0.6 step_s": 0.0015,
-    "sglang 0.3 api_s": 0.0002937,
+    "sglang 0.3 api_s": 6.921e-05,
     "sglang 0.3 step_s": 0.001458,
     "trtllm 1.0 api_s": 0.00165,
     "trtllm 1.0 step_s": 1e-05,

@@ -16,10 +16,12 @@ The model (a fluid steady state of continuous batching; every figure a mean)::
     P    = r t s                            calls prefilling
     M    = B + c                            tokens per iteration
     ctx  = B (p + o / 2)                    context the decoders attend to
-    t    = slow x (roofline(compute_s(M, A (ctx + r t (k u + u^2 / 2))),
-                            memory_s(ctx + r t (s k + u (s + 1) / 2))) + overhead(B + P, M, r t))
+    t    = slow x (max(roofline(compute_s(M, A (ctx + r t (k u + u^2 / 2))),
+                                memory_s(ctx + r t (s k + u (s + 1) / 2))), eager)
+                   + overhead(B + P, M, r t))
 
-  (:func:`fleetloop.perf.step.compute_s`, :func:`~fleetloop.perf.step.memory_s`, ``A`` the
+  (``eager`` :func:`fleetloop.perf.step.eager_floor_s` for an iteration the engine runs without a
+  CUDA graph, else 0; :func:`fleetloop.perf.step.compute_s`, :func:`~fleetloop.perf.step.memory_s`, ``A`` the
   attention FLOPs per query token and context position, ``overhead`` the engine's per-step,
   per-sequence and per-admitted-call CPU costs plus the tensor-parallel all-reduces,
   :meth:`fleetloop.perf.catalog.NodeSpec.overhead_s`). ``t`` is the least fixed point, found by
@@ -61,7 +63,7 @@ from dataclasses import dataclass
 
 from fleetloop.perf.catalog import GPUS, MODELS, NodeSpec, default_gpus_per_node
 from fleetloop.perf.engines import FAMILIES, RuntimeProfile, profile
-from fleetloop.perf.step import StepCosts, compute_s, kv_capacity_tokens, memory_s, roofline
+from fleetloop.perf.step import StepCosts, compute_s, eager_floor_s, kv_capacity_tokens, memory_s, roofline
 
 Z99 = 2.326  # the standard normal's 99th percentile
 MAX_ITERATIONS = 400  # of the fixed point; a node that has not settled by then is overloaded
@@ -81,6 +83,7 @@ class NodeShape:
     costs: StepCosts
     kv_tokens: int  # KV tokens the engine's cache holds
     max_seqs: int  # the engine's cap on running calls
+    graph_top: int = 0  # the largest decode batch captured as a CUDA graph (0: none)
 
 
 def node_shape(
@@ -110,7 +113,16 @@ def node_shape(
     kv = kv_capacity_tokens(spec, runtime)
     if kv < 1:
         return None
-    return NodeShape(spec, runtime, budget, StepCosts.of(spec), kv, runtime.max_num_seqs(g.name, per_gpu))
+    graphs = runtime.graph_sizes(g.name, per_gpu)
+    return NodeShape(
+        spec,
+        runtime,
+        budget,
+        StepCosts.of(spec),
+        kv,
+        runtime.max_num_seqs(g.name, per_gpu),
+        graphs[-1] if graphs else 0,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,13 +216,17 @@ def _iteration_s(
     per_attn = k * u + u * u / 2.0  # one call's prefill attention (context positions x tokens)
     per_kv = k + u  # one call's prefill KV reads, as one chunk
     step_s, seq_s, admit_s = rt.step_s, rt.seq_s, rt.admit_s
+    floor = eager_floor_s(spec)
 
     def iteration(dec: float, tokens: float, calls: float) -> float:
         m = dec + tokens
         c = ctx if dec else 0.0
-        return roofline(
+        gpu = roofline(
             compute_s(costs, m, costs.attn * (c + calls * per_attn)), memory_s(costs, c + calls * per_kv)
-        ) + spec.overhead_s(dec + calls, m, calls, step_s=step_s, seq_s=seq_s, admit_s=admit_s)
+        )
+        if rt.runs_eager(m, prefill=tokens > 0.0, graph_top=shape.graph_top):
+            gpu = max(gpu, floor)
+        return gpu + spec.overhead_s(dec + calls, m, calls, step_s=step_s, seq_s=seq_s, admit_s=admit_s)
 
     decode = iteration(b, 0.0, 0.0)
     if u <= 0.0 or a <= 0.0:
@@ -337,11 +353,14 @@ def _state(shape: NodeShape, mix: Mix, rate: float, t: float, slow: float) -> St
     ctx = b * (mix.prompt + o / 2.0) if rt.mixed else 0.0
     k = mix.prompt - u
     m = (b if rt.mixed else 0.0) + chunk
+    gpu = roofline(
+        compute_s(costs, m, costs.attn * (ctx + chunk * k + chunk * chunk / 2.0)),
+        memory_s(costs, ctx + k + chunk),
+    )
+    if rt.runs_eager(m, prefill=chunk > 0.0, graph_top=shape.graph_top):
+        gpu = max(gpu, eager_floor_s(spec))
     own = slow * (
-        roofline(
-            compute_s(costs, m, costs.attn * (ctx + chunk * k + chunk * chunk / 2.0)),
-            memory_s(costs, ctx + k + chunk),
-        )
+        gpu
         + spec.overhead_s(
             (b if rt.mixed else 0.0) + 1.0, m, 1.0, step_s=rt.step_s, seq_s=rt.seq_s, admit_s=rt.admit_s
         )

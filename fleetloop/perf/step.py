@@ -11,10 +11,12 @@ achieved FLOP/s, BW and BWkv the weight and paged-KV bandwidths)::
 
     compute_s = (2 P M / g(M) + A) / F          g(M) = M / (M + 64), the GEMM share of a small batch
     memory_s  = W / BW + kvb K / BWkv
-    t         = degrade x (roofline(compute_s, memory_s) + overhead)
+    t         = degrade x (max(roofline(compute_s, memory_s), eager) + overhead)
 
 ``overhead`` is :meth:`fleetloop.perf.catalog.NodeSpec.overhead_s` with the engine's CPU costs
-(:mod:`fleetloop.perf.engines`). Attention FLOPs per (query token x context position) are
+(:mod:`fleetloop.perf.engines`); ``eager`` is :func:`eager_floor_s` for an iteration the engine
+runs without a CUDA graph (:meth:`fleetloop.perf.engines.RuntimeProfile.runs_eager`), else 0.
+Attention FLOPs per (query token x context position) are
 ``spec.attn_flops_per_ctx`` (4 L d): a decode token over a context of ``C`` costs ``4 L d C``, a
 prefill chunk of ``c`` tokens starting at position ``pos`` costs ``4 L d (c pos + c^2 / 2)``.
 """
@@ -75,6 +77,14 @@ def compute_s(c: StepCosts, tokens: float, attn_flops: float) -> float:
 def memory_s(c: StepCosts, kv_tokens: float) -> float:
     """The memory time of an iteration that streams the weights and ``kv_tokens`` tokens of KV."""
     return c.weight_bytes / c.bw + c.kvb * kv_tokens / c.bw_kv
+
+
+def eager_floor_s(spec: NodeSpec) -> float:
+    """The least time an iteration that runs eagerly takes: its layers' kernel launches
+    (:data:`fleetloop.perf.catalog.EAGER_LAYER_S` each; which iterations run eagerly:
+    :meth:`fleetloop.perf.engines.RuntimeProfile.runs_eager`). The GPU's time is the larger of this
+    and its roofline time: launches run ahead of the kernels, and the kernels wait for them."""
+    return spec.model.layers * catalog.EAGER_LAYER_S
 
 
 def padded_batch(graphs: tuple[int, ...], batch: int) -> int:

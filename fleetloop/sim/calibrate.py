@@ -9,9 +9,9 @@ The rows, their citations and their split live in ``fleetloop/sim/data/calibrati
 header says how each column reads). The split was declared once, before any constant was fitted:
 a ``fit`` half and a ``held`` half, alternating within each source. The constants no source states
 as a number (the engines' per-request and per-step CPU costs, the GEMM and weight-streaming
-efficiencies) are fitted by ``--fit`` on the ``fit`` rows only (:func:`fitting_rows` is the one
-place the fitter takes rows from); the ``held`` rows never enter the fit, and their error is the
-headline figure.
+efficiencies, the per-layer floors of a step and of an eager one) are fitted by ``--fit`` on the
+``fit`` rows only (:func:`fitting_rows` is the one place the fitter takes rows from); the ``held``
+rows never enter the fit, and their error is the headline figure.
 
 Output: the default writes ``bench/results/calibration.md`` (every row with its split, and the
 figures of each half) and prints it; ``--held-out`` prints the held-out median |error| and the
@@ -192,7 +192,7 @@ def held_out_rows(rows: Sequence[Row]) -> list[Row]:
 # -- the constants ---------------------------------------------------------------------------------
 
 
-_PHYSICS = ("engine_eff", "decode_bw_util", "kv_bw_util", "layer_s", "roof_p")
+_PHYSICS = ("engine_eff", "decode_bw_util", "kv_bw_util", "layer_s", "roof_p", "eager_layer_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +204,7 @@ class Constants:
     kv_bw_util: float
     layer_s: float
     roof_p: float
+    eager_layer_s: float
     fit: tuple[tuple[str, float], ...]  # runtime.FIT's keys and values
 
     @staticmethod
@@ -214,6 +215,7 @@ class Constants:
             catalog.KV_BW_UTIL,
             catalog.LAYER_S,
             catalog.ROOF_P,
+            catalog.EAGER_LAYER_S,
             tuple(sorted(runtime.FIT.items())),
         )
 
@@ -233,6 +235,8 @@ class Constants:
             return dataclasses.replace(self, layer_s=value)
         if key == "roof_p":
             return dataclasses.replace(self, roof_p=value)
+        if key == "eager_layer_s":
+            return dataclasses.replace(self, eager_layer_s=value)
         fit = dict(self.fit)
         fit[key] = value
         return dataclasses.replace(self, fit=tuple(sorted(fit.items())))
@@ -254,9 +258,9 @@ class Constants:
 @contextlib.contextmanager
 def _physics(c: Constants) -> Iterator[None]:
     """Run with the catalog's efficiencies set to ``c``'s (the fit's candidates), then restore."""
-    names = ("ENGINE_EFF", "DECODE_BW_UTIL", "KV_BW_UTIL", "LAYER_S", "ROOF_P")
+    names = ("ENGINE_EFF", "DECODE_BW_UTIL", "KV_BW_UTIL", "LAYER_S", "ROOF_P", "EAGER_LAYER_S")
     saved = [getattr(catalog, n) for n in names]
-    values = (c.engine_eff, c.decode_bw_util, c.kv_bw_util, c.layer_s, c.roof_p)
+    values = (c.engine_eff, c.decode_bw_util, c.kv_bw_util, c.layer_s, c.roof_p, c.eager_layer_s)
     for n, v in zip(names, values, strict=True):
         setattr(catalog, n, v)
     try:
@@ -599,6 +603,7 @@ def _fit_lines(c: Constants, score: float) -> str:
     out.append(f"KV_BW_UTIL = {c.kv_bw_util:.4g}")
     out.append(f"LAYER_S = {c.layer_s:.4g}")
     out.append(f"ROOF_P = {c.roof_p:.4g}")
+    out.append(f"EAGER_LAYER_S = {c.eager_layer_s:.4g}")
     out.extend(f'    "{k}": {v:.4g},' for k, v in c.fit)
     return "\n".join(out) + "\n"
 

@@ -14,7 +14,10 @@ of M tokens, :meth:`fleetloop.perf.catalog.NodeSpec.overhead_s`):
       t     = degrade x (R(flops / F, W / BW + kvb (ctx_decode + sum(pos + chunk)) / BWkv) + o)
 
   with ``R`` the smooth roofline :func:`roofline` (the larger of the two far from the ridge, more
-  near it);
+  near it), raised to :func:`fleetloop.perf.step.eager_floor_s` (``L x EAGER_LAYER_S``) when the
+  engine runs the iteration without a CUDA graph (a prefill on an engine that captures decode
+  batches only, any batch past its largest graph:
+  :meth:`fleetloop.perf.engines.RuntimeProfile.runs_eager`);
 
   ``2 P`` FLOPs per token is the dense forward pass; attention costs ``2 x 2 L d`` per query token
   and context position (QK^T and AV, each a multiply-add over d), with causal masking averaging the
@@ -22,7 +25,8 @@ of M tokens, :meth:`fleetloop.perf.catalog.NodeSpec.overhead_s`):
 - a **decode run** (no prefill pending): every step reads all weights and the batch's KV once, so
   step ``k`` of a run that starts with context ``C`` over ``B`` requests takes
   ``degrade x (R(W / BW + kvb (C + B k) / BWkv, (2 P B' / g(B') + 4 L d (C + B k)) / F) + o)``
-  (``B'`` the batch padded to its CUDA graph). Between events nothing changes but the context, so
+  (``B'`` the batch padded to its CUDA graph; a batch past the largest graph runs eagerly, its
+  step at least the eager floor). Between events nothing changes but the context, so
   a run of ``n`` steps is summed in closed form, ``T(n) = degrade x (n (a + o) + b n (n - 1) / 2)``
   with ``a`` the first step and ``b`` the chord of the step time from the first step to the
   planned last one, and the node jumps to the next completion (or KV limit) in one event. An
@@ -61,7 +65,15 @@ from typing import Protocol
 
 from fleetloop.perf.catalog import NodeSpec
 from fleetloop.perf.engines import DEFAULT_PROFILE, RuntimeProfile
-from fleetloop.perf.step import StepCosts, compute_s, kv_capacity_tokens, memory_s, padded_batch, roofline
+from fleetloop.perf.step import (
+    StepCosts,
+    compute_s,
+    eager_floor_s,
+    kv_capacity_tokens,
+    memory_s,
+    padded_batch,
+    roofline,
+)
 
 HOT_PREFIXES = 16
 
@@ -171,6 +183,8 @@ class Node:
         # GUARANTEED_NO_EVICT scheduler: no preemption) instead of optimistically (vLLM: preempt).
         self.no_evict = runtime.no_evict
         self._graphs = runtime.graph_sizes(gpu, per_gpu)
+        self._graph_top = self._graphs[-1] if self._graphs else 0
+        self._eager_s = eager_floor_s(spec)  # the least time of an iteration without a CUDA graph
         self._step_s = runtime.step_s
         self._seq_s = runtime.seq_s
         self._admit_s = runtime.admit_s
@@ -579,7 +593,10 @@ class Node:
             seq_s=self._seq_s,
             admit_s=self._admit_s,
         )
-        t = self.degrade * (roofline(comp, mem) + o)
+        gpu = roofline(comp, mem)
+        if self.runtime.runs_eager(total, prefill=bool(chunks), graph_top=self._graph_top):
+            gpu = max(gpu, self._eager_s)
+        t = self.degrade * (gpu + o)
         self.run = _Run("mixed", now, now + t, batch=n_dec, chunks=chunks, tokens=total)
         self.version += 1
         self._schedule(now + t, self, self.version)
@@ -599,17 +616,19 @@ class Node:
         mem = memory_s(self._costs, self.ctx_decode)
         padded = padded_batch(self._graphs, n_dec)
         comp = compute_s(self._costs, padded, self._attn * self.ctx_decode)
-        first = roofline(mem, comp)
+        # A batch past the largest CUDA graph runs eagerly: no step shorter than its launches.
+        floor = self._eager_s if n_dec > self._graph_top else 0.0
+        first = max(roofline(mem, comp), floor)
         # Every step adds a token to each context: the KV read and the attention FLOPs grow by a
         # fixed amount a step. The run is summed with the chord of the step time from its first to
         # its last step (exact at both ends; the roofline is all but straight in between).
         grow_mem = self._kvb * n_dec / self._bw_kv
         grow_comp = self._attn * n_dec / self._f
         if steps > 1:
-            last = roofline(mem + grow_mem * (steps - 1), comp + grow_comp * (steps - 1))
+            last = max(roofline(mem + grow_mem * (steps - 1), comp + grow_comp * (steps - 1)), floor)
             slope = (last - first) / (steps - 1)
         else:
-            slope = roofline(mem + grow_mem, comp + grow_comp) - first
+            slope = max(roofline(mem + grow_mem, comp + grow_comp), floor) - first
         run = _Run(
             "decode",
             now,

@@ -107,10 +107,12 @@ def test_multi_step_blocks_make_a_new_request_wait_for_the_block() -> None:
     def ttft(family: str) -> float:
         loop = _node("vllm", family)
         loop.node.submit(Req(1, 100, 400, None, 0), 0.0)
-        loop.run_until(0.1013)  # mid-way through a decode block
-        loop.node.submit(Req(2, 100, 10, None, 0), 0.1013)
+        loop.run_until(0.02)  # the first request's prefill (its own step) is done
+        at = loop.rec.first[1] + 0.0175  # two to three 7 ms steps into its first decode block
+        loop.run_until(at)
+        loop.node.submit(Req(2, 100, 10, None, 0), at)
         loop.run_until()
-        return loop.rec.first[2] - 0.1013
+        return loop.rec.first[2] - at
 
     assert ttft("0.6") > ttft("v1") + 0.015  # several steps of a 10-step block, not one step
 
