@@ -82,10 +82,15 @@ def test_a_simulated_incident_derives_back_to_its_scenario(incident: Recording, 
     assert gold["client"] == {"timeout_s": 10.0, "max_retries": 2, "stream": False}
     assert free["client"]["timeout_s"] == 8.0
     assert "stream" not in free["client"]  # streaming clients never time out once tokens flow
-    # No call was cut by its deadline here: the longest task is a lower bound, and says so.
+    # No free call was cut by its deadline here: its longest task is a lower bound, and says so.
     assert 30 <= free["deadline_s"] <= 31
-    assert gold["deadline_s"] <= 60
-    assert any("tenant gold: no call was cut by its deadline" in n for n in d.notes)
+    assert any("tenant free: no call was cut by its deadline" in n for n in d.notes)
+    # Gold's deadline is read from the calls it cut, which gives the scenario's own; in a recording
+    # where none was cut (whether one is depends on the node physics), the longest task, a lower bound.
+    if any("tenant gold: no call was cut by its deadline" in n for n in d.notes):
+        assert gold["deadline_s"] <= 60
+    else:
+        assert gold["deadline_s"] == 60
     faults = {(f["kind"], f.get("node")): f for f in doc["faults"]}
     assert set(faults) == {("degrade", "chat/2"), ("crash", "big/1"), ("preempt", "chat/0")}
     degrade = faults[("degrade", "chat/2")]
