@@ -76,8 +76,11 @@ Achieved efficiency (what a serving engine gets out of the peak numbers):
   (a short prefill of a deep model on several GPUs), and the launches hide behind it otherwise
   (every long prefill). Which iterations run eagerly is the engine's
   (:meth:`fleetloop.perf.engines.RuntimeProfile.runs_eager`, with sources). Fitted like
-  ``ENGINE_EFF``: only a short prefill of a deep model reaches the floor (the calibration's 70B
-  rows on four H100s; an 8B prefill of 224 tokens runs longer on its GPU than the floor).
+  ``ENGINE_EFF``: only a short prefill of a deep model reaches the floor, so the fitting rows that
+  move it are the 70B ones on four H100s (``sgl060-*-70b-h100x4-*`` in the calibration data: their
+  first tokens and, through the prefill steps decoders wait out, their TPOT); an 8B prefill of 224
+  tokens runs longer on its GPU than the floor. Its start, 0.4 ms, was the best of a scan of the
+  fitting half's objective from 0 to 0.6 ms; the fit kept it.
 - Fixed costs of a step (scheduler, input preparation, launch, sampling) and of a request depend
   on the serving engine: :mod:`fleetloop.perf.engines` holds them per engine and release, with the
   step's token budget, the running-sequence cap, CUDA-graph batch sizes and KV memory share.

@@ -135,10 +135,13 @@ class RuntimeProfile:
         """Whether an iteration of ``tokens`` tokens runs eagerly (no captured CUDA graph), its
         kernels launched one by one (``graph_top``: the largest captured decode batch). A decode
         batch past the largest graph does on every engine. A step that carries prefill tokens does on
-        the engines that capture decode batches only (vLLM V0: ``CUDAGraphRunner`` is used for decode
-        batches only, vllm 0.6 worker/model_runner.py; SGLang 0.3: its ``CudaGraphRunner`` replays
-        decode batches, extend batches run eagerly; TensorRT-LLM's PyTorch backend: ``cuda_graph_config``
-        captures generation-only batches), and on vLLM V1 only past its largest capture size: V1's
+        the engines that capture decode batches only (vLLM V0: a graph runs decode-only batches,
+        vllm 0.6 worker/model_runner.py; SGLang 0.3: ``ModelRunner.forward`` replays its
+        ``CudaGraphRunner`` for decode batches, python/sglang/srt/model_executor/model_runner.py;
+        TensorRT-LLM's PyTorch backend: ``cuda_graph_config`` captures generation-only iterations,
+        context and mixed ones need the piecewise graphs of ``torch_compile_config``, off by default,
+        nvidia.github.io/TensorRT-LLM features/torch_compile_and_piecewise_cuda_graph.html), and on
+        vLLM V1 only past its largest capture size: V1's
         piecewise CUDA graphs cover any batch of up to that many tokens, prefill and mixed ones
         included, attention excepted (vllm-project/vllm docs/design/cuda_graphs.md, "Motivation")."""
         if tokens > graph_top:
