@@ -105,16 +105,18 @@ def test_latency(nodes: int) -> None:
         assert (k["nodes"], k["pools"], k["daemons"]) == (1000, 24, 1)
     else:
         _check(
-            rf"on Apache Kafka at p50 {NUM} ms and p99 {NUM} ms, on Tansu at p50 {NUM} ms and p99 {NUM} ms, "
-            rf"so the target is not met at that size; after the boundary {NUM} / {NUM} ms \(p50 / p99\) on "
-            rf"Kafka and {NUM} / {NUM} ms on Tansu",
-            [k["p50_ms"], k["p99_ms"], t["p50_ms"], t["p99_ms"], k["after_boundary_p50_ms"],
-             k["after_boundary_p99_ms"], t["after_boundary_p50_ms"], t["after_boundary_p99_ms"]],
+            rf"on Apache Kafka at p50 {NUM} ms and p99 {NUM} ms with {NUM} flaps, on Tansu at p50 {NUM} ms "
+            rf"and p99 {NUM} ms with {NUM} flaps, so the target is met at that size; after the boundary "
+            rf"{NUM} / {NUM} ms \(p50 / p99\) on Kafka and {NUM} / {NUM} ms on Tansu",
+            [k["p50_ms"], k["p99_ms"], k["flaps"], t["p50_ms"], t["p99_ms"], t["flaps"],
+             k["after_boundary_p50_ms"], k["after_boundary_p99_ms"], t["after_boundary_p50_ms"],
+             t["after_boundary_p99_ms"]],
         )  # fmt: skip
-        assert not k["met"]
-        assert not t["met"]
+        assert k["met"]
+        assert t["met"]
         assert (k["nodes"], k["pools"], k["daemons"]) == (10000, 247, 4)
-        assert "outcomes_per_node" not in k  # "before the bench moved to the common case"
+        assert k["outcomes_per_node"] > 0  # "the same common case": targets served ok calls first
+        assert t["outcomes_per_node"] > 0
 
 
 def test_sizing() -> None:
