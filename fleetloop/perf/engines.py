@@ -25,8 +25,10 @@ Profiles (``engine`` / ``family``):
 - ``vllm`` / ``0.6``: vLLM 0.6 (V0 engine) as its 0.6 performance posts and the SGLang comparison
   ran it, with ``--num-scheduler-steps 10`` (sgl-project/sglang benchmark/benchmark_vllm_060/
   README.md, "Notes"; blog.vllm.ai/2024/09/05/perf-update.html, "Serving engines"): prefill runs in
-  steps of its own (chunked prefill is off below 32K context in V0), decode runs in blocks of 10
-  steps that a new request waits out, 256 sequences (V0's ``max_num_seqs``), graphs up to 256.
+  steps of its own (chunked prefill is off below 32K context in V0, so a prompt enters a prefill
+  step whole or waits: ``Scheduler._schedule_prefills``, vllm/core/scheduler.py), decode runs in
+  blocks of 10 steps that a new request waits out, 256 sequences (V0's ``max_num_seqs``), graphs up
+  to 256.
 - ``sglang`` / ``0.3``: SGLang 0.3 and later. Prefill batches run on their own (mixed chunks are
   off by default), up to ``chunked_prefill_size`` 8192 tokens; ``mem_fraction_static`` 0.88 of the
   GPU's memory at TP1 and 0.85 at TP4 and up holds weights and KV (benchmark_vllm_060/README.md,
@@ -36,8 +38,11 @@ Profiles (``engine`` / ``family``):
 - ``trtllm`` / ``1.0``: TensorRT-LLM 1.0, PyTorch backend. In-flight batching (context and
   generation in one step), ``max_batch_size`` 2048 and ``max_num_tokens`` 8192 (the LLM API
   defaults), the ``GUARANTEED_NO_EVICT`` scheduler (a request starts only when KV for its whole
-  output is free; nothing is preempted), KV from ``kv_cache_free_gpu_mem_fraction`` 0.9 of the
-  memory left after the weights; CUDA graphs padded to 1, 2, 4, ..., 8192 as the perf overview's
+  output is free; nothing is preempted), chunked prefill off (``enable_chunked_prefill`` False,
+  tensorrt_llm/llmapi/llm_args.py: a context request enters a step whole, its prompt counted
+  against ``max_num_tokens`` beside the generation tokens, or waits at the head of the queue for a
+  step with room), KV from ``kv_cache_free_gpu_mem_fraction`` 0.9 of the memory left after the
+  weights; CUDA graphs padded to 1, 2, 4, ..., 8192 as the perf overview's
   ``llm_options.yml`` sets them (NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md at
   00f37686aa854010d68bcbd0f4ab000221541ca6, "Running the Benchmark").
 
@@ -99,6 +104,7 @@ class RuntimeProfile:
     kv_share: tuple[float, float]  # (TP1, TP>1) share of memory for weights + KV, or of the free rest
     kv_of_free: bool  # True: the share is of the memory left after the weights (TensorRT-LLM)
     no_evict: bool  # a request is admitted only with KV for its whole output (no preemption)
+    chunked_prefill: bool  # a prompt may be split over steps (else it enters a step whole)
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -166,8 +172,8 @@ FIT: dict[str, float] = {
     "vllm 0.6 step_s": 0.0015,
     "sglang 0.3 api_s": 6.921e-05,
     "sglang 0.3 step_s": 0.001458,
-    "trtllm 1.0 api_s": 0.00165,
-    "trtllm 1.0 step_s": 1e-05,
+    "trtllm 1.0 api_s": 0.001602,
+    "trtllm 1.0 step_s": 2.567e-05,
     "admit_s": 0.0008498,
 }
 
@@ -179,6 +185,7 @@ _VLLM_SRC = {
     "graphs": "vllm/config/compilation.py CompilationConfig.max_cudagraph_capture_size",
     "kv": "vllm gpu_memory_utilization default 0.9 (vllm/config/cache.py CacheConfig)",
     "mixed": "vllm/engine/arg_utils.py _set_default_args_v1: 'V1 always uses chunked prefills'",
+    "chunked_prefill": "vllm/engine/arg_utils.py _set_default_args_v1: 'V1 always uses chunked prefills'",
     "seq_s": "blog.vllm.ai/2024/09/05/perf-update.html (CPU input preparation scales with the batch)",
     "api_s": _FITTED,
     "step_s": _FITTED,
@@ -206,6 +213,7 @@ _VLLM_V1 = RuntimeProfile(
     kv_share=(0.9, 0.9),
     kv_of_free=False,
     no_evict=False,
+    chunked_prefill=True,
     sources=dict(_VLLM_SRC),
 )
 
@@ -227,10 +235,13 @@ _VLLM_06 = RuntimeProfile(
     kv_share=(0.9, 0.9),
     kv_of_free=False,
     no_evict=False,
+    chunked_prefill=False,
     sources={
         **_VLLM_SRC,
         "decode_block": "--num-scheduler-steps 10 (sgl-project/sglang benchmark/benchmark_vllm_060)",
         "mixed": "V0 enables chunked prefill only past 32K context (vllm 0.6 engine/arg_utils.py)",
+        "chunked_prefill": "V0 without chunked prefill: Scheduler._schedule_prefills takes a prompt whole "
+        "within the token budget or leaves it waiting (vllm 0.6 core/scheduler.py)",
         "max_batch_tokens": "V0 without chunked prefill: max(max_model_len 4096, 2048), as benchmarked",
         "max_num_seqs": "V0 default max_num_seqs 256 (vllm 0.6 engine/arg_utils.py)",
         "graphs": "V0 _BATCH_SIZES_TO_CAPTURE [1, 2, 4] + 8..256 (vllm 0.6 worker/model_runner.py)",
@@ -255,9 +266,11 @@ _SGLANG_03 = RuntimeProfile(
     kv_share=(0.88, 0.85),
     kv_of_free=False,
     no_evict=False,
+    chunked_prefill=True,
     sources={
         "max_batch_tokens": "SGLang server_args chunked_prefill_size 8192",
         "mixed": "SGLang server_args enable_mixed_chunk off by default",
+        "chunked_prefill": "SGLang server_args chunked_prefill_size 8192: a longer prompt is split",
         "max_num_seqs": "SGLang max_running_requests: bounded by the KV pool (4096 here)",
         "graphs": "sgl-project/mini-sglang python/minisgl/engine/graph.py _determine_cuda_graph_bs",
         "kv": "mem_fraction_static 0.88 TP1, 0.85 TP4: sglang benchmark/benchmark_vllm_060/README.md",
@@ -286,6 +299,7 @@ _TRTLLM_10 = RuntimeProfile(
     kv_share=(0.9, 0.9),
     kv_of_free=True,
     no_evict=True,
+    chunked_prefill=False,
     sources={
         "max_batch_tokens": "TensorRT-LLM LLM API default max_num_tokens 8192 (llmapi/llm_args.py)",
         "max_num_seqs": "TensorRT-LLM LLM API default max_batch_size 2048 (llmapi/llm_args.py)",
@@ -293,6 +307,8 @@ _TRTLLM_10 = RuntimeProfile(
         "kv": "kv_cache_free_gpu_mem_fraction default 0.9 (perf-overview.md @00f37686)",
         "no_evict": "CapacitySchedulerPolicy GUARANTEED_NO_EVICT, the default",
         "mixed": "in-flight batching: context and generation requests in one step (docs, overview)",
+        "chunked_prefill": "LLM API enable_chunked_prefill default False (tensorrt_llm/llmapi/llm_args.py): "
+        "a context request enters a step whole, its prompt counted against max_num_tokens",
         "seq_s": "C++ batch manager: per-sequence Python work of vLLM/SGLang does not apply (0)",
         "api_s": _FITTED,
         "step_s": _FITTED,

@@ -51,8 +51,11 @@ sqrt(N))``.
 What the model leaves out (each errs as stated): CUDA-graph padding of decode-only iterations
 (the padded batch costs a little more: slightly optimistic at small batches), preemption (past
 the KV limit, which the limit keeps it from), the spread of prompt and output sizes (a mix is its
-means; the TTFT of a long prompt's own prefill is not a wait capacity can remove), and multi-step
-decode blocks (vLLM 0.6: a new call waits up to a block, not modelled in the TTFT).
+means; the TTFT of a long prompt's own prefill is not a wait capacity can remove), multi-step
+decode blocks (vLLM 0.6: a new call waits up to a block, not modelled in the TTFT), and whole-prompt
+admission on the engines that do not chunk prompts (TensorRT-LLM, vLLM 0.6: a prompt that does not
+fit the step's room waits for the next step, which the mean chunk arithmetic does not see: optimistic
+on TTFT when prompts are long against the budget).
 """
 
 from __future__ import annotations

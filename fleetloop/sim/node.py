@@ -41,7 +41,9 @@ wait), and V0's multi-step decode blocks (a request arriving mid-block waits for
 
 State: FCFS waiting queue; running requests up to the engine's cap; KV capacity from HBM minus
 weights; a waiting request joins the batch when the iteration's token budget has room for its
-first chunk and its prompt's KV fits (its cached prefix is shared), so ``queue_depth`` is work
+first chunk (for its whole uncached prompt on an engine that does not chunk prompts, TensorRT-LLM
+and vLLM 0.6: the head of the queue waits for a step with room; a prompt past the whole budget runs
+chunked, alone) and its prompt's KV fits (its cached prefix is shared), so ``queue_depth`` is work
 not yet started, as in vLLM. When the
 growing KV would overflow, the newest decoding request is preempted (recompute: back to the head of
 the queue with prompt + generated tokens to prefill again), as vLLM does. Prefix cache: an LRU over
@@ -189,6 +191,7 @@ class Node:
         self._seq_s = runtime.seq_s
         self._admit_s = runtime.admit_s
         self._mixed = runtime.mixed
+        self._chunked = runtime.chunked_prefill
         self._block = max(1, runtime.decode_block)
         self._sum_done_at = 0  # sum of done_at over decoding requests (outputs still to come)
         self.inbound = 0  # requests sent to this node that have not reached the engine yet (api_s)
@@ -445,6 +448,11 @@ class Node:
                     cached = min(entry, r.prefix_tokens, r.p_len - 1)
                     hit = cached > 0
             need = r.p_len - cached
+            if not self._chunked and need > budget and (need <= self.max_batch_tokens or self.prefilling):
+                # An engine that does not chunk prompts takes one whole into a step or leaves it at
+                # the head of the queue for a step with room (FCFS). A prompt past the whole budget
+                # (a deployment would have to enable chunking for it) runs chunked, with no other.
+                return
             if self.no_evict:  # reserve the whole output too, and what running requests will grow
                 need += r.out_left + self._reserved()
             elif not self._mixed and self.decoding:

@@ -60,7 +60,16 @@ def test_kv_memory_share_per_engine() -> None:
 
 def test_every_behaviour_names_its_source_and_fitted_costs_say_so() -> None:
     for p in PROFILES.values():
-        for key in ("max_batch_tokens", "max_num_seqs", "graphs", "kv", "mixed", "api_s", "step_s"):
+        for key in (
+            "max_batch_tokens",
+            "max_num_seqs",
+            "graphs",
+            "kv",
+            "mixed",
+            "chunked_prefill",
+            "api_s",
+            "step_s",
+        ):
             assert key in p.sources, (p.name, key)
         for key in ("api_s", "step_s", "admit_s"):
             assert "fitting half" in p.sources[key], (p.name, key)
@@ -101,6 +110,59 @@ def test_prefill_first_engines_hold_decoders_during_a_prefill_step() -> None:
         assert run.kind == "mixed"
         # SGLang and vLLM V0 run the prefill on its own; vLLM V1 adds the decoder's token to it
         assert run.batch == (1 if mixed else 0), engine
+
+
+def test_engines_without_chunked_prefill_take_a_prompt_whole_or_leave_it_waiting() -> None:
+    """TensorRT-LLM (LLM API enable_chunked_prefill off by default) and vLLM 0.6 (V0 chunks only
+    past 32K context) put a prompt into a step whole, within the token budget, or leave it at the
+    head of the queue; vLLM V1 and SGLang split it to fill the budget."""
+    assert not profile("trtllm").chunked_prefill
+    assert not profile("vllm", "0.6").chunked_prefill
+    assert profile("vllm", "v1").chunked_prefill
+    assert profile("sglang").chunked_prefill
+    for engine, family, chunked in (("trtllm", None, False), ("vllm", "0.6", False), ("vllm", "v1", True)):
+        loop = _node(engine, family)
+        node = loop.node
+        budget = node.max_batch_tokens
+        prompt = budget * 5 // 8  # two do not fit one step
+        node.submit(Req(9, 10, 50, None, 0), 0.0)
+        loop.run_until(0.05)  # request 9 is decoding: the next two arrive while a run is on
+        node.submit(Req(1, prompt, 10, None, 0), 0.05)
+        node.submit(Req(2, prompt, 10, None, 0), 0.05)
+        cut = node.run
+        assert cut is not None
+        loop.run_until(cut.end)
+        run = node.run  # the step that takes the waiting prompts
+        assert run is not None
+        sizes = [c for _, c in run.chunks]
+        if chunked:  # the second prompt's first chunk fills the rest of the budget (beside the decoder)
+            assert sizes == [prompt, budget - run.batch - prompt], engine
+        else:  # the second waits for the next step, then enters it whole
+            assert sizes == [prompt], engine
+            assert [r.rid for r in node.waiting] == [2]
+            loop.run_until(run.end)
+            assert node.run is not None
+            assert [(r.rid, c) for r, c in node.run.chunks] == [(2, prompt)], engine
+        loop.run_until()
+        assert set(loop.rec.finish) == {1, 2, 9}
+
+
+def test_a_prompt_past_the_whole_budget_still_runs_on_an_engine_that_does_not_chunk() -> None:
+    """A prompt longer than the step budget could never enter a step whole: it runs chunked, with no
+    other prompt beside it (a deployment serving such prompts enables chunking; trtllm-bench raises
+    max_num_tokens instead), so it is neither lost nor left waiting for ever."""
+    loop = _node("trtllm")
+    node = loop.node
+    long = node.max_batch_tokens * 2 + 100
+    node.submit(Req(1, long, 10, None, 0), 0.0)
+    node.submit(Req(2, 100, 10, None, 0), 0.0)
+    run = node.run
+    assert run is not None
+    assert [(r.rid, c) for r, c in run.chunks] == [(1, node.max_batch_tokens)]
+    loop.run_until()
+    assert set(loop.rec.finish) == {1, 2}
+    assert not loop.rec.lost
+    assert loop.rec.first[2] >= loop.rec.first[1]  # FCFS: the short prompt waited behind it
 
 
 def test_multi_step_blocks_make_a_new_request_wait_for_the_block() -> None:
