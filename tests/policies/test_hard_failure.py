@@ -282,12 +282,13 @@ def test_an_ejected_node_that_falls_silent_is_held_to_its_end(name: str, comes_b
 
 
 def test_an_ejection_the_engine_capped_is_not_held_by_its_breaker() -> None:
-    """Only an ejection let out enforced is held to its end, and the engine is what holds it. Four
-    nodes, a share cap of one: n0 fails hard and is ejected; n1 fails hard (errors of its own) while
-    n0 is out, so its ejection is capped (``:max-ejected-cap``) and routers keep sending to it. By
-    the time n0's ejection ends, n1's streak is timeouts behind a batch that completes calls at its
-    peers' speed, which latency-outlier's queueing rule does not eject. The breaker used to hold
-    its own proposal (enforced, before the cap), so n1 was ejected then, shielded or not."""
+    """Only an ejection let out enforced is held to its end, and the engine is what holds it (views
+    given tick by tick, not the closed loop). Four nodes, a share cap of one: n0 fails hard and is
+    ejected; n1 fails hard (errors of its own) while n0 is out, so its ejection is capped
+    (``:max-ejected-cap``) and routers keep sending to it. By the time n0's ejection ends, n1's
+    streak is timeouts behind a batch that completes calls at its peers' speed, which
+    latency-outlier's queueing rule does not eject. The breaker used to hold its own proposal
+    (enforced, before the cap), so n1 was ejected then, shielded or not."""
     policy = _with_envelope(builtin_policy("default"), max_ejected_frac=0.25)
     engine = Engine(policy)
     steps = {"tbt_p50_ms": 20.0, "tbt_p99_ms": 40.0, "ttft_p99_ms": 300.0, "ttft_mean_ms_w": 150.0}
@@ -308,12 +309,15 @@ def test_an_ejection_the_engine_capped_is_not_held_by_its_breaker() -> None:
             node("n3", last_seen_ms=now, **steps, **ok),
         ]
         result = engine.tick(snapshot(views, now_ms=now), Tick(ts_ms=now, tick_id=t, pool_id="p"))
-        newest.update((d.body.node_id, d.body) for d in result.decisions if isinstance(d.body, BreakerDecision))
+        for d in result.decisions:
+            if isinstance(d.body, BreakerDecision):
+                newest[d.body.node_id] = d.body
         return dict(newest)
 
     out = {t: tick(t) for t in range(1, 60)}
     n0_out = [t for t, o in out.items() if (o["n0"].state, o["n0"].enforced) == ("open", True)]
-    assert n0_out and n0_out[0] < n1_from
+    assert n0_out
+    assert n0_out[0] < n1_from
     n0_end = next(t for t in range(n0_out[0], 60) if out[t]["n0"].state != "open")
     assert n0_end > n1_from + 3
     capped = out[n1_from]["n1"]
