@@ -28,7 +28,6 @@ from fleetloop.policies.breaker.latency_outlier.rule import (
     _with,
     failing_with_pool,
     failure_share,
-    held_open,
     node_decision,
     serving,
 )
@@ -277,7 +276,6 @@ def decide(
                 n, ns, verdicts[n.node_id], reasons[n.node_id], params,
                 now=now, share=share, over_cap=n.node_id in over_cap, panic=panic, pool_id=ctx.pool_id,
                 shared=failing_with_pool(n, pool_failing),
-                held=held_open(state.emitted.get(n.node_id), now),
             )
         )  # fmt: skip
     diagnostics = {

@@ -279,3 +279,51 @@ def test_an_ejected_node_that_falls_silent_is_held_to_its_end(name: str, comes_b
     assert {t for t, _ in held} == set(range(first, end))  # published every tick of it
     if name != "default":  # Envoy forgot it; default's breaker keeps it and returns it itself
         assert [b.reason for t, b in records if t == end] == ["hold-ended"]
+
+
+def test_an_ejection_the_engine_capped_is_not_held_by_its_breaker() -> None:
+    """Only an ejection let out enforced is held to its end, and the engine is what holds it (views
+    given tick by tick, not the closed loop). Four nodes, a share cap of one: n0 fails hard and is
+    ejected; n1 fails hard (errors of its own) while n0 is out, so its ejection is capped
+    (``:max-ejected-cap``) and routers keep sending to it. By the time n0's ejection ends, n1's
+    streak is timeouts behind a batch that completes calls at its peers' speed, which
+    latency-outlier's queueing rule does not eject. The breaker used to hold its own proposal
+    (enforced, before the cap), so n1 was ejected then, shielded or not."""
+    policy = _with_envelope(builtin_policy("default"), max_ejected_frac=0.25)
+    engine = Engine(policy)
+    steps = {"tbt_p50_ms": 20.0, "tbt_p99_ms": 40.0, "ttft_p99_ms": 300.0, "ttft_mean_ms_w": 150.0}
+    ok = {"requests_w": 10, "ok_w": 10}
+    hard = {"requests_w": 10, "ok_w": 0, "failures_w": 10, "node_errors_w": 10, "consecutive_failures": 9}
+    queued = {"requests_w": 10, "ok_w": 6, "failures_w": 4, "node_timeouts_w": 4, "consecutive_failures": 9}
+    n1_from = 20  # n1 fails from here, within n0's 30 s ejection
+
+    newest: dict[str, BreakerDecision] = {}  # as a router holds them (closed records are change-only)
+
+    def tick(t: int) -> dict[str, BreakerDecision]:
+        now = NOW_MS + t * TICK_MS
+        n1 = ok if t < n1_from else hard if t < n1_from + 3 else queued
+        views = [
+            node("n0", last_seen_ms=now, **steps, **(hard if t >= 5 else ok)),
+            node("n1", last_seen_ms=now, **steps, **n1),
+            node("n2", last_seen_ms=now, **steps, **ok),
+            node("n3", last_seen_ms=now, **steps, **ok),
+        ]
+        result = engine.tick(snapshot(views, now_ms=now), Tick(ts_ms=now, tick_id=t, pool_id="p"))
+        for d in result.decisions:
+            if isinstance(d.body, BreakerDecision):
+                newest[d.body.node_id] = d.body
+        return dict(newest)
+
+    out = {t: tick(t) for t in range(1, 60)}
+    n0_out = [t for t, o in out.items() if (o["n0"].state, o["n0"].enforced) == ("open", True)]
+    assert n0_out
+    assert n0_out[0] < n1_from
+    n0_end = next(t for t in range(n0_out[0], 60) if out[t]["n0"].state != "open")
+    assert n0_end > n1_from + 3
+    capped = out[n1_from]["n1"]
+    assert (capped.state, capped.enforced) == ("open", False), capped
+    assert capped.reason.endswith(":max-ejected-cap"), capped.reason
+    for t in range(n1_from, n0_end + 5):
+        b = out[t]["n1"]
+        assert not b.enforced or b.state != "open", f"n1 ejected at {t} s: {b.reason}"
+    assert out[n0_end]["n1"].reason.endswith(":queueing"), out[n0_end]["n1"]

@@ -58,7 +58,7 @@ def hold(
         ejected.pop(pool_id, None)
 
 
-HELD = "held-to-its-end"  # the reason of an ejection the engine holds after its breaker let go
+HELD = "held-to-its-end"  # the reason of an ejection the engine holds where its breaker would not
 HOLD_ENDED = "hold-ended"  # the reason of the closed record that ends such a hold
 
 
@@ -68,14 +68,20 @@ def keep_held(
     pool_id: str,
     held: Mapping[str, int | None] | None,
 ) -> list[BreakerDecision]:
-    """Rule (3) of :func:`cap_ejections` where the breaker itself lets go early: an ejection the
-    engine let out enforced at the pool's last tick, with an end still ahead (``now < until_ms``), is
-    published open and enforced to that end whatever the breaker now proposes for the node (closed,
-    half-open, detected only, or nothing: an absent node is closed), reason ``held-to-its-end``. A
-    breaker can let go of a node it no longer judges: Envoy's forgets a host that leaves the
+    """Rule (3) of :func:`cap_ejections` where the breaker does not propose the ejection enforced:
+    an ejection the engine let out enforced at the pool's last tick, with an end still ahead
+    (``now < until_ms``), is published open and enforced to that end whatever the breaker now
+    proposes for the node (closed, half-open, detected only, or nothing: an absent node is closed),
+    reason ``held-to-its-end``. This is the one place the rule is kept, for every breaker; a breaker
+    judges each tick afresh and does not hold what it published. A breaker proposes an ejection it
+    still has open detected only when a rule of its own would now withhold it (latency-outlier's
+    pool-wide, queueing and panic rules, read from a window that empties once routers stop sending
+    to the node), and lets go of a node it no longer judges: Envoy's forgets a host that leaves the
     endpoints (stale, cold, draining), and one that comes back is a new host. Without this the
-    ejection was released for as long as the node was away (to a pool's even spread when every node
-    fell to weight 0) and at once when it came back, failing or not.
+    ejection was released for a tick and taken back (a flap), or for as long as the node was away
+    (to a pool's even spread when every node fell to weight 0) and at once when it came back,
+    failing or not. Only what the engine let out enforced is held: an ejection it capped was never
+    enforced, and its breaker's next proposal is judged afresh.
 
     At the first tick at or past the end, a node the breaker says nothing of (so closed, since every
     record that is not closed is published every tick) gets a closed record, reason ``hold-ended``:
@@ -173,9 +179,10 @@ def cap_ejections(
     telemetry shows it), and its window empties once routers stop sending to it, so a fresh
     judgement would release it for one tick and take it back the next (a flap). It comes back
     through its breaker: half-open at the end of its backoff, a probe share, then closed or open
-    again. A breaker that lets go of it before its end (stops judging the node) does not release
-    it either: :func:`keep_held` publishes it held. Only (1) can release a held ejection early, when
-    the pool shrank under it (the envelope's bound comes first).
+    again. A breaker that lets go of it before its end (stops judging the node, or a rule of its own
+    would now withhold it) does not release it either: :func:`keep_held` publishes it held. Only (1)
+    can release a held ejection early, when the pool shrank under it (the envelope's bound comes
+    first).
 
     Inputs: the breaker decisions of the pool's tick (open and enforced ones are the candidates),
     per node ``consecutive_failures``, ``ok_w``, ``requests_w``, ``queue_depth``,

@@ -21,6 +21,9 @@ so it holds exactly that). A closed node's explanatory ``inputs`` (severity, fai
 refreshed at least every ``KEYFRAME_TICKS`` ticks; its state fields are always current. Inside a tick,
 the engine and the later sections (``ctx.breakers``, the ejection cap, routing's shaping) read an
 absent node as closed; that is right because every node that is not closed is emitted every tick.
+A breaker's memory of what it emitted is for this choice only, never read to decide: an ejection
+published enforced is held to its end by the engine (``keep_held`` in
+``fleetloop.core.decide.shaping``), from what the engine let out.
 
 Why ``KEYFRAME_TICKS`` = 30 (30 s at the default 1 s tick). What a keyframe bounds is the age of the
 newest record held for a closed node, nothing about its state (a state change is always emitted):

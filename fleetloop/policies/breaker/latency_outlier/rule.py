@@ -214,21 +214,6 @@ def queueing(n: NodeView, v: Verdict) -> bool:
     return serving(n) and n.ok_w > 0 and n.node_timeouts_w > 0 and n.node_errors_w == 0 and v.tbt == "clear"
 
 
-def held_open(before: Emitted | None, now: int) -> bool:
-    """The node's last record (its state fields as this breaker emitted them) was an enforced
-    ejection whose end (``until_ms``) is still ahead: it stays enforced while its machine is open.
-
-    The pool-wide rule and the panic threshold are read afresh every tick, and the node's own
-    window is what they read: once routers stop sending to an ejected node its window empties
-    and its failure share reads 0 (no longer "failing with the pool"), or the pool's failures
-    rise and read as shared. Judged again, an enforced ejection would be released for a tick and
-    taken back (a flap); it is not. It ends when its machine leaves ``open`` (a probe)."""
-    if before is None:
-        return False
-    state, enforced, _, until, _, _ = before[0]
-    return state == "open" and enforced and (until is None or now < until)
-
-
 def backoff_ms(params: LatencyOutlierParams, ejections: int) -> int:
     return int(min(params.base_ejection_ms * 2 ** max(0, ejections - 1), params.max_ejection_ms))
 
@@ -273,7 +258,6 @@ def node_decision(
     panic: bool,
     pool_id: str,
     shared: bool = False,
-    held: bool = False,
 ) -> BreakerDecision:
     inputs = {
         "consecutive_failures": float(n.consecutive_failures),
@@ -290,10 +274,11 @@ def node_decision(
             untils.append(ns.err.since_ms + backoff_ms(params, ns.err.ejections))
         if lat_open:
             untils.append(ns.lat_since_ms + backoff_ms(params, ns.lat_ejections))
-        # An ejection published enforced stays so to its end (:func:`held_open`): the pool-wide,
-        # queueing and panic rules judge whether to enforce it, not whether to release it.
+        # Judged afresh every tick. An ejection published enforced that these rules would now
+        # withhold is proposed detected only; the engine holds it to its end (``keep_held`` in
+        # fleetloop.core.decide.shaping, for every breaker), so it is not released early.
         queued = err_open and not shared and queueing(n, v)
-        enforced = held or (err_open and not shared and not queued) or (lat_open and not panic)
+        enforced = (err_open and not shared and not queued) or (lat_open and not panic)
         why = "pool-wide" if err_open and shared else "queueing" if queued else "panic"
         return breaker_decision(
             pool_id, node_id, "open", reason if enforced else f"{reason}:{why}",
@@ -621,7 +606,7 @@ def _records(
         d = node_decision(
             n, ns, Verdict(STATUS[pr.tbt[q]], STATUS[pr.ttft[q]], pr.severity[q]), reason, params,
             now=now, share=share, over_cap=node_id in over_cap, panic=panic, pool_id=pr.pool_id,
-            shared=failing_with_pool(n, pr.failing), held=held_open(before.get(node_id), now),
+            shared=failing_with_pool(n, pr.failing),
         )  # fmt: skip
         fd = fields_of(d)
         b = before.get(node_id)
