@@ -38,6 +38,16 @@ def median_sorted(xs: Sequence[float]) -> float:
     return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
+def kept_slots(ts: Ints, now: int, memory_ms: int) -> npt.NDArray[np.bool_]:
+    """The slots :meth:`PoolMemory.advance` keeps at ``now``: ``(ts >= 0) & (now - ts < memory_ms) &
+    (ts < now)``. For ``ts >= 0`` and ``now >= 0``, ``now - ts`` does not overflow and is below
+    ``memory_ms`` exactly when ``ts > now - memory_ms``, which, when that is at least -1, already
+    implies ``ts >= 0``: then two comparisons instead of five operations (the same mask)."""
+    if now >= 0 and now - memory_ms >= -1:
+        return (ts > now - memory_ms) & (ts < now)
+    return (ts >= 0) & (now - ts < memory_ms) & (ts < now)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class PoolMemory:
     """One row per node (``node_ids``, in the pool's order), one slot per remembered tick."""
@@ -89,7 +99,7 @@ class PoolMemory:
                 moved_ts[has] = ts[src[has]]
                 moved_vals[has] = vals[src[has]]
             ts, vals = moved_ts, moved_vals
-        kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now)
+        kept = kept_slots(ts, now, memory_ms)
         ts = np.where(kept, ts, -1)
         vals = np.where(kept[:, :, None], vals, np.nan)
         if len(rows):

@@ -20,7 +20,7 @@ from fleetloop.core.decide.engine import Engine
 from fleetloop.policies.base import NodeView
 from fleetloop.policies.breaker.latency_outlier import SIGNALS, State, breaker_decision
 from fleetloop.policies.columns import fleet_columns
-from fleetloop.policies.memory import PoolMemory
+from fleetloop.policies.memory import PoolMemory, kept_slots
 from fleetloop.policies.routing import cache_aware
 from fleetloop.policies.routing.cache_aware import CacheAwareParams, routing_decision
 from fleetloop.schemas.control import Tick
@@ -67,6 +67,23 @@ def test_breaker_memory_slice_is_the_filter_it_replaced(
     if any(v is not None for v in vals):
         kept.append((now, *vals))
     assert _remembered(obs, n, now, memory_ms) == tuple(kept)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.integers(min_value=-(2**62), max_value=2**62) | st.integers(min_value=-3, max_value=40),
+        max_size=12,
+    ),
+    st.integers(min_value=-(2**40), max_value=2**40) | st.integers(min_value=-2, max_value=40),
+    st.integers(min_value=0, max_value=600_000) | st.integers(min_value=0, max_value=42),
+)
+def test_kept_slots_is_the_five_operation_mask(ts: list[int], now: int, memory_ms: int) -> None:
+    """The memories' forgetting mask, where its two-comparison form is taken and where it is not
+    (a negative ``now``, ``now - memory_ms`` below -1), equals the rule as ``advance`` states it."""
+    a = np.array(ts, dtype=np.int64).reshape(-1, 1)
+    expected = (a >= 0) & (now - a < memory_ms) & (a < now)
+    assert np.array_equal(kept_slots(a, now, memory_ms), expected)
 
 
 @settings(max_examples=300, deadline=None)

@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from fleetloop.core.decide.shaping import (
     cap_ejections,
@@ -93,18 +93,32 @@ def envelope_of(policy: CompiledPolicy) -> Envelope:
 # frozen model never changes its fields set in place (``model_copy`` copies it before adding the
 # updated names), and a set per decision is one more object for the cyclic collector to track
 # (docs/decisions/core.md: a whole-fleet tick's young-generation collections).
-_DIAG_KEYS: dict[tuple[str, str], str] = {}
+_DIAG_KEYS: dict[str, dict[str, str]] = {}  # section -> diagnostic name -> its key
 _FIELDS_SET = set(_DECISION_FIELDS)
 _object_setattr = object.__setattr__
 _new_decision = Decision.__new__
+# The model's slots set through their descriptors, as ``assemble`` sets them: ``object.__setattr__``
+# looks each name up along the class's MRO first, a third of a wrapper's cost at 5,000 a tick.
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def _diag_keys(section: str) -> dict[str, str]:
+    """The section's diagnostic keys by name (``{section}.{name}``), filled by :func:`_diag_key`."""
+    keys = _DIAG_KEYS.get(section)
+    if keys is None:
+        keys = _DIAG_KEYS[section] = {}
+    return keys
 
 
 def _diag_key(section: str, k: str) -> str:
-    key = _DIAG_KEYS.get((section, k))
+    keys = _diag_keys(section)
+    key = keys.get(k)
     if key is None:
-        if len(_DIAG_KEYS) >= 4096:  # keys come from algorithms: bounded, whatever they report
-            _DIAG_KEYS.clear()
-        key = _DIAG_KEYS[(section, k)] = f"{section}.{k}"
+        if len(keys) >= 4096:  # names come from algorithms: bounded, whatever they report
+            keys.clear()
+        key = keys[k] = f"{section}.{k}"
     return key
 
 
@@ -119,9 +133,9 @@ def _wrap(
         "__dict__",
         {"ts_ms": ts_ms, "tick_id": tick_id, "policy": stamp, "input_offsets": offsets, "body": body},
     )
-    _object_setattr(m, "__pydantic_fields_set__", _FIELDS_SET)
-    _object_setattr(m, "__pydantic_extra__", None)
-    _object_setattr(m, "__pydantic_private__", None)
+    _set_fields_set(m, _FIELDS_SET)
+    _set_extra(m, None)
+    _set_private(m, None)
     return m
 
 
@@ -268,6 +282,7 @@ def _shape_section(batch: _Batch, section: str, sec: Section, results: list[Poli
     loop: a decision left with no node to route to is dropped), admission and autoscale (a silent
     pool's target frozen, another's step-limited; an enforced target held)."""
     snap, env, mode = batch.snap, batch.env, sec.mode
+    diag_keys = _diag_keys(section)
     to_route: list[tuple[list[DecisionBody], int]] = []  # where each routing decision goes
     route_items: list[tuple[RoutingDecision, Mapping[str, BreakerDecision]]] = []
     for j, result in enumerate(results):
@@ -275,7 +290,7 @@ def _shape_section(batch: _Batch, section: str, sec: Section, results: list[Poli
         if result.diagnostics:
             diag = batch.diagnostics[j]
             for k, v in result.diagnostics.items():
-                diag[_diag_key(section, k)] = float(v)
+                diag[diag_keys.get(k) or _diag_key(section, k)] = float(v)
         pool_id = batch.pool_ids[j]
         shaped: list[DecisionBody]
         if section == "breaker":
@@ -355,6 +370,7 @@ def _results(batch: _Batch, ts_ms: int, offsets: dict[str, int]) -> list[TickRes
     stamps: dict[Mode, PolicyStamp] = {}
     live = {(s, policy.sections[s].algorithm.name) for s in ORDER}
     keys_of = [(s, policy.sections[s].algorithm.name) for s in ORDER]
+    tick_id = batch.tick_id
     out: list[TickResult] = []
     for j, pid in enumerate(batch.pool_ids):
         decisions: list[Decision] = []
@@ -368,7 +384,7 @@ def _results(batch: _Batch, ts_ms: int, offsets: dict[str, int]) -> list[TickRes
                     name=ps.name, version=ps.version, hash=ps.hash, mode=sec_mode
                 )
             for body in section_bodies:
-                append(_wrap(body, ts_ms, batch.tick_id, stamp, offsets))
+                append(_wrap(body, ts_ms, tick_id, stamp, offsets))
         new_states = dict(batch.states[j].algorithms)
         for (section, name), st in zip(keys_of, batch.produced_states[j], strict=True):
             new_states[(section, name, pid)] = st

@@ -62,7 +62,7 @@ from fleetloop.policies.breaker.latency_outlier.signals import (
     verdict_rows,
 )
 from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns
-from fleetloop.policies.memory import PoolMemory
+from fleetloop.policies.memory import PoolMemory, kept_slots
 from fleetloop.policies.pool_figures import row_ids
 from fleetloop.schemas.base import MAX_FIGURE
 
@@ -323,15 +323,17 @@ def _advance(
     ts, lanes, flags = _lay_out(mems, caches, rows.first, n_rows, n_sig)
     _LAST.clear()
     width0 = ts.shape[1]
-    kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now)
+    kept = kept_slots(ts, now, memory_ms)
     gone = ~kept
     # New arrays with the forgotten slots emptied (one pass each, and no copy first).
     ts = np.where(kept, ts, -1)
     lanes = np.where(kept[:, None, :], lanes, np.nan)
     col = np.arange(width0, dtype=np.int64)
-    own = col[None, :] < slots[pool_of][:, None]
-    # A pool grows (by its slot count, at least one) when a row it writes has no free slot of its own.
-    full_row = has & ~(gone & own).any(axis=1)
+    # A pool grows (by its slot count, at least one) when a row it writes has no free slot of its own
+    # (every slot is its own when every pool has the batch's width: the common case, no mask then).
+    uniform = bool((slots == width0).all())
+    own_gone = gone if uniform else gone & (col[None, :] < slots[pool_of][:, None])
+    full_row = has & ~own_gone.any(axis=1)
     writes = np.bincount(pool_of[has], minlength=n_pools) > 0
     grows = writes & ((slots == 0) | (np.bincount(pool_of[full_row], minlength=n_pools) > 0))
     new_slots = np.where(grows, slots + np.maximum(1, slots), slots)
@@ -342,7 +344,10 @@ def _advance(
         col = np.arange(width, dtype=np.int64)
     at = np.flatnonzero(has)
     if len(at):
-        free = (ts[at] < 0) & (col[None, :] < new_slots[pool_of[at]][:, None])
+        # The first free slot of its own (every slot is, when every pool now has ``width`` of them).
+        free = ts[at] < 0
+        if not (new_slots == width).all():
+            free &= col[None, :] < new_slots[pool_of[at]][:, None]
         slot = np.argmax(free, axis=1)
         ts[at, slot] = now
         lanes[at, :, slot] = rows.figures[at]

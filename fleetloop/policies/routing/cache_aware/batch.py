@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from fleetloop.policies.base import FleetSnapshot, PolicyContext, PolicyResult, r6_array
 from fleetloop.policies.columns import Floats, Ints, fleet_columns, segment_medians
-from fleetloop.policies.memory import PoolMemory
+from fleetloop.policies.memory import PoolMemory, kept_slots
 from fleetloop.policies.pool_figures import row_ids
 from fleetloop.policies.routing.cache_aware.params import CacheAwareParams
 from fleetloop.policies.routing.cache_aware.rule import (
@@ -365,14 +365,7 @@ def _advance(  # noqa: PLR0917
     ts = np.concatenate([m.ts for _, _, m in members])
     vals = np.concatenate([m.vals for _, _, m in members])
     v = vals[:, :, 0]  # a view: writing it writes ``vals``
-    # kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now). For ts >= 0 and now >= 0, ``now - ts``
-    # does not overflow and is < memory_ms exactly when ts > now - memory_ms, which, when that is
-    # at least -1, already implies ts >= 0: two comparisons instead of five operations.
-    if now >= 0 and now - memory_ms >= -1:
-        kept = (ts > now - memory_ms) & (ts < now)
-    else:
-        kept = (ts >= 0) & (now - ts < memory_ms) & (ts < now)
-    gone = ~kept
+    gone = ~kept_slots(ts, now, memory_ms)
     np.putmask(ts, gone, -1)
     np.putmask(v, gone, np.nan)
     write = writes[rows]
