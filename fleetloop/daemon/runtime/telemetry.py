@@ -302,6 +302,9 @@ STALL_SAMPLE_S = 0.01  # how often the StallSampler looks whether the loop is la
 STALL_SAMPLE_AFTER_S = 0.03  # ... and samples its thread's code once it is this late
 
 
+_MEASURING = frozenset({"fleetloop.clock", __name__})
+
+
 def where_of(frame: FrameType | None) -> str:
     """Where a thread is, as one token: its two innermost frames of fleetloop's code (module and
     function, ``core.model.fold._fold_outcome``), innermost first, and the runtime's frame that
@@ -315,7 +318,9 @@ def where_of(frame: FrameType | None) -> str:
         if not first:
             first = f"{os.path.basename(code.co_filename)}:{code.co_name}"
         module = str(f.f_globals.get("__name__", ""))
-        if module.startswith("fleetloop."):
+        # The measuring itself (a collector callback timing a pause, reading the clock) is not
+        # what stalled the loop: the code it interrupted is.
+        if module.startswith("fleetloop.") and module not in _MEASURING:
             names.append(f"{module[10:]}.{code.co_name}")
         f = f.f_back
     if not names:
