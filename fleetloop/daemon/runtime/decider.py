@@ -52,8 +52,10 @@ DECIDE_BATCH_MAX = 16
 # a far cut (40 s of one 10k shard's records: 1.33 CPU-s, ~6.6 s at a fifth of a core) held the loop
 # past the group's session timeout, and the group took the partitions away. And a boundary's own
 # second of records (~7,500 rows a shard at 10,000 nodes, 2 calls per node per second) folded in
-# the decide's call was most of a 100-250 ms stall. 2,000 rows: ~10-20 ms of CPU.
-FOLD_STEP_ROWS = 2_000
+# the decide's call was most of a 100-250 ms stall. In steps of 2,000 rows the longest stalls left
+# were single steps (50-86 ms of the loop's own time on a loaded machine: a pool's eviction,
+# closing workflows); of 1,000, decide batches, at about the same CPU in all.
+FOLD_STEP_ROWS = 1_000
 
 
 class Decider:

@@ -298,7 +298,10 @@ class LoopTimes:
 STALL_PROBE_S = 0.02  # how often StallWatch asks the loop for a turn
 
 
-STALL_SAMPLE_S = 0.01  # how often the StallSampler looks whether the loop is late
+# How often the StallSampler looks whether the loop is late. Each look takes the interpreter
+# from a busy loop thread, which waits until the sampler's thread gets a core: rarely, so a
+# loaded machine does not stall the loop for it; a stall of 100 ms is still sampled at least once.
+STALL_SAMPLE_S = 0.05
 STALL_SAMPLE_AFTER_S = 0.03  # ... and samples its thread's code once it is this late
 
 
