@@ -124,6 +124,26 @@ def test_the_bench_fleet_folded_in_steps_decides_the_same(max_rows: int) -> None
         assert _state(stepped) == _state(one), s
 
 
+class _Consumer:
+    """The decider's view of the consumer: no high watermark known (the cuts are read)."""
+
+    def highwater(self, tp: Any) -> None:
+        return None
+
+
+def _publisher(staged: list[bytes]) -> type:
+    """A publisher that keeps the bytes of what is staged; a tripping pool's decisions settle at once."""
+
+    class Publisher:
+        async def stage(self, decisions: Any, shadow: Any = ()) -> None:
+            staged.extend(decision_bytes(d) for d in (*shadow, *decisions))
+
+        async def settle(self) -> bool:
+            return True
+
+    return Publisher
+
+
 def test_the_decider_folds_a_far_cut_in_steps_and_the_loop_goes_on() -> None:
     """A shard with 30 s of a 400-node fleet's records pending decides one boundary (a far cut, as
     after skipped boundaries): with the decider's steps, another task (the group heartbeat runs
@@ -141,18 +161,8 @@ def test_the_decider_folds_a_far_cut_in_steps_and_the_loop_goes_on() -> None:
     # pool's records are folded at the cut whichever pools tick).
     ticks = [Tick(ts_ms=ts, tick_id=ts // 1000, pool_id=p) for p in pools[:2]]
 
-    class Consumer:
-        def highwater(self, tp: Any) -> None:
-            return None
-
     staged: list[bytes] = []
-
-    class Publisher:
-        async def stage(self, decisions: Any, shadow: Any = ()) -> None:
-            staged.extend(decision_bytes(d) for d in (*shadow, *decisions))
-
-        async def settle(self) -> bool:  # a tripping pool's decisions, acknowledged at once
-            return True
+    Consumer, Publisher = _Consumer, _publisher(staged)
 
     def run(step_rows: int) -> tuple[int, int, list[bytes], Shard]:
         async def check(r: Rig) -> tuple[int, int, list[bytes], Shard]:
@@ -210,18 +220,8 @@ def test_a_boundarys_own_records_are_folded_before_its_decide_with_a_turn_betwee
     cut = cut_at(rows, ts)
     ticks = [Tick(ts_ms=ts, tick_id=ts // 1000, pool_id=p) for p in pools]
 
-    class Consumer:
-        def highwater(self, tp: Any) -> None:
-            return None
-
     staged: list[bytes] = []
-
-    class Publisher:
-        async def stage(self, decisions: Any, shadow: Any = ()) -> None:
-            staged.extend(decision_bytes(d) for d in (*shadow, *decisions))
-
-        async def settle(self) -> bool:
-            return True
+    Consumer, Publisher = _Consumer, _publisher(staged)
 
     async def check(r: Rig) -> tuple[list[int], list[str], list[bytes], bytes]:
         decider = r.decider()
