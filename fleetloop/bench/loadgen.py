@@ -164,6 +164,21 @@ def stability(log_path: str) -> dict[str, int | None]:
     return {k: stopped_figure(log_path, k) for k in names}
 
 
+def stopped_stalls(log_path: str) -> list[str]:
+    """A daemon's longest loop stalls from its "daemon stopped" line (``DaemonStats.stalls_shown``):
+    each ``own/wall ms@where``, longest first (empty: none noted, or not reported)."""
+    found: list[str] = []
+    pattern = re.compile(rb"stalls[\"=: ]+\"?([^\s\"]+)")
+    with contextlib.suppress(OSError), open(log_path, "rb") as f:
+        for line in f:
+            if b"daemon stopped" in line:
+                m = pattern.search(line)
+                if m:
+                    shown = m.group(1).decode(errors="replace")
+                    found = [] if shown == "none" else shown.split(";")
+    return found
+
+
 def rebalances_beyond_start(assignments: list[int | None]) -> int | None:
     """The assignments of N daemons of one group beyond what their start-up explains: each daemon
     that joins hands every member already there (and itself) one assignment, so N daemons starting

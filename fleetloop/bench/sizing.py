@@ -34,6 +34,9 @@ their sum, with each one's share beside, and the stability figures the worst dae
 each daemon's whole run, from its "daemon stopped" line: the longest event-loop stall and
 collector pause, and the group's assignments (``rebalances`` after the first); ``stable`` when it
 never rebalanced and neither took more than 100 ms; ``nodes_per_half_core`` at the window's CPU share.
+And where the loop's time went in its longest stalls (``loop_stalls_top``, the daemons' longest of
+their own time, each with what the loop's thread ran meanwhile: ``own/wall ms@where``, ``+gcN``
+when collector pauses took N ms of it).
 
 Verdicts: ``keeps_up`` (real time): every tick in the window decided and the p99 lag within one
 tick period; on a shared machine that gives the daemon less than a core this fails for the
@@ -71,6 +74,7 @@ from fleetloop.bench.loadgen import (
     overload_skipped,
     rebalances_beyond_start,
     stability,
+    stopped_stalls,
 )
 from fleetloop.daemon.brokers import ensure_topics
 from fleetloop.daemon.children import die_with_parent
@@ -435,6 +439,8 @@ def _report(
         "loop_stall_own_max_ms": _worst(x["loop_stall_own_max_ms"] for x in per_daemon),
         "gc_pause_own_max_ms": _worst(x["gc_pause_own_max_ms"] for x in per_daemon),
         "daemon_stability": per_daemon,
+        # The longest stalls of the loop's own time over the daemons' runs, with what ran.
+        "loop_stalls_top": top_stalls([stopped_stalls(path) for path in log_paths]),
         "rebalances": rebalances,
         "stable": (
             None
@@ -449,6 +455,19 @@ def _report(
         "within_rule": per_fleet_s is not None and per_fleet_s <= RULE_CPU_FRAC,
         "rule": {"nodes": RULE_NODES, "cpu_frac": RULE_CPU_FRAC},
     }
+
+
+def top_stalls(per_daemon: list[list[str]], n: int = 5) -> list[str]:
+    """The ``n`` longest of the daemons' stalls (``own/wall ms@where``), by the loop's own time,
+    each prefixed with its daemon's index when there are several."""
+    tagged = [(s, k) for k, stalls in enumerate(per_daemon) for s in stalls]
+
+    def own(item: tuple[str, int]) -> float:
+        head = item[0].split("/", 1)[0]
+        return float(head) if head.replace(".", "", 1).isdigit() else 0.0
+
+    tagged.sort(key=own, reverse=True)
+    return [s if len(per_daemon) == 1 else f"d{k}:{s}" for s, k in tagged[:n]]
 
 
 def _worst(values: Any) -> int | None:
@@ -510,5 +529,7 @@ def handle(args: argparse.Namespace) -> int:
             f"stable (no rebalance, both within "
             f"{STALL_MAX_MS} ms): {_yes(r['stable'])}; about {r['nodes_per_half_core'] or 0:,} nodes per "
             f"daemon at half a core\n"
+            f"  longest stalls (own/wall ms@what ran): "
+            f"{', '.join(r['loop_stalls_top']) or 'none over 50 ms'}\n"
         )
     return 0

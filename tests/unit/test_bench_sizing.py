@@ -93,3 +93,43 @@ def test_rebalances_are_the_assignments_beyond_what_the_daemons_start_up_explain
     assert rebalances_beyond_start([3, 2, 1]) == 0
     assert rebalances_beyond_start([5, 4, 3]) == 6
     assert rebalances_beyond_start([1, None]) is None
+
+
+def test_the_longest_stalls_with_what_ran_come_from_the_stop_lines_console_and_json(tmp_path: Path) -> None:
+    """The daemon's longest stalls of its own time and what ran in each reach the bench's report:
+    read from the "daemon stopped" line whether the log is console or JSON, the daemons' longest
+    first, each with its daemon's index."""
+    from fleetloop.bench.loadgen import stopped_stalls
+    from fleetloop.bench.sizing import top_stalls
+    from fleetloop.daemon.runtime.telemetry import Stall
+
+    first, second = DaemonStats(), DaemonStats()
+    fold = "core.model.fold._fold_outcome<daemon.runtime.decider._decide_batch"
+    first.note_stall(Stall(120.0, 300.0, fold))
+    first.note_stall(Stall(60.0, 61.0, "gc30"))
+    second.note_stall(Stall(90.0, 95.0, "daemon.observe.decode.decode_rows<daemon.runtime.intake.read"))
+    console = tmp_path / "d0.log"
+    console.write_text(
+        "2026-12-06T14:31:26Z [info     ] daemon stopped                 [fleetloop.daemon] "
+        f"assignments=1 loop_stall_max_ms=300 stalls={first.stalls_shown()} ticks_decided=9\n"
+    )
+    as_json = tmp_path / "d1.log"
+    as_json.write_bytes(
+        orjson.dumps({"event": "daemon stopped", **second.summary(), "stalls": second.stalls_shown()}) + b"\n"
+    )
+    quiet = tmp_path / "d2.log"
+    none = DaemonStats().stalls_shown()
+    quiet.write_bytes(orjson.dumps({"event": "daemon stopped", "stalls": none}) + b"\n")
+    got = [stopped_stalls(str(p)) for p in (console, as_json, quiet)]
+    assert got[0] == [
+        "120/300ms@core.model.fold._fold_outcome<daemon.runtime.decider._decide_batch",
+        "60/61ms@gc30",
+    ]
+    assert got[2] == []
+    assert top_stalls(got) == [
+        "d0:120/300ms@core.model.fold._fold_outcome<daemon.runtime.decider._decide_batch",
+        "d1:90/95ms@daemon.observe.decode.decode_rows<daemon.runtime.intake.read",
+        "d0:60/61ms@gc30",
+    ]
+    assert top_stalls([got[0]], n=1) == [got[0][0]]  # one daemon: no index
+    assert stopped_stalls(str(tmp_path / "none.log")) == []

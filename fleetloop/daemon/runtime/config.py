@@ -31,7 +31,10 @@ class DaemonConfig:
     follow_policy: str | None = None  # policy name to follow on control.policy (default: the initial's)
     run_ticker: bool = True
     idempotence: bool = True
-    max_batch: int = 5000
+    # Records one fetch hands the loop at most: read (the client's record objects built, decoded
+    # through the door into the shards) in one turn of the loop. 5,000 held it up to 200 ms of
+    # its own CPU at 10,000 nodes; 1,000: ~20-40 ms.
+    max_batch: int = 1000
     warmup_records: int = 10_000  # history read by a group without a checkpoint (its first start)
     max_tick_hold_s: float = 2.0  # a tick without a cut waits at most this long for its inputs
     checkpoint_interval_s: float = 5.0  # checkpoint a changed shard at most this often
@@ -83,10 +86,10 @@ class DaemonConfig:
     # default, 700, runs it every few dozen decoded records: ~25% of ingest CPU, measured by
     # ``fleetloop bench ingest``), and what survives a collection is frozen (freeze_survivors), so
     # a collection walks only the young objects: its pause grows with this figure. 100,000 paused
-    # the loop up to 74-100 ms of CPU at 10,000 nodes on a loaded machine; with half of it the
-    # collections come twice as often and each walks half as many objects. 0 leaves the
-    # interpreter's settings alone.
-    gc_gen0_threshold: int = 50_000
+    # the loop up to 74-100 ms of CPU at 10,000 nodes on a loaded machine, 50,000 up to 88 ms (a
+    # young collection found 0 unreachable objects every time); 10,000 walks a fifth as many
+    # objects per pause, five times as often. 0 leaves the interpreter's settings alone.
+    gc_gen0_threshold: int = 10_000
     door: Door = field(default_factory=Door)  # record size, event-time window around the broker's
     max_policy_version_step: int = 1000  # refuse a policy version further above the active one
     model: ModelConfig = field(default_factory=ModelConfig)  # caps and retention of each shard's model

@@ -53,6 +53,7 @@ from fleetloop.daemon.runtime.summaries import Summaries
 from fleetloop.daemon.runtime.telemetry import (
     DaemonStats,
     LoopTimes,
+    StallSampler,
     StallWatch,
     TripTrace,
     freeze_survivors,
@@ -178,9 +179,9 @@ class Daemon:
                     if self.clock is wall_clock:
                         # Stalls are the real loop's: on a virtual clock there are none to measure,
                         # and a 20 ms timer would only reorder the virtual schedule the tests pin.
-                        jobs["stall-watch"] = lambda: StallWatch(self.clock, self.loop_times.on_stall).run(
-                            stop
-                        )
+                        # The sampler is built here, on the loop's thread: the thread it watches.
+                        watch = StallWatch(self.clock, self.loop_times.on_stall, StallSampler(self.clock))
+                        jobs["stall-watch"] = lambda: watch.run(stop)
                     if cfg.run_ticker:
                         jobs["ticker"] = lambda: self._ticker.run(stop)
                     in_force = self.engine.policy.stamp  # the resumed one, not --policy's, after a restart
@@ -203,7 +204,8 @@ class Daemon:
         finally:
             link.session = None
             metrics.unregister(self)
-            log.info("daemon stopped", **self.summary())
+            # With the longest stalls of the loop's own time and what ran in each (bench sizing reads them).
+            log.info("daemon stopped", **self.summary(), stalls=self.stats.stalls_shown())
 
     def summary(self) -> dict[str, int]:
         return self.stats.summary()
@@ -234,6 +236,11 @@ class Daemon:
                 await self._follower.apply_pending()
                 if batch or any(owned.held for owned in parts):
                     await self.process(batch)
+                    # A turn for the loop's other tasks (the ticker, the client's heartbeat and
+                    # sends) before the next fetch: with records buffered, the fetch returns without
+                    # waiting, and a batch with no tick to decide awaits nothing, so the loop read
+                    # batch after batch in one step (up to 130 ms of its own CPU at 10,000 nodes).
+                    await asyncio.sleep(0)
                 elif any(owned.dirty for owned in parts):
                     await self._checkpoints.write()
                     times.lap("checkpoint")

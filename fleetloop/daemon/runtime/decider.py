@@ -41,13 +41,21 @@ from fleetloop.schemas.topics import TICKS, topic_name
 
 log = logger("fleetloop.daemon")
 
-# Ticks of one shard and boundary decided in one call at most: a batch is decided without yielding
-# to the loop (~1 ms per pool of 40 nodes), so the ticker and the consumer wait at most that long.
-DECIDE_BATCH_MAX = 64
+# Ticks of one shard and boundary decided in one call at most: a batch is decided and staged
+# without yielding to the loop, so the ticker, the consumer and the group heartbeat wait that long.
+# At 10,000 nodes in 4 shards (~62 pools a shard) one call of 64 was a shard's whole boundary;
+# decided and staged with its fold it held the loop 100-250 ms of its own CPU (placed with a
+# per-callback timer in `bench sizing --nodes 10000 --daemons 3`). 16: a quarter of the decide and
+# staging per turn of the loop; the shard's snapshot is taken once per boundary and shared.
+DECIDE_BATCH_MAX = 16
 # Records folded without yielding to the loop, at most, before a cut is decided (Shard.step_toward):
 # a far cut (40 s of one 10k shard's records: 1.33 CPU-s, ~6.6 s at a fifth of a core) held the loop
-# past the group's session timeout, and the group took the partitions away. 10,000 rows: ~0.05 CPU-s.
-FOLD_STEP_ROWS = 10_000
+# past the group's session timeout, and the group took the partitions away. And a boundary's own
+# second of records (~7,500 rows a shard at 10,000 nodes, 2 calls per node per second) folded in
+# the decide's call was most of a 100-250 ms stall. In steps of 2,000 rows the longest stalls left
+# were single steps (50-86 ms of the loop's own time on a loaded machine: a pool's eviction,
+# closing workflows); of 1,000, decide batches, at about the same CPU in all.
+FOLD_STEP_ROWS = 1_000
 
 
 class Decider:
@@ -313,16 +321,22 @@ class Decider:
         self, owned: OwnedPartition, ticks: Sequence[Tick], cut: Mapping[str, int]
     ) -> bool:
         """Fold what ``ticks`` (one boundary) would fold first, ``fold_step_rows`` records at a time
-        with a yield to the loop after each step, and leave the rest (at most that many) to the
-        decide; the shard ends as the decide's own fold would leave it (:meth:`Shard.step_toward`).
-        Nothing is folded when every tick is a duplicate (the decide folds nothing then either).
-        False when the shard went during a yield."""
+        with a yield to the loop after each step, the last step included, so the decide's own fold
+        finds nothing left and the loop is never held for a fold and a decide at once; the shard
+        ends as the decide's own fold would leave it (:meth:`Shard.step_toward`). Nothing is folded
+        when every tick is a duplicate (the decide folds nothing then either). False when the
+        shard went during a yield."""
         shard = owned.shard
         if all((last := shard.last_tick.get(t.pool_id)) is not None and t.tick_id <= last[0] for t in ticks):
             return True
         while (step := shard.step_toward(cut, self.fold_step_rows)) is not None:
             shard.fold_to(step)
             self.stats.fold_steps += 1
+            await asyncio.sleep(0)
+            if not self.parts.is_current(owned):
+                return False
+        if any(q and q[0].offset < cut.get(k, shard.folded[k]) for k, q in shard.pending.items()):
+            shard.fold_to(cut)  # the last step (at most fold_step_rows): the decide folds nothing
             await asyncio.sleep(0)
             if not self.parts.is_current(owned):
                 return False

@@ -12,8 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
+import sys
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from fleetloop import clock as wall_clock
@@ -79,6 +84,10 @@ class DaemonStats:
     # with a core to spare the two agree; on a starved one the wall figures are the machine's.
     loop_stall_own_max_ms: float = 0.0
     gc_pause_own_max_ms: float = 0.0
+    # The longest stalls of the loop's own time since the start (at most STALLS_KEPT, at least
+    # STALL_NOTE_MS each), with what the loop's thread ran meanwhile (StallSampler): where the
+    # time went, for the "daemon stopped" line and the benches.
+    stalls_top: list[Stall] = field(default_factory=list)
     dead_by_reason: dict[str, int] = field(default_factory=dict)  # reason kind -> dead letters
     last_refusal: str = ""
     breaker_open_nodes: set[str] = field(default_factory=set)
@@ -108,6 +117,22 @@ class DaemonStats:
             "assignments": self.assignments,
         }
 
+    def note_stall(self, stall: Stall) -> None:
+        """Keep ``stall`` among the longest (``STALLS_KEPT``, by the loop's own time)."""
+        if stall.own_ms < STALL_NOTE_MS:
+            return
+        top = self.stalls_top
+        if len(top) >= STALLS_KEPT and stall.own_ms <= top[-1].own_ms:
+            return
+        top.append(stall)
+        top.sort(key=lambda x: -x.own_ms)
+        del top[STALLS_KEPT:]
+
+    def stalls_shown(self) -> str:
+        """The longest stalls as one token (no spaces, so a console log line keeps it whole):
+        ``own/wall ms@where`` each, longest first, ``;`` between; "none" when none was noted."""
+        return ";".join(x.shown() for x in self.stalls_top) or "none"
+
     def stability(self) -> dict[str, float]:
         """The stability figures (loop stall, GC pause, assignments): for ``/metrics`` and the benches."""
         return {
@@ -117,6 +142,25 @@ class DaemonStats:
             "gc_pause_own_max_ms": round(self.gc_pause_own_max_ms, 1),
             "assignments": self.assignments,
         }
+
+
+STALL_NOTE_MS = 50.0  # a stall of at least this much of the loop's own time is kept with what ran
+STALLS_KEPT = 5  # ... the longest this many since the start
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """One loop stall: the loop's own milliseconds of it (without its thread's wait for a core),
+    its wall milliseconds, and where: what the loop's thread ran meanwhile (the code the
+    :class:`StallSampler` found most often, innermost first, with the runtime's frame that called
+    it), ``+gcN`` when collector pauses took N ms of it; "" when nothing was sampled."""
+
+    own_ms: float
+    wall_ms: float
+    where: str
+
+    def shown(self) -> str:
+        return f"{self.own_ms:.0f}/{self.wall_ms:.0f}ms@{self.where or '?'}"
 
 
 LOOP_REPORT_S = 30.0  # how often the daemon logs where its consumer loop's time went ("loop")
@@ -159,6 +203,9 @@ class LoopTimes:
     freeze_due: bool = False  # a collection ended: what survived it is frozen next (freeze_survivors)
     stall_max_s: float = 0.0  # the longest loop stall in the window (StallWatch)
     stall_own_max_s: float = 0.0  # ... without its thread's wait for a core
+    stall_where: str = ""  # ... and what ran in the window's longest (own) stall
+    gc_total_s: float = 0.0  # the collector's pauses since the start (what a stall's share is read from)
+    gc_at_stall_s: float = 0.0  # gc_total_s at the last on_stall
     stats: DaemonStats | None = field(default=None, repr=False)  # lifetime maxima go here too
     clock: Clock = field(default=wall_clock, repr=False)
 
@@ -175,6 +222,7 @@ class LoopTimes:
         self.gc_started = 0.0
         self.freeze_due = True
         self.gc_s += took
+        self.gc_total_s += took
         self.gc_max_s = max(self.gc_max_s, took)
         if self.stats is not None:
             own = max(0.0, took - (runq - self.gc_runq))
@@ -220,20 +268,29 @@ class LoopTimes:
             "gc_full": self.gc_full,
             "stall_max_s": round(self.stall_max_s, 3),
             "stall_own_max_s": round(self.stall_own_max_s, 3),
+            "stall_where": self.stall_where or "none",
         }
         self.wall_s, self.cpu_s, self.runq_s = {}, {}, {}
         self.since_s = now
         self.ticker_late_s = self.ticker_s = 0.0
         self.gc_s = self.gc_max_s = self.stall_max_s = self.stall_own_max_s = 0.0
         self.gc_full = 0
+        self.stall_where = ""
         return out
 
-    def on_stall(self, stalled_s: float, own_s: float) -> None:
+    def on_stall(self, stalled_s: float, own_s: float, where: str = "") -> None:
         """The loop ran a due callback ``stalled_s`` late, ``own_s`` of it not counting the time its
-        thread waited for a core (:class:`StallWatch`)."""
+        thread waited for a core, ``where`` what its thread ran meanwhile (:class:`StallWatch`)."""
+        gc_ms = (self.gc_total_s - self.gc_at_stall_s) * 1000.0  # collector pauses since the last call
+        self.gc_at_stall_s = self.gc_total_s
+        if gc_ms >= 1.0 and stalled_s * 1000.0 >= STALL_NOTE_MS:
+            where = f"{where}+gc{gc_ms:.0f}" if where else f"gc{gc_ms:.0f}"
         self.stall_max_s = max(self.stall_max_s, stalled_s)
+        if own_s > self.stall_own_max_s:
+            self.stall_where = where
         self.stall_own_max_s = max(self.stall_own_max_s, own_s)
         if self.stats is not None:
+            self.stats.note_stall(Stall(round(own_s * 1000.0, 1), round(stalled_s * 1000.0, 1), where))
             self.stats.loop_stall_max_ms = max(self.stats.loop_stall_max_ms, stalled_s * 1000.0)
             self.stats.loop_stall_own_max_ms = max(self.stats.loop_stall_own_max_ms, own_s * 1000.0)
 
@@ -241,25 +298,119 @@ class LoopTimes:
 STALL_PROBE_S = 0.02  # how often StallWatch asks the loop for a turn
 
 
+# How often the StallSampler looks whether the loop is late. Each look takes the interpreter
+# from a busy loop thread, which waits until the sampler's thread gets a core: rarely, so a
+# loaded machine does not stall the loop for it; a stall of 100 ms is still sampled at least once.
+STALL_SAMPLE_S = 0.05
+STALL_SAMPLE_AFTER_S = 0.03  # ... and samples its thread's code once it is this late
+
+
+_MEASURING = frozenset({"fleetloop.clock", __name__})
+
+
+def where_of(frame: FrameType | None) -> str:
+    """Where a thread is, as one token: its two innermost frames of fleetloop's code (module and
+    function, ``core.model.fold._fold_outcome``), innermost first, and the runtime's frame that
+    called them (``daemon.runtime.decider._decide_batch``) after ``<``; with no fleetloop frame,
+    the innermost frame's file and function (a client library's, asyncio's)."""
+    names: list[str] = []
+    first = ""
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if not first:
+            first = f"{os.path.basename(code.co_filename)}:{code.co_name}"
+        module = str(f.f_globals.get("__name__", ""))
+        # The measuring itself (a collector callback timing a pause, reading the clock) is not
+        # what stalled the loop: the code it interrupted is.
+        if module.startswith("fleetloop.") and module not in _MEASURING:
+            names.append(f"{module[10:]}.{code.co_name}")
+        f = f.f_back
+    if not names:
+        return first
+    shown = names[:2]
+    runtime = next((n for n in names if n.startswith("daemon.runtime.")), None)
+    if runtime is not None and runtime not in shown:
+        shown.append(runtime)
+    return "<".join(shown)
+
+
+class StallSampler:
+    """What the loop's thread runs while the loop is late: a thread that looks every
+    ``STALL_SAMPLE_S`` whether the :class:`StallWatch` has waited more than
+    ``STALL_SAMPLE_AFTER_S`` for its turn, and if so takes the loop thread's current frame
+    (:func:`where_of`). The watch takes the most sampled place when it gets its turn: a stall comes
+    with its culprit. Built on the loop's thread. A collector pause holds the interpreter, so it is
+    not sampled; :meth:`LoopTimes.on_stall` adds its share. Observation only."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.thread_id = threading.get_ident()
+        self.asked = 0.0  # when the watch asked the loop for a turn; 0: not waiting
+        self._seen: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fleetloop-stall-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(STALL_SAMPLE_S):
+            asked = self.asked
+            if asked and self.clock.monotonic_s() - asked > STALL_PROBE_S + STALL_SAMPLE_AFTER_S:
+                frame = sys._current_frames().get(self.thread_id)
+                self._seen[where_of(frame)] += 1
+                del frame
+
+    def take(self) -> str:
+        """The place sampled most often since the last take ("" when none was)."""
+        seen, self._seen = self._seen, Counter()
+        top = seen.most_common(1)
+        return top[0][0] if top else ""
+
+
 class StallWatch:
     """How long the event loop goes without running what it has due: a task that sleeps
     ``STALL_PROBE_S`` over and over and reports how much later than asked it woke (a loop stall:
-    a long synchronous step, a GC pause, the GIL held by a thread). aiokafka's heartbeats are a task
-    on this loop too, so a stall is how late they are; a stall past the session timeout is a
-    rebalance. Observation only."""
+    a long synchronous step, a GC pause, the GIL held by a thread), with what the loop's thread ran
+    meanwhile when a ``sampler`` watches it. aiokafka's heartbeats are a task on this loop too, so a
+    stall is how late they are; a stall past the session timeout is a rebalance. Observation only."""
 
-    def __init__(self, clock: Clock, on_stall: Callable[[float, float], None]) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        on_stall: Callable[[float, float, str], None],
+        sampler: StallSampler | None = None,
+    ) -> None:
         self.clock = clock
         self.on_stall = on_stall
+        self.sampler = sampler
 
     async def run(self, stop: asyncio.Event) -> None:
         clock = self.clock
-        while not stop.is_set():
-            asked, runq0 = clock.monotonic_s(), clock.thread_sched_s()[1]
-            await asyncio.sleep(STALL_PROBE_S)
-            late = max(0.0, clock.monotonic_s() - asked - STALL_PROBE_S)
-            # Of it, the time the loop's thread waited for a core is the machine's, not the loop's.
-            self.on_stall(late, max(0.0, late - (clock.thread_sched_s()[1] - runq0)))
+        sampler = self.sampler
+        if sampler is not None:
+            sampler.start()
+        try:
+            while not stop.is_set():
+                asked, runq0 = clock.monotonic_s(), clock.thread_sched_s()[1]
+                if sampler is not None:
+                    sampler.asked = asked
+                await asyncio.sleep(STALL_PROBE_S)
+                late = max(0.0, clock.monotonic_s() - asked - STALL_PROBE_S)
+                where = ""
+                if sampler is not None:
+                    sampler.asked = 0.0
+                    where = sampler.take()
+                # Of it, the time the loop's thread waited for a core is the machine's, not the loop's.
+                self.on_stall(late, max(0.0, late - (clock.thread_sched_s()[1] - runq0)), where)
+        finally:
+            if sampler is not None:
+                sampler.stop()
 
 
 TRACE_BOUNDARIES = 16  # boundaries whose stage times the trace keeps (the oldest go first)
