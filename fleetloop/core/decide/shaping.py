@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetloop.policies.autoscale.committed import committed
 from fleetloop.policies.base import FleetSnapshot, r6, r6_array
 from fleetloop.policies.columns import fleet_columns
 from fleetloop.policies.envelope import Envelope
@@ -686,7 +687,7 @@ def shape_autoscale(d: AutoscaleDecision, env: Envelope, held: int | None = None
     lower of that count and the target ``held`` (last let out): nodes already asked to go back that
     the actuator has not removed yet are no step, and counting from them would raise a held target
     back up each tick until they are gone (a flapping target on an idle pool)."""
-    lo = (d.current_nodes if held is None else min(d.current_nodes, held)) - env.max_scale_step
+    lo = committed(held, d.current_nodes) - env.max_scale_step
     hi = d.current_nodes + env.max_scale_step
     desired = min(max(d.desired_nodes, lo, 0), hi)
     if desired == d.desired_nodes:
