@@ -1,6 +1,6 @@
 """A pool's committed size: the node count an autoscaler holds and steps from. The one
-implementation for every autoscaler that keeps its last target (slo-predictive, capacity) and for
-the engine's step limit (``fleetloop.core.decide.shaping.shape_autoscale``)."""
+implementation for slo-predictive and the engine's step limit
+(``fleetloop.core.decide.shaping.shape_autoscale``)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,6 @@ from fleetloop.policies.autoscale.capacity.forecast import (
 from fleetloop.policies.autoscale.capacity.params import CapacityParams, PoolSpec
 from fleetloop.policies.autoscale.capacity.physics import ShapeKey, median_step, node_rate, shape_of
 from fleetloop.policies.autoscale.capacity.state import Burst, CapacityState, Episode
-from fleetloop.policies.autoscale.committed import committed
 from fleetloop.policies.autoscale.predictive import (
     accumulation,
     cold_starts,
@@ -516,13 +515,10 @@ def _target(
     reasons: Sequence[str],
 ) -> _Target:
     # The target: up at once; down to the highest need of the down window, not while tasks
-    # fail or accumulate, a remembered burst is under way, or before a window of history. Holds
-    # and steps count from the committed size (:func:`committed`), never from nodes already given
-    # back that still report (README.md: "Committed size").
+    # fail or accumulate, a remembered burst is under way, or before a window of history.
     p, state, params, now, window_ms = t.p, t.state, t.params, t.now, t.window_ms
     lo, hi = bounds
     current, n_warm = len(p.active), len(p.warm)
-    base = committed(state.last_desired, current)
     raw = min(max(math.ceil(need - 1e-9), lo), hi)
     down_ms = (params.down_window_s if params.down_window_s is not None else lead.lead_s) * 1000.0
     first = () if state.last_desired is not None else ((now, current),)
@@ -535,23 +531,23 @@ def _target(
     if current == 0:
         desired, reason = max(raw, lo), "no-active-node"
     elif not n_warm and per_node <= 0.0:
-        desired, reason = base, "nothing-warm-yet"
-    elif raw > base:
+        desired, reason = current, "nothing-warm-yet"
+    elif raw > current:
         desired, reason = raw, "scale-up"
-    elif raw == base:
-        desired, reason = base, "at-need"
+    elif raw == current:
+        desired, reason = current, "at-need"
     else:
         ceiling = max(r for _, r in recs)
-        desired, reason = min(base, ceiling), "scale-down"
+        desired, reason = min(current, ceiling), "scale-down"
         if not settled:
-            desired, reason = base, "scale-down-held-settling"
+            desired, reason = current, "scale-down-held-settling"
         elif failing:
-            desired, reason = base, "scale-down-held-tasks-failing"
+            desired, reason = current, "scale-down-held-tasks-failing"
         elif fc.accumulating:
-            desired, reason = base, "scale-down-held-tasks-accumulating"
+            desired, reason = current, "scale-down-held-tasks-accumulating"
         elif bursts.episode is not None and bursts.remembered:
-            desired, reason = base, "scale-down-held-burst"
-        elif desired == base:
+            desired, reason = current, "scale-down-held-burst"
+        elif desired == current:
             reason = "scale-down-stabilized"
     clamped = min(max(desired, lo), hi)
     if clamped != desired:
