@@ -145,9 +145,10 @@ CAPACITY = Path("examples/policies/capacity.yaml")  # the default with the capac
 
 @pytest.mark.parametrize("obey", [False, True])
 def test_the_capacity_autoscaler_brings_an_idle_pool_down_without_a_rise(obey: bool) -> None:
-    """The same idle pool on the capacity autoscaler, whose own committed-size logic once read the
-    nodes it had asked to drain, still reporting a window later, as the pool's size. It waits one
-    lead (its catalog cold start, about 20 minutes here) before a first scale-down."""
+    """The same idle pool on the capacity autoscaler, which keeps committed-size logic of its own (its
+    holds compare with the nodes seen, which count the nodes it asked to drain again a window later:
+    docs/decisions/slo-predictive.md). Its target must not rise either. It waits one lead (its
+    catalog cold start, about 20 minutes here) before a first scale-down."""
     pool = _pool()
     fleet = _Fleet(pool, obey=obey)
     targets = _run(fleet, [(1_500, IDLE)], load_policy(CAPACITY))
