@@ -153,7 +153,9 @@ class RetryBudgetDecision(_Body):
 
 
 class AutoscaleDecision(_Body):
-    """Desired node count for a pool; nodes to drain, when scaling down, best candidates first."""
+    """Desired node count for a pool, and its drain list: every node asked to drain that is still
+    in the pool (held by the engine until the node is gone or a rising target takes it back), in
+    the order asked, each step's best candidates first."""
 
     kind: Literal["autoscale"] = "autoscale"
     pool_id: Ident

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fleetloop.bench.stack.arms import ARMS
 from fleetloop.core.decide.engine import Engine
 from fleetloop.core.model import FleetModel, apply, snapshot
-from fleetloop.policies.registry import builtin_policy
+from fleetloop.policies.registry import CompiledPolicy, builtin_policy, load_policy
 from fleetloop.schemas import AutoscaleDecision, Tick
 from fleetloop.sim.scenario import Pool, load_scenario
 from tests.support.records import telemetry
@@ -71,10 +73,12 @@ class _Fleet:
             del self.warm_at[i]
 
 
-def _run(fleet: _Fleet, phases: list[tuple[int, dict[str, Any]]]) -> list[int]:
-    """The target the daemon publishes each second, on ``default``, over ``phases`` of (seconds,
-    node load)."""
-    engine, model = Engine(builtin_policy("default")), FleetModel()
+def _run(
+    fleet: _Fleet, phases: list[tuple[int, dict[str, Any]]], policy: CompiledPolicy | None = None
+) -> list[int]:
+    """The target the daemon publishes each second, on ``policy`` (``default`` unless given), over
+    ``phases`` of (seconds, node load)."""
+    engine, model = Engine(policy or builtin_policy("default")), FleetModel()
     targets: list[int] = []
     k = 0
     for seconds, load in phases:
@@ -134,3 +138,22 @@ def test_demand_that_returns_after_the_idle_stretch_scales_up_within_the_up_wind
     assert first_up <= params.up_window_s + 1
     assert max(busy) == pool.min_nodes + 8
     assert fleet.provisioned == 8
+
+
+CAPACITY = Path("examples/policies/capacity.yaml")  # the default with the capacity autoscaler
+
+
+@pytest.mark.parametrize("obey", [False, True])
+def test_the_capacity_autoscaler_brings_an_idle_pool_down_without_a_rise(obey: bool) -> None:
+    """The same idle pool on the capacity autoscaler, which keeps committed-size logic of its own (its
+    holds compare with the nodes seen, which count the nodes it asked to drain again a window later:
+    docs/decisions/slo-predictive.md). Its target must not rise either. It waits one lead (its
+    catalog cold start, about 20 minutes here) before a first scale-down."""
+    pool = _pool()
+    fleet = _Fleet(pool, obey=obey)
+    targets = _run(fleet, [(1_500, IDLE)], load_policy(CAPACITY))
+    assert _rises(targets) == [], f"the target rose with no demand: {_rises(targets)[:4]}"
+    assert targets[0] == pool.nodes
+    assert targets[-1] < pool.min_nodes
+    assert len(set(targets[-120:])) == 1, "settled, and stays"
+    assert fleet.provisioned == 0

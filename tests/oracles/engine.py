@@ -27,6 +27,7 @@ from fleetloop.core.decide.shaping import (
     _unscaled,
     cap_ejections,
     hold,
+    hold_drains,
     keep_held,
     pool_is_silent,
     settle_autoscale,
@@ -65,6 +66,7 @@ def decide_plain(
     new_states = dict(state.algorithms)
     held = dict(state.autoscale_held)
     ejected = dict(state.ejections_held)
+    drains = dict(state.drains_held)
     bodies: list[tuple[str, DecisionBody]] = []
     breakers: dict[str, BreakerDecision] = {}
     diagnostics: dict[str, float] = {}
@@ -115,13 +117,16 @@ def decide_plain(
             shaped_as: list[DecisionBody] = []
             for d in produced:
                 if isinstance(d, AutoscaleDecision):
-                    # Frozen (silent), held (unknown) or nothing: settle_autoscale.
-                    settled = settle_autoscale(d, snap, env, held.get(d.pool_id), silent)
+                    # Frozen (silent), held (unknown) or nothing, its drain list held: settle_autoscale.
+                    settled = settle_autoscale(
+                        d, snap, env, held.get(d.pool_id), silent, drains.get(d.pool_id, ())
+                    )
                     if settled is None:
                         continue
                     d = settled
                     if sec.mode == "enforce":
                         held[d.pool_id] = d.desired_nodes
+                        hold_drains(drains, d)
                 shaped_as.append(d)
             produced = shaped_as
         bodies.extend((sec.mode, d) for d in produced)
@@ -154,7 +159,9 @@ def decide_plain(
     live = {(s, policy.sections[s].algorithm.name) for s in ORDER}
     kept = {k: v for k, v in new_states.items() if (k[0], k[1]) in live}
     diagnostics["decisions"] = float(len(decisions))
-    return TickResult(decisions=decisions, state=EngineState(kept, held, ejected), diagnostics=diagnostics)
+    return TickResult(
+        decisions=decisions, state=EngineState(kept, held, ejected, drains), diagnostics=diagnostics
+    )
 
 
 def cap_ejections_plain(

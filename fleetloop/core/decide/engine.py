@@ -23,6 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 from fleetloop.core.decide.shaping import (
     cap_ejections,
     hold,
+    hold_drains,
     keep_held,
     pool_is_silent,
     settle_autoscale,
@@ -60,6 +61,9 @@ class EngineState:
     # Per pool, the ejections the engine let out enforced at the pool's last tick (node -> until_ms):
     # held to their end, not judged again (``shaping.cap_ejections``, rule 3: no flapping).
     ejections_held: Mapping[str, Mapping[str, int | None]] = field(default_factory=dict)
+    # Per pool, the drain list the engine let out at the pool's last tick, in the order asked: held
+    # until each node is gone or taken back (``shaping.keep_draining``).
+    drains_held: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 _EMPTY = EngineState()
@@ -171,6 +175,7 @@ class _Batch:
     bodies: list[list[tuple[Mode, list[DecisionBody]]]]
     held: list[dict[str, int]]
     ejected: list[dict[str, Mapping[str, int | None]]]
+    drains: list[dict[str, tuple[str, ...]]]
 
     def context(self, j: int) -> PolicyContext:
         """Pool ``j``'s context, fresh: the same as a kept one until its generator is drawn from."""
@@ -235,6 +240,7 @@ def decide_many(
         bodies=[[] for _ in range(n)],
         held=[dict(st.autoscale_held) for st in pool_states],
         ejected=[dict(st.ejections_held) for st in pool_states],
+        drains=[dict(st.drains_held) for st in pool_states],
     )
     batch.ctxs = [batch.context(j) for j in range(n)]
     for section in ORDER:
@@ -307,17 +313,20 @@ def _shape_section(batch: _Batch, section: str, sec: Section, results: list[Poli
             ]
         elif section == "autoscale":
             silent = pool_is_silent(snap, pool_id)
-            held = batch.held[j]
+            held, drains = batch.held[j], batch.drains[j]
             shaped = []
             for d in result.decisions:
                 if isinstance(d, AutoscaleDecision):
-                    # Frozen (silent), held (unknown) or nothing: settle_autoscale.
-                    settled = settle_autoscale(d, snap, env, held.get(d.pool_id), silent)
+                    # Frozen (silent), held (unknown) or nothing, its drain list held: settle_autoscale.
+                    settled = settle_autoscale(
+                        d, snap, env, held.get(d.pool_id), silent, drains.get(d.pool_id, ())
+                    )
                     if settled is None:
                         continue
                     d = settled
                     if mode == "enforce":
                         held[d.pool_id] = d.desired_nodes
+                        hold_drains(drains, d)
                 shaped.append(d)
         else:
             shaped = list(result.decisions)
@@ -397,7 +406,7 @@ def _results(batch: _Batch, ts_ms: int, offsets: dict[str, int]) -> list[TickRes
         out.append(
             TickResult(
                 decisions=tuple(decisions),
-                state=EngineState(kept, batch.held[j], batch.ejected[j]),
+                state=EngineState(kept, batch.held[j], batch.ejected[j], batch.drains[j]),
                 diagnostics=diag,
             )
         )
@@ -420,11 +429,13 @@ class Engine:
         merged: dict[tuple[str, str, str], Any] = {}
         held: dict[str, int] = {}
         ejected: dict[str, Mapping[str, int | None]] = {}
+        drains: dict[str, tuple[str, ...]] = {}
         for pool_id in sorted(self.pools):
             merged.update(self.pools[pool_id].algorithms)
             held.update(self.pools[pool_id].autoscale_held)
             ejected.update(self.pools[pool_id].ejections_held)
-        return EngineState(merged, held, ejected)
+            drains.update(self.pools[pool_id].drains_held)
+        return EngineState(merged, held, ejected, drains)
 
     def retain(self, pools: Collection[str]) -> int:
         """Forget the state of every pool not in ``pools`` (the model evicted it); returns how many."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetloop.policies.autoscale.committed import committed
 from fleetloop.policies.base import FleetSnapshot, r6, r6_array
 from fleetloop.policies.columns import fleet_columns
 from fleetloop.policies.envelope import Envelope
@@ -693,7 +694,7 @@ def shape_autoscale(d: AutoscaleDecision, env: Envelope, held: int | None = None
     lower of that count and the target ``held`` (last let out): nodes already asked to go back that
     the actuator has not removed yet are no step, and counting from them would raise a held target
     back up each tick until they are gone (a flapping target on an idle pool)."""
-    lo = (d.current_nodes if held is None else min(d.current_nodes, held)) - env.max_scale_step
+    lo = committed(held, d.current_nodes) - env.max_scale_step
     hi = d.current_nodes + env.max_scale_step
     desired = min(max(d.desired_nodes, lo, 0), hi)
     if desired == d.desired_nodes:
@@ -704,10 +705,79 @@ def shape_autoscale(d: AutoscaleDecision, env: Envelope, held: int | None = None
     )
 
 
-def settle_autoscale(
-    d: AutoscaleDecision, snap: FleetSnapshot, env: Envelope, held: int | None, silent: bool
+def keep_draining(d: AutoscaleDecision, snap: FleetSnapshot, draining: Sequence[str]) -> AutoscaleDecision:
+    """``d`` with the pool's drain list held: a node the engine let out on the pool's drain list
+    stays on it until it is gone from the pool, or until a target above the nodes left serving
+    takes it back. ``draining`` is the list let out at the pool's last tick (in the order asked).
+
+    An autoscaler names the nodes to give back on the tick its target falls, once (slo-predictive,
+    capacity), or names its surplus afresh each tick, perhaps other nodes as their load moves (the
+    HPA-style ones). A router that follows ``control.state`` keeps the newest decision per pool, so
+    a drain list published once was undone at the next tick: the node went back into rotation
+    until the actuator removed it. The rule, over the pool's rows in the snapshot:
+
+    1. the list is the one let out, less the nodes no longer in the pool (forgotten by the fleet
+       model: silent past ``forget_node_after_ms``), then the nodes ``d`` names that it lacks, in
+       ``d``'s order. A node that went stale (its actuator removed it) stays on the list until it
+       is forgotten: should it report again under its id in between, it is still draining;
+    2. ``serving`` = the pool's nodes that report fresh (not stale), are not draining by their own
+       telemetry, and are not on the list. While ``serving < d.desired_nodes`` the most recently
+       asked node on the list that reports fresh and is not draining by its own telemetry is taken
+       back (last in, first out: the newest drain is the one its actuator is least likely to have
+       begun, and within a tick ``d.drain`` lists the best candidates first).
+
+    So a node asked to drain is never counted as capacity while it stays on the list, a target
+    that rises again takes back warm nodes still there before any new node is needed (without an
+    actuator acting at all, the nodes it never removed serve again), and an autoscaler that names
+    other nodes for the same surplus keeps the ones named first. Nodes that are stale or draining
+    by their own telemetry are not taken back (they are leaving whatever the list says)."""
+    if not draining and not d.drain:
+        return d
+    cols = fleet_columns(snap)
+    lo, hi = cols.bounds.get(d.pool_id, (0, 0))
+    ids = row_ids(snap)[lo:hi]
+    row = {node_id: r for r, node_id in enumerate(ids)}
+    leaving = (cols.stale[lo:hi] | cols.draining[lo:hi]).tolist()
+    listed = [i for i in draining if i in row]
+    on = set(listed)
+    for i in d.drain:
+        if i not in on:
+            on.add(i)
+            listed.append(i)
+    serving = sum(1 for r, i in enumerate(ids) if not leaving[r] and i not in on)
+    for k in range(len(listed) - 1, -1, -1):
+        if serving >= d.desired_nodes:
+            break
+        r = row.get(listed[k])
+        if r is not None and not leaving[r]:
+            del listed[k]
+            serving += 1
+    drain = tuple(listed)
+    if drain == d.drain:
+        return d
+    return d.model_copy(update={"drain": drain})
+
+
+def hold_drains(drains: dict[str, tuple[str, ...]], d: AutoscaleDecision) -> None:
+    """Set the pool's held drain list in ``drains`` to the one ``d`` lets out (none: the pool's
+    entry is dropped, so a pool with nothing draining keeps no entry)."""
+    if d.drain:
+        drains[d.pool_id] = d.drain
+    else:
+        drains.pop(d.pool_id, None)
+
+
+def settle_autoscale(  # noqa: PLR0917 - the proposal, the snapshot, the envelope, then what is held
+    d: AutoscaleDecision,
+    snap: FleetSnapshot,
+    env: Envelope,
+    held: int | None,
+    silent: bool,
+    draining: Sequence[str] = (),
 ) -> AutoscaleDecision | None:
     """What the engine lets out of an autoscale proposal for its pool (None: nothing, this tick).
+    Whatever the target, the pool's drain list is held (:func:`keep_draining`): ``draining`` is the
+    one let out at the pool's last tick.
 
     No telemetry is "unknown", never "no nodes" (a control plane must not shrink a pool its absence
     would leave alone):
@@ -727,8 +797,8 @@ def settle_autoscale(
     if not known and held is None:
         return None
     if silent:
-        return freeze_autoscale(d, snap, held)
+        return keep_draining(freeze_autoscale(d, snap, held), snap, draining)
     shaped = shape_autoscale(d, env, held)
-    if known or held is None or shaped.desired_nodes >= held:
-        return shaped
-    return _overruled(d, held, "no-telemetry-held")
+    if not (known or held is None or shaped.desired_nodes >= held):
+        shaped = _overruled(d, held, "no-telemetry-held")
+    return keep_draining(shaped, snap, draining)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple, TypeVar
 
+from fleetloop.policies.autoscale.committed import committed
 from fleetloop.policies.autoscale.predictive.params import SloPredictiveParams
 from fleetloop.policies.autoscale.predictive.signals import Node
 from fleetloop.policies.base import PoolView
@@ -178,7 +179,7 @@ def target(
     or that a floor of its own keeps), else the active nodes. A hold or a rate limit keeps that size;
     it never raises the target to nodes the rule already gave back (README.md: "Committed size")."""
     lo, hi = bounds
-    base = committed(state, current)
+    base = committed(state.last_desired, current)
     if not has_nodes and pool is None:
         raw, reason = lo, "no-pool-yet"
     elif current == 0:
@@ -234,17 +235,6 @@ def target(
     if stepped_down:
         last_down = now
     return Target(raw, desired, reason, recs, last_down, last_failure, failed_tasks, stepped_down)
-
-
-def committed(state: SloPredictiveState, current: int) -> int:
-    """The pool size stabilization holds and steps from: ``min(current, last target)`` once a target
-    was set, else ``current``. Active nodes above the last target are nodes the rule asked to give
-    back (the actuator is still removing them, its drain is not yet in telemetry, or a floor of its
-    own keeps them), not demand: holding at ``current`` there would raise the target back to them
-    without any load (as Kubernetes' HPA, which steps from ``spec.replicas``, not from the pods it
-    sees). Fewer active nodes than the target (a node lost) read as they are."""
-    last = state.last_desired
-    return current if last is None else min(current, last)
 
 
 def learn_cold_start(cold_start: float | None, now: int, seen_cold_ms: int) -> float | None:
