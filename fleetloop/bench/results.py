@@ -195,6 +195,12 @@ RESULTS: tuple[Result, ...] = (
         "one daemon far beyond the rule: how far behind it falls under overload, and how soon it is current",
     ),
     Result(
+        "sizing-10000-10-minutes",
+        "fleetloop bench sizing --nodes 10000 --daemons 3 --seconds 600 --broker kafka --json",
+        {STDOUT: "sizing-10000-10-minutes.json"},
+        "10,000 nodes for ten minutes, three daemons: rebalances, longest loop stalls and where, GC",
+    ),
+    Result(
         "rollup-kafka",
         "fleetloop bench rollup --boundaries 60 --broker kafka --json",
         {STDOUT: "rollup-kafka.json"},

@@ -143,6 +143,17 @@ def test_sizing() -> None:
         [c["cpu_s_per_fleet_s"], c["lag_p50_ms"] / 1000, c["lag_p99_ms"] / 1000, c["caught_up_after_s"]],
     )
     assert c["ticks_overload"] > 0
+    d = _result("sizing-10000-10-minutes")
+    _check(
+        rf"every one of {NUM} ticks decided, p99 {NUM} ms after its boundary, {NUM} rebalances, {NUM} nodes "
+        rf"per half core\. The event loop's longest stall of its own was {NUM} ms .*?and the collector's "
+        rf"longest pause of its own {NUM} ms",
+        [d["ticks_decided"], d["lag_p99_ms"], d["rebalances"], d["nodes_per_half_core"],
+         d["loop_stall_own_max_ms"], d["gc_pause_own_max_ms"]],
+    )  # fmt: skip
+    assert d["ticks_decided"] == d["ticks_expected"]
+    assert (d["nodes"], d["daemons"], d["seconds"]) == (10000, 3, 600.0)
+    assert all("evict_before" in s for s in d["loop_stalls_top"])  # "all five in evicting ..."
 
 
 def test_rollup_router_fuzz_and_soak() -> None:
