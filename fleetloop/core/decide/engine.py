@@ -127,21 +127,6 @@ def _diag_key(section: str, k: str) -> str:
     return key
 
 
-def _wrap(
-    body: DecisionBody, ts_ms: int, tick_id: int, stamp: PolicyStamp, offsets: dict[str, int]
-) -> Decision:
-    """:func:`fleetloop.schemas.base.assemble` of one ``Decision`` (the same ``__dict__``, fields
-    and extras), inlined, its fields set shared (``_FIELDS_SET``)."""
-    m = _new_decision(Decision)
-    _set_dict(
-        m, {"ts_ms": ts_ms, "tick_id": tick_id, "policy": stamp, "input_offsets": offsets, "body": body}
-    )
-    _set_fields_set(m, _FIELDS_SET)
-    _set_extra(m, None)
-    _set_private(m, None)
-    return m
-
-
 def decide(
     snap: FleetSnapshot,
     policy: CompiledPolicy,
@@ -393,7 +378,23 @@ def _results(batch: _Batch, ts_ms: int, offsets: dict[str, int]) -> list[TickRes
                     name=ps.name, version=ps.version, hash=ps.hash, mode=sec_mode
                 )
             for body in section_bodies:
-                append(_wrap(body, ts_ms, tick_id, stamp, offsets))
+                # ``assemble`` of one ``Decision`` (the same ``__dict__``, fields and extras), inlined
+                # (a call per wrapper was ~6% of its cost, at 5,000 a tick), its fields set shared.
+                m = _new_decision(Decision)
+                _set_dict(
+                    m,
+                    {
+                        "ts_ms": ts_ms,
+                        "tick_id": tick_id,
+                        "policy": stamp,
+                        "input_offsets": offsets,
+                        "body": body,
+                    },
+                )
+                _set_fields_set(m, _FIELDS_SET)
+                _set_extra(m, None)
+                _set_private(m, None)
+                append(m)
         new_states = dict(batch.states[j].algorithms)
         for (section, name), st in zip(keys_of, batch.produced_states[j], strict=True):
             new_states[(section, name, pid)] = st
