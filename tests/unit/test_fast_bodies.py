@@ -120,3 +120,53 @@ def test_updated_is_model_copy() -> None:
     got = updated(m, {"x": 2})
     assert got.x == 2
     assert got._p == 1
+
+
+def _subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_subclasses(sub))
+    return out
+
+
+def test_assemble_sets_what_every_model_would_find_for_itself() -> None:
+    """``assemble`` (and the engine's decision wrappers) create a model with ``object.__new__`` and
+    set its ``__dict__`` through BaseModel's descriptor, both found once, instead of looking them up
+    on each model's class: the same only while no model defines ``__new__`` or a ``__dict__`` of its
+    own. Every model of the project (each module imported), checked by name."""
+    import importlib
+    import pkgutil
+
+    import fleetloop
+    from fleetloop.schemas.base import assemble
+    from fleetloop.schemas.decisions import Decision
+
+    for mod in pkgutil.walk_packages(fleetloop.__path__, "fleetloop."):
+        if mod.name.startswith(("fleetloop.policies", "fleetloop.schemas", "fleetloop.core")):
+            importlib.import_module(mod.name)
+    models = [c for c in _subclasses(BaseModel) if c.__module__.startswith("fleetloop.")]
+    assert RetryBudgetDecision in models
+    assert Decision in models
+    dict_descriptor = BaseModel.__dict__["__dict__"]
+    for cls in models:
+        assert cls.__new__ is object.__new__, cls
+        found = next(k.__dict__["__dict__"] for k in cls.__mro__ if "__dict__" in k.__dict__)
+        assert found is dict_descriptor, cls
+    d = RetryBudgetDecision(
+        entity="pool/p",
+        reason="budget",
+        pool_id="p",
+        retry_ratio=0.2,
+        min_retries_per_s=1.0,
+        retries_allowed_now=3,
+    )
+    same_model(assemble(RetryBudgetDecision, dict(d.__dict__), set(d.model_fields_set)), d)
+
+    class Own(BaseModel):  # what the test would catch: a model with its own __new__
+        x: int = 0
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Own:
+            return super().__new__(cls)
+
+    assert Own.__new__ is not object.__new__

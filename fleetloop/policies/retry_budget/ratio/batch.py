@@ -47,6 +47,7 @@ def decide_pools(
     params_ok = params_in_bounds(params)
     tenant_ok = [is_ident(t.tenant_id) for t in tenants]
     tenant_small = [type(t.requests_w) is int and abs(t.requests_w) < 2**53 for t in tenants]
+    all_small = all(tenant_small)
     # Each tenant decision's values, in the model's field order: the pool's parts are set per pool.
     templates: list[dict[str, object]] = [
         {
@@ -65,6 +66,26 @@ def decide_pools(
     ]
     # (tenant index, its lost share, the added ratio) -> (allowed, inputs, whether both are in bounds)
     made: dict[tuple[int, int, float], tuple[int, dict[str, float], bool]] = {}
+
+    def budget_of(k: int, lost_t: int, extra: float) -> tuple[int, dict[str, float], bool]:
+        key = (k, lost_t, extra)
+        found = made.get(key)
+        if found is None:
+            n, t_inputs = tenant_budget(params, window_s, tenants[k], lost_t, extra)
+            ok = (
+                type(n) is int and 0 <= n <= MAX_COUNT and tenant_ok[k] and inputs_ok(list(t_inputs.values()))
+            )
+            found = made[key] = (n, t_inputs, ok)
+        return found
+
+    # A pool that lost no call with a node and has no mass failure (most pools, most ticks): every
+    # tenant's share is 0 and no ratio is added, so each tenant's budget and inputs are the same in
+    # all such pools. When every tenant's are in bounds, those pools' tenant decisions are assembled
+    # from this one list (tenant id, budget, inputs), made at the first such pool, without the
+    # per-tenant steps of the loop below.
+    quiet: list[tuple[str, int, dict[str, float]]] | None = None
+    quiet_made = False
+    ratio, floor = params.retry_ratio, params.min_retries_per_s
     out: list[PolicyResult[Episode | None]] = []
     for state, ctx in zip(states, ctxs, strict=True):
         pid = ctx.pool_id
@@ -74,21 +95,38 @@ def decide_pools(
         decisions: list[RetryBudgetDecision] = [decision]
         fast = params_ok and is_ident(pid)
         prefix = f"pool/{pid}/tenant/"
+        if fast and not lost and not extra and all_small:
+            if not quiet_made:
+                quiet_made = True
+                parts = [budget_of(k, 0, 0.0) for k in range(len(tenants))]
+                if all(ok for _, _, ok in parts):
+                    quiet = [(t.tenant_id, n, t_in) for t, (n, t_in, _) in zip(tenants, parts, strict=True)]
+            if quiet is not None:
+                for tid, n, t_inputs in quiet:
+                    decisions.append(
+                        assemble(
+                            RetryBudgetDecision,
+                            {
+                                "entity": prefix + tid,
+                                "reason": "tenant-budget",
+                                "inputs": t_inputs,  # shared by the quiet pools' decisions, never written
+                                "kind": "retry_budget",
+                                "pool_id": pid,
+                                "tenant_id": tid,
+                                "retry_ratio": ratio,
+                                "min_retries_per_s": floor,
+                                "retries_allowed_now": n,
+                                "exempt_retries_of": exempt,
+                            },
+                            _TENANT_FIELDS_SET,
+                        )
+                    )
+                out.append(PolicyResult(decisions=tuple(decisions), state=episode))
+                continue
         for k, t in enumerate(tenants):
             # No call lost: no share (and the division, which could overflow, is not made).
             lost_t = tenant_lost(lost, t.requests_w, requests) if lost or not tenant_small[k] else 0
-            key = (k, lost_t, extra)
-            found = made.get(key)
-            if found is None:
-                n, t_inputs = tenant_budget(params, window_s, t, lost_t, extra)
-                ok = (
-                    type(n) is int
-                    and 0 <= n <= MAX_COUNT
-                    and tenant_ok[k]
-                    and inputs_ok(list(t_inputs.values()))
-                )
-                found = made[key] = (n, t_inputs, ok)
-            n, t_inputs, ok = found
+            n, t_inputs, ok = budget_of(k, lost_t, extra)
             if fast and ok:
                 values = templates[k].copy()
                 values["entity"] = prefix + t.tenant_id
