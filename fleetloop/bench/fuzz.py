@@ -28,7 +28,7 @@ import argparse
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,13 @@ from fleetloop.schemas.topics import POLICY, REQUESTS, TELEMETRY, TICKS, topic_n
 YEAR_2100_MS = 4_102_444_800_000
 FLOOD_NODES_POOL = "flood-nodes"
 INVENTED_MODEL = "invented-model"
-TAKEOVER = ("ts-future", "tick-future", "policy-version-jump")
+# Takeover attempts by category, and the reason kind of the dead letter that refuses each: the door
+# refuses an event time far ahead (telemetry or a forged tick), the policy follower a forged version.
+TAKEOVER = {
+    "ts-future": "event-time-too-new",
+    "tick-future": "event-time-too-new",
+    "policy-version-jump": "policy-version-jump",
+}
 
 
 def register(sub: Any) -> None:
@@ -427,6 +433,18 @@ def _daemon_figures(daemon: Daemon) -> dict[str, Any]:
     }
 
 
+def takeover_tally(sent: Mapping[str, int], dead_by_reason: Mapping[str, int]) -> dict[str, Any]:
+    """The takeover attempts ``sent`` (records by category) and how many were refused: per reason
+    kind that refuses them (:data:`TAKEOVER`), the daemon's dead letters of that kind, at most the
+    attempts it answers. An attempt the daemon did not dead-letter (taken, or ignored) is not
+    counted as refused."""
+    by_kind: Counter[str] = Counter()
+    for category, kind in TAKEOVER.items():
+        by_kind[kind] += sent.get(category, 0)
+    refused = {kind: min(n, dead_by_reason.get(kind, 0)) for kind, n in sorted(by_kind.items()) if n}
+    return {"sent": sum(by_kind.values()), "refused": sum(refused.values()), "refused_by_reason": refused}
+
+
 async def fuzz(args: argparse.Namespace, info: BrokerInfo) -> dict[str, Any]:
     policy = builtin_policy("default")
     rng = np.random.default_rng(args.seed)
@@ -449,8 +467,6 @@ async def fuzz(args: argparse.Namespace, info: BrokerInfo) -> dict[str, Any]:
     extra = sorted(set(b) - set(a))
     different = sorted(k for k in set(a) & set(b) if a[k] != b[k])
     reasons: dict[str, int] = dirty["dead_by_reason"]
-    takeover_sent = sum(by_category[c] for c in TAKEOVER)
-    takeover_refused = reasons.get("event-time-too-new", 0) + reasons.get("policy-version-jump", 0)
     real_sent = args.ticks * args.pools * args.nodes * 4 + args.ticks * args.pools
     first_difference = None
     if different or missing or extra:
@@ -492,7 +508,7 @@ async def fuzz(args: argparse.Namespace, info: BrokerInfo) -> dict[str, Any]:
             "different": len(different),
             "first_difference": first_difference,
         },
-        "takeover_attempts": {"sent": takeover_sent, "refused": takeover_refused},
+        "takeover_attempts": takeover_tally(by_category, reasons),
         "policies": {
             "forged": by_category["policy-version-jump"] + by_category["policy-malformed"],
             "refused": dirty["policies_refused"],

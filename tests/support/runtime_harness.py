@@ -275,6 +275,7 @@ class Rig:
             self.parts,
             self.link,
             engine=Engine(self.config.policy),
+            dead_letters=self.dead_letters(),
             stats=self.stats,
         )
 

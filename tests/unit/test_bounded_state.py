@@ -258,8 +258,18 @@ def test_a_forged_policy_version_is_refused_and_later_real_versions_still_apply(
 
 def test_a_policy_record_that_is_anything_but_a_document_is_refused() -> None:
     def check(f: PolicyFollower) -> None:
-        for value in (b"", b"{", b"[1e999]", b'{"apiVersion": 1}', b"x" * 200_000, _doc(2**53 + 1)):
-            assert f.consider(_Rec(value), "foundation") is not None
+        values = (b"", b"{", b"[1e999]", b'{"apiVersion": 1}', b"x" * 200_000, _doc(2**53 + 1))
+        letters = [f.consider(_Rec(value), "foundation") for value in values]
+        # Each reason starts with a kind that says what was wrong (what dead letters are counted by),
+        # never an exception's class name or the record's own topic and offset.
+        assert [d.kind if d is not None else None for d in letters] == [
+            "empty-value",
+            "json_invalid",
+            "json_invalid",
+            "policy-invalid",
+            "record-too-large",
+            "policy-invalid",
+        ]
         assert f.stats.policies_refused == 6
         assert f.pending_policy is None
 

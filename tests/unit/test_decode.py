@@ -79,7 +79,9 @@ def test_a_mixed_batch_keeps_every_good_record_and_dead_letters_exactly_the_bad_
     reasons = {d.offset: d.reason for d in out.dead}
     assert reasons[101].startswith("json_invalid: Invalid JSON: ")
     assert reasons[103] == "greater_than_equal: queue_depth: Input should be greater than or equal to 0"
-    assert reasons[104] == reasons[105] == "ValueError: empty value (tombstone or zero bytes)"
+    # the reason says what was wrong, and its kind (what counters group by) is not an exception's name
+    assert reasons[104] == reasons[105] == "empty-value: the record has no value (a tombstone or zero bytes)"
+    assert out.dead[2].kind == "empty-value"
     assert reasons[106] == "extra_forbidden: surprise: unknown field"
 
 

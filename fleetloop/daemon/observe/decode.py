@@ -8,6 +8,7 @@ could let two broken values join into two valid-looking ones, so there is no bat
 
 The door (:class:`Door`) refuses, before and after decoding:
 
+- an empty value (a tombstone or zero bytes), reason ``empty-value``;
 - a value larger than ``max_record_bytes`` (checked before any parsing: no record makes the decoder
   allocate more than that), reason ``record-too-large``;
 - anything the model refuses: bad JSON, a wrong type, an unknown field, a number outside its
@@ -40,6 +41,7 @@ P = TypeVar("P", bound=BaseModel)
 S = TypeVar("S", bound=msgspec.Struct)
 
 MAX_REASON = 500
+EMPTY_VALUE = "empty-value: the record has no value (a tombstone or zero bytes)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +199,9 @@ def decode_rows(
         try:
             value = r.value
             if not value:
-                raise ValueError("empty value (tombstone or zero bytes)")
+                dead.append(dead_letter_of(r, EMPTY_VALUE))
+                rows.append(row(r.offset, broker_ts, None, None, None))
+                continue
             if len(value) > limit:
                 dead.append(dead_letter_of(r, f"record-too-large: {len(value)} bytes > {limit}"))
                 rows.append(row(r.offset, broker_ts, None, None, None))
@@ -237,7 +241,8 @@ def _decode(validate: Callable[[bytes], M], records: Sequence[RecordLike], door:
         try:
             value = r.value
             if not value:
-                raise ValueError("empty value (tombstone or zero bytes)")
+                dead.append(dead_letter_of(r, EMPTY_VALUE))
+                continue
             if len(value) > limit:
                 dead.append(dead_letter_of(r, f"record-too-large: {len(value)} bytes > {limit}"))
                 continue

@@ -97,8 +97,10 @@ class Daemon:
         self._parts = parts = Partitions(config.prefix)
         self._link = link = Link(broker or KafkaBroker(config), self.health, shown(config.bootstrap_servers))
         pace = Pace()
-        self._follower = PolicyFollower(config, clock, parts, link, engine=self.engine, stats=stats)
         self._dead_letters = dead = DeadLetters(config.prefix, parts, link, stats=stats)
+        self._follower = PolicyFollower(
+            config, clock, parts, link, engine=self.engine, dead_letters=dead, stats=stats
+        )
         self._checkpoints = Checkpoints(
             config, clock, parts, link, dead_letters=dead, offload=offload or Forked(), stats=stats
         )

@@ -28,8 +28,9 @@ import orjson
 from fleetloop.core.decide.engine import Engine
 from fleetloop.core.shard import Shadow
 from fleetloop.daemon.observability import logger
-from fleetloop.daemon.observe.decode import DeadLetter, dead_letter_of, reason_of
+from fleetloop.daemon.observe.decode import EMPTY_VALUE, DeadLetter, dead_letter_of, reason_of
 from fleetloop.daemon.runtime.config import DaemonConfig
+from fleetloop.daemon.runtime.deadletters import DeadLetters
 from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import Partitions
 from fleetloop.daemon.runtime.port import Clock, Record
@@ -67,12 +68,14 @@ class PolicyFollower:
         link: Link,
         *,
         engine: Engine,
+        dead_letters: DeadLetters,
         stats: DaemonStats,
     ) -> None:
         self.config = config
         self.clock = clock
         self.parts = parts  # the ticks decided so far: a new policy decides from after them
         self.link = link
+        self.dead_letters = dead_letters  # publishes and counts refusals by reason, like the door's
         self.engine = engine  # holds the policy in force
         self.stats = stats
         self.topic = topic_name(config.prefix, POLICY_ACTIVE)
@@ -180,17 +183,13 @@ class PolicyFollower:
                 continue
             refused = [letter for r in records if (letter := self.consider(r, follow)) is not None]
             if refused and self.link.session is not None:
-                await self._dead_letter(refused)
+                await self.dead_letters.publish(refused, stage="policy")
             if self.pending_policy is None and self.pending_shadow is None:
                 # Everything up to here is decided (refused or ignored): a restart starts after it.
                 self.considered = max(self.considered, records[-1].offset)
                 await self._publish_active()
             else:
                 self.pending_offset = max(self.pending_offset, records[-1].offset)
-
-    async def _dead_letter(self, letters: list[DeadLetter]) -> None:
-        publisher = self.link.publisher
-        await self.link.retrying("dead-letter", lambda: publisher.dead_letter(letters, stage="policy"))
 
     async def apply_pending(self) -> None:
         """Activate what was accepted since the last batch (the loop calls this between batches)."""
@@ -273,18 +272,21 @@ class PolicyFollower:
                 self.pending_offset = record.offset
                 log.info("shadow policy removal accepted", name=follow)
             return None
+        # Each refusal's reason starts with its kind (what the dead-letter counters group by).
+        if not record.value:
+            return self._refuse(record, EMPTY_VALUE)
+        limit = self.config.door.max_record_bytes
+        if len(record.value) > limit:
+            return self._refuse(record, f"record-too-large: {len(record.value)} bytes > {limit}")
         try:
-            if not record.value:
-                raise PolicyError("empty policy record")
-            if len(record.value) > self.config.door.max_record_bytes:
-                raise PolicyError(
-                    f"record-too-large: {len(record.value)} bytes > {self.config.door.max_record_bytes}"
-                )
-            compiled = compile_policy(
-                parse_document(orjson.loads(record.value), f"{record.topic}@{record.offset}")
-            )
+            data = orjson.loads(record.value)
+        except orjson.JSONDecodeError as exc:
+            return self._refuse(record, f"json_invalid: not a JSON policy document: {exc}")
+        try:
+            compiled = compile_policy(parse_document(data, f"{record.topic}@{record.offset}"))
         except Exception as exc:  # whatever the record holds, the active policy stays in force
-            return self._refuse(record, reason_of(exc) if not isinstance(exc, PolicyError) else str(exc))
+            why = str(exc) if isinstance(exc, PolicyError) else reason_of(exc)
+            return self._refuse(record, f"policy-invalid: {why}")
         active = self.pending_policy or self.engine.policy
         if compiled.stamp.name != follow:
             return None  # another daemon group's policy on a shared topic
@@ -303,8 +305,8 @@ class PolicyFollower:
         if compiled.stamp.version <= active.stamp.version:
             return self._refuse(
                 record,
-                f"{compiled.stamp.name} v{compiled.stamp.version} is not newer than the active "
-                f"v{active.stamp.version} (hash {active.stamp.hash})",
+                f"policy-not-newer: {compiled.stamp.name} v{compiled.stamp.version} is not newer than "
+                f"the active v{active.stamp.version} (hash {active.stamp.hash})",
             )
         self.pending_policy = compiled
         self.pending_offset = record.offset
@@ -333,13 +335,13 @@ class PolicyFollower:
         if current is not None and compiled.stamp.version <= current.stamp.version:
             return self._refuse(
                 record,
-                f"shadow {compiled.stamp.name} v{compiled.stamp.version} is not newer than the shadow "
-                f"in force v{current.stamp.version} (hash {current.stamp.hash})",
+                f"policy-not-newer: shadow {compiled.stamp.name} v{compiled.stamp.version} is not newer "
+                f"than the shadow in force v{current.stamp.version} (hash {current.stamp.hash})",
             )
         try:
             shadow = Shadow.of(compiled)
         except PolicyError as exc:
-            return self._refuse(record, str(exc))
+            return self._refuse(record, f"policy-invalid: {exc}")
         self.pending_shadow = (shadow,)
         self.pending_offset = record.offset
         log.info(
