@@ -25,6 +25,11 @@ from fleetloop.core.model.windows import BUCKET_MS, LAT_EDGES_MS, N_LAT_BINS, Wi
 from fleetloop.schemas.fast import Outcome, Telemetry
 
 
+def _made(win: Window, b: int) -> None:
+    """A row made in ``win`` at bucket ``b``: its ``low`` comes down to it (as ``Window.add``)."""
+    win.low = min(win.low, b)
+
+
 def fold_telemetry(model: FleetModel, t: Telemetry) -> str | None:
     """Fold one telemetry record; returns why it was refused (a cap), or None."""
     pool_id, node_id, ts = t.pool_id, t.node_id, t.ts_ms
@@ -109,6 +114,7 @@ def fold_outcome(model: FleetModel, o: Outcome) -> str | None:
     if row is None:
         rows[b] = [1.0, float(ok), float(failed), float(retry), float(shed),
                    float(o.prompt_tokens), float(o.output_tokens)]  # fmt: skip
+        _made(pool.win, b)
     else:
         row[st._P_REQ] += 1.0
         if ok:
@@ -127,12 +133,14 @@ def fold_outcome(model: FleetModel, o: Outcome) -> str | None:
         row = rows.get(b)
         if row is None:
             row = rows[b] = [0.0] * N_LAT_BINS
+            _made(pool.ttft, b)
         row[bisect_right(LAT_EDGES_MS, ttft_ms)] += 1.0
     if not shed:  # the classes the pool served, not those it turned away (add_at, inlined)
         rows = pool.by_priority.buckets
         row = rows.get(b)
         if row is None:
             row = rows[b] = [0.0] * N_PRIORITIES
+            _made(pool.by_priority, b)
         row[min(max(o.priority, 0), N_PRIORITIES - 1)] += 1.0
     if o.task_outcome is not None:  # a task ended on this call; lost unless ok or our own shed
         pool.tasks.add(b, (1.0, float(o.task_outcome == "failed" and not shed)))
@@ -149,6 +157,7 @@ def fold_outcome(model: FleetModel, o: Outcome) -> str | None:
         row = rows.get(b)
         if row is None:
             rows[b] = [1.0, float(retry), float(shed)]
+            _made(tenant.win, b)
         else:
             row[st._T_REQ] += 1.0
             if retry:
@@ -174,6 +183,7 @@ def fold_outcome(model: FleetModel, o: Outcome) -> str | None:
         ttft = ttft_ms if ttft_ms is not None else 0.0
         if row is None:
             rows[b] = [1.0, float(ok), float(failed), ttft, float(ttft_ms is not None), 0.0, 0.0, 0.0]
+            _made(win, b)
         else:
             row[st._N_REQ] += 1.0
             if ok:

@@ -9,7 +9,8 @@ second of a 10,000-node fleet's outcomes, the calls cost within the noise of the
 and a step per method reads better than one loop of 200 lines. Window rows are updated in place,
 column by column, rather than through :meth:`Window.add` (the same sums: adding 0.0 to a count
 column is skipped, which changes nothing, since those columns hold sums of non-negative
-integers).
+integers), and a row made lowers its window's ``low`` as :meth:`Window.add` does (eviction pops
+the buckets from there: :mod:`fleetloop.core.model.windows`).
 
 What one outcome changes, in order: the ledger's task (opened, continued, or ended, with its spend),
 the pool's clocks (a record behind the pool's retention stops there), the pool's windows (calls,
@@ -258,11 +259,15 @@ class Folds(LedgerBook):
         retry = o.attempt > 0
         # The pool's windows: its call, outcome and tokens, its TTFT histogram, the priority class
         # it served (not one it turned away), and a task it ended (lost unless ok or our own shed).
-        rows = pool.win.buckets
+        # A bucket made lowers its window's ``low`` to it (eviction pops from there).
+        w = pool.win
+        rows = w.buckets
         row = rows.get(b)
         if row is None:
             rows[b] = [1.0, float(ok), float(failed), float(retry), float(shed),
                        float(o.prompt_tokens), float(o.output_tokens)]  # fmt: skip
+            if b < w.low:  # noqa: PLR1730 (a compare, not a call, per new bucket)
+                w.low = b
         else:
             row[_P_REQ] += 1.0
             if ok:
@@ -277,16 +282,22 @@ class Folds(LedgerBook):
             row[_P_OUT] += o.output_tokens
         ttft_ms = o.ttft_ms
         if ttft_ms is not None:  # pool.ttft.add_at(b, lat_bin(ttft_ms), 1.0), inlined
-            rows = pool.ttft.buckets
+            w = pool.ttft
+            rows = w.buckets
             row = rows.get(b)
             if row is None:
                 row = rows[b] = [0.0] * N_LAT_BINS
+                if b < w.low:  # noqa: PLR1730
+                    w.low = b
             row[bisect_right(LAT_EDGES_MS, ttft_ms)] += 1.0
         if not shed:
-            rows = pool.by_priority.buckets
+            w = pool.by_priority
+            rows = w.buckets
             row = rows.get(b)
             if row is None:
                 row = rows[b] = [0.0] * N_PRIORITIES
+                if b < w.low:  # noqa: PLR1730
+                    w.low = b
             priority = o.priority  # min(max(priority, 0), 9), its common case first
             in_range = type(priority) is int and 0 <= priority <= _TOP_PRIORITY
             row[priority if in_range else min(max(priority, 0), _TOP_PRIORITY)] += 1.0
@@ -306,10 +317,13 @@ class Folds(LedgerBook):
         elif o.priority < tenant.priority:
             tenant.priority = o.priority  # its most important class seen: order-independent
         if tenant is not None:
-            rows = tenant.win.buckets
+            w = tenant.win
+            rows = w.buckets
             row = rows.get(b)
             if row is None:
                 rows[b] = [1.0, float(retry), float(shed)]
+                if b < w.low:  # noqa: PLR1730
+                    w.low = b
             else:
                 row[_T_REQ] += 1.0
                 if retry:
@@ -355,6 +369,8 @@ class Folds(LedgerBook):
         ttft = ttft_ms if ttft_ms is not None else 0.0
         if row is None:
             rows[b] = [1.0, float(ok), float(failed), ttft, float(ttft_ms is not None), 0.0, 0.0, 0.0]
+            if b < win.low:  # noqa: PLR1730 (the window's ``low``: eviction pops from there)
+                win.low = b
         else:
             row[_N_REQ] += 1.0
             if ok:

@@ -5,19 +5,34 @@ order they arrived in (the property a replay from offsets relies on). Reading a 
 buckets in ``(now - window, now]``. Buckets older than the retention behind the newest one seen are
 dropped; a record that late is counted in ``late_dropped`` and otherwise ignored (Quix Streams'
 "closed window" rule).
+
+Eviction visits only the buckets it drops. Each window keeps ``low``, a bucket no key of its is
+below: whatever makes a bucket lowers it to that bucket (:meth:`Window.add`, :meth:`Window.add_at`,
+and the folds' inlined writes, which must do the same), and eviction raises it to its horizon. So
+dropping the buckets before ``h`` is popping ``range(low, h)`` (about the ten seconds since the last
+eviction, not every one of the ~300 kept): the same buckets a scan of every key finds, so the window
+after it is the same. Measured at 10,000 nodes, a scan of every node window in one fold step held
+the loop 169 ms. A window decoded from a checkpoint does not know its ``low`` (it is not written:
+``_TRANSIENT``), and its first eviction scans every key, as does one whose ``low`` is further back
+than it holds keys.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
+from types import MappingProxyType
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 BUCKET_MS = 1000
+
+_NO_KEY = 2**62  # a new window's ``low``: it holds no bucket
+_UNKNOWN = -(2**62)  # a decoded window's ``low``: any bucket may be held
 
 # Log-spaced latency bins from 1 ms to ~10 min, ratio 2**(1/4) (about 19% wide): p99 within one bin.
 _RATIO = 2**0.25
@@ -39,18 +54,24 @@ def lat_value(bin_index: int) -> float:
 
 
 class Window:
-    """Per-bucket vectors of ``width`` floats."""
+    """Per-bucket vectors of ``width`` floats; no key of ``buckets`` is below ``low`` (see the
+    module's docstring: whoever adds a key lowers ``low`` to it)."""
 
-    __slots__ = ("buckets", "width")
+    __slots__ = ("buckets", "low", "width")
+    # Derived from the keys and never checkpointed: a decoded window starts not knowing it.
+    _TRANSIENT: ClassVar[Mapping[str, int | None]] = MappingProxyType({"low": _UNKNOWN})
 
     def __init__(self, width: int) -> None:
         self.width = width
         self.buckets: dict[int, list[float]] = {}
+        self.low = _NO_KEY
 
     def add(self, bucket: int, values: tuple[float, ...]) -> None:
         row = self.buckets.get(bucket)
         if row is None:
             self.buckets[bucket] = list(values)
+            if bucket < self.low:  # noqa: PLR1730 (a compare, not a call, per new bucket)
+                self.low = bucket
         else:
             for i, v in enumerate(values):
                 row[i] += v
@@ -59,6 +80,8 @@ class Window:
         row = self.buckets.get(bucket)
         if row is None:
             row = self.buckets[bucket] = [0.0] * self.width
+            if bucket < self.low:  # noqa: PLR1730
+                self.low = bucket
         row[index] += value
 
     def total(self, now_ms: int, window_ms: int) -> list[float]:
@@ -76,10 +99,22 @@ class Window:
         return out
 
     def evict_before(self, bucket: int) -> int:
-        """Drop buckets before ``bucket``; returns how many are left."""
-        for b in [b for b in self.buckets if b < bucket]:
-            del self.buckets[b]
-        return len(self.buckets)
+        """Drop buckets before ``bucket``; returns how many are left. Pops the buckets from ``low``
+        up to ``bucket``, or, when that range is longer than the window holds keys (a decoded
+        window, one idle for long), scans the keys instead: the same buckets either way."""
+        buckets = self.buckets
+        low = self.low
+        if bucket <= low:
+            return len(buckets)
+        if bucket - low <= len(buckets):
+            pop = buckets.pop
+            for b in range(low, bucket):
+                pop(b, None)
+        else:
+            for b in [b for b in buckets if b < bucket]:
+                del buckets[b]
+        self.low = bucket
+        return len(buckets)
 
 
 class WindowColumns:
