@@ -153,7 +153,9 @@ def test_sizing() -> None:
     )  # fmt: skip
     assert d["ticks_decided"] == d["ticks_expected"]
     assert (d["nodes"], d["daemons"], d["seconds"]) == (10000, 3, 600.0)
-    assert all("evict_before" in s for s in d["loop_stalls_top"])  # "all five in evicting ..."
+    # "none is eviction now; the five longest ... are all in deciding a batch of pools"
+    assert not any("evict" in s for s in d["loop_stalls_top"])
+    assert all("_decide_batch" in s for s in d["loop_stalls_top"])
 
 
 def test_rollup_router_fuzz_and_soak() -> None:
