@@ -16,7 +16,8 @@ ledger at the largest size of at most 10,000 nodes and measures RSS and ticks ag
 worst case: every task still open). The garbage collector runs with the daemon's settings
 (``--gc daemon``, what ``fleetloop run`` sets at start: a tick allocates tens of thousands of
 objects, and with Python's default thresholds full collections over the whole model land inside
-ticks); ``--gc python`` measures with Python's defaults. The records folded are what the daemon
+ticks; and, as its loop does between batches, what survives a collection is frozen between the
+fold and the tick); ``--gc python`` measures with Python's defaults. The records folded are what the daemon
 folds (``--records twin``, the default: the msgspec twins its shard decodes, one batch fold per
 topic and second); ``--records model`` folds the wire models one call per record.
 """
@@ -116,6 +117,7 @@ class GcClock:
         self.ms = [0.0, 0.0, 0.0]
         self.count = [0, 0, 0]
         self._t0 = 0.0
+        self.freeze_due = False  # a collection ended since the last :meth:`freeze_survivors`
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -124,6 +126,16 @@ class GcClock:
             g = info["generation"]
             self.ms[g] += (clock.cpu_s() - self._t0) * 1000.0
             self.count[g] += 1
+            self.freeze_due = True
+
+    def freeze_survivors(self, tuned: bool) -> None:
+        """Between batches, as the daemon's loop does (``fleetloop.daemon.runtime``'s
+        ``freeze_survivors``): after a collection, what survived it is frozen, so no later collection
+        walks more than the objects made since. Only with the daemon's settings (``tuned``)."""
+        if self.freeze_due:
+            self.freeze_due = False
+            if tuned:
+                gc.freeze()
 
     def take(self) -> tuple[list[float], list[int]]:
         """What was collected since the last take: (ms per generation, collections per generation)."""
@@ -168,7 +180,10 @@ def run_size(
     workflows: int = 0,
     profile: cProfile.Profile | None = None,
     records: str = "twin",
+    tuned_gc: bool = False,
 ) -> dict[str, Any]:
+    """One size's ticks; ``tuned_gc``: the collector runs as the daemon's (survivors frozen between
+    the fold and the tick, as its loop does between batches)."""
     gc.collect()
     rss0 = rss_mib()
     fleet = make_fleet(n_nodes)
@@ -198,6 +213,7 @@ def run_size(
                 tel = [TELEMETRY_TWIN.of(t) for t in tel]
                 out = [OUTCOME_TWIN.of(o) for o in out]
             gc_clock.take()
+            gc_clock.freeze_survivors(tuned_gc)
             c0 = clock.cpu_s()
             if twins:  # as the shard folds what it decoded: one batch per topic
                 model.fold_telemetries(tel)
@@ -209,6 +225,7 @@ def run_size(
                     model.fold_outcome(o)
             c1, t1 = clock.cpu_s(), clock.monotonic_s()
             _, in_fold = gc_clock.take()
+            gc_clock.freeze_survivors(tuned_gc)
             timed = k >= warmup
             if timed and profile is not None:
                 profile.enable()
@@ -390,6 +407,7 @@ def handle(args: argparse.Namespace) -> int:
                     workflows=args.workflows if n == wf_size else 0,
                     profile=profile if n == sizes[-1] else None,
                     records=args.records,
+                    tuned_gc=args.gc == "daemon",
                 )
             )
     finally:
