@@ -375,9 +375,12 @@ def _medians(mem: _Memory, min_samples: int) -> tuple[Floats, Bools]:
         # sorts agree. One hostile -0.0 no longer makes the whole batch's sort the slow one.
         zero = (part == 0).any(axis=2)
         ordered[zero] = np.sort(part[zero], axis=1, kind="stable")
-    # NaN sorts last: a lane's count of figures is the place of its first NaN, or ``span``.
-    nan_at = np.isnan(ordered)
-    count = np.where(nan_at[:, :, -1], nan_at.argmax(axis=2), span)
+    # NaN sorts last: a lane's count of figures is the place of its first NaN, or ``span`` (most lanes
+    # are full: only those ending in a NaN are searched).
+    short = np.flatnonzero(np.isnan(ordered[:, :, -1]))
+    count = np.full((n_rows, n_sig), span, dtype=np.int64)
+    if len(short):
+        count.reshape(-1)[short] = np.isnan(ordered.reshape(-1, span)[short]).argmax(axis=1)
     row = np.arange(n_rows)[:, None]
     sig = np.arange(n_sig)[None, :]
     upper = ordered[row, sig, np.minimum(count // 2, span - 1)]
