@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult
+from fleetloop.policies.breaker.emission import KEYFRAME_TICKS, Emitted, Fields, keyframe_residue, phase
 from fleetloop.policies.breaker.latency_outlier import (
     LatencyOutlier,
     LatencyOutlierParams,
@@ -21,6 +22,7 @@ from fleetloop.policies.breaker.latency_outlier import (
     row_cache,
     rows_of,
 )
+from fleetloop.policies.breaker.latency_outlier.rule import NodeState, PoolRows, pool_tick, quiet_tick
 from tests.policies.snapshots import NOW_MS, node
 from tests.policies.snapshots import snapshot as view_snapshot
 from tests.support.bench_fleet import bench_snapshots
@@ -261,3 +263,47 @@ def test_batch_equals_the_loop_on_hostile_values() -> None:
     # The 1e308 and subnormal pools: their severity is capped at the schema's bound, so no pool's
     # tick is refused (both forms refused the 1e308 one before the cap).
     assert errors == 0
+
+
+@pytest.mark.parametrize(("live", "healthy"), [(8, 8), (8, 3), (0, 0)], ids=["calm", "panic", "none-serving"])
+def test_quiet_tick_is_pool_tick_on_trivial_rows_due_a_record(live: int, healthy: int) -> None:
+    """The batch's shortcut for a quiet pool gives what the rule gives the same rows: trivial rows,
+    each due a record (none before, another record before, its keyframe, a record too old)."""
+    tick = 400
+    ids = tuple(f"q-{i}" for i in range(8))
+    residue = keyframe_residue(tick)
+    key = next(i for i in (f"k-{j}" for j in range(1000)) if phase(i) == residue)
+    not_key = next(i for i in (f"k-{j}" for j in range(1000)) if phase(i) != residue)
+    ids = (*ids[:4], key, not_key)
+    suspect: Fields = ("closed", True, 0.0, None, "latency-suspect", 0)
+    before: dict[str, Emitted] = {
+        ids[1]: (suspect, tick - 1),  # another record
+        ids[2]: (("closed", True, 0.0, None, "healthy", 0), tick - KEYFRAME_TICKS),  # too old
+        ids[3]: (("closed", True, 0.0, None, "healthy", 0), tick + 3),  # from a later tick
+        key: (("closed", True, 0.0, None, "healthy", 0), tick - 1),  # its keyframe
+        not_key: (suspect, tick - 2),
+    }
+    known = {i: NodeState(was_warm=True) for i in ids}
+    rows = list(range(len(ids)))
+    streak_f = [0.0, 1.0, 2.0, 0.0, 4.0, 3.0]
+    severity_r = [0.0, 1.5, 0.25, 2.999999, 0.0, 1.0]
+    pr = PoolRows(
+        "pool-q", ids, rows, [0] * len(rows), [True] * len(rows), [True] * len(rows), [True] * len(rows),
+        [int(x) for x in streak_f], streak_f, [0] * len(rows), [0] * len(rows), severity_r, severity_r,
+        [False] * len(rows), [phase(i) for i in ids], live, healthy, 0.0, True,
+    )  # fmt: skip
+    params = LatencyOutlierParams()
+    a = pool_tick(pr, known, before, [], started=True, now=NOW_MS, tick_id=tick, params=params)
+    b = quiet_tick("pool-q", ids, rows, streak_f, severity_r, live, healthy, tick, params)
+    assert len(a.decisions) == len(ids)  # every row was due one
+    assert [d.model_dump_json() for d in a.decisions] == [d.model_dump_json() for d in b.decisions]
+    assert [d.model_fields_set for d in a.decisions] == [d.model_fields_set for d in b.decisions]
+    assert (a.nodes, a.latency_open, a.error_open, a.panic) == (
+        b.nodes,
+        b.latency_open,
+        b.error_open,
+        b.panic,
+    )
+    assert a.panic == (healthy < live / 2)
+    assert list(a.emitted.items()) == list(b.emitted.items())
+    assert pickle.dumps(a.emitted) == pickle.dumps(b.emitted)  # one tuple per record, as the rule makes

@@ -14,7 +14,10 @@ pool's memory is kept and which rows are handled:
   quiet (:func:`quiet`: both machines closed, no streak, no ejection, no ramp), does not fail, did not
   change warmth and is no outlier has nothing to step; if its last record was ``HEALTHY``, it is not
   its keyframe and that record is not too old, it is not emitted either
-  (:mod:`fleetloop.policies.breaker.emission`), and the row costs no Python at all. What a row needs of
+  (:mod:`fleetloop.policies.breaker.emission`), and the row costs no Python at all. A pool whose handled
+  rows are all trivial (most pools, most ticks: the rows due a keyframe) is decided by
+  :func:`fleetloop.policies.breaker.latency_outlier.rule.quiet_tick`, each row's closed healthy record
+  and nothing to step, without the rule's per-row bookkeeping. What a row needs of
   the per-node dicts is kept as arrays beside the state (:class:`RowCache`, derived data, keyed by the
   state's identity, so the state itself is exactly what ``decide`` makes, to the pickle byte).
 
@@ -36,7 +39,7 @@ from typing import NamedTuple, TypeVar
 
 import numpy as np
 
-from fleetloop.policies.base import FleetSnapshot, PolicyContext, PolicyResult, r6, r6_array
+from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult, r6, r6_array
 from fleetloop.policies.breaker.emission import KEYFRAME_TICKS, keyframe_residue
 from fleetloop.policies.breaker.latency_outlier.params import LatencyOutlierParams
 from fleetloop.policies.breaker.latency_outlier.rule import (
@@ -49,6 +52,7 @@ from fleetloop.policies.breaker.latency_outlier.rule import (
     phases,
     pool_tick,
     quiet,
+    quiet_tick,
     row_cache,
 )
 from fleetloop.policies.breaker.latency_outlier.signals import (
@@ -371,9 +375,12 @@ def _medians(mem: _Memory, min_samples: int) -> tuple[Floats, Bools]:
         # sorts agree. One hostile -0.0 no longer makes the whole batch's sort the slow one.
         zero = (part == 0).any(axis=2)
         ordered[zero] = np.sort(part[zero], axis=1, kind="stable")
-    # NaN sorts last: a lane's count of figures is the place of its first NaN, or ``span``.
-    nan_at = np.isnan(ordered)
-    count = np.where(nan_at[:, :, -1], nan_at.argmax(axis=2), span)
+    # NaN sorts last: a lane's count of figures is the place of its first NaN, or ``span`` (most lanes
+    # are full: only those ending in a NaN are searched).
+    short = np.flatnonzero(np.isnan(ordered[:, :, -1]))
+    count = np.full((n_rows, n_sig), span, dtype=np.int64)
+    if len(short):
+        count.reshape(-1)[short] = np.isnan(ordered.reshape(-1, span)[short]).argmax(axis=1)
     row = np.arange(n_rows)[:, None]
     sig = np.arange(n_sig)[None, :]
     upper = ordered[row, sig, np.minimum(count // 2, span - 1)]
@@ -412,6 +419,11 @@ def _decide_fast(
     )  # fmt: skip
     hand = _Handled.of(rows, mem, v, fleet, params, tick_id)
     flags = (mem.flags[0].copy(), mem.flags[1].copy(), mem.flags[2].copy(), mem.flags[3].copy())
+    # A trivial row that is handled is due a record and gets the quiet one (rule.quiet_tick), in any
+    # pool: its cache's record fields are set here for all of them at once, not row by row.
+    flags[2][hand.due_quiet] = True
+    flags[3][hand.due_quiet] = tick_id
+    views = cols.nodes
     handed: list[PoolMemory] = []
     handed_rows: list[RowCache] = []
     for k, j in enumerate(fast):
@@ -420,7 +432,7 @@ def _decide_fast(
             continue
         state, cache = states[j], caches[k]
         assert cache is not None
-        result, rows_k = _pool(snap, params, ctxs[j], state, cache, hand, k, flags, mem)
+        result, rows_k = _pool(views, params, ctxs[j], state, cache, hand, k, flags, mem)
         handed.append(result.state.memory)
         handed_rows.append(rows_k)
         out[j] = result
@@ -452,6 +464,8 @@ class _Handled:
     outliers: list[int]
     failing: list[float]
     pool_bad: list[bool]
+    stirring: list[int]  # per pool, its rows that are not trivial (0: rule.quiet_tick decides it)
+    due_quiet: Ints  # the trivial rows handled (local rows): each is due its quiet record
 
     @classmethod
     def of(  # noqa: PLR0917 - the batch's rows, memory and verdicts, then the params and the tick
@@ -495,12 +509,13 @@ class _Handled:
             phase_a[handle].tolist(), rows.first.tolist(), per_pool(serve), per_pool(serve & trivial),
             per_pool(v.outlier),
             failure_levels(share, took, streak, serve, pool_of, n_pools, params.error_threshold),
-            (np.bincount(pool_of[bad], minlength=n_pools) > 0).tolist(),
+            (np.bincount(pool_of[bad], minlength=n_pools) > 0).tolist(), per_pool(~trivial),
+            handle[trivial[handle]],
         )  # fmt: skip
 
 
 def _pool(  # noqa: PLR0917 - the batch's figures, then the pool's
-    snap: FleetSnapshot,
+    views: Sequence[NodeView],
     params: LatencyOutlierParams,
     ctx: PolicyContext,
     state: State,
@@ -510,47 +525,48 @@ def _pool(  # noqa: PLR0917 - the batch's figures, then the pool's
     flags: tuple[Bools, Bools, Bools, Ints],
     mem: _Memory,
 ) -> tuple[PolicyResult[State], RowCache]:
-    """Pool ``k`` of the batch: the rule over its handled rows, its state as views of the batch's
-    arrays, and its row cache (``flags``' rows of it updated for the rows handled)."""
+    """Pool ``k`` of the batch: the rule over its handled rows (:func:`quiet_tick` when none of them
+    has anything to step), its state as views of the batch's arrays, and its row cache (``flags``'
+    rows of it updated for the rows handled; the trivial ones' already are)."""
     ids = cache.ids
     a = hand.first[k]
     part = slice(hand.cut[k], hand.cut[k + 1])
     local = [r - a for r in hand.handle[part]]
-    pr = PoolRows(
-        ctx.pool_id, ids, local, hand.at[part], hand.trivial[part], hand.warm[part], hand.serve[part],
-        hand.streak[part], hand.streak_f[part], hand.tbt[part], hand.ttft[part], hand.severity[part],
-        hand.severity_r[part], hand.outlier[part], hand.phase[part], hand.live[k], hand.healthy_trivial[k],
-        hand.failing[k], True,
-    )  # fmt: skip
     known, before = state.nodes, state.emitted
-    out = pool_tick(
-        pr,
-        known,
-        before,
-        fleet_columns(snap).nodes,
-        started=True,
-        now=ctx.now_ms,
-        tick_id=ctx.tick_id,
-        params=params,
-    )
-    quiet_n, was_warm_n, steady_n, since_n = flags
-    for q, r in enumerate(local):
-        node_id = ids[r]
-        if not pr.trivial[q]:
+    if not hand.stirring[k]:
+        out = quiet_tick(
+            ctx.pool_id, ids, local, hand.streak_f[part], hand.severity_r[part], hand.live[k],
+            hand.healthy_trivial[k], ctx.tick_id, params,
+        )  # fmt: skip
+    else:
+        pr = PoolRows(
+            ctx.pool_id, ids, local, hand.at[part], hand.trivial[part], hand.warm[part], hand.serve[part],
+            hand.streak[part], hand.streak_f[part], hand.tbt[part], hand.ttft[part], hand.severity[part],
+            hand.severity_r[part], hand.outlier[part], hand.phase[part], hand.live[k],
+            hand.healthy_trivial[k], hand.failing[k], True,
+        )  # fmt: skip
+        out = pool_tick(
+            pr, known, before, views, started=True, now=ctx.now_ms, tick_id=ctx.tick_id, params=params
+        )
+        quiet_n, was_warm_n, steady_n, since_n = flags
+        for q, r in enumerate(local):
+            if pr.trivial[q]:
+                continue
+            node_id = ids[r]
             ns = out.nodes.get(node_id, known[node_id])
             quiet_n[a + r] = quiet(ns)
             was_warm_n[a + r] = ns.was_warm
-        e = out.emitted.get(node_id)
-        if e is not None:
-            steady_n[a + r] = e[0] == HEALTHY
-            since_n[a + r] = ctx.tick_id
+            e = out.emitted.get(node_id)
+            if e is not None:
+                steady_n[a + r] = e[0] == HEALTHY
+                since_n[a + r] = ctx.tick_id
     lo, hi = a, a + len(ids)
     s = int(mem.slots[k])
     memory = PoolMemory(
         ids, _c_order(mem.ts[lo:hi, :s]), _c_order(mem.lanes[lo:hi, :, :s].transpose(0, 2, 1))
     )
     rows = RowCache(
-        ids, quiet_n[lo:hi], was_warm_n[lo:hi], steady_n[lo:hi], since_n[lo:hi], mem.flags[4][lo:hi]
+        ids, flags[0][lo:hi], flags[1][lo:hi], flags[2][lo:hi], flags[3][lo:hi], mem.flags[4][lo:hi]
     )
     new_state = State(
         started=True,

@@ -2,7 +2,8 @@
 one run alongside), the caps, the panic threshold, the pool-wide failure rule, and the decision each
 node gets (README.md beside this file: "Formula"). :func:`pool_tick` is one pool's tick over the
 figures :mod:`fleetloop.policies.breaker.latency_outlier.signals` computed for its rows; both columnar
-forms (:mod:`fleetloop.policies.breaker.latency_outlier.batch`) call it. Pure: no I/O, no clock."""
+forms (:mod:`fleetloop.policies.breaker.latency_outlier.batch`) call it; :func:`quiet_tick` is what it
+gives a pool whose rows have nothing to step, the batch form's shortcut. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -374,7 +375,10 @@ def breaker_decision(
     return BreakerDecision(**given)
 
 
-_CLOSED_FIELDS = frozenset({"entity", "reason", "inputs", "pool_id", "node_id", "state", "ejections"})
+# One fields set shared by every closed decision assembled here (a 10,000-node tick makes hundreds):
+# a frozen model never changes its fields set in place (``model_copy`` and ``updated`` copy it first),
+# as the ratio retry budget's tenant decisions and the engine's decision wrappers share theirs.
+_CLOSED_FIELDS: set[str] = {"entity", "reason", "inputs", "pool_id", "node_id", "state", "ejections"}
 
 
 def closed_decision(  # noqa: PLR0917 - the decision's fields
@@ -408,7 +412,7 @@ def closed_decision(  # noqa: PLR0917 - the decision's fields
             "until_ms": None,
             "ejections": ejections,
         },
-        set(_CLOSED_FIELDS),
+        _CLOSED_FIELDS,
     )
 
 
@@ -521,7 +525,7 @@ def _step_rows(
         if wants
         else set()
     )
-    # Panic threshold: too few healthy nodes left means the slowness is the pool's, not a node's.
+    # Panic threshold (:func:`panicking`): the serving nodes neither open, over the cap nor outliers.
     healthy = pr.healthy_trivial
     for q, r in enumerate(pr.rows):
         if pr.serve[q] and not pr.trivial[q]:
@@ -529,8 +533,13 @@ def _step_rows(
             ns = stepped[node_id]
             if ns.lat != "open" and ns.err.state != "open" and node_id not in over_cap and not pr.outlier[q]:
                 healthy += 1
-    panic = bool(pr.live) and healthy < params.panic_threshold * pr.live
-    return stepped, reasons, over_cap, panic
+    return stepped, reasons, over_cap, panicking(pr.live, healthy, params)
+
+
+def panicking(live: int, healthy: int, params: LatencyOutlierParams) -> bool:
+    """Panic threshold: fewer than ``panic_threshold`` of the pool's ``live`` (serving) nodes are
+    ``healthy`` (neither open, over the cap, nor outliers): the slowness is the pool's, not a node's."""
+    return bool(live) and healthy < params.panic_threshold * live
 
 
 def _records(
@@ -614,6 +623,34 @@ def _records(
             decisions.append(d)
             emitted[node_id] = (fd, tick_id)
     return PoolOutcome(decisions, nodes, emitted, latency_open, error_open, panic)
+
+
+def quiet_tick(  # noqa: PLR0917 - the pool's handled rows and their figures, then its counts and the tick
+    pool_id: str,
+    ids: tuple[str, ...],
+    rows: Sequence[int],
+    streak_f: Sequence[float],
+    severity_r: Sequence[float],
+    live: int,
+    healthy_trivial: int,
+    tick_id: int,
+    params: LatencyOutlierParams,
+) -> PoolOutcome:
+    """:func:`pool_tick` of a pool whose handled ``rows`` are all trivial (``PoolRows.trivial``) and
+    each due a record, with every figure within the schema's bounds: the batch form's shortcut for a
+    quiet pool, most pools on most ticks. A trivial row steps nothing and keeps its state (quiet: both
+    machines closed, no ejection, no ramp), so its decision is closed and ``healthy`` with no
+    ejections, emitted (:data:`HEALTHY`, this tick); nothing opens, nothing is capped, and the panic
+    threshold counts the pool's trivial serving nodes alone. ``tests/unit/test_breaker_batch.py``
+    holds it to :func:`pool_tick` on such rows."""
+    decisions: list[BreakerDecision] = []
+    emitted: dict[str, Emitted] = {}
+    reason = "healthy"
+    for r, streak, severity in zip(rows, streak_f, severity_r, strict=True):
+        node_id = ids[r]
+        emitted[node_id] = (("closed", True, 0.0, None, reason, 0), tick_id)  # one tuple per record
+        decisions.append(closed_decision(pool_id, node_id, reason, streak, severity, 0, 0))
+    return PoolOutcome(decisions, {}, emitted, 0, 0, panicking(live, healthy_trivial, params))
 
 
 def phases(ids: Sequence[str]) -> npt.NDArray[np.int64]:
