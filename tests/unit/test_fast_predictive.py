@@ -6,13 +6,16 @@ own values."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
 import pytest
 from fleetloop.policies.autoscale import predictive
 from fleetloop.policies.autoscale.predictive import NodeFigures, SloPredictive, SloPredictiveParams
+from fleetloop.policies.autoscale.predictive.signals import Siblings, Sides
 from fleetloop.policies.base import PolicyContext
+from fleetloop.policies.slo import DEFAULT_BOOK
 from fleetloop.schemas.decisions import AutoscaleDecision, BreakerDecision
 from tests.oracles import predictive as oracle
 from tests.support.perturbed import perturbed_snapshots
@@ -84,3 +87,29 @@ def test_predictive_decides_as_its_oracle_on_views(snapshots: list[Any], params:
     assert len(reasons) >= 2, reasons
     assert len(desired) >= 5, desired
     assert refused == 0
+
+
+def test_the_sibling_short_the_most_is_the_first_greatest_of_the_others() -> None:
+    """``Siblings.most_short`` (two best per model, not a scan per pool) picks what the plain scan
+    over the model's short pools picks for every pool asking, ties to the first in pool order and
+    the pool's own entry skipped, with the pressure of the entry picked."""
+
+    class Listed(Siblings):
+        def __init__(self, listed: list[tuple[str, float, float]]) -> None:
+            super().__init__(None, SloPredictiveParams(), Sides([], [], [], [], [], [], []))  # type: ignore[arg-type]
+            self.listed = listed
+
+        def shortfalls(self, model: str, slo: Any) -> list[tuple[str, float, float]]:
+            return self.listed
+
+    slo = DEFAULT_BOOK.default
+    for n in range(6):  # every order of shortfalls among three values, ties included
+        for shorts in itertools.product((0.5, 1.0, 2.0), repeat=n):
+            listed = [(f"p{i}", 0.1 * i, short) for i, short in enumerate(shorts)]
+            sib = Listed(listed)
+            for pool_id in [f"p{i}" for i in range(n + 1)]:
+                want = (0.0, 0.0)
+                for sid, p_s, short in listed:
+                    if sid != pool_id and short > want[1]:
+                        want = (p_s, short)
+                assert sib.most_short("m", slo, pool_id) == want, (listed, pool_id)
