@@ -18,6 +18,7 @@ from fleetloop.policies.autoscale.predictive import NodeFigures, SloPredictive, 
 from fleetloop.policies.autoscale.predictive.rule import (
     MIN_TREND_SAMPLES,
     SIGNIFICANCE,
+    accumulation,
     fit_slope,
     trend_slope,
 )
@@ -185,3 +186,27 @@ def test_the_trend_fit_is_the_plain_sums_bit_for_bit() -> None:
             assert got.hex() == float(want).hex(), (case, got, want)
             fits += got > 0
     assert fits > 500  # the significant-trend branch is exercised, not only the early zeros
+
+
+def test_the_open_workflow_midpoint_is_the_plain_scans() -> None:
+    """``accumulation`` reads the open count at the first sample at or past the span's middle (found
+    by bisection, checked) as the plain scan does, ascending times or not, repeated ones included."""
+    rng = np.random.default_rng(5)
+    for case in range(3000):
+        n = int(rng.integers(2, 150))
+        times = np.cumsum(rng.choice([0, 1000, 1000, 999, 1500], size=n)) + int(rng.integers(0, 10**12))
+        if case % 7 == 0:
+            times = rng.permutation(times)
+        opened = rng.integers(0, 50, size=n)
+        samples = [
+            (int(t), int(o), 10 * k, 9 * k) for k, (t, o) in enumerate(zip(times, opened, strict=True))
+        ]
+        mid_ms = (samples[0][0] + samples[-1][0]) / 2.0
+        plain = next((o for t, o, _, _ in samples if t >= mid_ms), None)
+        if plain is None:  # no sample past the middle (times out of order): both give up alike
+            with pytest.raises(StopIteration):
+                accumulation(samples)
+            continue
+        rise = float(samples[-1][1] - samples[0][1]) if samples[-1][1] > plain else 0.0
+        got = accumulation(samples)
+        assert got[0].hex() == rise.hex(), (case, got, rise)

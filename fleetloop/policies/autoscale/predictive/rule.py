@@ -105,9 +105,19 @@ def accumulation(samples: Sequence[tuple[int, int, int, int]]) -> tuple[float, f
     t_old, open_old, started_old, ended_old = samples[0]
     t_new, open_new, started_new, ended_new = samples[-1]
     mid_ms = (t_old + t_new) / 2.0
-    open_mid = next(o for t, o, _, _ in samples if t >= mid_ms)
+    open_mid = samples[_first_at(samples, mid_ms)][1]
     rise = float(open_new - open_old) if open_new > open_mid else 0.0
     return rise, math.sqrt(max(1, (started_new - started_old) + (ended_new - ended_old)))
+
+
+def _first_at(samples: Sequence[tuple[int, int, int, int]], at: float) -> int:
+    """``next(i for i, s in enumerate(samples) if s[0] >= at)``: found by bisection when the times
+    ascend (as every tick appends ``now``), checked (the time found is ``>= at``, none before it is:
+    their ``max`` taken in C), else the plain scan."""
+    i = bisect_left(samples, True, key=lambda s: s[0] >= at)
+    if i < len(samples) and samples[i][0] >= at and (i == 0 or not max(map(_FIRST, samples[:i])) >= at):
+        return i
+    return next(i for i, s in enumerate(samples) if s[0] >= at)
 
 
 _N = TypeVar("_N", bound=Node)
