@@ -76,6 +76,9 @@ INPUT_KEYS = (
     "sibling_pressure",
     "sibling_short_nodes",
 )
+# Every decision's inputs end with these two (after the optional ones, :func:`_optional_inputs`).
+_LAST_KEYS = ("need_nodes", "raw_desired")
+_ALL_KEYS = (*INPUT_KEYS, *_LAST_KEYS)  # a decision's input names when it has no optional one
 _AUTOSCALE_GIVEN = frozenset(
     ("entity", "pool_id", "current_nodes", "desired_nodes", "drain", "reason", "inputs")
 )
@@ -133,7 +136,7 @@ class _Made(NamedTuple):
     desired: int
     drain: tuple[str, ...]
     reason: str
-    keys: tuple[str, ...]  # the names of its inputs before ``need_nodes`` and ``raw_desired``
+    keys: tuple[str, ...]  # the names of its inputs, in order
     state: SloPredictiveState
     has_obs: bool  # a capacity observation follows its inputs
 
@@ -157,8 +160,8 @@ def decide_pools(
     results: list[PolicyResult[SloPredictiveState]] = []
     at = 0
     for m in made:
-        end = at + len(m.keys) + 2
-        inputs = dict(zip((*m.keys, "need_nodes", "raw_desired"), rounded[at:end], strict=True))
+        end = at + len(m.keys)
+        inputs = dict(zip(m.keys, rounded[at:end], strict=True))
         diagnostics = {
             "pressure": inputs["pressure"],
             "need_nodes": inputs["need_nodes"],
@@ -264,8 +267,9 @@ def _pool_tick(  # noqa: PLR0917 - the batch's figures, then the pool's place, s
 def _optional_inputs(
     flat: list[float], p: Pressure, capacity: float | None, diverted_tok_s: float
 ) -> tuple[str, ...]:
-    """:data:`INPUT_KEYS` and the inputs a decision carries only when they have a value (appended
-    to ``flat`` in the same order)."""
+    """The decision's input names: :data:`INPUT_KEYS`, the inputs a decision carries only when they
+    have a value (appended to ``flat`` in the same order), then ``need_nodes`` and ``raw_desired``
+    (the caller appends those two); the common case one tuple, not built per pool."""
     more: list[str] = []
     if p.ttft is not None:
         more.append("pressure_ttft")
@@ -279,7 +283,7 @@ def _optional_inputs(
     if diverted_tok_s > 0:
         more.append("diverted_tok_s")
         flat.append(diverted_tok_s)
-    return (*INPUT_KEYS, *more) if more else INPUT_KEYS
+    return (*INPUT_KEYS, *more, *_LAST_KEYS) if more else _ALL_KEYS
 
 
 def _drain(  # noqa: PLR0917 - the pool, the drains asked, its node count and its target

@@ -9,7 +9,8 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import repeat
+from operator import itemgetter, mul, sub, truediv
 from typing import NamedTuple, TypeVar
 
 from fleetloop.policies.autoscale.committed import committed
@@ -49,35 +50,45 @@ def trend_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
     """A demand trend that holds over the whole span and over its newer half, else 0."""
     if len(samples) < 2:
         return 0.0
-    mid_ms = (samples[0][0] + samples[-1][0]) / 2.0
     whole = fit_slope(samples, window_ms)
+    if not whole > 0:  # no trend over the whole span: the newer half's fit cannot make one
+        return 0.0
+    mid_ms = (samples[0][0] + samples[-1][0]) / 2.0
     newer = fit_slope([s for s in samples if s[0] >= mid_ms], window_ms)
-    return min(whole, newer) if whole > 0 and newer > 0 else 0.0
+    return min(whole, newer) if newer > 0 else 0.0
 
 
 def fit_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
     """The least-squares slope of demand (tokens/s per s) when positive and significant, else 0.
 
     Samples ``window_ms`` apart are the independent ones (each is a window average), so the
-    standard error is inflated by sqrt(n / n_eff) with ``n_eff = span / window``."""
+    standard error is inflated by sqrt(n / n_eff) with ``n_eff = span / window``.
+
+    Each sum is ``sum()`` over the terms in sample order, every term the same operations as the
+    plain ``sum((t - mt) ** 2 for t in ts)`` (``pow(d, 2)`` is ``d ** 2``; ``y - my - slope * d``
+    is ``(y - my) - slope * d``), iterated by ``map`` in C: the same doubles, a fraction of the
+    time (a pool's demand over a two-minute lead holds about 120 samples, fitted twice a tick)."""
     n = len(samples)
     if n < 3:
         return 0.0
-    span_ms = samples[-1][0] - samples[0][0]
+    t0 = samples[0][0]
+    span_ms = samples[-1][0] - t0
     n_eff = span_ms / max(1, window_ms)
     if n_eff < MIN_TREND_SAMPLES:
         return 0.0
-    ts = [(t - samples[0][0]) / 1000.0 for t, _ in samples]
-    ys = [y for _, y in samples]
+    ts = list(map(truediv, map(sub, map(_FIRST, samples), repeat(t0)), repeat(1000.0)))
+    ys = list(map(_SECOND, samples))
     mt = sum(ts) / n
     my = sum(ys) / n
-    sxx = sum((t - mt) ** 2 for t in ts)
+    dts = list(map(sub, ts, repeat(mt)))  # t - mt
+    sxx = sum(map(pow, dts, repeat(2)))
     if sxx <= 0:
         return 0.0
-    slope = sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / sxx
+    dys = list(map(sub, ys, repeat(my)))  # y - my
+    slope = sum(map(mul, dts, dys)) / sxx
     if slope <= 0:
         return 0.0
-    resid = sum((y - my - slope * (t - mt)) ** 2 for t, y in zip(ts, ys, strict=True))
+    resid = sum(map(pow, map(sub, dys, map(mul, repeat(slope), dts)), repeat(2)))
     var = resid / max(1, n - 2)
     se = math.sqrt(var / sxx) * math.sqrt(n / max(n_eff, 1.0))
     return slope if slope > SIGNIFICANCE * se else 0.0
@@ -94,9 +105,19 @@ def accumulation(samples: Sequence[tuple[int, int, int, int]]) -> tuple[float, f
     t_old, open_old, started_old, ended_old = samples[0]
     t_new, open_new, started_new, ended_new = samples[-1]
     mid_ms = (t_old + t_new) / 2.0
-    open_mid = next(o for t, o, _, _ in samples if t >= mid_ms)
+    open_mid = samples[_first_at(samples, mid_ms)][1]
     rise = float(open_new - open_old) if open_new > open_mid else 0.0
     return rise, math.sqrt(max(1, (started_new - started_old) + (ended_new - ended_old)))
+
+
+def _first_at(samples: Sequence[tuple[int, int, int, int]], at: float) -> int:
+    """``next(i for i, s in enumerate(samples) if s[0] >= at)``: found by bisection when the times
+    ascend (as every tick appends ``now``), checked (the time found is ``>= at``, none before it is:
+    their ``max`` taken in C), else the plain scan."""
+    i = bisect_left(samples, True, key=lambda s: s[0] >= at)
+    if i < len(samples) and samples[i][0] >= at and (i == 0 or not max(map(_FIRST, samples[:i])) >= at):
+        return i
+    return next(i for i, s in enumerate(samples) if s[0] >= at)
 
 
 _N = TypeVar("_N", bound=Node)

@@ -365,6 +365,7 @@ class Siblings:
         self.snap, self.params, self.sib = snap, params, sib
         self._prefill: list[float | None] = [None] * len(sib.active)
         self._short: dict[tuple[str, Slo], list[tuple[str, float, float]]] = {}
+        self._best: dict[tuple[str, Slo], tuple[tuple[str, float, float], tuple[float, float]]] = {}
 
     def prefill(self, j: int) -> float:
         """The predicted prefill of the pool at column index ``j``, from its warm nodes."""
@@ -376,6 +377,26 @@ class Siblings:
                 snap, pool, sib.warm[j], sib.hit[j], sib.first[j], self.params
             )
         return found
+
+    def most_short(self, model: str, slo: Slo, pool_id: str) -> tuple[float, float]:
+        """``(P_s, short)`` of the model's pool other than ``pool_id`` short the most (the first in
+        pool order on a tie), (0, 0) when none is: the scan of :meth:`shortfalls` that skips
+        ``pool_id``, from the list's first greatest entry and the first greatest of the others
+        (found once per model and SLO; a scan per pool cost the model's pools squared). Skipping
+        a pool other than the first greatest leaves it the pick; skipping it leaves the runner-up."""
+        found = self._best.get((model, slo))
+        if found is None:
+            best, second = ("", 0.0, 0.0), (0.0, 0.0)
+            for sid, p_s, short in self.shortfalls(model, slo):
+                if short > best[2]:
+                    # The old best is the first greatest of the others so far (it precedes a tie).
+                    second = best[1:] if best[2] >= second[1] else second
+                    best = (sid, p_s, short)
+                elif short > second[1]:
+                    second = (p_s, short)
+            found = self._best[(model, slo)] = (best, second)
+        best, second = found
+        return second if best[0] == pool_id else best[1:]
 
     def shortfalls(self, model: str, slo: Slo) -> list[tuple[str, float, float]]:
         """A sibling's ``(pool, P_s, P_s * n_s - a_s)`` read against ``slo``, for the model's pools
@@ -540,10 +561,7 @@ def sibling_short(  # noqa: PLR0917 - the batch's figures, then the pool's
         )
     if crossing:
         return sibling_excess(snap, ctx, params, pool, n_warm)
-    for sid, p_s, short in fig.siblings.shortfalls(pool.model, slo):
-        if sid != pid and short > sib_short:
-            sib_p, sib_short = p_s, short
-    return sib_p, sib_short
+    return fig.siblings.most_short(pool.model, slo, pid)
 
 
 def pool_rows(
