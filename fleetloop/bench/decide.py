@@ -45,6 +45,7 @@ from fleetloop.core.decide.engine import Engine, envelope_of
 from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.daemon.cli_common import UsageError, policy_from
 from fleetloop.daemon.runtime import DaemonConfig, tune_gc
+from fleetloop.daemon.runtime.telemetry import freeze_survivors
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN
@@ -123,7 +124,7 @@ class GcClock:
         self.ms = [0.0, 0.0, 0.0]
         self.count = [0, 0, 0]
         self._t0 = 0.0
-        self.freeze_due = False  # a collection ended since the last :meth:`freeze_survivors`
+        self.freeze_due = False  # a collection ended since survivors were last frozen
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -133,15 +134,6 @@ class GcClock:
             self.ms[g] += (clock.cpu_s() - self._t0) * 1000.0
             self.count[g] += 1
             self.freeze_due = True
-
-    def freeze_survivors(self, tuned: bool) -> None:
-        """Between batches, as the daemon's loop does (``fleetloop.daemon.runtime``'s
-        ``freeze_survivors``): after a collection, what survived it is frozen, so no later collection
-        walks more than the objects made since. Only with the daemon's settings (``tuned``)."""
-        if self.freeze_due:
-            self.freeze_due = False
-            if tuned:
-                gc.freeze()
 
     def take(self) -> tuple[list[float], list[int]]:
         """What was collected since the last take: (ms per generation, collections per generation)."""
@@ -219,7 +211,7 @@ def run_size(
                 tel = [TELEMETRY_TWIN.of(t) for t in tel]
                 out = [OUTCOME_TWIN.of(o) for o in out]
             gc_clock.take()
-            gc_clock.freeze_survivors(tuned_gc)
+            freeze_survivors(gc_clock, tuned_gc)
             c0 = clock.cpu_s()
             if twins:  # as the shard folds what it decoded: one batch per topic
                 model.fold_telemetries(tel)
@@ -231,7 +223,7 @@ def run_size(
                     model.fold_outcome(o)
             c1, t1 = clock.cpu_s(), clock.monotonic_s()
             _, in_fold = gc_clock.take()
-            gc_clock.freeze_survivors(tuned_gc)
+            freeze_survivors(gc_clock, tuned_gc)
             timed = k >= warmup
             if timed and profile is not None:
                 profile.enable()

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from fleetloop import clock as wall_clock
 from fleetloop.daemon.observability import logger
@@ -477,7 +477,14 @@ def gc_held(tuned: bool) -> Iterator[None]:
         gc.enable()
 
 
-def freeze_survivors(times: LoopTimes, tuned: bool) -> None:
+class CollectionsSeen(Protocol):
+    """What :func:`freeze_survivors` reads and resets: set when a collection ends (the loop's
+    :class:`LoopTimes`, the decide bench's collector clock)."""
+
+    freeze_due: bool
+
+
+def freeze_survivors(times: CollectionsSeen, tuned: bool) -> None:
     """After a collection, freeze what survived it (:func:`gc.freeze`, a splice of the collector's
     lists): the older generations stay empty, so no collection walks more than the young objects
     since the last one. Called by the loop between batches (not from the collector's callback),
