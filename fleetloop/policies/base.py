@@ -200,6 +200,10 @@ class PolicyContext:
     breakers: Mapping[str, BreakerDecision] = field(default_factory=dict)
     # The policy's SLO classes (``spec.slo``): the only source of latency objectives.
     slo: SloBook = DEFAULT_BOOK
+    # The pool's drain list as the engine holds it from its earlier ticks (every node asked to drain
+    # that is not gone yet, nor taken back: ``fleetloop.core.decide.shaping.keep_draining``). An
+    # autoscaler counts these as leaving, whatever their own telemetry says yet.
+    draining: tuple[str, ...] = ()
     _rng: list[np.random.Generator] = field(default_factory=list, compare=False, repr=False)
 
     @property

@@ -74,10 +74,13 @@ class _Fleet:
 
 
 def _run(
-    fleet: _Fleet, phases: list[tuple[int, dict[str, Any]]], policy: CompiledPolicy | None = None
+    fleet: _Fleet,
+    phases: list[tuple[int, dict[str, Any]]],
+    policy: CompiledPolicy | None = None,
+    currents: list[int] | None = None,
 ) -> list[int]:
     """The target the daemon publishes each second, on ``policy`` (``default`` unless given), over
-    ``phases`` of (seconds, node load)."""
+    ``phases`` of (seconds, node load); ``currents`` gets the nodes the decision counts."""
     engine, model = Engine(policy or builtin_policy("default")), FleetModel()
     targets: list[int] = []
     k = 0
@@ -89,6 +92,8 @@ def _run(
             result = engine.tick(snapshot(model, now), Tick(ts_ms=now, tick_id=k, pool_id=fleet.pool.id))
             (d,) = [d.body for d in result.decisions if isinstance(d.body, AutoscaleDecision)]
             targets.append(d.desired_nodes)
+            if currents is not None:
+                currents.append(d.current_nodes)
             fleet.act(k, d)
     return targets
 
@@ -157,3 +162,19 @@ def test_the_capacity_autoscaler_brings_an_idle_pool_down_without_a_rise(obey: b
     assert targets[-1] < pool.min_nodes
     assert len(set(targets[-120:])) == 1, "settled, and stays"
     assert fleet.provisioned == 0
+
+
+def test_the_capacity_autoscaler_counts_the_nodes_it_asked_to_drain_as_leaving() -> None:
+    """No actuator acts, so the nodes asked to drain keep reporting, not draining. The engine holds
+    them on the pool's drain list, and the rule reads that list (``PolicyContext.draining``): once
+    asked, a node is not counted in the pool's size again. It once was a window later, from the
+    rule's own memory of one window: the count went 24, 1, 24 every 11 s, and any hold fired in the
+    24 state would have raised the target back to nodes already given back."""
+    pool = _pool()
+    currents: list[int] = []
+    targets = _run(_Fleet(pool, obey=False), [(1_500, IDLE)], load_policy(CAPACITY), currents)
+    assert targets[-1] < pool.min_nodes
+    first_fall = next(k for k, c in enumerate(currents) if c < pool.nodes)
+    rises = [(k, a, b) for k, (a, b) in enumerate(pairwise(currents[first_fall:])) if b > a]
+    assert rises == [], f"nodes asked to drain were counted again: {rises[:4]}"
+    assert currents[-1] == targets[-1]

@@ -189,6 +189,7 @@ class _Batch:
             seed=(self.tick_id, zlib.crc32(pool_id.encode())),
             breakers=self.breakers[j],
             slo=policy.slo,
+            draining=self.drains[j].get(pool_id, ()),
         )
 
 

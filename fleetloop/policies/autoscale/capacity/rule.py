@@ -71,17 +71,18 @@ IDLE_KNEE = 2.0  # an SLO below the idle node's own figure: held to this multipl
 class _Pool:
     """The pool's nodes as the rule reads them this tick."""
 
-    active: list[NodeView]  # counted: not draining, not stale, not asked to drain
+    active: list[NodeView]  # counted: not draining, not stale, not on the pool's drain list
     warm: list[NodeView]  # counted and serving: warm, not behind an open breaker
     arriving: list[NodeView]  # counted, not yet warm
     serving: list[NodeView]  # read: warm, not draining, not stale (asked to drain or not)
-    drained: tuple[tuple[str, int], ...]
 
 
-def _nodes(snap: FleetSnapshot, state: CapacityState, ctx: PolicyContext) -> _Pool:
-    now, window_ms = ctx.now_ms, max(1, snap.window_ms)
-    drained = tuple((i, t) for i, t in state.drained if now - t <= window_ms)
-    asked = {i for i, _ in drained}
+def _nodes(snap: FleetSnapshot, ctx: PolicyContext) -> _Pool:
+    # Asked to drain: the pool's drain list as the engine holds it (every node asked on an earlier
+    # tick that is not gone, less those a rising target took back). Not this rule's own memory of
+    # its asks: the engine may have let out fewer (its step limit) or taken some back, and a memory
+    # of one window counted a node still leaving as the pool's size again a window later.
+    asked = set(ctx.draining)
     ejected = {i for i, b in ctx.breakers.items() if b.enforced and b.state == "open"}
     active = [
         n for n in snap.pool_nodes(ctx.pool_id) if not n.draining and not n.stale and n.node_id not in asked
@@ -93,7 +94,7 @@ def _nodes(snap: FleetSnapshot, state: CapacityState, ctx: PolicyContext) -> _Po
         for n in snap.pool_nodes(ctx.pool_id)
         if n.weights_state == "warm" and not n.draining and not n.stale and n.node_id not in ejected
     ]
-    return _Pool(active, warm, arriving, serving, drained)
+    return _Pool(active, warm, arriving, serving)
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -157,7 +158,7 @@ class Capacity:
         nodes = snap.pool_nodes(pid)
         if (nodes and all(n.stale for n in nodes)) or (not nodes and state.last_desired):
             return _hold(pid, nodes, state, lo, hi)
-        p = _nodes(snap, state, ctx)
+        p = _nodes(snap, ctx)
         t = _Tick(pool, p, state, params, now, window_ms, alpha)
         lead = _lead(t, nodes, pid)
         demand = _demand(t)
@@ -171,11 +172,9 @@ class Capacity:
         reasons = (*rate_reasons, *fc.reasons, *bursts.reasons, *need.reasons)
         target = _target(t, (lo, hi), lead, need.need, per_node, fc=fc, bursts=bursts, reasons=reasons)
         current = len(p.active)
-        drain, drained = _drain(p, current, target.desired, now)
+        drain = _drain(p, current, target.desired)
 
-        new_state = _next_state(
-            t, lead, demand, kv_per_call, speed, fc=fc, bursts=bursts, target=target, drained=drained
-        )
+        new_state = _next_state(t, lead, demand, kv_per_call, speed, fc=fc, bursts=bursts, target=target)
         decision = AutoscaleDecision(
             entity=f"pool/{pid}",
             pool_id=pid,
@@ -558,16 +557,11 @@ def _target(
     return _Target(raw, desired, reason, recs, last_failure)
 
 
-def _drain(
-    p: _Pool, current: int, desired: int, now: int
-) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
-    """The nodes to drain down to the target, and the drain requests still remembered."""
-    drain: tuple[str, ...] = ()
-    drained = p.drained
+def _drain(p: _Pool, current: int, desired: int) -> tuple[str, ...]:
+    """The nodes to drain down to the target (the engine holds them on the pool's drain list)."""
     if desired < current:
-        drain = tuple(n.node_id for n in drain_order(p.active)[: current - desired])
-        drained = tuple(sorted((*drained, *((i, now) for i in drain))))
-    return drain, drained
+        return tuple(n.node_id for n in drain_order(p.active)[: current - desired])
+    return ()
 
 
 def _next_state(
@@ -580,7 +574,6 @@ def _next_state(
     fc: _Forecast,
     bursts: _Bursts,
     target: _Target,
-    drained: tuple[tuple[str, int], ...],
 ) -> CapacityState:
     """What the next tick reads: this tick's plan joins the demand history, the figures learned."""
     return CapacityState(
@@ -593,7 +586,6 @@ def _next_state(
         slow=speed.slow,
         recs=target.recs,
         last_desired=target.desired,
-        drained=drained,
         failed_tasks=bursts.failed_tasks,
         last_failure_ms=target.last_failure,
         open_workflows=fc.open_wf,

@@ -48,7 +48,9 @@ class CapacityState:
     slow: float | None = None  # learned iteration time over the physics' (1: as predicted)
     recs: tuple[tuple[int, int], ...] = ()  # (event time ms, raw target) over the down window
     last_desired: int | None = None
-    drained: tuple[tuple[str, int], ...] = ()  # node id -> when we asked to drain it
+    # No longer written or read (the engine's drain list, ``PolicyContext.draining``, says which
+    # nodes are leaving); kept so a checkpoint written before still decodes.
+    drained: tuple[tuple[str, int], ...] = ()
     failed_tasks: int = 0  # the pool's failed-task count at the last tick
     last_failure_ms: int | None = None
     # (event time ms, open workflows, tasks started so far, tasks ended so far), oldest first
