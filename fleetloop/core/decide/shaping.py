@@ -754,8 +754,8 @@ def keep_draining(
     target above the nodes left serving takes it back, or until it has kept reporting, ready to
     serve, for ``grace_ms`` (:func:`drain_grace_ms`). ``held`` is what the pool's last tick let out.
 
-    An autoscaler names the nodes to give back on the tick its target falls, once (slo-predictive,
-    capacity), or names its surplus afresh each tick, perhaps other nodes as their load moves (the
+    An autoscaler names the nodes to give back on the tick its target falls, once (slo-predictive),
+    or names its surplus afresh each tick, perhaps other nodes as their load moves (capacity, the
     HPA-style ones). A router that follows ``control.state`` keeps the newest decision per pool, so
     a drain list published once was undone at the next tick: the node went back into rotation
     until the actuator removed it. The rule, over the pool's rows in the snapshot, ``leaving`` being
