@@ -1,8 +1,8 @@
 // A fleetloop-following router in JavaScript (Node >= 18, no dependencies), written from the
 // exported JSON Schema (schemas/json/Decision.json) alone: the worked example of README.md,
 // "A router in another language". It does what fleetloop.router does for weights, by-priority
-// weights, enforced open breakers and prefix affinity; the rest (shed thresholds, spill-over,
-// retry budget, fail static) follow the same pattern and are left out to keep it short.
+// weights, enforced open breakers, autoscale's drain list and prefix affinity; the rest (shed
+// thresholds, spill-over, retry budget, fail static) follow the same pattern and are left out.
 //
 // Input, JSON lines on stdin:
 //   {"key": "<kind>/<entity>", "value": <Decision>}   a record of control.state (key optional)
@@ -29,6 +29,7 @@ function validate(d) {
 const held = new Map(); // key -> tick id: newest tick per key; an older one is dropped
 const routing = new Map(); // pool -> RoutingDecision body
 const breakers = new Map(); // node -> BreakerDecision body
+const drains = new Map(); // pool -> Set of the nodes its newest autoscale decision drains
 
 function accept(key, d) {
   if (d.policy.mode !== "enforce") return; // shadow decisions never act
@@ -37,6 +38,7 @@ function accept(key, d) {
   held.set(key, d.tick_id);
   if (d.body.kind === "routing") routing.set(d.body.pool_id, d.body);
   else if (d.body.kind === "breaker") breakers.set(d.body.node_id, d.body);
+  else if (d.body.kind === "autoscale") drains.set(d.body.pool_id, new Set(d.body.drain ?? []));
 }
 
 const ejected = (node) => {
@@ -51,7 +53,8 @@ function pick({ pool, priority, digest, u }) {
   const weights = byP && Object.keys(byP).length ? byP : r.weights;
   // Sort by code point, as Python's sorted() does (not localeCompare).
   const ids = Object.keys(weights).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-  const eligible = ids.filter((n) => weights[n] > 0 && !ejected(n));
+  const drained = drains.get(pool) ?? new Set(); // held by the engine until gone or taken back
+  const eligible = ids.filter((n) => weights[n] > 0 && !ejected(n) && !drained.has(n));
   if (eligible.length === 0) return { node: null, reason: "none-eligible" };
   for (const h of (digest && r.prefix_affinity?.[digest]) || []) if (eligible.includes(h)) return { node: h };
   if (eligible.length === 1) return { node: eligible[0] };

@@ -17,9 +17,12 @@ Algorithms propose; the engine disposes. Whatever an algorithm returns, the engi
   an algorithm proposes; a decrease counts from the target it last let out when that is lower
   (nodes already asked to go back are no new step);
 - holds a pool's autoscale drain list: a node let out on it stays on it until the fleet model
-  forgets the node, or a target above the nodes left serving takes it back, the most recently
-  asked first (``fleetloop.core.decide.shaping.keep_draining``): a router following the newest
-  decision must not take a draining node back one tick after it was named;
+  forgets the node, a target above the nodes left serving takes it back (the most recently asked
+  first), or it has kept reporting, ready, for a grace (the autoscaler's lead: the fleet's own
+  floor keeps it), and a node the grace took back is not named again until the target falls
+  below its value then (``fleetloop.core.decide.shaping.keep_draining``): a router following the
+  newest decision must not take a draining node back one tick after it was named, nor keep a node
+  the fleet will not remove out of rotation for good;
 - freezes the autoscale target of a silent pool (no fresh telemetry from any of its nodes and no
   router outcome in the window) at the last target it let out, never below the pool's serving
   nodes: silence means fleetloop knows nothing, not that demand vanished;

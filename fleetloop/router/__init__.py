@@ -2,8 +2,8 @@
 
 - :class:`DesiredState` (pure): the newest enforced decision per key from ``control.state``.
 - :class:`Router` (pure, no clock): ``pick()`` a node per call by weights, by-priority weights,
-  breaker states, prefix affinity, shed thresholds, spill-over; ``allow_retry()`` against the
-  retry budget; fail static for ``fail_static_s``, then plain load balancing.
+  breaker states, autoscale's drain list, prefix affinity, shed thresholds, spill-over;
+  ``allow_retry()`` against the retry budget; fail static for ``fail_static_s``, then plain load balancing.
 - ``fleetloop.router.follow.StateFollower`` (asyncio, aiokafka): keeps a Router current from
   ``control.state`` (and, optionally, endpoint load from ``fleet.telemetry``).
 - ``fleetloop.router.publish.OutcomePublisher`` (asyncio, aiokafka): each call's ``RequestOutcome``

@@ -21,8 +21,11 @@ Per call (:meth:`Router.pick`), in order:
    they serve an acceptable model) if the call would be shed; if no pool of that chain has a
    routable node, the pools of the next acceptable model (model fallback).
 2. **Nodes**: those with weight > 0 in ``by_priority[p]`` (else ``weights``), known to the router,
-   not draining, and not behind an enforced open breaker. A node that crashed stays routable until
-   the control plane zeroes it: calls to it fail at once, as connection errors would.
+   not draining (by the node's own ``draining`` flag, or named on the pool's autoscale ``drain``
+   list, which the engine holds until the node is gone), and not behind an enforced open breaker.
+   A node a later autoscale decision no longer names is eligible again. A node that crashed stays
+   routable until the control plane zeroes it: calls to it fail at once, as connection errors
+   would.
 3. **Prefix affinity**: the first node of ``prefix_affinity[digest]`` among those nodes.
 4. **Picker**: ``weighted-random`` (by weight, seeded generator), ``round-robin`` (smooth weighted
    round robin, nginx's algorithm: each node's credit grows by its weight, the richest is picked
@@ -71,9 +74,10 @@ Per call (:meth:`Router.pick`), in order:
 
 Fail static: with no routing decision for a pool, or none newer than ``fail_static_s`` (default 30 s,
 bounds (0, 3600]), the router falls back to plain round robin over the pool's live, warm,
-non-draining members, ignoring every other held decision (all of it is as old). With a fresh
-decision that leaves no eligible node, it falls back the same way but skips nodes behind an enforced
-open breaker, unless that is every node: a router never ejects every node. This is the rotation rule
+non-draining members, ignoring every other held decision (all of it is as old, the drain list
+too). With a fresh decision that leaves no eligible node (a drain list naming every weighted node
+among the ways), it falls back the same way but skips nodes behind an enforced open breaker, unless
+that is every node: a router never ejects every node. This is the rotation rule
 every integration keeps (:mod:`fleetloop.router.state`), from its pieces: ``left_out`` for step 2,
 ``never_empty`` for the fallback.
 Retries (:meth:`Router.allow_retry`): a retry is let through while this router's retries since the
@@ -82,9 +86,10 @@ the pool's); the retry of an attempt whose outcome the decision lists in ``exemp
 (``shed``, ``error``) goes without spending it. Failing static ignores the held shed thresholds
 (step 5) and the retry budget (at the caller's ``now_s``): both are as old as the routing.
 
-Cost: steps 2-3 are derived once per (pool, priority) and cached until the desired state or the
-fleet changes (:meth:`Router.fleet_changed`, which the embedder calls when a node joins, leaves or
-starts draining); ``weighted-random`` is then a bisection, ``least-request-p2c`` two draws, and
+Cost: steps 2-3 are derived once per (pool, priority) and cached until the desired state (a
+routing or breaker decision, a changed drain list) or the fleet changes
+(:meth:`Router.fleet_changed`, which the embedder calls when a node joins, leaves or starts
+draining); ``weighted-random`` is then a bisection, ``least-request-p2c`` two draws, and
 ``round-robin`` and ``least-outstanding`` one pass over the eligible nodes (``fleetloop bench
 router`` measures each).
 Failure mode: an embedder that changes membership without calling ``fleet_changed`` keeps routing
@@ -327,10 +332,11 @@ class Router(Generic[N]):
         nodes: list[N] = []
         ws: list[float] = []
         left_out = state.left_out
+        drained = state.draining(pool_id)  # the pool's autoscale drain list, as every actuator reads it
         for node_id in sorted(weights):
             w = weights[node_id]
             node = nodes_by_id.get(node_id)
-            if node is None or node.draining or left_out(node_id, w) is not None:
+            if node is None or node.draining or left_out(node_id, w, drained) is not None:
                 continue
             nodes.append(node)
             ws.append(w)

@@ -6,9 +6,10 @@ is at-least-once delivery of desired state: a decision older, by ``tick_id``, th
 for its key is dropped; a decision of the same tick replaces the held one (publishing the same
 decision twice is harmless). Shadow-mode decisions never act.
 
-``version`` grows by one with every accepted decision of a kind that changes which node a call may
-go to (routing, breaker), so a picker can cache what it derived from the state and know when to
-recompute. No clock, no I/O: the caller says when (``now_s``, on whatever monotonic clock it runs).
+``version`` grows by one with every accepted decision that may change which node a call may go to
+(routing, breaker, an autoscale decision whose drain list differs from the one held), so a picker
+can cache what it derived from the state and know when to recompute. No clock, no I/O: the caller
+says when (``now_s``, on whatever monotonic clock it runs).
 
 **The rotation rule** every router integration and actuator keeps (HAProxy, vllm-router, the
 :class:`~fleetloop.router.pick.Router`, and any to come): which of a pool's nodes take new calls.
@@ -36,9 +37,12 @@ node to go dark, but neither the daemon nor a router ever asks for it, so no int
 know the policy's cap. An all-failing pool keeps getting calls, as it would without fleetloop.
 
 :func:`rotation` is the whole rule for a caller that holds a pool's nodes by id (the actuators).
-The Router applies the same pieces (:meth:`DesiredState.routing_fresh`, :meth:`DesiredState.left_out`,
-:func:`never_empty`) over its two views of a pool: the nodes it knows for the weighted pick (cached
-per state version) and its live members for the plain one.
+The Router applies the same pieces (:meth:`DesiredState.routing_fresh`, :meth:`DesiredState.left_out`
+with :meth:`DesiredState.draining`, :func:`never_empty`) over its two views of a pool: the nodes it
+knows for the weighted pick (cached per state version) and its live members for the plain one.
+Every caller enforces the drain list: a node on it takes no new calls while the routing decision is
+fresh, whatever its own telemetry says, and takes them again once a later autoscale decision for
+its pool no longer names it.
 """
 
 from __future__ import annotations
@@ -120,7 +124,10 @@ class DesiredState:
         elif isinstance(body, RetryBudgetDecision):
             self.pool(body.pool_id).budgets[body.tenant_id or ""] = body
         elif isinstance(body, AutoscaleDecision):
-            self.pool(body.pool_id).autoscale = body
+            st = self.pool(body.pool_id)
+            if (st.autoscale.drain if st.autoscale is not None else ()) != body.drain:
+                self.version += 1  # the drain list keeps nodes out of rotation
+            st.autoscale = body
         elif isinstance(body, BatchingDecision):
             self.pool(body.pool_id).batching = body
         return True

@@ -16,9 +16,11 @@ from fleetloop.core.decide.engine import (
     ORDER,
     EngineState,
     TickResult,
+    _drain_fields,
     envelope_of,
 )
 from fleetloop.core.decide.shaping import (
+    NO_DRAINS,
     NO_NODE,
     _choose,
     _ok_share,
@@ -66,7 +68,8 @@ def decide_plain(
     new_states = dict(state.algorithms)
     held = dict(state.autoscale_held)
     ejected = dict(state.ejections_held)
-    drains = dict(state.drains_held)
+    drains = state.pool_drains()
+    listed = state.drains_held.get(pool_id, ())
     bodies: list[tuple[str, DecisionBody]] = []
     breakers: dict[str, BreakerDecision] = {}
     diagnostics: dict[str, float] = {}
@@ -84,6 +87,7 @@ def decide_plain(
             seed=seed,
             breakers=breakers,
             slo=policy.slo,
+            draining=listed,
         )
         result = sec.algorithm.decide(snap, sec.params, algo_state, ctx)
         new_states[key] = result.state
@@ -119,14 +123,14 @@ def decide_plain(
                 if isinstance(d, AutoscaleDecision):
                     # Frozen (silent), held (unknown) or nothing, its drain list held: settle_autoscale.
                     settled = settle_autoscale(
-                        d, snap, env, held.get(d.pool_id), silent, drains.get(d.pool_id, ())
+                        d, snap, env, held.get(d.pool_id), silent, drains.get(d.pool_id, NO_DRAINS)
                     )
                     if settled is None:
                         continue
-                    d = settled
+                    d, kept_drains = settled
                     if sec.mode == "enforce":
                         held[d.pool_id] = d.desired_nodes
-                        hold_drains(drains, d)
+                        hold_drains(drains, d.pool_id, kept_drains)
                 shaped_as.append(d)
             produced = shaped_as
         bodies.extend((sec.mode, d) for d in produced)
@@ -160,7 +164,9 @@ def decide_plain(
     kept = {k: v for k, v in new_states.items() if (k[0], k[1]) in live}
     diagnostics["decisions"] = float(len(decisions))
     return TickResult(
-        decisions=decisions, state=EngineState(kept, held, ejected, drains), diagnostics=diagnostics
+        decisions=decisions,
+        state=EngineState(kept, held, ejected, *_drain_fields(drains)),
+        diagnostics=diagnostics,
     )
 
 

@@ -61,8 +61,7 @@ def decide(
     pool = snap.pools.get(ctx.pool_id)
     nodes = nodes_of(snap, ctx.pool_id)
 
-    drained = tuple((i, t) for i, t in state.drained if now - t <= window_ms)
-    asked = {i for i, _ in drained}
+    asked = set(ctx.draining)  # the pool's drain list as the engine holds it
     active = [n for n in nodes if not n.draining and not n.stale and n.node_id not in asked]
     ejected = {i for i, b in ctx.breakers.items() if b.enforced and b.state == "open"}
     warm = [n for n in active if n.weights_state == "warm" and n.node_id not in ejected]
@@ -196,7 +195,6 @@ def decide(
     drain: tuple[str, ...] = ()
     if desired < current and t.stepped_down:
         drain = tuple(n.node_id for n in drain_order(active)[: current - desired])
-        drained = tuple(sorted((*drained, *((i, now) for i in drain))))
 
     new_state = SloPredictiveState(
         demand=samples,
@@ -206,7 +204,6 @@ def decide(
         recs=recs,
         last_desired=desired,
         last_down_ms=last_down,
-        drained=drained,
         tbt_ms=tbt,
         failed_tasks=failed_tasks,
         last_failure_ms=last_failure,

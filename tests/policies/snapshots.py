@@ -159,8 +159,10 @@ def ctx(
     breakers: Mapping[str, BreakerDecision] | None = None,
     seed: int = 0,
     slo: SloBook = DEFAULT_BOOK,
+    draining: tuple[str, ...] = (),
 ) -> PolicyContext:
-    """A context at the snapshot's event time (or ``now_ms``), with a seeded generator."""
+    """A context at the snapshot's event time (or ``now_ms``), with a seeded generator; ``draining``
+    the pool's drain list as the engine would hold it."""
     now = now_ms if now_ms is not None else (snap.now_ms if snap is not None else NOW_MS)
     return PolicyContext(
         now_ms=now,
@@ -170,6 +172,7 @@ def ctx(
         seed=(seed, tick_id),
         breakers=dict(breakers or {}),
         slo=slo,
+        draining=draining,
     )
 
 

@@ -38,10 +38,14 @@ def pool_snap(
 
 
 def decide(
-    snap: FleetSnapshot, state: SloPredictiveState | None = None, **params: Any
+    snap: FleetSnapshot,
+    state: SloPredictiveState | None = None,
+    draining: tuple[str, ...] = (),
+    **params: Any,
 ) -> tuple[AutoscaleDecision, PolicyResult[SloPredictiveState]]:
     params.setdefault("headroom", 0.8)  # targets of 1600 ms TTFT and 80 ms TBT in the tables below
-    result = ALGO.decide(snap, SloPredictiveParams(**params), state or ALGO.initial_state(), ctx(snap))
+    context = ctx(snap, draining=draining)
+    result = ALGO.decide(snap, SloPredictiveParams(**params), state or ALGO.initial_state(), context)
     (d,) = result.decisions
     assert isinstance(d, AutoscaleDecision)
     return d, result
@@ -183,13 +187,14 @@ def test_scale_down_is_rate_limited_and_drains() -> None:
     assert d.current_nodes == 9
     assert d.desired_nodes == 7  # floor(0.25 * 9) = 2 per step
     assert d.drain == ("z", "n7")  # the loading node first, then the idlest warm one
-    again, _ = decide(
-        snapshot(list(snap.nodes.values()), now_ms=NOW_MS + 10_000, pool_fields={"p": {}}),
-        result.state,
-        down_window_s=0,
-    )
+    later = snapshot(list(snap.nodes.values()), now_ms=NOW_MS + 10_000, pool_fields={"p": {}})
+    # The engine holds the drain list; the rule counts its nodes as leaving while they still report.
+    again, _ = decide(later, result.state, draining=d.drain, down_window_s=0)
     assert again.reason == "scale-down-rate-limited"
     assert again.current_nodes == 7  # the drained nodes are not counted while they wind down
+    assert again.drain == ()  # nor named again
+    taken_back, _ = decide(later, result.state, down_window_s=0)  # off the list: serving again
+    assert taken_back.current_nodes == 9
 
 
 def test_a_hold_keeps_the_last_target_not_nodes_still_going_back() -> None:

@@ -291,6 +291,14 @@ def test_the_router_library_never_leaves_a_pool_without_a_node(
         assert node is not None, f"pool {pool} emptied"
         assert node.node_id in serving
         fresh = state.routing_fresh(pool, s.now, TTL) is not None
+        # a fresh decision (plain weights for this class) is followed exactly where it leaves a node
+        # its own flag does not drain: the actuators' rotation, the drain list included
+        keep = expected(state, pool, serving, s.now, drain=True)
+        held = state.pools[pool].routing if pool in state.pools else None
+        if keep and held is not None and not held.by_priority.get(str(priority)):
+            for again in [node, *(router.pick_node(pool, priority, None, s.now) for _ in range(7))]:
+                assert again is not None
+                assert again.node_id in keep, (again.node_id, keep)
         if fresh and ejected(state, node.node_id):
             assert all(ejected(state, n) for n in serving)
         if not fresh:  # failing static: held shed thresholds and retry budgets are as old

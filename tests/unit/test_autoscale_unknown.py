@@ -104,9 +104,10 @@ def test_an_unscraped_pool_may_still_scale_up_from_its_held_target() -> None:
     snap = _unscraped(T)
     up = settle_autoscale(_proposal(2), snap, e, held=0, silent=False)
     assert up is not None
-    assert up.desired_nodes == 2
-    kept = settle_autoscale(_proposal(0, "no-nodes-yet"), snap, e, held=4, silent=False)
-    assert kept is not None
+    assert up[0].desired_nodes == 2
+    settled = settle_autoscale(_proposal(0, "no-nodes-yet"), snap, e, held=4, silent=False)
+    assert settled is not None
+    kept = settled[0]
     assert (kept.desired_nodes, kept.reason) == (4, "no-nodes-yet:no-telemetry-held")
     assert kept.inputs["proposed_nodes"] == 0.0
     assert settle_autoscale(_proposal(3), snap, e, held=None, silent=False) is None

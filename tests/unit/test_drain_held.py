@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from fleetloop.core.decide.engine import Engine
-from fleetloop.core.decide.shaping import keep_draining
+from fleetloop.core.decide.shaping import PoolDrains, keep_draining
 from fleetloop.core.model import FleetModel, apply, snapshot
 from fleetloop.policies.registry import builtin_policy
 from fleetloop.schemas import AutoscaleDecision, Tick
@@ -39,17 +39,23 @@ def _report(model: FleetModel, k: int, ids: list[str], load: dict[str, Any]) -> 
 
 def test_a_node_asked_to_drain_stays_on_the_list_while_it_still_reports() -> None:
     """Twelve idle nodes on the default policy; no actuator acts, so every node keeps reporting, not
-    draining. Each tick's list is the last one plus the nodes the new step gives back, and it always
-    leaves exactly the target serving."""
+    draining. Until the first node's grace has run (one lead, 120 s: no cold start seen), each
+    tick's list is the last one plus the nodes the new step gives back, and it always leaves exactly
+    the target serving."""
     engine, model = Engine(builtin_policy("default")), FleetModel()
     lists: list[tuple[str, ...]] = []
+    first: int | None = None
     for k in range(1, 300):
         _report(model, k, IDS, IDLE)
         d = _autoscale(engine, model, k)
+        if first is None and d.drain:
+            first = len(lists)
         lists.append(d.drain)
+        if first is not None and len(lists) - first >= GRACE_MS / 1000:
+            break
         if d.drain:
             assert len(IDS) - len(d.drain) == d.desired_nodes, (k, d.desired_nodes, d.drain)
-    first = next(i for i, drain in enumerate(lists) if drain)
+    assert first is not None
     assert len(set(lists[first:])) >= 3, "the target fell several times"
     for k, (before, after) in enumerate(zip(lists[first:], lists[first + 1 :], strict=False), first + 2):
         assert after[: len(before)] == before, f"tick {k}: {before} became {after}"
@@ -78,6 +84,14 @@ def test_a_node_leaves_the_list_once_the_fleet_model_forgets_it() -> None:
     assert not set(drain) & set(seen[-1]), "a forgotten node is off the list"
 
 
+GRACE_MS = 120_000.0
+
+
+def _held(*listed: str, since: int = NOW_MS, taken: dict[str, int] | None = None) -> PoolDrains:
+    """A pool's held drain list, every node put on it at ``since``."""
+    return PoolDrains(listed, dict.fromkeys(listed, since), taken or {})
+
+
 def _drain_decision(desired: int, drain: tuple[str, ...] = ()) -> AutoscaleDecision:
     return AutoscaleDecision(
         entity="pool/p", pool_id="p", current_nodes=8, desired_nodes=desired, drain=drain,
@@ -103,7 +117,7 @@ def test_the_list_is_held_and_a_rising_target_takes_back_the_newest_first(
     desired: int, named: tuple[str, ...], listed: tuple[str, ...]
 ) -> None:
     snap = views_snapshot([node(f"n{i}") for i in range(8)])
-    shaped = keep_draining(_drain_decision(desired, named), snap, ("n7", "n6", "n5"))
+    shaped, _ = keep_draining(_drain_decision(desired, named), snap, _held("n7", "n6", "n5"), GRACE_MS)
     assert shaped.drain == listed
 
 
@@ -117,5 +131,5 @@ def test_nodes_gone_stale_or_draining_themselves_are_not_taken_back() -> None:
         node("n6", draining=True),
     ]
     snap = views_snapshot(views)
-    shaped = keep_draining(_drain_decision(8), snap, ("n7", "n6", "n5", "n4", "n3"))
+    shaped, _ = keep_draining(_drain_decision(8), snap, _held("n7", "n6", "n5", "n4", "n3"), GRACE_MS)
     assert shaped.drain == ("n6", "n5")  # n7 forgotten; n4 and n3 taken back, newest first

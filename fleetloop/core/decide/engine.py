@@ -21,6 +21,8 @@ from typing import Any, cast
 from pydantic import BaseModel, TypeAdapter
 
 from fleetloop.core.decide.shaping import (
+    NO_DRAINS,
+    PoolDrains,
     cap_ejections,
     hold,
     hold_drains,
@@ -64,6 +66,30 @@ class EngineState:
     # Per pool, the drain list the engine let out at the pool's last tick, in the order asked: held
     # until each node is gone or taken back (``shaping.keep_draining``).
     drains_held: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Per pool, for each node on its drain list, the event time its grace counts from (put on the
+    # list, or last seen leaving): a node still ready a grace later is taken back
+    # (``shaping.keep_draining``, rule 3). Absent from a checkpoint written before: counted from the
+    # first tick after its restore.
+    drains_since: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # Per pool, the nodes the grace took back, each with the pool's target at its take-back: not
+    # named again while the target is not below it (``shaping.keep_draining``, rule 1).
+    drains_taken: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    def pool_drains(self) -> dict[str, PoolDrains]:
+        """The held drain lists, per pool, as :func:`shaping.keep_draining` reads them."""
+        pools = sorted(set(self.drains_held) | set(self.drains_taken))
+        since, taken = self.drains_since, self.drains_taken
+        return {p: PoolDrains(self.drains_held.get(p, ()), since.get(p, {}), taken.get(p, {})) for p in pools}
+
+
+def _drain_fields(
+    drains: Mapping[str, PoolDrains],
+) -> tuple[dict[str, tuple[str, ...]], dict[str, Mapping[str, int]], dict[str, Mapping[str, int]]]:
+    """:attr:`EngineState.drains_held`, ``drains_since`` and ``drains_taken`` of the held lists."""
+    listed = {p: d.listed for p, d in drains.items() if d.listed}
+    since = {p: d.since for p, d in drains.items() if d.since}
+    taken = {p: d.taken for p, d in drains.items() if d.taken}
+    return listed, since, taken
 
 
 _EMPTY = EngineState()
@@ -159,7 +185,7 @@ class _Batch:
     bodies: list[list[tuple[Mode, list[DecisionBody]]]]
     held: list[dict[str, int]]
     ejected: list[dict[str, Mapping[str, int | None]]]
-    drains: list[dict[str, tuple[str, ...]]]
+    drains: list[dict[str, PoolDrains]]
 
     def context(self, j: int) -> PolicyContext:
         """Pool ``j``'s context, fresh: the same as a kept one until its generator is drawn from."""
@@ -173,7 +199,7 @@ class _Batch:
             seed=(self.tick_id, zlib.crc32(pool_id.encode())),
             breakers=self.breakers[j],
             slo=policy.slo,
-            draining=self.drains[j].get(pool_id, ()),
+            draining=self.drains[j].get(pool_id, NO_DRAINS).listed,
         )
 
 
@@ -225,7 +251,7 @@ def decide_many(
         bodies=[[] for _ in range(n)],
         held=[dict(st.autoscale_held) for st in pool_states],
         ejected=[dict(st.ejections_held) for st in pool_states],
-        drains=[dict(st.drains_held) for st in pool_states],
+        drains=[st.pool_drains() if st.drains_held or st.drains_taken else {} for st in pool_states],
     )
     batch.ctxs = [batch.context(j) for j in range(n)]
     for section in ORDER:
@@ -304,14 +330,14 @@ def _shape_section(batch: _Batch, section: str, sec: Section, results: list[Poli
                 if isinstance(d, AutoscaleDecision):
                     # Frozen (silent), held (unknown) or nothing, its drain list held: settle_autoscale.
                     settled = settle_autoscale(
-                        d, snap, env, held.get(d.pool_id), silent, drains.get(d.pool_id, ())
+                        d, snap, env, held.get(d.pool_id), silent, drains.get(d.pool_id, NO_DRAINS)
                     )
                     if settled is None:
                         continue
-                    d = settled
+                    d, kept_drains = settled
                     if mode == "enforce":
                         held[d.pool_id] = d.desired_nodes
-                        hold_drains(drains, d)
+                        hold_drains(drains, d.pool_id, kept_drains)
                 shaped.append(d)
         else:
             shaped = list(result.decisions)
@@ -407,7 +433,7 @@ def _results(batch: _Batch, ts_ms: int, offsets: dict[str, int]) -> list[TickRes
         out.append(
             TickResult(
                 decisions=tuple(decisions),
-                state=EngineState(kept, batch.held[j], batch.ejected[j], batch.drains[j]),
+                state=EngineState(kept, batch.held[j], batch.ejected[j], *_drain_fields(batch.drains[j])),
                 diagnostics=diag,
             )
         )
@@ -430,13 +456,13 @@ class Engine:
         merged: dict[tuple[str, str, str], Any] = {}
         held: dict[str, int] = {}
         ejected: dict[str, Mapping[str, int | None]] = {}
-        drains: dict[str, tuple[str, ...]] = {}
+        drains: dict[str, PoolDrains] = {}
         for pool_id in sorted(self.pools):
             merged.update(self.pools[pool_id].algorithms)
             held.update(self.pools[pool_id].autoscale_held)
             ejected.update(self.pools[pool_id].ejections_held)
-            drains.update(self.pools[pool_id].drains_held)
-        return EngineState(merged, held, ejected, drains)
+            drains.update(self.pools[pool_id].pool_drains())
+        return EngineState(merged, held, ejected, *_drain_fields(drains))
 
     def retain(self, pools: Collection[str]) -> int:
         """Forget the state of every pool not in ``pools`` (the model evicted it); returns how many."""

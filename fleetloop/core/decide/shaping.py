@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
@@ -705,66 +706,136 @@ def shape_autoscale(d: AutoscaleDecision, env: Envelope, held: int | None = None
     )
 
 
-def keep_draining(d: AutoscaleDecision, snap: FleetSnapshot, draining: Sequence[str]) -> AutoscaleDecision:
-    """``d`` with the pool's drain list held: a node the engine let out on the pool's drain list
-    stays on it until it is gone from the pool, or until a target above the nodes left serving
-    takes it back. ``draining`` is the list let out at the pool's last tick (in the order asked).
+# A pool's autoscale drain list as the engine holds it from one tick to the next (:func:`keep_draining`).
+@dataclass(frozen=True, slots=True)
+class PoolDrains:
+    """``listed``: the nodes on the list, in the order asked. ``since``: per listed node, the event
+    time (ms) from which its grace counts: when it was put on the list, or the last tick it was
+    seen leaving (stale or draining by its own telemetry) since. ``taken``: the nodes the grace took
+    back, each with the pool's target at its take-back; an autoscaler's new list does not name them
+    while the target has not fallen below that."""
 
-    An autoscaler names the nodes to give back on the tick its target falls, once (slo-predictive,
-    capacity), or names its surplus afresh each tick, perhaps other nodes as their load moves (the
+    listed: tuple[str, ...] = ()
+    since: Mapping[str, int] = field(default_factory=dict)
+    taken: Mapping[str, int] = field(default_factory=dict)
+
+
+NO_DRAINS = PoolDrains()
+# The grace when the autoscale decision carries no lead of its own (``inputs["lead_s"]``: the
+# HPA-style autoscalers): the cold start slo-predictive and capacity plan over before they learn one.
+GRACE_WITHOUT_LEAD_S = 120.0
+
+
+def drain_grace_ms(d: AutoscaleDecision, env: Envelope) -> float:
+    """How long a node on the pool's drain list may keep reporting, fresh and not draining by its
+    own telemetry, before :func:`keep_draining` takes it back: the autoscaler's lead (its decision's
+    ``lead_s`` input: the pool's cold start, learned from its nodes, else the policy's figure),
+    :data:`GRACE_WITHOUT_LEAD_S` without one, never under ``stale_after_ms + window_ms``.
+
+    Why the lead. It is the slowest thing the fleet is expected to do (provision a node, boot it,
+    load its weights) and the horizon the autoscaler plans capacity over; giving a node back is
+    quicker (its actuator acts within a reconcile, the node's calls finish, it stops). A node still
+    serving-ready a whole lead after it was asked to go is one the fleet's own floor keeps (the
+    simulator's ``min_nodes``, an orchestrator's minimum replicas): held out of rotation it idles,
+    paid for, while its pool's pressure is read over the others. The floor: a node its actuator
+    removes at once still reports until it stops and reads stale ``stale_after_ms`` later, after a
+    tick that may come a window after the one that named it; a shorter lead (a tiny learned cold
+    start, a ``cold_start_s`` of 0) must not take back a node that is being removed."""
+    lead = d.inputs.get("lead_s")
+    lead_ms = lead * 1000.0 if lead is not None and math.isfinite(lead) else GRACE_WITHOUT_LEAD_S * 1000.0
+    return max(lead_ms, float(env.stale_after_ms + env.window_ms))
+
+
+def keep_draining(
+    d: AutoscaleDecision, snap: FleetSnapshot, held: PoolDrains, grace_ms: float
+) -> tuple[AutoscaleDecision, PoolDrains]:
+    """``d`` with the pool's drain list held, and the list to hold for its next tick: a node the
+    engine let out on the pool's drain list stays on it until it is gone from the pool, until a
+    target above the nodes left serving takes it back, or until it has kept reporting, ready to
+    serve, for ``grace_ms`` (:func:`drain_grace_ms`). ``held`` is what the pool's last tick let out.
+
+    An autoscaler names the nodes to give back on the tick its target falls, once (slo-predictive),
+    or names its surplus afresh each tick, perhaps other nodes as their load moves (capacity, the
     HPA-style ones). A router that follows ``control.state`` keeps the newest decision per pool, so
     a drain list published once was undone at the next tick: the node went back into rotation
-    until the actuator removed it. The rule, over the pool's rows in the snapshot:
+    until the actuator removed it. The rule, over the pool's rows in the snapshot, ``leaving`` being
+    a node stale or draining by its own telemetry:
 
-    1. the list is the one let out, less the nodes no longer in the pool (forgotten by the fleet
-       model: silent past ``forget_node_after_ms``), then the nodes ``d`` names that it lacks, in
-       ``d``'s order. A node that went stale (its actuator removed it) stays on the list until it
-       is forgotten: should it report again under its id in between, it is still draining;
-    2. ``serving`` = the pool's nodes that report fresh (not stale), are not draining by their own
-       telemetry, and are not on the list. While ``serving < d.desired_nodes`` the most recently
-       asked node on the list that reports fresh and is not draining by its own telemetry is taken
-       back (last in, first out: the newest drain is the one its actuator is least likely to have
+    1. a node the grace took back (``held.taken``) is not named again while the target
+       (``d.desired_nodes``) is not below the target at its take-back; once it is, or once the node
+       is gone from the pool, the node is free to be named again;
+    2. the list is the one let out, less the nodes no longer in the pool (forgotten by the fleet
+       model: silent past ``forget_node_after_ms``), then the nodes ``d`` names that it lacks (less
+       those of 1), in ``d``'s order. A node that went stale (its actuator removed it) stays on the
+       list until it is forgotten: should it report again under its id in between, it is still
+       draining;
+    3. grace: a listed node's grace counts from when it was put on the list, or from the last tick
+       it was seen leaving; one not leaving whose grace has run ``grace_ms`` is taken back
+       (evidence the fleet will not remove it: its own floor keeps it) and remembered with the
+       target for 1. The target is not changed;
+    4. ``serving`` = the pool's nodes not leaving and not on the list. While ``serving <
+       d.desired_nodes`` the most recently asked node on the list that is not leaving is taken back
+       (last in, first out: the newest drain is the one its actuator is least likely to have
        begun, and within a tick ``d.drain`` lists the best candidates first).
 
     So a node asked to drain is never counted as capacity while it stays on the list, a target
     that rises again takes back warm nodes still there before any new node is needed (without an
-    actuator acting at all, the nodes it never removed serve again), and an autoscaler that names
-    other nodes for the same surplus keeps the ones named first. Nodes that are stale or draining
-    by their own telemetry are not taken back (they are leaving whatever the list says)."""
-    if not draining and not d.drain:
-        return d
+    actuator acting at all, the nodes it never removed serve again), an autoscaler that names
+    other nodes for the same surplus keeps the ones named first, and a node the fleet keeps is back
+    in rotation a grace later and not named again for the same surplus (an autoscaler that names its
+    surplus afresh each tick would otherwise drain it and take it back every grace). Nodes that are
+    leaving are not taken back (they are leaving whatever the list says).
+
+    Pure: the times are the snapshot's event time; a node on the list with no time (a checkpoint
+    written before the grace was kept) counts its grace from this tick."""
+    draining, since_held, taken_held = held.listed, held.since, held.taken
+    if not draining and not d.drain and not taken_held:
+        return d, NO_DRAINS
     cols = fleet_columns(snap)
     lo, hi = cols.bounds.get(d.pool_id, (0, 0))
     ids = row_ids(snap)[lo:hi]
     row = {node_id: r for r, node_id in enumerate(ids)}
     leaving = (cols.stale[lo:hi] | cols.draining[lo:hi]).tolist()
+    now = snap.now_ms
+    target = d.desired_nodes
+    taken = {i: at for i, at in taken_held.items() if i in row and target >= at}
     listed = [i for i in draining if i in row]
     on = set(listed)
     for i in d.drain:
-        if i not in on:
+        if i not in on and i not in taken:
             on.add(i)
             listed.append(i)
+    since: dict[str, int] = {}
+    kept: list[str] = []
+    for i in listed:
+        r = row[i]
+        t = now if leaving[r] else since_held.get(i, now)
+        if not leaving[r] and now - t >= grace_ms:
+            taken[i] = target
+            on.discard(i)
+            continue
+        since[i] = t
+        kept.append(i)
     serving = sum(1 for r, i in enumerate(ids) if not leaving[r] and i not in on)
-    for k in range(len(listed) - 1, -1, -1):
-        if serving >= d.desired_nodes:
+    for k in range(len(kept) - 1, -1, -1):
+        if serving >= target:
             break
-        r = row.get(listed[k])
-        if r is not None and not leaving[r]:
-            del listed[k]
+        if not leaving[row[kept[k]]]:
+            del since[kept[k]]
+            del kept[k]
             serving += 1
-    drain = tuple(listed)
-    if drain == d.drain:
-        return d
-    return d.model_copy(update={"drain": drain})
+    drain = tuple(kept)
+    out = d if drain == d.drain else d.model_copy(update={"drain": drain})
+    return out, PoolDrains(drain, since, dict(sorted(taken.items())))
 
 
-def hold_drains(drains: dict[str, tuple[str, ...]], d: AutoscaleDecision) -> None:
-    """Set the pool's held drain list in ``drains`` to the one ``d`` lets out (none: the pool's
+def hold_drains(drains: dict[str, PoolDrains], pool_id: str, held: PoolDrains) -> None:
+    """Set the pool's held drain list in ``drains`` (none listed and none taken back: the pool's
     entry is dropped, so a pool with nothing draining keeps no entry)."""
-    if d.drain:
-        drains[d.pool_id] = d.drain
+    if held.listed or held.taken:
+        drains[pool_id] = held
     else:
-        drains.pop(d.pool_id, None)
+        drains.pop(pool_id, None)
 
 
 def settle_autoscale(  # noqa: PLR0917 - the proposal, the snapshot, the envelope, then what is held
@@ -773,11 +844,12 @@ def settle_autoscale(  # noqa: PLR0917 - the proposal, the snapshot, the envelop
     env: Envelope,
     held: int | None,
     silent: bool,
-    draining: Sequence[str] = (),
-) -> AutoscaleDecision | None:
-    """What the engine lets out of an autoscale proposal for its pool (None: nothing, this tick).
-    Whatever the target, the pool's drain list is held (:func:`keep_draining`): ``draining`` is the
-    one let out at the pool's last tick.
+    drains: PoolDrains = NO_DRAINS,
+) -> tuple[AutoscaleDecision, PoolDrains] | None:
+    """What the engine lets out of an autoscale proposal for its pool (None: nothing, this tick), with
+    the pool's drain list to hold for its next tick. Whatever the target, the pool's drain list is
+    held (:func:`keep_draining`, its grace :func:`drain_grace_ms`): ``drains`` is the one let out
+    at the pool's last tick.
 
     No telemetry is "unknown", never "no nodes" (a control plane must not shrink a pool its absence
     would leave alone):
@@ -797,8 +869,9 @@ def settle_autoscale(  # noqa: PLR0917 - the proposal, the snapshot, the envelop
     if not known and held is None:
         return None
     if silent:
-        return keep_draining(freeze_autoscale(d, snap, held), snap, draining)
-    shaped = shape_autoscale(d, env, held)
-    if not (known or held is None or shaped.desired_nodes >= held):
-        shaped = _overruled(d, held, "no-telemetry-held")
-    return keep_draining(shaped, snap, draining)
+        shaped = freeze_autoscale(d, snap, held)
+    else:
+        shaped = shape_autoscale(d, env, held)
+        if not (known or held is None or shaped.desired_nodes >= held):
+            shaped = _overruled(d, held, "no-telemetry-held")
+    return keep_draining(shaped, snap, drains, drain_grace_ms(shaped, env))

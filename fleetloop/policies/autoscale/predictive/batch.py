@@ -148,7 +148,7 @@ def decide_pools(
     ctxs: Sequence[PolicyContext],
 ) -> list[PolicyResult[SloPredictiveState]]:
     """One result per context (distinct pools), in order."""
-    fig = read_batch(snap, params, [st.drained for st in states], ctxs)
+    fig = read_batch(snap, params, ctxs)
     # Every figure the pools' decisions and diagnostics round, in one list: rounded at once after the
     # loop (``r6_many``, the same doubles as ``r6``), then handed back in order.
     flat: list[float] = []
@@ -243,7 +243,7 @@ def _pool_tick(  # noqa: PLR0917 - the batch's figures, then the pool's place, s
         accumulating=wf.accumulating, lead_s=lead_s, bounds=params.bounds(pid),
     )  # fmt: skip
     flat += (need, float(t.raw))
-    drain, drained = _drain(snap, pid, now, fig.drained[k], current, t)
+    drain = _drain(snap, pid, fig.drained[k], current, t)
 
     new_state = SloPredictiveState(
         demand=trend.samples,
@@ -253,7 +253,6 @@ def _pool_tick(  # noqa: PLR0917 - the batch's figures, then the pool's place, s
         recs=t.recs,
         last_desired=t.desired,
         last_down_ms=t.last_down_ms,
-        drained=drained,
         tbt_ms=tbt,
         failed_tasks=t.failed_tasks,
         last_failure_ms=t.last_failure_ms,
@@ -286,22 +285,16 @@ def _optional_inputs(
     return (*INPUT_KEYS, *more, *_LAST_KEYS) if more else _ALL_KEYS
 
 
-def _drain(  # noqa: PLR0917 - the pool, the drains asked, its node count and its target
-    snap: FleetSnapshot,
-    pool_id: str,
-    now: int,
-    drained: tuple[tuple[str, int], ...],
-    current: int,
-    t: Target,
-) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
-    """(the nodes to drain for ``t``, the drains asked so far with them): not-warm nodes first, then
-    the least loaded warm ones (:func:`drain_order`), none already asked; only on a tick whose target
-    fell (``t.stepped_down``), enough for the active nodes to reach it."""
+def _drain(
+    snap: FleetSnapshot, pool_id: str, drained: tuple[str, ...], current: int, t: Target
+) -> tuple[str, ...]:
+    """The nodes to drain for ``t``: not-warm nodes first, then the least loaded warm ones
+    (:func:`drain_order`), none on the pool's drain list already (``drained``); only on a tick whose
+    target fell (``t.stepped_down``), enough for the active nodes to reach it."""
     if t.desired >= current or not t.stepped_down:
-        return (), drained
-    asked = {i for i, _ in drained}
+        return ()
+    asked = set(drained)
     nodes = [
         n for n in node_figures(snap, pool_id) if not n.draining and not n.stale and n.node_id not in asked
     ]
-    drain = tuple(n.node_id for n in drain_order(nodes)[: current - t.desired])
-    return drain, tuple(sorted((*drained, *((i, now) for i in drain))))
+    return tuple(n.node_id for n in drain_order(nodes)[: current - t.desired])

@@ -38,7 +38,9 @@ class SloPredictiveState:
     recs: tuple[tuple[int, int], ...] = ()  # (event time ms, raw target)
     last_desired: int | None = None
     last_down_ms: int | None = None
-    drained: tuple[tuple[str, int], ...] = ()  # node id -> when we asked to drain it
+    # No longer written or read (the engine's drain list, ``PolicyContext.draining``, says which
+    # nodes are leaving); kept so a checkpoint written before still decodes.
+    drained: tuple[tuple[str, int], ...] = ()
     tbt_ms: float | None = None  # effective time between tokens, smoothed over a window
     failed_tasks: int = 0  # the pool's count of failed tasks at the last tick
     last_failure_ms: int | None = None  # when a task last failed on this pool

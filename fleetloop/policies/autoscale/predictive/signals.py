@@ -441,7 +441,7 @@ class BatchFigures:
 
     index: Mapping[str, int]  # pool id -> column index
     is_warm: Bools  # weights loaded, every row
-    drained: list[tuple[tuple[str, int], ...]]  # per pool of the batch: drains asked within a window
+    drained: list[tuple[str, ...]]  # per pool of the batch: its drain list as the engine holds it
     ejected: list[set[str]]  # per pool of the batch: nodes its open, enforced breakers name
     own: Sides  # the pools' own active and warm nodes (drained and ejected ones left out)
     sib: Sides  # every pool as a sibling reads it (nothing left out)
@@ -453,29 +453,26 @@ class BatchFigures:
 
 
 def read_batch(
-    snap: FleetSnapshot,
-    params: SloPredictiveParams,
-    drained_asked: Sequence[tuple[tuple[str, int], ...]],
-    ctxs: Sequence[PolicyContext],
+    snap: FleetSnapshot, params: SloPredictiveParams, ctxs: Sequence[PolicyContext]
 ) -> BatchFigures:
-    """The batch's figures: ``drained_asked[k]`` is pool ``k``'s state's drained nodes."""
+    """The batch's figures. A pool's nodes on its drain list as the engine holds it
+    (``PolicyContext.draining``: asked on an earlier tick, not gone, not taken back) are leaving:
+    not counted, whatever their own telemetry says yet."""
     cols = fleet_columns(snap)
-    window_ms = max(1, snap.window_ms)
     stale = cols.stale
     is_warm = loaded(snap)
     base = ~cols.draining & ~stale  # a sibling's active nodes: nothing left out
     active = base
     ejected_rows: Bools | None = None
-    drained_of: list[tuple[tuple[str, int], ...]] = []
+    drained_of: list[tuple[str, ...]] = []
     ejected_of: list[set[str]] = []
-    for asked, ctx in zip(drained_asked, ctxs, strict=True):
-        now = ctx.now_ms
-        drained = tuple((i, t) for i, t in asked if now - t <= window_ms) if asked else ()
+    for ctx in ctxs:
+        drained = ctx.draining
         drained_of.append(drained)
         if drained:
             if active is base:
                 active = base.copy()
-            mark_rows(snap, active, ctx.pool_id, [i for i, _ in drained], value=False)
+            mark_rows(snap, active, ctx.pool_id, drained, value=False)
         ejected = ejected_by(snap, ctx.breakers)
         ejected_of.append(ejected)
         if ejected:
