@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fleetloop.policies.autoscale import predictive
-from fleetloop.policies.autoscale.predictive import NodeFigures, SloPredictive, SloPredictiveParams
+from fleetloop.policies.autoscale.predictive import NodeFigures, SloPredictive, SloPredictiveParams, rule
 from fleetloop.policies.autoscale.predictive.rule import (
     MIN_TREND_SAMPLES,
     SIGNIFICANCE,
@@ -186,6 +186,27 @@ def test_the_trend_fit_is_the_plain_sums_bit_for_bit() -> None:
             assert got.hex() == float(want).hex(), (case, got, want)
             fits += got > 0
     assert fits > 500  # the significant-trend branch is exercised, not only the early zeros
+
+
+def test_the_kept_time_terms_give_the_plain_fit_on_every_pool_and_tick() -> None:
+    """The fit's time terms are kept per offset pattern (every pool of a tick, and the next tick,
+    hold samples at the same offsets): a fit that finds them kept gives the plain doubles too, for
+    other demand, other start times and a lead's span sliding on by a tick."""
+    rng = np.random.default_rng(3)
+    rule._time_terms.cache_clear()
+    for tick in range(40):
+        t0 = 1_767_225_600_000 + 1000 * tick
+        for pool in range(30):
+            n = 121 if pool % 3 else 60
+            ys = 1e4 + 25.0 * np.arange(n) * (pool % 4) + 300.0 * rng.standard_normal(n)
+            samples = [(t0 + 1000 * i, float(y)) for i, y in enumerate(ys)]
+            for got, want in (
+                (fit_slope(samples, 10_000), _plain_fit_slope(samples, 10_000)),
+                (trend_slope(samples, 10_000), _plain_trend_slope(samples, 10_000)),
+            ):
+                assert got.hex() == float(want).hex(), (tick, pool)
+    info = rule._time_terms.cache_info()
+    assert info.hits > 50 * info.misses  # the pools and ticks found the terms kept
 
 
 def test_the_open_workflow_midpoint_is_the_plain_scans() -> None:

@@ -9,6 +9,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter, mul, sub, truediv
 from typing import NamedTuple, TypeVar
@@ -78,14 +79,11 @@ def fit_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
     n_eff = span_ms / max(1, window_ms)
     if n_eff < MIN_TREND_SAMPLES:
         return 0.0
-    ts = list(map(truediv, map(sub, map(_FIRST, samples), repeat(t0)), repeat(1000.0)))
-    ys = list(map(_SECOND, samples))
-    mt = sum(ts) / n
-    my = sum(ys) / n
-    dts = list(map(sub, ts, repeat(mt)))  # t - mt
-    sxx = sum(map(pow, dts, repeat(2)))
+    dts, sxx = _time_terms(tuple(map(sub, map(_FIRST, samples), repeat(t0))))
     if sxx <= 0:
         return 0.0
+    ys = list(map(_SECOND, samples))
+    my = sum(ys) / n
     dys = list(map(sub, ys, repeat(my)))  # y - my
     slope = sum(map(mul, dts, dys)) / sxx
     if slope <= 0:
@@ -94,6 +92,19 @@ def fit_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
     var = resid / max(1, n - 2)
     se = math.sqrt(var / sxx) * math.sqrt(n / max(n_eff, 1.0))
     return slope if slope > SIGNIFICANCE * se else 0.0
+
+
+@lru_cache(maxsize=64)
+def _time_terms(offsets: tuple[int, ...]) -> tuple[tuple[float, ...], float]:
+    """:func:`fit_slope`'s terms of the sample times alone, from their offsets (ms) after the first:
+    each ``t - mt`` (``t`` the offset in seconds, ``mt`` their mean) and the sum of their squares.
+    A function of the offsets only, so kept for the last few offset patterns met: every pool of a
+    tick holds samples at the same tick times, and the next tick's span has the same offsets
+    again (a tick every second), so the fit recomputes only the demand's terms."""
+    ts = list(map(truediv, offsets, repeat(1000.0)))
+    mt = sum(ts) / len(ts)
+    dts = tuple(map(sub, ts, repeat(mt)))  # t - mt
+    return dts, sum(map(pow, dts, repeat(2)))
 
 
 def accumulation(samples: Sequence[tuple[int, int, int, int]]) -> tuple[float, float]:
