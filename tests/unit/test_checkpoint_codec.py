@@ -353,7 +353,7 @@ FORGED = [
     (v2({"$s": [[1]], "frozen": True}), "malformed"),
     (v2({"$x": 1}), "unknown tag"),
     (blob({"format": 2, "v": 1}), "malformed"),
-    (blob({"format": 3, "classes": {}, "v": 1}), "another format"),
+    (blob({"format": 4, "classes": {}, "pieces": [], "v": 1}), "another format"),
     (blob([1, 2]), "another format"),
     (b"not zlib", "not readable"),
     (zlib.compress(b"{not json"), "not readable"),
