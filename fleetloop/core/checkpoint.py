@@ -89,7 +89,7 @@ def _name(cls: type) -> str:
 # -- encoding: the tree --------------------------------------------------------------------------
 #
 # The tree is ``{"format": 2, "classes": {name: [field, ...], ...}, "v": value}`` (classes sorted by
-# name), where a value is written as:
+# name; format 2 wrote it as one document, format 3 in pieces, below), where a value is written as:
 # - None, a bool, a str, an int in [-2**63, 2**64): itself; any other int: ``{"$i": hex(n)}``;
 # - a finite float: itself (orjson writes the shortest repr that reads back to the same double);
 #   inf, -inf, NaN: ``{"$d": its 8 bytes, big-endian, in hex}`` (a NaN keeps its sign and payload);
