@@ -125,8 +125,14 @@ async def measure(shard: Shard) -> dict[str, Any]:
 
     # A restore keeps what it decoded (the shard it goes on with): each decoded value is kept until
     # its stall is measured, and freed after (freeing a 10,000-node state at once holds the loop
-    # ~60 ms, which is a shard dropped, not one restored).
+    # ~60 ms, which is a shard dropped, not one restored); then the collector's debt is paid, so the
+    # next measurement does not start with a collection of what this one made (40-50 ms in the
+    # loop's first beat, before any decoding).
     kept: list[Any] = []
+
+    def settle() -> None:
+        kept.clear()
+        gc.collect()
 
     async def decode_inline() -> None:
         kept.append(checkpoint.decode(blob))
@@ -140,11 +146,11 @@ async def measure(shard: Shard) -> dict[str, Any]:
         gc.unfreeze()  # the bench's next measurement starts as before
 
     stall_decode_inline = await _stall_ms(decode_inline)
-    kept.clear()
+    settle()
     stall_decode_thread = await _stall_ms(decode_thread)
-    kept.clear()
+    settle()
     stall_decode_held = await _stall_ms(decode_thread_held)
-    kept.clear()
+    settle()
     stall_inline = await _stall_ms(inline)
     rss0 = rss_mib()
     stall_forked = await _stall_ms(forked)
