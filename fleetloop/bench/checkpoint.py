@@ -4,12 +4,14 @@ and decoded at a restore in the loop (as it did) against a thread (as it does).
 
 For each size a shard folds ``--seconds`` of a generated fleet's telemetry and router outcomes
 (``fleetgen``) and decides every pool at intervals, so the policy state is populated as in a run.
-Then: the compressed size, the time to encode and to decode (a restore; the decoded state must
-encode to the same bytes, or the bench says so and exits 1), and for each way of encoding and
-decoding the longest the loop went without running, measured by a 5 ms heartbeat on a real loop
-while one checkpoint is taken or restored (decoded in a thread with the cyclic collector as it
-was, and held then frozen as the daemon's restore does now). The figures are wall times on this
-machine, compared within the run.
+Then: the compressed size, the JSON documents it is parsed as (their number and the largest: one
+``orjson.loads`` call each, the longest a decoding thread keeps the interpreter in one go), the time
+to encode and to decode (a restore; the decoded state must encode to the same bytes, or the bench
+says so and exits 1), and for each way of encoding and decoding the longest the loop went without
+running, measured by a 5 ms heartbeat on a real loop while one checkpoint is taken or restored
+(decoded in a thread with the cyclic collector as it was, and held then frozen as the daemon's
+restore does now; the decoded state kept, as a restore keeps its shard). The figures are wall
+times on this machine, compared within the run.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import argparse
 import asyncio
 import gc
 import sys
-import zlib
 from typing import Any
 
 import orjson
@@ -103,7 +104,7 @@ async def measure(shard: Shard) -> dict[str, Any]:
     t0 = clock.monotonic_s()
     blob = checkpoint.encode(value)
     encode_s = clock.monotonic_s() - t0
-    raw = len(zlib.decompress(blob))
+    documents = [len(d) for d in checkpoint.documents(blob)]
     t0 = clock.monotonic_s()
     decoded = checkpoint.decode(blob)
     decode_s = clock.monotonic_s() - t0
@@ -122,20 +123,34 @@ async def measure(shard: Shard) -> dict[str, Any]:
         fork_ms.append((clock.monotonic_s() - t) * 1000.0)
         child.append(await pending)
 
+    # A restore keeps what it decoded (the shard it goes on with): each decoded value is kept until
+    # its stall is measured, and freed after (freeing a 10,000-node state at once holds the loop
+    # ~60 ms, which is a shard dropped, not one restored); then the collector's debt is paid, so the
+    # next measurement does not start with a collection of what this one made (40-50 ms in the
+    # loop's first beat, before any decoding).
+    kept: list[Any] = []
+
+    def settle() -> None:
+        kept.clear()
+        gc.collect()
+
     async def decode_inline() -> None:
-        checkpoint.decode(blob)
+        kept.append(checkpoint.decode(blob))
 
     async def decode_thread() -> None:  # as the daemon restored
-        await asyncio.to_thread(checkpoint.decode, blob)
+        kept.append(await asyncio.to_thread(checkpoint.decode, blob))
 
     async def decode_thread_held() -> None:  # as the daemon restores: the collector held, then frozen
         with gc_held(True):
-            await asyncio.to_thread(checkpoint.decode, blob)
+            kept.append(await asyncio.to_thread(checkpoint.decode, blob))
         gc.unfreeze()  # the bench's next measurement starts as before
 
     stall_decode_inline = await _stall_ms(decode_inline)
+    settle()
     stall_decode_thread = await _stall_ms(decode_thread)
+    settle()
     stall_decode_held = await _stall_ms(decode_thread_held)
+    settle()
     stall_inline = await _stall_ms(inline)
     rss0 = rss_mib()
     stall_forked = await _stall_ms(forked)
@@ -144,7 +159,9 @@ async def measure(shard: Shard) -> dict[str, Any]:
         "nodes": len(shard.model.nodes),
         "pools": len(shard.model.pools),
         "bytes": len(blob),
-        "json_bytes": raw,
+        "json_bytes": sum(documents),
+        "json_documents": len(documents),
+        "largest_json_bytes": max(documents),
         "chunks": len(checkpoint.to_chunks("g", 0, 1, blob)),
         "encode_ms": round(encode_s * 1000.0, 1),
         "decode_ms": round(decode_s * 1000.0, 1),
@@ -192,6 +209,8 @@ def _print(result: dict[str, Any]) -> None:
         "pools",
         "MB",
         "chunks",
+        "docs",
+        "largest KB",
         "encode",
         "decode",
         "stall enc/loop",
@@ -209,6 +228,8 @@ def _print(result: dict[str, Any]) -> None:
             str(r["pools"]),
             f"{r['bytes'] / 1e6:.2f}",
             str(r["chunks"]),
+            str(r["json_documents"]),
+            f"{r['largest_json_bytes'] / 1e3:,.0f}",
             f"{r['encode_ms']:,.0f}",
             f"{r['decode_ms']:,.0f}",
             f"{r['loop_stall_inline_ms']:,.0f}",

@@ -12,10 +12,10 @@ and the end through the same code path (:mod:`fleetloop.core.shard`), deciding t
 between again without publishing the ones already published. Restore + fold-forward is the
 continuous computation, so the state is equal, not approximately equal.
 
-Encoding (format 2, stated value by value above ``_INT_LO``). A tagged JSON tree compressed with
-zlib: floats are written with the shortest repr that reads back to the same double (orjson), so
-values round-trip bit for bit, and a float that is not finite as its 8 bytes (a NaN keeps its sign
-and payload); ints beyond 64 bits, tuples, dicts, sets, numpy scalars and instances are tagged; a
+Encoding (stated value by value above ``_INT_LO``). A tagged JSON tree compressed with zlib:
+floats are written with the shortest repr that reads back to the same double (orjson), so values
+round-trip bit for bit, and a float that is not finite as its 8 bytes (a NaN keeps its sign and
+payload); ints beyond 64 bits, tuples, dicts, sets, numpy scalars and instances are tagged; a
 numpy array of numbers is its raw bytes with dtype and shape. Each state class's field names are
 written once per checkpoint (``"classes"``), an instance as its values in that order. Only classes
 defined in ``fleetloop`` modules that are dataclasses, pydantic models, msgspec structs or listed
@@ -28,7 +28,13 @@ checkpoint was written decodes as its declared default (a field without a defaul
 does not decode). A value that does not decode (for example written by another fleetloop version
 whose state classes changed) raises :class:`CheckpointError`; the runtime then starts that shard
 clean and says so. Format 1 (the earlier format: every instance with its class and field names,
-every list element tagged one by one) is still decoded.
+every list element tagged one by one) and format 2 (this tree as one JSON document) are still
+decoded.
+
+Layout (format 3, above ``PIECE_BYTES``). The tree is written as a head and pieces of about
+``PIECE_BYTES`` of JSON each, every one its own zlib stream, parsed by its own ``orjson.loads``
+call: a restore decodes in a thread, and the loop gets the interpreter back between pieces instead
+of waiting out one parse of the whole document (160-220 ms at 10,000 nodes).
 
 Cost (``fleetloop bench checkpoint``): the encoder resolves each class's fields once and passes
 runs of plain values (a window's row of finite floats, a struct's scalar fields) to orjson as they
@@ -62,8 +68,8 @@ import numpy as np
 import orjson
 from pydantic import BaseModel
 
-FORMAT = 2
-OLD_FORMATS = frozenset({1})  # still decoded: a fleet upgraded in place restores what it wrote before
+FORMAT = 3
+OLD_FORMATS = frozenset({1, 2})  # still decoded: a fleet upgraded in place restores what it wrote before
 CHUNK_BYTES = 512 * 1024  # under every broker's default max message size (1 MB) with headers
 
 
@@ -80,10 +86,10 @@ def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-# -- encoding, format 2 -------------------------------------------------------------------------
+# -- encoding: the tree --------------------------------------------------------------------------
 #
 # The tree is ``{"format": 2, "classes": {name: [field, ...], ...}, "v": value}`` (classes sorted by
-# name), where a value is written as:
+# name; format 2 wrote it as one document, format 3 in pieces, below), where a value is written as:
 # - None, a bool, a str, an int in [-2**63, 2**64): itself; any other int: ``{"$i": hex(n)}``;
 # - a finite float: itself (orjson writes the shortest repr that reads back to the same double);
 #   inf, -inf, NaN: ``{"$d": its 8 bytes, big-endian, in hex}`` (a NaN keeps its sign and payload);
@@ -281,22 +287,129 @@ class _Encoder:
         raise CheckpointError(f"cannot checkpoint a value of type {_name(t)}")
 
 
-def _dumps(classes: dict[str, list[str]], tree: Any) -> bytes:
-    return orjson.dumps({"format": FORMAT, "classes": dict(sorted(classes.items())), "v": tree})
+# -- layout, format 3: the tree in pieces --------------------------------------------------------
+#
+# Why pieces. A restore decodes in a thread so the loop goes on deciding, but the interpreter is only
+# handed back between bytecodes: one ``orjson.loads`` of a 10,000-node shard's 28 MB document held it
+# for 160-220 ms in one C call (the rest of a decode is Python, which gives it back every switch
+# interval; ``zlib`` inflates with it released). So the encoder, which runs in a forked child and can
+# afford the work, cuts the tree into JSON documents of about ``PIECE_BYTES`` each, every one parsed
+# by its own ``orjson.loads`` call: the longest hold is one piece's parse (~2 ms). The pieces are
+# independent zlib streams after the head's, so none is decompressed as a whole either, and the parsed
+# objects of a piece are freed piece by piece as they are decoded (freeing the whole parsed tree at
+# once held it another 30 ms). Not chosen: parsing in the loop in slices (orjson has no incremental
+# parser; the loop would still stall one parse), or decoding in a forked child (the objects must come
+# back into this process: that is a parse again).
+#
+# The blob is ``zlib(head) zlib(piece 0) zlib(piece 1) ...``, where the head is
+# ``{"format": 3, "classes": {...}, "pieces": [each piece's compressed length], "v": tree}`` and each
+# piece a JSON array. In the tree, a list may be written ``{"$p": [i, j, ...]}``: the concatenation of
+# pieces i, j, ... (each named once in the whole checkpoint; a piece's elements may name pieces too).
+# :class:`_Cutter` says which lists are cut; the format only says what ``$p`` means, so a decoder
+# never depends on where the cuts fall. Formats 1 and 2 were one document in one zlib stream.
+
+PIECE_BYTES = 256 * 1024  # JSON bytes per piece, about: ~2 ms of orjson.loads on a loaded machine
+_MANY = 64  # a list longer than this is measured element by element, not walked into
+_CONTAINERS = frozenset({list, tuple, dict})
+
+
+class _Cutter:
+    """Cuts a tree's large lists into pieces (``self.pieces``, each the JSON of a run of elements).
+
+    Walked from the top: a list of plain values is measured in one ``orjson.dumps`` and, above
+    ``PIECE_BYTES``, cut into slices of equal count. A list of more than ``_MANY`` elements has each
+    element written once (an element itself above ``PIECE_BYTES`` is cut first); a shorter list (the
+    skeleton: the shard's sections, an instance's fields) has each element walked into. A list whose
+    elements come to more than ``PIECE_BYTES`` goes into pieces, whole elements to a piece, the next
+    piece started when one would go past ``PIECE_BYTES``; a smaller one stays where it is, as the bytes
+    already written (:class:`orjson.Fragment`). So every byte is written about once. A single string
+    larger than a piece (a large array's bytes) is not cut."""
+
+    __slots__ = ("pieces",)
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+
+    def value(self, x: Any) -> tuple[Any, int]:
+        """``x`` with its large lists moved to pieces, and the JSON size of what is left (about)."""
+        t = type(x)
+        if t is list or t is tuple:  # a tuple: a run of plain values, as the encoder passed it
+            return self.seq(x)
+        if t is dict:
+            out: dict[str, Any] = {}
+            size = 1
+            for k, v in x.items():
+                out[k], n = self.value(v)
+                size += len(k) + 4 + n
+            return out, size
+        return x, len(orjson.dumps(x))
+
+    def seq(self, xs: list[Any] | tuple[Any, ...]) -> tuple[Any, int]:
+        types = set(map(type, xs))
+        if not types & _CONTAINERS:
+            raw = orjson.dumps(xs)
+            if len(raw) <= PIECE_BYTES:
+                return orjson.Fragment(raw), len(raw)
+            n = -(-len(raw) // PIECE_BYTES)
+            step = -(-len(xs) // n)  # n pieces of equal count
+            return self.moved([orjson.dumps(xs[i : i + step]) for i in range(0, len(xs), step)])
+        if len(xs) > _MANY:
+            parts = []
+            for x in xs:
+                b = orjson.dumps(x)
+                if len(b) > PIECE_BYTES and type(x) in _CONTAINERS:
+                    b = orjson.dumps(self.value(x)[0])
+                parts.append(b)
+        else:
+            parts = [orjson.dumps(self.value(x)[0]) for x in xs]
+        size = sum(map(len, parts)) + len(parts) + 1
+        if size <= PIECE_BYTES:
+            return orjson.Fragment(b"[" + b",".join(parts) + b"]"), size
+        runs: list[list[bytes]] = [[]]
+        filled = 0
+        for b in parts:
+            if runs[-1] and filled + len(b) + 1 > PIECE_BYTES:
+                runs.append([])
+                filled = 0
+            runs[-1].append(b)
+            filled += len(b) + 1
+        return self.moved([b"[" + b",".join(run) + b"]" for run in runs])
+
+    def moved(self, pieces: list[bytes]) -> tuple[dict[str, list[int]], int]:
+        first = len(self.pieces)
+        self.pieces.extend(pieces)
+        ref = {"$p": list(range(first, len(self.pieces)))}
+        return ref, len(orjson.dumps(ref))
+
+
+def _pack(classes: dict[str, list[str]], tree: Any) -> bytes:
+    """The blob of a format 2 ``tree`` (the values, as :class:`_Encoder` writes them) in format 3:
+    its large lists cut into pieces, the head and each piece compressed on its own."""
+    cutter = _Cutter()
+    rest, _ = cutter.value(tree)
+    pieces = [zlib.compress(p, 1) for p in cutter.pieces]
+    head = orjson.dumps(
+        {
+            "format": FORMAT,
+            "classes": dict(sorted(classes.items())),
+            "pieces": [len(p) for p in pieces],
+            "v": rest,
+        }
+    )
+    return b"".join([zlib.compress(head, 1), *pieces])
 
 
 def encode(value: Any) -> bytes:
-    """``value`` as compressed tagged JSON; :func:`decode` gives an equal value back."""
+    """``value`` as compressed tagged JSON, in pieces; :func:`decode` gives an equal value back."""
     encoder = _Encoder()
     try:
-        raw = _dumps(encoder.classes, encoder.enc(value))
+        return _pack(encoder.classes, encoder.enc(value))
     except TypeError:  # an int beyond 64 bits (passed unchecked): again, every int checked
         encoder = _Encoder(check_ints=True)
         try:
-            raw = _dumps(encoder.classes, encoder.enc(value))
+            return _pack(encoder.classes, encoder.enc(value))
         except TypeError as exc:  # e.g. a str orjson cannot write (a lone surrogate)
             raise CheckpointError(f"cannot checkpoint: {exc}") from None
-    return zlib.compress(raw, 1)
 
 
 def encode_many(values: list[Any]) -> bytes:
@@ -458,11 +571,13 @@ def _raw_array(o: dict[str, Any]) -> np.ndarray[Any, Any]:
 
 
 class _Decoder:
-    """A format 2 tree as its value (the classes it names resolved and checked once)."""
+    """A format 2 or 3 tree as its value (the classes it names resolved and checked once; ``pieces``,
+    format 3's parsed pieces, each taken once, when a ``$p`` names it, and dropped once decoded)."""
 
-    __slots__ = ("classes",)
+    __slots__ = ("classes", "pieces")
 
-    def __init__(self, classes: Any) -> None:
+    def __init__(self, classes: Any, pieces: list[list[Any] | None]) -> None:
+        self.pieces = pieces
         if type(classes) is not dict:
             raise CheckpointError("checkpoint has no class table")
         self.classes: dict[str, tuple[type, tuple[str, ...]]] = {}
@@ -492,9 +607,15 @@ class _Decoder:
             except (KeyError, TypeError):
                 raise CheckpointError(f"class {name!r} is not in the checkpoint's class table") from None
             values = o["f"]
+            if type(values) is dict and "$p" in values:
+                values = self.joined(values["$p"])
+            elif type(values) is list and len(values) == len(fields):
+                values = self.dec(values)
             if type(values) is not list or len(values) != len(fields):
                 raise CheckpointError(f"{name}: {len(fields)} fields named, other values given")
-            return _build(cls, name, dict(zip(fields, self.dec(values), strict=True)))
+            return _build(cls, name, dict(zip(fields, values, strict=True)))
+        if "$p" in o:
+            return self.joined(o["$p"])
         if "$m" in o:
             return dict(zip(self.dec(o["$m"]), self.dec(o["v"]), strict=True))
         if "$t" in o:
@@ -515,21 +636,108 @@ class _Decoder:
             return np.asarray(self.dec(o["v"]), dtype=np.dtype(o["$a"])).reshape(o["shape"])
         raise CheckpointError(f"unknown tag in checkpoint: {sorted(o)[:3]}")
 
+    def joined(self, ids: Any) -> list[Any]:
+        """The decoded elements of the pieces ``ids`` names, in order. Each piece is taken once (a
+        checkpoint naming one twice would decode it again each time, a cost that doubles with every
+        level), and its parsed objects are freed once it is decoded, not all at the end."""
+        if type(ids) is not list:
+            raise CheckpointError("a piece reference is not a list")
+        pieces = self.pieces
+        out: list[Any] = []
+        for i in ids:
+            if type(i) is not int or not 0 <= i < len(pieces):
+                raise CheckpointError(f"piece {i!r} is not in the checkpoint")
+            part = pieces[i]
+            if part is None:
+                raise CheckpointError(f"piece {i} is named twice")
+            pieces[i] = None
+            out.extend(self.dec(part))
+            del part
+        return out
 
-def decode(data: bytes) -> Any:
+
+def _inflate(data: bytes | memoryview, what: str) -> bytes:
     try:
-        tree = orjson.loads(zlib.decompress(data))
-    except (zlib.error, orjson.JSONDecodeError) as exc:
+        return zlib.decompress(data)
+    except zlib.error as exc:
+        raise CheckpointError(f"{what} is not readable: {exc}") from None
+
+
+def _parsed(raw: bytes, what: str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise CheckpointError(f"{what} is not readable: {exc}") from None
+
+
+def _head(data: bytes) -> tuple[bytes, dict[str, Any], int]:
+    """The checkpoint's first document (a format 1 or 2 checkpoint's only one) as written and
+    parsed, and where the pieces after it start."""
+    inflate = zlib.decompressobj()
+    try:
+        raw = inflate.decompress(data)
+    except zlib.error as exc:
         raise CheckpointError(f"checkpoint is not readable: {exc}") from None
+    if not inflate.eof:
+        raise CheckpointError("checkpoint is not readable: it ends early")
+    tree = _parsed(raw, "checkpoint")
     if not isinstance(tree, dict) or (tree.get("format") != FORMAT and tree.get("format") not in OLD_FORMATS):
         raise CheckpointError("checkpoint written in another format")
+    return raw, tree, len(data) - len(inflate.unused_data)
+
+
+def _spans(sizes: Any, start: int, end: int) -> list[tuple[int, int]]:
+    """Where each piece's compressed bytes are, from the head's ``pieces``."""
+    if type(sizes) is not list or not all(type(n) is int and n > 0 for n in sizes):
+        raise CheckpointError("checkpoint's piece lengths are not a list of positive ints")
+    if start + sum(sizes) != end:
+        raise CheckpointError(
+            f"checkpoint's pieces come to {sum(sizes)} bytes, {end - start} follow its head"
+        )
+    out = []
+    for n in sizes:
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+def documents(data: bytes) -> list[bytes]:
+    """A checkpoint's JSON documents as written: its head, then each piece (format 3), or its one
+    document (formats 1 and 2). For measuring and for tests; :func:`decode` reads them one at a
+    time."""
+    raw, tree, start = _head(data)
+    out = [raw]
+    if tree["format"] == FORMAT:
+        view = memoryview(data)
+        spans = _spans(tree.get("pieces"), start, len(data))
+        out.extend(_inflate(view[a:b], f"checkpoint piece {i}") for i, (a, b) in enumerate(spans))
+    return out
+
+
+def decode(data: bytes) -> Any:
+    """The value a checkpoint holds. The pieces of a format 3 checkpoint are each decompressed and
+    parsed in their own calls, so a thread decoding gives the interpreter back between them."""
+    _, tree, start = _head(data)
     try:
+        if tree["format"] == 1:
+            return _dec1(tree["v"])
+        pieces: list[list[Any] | None] = []
         if tree["format"] == FORMAT:
-            return _Decoder(tree["classes"]).dec(tree["v"])
-        return _dec1(tree["v"])
+            view = memoryview(data)
+            for i, (a, b) in enumerate(_spans(tree["pieces"], start, len(data))):
+                what = f"checkpoint piece {i}"
+                piece = _parsed(_inflate(view[a:b], what), what)
+                if type(piece) is not list:
+                    raise CheckpointError(f"{what} is not a list")
+                pieces.append(piece)
+        value = _Decoder(tree["classes"], pieces).dec(tree["v"])
+        unused = [i for i, p in enumerate(pieces) if p is not None]
+        if unused:
+            raise CheckpointError(f"checkpoint pieces {unused[:8]} are named nowhere")
+        return value
     except CheckpointError:
         raise
-    except (KeyError, TypeError, ValueError, struct.error) as exc:
+    except (KeyError, TypeError, ValueError, struct.error, RecursionError) as exc:
         raise CheckpointError(f"checkpoint is malformed: {type(exc).__name__}: {exc}") from None
 
 

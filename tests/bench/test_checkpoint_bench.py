@@ -13,6 +13,8 @@ from fleetloop.core import checkpoint
 FIGURES = (
     "bytes",
     "json_bytes",
+    "json_documents",
+    "largest_json_bytes",
     "chunks",
     "encode_ms",
     "decode_ms",
@@ -34,6 +36,7 @@ def test_bench_checkpoint_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert row["bytes"] > 0
     assert row["chunks"] >= 1
     assert row["json_bytes"] > row["bytes"]  # compressed
+    assert 0 < row["largest_json_bytes"] <= row["json_bytes"]
     assert row["restore_exact"] is True
 
 

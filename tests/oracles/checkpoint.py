@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import math
-import zlib
 from typing import Any
 
 from fleetloop.core.checkpoint import (
@@ -17,9 +16,9 @@ from fleetloop.core.checkpoint import (
     _array_head,
     _bits,
     _Class,
-    _dumps,
     _kind,
     _name,
+    _pack,
     _set_order,
 )
 
@@ -66,7 +65,6 @@ def encode_plain(value: Any) -> bytes:
     classes: dict[str, list[str]] = {}
     tree = _enc_plain(value, classes)
     try:
-        raw = _dumps(classes, tree)
+        return _pack(classes, tree)  # the layout (the tree cut into pieces) is the encoder's own
     except TypeError as exc:  # e.g. a str orjson cannot write (a lone surrogate)
         raise CheckpointError(f"cannot checkpoint: {exc}") from None
-    return zlib.compress(raw, 1)

@@ -1,7 +1,9 @@
-"""The checkpoint codec (format 2): the fast encoder writes the bytes the format's statement
+"""The checkpoint codec (format 3): the fast encoder writes the bytes the format's statement
 (``tests.oracles.checkpoint.encode_plain``) writes, on real shard states and hostile values; every
 value decodes back to itself bit for bit (types, float bits, NaN payloads, array dtypes and bytes);
-a forged checkpoint only ever raises ``CheckpointError``; format 1 checkpoints still decode."""
+the pieces a checkpoint is cut into join back into the tree the format states, and a restore never
+parses more than a piece in one call; a forged checkpoint (pieces too) only ever raises
+``CheckpointError``; format 1 and 2 checkpoints still decode."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from fleetloop.sim.scenario import load_scenario
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
-from tests.oracles.checkpoint import encode_plain
+from tests.oracles.checkpoint import _enc_plain, encode_plain
+from tests.support.checkpoints import tree_of
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -293,6 +296,87 @@ def test_generated_values_encode_as_the_statement_and_round_trip(value: Any) -> 
     round_trip(value)
 
 
+# -- format 3: the tree in pieces ------------------------------------------------------------
+
+
+def stated_tree(value: Any, format_: int = 3) -> dict[str, Any]:
+    """The tree the format states for ``value``, as one document."""
+    classes: dict[str, list[str]] = {}
+    v = _enc_plain(value, classes)
+    return {"format": format_, "classes": dict(sorted(classes.items())), "v": v}
+
+
+def test_a_large_checkpoint_is_pieces_that_join_back_into_the_stated_tree() -> None:
+    value = bench_shard(1000, 12).checkpoint_value()
+    data = encode(value)
+    documents = checkpoint.documents(data)
+    assert len(documents) > 5
+    assert max(map(len, documents)) <= checkpoint.PIECE_BYTES
+    assert orjson.dumps(tree_of(data)) == orjson.dumps(stated_tree(value))
+
+
+def test_a_restore_parses_no_more_than_a_piece_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What bounds the loop's stall while a thread restores: the interpreter is handed back between
+    calls, and the parse is the one long call (one 28 MB document at 10,000 nodes was 160-220 ms)."""
+    value = bench_shard(1000, 12).checkpoint_value()
+    data = encode(value)
+    parsed: list[int] = []
+    loads = orjson.loads
+
+    def spy(raw: bytes) -> Any:
+        parsed.append(len(raw))
+        return loads(raw)
+
+    monkeypatch.setattr(orjson, "loads", spy)
+    back = decode(data)
+    monkeypatch.undo()
+    assert sum(parsed) >= len(orjson.dumps(stated_tree(value)))  # the whole tree was parsed (1.9 MB)...
+    assert max(parsed) <= 256 * 1024  # ...a piece at a time (PIECE_BYTES)
+    assert encode(back) == data
+
+
+def test_a_format_2_checkpoint_still_restores_exactly() -> None:
+    """As the format 2 encoder wrote it (the same tree, one document, one zlib stream): it decodes
+    to the state, which restores a shard, and is then written in format 3, byte for byte as the
+    state itself is."""
+    value = bench_shard(1000, 12).checkpoint_value()
+    old = zlib.compress(orjson.dumps(stated_tree(value, 2)), 1)
+    assert len(checkpoint.documents(old)) == 1
+    back = decode(old)
+    same(back, value)
+    assert encode(back) == encode(value)
+    restored = Shard.from_checkpoint(back)
+    assert encode(restored.checkpoint_value()) == encode(value)
+
+
+@pytest.fixture
+def tiny_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of a few bytes and short lists of two: the cut falls everywhere (instances' field
+    lists, a piece's elements naming pieces, plain runs in slices)."""
+    monkeypatch.setattr(checkpoint, "PIECE_BYTES", 40)
+    monkeypatch.setattr(checkpoint, "_MANY", 2)
+
+
+@pytest.mark.usefixtures("tiny_pieces")
+def test_a_state_cut_everywhere_round_trips_bit_for_bit() -> None:
+    value = bench_shard(64, 3).checkpoint_value()
+    round_trip(value)
+    data = encode(value)
+    assert len(checkpoint.documents(data)) > 1000
+    assert orjson.dumps(tree_of(data)) == orjson.dumps(stated_tree(value))
+    assert encode(Shard.from_checkpoint(decode(data)).checkpoint_value()) == data
+
+
+@settings(max_examples=300, deadline=None)
+@given(values)
+def test_generated_values_cut_everywhere_round_trip(value: Any) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint, "PIECE_BYTES", 24)
+        mp.setattr(checkpoint, "_MANY", 2)
+        round_trip(value)
+        assert orjson.dumps(tree_of(encode(value))) == orjson.dumps(stated_tree(value))
+
+
 # -- forged checkpoints ----------------------------------------------------------------------
 
 
@@ -353,7 +437,7 @@ FORGED = [
     (v2({"$s": [[1]], "frozen": True}), "malformed"),
     (v2({"$x": 1}), "unknown tag"),
     (blob({"format": 2, "v": 1}), "malformed"),
-    (blob({"format": 3, "classes": {}, "v": 1}), "another format"),
+    (blob({"format": 4, "classes": {}, "pieces": [], "v": 1}), "another format"),
     (blob([1, 2]), "another format"),
     (b"not zlib", "not readable"),
     (zlib.compress(b"{not json"), "not readable"),
@@ -364,6 +448,77 @@ FORGED = [
 def test_a_forged_checkpoint_only_raises_checkpoint_error(data: bytes, message: str) -> None:
     with pytest.raises(CheckpointError, match=message):
         decode(data)
+
+
+def v3(value: Any, pieces: Any = (), classes: Any = None, sizes: Any = None) -> bytes:
+    """A format 3 checkpoint: the head (``sizes``: its piece lengths, by default the true ones) and
+    ``pieces`` (JSON values, or bytes written as they are)."""
+    packed = [p if isinstance(p, bytes) else zlib.compress(orjson.dumps(p)) for p in pieces]
+    lengths = [len(p) for p in packed] if sizes is None else sizes
+    head = {"format": 3, "classes": classes or {}, "pieces": lengths, "v": value}
+    return zlib.compress(orjson.dumps(head)) + b"".join(packed)
+
+
+def nested(depth: int) -> bytes:
+    """A list ``depth`` deep, as JSON (deeper than orjson writes)."""
+    return b"[" * depth + b"1" + b"]" * depth
+
+
+WINDOW = "fleetloop.core.model.windows:Window"
+FORGED_PIECES = {
+    "index out of range": (v3({"$p": [1]}, [[1]]), "piece 1 is not in the checkpoint"),
+    "index not an int": (v3({"$p": [True]}, [[1]]), "piece True is not in the checkpoint"),
+    "negative index": (v3({"$p": [-1]}, [[1]]), "piece -1 is not in the checkpoint"),
+    "reference not a list": (v3({"$p": 0}, [[1]]), "piece reference is not a list"),
+    "a piece named twice": (v3({"$p": [0, 0]}, [[1]]), "piece 0 is named twice"),
+    "a piece named from two places": (v3([{"$p": [0]}, {"$p": [0]}], [[1]]), "piece 0 is named twice"),
+    "a piece naming itself": (v3({"$p": [0]}, [[{"$p": [0]}]]), "piece 0 is named twice"),
+    "a piece named nowhere": (v3(1, [[1], [2]]), r"pieces \[0, 1\] are named nowhere"),
+    "a piece not a list": (v3({"$p": [0]}, [{"a": 1}]), "piece 0 is not a list"),
+    "a piece not zlib": (v3({"$p": [0]}, [b"not zlib"]), "piece 0 is not readable"),
+    "a piece cut short": (v3({"$p": [0]}, [zlib.compress(b"[1, 2, 3]")[:-3]]), "piece 0 is not readable"),
+    "a piece not JSON": (v3({"$p": [0]}, [zlib.compress(b"[1,")]), "piece 0 is not readable"),
+    "lengths short of the bytes": (v3({"$p": [0]}, [[1]]) + b"x", "pieces come to"),
+    "lengths past the bytes": (v3(1, sizes=[5]), "pieces come to"),
+    "a length of 0": (v3(1, sizes=[0]), "positive ints"),
+    "lengths not a list": (v3(1, sizes="5"), "positive ints"),
+    "no lengths": (blob({"format": 3, "classes": {}, "v": 1}), "malformed: KeyError"),
+    "the head cut short": (v3(1)[:-4], "not readable"),
+    "fields in a piece, too few": (
+        v3({"$o": WINDOW, "f": {"$p": [0]}}, [[{"$m": [], "v": []}]], {WINDOW: ["buckets", "width"]}),
+        "2 fields named",
+    ),
+    "pieces nested past the stack": (
+        v3({"$p": [0]}, [*([{"$p": [i + 1]}] for i in range(3000)), [1]]),
+        "malformed: RecursionError",
+    ),
+    "a format 2 tree nested past the stack": (
+        zlib.compress(b'{"format":2,"classes":{},"v":' + nested(1000) + b"}"),
+        "malformed: RecursionError",
+    ),
+}
+
+
+@pytest.mark.parametrize(("data", "message"), FORGED_PIECES.values(), ids=FORGED_PIECES)
+def test_forged_pieces_only_raise_checkpoint_error(data: bytes, message: str) -> None:
+    with pytest.raises(CheckpointError, match=message):
+        decode(data)
+
+
+def test_pieces_are_joined_in_the_order_named() -> None:
+    """The format, not where the encoder happens to cut: a list is its pieces' elements in the order
+    the reference names them, wherever a list may be (an instance's fields too)."""
+    assert decode(v3({"$p": [1, 0]}, [[3, 4], [1, 2]])) == [1, 2, 3, 4]
+    assert decode(v3({"$t": {"$p": [0]}}, [[1, {"$p": [1]}], [2.5, 3.5]])) == (1, [2.5, 3.5])
+    window = decode(
+        v3(
+            {"$o": WINDOW, "f": {"$p": [1, 0]}},
+            [[5], [{"$m": [7], "v": [{"$p": [2]}]}], [[1.0, 2.0]]],
+            {WINDOW: ["buckets", "width"]},
+        )
+    )
+    assert window.width == 5
+    assert window.buckets == {7: [[1.0, 2.0]]}
 
 
 def test_a_forged_struct_is_built_by_msgspec_with_its_checks() -> None:

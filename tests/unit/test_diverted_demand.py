@@ -10,7 +10,6 @@ placed has no copy; both snapshot forms and both folds agree (``test_fast_snapsh
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import orjson
@@ -22,7 +21,7 @@ from fleetloop.schemas.fast import OUTCOME_TWIN
 from fleetloop.schemas.requests import diverted_copy
 from tests.oracles.fold import fold_plain
 from tests.oracles.snapshot import snapshot_plain
-from tests.support.checkpoints import edit_field
+from tests.support.checkpoints import blob_of, edit_field, tree_of
 from tests.support.records import outcome, telemetry
 
 T = 1_700_000_000_000
@@ -130,9 +129,9 @@ def test_a_checkpoint_round_trips_the_diverted_window() -> None:
 
 def _without_field(data: bytes, cls: str, name: str) -> bytes:
     """The checkpoint as a build without ``cls.name`` wrote it (the field and its values removed)."""
-    tree = orjson.loads(zlib.decompress(data))
+    tree = tree_of(data)
     edit_field(tree, cls, name)
-    return zlib.compress(orjson.dumps(tree))
+    return blob_of(tree)
 
 
 def test_a_checkpoint_from_before_the_field_restores_with_an_empty_window() -> None:

@@ -8,10 +8,6 @@ ones) would otherwise drain it and take it back every grace."""
 
 from __future__ import annotations
 
-import zlib
-from typing import Any
-
-import orjson
 import pytest
 from fleetloop.core.checkpoint import decode, encode
 from fleetloop.core.decide.engine import Engine, EngineState, envelope_of
@@ -22,7 +18,7 @@ from fleetloop.policies.registry import CompiledPolicy, builtin_policy
 from fleetloop.schemas import AutoscaleDecision, Tick
 from tests.policies.snapshots import NOW_MS, node
 from tests.policies.snapshots import snapshot as views_snapshot
-from tests.support.checkpoints import edit_field
+from tests.support.checkpoints import blob_of, edit_field, tree_of
 from tests.support.records import telemetry
 from tests.unit.test_engine import policy
 
@@ -176,11 +172,11 @@ def _copy(engine: Engine, state: EngineState) -> Engine:
 
 def _checkpointed(state: EngineState, *, old: bool = False) -> EngineState:
     """``state`` through a checkpoint; ``old``: one written before the grace was kept."""
-    tree: Any = orjson.loads(zlib.decompress(encode(state)))
+    tree = tree_of(encode(state))
     if old:
         for field in ("drains_taken", "drains_since"):
             edit_field(tree, "fleetloop.core.decide.engine:EngineState", field)
-    restored = decode(zlib.compress(orjson.dumps(tree)))
+    restored = decode(blob_of(tree))
     assert isinstance(restored, EngineState)
     return restored
 

@@ -201,10 +201,8 @@ def test_a_forged_checkpoint_cannot_name_a_class_outside_fleetloop() -> None:
 def test_a_checkpoint_written_before_a_field_was_added_decodes_with_its_default() -> None:
     """``_Ledger.tasks_handed_off`` came after checkpoints were in use: an older checkpoint (the
     field absent) restores with it at 0; a field that went away, or one without a default, fails."""
-    import zlib
-
     import orjson
-    from tests.support.checkpoints import edit_field
+    from tests.support.checkpoints import blob_of, edit_field, tree_of
 
     rows, _ = stream(seconds=20)
     shard = Shard(0)
@@ -212,16 +210,16 @@ def test_a_checkpoint_written_before_a_field_was_added_decodes_with_its_default(
         shard.add(logical, rows[logical])
     shard.fold_read()
     shard.model.ledger.tasks_handed_off = 7
-    tree = orjson.loads(zlib.decompress(encode(shard.checkpoint_value())))
+    tree = tree_of(encode(shard.checkpoint_value()))
 
     ledger = "fleetloop.core.model.fleet:_Ledger"
 
     old = orjson.loads(orjson.dumps(tree))
     edit_field(old, ledger, "tasks_handed_off")
-    restored = Shard.from_checkpoint(decode(zlib.compress(orjson.dumps(old))))
+    restored = Shard.from_checkpoint(decode(blob_of(old)))
     assert restored.model.ledger.tasks_handed_off == 0
     assert restored.model.ledger.tasks_started == shard.model.ledger.tasks_started > 0
     renamed = orjson.loads(orjson.dumps(tree))
     edit_field(renamed, ledger, "tasks_handed_off", "tasks_gone")
     with pytest.raises(CheckpointError, match="fields changed"):
-        decode(zlib.compress(orjson.dumps(renamed)))
+        decode(blob_of(renamed))

@@ -74,7 +74,10 @@ class Checkpoints:
     async def decode(self, found: Mapping[int, checkpoint.Found | None]) -> dict[int, Shard | None]:
         """Each partition's newest checkpoint as a shard (None: none, or unusable, said in one line).
         Decoding runs in a thread: at 10k nodes it takes seconds, during which the loop goes on
-        deciding the shards it already holds (it gets the interpreter every switch interval)."""
+        deciding the shards it already holds. It gets the interpreter every switch interval, or
+        when the thread's C call returns: a checkpoint is parsed a piece at a time
+        (:mod:`fleetloop.core.checkpoint`'s format 3), so no call holds it longer than one piece's
+        parse (~2 ms, against 130 ms for one 28 MB document)."""
         blobs = {p: f.blob for p, f in found.items() if f is not None and f.blob is not None}
         t0 = self.clock.monotonic_s()
         values = await self.offload.in_thread(_decode_all, blobs) if blobs else {}
