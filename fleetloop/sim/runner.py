@@ -17,6 +17,8 @@ The policy runs against the scenario's SLO: the scenario's ``slo`` becomes the p
 ``spec.slo`` default and the policy's classes are scaled with it
 (:func:`fleetloop.policies.slo.restated`; :func:`under_scenario_slo`), so the objective the report
 judges latency by and the one admission, batching, autoscaling and the breaker steer by are one.
+An HPA-based autoscaler takes each pool's ``min_nodes``/``max_nodes`` as its replica bounds
+(:func:`under_scenario_bounds`).
 
 There is no second control loop: the decisions come from :mod:`fleetloop.core.decide` exactly as
 the daemon would compute them from the same records. The run ends when every task has succeeded or
@@ -34,10 +36,12 @@ from fleetloop.clock import monotonic_s
 from fleetloop.core.decide import Engine
 from fleetloop.core.decide.engine import envelope_of
 from fleetloop.core.model import FleetModel, apply, snapshot
-from fleetloop.policies.registry import CompiledPolicy, with_slo
+from fleetloop.policies.autoscale.hpa.params import ReplicaBounds
+from fleetloop.policies.registry import CompiledPolicy, compile_policy, with_slo
 from fleetloop.policies.slo import restated
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.decisions import Decision
+from fleetloop.schemas.policy import PolicyDocument
 from fleetloop.sim.fleet import FleetSim, SimReport
 from fleetloop.sim.scenario import Scenario
 
@@ -86,6 +90,30 @@ def under_scenario_slo(policy: CompiledPolicy, scenario: Scenario) -> CompiledPo
     return with_slo(policy, spec)
 
 
+def under_scenario_bounds(policy: CompiledPolicy, scenario: Scenario) -> CompiledPolicy:
+    """``policy`` with an HPA-based autoscaler (``hpa``, ``keda-engine``, ``keda-epp``: any whose
+    parameters are :class:`ReplicaBounds`) bounded by each scenario pool's ``min_nodes`` and
+    ``max_nodes``, unless its file bounds that pool itself.
+
+    Why. A Kubernetes HPA's ``minReplicas``/``maxReplicas`` (a KEDA ScaledObject's
+    ``minReplicaCount``/``maxReplicaCount``) are its scale target's only bounds: no floor stands
+    apart from them, so it never names a replica below its floor. The simulator's pool is the scale
+    target and ``min_nodes`` its floor. Left at a file's own ``min_replicas`` (1 by default) below
+    it, the HPA named floor nodes to drain each sync; the simulator kept them (its floor) and the
+    router kept them out of rotation (the drain list), a stack no one runs: ``modern`` served on
+    fewer nodes than it paid for. Other autoscalers (slo-predictive, capacity) do not learn the
+    floor: they run beside an orchestrator whose floor they may not know, which the engine's drain
+    list grace handles (``fleetloop.core.decide.shaping.keep_draining``)."""
+    section = policy.sections.get("autoscale")
+    if section is None or not isinstance(section.params, ReplicaBounds):
+        return policy
+    data = policy.document.model_dump(mode="json")
+    pools = data["spec"]["autoscale"].setdefault("params", {}).setdefault("pools", {})
+    for p in scenario.pools:
+        pools.setdefault(p.id, {"min_replicas": p.min_nodes, "max_replicas": p.hi_nodes})
+    return compile_policy(PolicyDocument.model_validate(data))
+
+
 def run(
     scenario: Scenario,
     policy: CompiledPolicy,
@@ -99,7 +127,7 @@ def run(
     ``on_tick(tick, decisions)`` after every tick (for tests)."""
     started = monotonic_s()
     seed = scenario.seed if seed is None else seed
-    policy = under_scenario_slo(policy, scenario)
+    policy = under_scenario_bounds(under_scenario_slo(policy, scenario), scenario)
     sim = FleetSim(scenario, seed, start_ms=EPOCH_MS)
     engine = Engine(policy)
     env = envelope_of(policy)
