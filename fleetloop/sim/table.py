@@ -242,23 +242,60 @@ def against_modern(rows: list[dict[str, Any]]) -> str:
         "",
         "## Against modern (least-request + outlier detection + KEDA/HPA on queue and KV)",
         "",
-        "| scenario | $/success vs modern | success vs modern | p0 vs modern | TTFT p99 modern / default |",
-        "|---|---:|---:|---:|---:|",
+        "| scenario | $/success vs modern | success vs modern | p0 vs modern | TTFT p99 modern / default "
+        "| TBT p99 modern / default ms (SLO) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     ratios = []
+    pairs = []
     for s in scenarios:
         d, m = t[(s, "default")], t[(s, "modern")]
         ratio = (d["per_successful_task_usd"] or math.inf) / (m["per_successful_task_usd"] or math.inf)
         ratios.append(ratio)
+        pairs.append((d, m))
         dp, mp = d["p0_success_rate"], m["p0_success_rate"]
         ttft = f"{m['ttft_p99_ms'] / d['ttft_p99_ms']:.2f}x" if m["ttft_p99_ms"] and d["ttft_p99_ms"] else "-"
         lines.append(
             f"| {s} | {ratio:.3f} | {(d['success_rate'] or 0.0) - (m['success_rate'] or 0.0):+.2%} "
-            f"| {'-' if dp is None or mp is None else f'{dp - mp:+.2%}'} | {ttft} |"
+            f"| {'-' if dp is None or mp is None else f'{dp - mp:+.2%}'} | {ttft} | {_tbt_pair(d, m)} |"
         )
     lines.append("")
     lines.append(f"- geometric mean of $/success vs modern: **{_f(_geomean(ratios), '.3f')}**")
+    lines.append(_dearer_within_slo(pairs))
     return "\n".join(lines) + "\n"
+
+
+def _tbt_within(row: dict[str, Any]) -> bool | None:
+    tbt, slo = row.get("tbt_p99_ms"), row.get("slo_tbt_ms")
+    return None if tbt is None or slo is None else tbt <= slo
+
+
+def _tbt_pair(d: dict[str, Any], m: dict[str, Any]) -> str:
+    """Modern's and default's TBT p99 with the scenario's SLO, a miss marked: a cheaper stack that
+    misses the SLO is not the same service for less."""
+
+    def one(r: dict[str, Any]) -> str:
+        return _f(r.get("tbt_p99_ms"), ".0f") + ("*" if _tbt_within(r) is False else "")
+
+    return f"{one(m)} / {one(d)} ({_f(d.get('slo_tbt_ms'), '.0f')})"
+
+
+def _dearer_within_slo(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """Where default costs more per successful task than modern: on how many of those is default's
+    TBT p99 within the SLO and modern's over it (what the difference buys)."""
+    dearer = [
+        (d, m)
+        for d, m in pairs
+        if (d["per_successful_task_usd"] or math.inf) > (m["per_successful_task_usd"] or math.inf)
+    ]
+    bought = sum(1 for d, m in dearer if _tbt_within(d) is True and _tbt_within(m) is False)
+    d_in = sum(1 for d, _ in pairs if _tbt_within(d) is True)
+    m_in = sum(1 for _, m in pairs if _tbt_within(m) is True)
+    return (
+        f"- TBT p99 within the SLO (* marks a miss): default on **{d_in}** of {len(pairs)}, modern on"
+        f" **{m_in}**; where default costs more per successful task than modern ({len(dearer)} of"
+        f" {len(pairs)}), default's is within it and modern's over it on **{bought}**"
+    )
 
 
 def timed_out(row: dict[str, Any]) -> int:
@@ -465,18 +502,22 @@ def suite_against_modern(rows: list[dict[str, Any]]) -> str:
         "## Against modern, seed by seed (reported, not a target)",
         "",
         "| scenario | seed | $/success default / modern | success default - modern | p0 default - modern "
-        "| TTFT p99 modern / default ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| TTFT p99 modern / default ms | TBT p99 modern / default ms (SLO) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
+    both = []
     for s, seed in pairs:
         d, m = t[(s, seed, "default")], t[(s, seed, "modern")]
+        both.append((d, m))
         ratio = (d["per_successful_task_usd"] or math.inf) / (m["per_successful_task_usd"] or math.inf)
         dp, mp = d["p0_success_rate"], m["p0_success_rate"]
         lines.append(
             f"| {s} | {seed} | {ratio:.3f} | {(d['success_rate'] or 0.0) - (m['success_rate'] or 0.0):+.2%} "
             f"| {'-' if dp is None or mp is None else f'{dp - mp:+.2%}'} "
-            f"| {_f(m['ttft_p99_ms'], '.0f')} / {_f(d['ttft_p99_ms'], '.0f')} |"
+            f"| {_f(m['ttft_p99_ms'], '.0f')} / {_f(d['ttft_p99_ms'], '.0f')} | {_tbt_pair(d, m)} |"
         )
+    lines.append("")
+    lines.append(_dearer_within_slo(both))
     return "\n".join(lines) + "\n"
 
 

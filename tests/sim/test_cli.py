@@ -88,3 +88,19 @@ def test_unknown_baseline_exit_2(scenario_file: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "unknown baseline 'fancy'" in err
+
+
+def test_compare_sets_percentiles_beside_the_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stack that is cheaper because it misses the SLO must read so in the comparison: each
+    percentile stands beside the scenario's SLO and a miss says "over"."""
+    d = small_scenario_dict()
+    d["duration_s"] = 40
+    d["slo"] = {"ttft_ms": 100_000, "tbt_ms": 1}  # every time between tokens misses 1 ms
+    p = tmp_path / "tight.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert main(["sim", "--scenario", str(p), "--compare", "default,none", "--seed", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ttft = next(line for line in lines if "TTFT p99 ms (SLO 100000)" in line)
+    tbt = next(line for line in lines if "TBT p99 ms (SLO 1)" in line)
+    assert "over" not in ttft
+    assert tbt.count("over") == 2

@@ -79,6 +79,28 @@ def test_default_is_reported_against_modern_per_scenario() -> None:
     assert against_modern(rows[1:]) == ""  # a scenario without a modern row: nothing to report
 
 
+def test_against_modern_sets_each_tbt_p99_beside_the_slo() -> None:
+    """Where default costs more than modern, the table says whether the difference buys a TBT p99
+    within the SLO that modern misses; a miss is starred."""
+    slo = {"slo_tbt_ms": 60}
+    rows = [
+        _row("steady", "modern", 0.8, tbt_p99_ms=101.0, **slo),
+        _row("steady", "default", 1.0, tbt_p99_ms=38.0, **slo),
+        _row("burst", "modern", 1.0, tbt_p99_ms=50.0, **slo),
+        _row("burst", "default", 1.2, tbt_p99_ms=70.0, **slo),
+        _row("calm", "modern", 1.0, tbt_p99_ms=90.0, **slo),
+        _row("calm", "default", 0.9, tbt_p99_ms=40.0, **slo),
+    ]
+    text = against_modern(rows)
+    assert "| 101* / 38 (60) |" in text
+    assert "| 50 / 70* (60) |" in text
+    assert (
+        "TBT p99 within the SLO (* marks a miss): default on **2** of 3, modern on **1**; where default"
+        " costs more per successful task than modern (2 of 3), default's is within it and modern's over"
+        " it on **1**"
+    ) in text
+
+
 def test_the_table_runs_every_baseline() -> None:
     assert [label for label, _ in available_policies()] == ["none", "classic", "modern", "default"]
 
