@@ -153,6 +153,27 @@ def test_shipped_table_headlines_match_the_table() -> None:
     assert round(classic["tasks_started"], -3) == int(m.group(2).replace(",", ""))
 
 
+def test_what_default_buys_against_modern_matches_the_tables() -> None:
+    """The pairs where default costs more than modern and its TBT p99 is within the SLO while
+    modern's is over it, per suite, as recounted from the tables' rows."""
+    m = re.search(
+        r"default's TBT p99 is within the SLO and modern's over it on (\d+) of (\d+) shipped pairs and "
+        r"(\d+) of (\d+) stress pairs",
+        _readme(),
+    )
+    assert m, "the doc lost the sentence on what default's extra cost buys against modern"
+    said = [int(x) for x in m.groups()]
+    figures: list[int] = []
+    for name in ("shipped", "stress"):
+        rows = orjson.loads((ROOT / "bench" / "results" / f"sim-{name}.json").read_bytes())["rows"]
+        t = {(r["scenario"], r["seed"], r["policy"]): r for r in rows}
+        pairs = [(t[(s, seed, "default")], r) for (s, seed, p), r in t.items() if p == "modern"]
+        dearer = [(d, mo) for d, mo in pairs if d["per_successful_task_usd"] > mo["per_successful_task_usd"]]
+        bought = [1 for d, mo in dearer if d["tbt_p99_ms"] <= d["slo_tbt_ms"] < mo["tbt_p99_ms"]]
+        figures += [len(bought), len(dearer)]
+    assert said == figures
+
+
 def test_latency_sentence_matches_the_tables() -> None:
     """The latency counts (priority-0 TTFT p99 and TBT p99 within the scenario's SLO) per policy,
     both suites, as the tables' JSON states them and as recounted from their rows."""
