@@ -165,8 +165,7 @@ def test_what_default_buys_against_modern_matches_the_tables() -> None:
     said = [int(x) for x in m.groups()]
     figures: list[int] = []
     for name in ("shipped", "stress"):
-        rows = orjson.loads((ROOT / "bench" / "results" / f"sim-{name}.json").read_bytes())["rows"]
-        t = {(r["scenario"], r["seed"], r["policy"]): r for r in rows}
+        t = {(r["scenario"], r["seed"], r["policy"]): r for r in _rows(f"sim-{name}")}
         pairs = [(t[(s, seed, "default")], r) for (s, seed, p), r in t.items() if p == "modern"]
         dearer = [(d, mo) for d, mo in pairs if d["per_successful_task_usd"] > mo["per_successful_task_usd"]]
         bought = [1 for d, mo in dearer if d["tbt_p99_ms"] <= d["slo_tbt_ms"] < mo["tbt_p99_ms"]]
