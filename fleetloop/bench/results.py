@@ -242,6 +242,18 @@ RESULTS: tuple[Result, ...] = (
         {f"{OUT}/router-overhead.{ext}": f"stack/router-overhead.{ext}" for ext in ("md", "json")},
         "what each router's data path adds to a streamed call's first token, over two idle nodes",
     ),
+    Result(
+        "stack-degraded-gpu-three-routers",
+        "fleetloop bench stack --scenario scenarios/stack/degraded-gpu.yaml --arms "
+        "vllm-cache-aware,fleetloop-vllm,sglang-cache-aware,fleetloop-sglang,"
+        "haproxy-leastconn,fleetloop-haproxy "
+        f"--runs 3 --out {OUT}",
+        {
+            f"{OUT}/stack-degraded-gpu{tail}": f"stack/stack-degraded-gpu{tail}"
+            for tail in (".md", ".json", ".png", "-arms.png")
+        },
+        "vllm-router, SGLang's router and HAProxy alone and driven by fleetloop, degraded GPUs, 3 runs each",
+    ),
 )
 
 MADE_BY_MD = re.compile(r"\n*\n---\nMade by `[^`]*` at commit [0-9a-f]{40} on [0-9TZ:-]+\.\n\Z")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fleetloop import clock
 from fleetloop.bench.stack.arms import haproxy_config
 from tests.support.tools import require_tool
 
@@ -232,3 +233,63 @@ def test_through_sglang_router_the_nodes_see_each_prompts_size_and_prefix(tmp_pa
     assert seen
     assert min(p for p, _, _ in seen) > 500  # the scenario's prompts: median 7,000, never a few tokens
     assert all(d is not None and 0 < k < p for p, d, k in seen)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now (from /proc: each process's parent)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    below: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - below
+        below |= frontier
+    return below
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.system  # a benchmark run, stopped mid-run
+def test_sigterm_mid_run_stops_the_broker_and_every_process_of_the_run(tmp_path: Path) -> None:
+    """A supervisor's SIGTERM stops the bench as Ctrl-C does: the embedded broker, the daemon, the
+    scraper, the router and the agents all go with it (Python's default exit left the broker and the
+    router running, holding their ports and a core between them)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetloop.cli.main", "bench", "stack", "--scenario", str(SCENARIO),
+         "--seconds", "60", "--drain-s", "10", "--runs", "1", "--arms", "vllm-p2c", "--out", str(tmp_path),
+         "--max-lag-ms", "1000"],
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    lines = []
+    kids: set[int] = set()
+    try:
+        for line in proc.stderr:  # until the load runs: broker, daemon, scraper, router, agents up
+            lines.append(line)
+            if "tasks ok" in line:
+                kids = _descendants(proc.pid)
+                break
+        assert len(kids) >= 4, "".join(lines)[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = clock.monotonic_s() + 10
+    while clock.monotonic_s() < deadline and any(_alive(p) for p in kids):
+        time.sleep(0.2)
+    assert not [p for p in kids if _alive(p)], "".join(lines)[-2000:]

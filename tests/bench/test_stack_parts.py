@@ -408,3 +408,41 @@ def test_the_progress_line_counts_runs_and_estimates_what_is_left() -> None:
     assert pace.line(fallback_s=300.0) == "[3/6] about 10 min left"
     pace.total += 1  # a void run's repeat
     assert pace.line(fallback_s=300.0) == "[3/7] about 12 min left"
+
+
+def test_the_doc_quotes_the_degraded_gpu_results_file() -> None:
+    """The doc's summary of the committed degraded-GPU run: every success median, ratio and
+    verdict it quotes is the results file's."""
+    import json
+
+    doc = json.loads((ROOT / "bench/results/stack/stack-degraded-gpu.json").read_text())
+    med = doc["summary"]
+    text = " ".join(DOC.read_text().split())
+    pairs = {t["ours"]: t for t in doc["targets"]["same_router"]}
+    for ours, peer, router in (
+        ("fleetloop-vllm", "vllm-cache-aware", "vllm-router"),
+        ("fleetloop-sglang", "sglang-cache-aware", "SGLang's router"),
+        ("fleetloop-haproxy", "haproxy-leastconn", "HAProxy"),
+    ):
+        quoted = (
+            f"{med[ours]['success']['median']:.3f} against {med[peer]['success']['median']:.3f} ({router})"
+        )
+        assert quoted in text, quoted
+        t = pairs[ours]["targets"]
+        assert all(t["success"]["per_run_ok"]), ours  # "in every run"
+        assert f"{t['cost_per_task']['ratio']:.3f}x" in text, ours
+        assert f"{t['ttft_p50']['ratio']:.3f}x" in text, ours
+        assert t["ttft_p50"]["ratio"] > 1.0, ours  # "higher with fleetloop"
+    head = doc["targets"]["headline"]
+    assert (head["ours"], head["peer"]) == ("fleetloop-haproxy", "vllm-cache-aware")
+    h = head["targets"]
+    assert (
+        f"meets success ({h['success']['ratio']:.3f}x) and TTFT p50 ({h['ttft_p50']['ratio']:.3f}x)" in text
+    )
+    assert all(h["success"]["per_run_ok"])
+    assert all(h["ttft_p50"]["per_run_ok"])
+    assert f"the cost target: {h['cost_per_task']['ratio']:.3f}x against 0.9x" in text
+    assert not h["cost_per_task"]["met"]
+    worst = max(s["lag_p99_max_ms"] for s in med.values())
+    assert f"no run void (emulator lag p99 at most {worst:.1f} ms)" in text
+    assert not doc["void"]

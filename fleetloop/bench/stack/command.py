@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -162,6 +163,10 @@ def _load() -> str:
     return " / ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_stack(args: argparse.Namespace) -> int:
     scenario, arms = _check(args)
     # A client that gives up mid-answer makes aiohttp log a traceback per call ("Cannot write to
@@ -190,6 +195,10 @@ def cmd_stack(args: argparse.Namespace) -> int:
     if hold_s is not None and args.seconds + args.drain_s < hold_s:
         err.print(f"bench stack: {report.hold_note(hold_s, args.seconds + args.drain_s)}")
     err.print("bench stack: starting the embedded broker (Tansu) on loopback ...")
+    # SIGTERM (a timeout, a supervisor, kill) stops the bench as Ctrl-C does: the run's processes and
+    # the broker are stopped on the way out. Python's default for SIGTERM exits at once and left the
+    # broker and the run's routers running.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     broker = start_broker("tansu")
     try:
         for n, name in plan:
@@ -199,6 +208,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
             partial.write_text(json.dumps({"command": _command(), "runs_raw": runs, "void": voids}) + "\n")
     finally:
         broker.stop()
+        signal.signal(signal.SIGTERM, previous)
     measured = [r for r in runs if "error" not in r]
     summary = report.summarize(measured, arms)
     load_end = _load()

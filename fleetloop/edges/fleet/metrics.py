@@ -2,18 +2,27 @@
 
 Names, help texts, label names (``model_name``, ``engine``; ``finished_reason`` on
 ``vllm:request_success``) and histogram buckets are those of the vllm 0.33.0 wheel
-(``vllm/v1/metrics/loggers.py``, ``vllm/v1/metrics/buckets.py``), and the text is written by
-prometheus_client, as vLLM's is, so ``fleetloop scrape --runtime vllm`` reads an emulated node and
-a real one the same way. Exposed: the scheduler gauges, KV-cache usage, prefix-cache queries and
-hits, preemptions, prompt and generation tokens, request successes by finish reason, and the TTFT,
-inter-token latency and end-to-end latency histograms; vLLM's other families (per-phase timings,
-speculative decoding, LoRA, ...) are not emulated.
+(``vllm/v1/metrics/loggers.py``, ``vllm/v1/metrics/buckets.py``), and the text is what
+prometheus_client writes, as vLLM's is, so ``fleetloop scrape --runtime vllm`` reads an emulated
+node and a real one the same way. Exposed: the scheduler gauges, KV-cache usage, prefix-cache
+queries and hits, preemptions, prompt and generation tokens, request successes by finish reason,
+and the TTFT, inter-token latency and end-to-end latency histograms; vLLM's other families
+(per-phase timings, speculative decoding, LoRA, ...) are not emulated.
 
 Where the node model differs from vLLM: prefix-cache queries and hits count requests, not tokens
 (the rate is what fleetloop reads); a completed request finishes with ``length`` (the emulated
 engine generates ``max_tokens``), a request its client abandoned with ``abort``, a lost one (the
 prompt can never fit, or the engine died) with ``error``; inter-token latency is observed once per
 generated token with its decode step's time, as vLLM does, folded per run of steps.
+
+The text is not made by prometheus_client's ``generate_latest``: the 24 nodes of ``fleetloop bench
+stack`` share the emulator's one event loop and are scraped every second, and ``generate_latest``
+(metric family objects for every family at every scrape) took over a millisecond a scrape, enough
+to push the loop's lag p99 over the bench's bar. :meth:`VllmMetrics.exposition` fills the values
+into a template made once per node (help and type lines, label sets, bucket bounds, the
+``_created`` samples) and formats them as prometheus_client does: the same bytes as
+``generate_latest`` over :meth:`VllmMetrics.collect`, which stays for any registry user (a test
+holds the two equal).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -42,6 +51,27 @@ E2E_BUCKETS_S: tuple[float, ...] = (
 )  # fmt: skip
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vllm/v1/engine/__init__.py
 
+# The families, (name, help), in the order they are written.
+PROCESS_START = ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.")
+GAUGES = (
+    ("vllm:num_requests_running", "Number of requests in model execution batches."),
+    ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+    ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+)
+COUNTERS = (
+    ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+    ("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
+    ("vllm:prompt_tokens", "Number of prefill tokens processed."),
+    ("vllm:generation_tokens", "Number of generation tokens processed."),
+)
+SUCCESS = ("vllm:request_success", "Count of successfully processed requests.")
+HISTOGRAMS = (
+    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
+    ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
+    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
+)
+
 
 class _Hist:
     """Bucket counts (non-cumulative), sum and count of one histogram series."""
@@ -59,13 +89,18 @@ class _Hist:
         self.total += value_s * weight
         self.n += weight
 
+    def cumulative(self) -> list[float]:
+        """The count at or below each bound (the ``+Inf`` bucket is :attr:`n`)."""
+        out: list[float] = []
+        cum = 0.0
+        for c in self.counts[:-1]:
+            cum += c
+            out.append(cum)
+        return out
+
     def family(self, name: str, doc: str, labels: list[str], values: list[str]) -> HistogramMetricFamily:
         h = HistogramMetricFamily(name, doc, labels=labels)
-        cum = 0.0
-        buckets: list[tuple[str, float]] = []
-        for b, c in zip(self.bounds, self.counts, strict=False):
-            cum += c
-            buckets.append((_le(b), cum))
+        buckets = [(_le(b), c) for b, c in zip(self.bounds, self.cumulative(), strict=True)]
         buckets.append(("+Inf", self.n))
         h.add_metric(values, buckets, self.total)
         return h
@@ -75,8 +110,40 @@ def _le(b: float) -> str:
     return repr(float(b))  # prometheus_client writes bucket bounds as floats: "0.001", "10.0"
 
 
+_GO_SPECIAL = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
+
+
+def _go(v: float) -> str:
+    """A sample value as prometheus_client writes it (``prometheus_client.utils.floatToGoString``):
+    Python's shortest repr, but ``+Inf``/``-Inf``/``NaN``, and a positive value of seven or more
+    integer digits with an exponent, as Go writes it (``1234567.0`` is ``1.234567e+06``; repr
+    turns to an exponent only at ``1e+16``)."""
+    s = repr(float(v))
+    dot = s.find(".")
+    if dot > 6 and s[0] != "-":
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    if dot < 0:
+        return _GO_SPECIAL.get(s, s)  # or already an exponent: "1e+21", "5e-324"
+    return s
+
+
+def _labels(labels: dict[str, str]) -> str:
+    """A sample's label set as prometheus_client writes it: sorted by name, values escaped."""
+    esc = {k: v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"") for k, v in labels.items()}
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(esc.items())) + "}"
+
+
+def _head(name: str, doc: str, kind: str) -> str:
+    doc = doc.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
+
+
 class VllmMetrics(Collector):
-    """Cumulative vLLM metrics of one node; :meth:`fold` adds a node's interval stats."""
+    """Cumulative vLLM metrics of one node; :meth:`fold` adds a node's interval stats.
+
+    The model name and ``start_s`` are written into the node's template when it is made: they do
+    not change afterwards."""
 
     def __init__(self, node: Node, served_model_name: str, *, start_s: float) -> None:
         self.node = node
@@ -94,6 +161,7 @@ class VllmMetrics(Collector):
         self.e2e = _Hist(E2E_BUCKETS_S)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        self._template = self._make_template()
 
     def fold(self, s: IntervalStats) -> None:
         self.prompt_tokens += s.prompt_tokens
@@ -112,67 +180,96 @@ class VllmMetrics(Collector):
     def observe_e2e(self, seconds: float) -> None:
         self.e2e.observe(seconds)
 
+    def _gauges(self) -> tuple[float, float, float]:
+        node = self.node
+        kv = min(1.0, node.kv_used / max(1, node.capacity))  # cached-but-unreferenced blocks are free
+        return node.running, node.queue_depth, kv
+
+    def _counters(self) -> tuple[float, float, float, float, float]:
+        return (
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions,
+            self.prompt_tokens,
+            self.generation_tokens,
+        )
+
+    def _histograms(self) -> tuple[_Hist, _Hist, _Hist]:
+        return self.ttft, self.itl, self.e2e
+
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """The ``GET /metrics`` body: the bytes ``generate_latest(self.registry)`` writes."""
+        out = [_go(v) for v in self._gauges()]
+        out += [_go(v) for v in self._counters()]
+        out += [_go(self.success[reason]) for reason in FINISH_REASONS]
+        for h in self._histograms():
+            out += [_go(c) for c in h.cumulative()]
+            n = _go(h.n)
+            out += (n, n, _go(h.total))  # the +Inf bucket, the count, the sum
+        return (self._template % tuple(out)).encode()
+
+    def _make_template(self) -> str:
+        """The exposition with a ``%s`` where each value of :meth:`exposition` goes, in its order;
+        the families, samples and lines are those ``generate_latest`` writes from :meth:`collect`
+        (a counter's ``_created`` samples in a gauge family after it)."""
+        chunks: list[str] = []  # the text between two values
+        text: list[str] = []
+
+        def value() -> None:
+            chunks.append("".join(text))
+            text.clear()
+
+        base = dict(zip(self.labels, self.values, strict=True))
+        lab = _labels(base)
+        start = _go(self.start_s)
+        name, doc = PROCESS_START
+        text += [_head(name, doc, "gauge"), f"{name} {start}\n"]
+        for name, doc in GAUGES:
+            text += [_head(name, doc, "gauge"), f"{name}{lab} "]
+            value()
+            text.append("\n")
+        for name, doc in COUNTERS:
+            text += [_head(f"{name}_total", doc, "counter"), f"{name}_total{lab} "]
+            value()
+            text += ["\n", _head(f"{name}_created", doc, "gauge"), f"{name}_created{lab} {start}\n"]
+        name, doc = SUCCESS
+        by_reason = [_labels({**base, "finished_reason": reason}) for reason in FINISH_REASONS]
+        text.append(_head(f"{name}_total", doc, "counter"))
+        for reason_lab in by_reason:
+            text.append(f"{name}_total{reason_lab} ")
+            value()
+            text.append("\n")
+        text.append(_head(f"{name}_created", doc, "gauge"))
+        text += [f"{name}_created{reason_lab} {start}\n" for reason_lab in by_reason]
+        for (name, doc), h in zip(HISTOGRAMS, self._histograms(), strict=True):
+            text.append(_head(name, doc, "histogram"))
+            for le in [*map(_le, h.bounds), "+Inf"]:
+                text.append(f"{name}_bucket{_labels({**base, 'le': le})} ")
+                value()
+                text.append("\n")
+            for suffix in ("_count", "_sum"):
+                text.append(f"{name}{suffix}{lab} ")
+                value()
+                text.append("\n")
+        chunks.append("".join(text))
+        return "%s".join(c.replace("%", "%%") for c in chunks)
 
     def collect(self) -> Iterator[Metric]:
         lab, val = self.labels, self.values
-        node = self.node
-        yield GaugeMetricFamily(
-            "process_start_time_seconds",
-            "Start time of the process since unix epoch in seconds.",
-            value=self.start_s,
-        )
-
-        def gauge(name: str, doc: str, v: float) -> GaugeMetricFamily:
+        name, doc = PROCESS_START
+        yield GaugeMetricFamily(name, doc, value=self.start_s)
+        for (name, doc), v in zip(GAUGES, self._gauges(), strict=True):
             g = GaugeMetricFamily(name, doc, labels=lab)
             g.add_metric(val, v)
-            return g
-
-        def counter(name: str, doc: str, v: float) -> CounterMetricFamily:
+            yield g
+        for (name, doc), v in zip(COUNTERS, self._counters(), strict=True):
             c = CounterMetricFamily(name, doc, labels=lab)
             c.add_metric(val, v, created=self.start_s)
-            return c
-
-        yield gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches.", node.running
-        )
-        yield gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", node.queue_depth
-        )
-        kv = min(1.0, node.kv_used / max(1, node.capacity))  # cached-but-unreferenced blocks are free
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv)
-        yield counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            self.prefix_queries,
-        )
-        yield counter(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            self.prefix_hits,
-        )
-        yield counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", self.preemptions
-        )
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
-        yield counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens
-        )
-        ok = CounterMetricFamily(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            labels=[*lab, "finished_reason"],
-        )
+            yield c
+        name, doc = SUCCESS
+        ok = CounterMetricFamily(name, doc, labels=[*lab, "finished_reason"])
         for reason in FINISH_REASONS:
             ok.add_metric([*val, reason], self.success[reason], created=self.start_s)
         yield ok
-        yield self.ttft.family(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lab, val
-        )
-        yield self.itl.family(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab, val
-        )
-        yield self.e2e.family(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, val
-        )
+        for (name, doc), h in zip(HISTOGRAMS, self._histograms(), strict=True):
+            yield h.family(name, doc, lab, val)

@@ -1,7 +1,9 @@
 """``fleetloop scrape``: scrape serving runtimes' ``/metrics`` and publish ``NodeTelemetry``.
 
-One asyncio task per target, each on its own schedule (every ``--interval-s``): GET the endpoint
-(timeout: the interval, at most 5 s), parse, convert, publish to ``fleet.telemetry`` keyed by
+One asyncio task per target, each on its own schedule (every ``--interval-s``; the targets' rounds
+are spread evenly over the interval, as Prometheus offsets each target's scrapes, so N targets make
+N requests spread over the interval, not one burst of N on the servers and on this process): GET the
+endpoint (timeout: the interval, at most 5 s), parse, convert, publish to ``fleet.telemetry`` keyed by
 ``--pool``. A target that fails (refused, timed out, HTTP error, bad text, a page without the
 runtime's request gauges) publishes nothing for that round, so it goes stale in the daemon's model
 (which treats stale as saturated); the others go on. Failures are counted per target and logged
@@ -134,7 +136,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--pool", required=True, metavar="ID", help="the pool these nodes serve (the record key)")
     bootstrap_arg(p, required=True)
-    p.add_argument("--interval-s", type=float, default=1.0, help="seconds between scrapes (default 1)")
+    p.add_argument(
+        "--interval-s",
+        type=float,
+        default=1.0,
+        help="seconds between scrapes of each target; the targets are spread over it (default 1)",
+    )
     p.add_argument("--model", help="model id to report (default: the runtime's model label)")
     p.add_argument("--gpu-type", default="unknown", help="GPU type of these nodes (e.g. H100)")
     p.add_argument("--gpu-count", type=int, default=1, help="GPUs per node (default 1)")
@@ -233,10 +240,13 @@ async def _run(args: argparse.Namespace, targets: list[Target]) -> list[TargetSt
         async with httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False) as http:
             tasks = [
                 asyncio.create_task(
-                    _scrape_target(s, http, producer, topic=topic, args=args, stop=stop, err=err)
+                    _scrape_target(
+                        s, http, producer, topic=topic, args=args, stop=stop, err=err,
+                        offset_s=scrape_offset_s(i, len(stats), args.interval_s),
+                    )
                 )
-                for s in stats
-            ]
+                for i, s in enumerate(stats)
+            ]  # fmt: skip
             tasks.append(asyncio.create_task(_progress(stats, stop, err, started)))
             if args.duration_s is not None:
                 with contextlib.suppress(TimeoutError):
@@ -251,6 +261,14 @@ async def _run(args: argparse.Namespace, targets: list[Target]) -> list[TargetSt
     return stats
 
 
+def scrape_offset_s(index: int, n_targets: int, interval_s: float) -> float:
+    """When in each interval target ``index`` of ``n_targets`` is scraped: evenly spread, the first
+    at once. All at the same instant, a scraper of N targets sent N requests in one burst each
+    interval: N expositions rendered at once on a server that hosts several nodes (the emulated
+    fleet) and N pages parsed at once here, a stall of N times one page every interval."""
+    return interval_s * index / n_targets if n_targets > 0 else 0.0
+
+
 async def _scrape_target(
     s: TargetStats,
     http: httpx.AsyncClient,
@@ -260,9 +278,13 @@ async def _scrape_target(
     args: argparse.Namespace,
     stop: asyncio.Event,
     err: Console,
+    offset_s: float = 0.0,
 ) -> None:
     interval = args.interval_s
-    next_at = clock.monotonic_s()
+    next_at = clock.monotonic_s() + offset_s
+    if offset_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), offset_s)
     key = args.pool.encode()
     while not stop.is_set():
         error = await _scrape_once(s, http, producer, topic, key)
