@@ -254,6 +254,16 @@ RESULTS: tuple[Result, ...] = (
         },
         "vllm-router, SGLang's router and HAProxy alone and driven by fleetloop, degraded GPUs, 3 runs each",
     ),
+    Result(
+        "stack-prefix-heavy-vllm-router",
+        "fleetloop bench stack --scenario scenarios/stack/prefix-heavy.yaml --arms "
+        f"vllm-cache-aware,fleetloop-vllm --runs 3 --out {OUT}",
+        {
+            f"{OUT}/stack-prefix-heavy{tail}": f"stack/stack-prefix-heavy{tail}"
+            for tail in (".md", ".json", ".png", "-arms.png")
+        },
+        "vllm-router cache_aware alone and driven by fleetloop, prefix-heavy agents, 3 runs each",
+    ),
 )
 
 MADE_BY_MD = re.compile(r"\n*\n---\nMade by `[^`]*` at commit [0-9a-f]{40} on [0-9TZ:-]+\.\n\Z")

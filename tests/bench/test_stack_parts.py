@@ -446,3 +446,21 @@ def test_the_doc_quotes_the_degraded_gpu_results_file() -> None:
     worst = max(s["lag_p99_max_ms"] for s in med.values())
     assert f"no run void (emulator lag p99 at most {worst:.1f} ms)" in text
     assert not doc["void"]
+
+
+def test_the_doc_quotes_the_prefix_heavy_results_file() -> None:
+    import json
+
+    doc = json.loads((ROOT / "bench/results/stack/stack-prefix-heavy.json").read_text())
+    text = " ".join(DOC.read_text().split())
+    (pair,) = doc["targets"]["same_router"]
+    assert (pair["ours"], pair["peer"]) == ("fleetloop-vllm", "vllm-cache-aware")
+    t = pair["targets"]
+    assert all(s["success"]["min"] == 1.0 for s in doc["summary"].values())  # "every task ... succeeds"
+    assert f"cost per successful task is {t['cost_per_task']['ratio']:.3f}x the router alone" in text
+    assert f"TTFT p50 is {t['ttft_p50']['ratio']:.3f}x**, higher in every run" in text
+    assert not any(t["ttft_p50"]["per_run_ok"])
+    (void,) = doc["void"]
+    assert f"one run void at emulator lag p99 {void['lag_p99_ms']:.1f} ms" in text
+    worst = max(s["lag_p99_max_ms"] for s in doc["summary"].values())
+    assert f"the valid runs' lag p99 at most {worst:.1f} ms" in text
