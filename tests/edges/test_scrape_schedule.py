@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from aiohttp import web
 from fleetloop import clock
 from fleetloop.edges.scrape.command import Target, TargetStats, _scrape_target, scrape_offset_s
 from fleetloop.edges.scrape.convert import Converter, NodeIdentity
+from tests.support.http import Handler, nodes
 
 PAGE = (Path(__file__).parent / "fixtures" / "vllm-0.33.0.1.prom").read_bytes()
 
@@ -46,30 +46,19 @@ class _Producer:
         self.sent += 1
 
 
-@contextlib.asynccontextmanager
-async def _servers(n: int, arrivals: dict[int, list[float]]) -> AsyncIterator[list[str]]:
-    runners = []
-    urls = []
-    for i in range(n):
+def _recording(arrivals: dict[int, list[float]]) -> Callable[[str], Handler]:
+    """Each stand-in node serves the vLLM page and records when each request came."""
 
-        async def metrics(request: web.Request, i: int = i) -> web.Response:
+    def answer(node_id: str) -> Handler:
+        i = int(node_id.rsplit("/", 1)[1])
+
+        async def metrics(request: web.Request) -> web.Response:
             arrivals.setdefault(i, []).append(clock.monotonic_s())
             return web.Response(body=PAGE, content_type="text/plain")
 
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        runners.append(runner)
-        urls.append(f"http://127.0.0.1:{port}/metrics")
-    try:
-        yield urls
-    finally:
-        for r in runners:
-            await r.cleanup()
+        return metrics
+
+    return answer
 
 
 async def test_targets_are_scraped_spread_over_the_interval_not_in_one_burst() -> None:
@@ -80,7 +69,8 @@ async def test_targets_are_scraped_spread_over_the_interval_not_in_one_burst() -
     args = argparse.Namespace(interval_s=interval, pool="p", runtime="vllm")
     stop = asyncio.Event()
     producer: Any = _Producer()
-    async with _servers(n, arrivals) as urls, httpx.AsyncClient(timeout=2.0) as http:
+    async with nodes(n, _recording(arrivals)) as ports, httpx.AsyncClient(timeout=2.0) as http:
+        urls = [f"http://127.0.0.1:{p}/metrics" for p in ports]
         stats = [
             TargetStats(Target(f"p/{i}", url), Converter("vllm", NodeIdentity(node_id=f"p/{i}", pool_id="p")))
             for i, url in enumerate(urls)
