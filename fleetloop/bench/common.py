@@ -1,13 +1,16 @@
 """What the benchmarks share: progress lines, percentiles, RSS, the exponent of a log-log fit,
-the one-line checks of their flags, the broker they start and the daemons they stop."""
+the one-line checks of their flags, the broker they start, the daemons they stop and what SIGTERM
+does while they run."""
 
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from types import FrameType
 
 import numpy as np
 
@@ -103,3 +106,28 @@ def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):  # Ctrl-C ignored or left to the OS (a background job): still stop
+        handler = signal.default_int_handler
+    handler(signum, frame)
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """For the block, SIGTERM (a timeout, a supervisor, ``kill``) does what Ctrl-C does, and the
+    previous SIGTERM handler is back after it.
+
+    What Ctrl-C does is whatever handles SIGINT when the signal comes: outside an event loop,
+    KeyboardInterrupt where the code is; inside ``asyncio.run``, its main task is cancelled (its
+    ``finally`` blocks run, awaiting what they need) and ``asyncio.run`` then raises
+    KeyboardInterrupt. Either way a bench's ``finally`` blocks stop its broker and child processes;
+    Python's default for SIGTERM exits at once and leaves them running. Main thread only, as for
+    any signal handler."""
+    previous = signal.signal(signal.SIGTERM, _as_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -49,7 +49,6 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -63,7 +62,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.table import Table
 
 from fleetloop import clock, term
-from fleetloop.bench.common import pct, progress, stop_processes
+from fleetloop.bench.common import pct, progress, sigterm_as_ctrl_c, stop_processes
 from fleetloop.bench.loadgen import (
     ACK_MAX_S,
     CPU_S,
@@ -762,18 +761,13 @@ def handle(args: argparse.Namespace) -> int:
         prefix = f"lat-{uuid.uuid4().hex[:8]}"
 
         async def main() -> dict[str, Any]:
-            # SIGTERM (a timeout, a supervisor) stops the run as Ctrl-C does: the daemons, in
-            # sessions of their own, are stopped by the run's ``finally``, not left behind.
-            main_task = asyncio.current_task()
-            assert main_task is not None
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
             await ensure_topics(broker.bootstrap_servers, prefix)
             return await _run(broker.bootstrap_servers, prefix, args, daemon_log_path(args, tmp), broker.pid)
 
-        try:
+        # SIGTERM (a timeout, a supervisor) stops the run as Ctrl-C does: the daemons, in sessions
+        # of their own, are stopped by the run's ``finally``, not left behind.
+        with sigterm_as_ctrl_c():
             result = asyncio.run(main())
-        except asyncio.CancelledError:  # SIGTERM: stopped as Ctrl-C is
-            raise KeyboardInterrupt from None
         result["broker"] = args.broker
     if args.json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")

@@ -117,14 +117,23 @@ def test_haproxy_config_has_health_checks_and_leastconn(tmp_path: Path) -> None:
     assert "log 127.0.0.1:5140" in haproxy_config(tmp_path, 8000, 5140, [("s0", "127.0.0.1:9000")])
 
 
-def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
-    r = _bench("--scenario", str(SCENARIO), "--arms", "nginx", timeout=60)
-    assert r.returncode == 2
-    assert "unknown arm" in r.stderr
-    assert "Traceback" not in r.stderr
-    multi = _bench("--scenario", str(ROOT / "scenarios" / "steady-chat.yaml"), timeout=60)
-    assert multi.returncode == 2
-    assert "one pool" in multi.stderr
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scenario", str(SCENARIO), "--arms", "nginx"], "unknown arm"),
+        (["--scenario", str(ROOT / "scenarios" / "steady-chat.yaml")], "one pool"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetloop.cli.main import main
+
+    assert main(["bench", "stack", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fleetloop bench stack: ")
+    assert message in err
+    assert "\n" not in err  # one line, no traceback
 
 
 def test_the_stack_scenarios_load_with_one_pool_and_one_model() -> None:

@@ -464,3 +464,27 @@ def test_the_doc_quotes_the_prefix_heavy_results_file() -> None:
     assert f"one run void at emulator lag p99 {void['lag_p99_ms']:.1f} ms" in text
     worst = max(s["lag_p99_max_ms"] for s in doc["summary"].values())
     assert f"the valid runs' lag p99 at most {worst:.1f} ms" in text
+
+
+def test_the_doc_quotes_the_emulator_lag_of_the_degraded_gpu_results_file() -> None:
+    """The paragraph on what held the emulator's loop quotes the committed hour-long run: the range
+    of the emulator's lag p99 over its runs (each run's node events, the results file's "emulator
+    lag p99" column), how many runs, and the bar; and it holds no other figure, so none that no
+    committed file holds."""
+    import json
+
+    doc = json.loads((ROOT / "bench/results/stack/stack-degraded-gpu.json").read_text())
+    runs = doc["runs_raw"]
+    lags = [r["realtime_lag"]["node_events"]["p99_ms"] for r in runs]
+    quoted = (
+        f"the emulator's lag p99 was {min(lags):.1f}-{max(lags):.1f} ms over its {len(runs)} runs, "
+        f"against the bar of {doc['max_lag_ms']:g} ms"
+    )
+    (paragraph,) = [p for p in DOC.read_text().split("\n\n") if p.startswith("What held the emulator's loop")]
+    paragraph = " ".join(paragraph.split())
+    assert quoted in paragraph, paragraph
+    assert not doc["void"]  # every run of the file is one of them
+    figures = re.findall(r"\d[\d.,-]*\s*(?:ms|µs|s\b|%|x\b)|\d+(?:\.\d+)", paragraph)
+    assert sorted(figures) == sorted([f"{min(lags):.1f}-{max(lags):.1f} ms", f"{doc['max_lag_ms']:g} ms"]), (
+        figures
+    )

@@ -148,9 +148,9 @@ async def test_non_streaming_give_up_leaves_an_orphan(fleet: LiveFleet) -> None:
     api = _client(fleet)
     node = fleet.live["p/0"].node
     with pytest.raises(TimeoutError):
-        async with asyncio.timeout(0.5):
+        async with asyncio.timeout(0.5):  # its 120 tokens take about 3 s of the node's time
             await api.chat.completions.create(
-                model="llama-8b", messages=[{"role": "user", "content": "x"}], max_tokens=600
+                model="llama-8b", messages=[{"role": "user", "content": "x"}], max_tokens=120
             )
     await asyncio.sleep(0.3)
     assert node.running == 1, "the engine cannot see a non-streaming client leave: the request runs on"

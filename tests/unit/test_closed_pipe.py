@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
     [
         ["policy", "validate", str(FOUNDATION_YAML), str(FOUNDATION_YAML)],
         ["policy", "diff", str(FOUNDATION_YAML), "policies/default.yaml"],
-        ["sim", "--scenario", "scenarios/steady-chat.yaml"],  # a rich table
+        ["sim", "--scenario", "scenarios/stack/degraded-gpu-small.yaml"],  # a rich table, from a short run
     ],
     ids=["policy-validate", "policy-diff", "sim-table"],
 )

@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from fleetloop import clock, term
+from fleetloop.bench.common import sigterm_as_ctrl_c
 from fleetloop.bench.stack import overhead, report
 from fleetloop.bench.stack.arms import ARMS, BY_NAME, missing_binaries, peer_scale_in_hold_s
 from fleetloop.bench.stack.run import RunSpec, run_arm
@@ -163,10 +163,6 @@ def _load() -> str:
     return " / ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def cmd_stack(args: argparse.Namespace) -> int:
     scenario, arms = _check(args)
     # A client that gives up mid-answer makes aiohttp log a traceback per call ("Cannot write to
@@ -196,19 +192,19 @@ def cmd_stack(args: argparse.Namespace) -> int:
         err.print(f"bench stack: {report.hold_note(hold_s, args.seconds + args.drain_s)}")
     err.print("bench stack: starting the embedded broker (Tansu) on loopback ...")
     # SIGTERM (a timeout, a supervisor, kill) stops the bench as Ctrl-C does: the run's processes and
-    # the broker are stopped on the way out. Python's default for SIGTERM exits at once and left the
-    # broker and the run's routers running.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    broker = start_broker("tansu")
-    try:
-        for n, name in plan:
-            boot = broker.bootstrap_servers
-            runs.append(_one(scenario, name, n, args, bootstrap=boot, voids=voids, err=err, pace=pace))
-            # a long bench that stops (the machine, a signal) keeps what it measured
-            partial.write_text(json.dumps({"command": _command(), "runs_raw": runs, "void": voids}) + "\n")
-    finally:
-        broker.stop()
-        signal.signal(signal.SIGTERM, previous)
+    # the broker are stopped on the way out (Python's default left the broker and the routers running).
+    with sigterm_as_ctrl_c():
+        broker = start_broker("tansu")
+        try:
+            for n, name in plan:
+                boot = broker.bootstrap_servers
+                runs.append(_one(scenario, name, n, args, bootstrap=boot, voids=voids, err=err, pace=pace))
+                # a long bench that stops (the machine, a signal) keeps what it measured
+                partial.write_text(
+                    json.dumps({"command": _command(), "runs_raw": runs, "void": voids}) + "\n"
+                )
+        finally:
+            broker.stop()
     measured = [r for r in runs if "error" not in r]
     summary = report.summarize(measured, arms)
     load_end = _load()

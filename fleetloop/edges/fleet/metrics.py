@@ -20,16 +20,18 @@ stack`` share the emulator's one event loop and are scraped every second, and ``
 (metric family objects for every family at every scrape) took over a millisecond a scrape, enough
 to push the loop's lag p99 over the bench's bar. :meth:`VllmMetrics.exposition` fills the values
 into a template made once per node (help and type lines, label sets, bucket bounds, the
-``_created`` samples) and formats them as prometheus_client does: the same bytes as
-``generate_latest`` over :meth:`VllmMetrics.collect`, which stays for any registry user (a test
-holds the two equal).
+``_created`` samples), each value formatted by prometheus_client's own ``floatToGoString``: the
+same bytes as ``generate_latest`` over :meth:`VllmMetrics.collect`, which stays for any registry
+user (a test holds the two equal).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import cast
 
+import prometheus_client.utils
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -110,22 +112,9 @@ def _le(b: float) -> str:
     return repr(float(b))  # prometheus_client writes bucket bounds as floats: "0.001", "10.0"
 
 
-_GO_SPECIAL = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
-
-
-def _go(v: float) -> str:
-    """A sample value as prometheus_client writes it (``prometheus_client.utils.floatToGoString``):
-    Python's shortest repr, but ``+Inf``/``-Inf``/``NaN``, and a positive value of seven or more
-    integer digits with an exponent, as Go writes it (``1234567.0`` is ``1.234567e+06``; repr
-    turns to an exponent only at ``1e+16``)."""
-    s = repr(float(v))
-    dot = s.find(".")
-    if dot > 6 and s[0] != "-":
-        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
-        return f"{mantissa}e+{dot - 1:02d}"
-    if dot < 0:
-        return _GO_SPECIAL.get(s, s)  # or already an exponent: "1e+21", "5e-324"
-    return s
+# A sample value as prometheus_client writes it (``+Inf``, ``1.234567e+06``, ...). The library's
+# function has no annotations, which mypy's strict mode will not call; the cast types it.
+_go = cast(Callable[[float], str], prometheus_client.utils.floatToGoString)
 
 
 def _labels(labels: dict[str, str]) -> str:
