@@ -83,6 +83,9 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
         assert arm["realtime_lag"]["agents_loop_p99_ms"] is not None
         assert arm["timeline"]["ok_tasks"][-1] == t["succeeded"]
         assert arm["timeline"]["nodes_provisioned"][0] == 4
+        # why the node count moved: the accepted autoscale targets, on change (both arms run a daemon)
+        assert arm["autoscale"], arm["arm"]
+        assert all(e["desired"] >= 0 and isinstance(e["reason"], str) for e in arm["autoscale"])
     assert doc["targets"]["headline"]["ours"] == "fleetloop-haproxy"
     # every process of the run is gone
     for arm in doc["runs_raw"]:

@@ -77,6 +77,19 @@ async def test_autoscale_cold_start_drain_and_batching() -> None:
         assert fleet.live["p/0"].state == "stopped"
         fleet.apply([_d(BatchingDecision(entity="p", reason="t", pool_id="p", max_batch_tokens=512), 7)])
         assert fleet.live["p/1"].node.max_batch_tokens == 512
+        # The autoscale log keeps each accepted change of target or reason, not the dropped older
+        # decision nor a repeat of the same target and reason.
+        held = AutoscaleDecision(entity="p", reason="held", pool_id="p", current_nodes=1, desired_nodes=1)
+        fleet.apply([_d(held.model_copy(update={"reason": "t"}), 8)])
+        fleet.apply([_d(held, 9)])
+        fleet.apply([_d(held, 10)])
+        assert [(p, n, why) for _, p, n, why in fleet.autoscale_log] == [
+            ("p", 2, "t"),
+            ("p", 1, "t"),
+            ("p", 1, "held"),
+        ]
+        times = [t for t, *_ in fleet.autoscale_log]
+        assert times == sorted(times)
     finally:
         await fleet.stop()
 

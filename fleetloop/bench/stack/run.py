@@ -389,6 +389,11 @@ def _figures(
             "agents_loop_p99_ms": max(agent_lag, default=None),
         },
         "faults": [{**f, "t_s": round(f["t_s"] - start_t, 1)} for f in fleet.fault_log],
+        # Why the node count moved: each change of the accepted autoscale target or its reason.
+        "autoscale": [
+            {"t_s": round(t - start_t, 1), "desired": n, "reason": why}
+            for t, _, n, why in fleet.autoscale_log
+        ],
         "timeline": _merge_timeline(results, nodes_tl),
         "endpoint_errors": endpoint_errors,
         "logs": str(logdir),

@@ -143,6 +143,10 @@ class LiveFleet:
         self.on_spike: Callable[[], None] | None = None  # the agents redraw their arrivals
         self.lag = _Lag()
         self.fault_log: list[dict[str, Any]] = []
+        # Every autoscale decision the worker manager accepted whose target or reason differs from
+        # the pool's last one: (time, pool, desired nodes, reason), what a run's record shows of why
+        # its node count moved (or held).
+        self.autoscale_log: list[tuple[float, str, int, str]] = []
         self.decisions_applied = 0
         self.waste_usd = 0.0
         self.aborted = 0
@@ -358,6 +362,9 @@ class LiveFleet:
         pool = self.pools.get(d.pool_id)
         if pool is None:
             return
+        last = next((e for e in reversed(self.autoscale_log) if e[1] == d.pool_id), None)
+        if last is None or (last[2], last[3]) != (d.desired_nodes, d.reason):
+            self.autoscale_log.append((round(self.t(), 3), d.pool_id, d.desired_nodes, d.reason))
         add, victims = scale_plan(self._members[d.pool_id], pool, d)
         for _ in range(add):
             self._provision(d.pool_id, warm=False)
