@@ -264,6 +264,16 @@ RESULTS: tuple[Result, ...] = (
         },
         "vllm-router cache_aware alone and driven by fleetloop, prefix-heavy agents, 3 runs each",
     ),
+    Result(
+        "stack-degraded-gpu-autoscale-probe",
+        "fleetloop bench stack --scenario scenarios/stack/degraded-gpu.yaml --arms "
+        f"fleetloop-vllm,fleetloop-haproxy --runs 1 --out {OUT}",
+        {
+            f"{OUT}/stack-degraded-gpu{tail}": f"stack/autoscale-probe/stack-degraded-gpu{tail}"
+            for tail in (".md", ".json")
+        },
+        "why fleetloop driving HAProxy gives nodes back later: each run's autoscale record, one run per arm",
+    ),
 )
 
 MADE_BY_MD = re.compile(r"\n*\n---\nMade by `[^`]*` at commit [0-9a-f]{40} on [0-9TZ:-]+\.\n\Z")

@@ -488,3 +488,39 @@ def test_the_doc_quotes_the_emulator_lag_of_the_degraded_gpu_results_file() -> N
     assert sorted(figures) == sorted([f"{min(lags):.1f}-{max(lags):.1f} ms", f"{doc['max_lag_ms']:g} ms"]), (
         figures
     )
+
+
+def test_the_doc_quotes_the_autoscale_probe_and_the_first_drains() -> None:
+    """Why the HAProxy arm scales in later: the probe's autoscale records (the target fell at once
+    driving vllm-router, held as tasks accumulating driving HAProxy) and the committed three-router
+    run's first drain times, as the doc quotes them."""
+    import json
+
+    probe = json.loads((ROOT / "bench/results/stack/autoscale-probe/stack-degraded-gpu.json").read_text())
+    by_arm = {r["arm"]: r["autoscale"] for r in probe["runs_raw"]}
+
+    def first_below(entries: list[dict[str, Any]], n: int) -> dict[str, Any]:
+        return next(e for e in entries if e["t_s"] > 0 and e["desired"] < n)
+
+    vllm = first_below(by_arm["fleetloop-vllm"], 24)
+    assert (vllm["desired"], vllm["reason"]) == (18, "scale-down")
+    assert not any("held" in e["reason"] for e in by_arm["fleetloop-vllm"])
+    held = [e for e in by_arm["fleetloop-haproxy"] if e["reason"] == "scale-down-held-tasks-accumulating"]
+    assert held
+    assert held[0]["desired"] == 24
+    down = first_below(by_arm["fleetloop-haproxy"], 24)
+    text = " ".join(DOC.read_text().split())
+    assert f"fell from 24 to 18 at {vllm['t_s']:.0f} s" in text
+    assert f"from {held[0]['t_s']:.0f} s until {down['t_s']:.0f} s" in text
+    runs = json.loads((ROOT / "bench/results/stack/stack-degraded-gpu.json").read_text())["runs_raw"]
+
+    def first_drain(r: dict[str, Any]) -> float:
+        tl = r["timeline"]
+        return next(t for t, n in zip(tl["t"], tl["nodes_provisioned"], strict=True) if n < 24)
+
+    def span(arms: set[str]) -> str:
+        ts = [first_drain(r) for r in runs if r["arm"] in arms]
+        return f"{min(ts):.0f}-{max(ts):.0f} s"
+
+    others = span({"fleetloop-vllm", "fleetloop-sglang"})
+    assert f"came {span({'fleetloop-haproxy'})} into every run, against {others}" in text
