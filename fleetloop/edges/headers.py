@@ -13,6 +13,12 @@ LiteLLM's callback); the emulated fleet's agents send them (:mod:`fleetloop.edge
 | ``x-fleetloop-budget-ms`` | ``latency_budget_ms`` | 0 (unknown) |
 | ``x-fleetloop-prefix`` | ``prefix_digest`` | none |
 | ``x-fleetloop-prompt-tokens`` | ``prompt_tokens`` | 0 (unknown) |
+| ``x-fleetloop-final`` (``1``: last call) | ``task_outcome``: ``succeeded`` if it succeeds | not last |
+
+A caller that knows which call ends its task says so with ``x-fleetloop-final: 1``. A router sees
+only the call, not the task, so without it no call it reports ends a task: the daemon's ledger then
+lets the task go only after its handoff horizon, and until then counts it as open. A final call that
+fails carries no task outcome (the caller may retry it; only the caller knows when it gives up).
 
 A value that is not a number where one is wanted counts as absent; the schema's own bounds (an id's
 characters, a priority of 0-9) are the caller's :class:`~fleetloop.schemas.requests.RequestOutcome`
@@ -23,9 +29,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 PREFIX = "x-fleetloop-"
-HEADERS = ("request", "attempt", "task", "call", "tenant", "priority", "budget-ms", "prefix", "prompt-tokens")
+HEADERS = (
+    "request",
+    "attempt",
+    "task",
+    "call",
+    "tenant",
+    "priority",
+    "budget-ms",
+    "prefix",
+    "prompt-tokens",
+    "final",
+)
 DEFAULT_PRIORITY = 1
 
 
@@ -42,6 +60,14 @@ class CallHeaders:
     latency_budget_ms: int
     prefix_digest: str | None
     prompt_tokens: int
+    final: bool = False  # the task's last call (``x-fleetloop-final: 1``)
+
+
+def task_end(call: CallHeaders, outcome: str) -> Literal["succeeded"] | None:
+    """The ``task_outcome`` a router's record of ``call`` carries: ``succeeded`` when the caller said
+    it is its task's last call and it succeeded; else none (a failed last call may be retried, and
+    only the caller knows when it gives up)."""
+    return "succeeded" if call.final and outcome == "ok" else None
 
 
 def _int(v: str, default: int) -> int:
@@ -69,4 +95,5 @@ def call_headers(values: Mapping[str, str], *, request_id: str, default_priority
         latency_budget_ms=_int(get("budget-ms"), 0),
         prefix_digest=get("prefix") or None,
         prompt_tokens=max(0, _int(get("prompt-tokens"), 0)),
+        final=get("final").strip() == "1",
     )

@@ -20,6 +20,7 @@ from fleetloop.edges.litellm.mapping import (
     load_deployment_map,
     placement_of,
 )
+from fleetloop.schemas.requests import Outcome
 from tests.router.test_pick import admission, breaker, budget, routing
 
 NODES = [f"chat/{i}" for i in range(3)]
@@ -287,3 +288,25 @@ def test_the_proxy_callback_s_bad_settings_are_one_line(env: dict[str, str], mes
         {"FLEETLOOP_BOOTSTRAP_SERVERS": "127.0.0.1:9092", "FLEETLOOP_FAIL_STATIC_S": "4"}
     )
     assert (cb.routing.fail_static_s, cb.bootstrap, cb.follow_telemetry) == (4.0, "127.0.0.1:9092", True)
+
+
+def test_a_final_call_that_succeeds_ends_its_task_and_one_that_fails_does_not() -> None:
+    """The caller's ``x-fleetloop-final: 1`` (or ``final`` in the SDK's metadata) marks its task's last
+    call: its outcome, when it succeeds, carries ``task_outcome``; a failed one may be retried and
+    carries none, as does any call not marked."""
+    r = routing_core(routing("chat", {"chat/1": 1.0}))
+    cases: list[tuple[str | None, Outcome, str | None]] = [
+        ("1", "ok", "succeeded"),
+        ("1", "error", None),
+        ("0", "ok", None),
+        (None, "ok", None),
+    ]
+    for final, kind, want in cases:
+        req = headers(task="t-4", call="3") if final is None else headers(task="t-4", call="3", final=final)
+        kept, _ = r.select("llama-8b", DEPLOYMENTS, req, call_id="c1", now_s=1.0, wall_ms=1)
+        o = r.outcome(("c1",), kept[0], kind, request=req, now_s=1.5, wall_ms=2000, e2e_ms=400.0)
+        assert o is not None
+        assert o.task_outcome == want, (final, kind)
+    req = headers(task="t-5", call="0")
+    req["metadata"]["fleetloop"] = {"final": 1}
+    assert call_of(req, call_id="lc-3", default_priority=1).final

@@ -101,6 +101,8 @@ async def _drive(fe_port: int, traffic: Traffic, stop: asyncio.Event) -> None:
                 "x-fleetloop-priority": "0",
                 "x-fleetloop-budget-ms": "5000",
             }
+            if n % 5 == 4:  # the task's last call
+                headers["x-fleetloop-final"] = "1"
             try:
                 r = await client.post("/v1/completions", headers=headers, content=b"{}")
                 if r.status_code == 200:
@@ -221,6 +223,10 @@ async def test_breaker_moves_live_traffic_off_a_node_within_two_ticks_and_slow_s
         assert sample.outcome == "ok"
         assert sample.latency_budget_ms == 5000
         assert {r.key for r in records} == {b"chat"}
+        # a task's last call, answered, ends the task; no other call does
+        ends = {(o.step_index, o.outcome, o.task_outcome) for o in outcomes if o.task_outcome is not None}
+        assert ends == {(4, "ok", "succeeded")}
+        assert all(o.task_outcome is None for o in outcomes if o.step_index != 4)
         print(f"\nbreaker -> traffic off chat/0 in {moved_after_s * 1000:.0f} ms; slow start shares {got}")
 
 

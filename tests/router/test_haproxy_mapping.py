@@ -9,6 +9,7 @@ from fleetloop.edges.actuate.haproxy.actuator import BackendMapError, load_backe
 from fleetloop.edges.actuate.haproxy.logs import (
     HAPROXY_FRONTEND_SNIPPET,
     HAPROXY_STREAMING_DEFAULTS,
+    LOG_FORMAT,
     LogParser,
 )
 from fleetloop.edges.actuate.haproxy.mapping import (
@@ -25,6 +26,7 @@ from fleetloop.edges.actuate.haproxy.mapping import (
     targets,
 )
 from fleetloop.edges.actuate.haproxy.runtime_api import parse_address
+from fleetloop.edges.headers import HEADERS
 from fleetloop.router.state import DesiredState
 from fleetloop.schemas.decisions import AdmissionDecision, AutoscaleDecision
 from hypothesis import given
@@ -253,3 +255,37 @@ def test_readme_lists_every_unmapped_field_and_the_exact_frontend_snippet() -> N
     assert HAPROXY_FRONTEND_SNIPPET in readme
     # the streamed-token option sits in the README's defaults block (indented as the block is)
     assert f"   defaults\n       mode http\n       log global\n   {HAPROXY_STREAMING_DEFAULTS}\n" in readme
+
+
+@pytest.mark.parametrize(
+    ("final", "status", "tsc", "task_outcome"),
+    [
+        ("1", "200", "----", "succeeded"),  # the task's last call, answered: the task ends
+        ("1", "502", "SH--", None),  # failed: the caller may retry it, only it knows when it gives up
+        ("-", "200", "----", None),  # not said: a router cannot tell the last call
+        ("0", "200", "----", None),
+    ],
+)
+def test_a_final_call_that_succeeds_ends_its_task(
+    final: str, status: str, tsc: str, task_outcome: str | None
+) -> None:
+    parser = LogParser(BMAP.by_server())
+    line = LINE.replace("fleetloop1 ", "fleetloop2 ").replace('"900" ', f'"900" "{final}" ')
+    line = line.replace(" s1 200 ", f" s1 {status} ").replace(" ---- ", f" {tsc} ")
+    o = parser.parse(line)
+    assert o is not None, parser.stats.last_error
+    assert o.task_outcome == task_outcome
+    assert (o.workflow_id, o.step_index, o.prompt_tokens) == ("wf-9", 3, 900)
+    # the layout written before the final header is still read, and says nothing of the task's end
+    legacy = parser.parse(LINE)
+    assert legacy is not None
+    assert legacy.task_outcome is None
+    # one layout's fields under the other's word is malformed, not misread
+    assert parser.parse(LINE.replace("fleetloop1 ", "fleetloop2 ")) is None
+    assert parser.parse(line.replace("fleetloop2 ", "fleetloop1 ")) is None
+
+
+def test_the_log_format_names_every_header_in_order() -> None:
+    assert LOG_FORMAT.startswith("fleetloop2 ")
+    assert LOG_FORMAT.count("[var(txn.fl_") == len(HEADERS)
+    assert LOG_FORMAT.index("txn.fl_prompt_tokens") < LOG_FORMAT.index("txn.fl_final")

@@ -352,6 +352,8 @@ class Agents:
             "X-Fleetloop-Priority": str(task.priority),
             HDR_PROMPT_TOKENS: str(task.prompt),
         }
+        if task.step + 1 >= task.calls:  # the task's last call: a router that logs calls can end it
+            headers["X-Fleetloop-Final"] = "1"
         if task.prefix_digest is not None:
             headers[HDR_PREFIX] = task.prefix_digest
             headers[HDR_PREFIX_TOKENS] = str(prefix_tokens(task))

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from fleetloop.edges.headers import CallHeaders
+from fleetloop.edges.headers import CallHeaders, task_end
 from fleetloop.edges.litellm.mapping import DeploymentMap, Placement, call_of, placement_of
 from fleetloop.router.pick import FAIL_STATIC_S, Endpoint, Router
 from fleetloop.schemas.decisions import Decision
@@ -229,6 +229,7 @@ class LiteLLMRouting:
                 ttft_ms=round(ttft_ms, 3) if ttft_ms is not None and kind == "ok" else None,
                 e2e_ms=round(max(0.0, e2e_ms), 3),
                 outcome=kind,
+                task_outcome=task_end(call, kind),
             )
         except ValidationError as exc:
             self.counts.malformed += 1

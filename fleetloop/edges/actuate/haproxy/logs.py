@@ -33,12 +33,17 @@ from pydantic import ValidationError
 
 from fleetloop.edges.actuate.haproxy.mapping import PoolMap, Slot
 from fleetloop.edges.answers import answer_outcome
-from fleetloop.edges.headers import HEADERS, call_headers
+from fleetloop.edges.headers import HEADERS, call_headers, task_end
 from fleetloop.schemas.requests import Outcome, RequestOutcome
 
 _VARS = [h.replace("-", "_") for h in HEADERS]
+# The log line's layout, by its first word: ``fleetloop2`` carries every header of
+# :data:`~fleetloop.edges.headers.HEADERS`; ``fleetloop1``, what configurations written before
+# ``x-fleetloop-final`` log, carries all but that one (still read, so an upgrade of fleetloop before
+# HAProxy's configuration loses no call).
+LAYOUTS = {"fleetloop2 ": HEADERS, "fleetloop1 ": HEADERS[: HEADERS.index("final")]}
 LOG_FORMAT = (
-    "fleetloop1 "
+    "fleetloop2 "
     + " ".join(f"%{{+Q}}[var(txn.fl_{v})]" for v in _VARS)
     + " %{+Q}ID %b %s %ST %Tr %Ta %tsc %Ts %ms"
 )
@@ -81,16 +86,17 @@ class LogParser:
 
     def parse(self, line: str) -> RequestOutcome | None:
         self.stats.lines += 1
-        i = line.find("fleetloop1 ")
-        if i < 0:
+        found = [(i, names) for word, names in LAYOUTS.items() if (i := line.find(word)) >= 0]
+        if not found:
             self.stats.ignored += 1
             return None
+        i, names = min(found)
         try:
             f = shlex.split(line[i:])
-            if len(f) != 1 + len(HEADERS) + 9:
+            if len(f) != 1 + len(names) + 9:
                 raise ValueError(f"{len(f)} fields")
-            h = {k: ("" if v == "-" else v) for k, v in zip(HEADERS, f[1 : 1 + len(HEADERS)], strict=True)}
-            uid, backend, server, status, tr, ta, tsc, ts_s, ms = f[1 + len(HEADERS) :]
+            h = {k: ("" if v == "-" else v) for k, v in zip(names, f[1 : 1 + len(names)], strict=True)}
+            uid, backend, server, status, tr, ta, tsc, ts_s, ms = f[1 + len(names) :]
             pool = self.by_backend.get(backend)
             if pool is None:
                 raise ValueError(f"backend {backend!r} is not in the backend map")
@@ -119,6 +125,7 @@ class LogParser:
                 ttft_ms=float(tr_ms) if outcome == "ok" and tr_ms >= 0 else None,
                 e2e_ms=float(max(0, ta_ms)),
                 outcome=outcome,
+                task_outcome=task_end(c, outcome),
             )
         except (ValueError, ValidationError) as exc:
             self.stats.malformed += 1
