@@ -272,7 +272,18 @@ RESULTS: tuple[Result, ...] = (
             f"{OUT}/stack-degraded-gpu{tail}": f"stack/autoscale-probe/stack-degraded-gpu{tail}"
             for tail in (".md", ".json")
         },
-        "why fleetloop driving HAProxy gives nodes back later: each run's autoscale record, one run per arm",
+        "why fleetloop driving HAProxy gave nodes back later: each run's autoscale record, one run per arm "
+        "(before callers marked a task's last call)",
+    ),
+    Result(
+        "stack-degraded-gpu-autoscale-probe-final-call",
+        "fleetloop bench stack --scenario scenarios/stack/degraded-gpu.yaml --arms "
+        f"fleetloop-vllm,fleetloop-haproxy --runs 1 --out {OUT}",
+        {
+            f"{OUT}/stack-degraded-gpu{tail}": f"stack/autoscale-probe-final/stack-degraded-gpu{tail}"
+            for tail in (".md", ".json")
+        },
+        "the same probe once the agents mark each task's last call (x-fleetloop-final)",
     ),
 )
 

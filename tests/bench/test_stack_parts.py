@@ -524,3 +524,26 @@ def test_the_doc_quotes_the_autoscale_probe_and_the_first_drains() -> None:
 
     others = span({"fleetloop-vllm", "fleetloop-sglang"})
     assert f"came {span({'fleetloop-haproxy'})} into every run, against {others}" in text
+
+
+def test_the_doc_quotes_the_probe_after_the_final_call_header() -> None:
+    """After callers mark a task's last call, the HAProxy arm's daemon is no longer held: both arms'
+    targets fall at about the same time, and the doc quotes the times and the HAProxy arm's cost
+    per successful task before and after."""
+    import json
+
+    root = ROOT / "bench/results/stack"
+    after = json.loads((root / "autoscale-probe-final/stack-degraded-gpu.json").read_text())["runs_raw"]
+    before = json.loads((root / "autoscale-probe/stack-degraded-gpu.json").read_text())["runs_raw"]
+    by_arm = {r["arm"]: r for r in after}
+    text = " ".join(DOC.read_text().split())
+    for arm in ("fleetloop-haproxy", "fleetloop-vllm"):
+        entries = by_arm[arm]["autoscale"]
+        assert not any("held" in e["reason"] for e in entries), arm
+        first = next(e for e in entries if e["t_s"] > 0 and e["desired"] < 24)
+        assert first["desired"] == 18
+        assert f"{first['t_s']:.1f} s" in text, arm
+    (old,) = [r["cost_per_successful_task_usd"] for r in before if r["arm"] == "fleetloop-haproxy"]
+    new = by_arm["fleetloop-haproxy"]["cost_per_successful_task_usd"]
+    assert new < old
+    assert f"{new:.6f}, against {old:.6f} before" in text
