@@ -147,6 +147,7 @@ class LiveFleet:
         # the pool's last one: (time, pool, desired nodes, reason), what a run's record shows of why
         # its node count moved (or held).
         self.autoscale_log: list[tuple[float, str, int, str]] = []
+        self._autoscale_last: dict[str, tuple[int, str]] = {}  # pool -> its last (target, reason)
         self.decisions_applied = 0
         self.waste_usd = 0.0
         self.aborted = 0
@@ -362,8 +363,8 @@ class LiveFleet:
         pool = self.pools.get(d.pool_id)
         if pool is None:
             return
-        last = next((e for e in reversed(self.autoscale_log) if e[1] == d.pool_id), None)
-        if last is None or (last[2], last[3]) != (d.desired_nodes, d.reason):
+        if self._autoscale_last.get(d.pool_id) != (d.desired_nodes, d.reason):
+            self._autoscale_last[d.pool_id] = (d.desired_nodes, d.reason)
             self.autoscale_log.append((round(self.t(), 3), d.pool_id, d.desired_nodes, d.reason))
         add, victims = scale_plan(self._members[d.pool_id], pool, d)
         for _ in range(add):
