@@ -209,6 +209,90 @@ def test_the_kept_time_terms_give_the_plain_fit_on_every_pool_and_tick() -> None
     assert info.hits > 50 * info.misses  # the pools and ticks found the terms kept
 
 
+def _demand_batch(
+    rng: np.random.Generator, tick: int, window_ms: int
+) -> list[list[tuple[int, float]] | None]:
+    """One tick's demand samples of ~60 pools, most at the same times (a lead of them, or a shorter
+    span), with trends well past, near and below significance, and hostile figures."""
+    t0 = 1_767_225_600_000 + 1000 * tick
+    times = [t0 + 1000 * i for i in range(121)]
+    out: list[list[tuple[int, float]] | None] = []
+    for pool in range(60):
+        kind = pool % 12
+        at = times if kind else times[60:]  # a few pools hold half a lead
+        if kind == 11:
+            at = [t + 7 for t in at]  # times no other pool shares
+        n = len(at)
+        noise = float(rng.choice([0.0, 1.0, 300.0, 1e5]))
+        # A lead's fit has a standard error of about noise * 0.0026 * sqrt(n / n_eff) (121 samples a
+        # second apart): slopes spread over 0-8 of those, over the threshold (2), and half of them
+        # close to it.
+        se = noise * 0.0026 * math.sqrt(121 / max(120_000 / window_ms, 1.0))
+        z = float(rng.uniform(0.0, 8.0) if pool % 2 else rng.uniform(1.9, 2.1))
+        slope = float(rng.choice([-1.0, 0.0, 1.0, 1.0])) * se * z
+        ys = 1e4 + slope * np.arange(n) + noise * rng.standard_normal(n)
+        demand: list[float] = [float(y) for y in ys]
+        if kind == 3:
+            demand[int(rng.integers(0, n))] = float(rng.choice([math.nan, math.inf, -math.inf, 1e308, -0.0]))
+        if kind == 5 and tick % 2:
+            demand = [float(round(y)) for y in demand]
+        samples: list[tuple[int, float]] = list(zip(at, demand, strict=True))
+        if kind == 7 and tick % 3 == 0:
+            samples[5] = (samples[5][0], int(samples[5][1]))  # type: ignore[assignment]  # an int demand
+        out.append(None if kind == 9 else samples[: 2 if kind == 10 else n])
+    return out
+
+
+def test_the_batch_trend_fits_are_each_pools_own_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trend_slopes`` (the pools sharing sample times fitted as arrays, the pools whose slope is
+    clearly not significant left at 0.0 without the exact residual) gives ``trend_slope`` of each
+    pool, bits and all: flat, rising and falling demand, slopes at every distance from the
+    significance threshold, NaN, infinities, -0.0, an int demand, times no other pool shares, too
+    few samples, no samples; and it leaves most pools to the arrays, not to ``trend_slope``."""
+    rng = np.random.default_rng(23)
+    plain = rule.trend_slope
+    fitted = [0]
+
+    def counted(samples: Any, window_ms: int) -> float:
+        fitted[0] += 1
+        return plain(samples, window_ms)
+
+    near = trends = pools = 0
+    for tick in range(60):
+        window_ms = 10_000 if tick % 4 else 1000
+        many = _demand_batch(rng, tick, window_ms)
+        want = [plain(s, window_ms) if s is not None else 0.0 for s in many]
+        monkeypatch.setattr(rule, "trend_slope", counted)
+        got = rule.trend_slopes(many, window_ms)
+        monkeypatch.setattr(rule, "trend_slope", plain)
+        assert [g.hex() for g in got] == [float(w).hex() for w in want], tick
+        pools += len(many)
+        trends += sum(w > 0 for w in want)
+        for s in many:
+            if s is not None and len(s) == 121 and all(type(y) is float and math.isfinite(y) for _, y in s):
+                whole = _plain_fit_slope(s, window_ms)
+                ratio = _significance(s, window_ms)
+                near += 1.8 < ratio < 2.2 and whole == 0.0
+    assert trends > 100  # the significant branch is exercised
+    assert near > 50  # and slopes just short of significance, which the arrays must not misjudge
+    assert fitted[0] < pools / 2  # most pools are judged by the arrays (a trend is fitted again)
+
+
+def _significance(samples: list[tuple[int, float]], window_ms: int) -> float:
+    """A fit's slope over its standard error (:func:`fit_slope`'s test is ``> SIGNIFICANCE``)."""
+    n = len(samples)
+    ts = np.array([(t - samples[0][0]) / 1000.0 for t, _ in samples])
+    ys = np.array([y for _, y in samples])
+    dt = ts - ts.mean()
+    sxx = float((dt * dt).sum())
+    with np.errstate(all="ignore"):  # a 1e308 demand overflows the sums: no trend near the threshold
+        slope = float((dt * (ys - ys.mean())).sum()) / sxx
+        resid = float(((ys - ys.mean() - slope * dt) ** 2).sum())
+    n_eff = (samples[-1][0] - samples[0][0]) / window_ms
+    se = math.sqrt(resid / (n - 2) / sxx) * math.sqrt(n / max(n_eff, 1.0))
+    return slope / se if se > 0 else math.inf
+
+
 def test_the_open_workflow_midpoint_is_the_plain_scans() -> None:
     """``accumulation`` reads the open count at the first sample at or past the span's middle (found
     by bisection, checked) as the plain scan does, ascending times or not, repeated ones included."""

@@ -3,7 +3,9 @@
 
 The node figures every pool's tick reads are segment operations over the snapshot's columns, one
 numpy pass each for the whole batch (:func:`fleetloop.policies.autoscale.predictive.signals.read_batch`);
-the rest (state, reasons, the decision) is the rule's arithmetic pool by pool
+so are the demand trends' fits, after each pool's lead and samples
+(:func:`fleetloop.policies.autoscale.predictive.rule.trend_slopes`, each pool's own doubles); the
+rest (state, reasons, the decision) is the rule's arithmetic pool by pool
 (:mod:`fleetloop.policies.autoscale.predictive.rule`); every figure the decisions and diagnostics
 round is rounded in one pass after the loop, and a decision is assembled without validation when
 every part is in bounds. ``tests/oracles/predictive.py`` states the same rule over each pool's nodes,
@@ -21,13 +23,15 @@ from fleetloop.policies.autoscale.predictive.rule import (
     SloPredictiveState,
     Target,
     cold_starts,
-    demand_trend,
+    demand_samples,
     drain_order,
     learned_capacity,
     need_nodes,
     open_workflow_trend,
     smoothed_tbt,
     target,
+    trend_slopes,
+    with_slope,
 )
 from fleetloop.policies.autoscale.predictive.signals import (
     BatchFigures,
@@ -149,12 +153,16 @@ def decide_pools(
 ) -> list[PolicyResult[SloPredictiveState]]:
     """One result per context (distinct pools), in order."""
     fig = read_batch(snap, params, ctxs)
+    # Each pool's lead and demand samples first, then every pool's trend fitted at once.
+    window_ms = max(1, snap.window_ms)
+    heads = [_pool_head(snap, params, fig, state, ctx) for state, ctx in zip(states, ctxs, strict=True)]
+    slopes = trend_slopes([h.samples if h.full else None for h in heads], window_ms)
     # Every figure the pools' decisions and diagnostics round, in one list: rounded at once after the
     # loop (``r6_many``, the same doubles as ``r6``), then handed back in order.
     flat: list[float] = []
     made = [
-        _pool_tick(snap, params, fig, k, state, ctx, flat)
-        for k, (state, ctx) in enumerate(zip(states, ctxs, strict=True))
+        _pool_tick(snap, params, fig, k, state, ctx, flat, head, slope)
+        for k, (state, ctx, head, slope) in enumerate(zip(states, ctxs, heads, slopes, strict=True))
     ]
     rounded, bounded = r6_many(flat)
     results: list[PolicyResult[SloPredictiveState]] = []
@@ -179,6 +187,45 @@ def decide_pools(
     return results
 
 
+class _Head(NamedTuple):
+    """A pool's first steps (:func:`_pool_head`): its cold start and lead, and its demand's samples
+    over the lead, which the batch fits to trends all at once (:func:`trend_slopes`)."""
+
+    cold_start: float | None
+    not_warm_since: tuple[tuple[str, int], ...]
+    lead_s: float
+    demand: float
+    samples: tuple[tuple[int, float], ...]
+    horizon_ms: float
+    full: bool
+
+
+def _pool_head(
+    snap: FleetSnapshot,
+    params: SloPredictiveParams,
+    fig: BatchFigures,
+    state: SloPredictiveState,
+    ctx: PolicyContext,
+) -> _Head:
+    """The rule's steps up to the demand trend's fit, for one pool."""
+    pid, now = ctx.pool_id, ctx.now_ms
+    pool = snap.pools.get(pid)
+    j = fig.index.get(pid, -1)
+    # Cold start: learn from nodes seen going from cold/loading to warm.
+    if state.not_warm_since or (j >= 0 and fig.not_warm[j]):
+        ids, stale, warm = pool_rows(snap, fig, pid)
+        cold_start, not_warm_since = cold_starts(
+            state.cold_start_s, state.not_warm_since, now, zip(ids, stale, warm, strict=True)
+        )
+    else:
+        cold_start, not_warm_since = state.cold_start_s, ()
+    lead_s = cold_start if cold_start is not None else params.cold_start_s
+    # Demand: served tokens/s and its samples over the lead.
+    demand = (pool.prompt_tokens_rate_per_s + pool.output_tokens_rate_per_s) if pool else 0.0
+    samples, horizon_ms, full = demand_samples(state, now, demand, lead_s, max(1, snap.window_ms))
+    return _Head(cold_start, not_warm_since, lead_s, demand, samples, horizon_ms, full)
+
+
 def _pool_tick(  # noqa: PLR0917 - the batch's figures, then the pool's place, state and context
     snap: FleetSnapshot,
     params: SloPredictiveParams,
@@ -187,8 +234,12 @@ def _pool_tick(  # noqa: PLR0917 - the batch's figures, then the pool's place, s
     state: SloPredictiveState,
     ctx: PolicyContext,
     flat: list[float],
+    head: _Head,
+    slope: float,
 ) -> _Made:
-    """Pool ``k`` of the batch: the rule's steps in order; its figures are appended to ``flat``."""
+    """Pool ``k`` of the batch: the rule's steps in order after its ``head`` and its demand trend's
+    ``slope`` (0.0 unless the head's samples span a whole lead); its figures are appended to
+    ``flat``."""
     pid, now = ctx.pool_id, ctx.now_ms
     window_ms = max(1, snap.window_ms)
     tick_s = max(ctx.tick_ms, 1) / 1000.0
@@ -198,20 +249,11 @@ def _pool_tick(  # noqa: PLR0917 - the batch's figures, then the pool's place, s
     current, n_warm, n_arriving = (
         (fig.own.active[j], fig.own.warm[j], fig.arriving[j]) if has_nodes else (0, 0, 0)
     )
+    cold_start, not_warm_since = head.cold_start, head.not_warm_since
+    lead_s, demand = head.lead_s, head.demand
 
-    # Cold start: learn from nodes seen going from cold/loading to warm.
-    if state.not_warm_since or (has_nodes and fig.not_warm[j]):
-        ids, stale, warm = pool_rows(snap, fig, pid)
-        cold_start, not_warm_since = cold_starts(
-            state.cold_start_s, state.not_warm_since, now, zip(ids, stale, warm, strict=True)
-        )
-    else:
-        cold_start, not_warm_since = state.cold_start_s, ()
-    lead_s = cold_start if cold_start is not None else params.cold_start_s
-
-    # Demand: served tokens/s, its trend over the lead, and the backlog.
-    demand = (pool.prompt_tokens_rate_per_s + pool.output_tokens_rate_per_s) if pool else 0.0
-    trend = demand_trend(state, now, demand, lead_s, window_ms)
+    # Demand: its trend over the lead, and the backlog.
+    trend = with_slope(head.samples, head.horizon_ms, head.full, slope, demand, lead_s)
     backlog = (fig.backlog[j] if has_nodes else 0) / max(lead_s, window_ms / 1000.0)
 
     # Pressure, and the capacity per warm node at the target learned from it.

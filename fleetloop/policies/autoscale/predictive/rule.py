@@ -10,14 +10,17 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter, mul, sub, truediv
 from typing import NamedTuple, TypeVar
+
+import numpy as np
 
 from fleetloop.policies.autoscale.committed import committed
 from fleetloop.policies.autoscale.predictive.params import SloPredictiveParams
 from fleetloop.policies.autoscale.predictive.signals import Node
 from fleetloop.policies.base import PoolView
+from fleetloop.policies.pool_figures import SEQUENTIAL_SUM
 
 MIN_LEARN_PRESSURE = 0.05  # below it an idle node says nothing about capacity
 # No pool has a million nodes; a larger need is capped so its figure stays within a decision's bound.
@@ -92,6 +95,88 @@ def fit_slope(samples: Sequence[tuple[int, float]], window_ms: int) -> float:
     var = resid / max(1, n - 2)
     se = math.sqrt(var / sxx) * math.sqrt(n / max(n_eff, 1.0))
     return slope if slope > SIGNIFICANCE * se else 0.0
+
+
+def trend_slopes(many: Sequence[Sequence[tuple[int, float]] | None], window_ms: int) -> list[float]:
+    """``[trend_slope(s, window_ms) if s is not None else 0.0 for s in many]``, the same doubles, for a
+    batch's pools at once. On a steady fleet about one pool in twenty has a significant trend; the
+    others' fits end at 0.0, and this finds most of those without fitting them one by one.
+
+    Pools whose samples fall at the same times (every pool of a tick that holds a whole lead: each
+    tick appends ``now`` to each) share :func:`fit_slope`'s time terms, and its steps are array
+    operations over one column per pool: the mean demand, each ``y - my``, each product and
+    residual, one IEEE operation each as the ``map`` does them, and each sum added row after row
+    below a row of +0.0, every pool's additions its own and in sample order (Python's ``sum`` of
+    floats, left to right from 0, where it is that: :data:`SEQUENTIAL_SUM`). So the slope is
+    :func:`fit_slope`'s double, and a slope ``<= 0`` is its 0.0 (and :func:`trend_slope`'s).
+
+    The one step not the same operation is the residual's square: ``pow(d, 2)`` there (libm's
+    ``pow``, within an ulp of the square but not promised to be the rounded one), ``d * d`` here.
+    Each term then differs by at most an ulp and the sums of those non-negative terms, in the same
+    order, by a relative ~2n ulps (~1e-12 for an hour of samples), and the standard error by about
+    as much. So a pool whose slope is below ``SIGNIFICANCE`` standard errors by more than a relative
+    1e-6 (``SCREEN_MARGIN``), with a finite error and a residual well inside the normal doubles
+    (above 1e-290: no subnormal terms of any weight), gets :func:`fit_slope`'s 0.0 without the
+    exact residual. Every other pool (a significant or nearly significant slope, a NaN or an
+    infinity, a demand that is not a float, times no other pool shares, a compensating ``sum``) is
+    fitted by :func:`trend_slope` itself. ``tests/unit/test_fast_predictive.py`` holds the two
+    equal, bit for bit, trends and near-threshold slopes included."""
+    if not SEQUENTIAL_SUM:
+        return [trend_slope(s, window_ms) if s is not None else 0.0 for s in many]
+    out = [0.0] * len(many)
+    by_times: dict[tuple[int, ...], list[tuple[int, Sequence[tuple[int, float]]]]] = {}
+    for i, samples in enumerate(many):
+        # ``fit_slope``'s early zeros: fewer than three samples or three independent windows.
+        if samples is None or len(samples) < 3:
+            continue
+        if (samples[-1][0] - samples[0][0]) / max(1, window_ms) < MIN_TREND_SAMPLES:
+            continue
+        by_times.setdefault(tuple(map(_FIRST, samples)), []).append((i, samples))
+    for times, members in by_times.items():
+        dts, sxx = _time_terms(tuple(map(sub, times, repeat(times[0]))))
+        if sxx <= 0:
+            continue
+        columns = [list(map(_SECOND, samples)) for _, samples in members]
+        if len(members) < 2 or set(map(type, chain.from_iterable(columns))) != {float}:
+            for i, samples in members:
+                out[i] = trend_slope(samples, window_ms)
+            continue
+        for (i, samples), zero in zip(members, _no_trend(times, dts, sxx, columns, window_ms), strict=True):
+            if not zero:
+                out[i] = trend_slope(samples, window_ms)
+    return out
+
+
+SCREEN_MARGIN = 1e-6  # :func:`trend_slopes`: how far below significance a slope is taken as none
+_SCREEN_MIN_RESID = 1e-290  # and the least residual it judges (no subnormal terms of weight)
+
+
+def _no_trend(
+    times: tuple[int, ...], dts: tuple[float, ...], sxx: float, columns: list[list[float]], window_ms: int
+) -> list[bool]:
+    """Per column of demand at ``times`` (time terms ``dts``, ``sxx`` > 0): whether :func:`fit_slope`
+    returns 0.0 for it, where that is certain (:func:`trend_slopes`); False where it may not be."""
+    n = len(times)
+    n_eff = (times[-1] - times[0]) / max(1, window_ms)
+    grid = np.zeros((n + 1, len(columns)))  # row 0: the 0 Python's ``sum`` starts from
+    grid[1:] = np.array(columns).T
+    dt = np.asarray(dts)[:, None]
+    with np.errstate(all="ignore"):
+        my = np.add.accumulate(grid, axis=0)[-1] / n
+        dys = grid[1:] - my
+        grid[1:] = dt * dys
+        slope = np.add.accumulate(grid, axis=0)[-1] / sxx
+        r = dys - slope * dt
+        grid[1:] = r * r
+        resid = np.add.accumulate(grid, axis=0)[-1]
+        se = np.sqrt(resid / max(1, n - 2) / sxx) * math.sqrt(n / max(n_eff, 1.0))
+        below = (
+            np.isfinite(se)
+            & (resid > _SCREEN_MIN_RESID)
+            & (slope * (1.0 + SCREEN_MARGIN) < SIGNIFICANCE * se)
+        )
+    zero: list[bool] = ((slope <= 0) | below).tolist()
+    return zero
 
 
 @lru_cache(maxsize=64)
@@ -329,7 +414,7 @@ def cold_starts(
 
 
 class Trend(NamedTuple):
-    """The pool's served-token demand over the lead (:func:`demand_trend`)."""
+    """The pool's served-token demand over the lead (:func:`demand_samples`, :func:`with_slope`)."""
 
     samples: tuple[tuple[int, float], ...]  # kept over the horizon, this tick's last
     horizon_ms: float
@@ -338,11 +423,26 @@ class Trend(NamedTuple):
     projected: float  # demand one lead ahead
 
 
-def demand_trend(state: SloPredictiveState, now: int, demand: float, lead_s: float, window_ms: int) -> Trend:
+def demand_samples(
+    state: SloPredictiveState, now: int, demand: float, lead_s: float, window_ms: int
+) -> tuple[tuple[tuple[int, float], ...], float, bool]:
+    """The demand's samples kept over the horizon (this tick's last), the horizon, and whether a
+    whole one was seen: the trend (:func:`trend_slope`) is fitted only then, a batch's all at once
+    (:func:`trend_slopes`)."""
     horizon_ms = max(lead_s * 1000.0, 3.0 * window_ms)
     samples = (*_recent(state.demand, now, horizon_ms), (now, demand))
-    full = bool(state.demand) and now - state.demand[0][0] >= horizon_ms
-    slope = trend_slope(samples, window_ms) if full else 0.0
+    return samples, horizon_ms, bool(state.demand) and now - state.demand[0][0] >= horizon_ms
+
+
+def with_slope(  # noqa: PLR0917 - :func:`demand_samples`' figures, then the slope fitted to them
+    samples: tuple[tuple[int, float], ...],
+    horizon_ms: float,
+    full: bool,
+    slope: float,
+    demand: float,
+    lead_s: float,
+) -> Trend:
+    """The :class:`Trend` of :func:`demand_samples`' figures and their slope (0.0 unless ``full``)."""
     return Trend(samples, horizon_ms, full, slope, demand + slope * lead_s)
 
 
