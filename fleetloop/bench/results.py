@@ -285,6 +285,16 @@ RESULTS: tuple[Result, ...] = (
         },
         "the same probe once the agents mark each task's last call (x-fleetloop-final)",
     ),
+    Result(
+        "stack-degraded-gpu-headline-pair",
+        "fleetloop bench stack --scenario scenarios/stack/degraded-gpu.yaml --arms "
+        f"vllm-cache-aware,fleetloop-haproxy --runs 3 --out {OUT}",
+        {
+            f"{OUT}/stack-degraded-gpu{tail}": f"stack/headline/stack-degraded-gpu{tail}"
+            for tail in (".md", ".json")
+        },
+        "the degraded-GPU headline pair again once the agents mark each task's last call, 3 runs each",
+    ),
 )
 
 MADE_BY_MD = re.compile(r"\n*\n---\nMade by `[^`]*` at commit [0-9a-f]{40} on [0-9TZ:-]+\.\n\Z")

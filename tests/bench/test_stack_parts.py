@@ -547,3 +547,28 @@ def test_the_doc_quotes_the_probe_after_the_final_call_header() -> None:
     new = by_arm["fleetloop-haproxy"]["cost_per_successful_task_usd"]
     assert new < old
     assert f"{new:.6f}, against {old:.6f} before" in text
+
+
+def test_the_doc_quotes_the_headline_pair_after_the_fix() -> None:
+    import json
+
+    doc = json.loads((ROOT / "bench/results/stack/headline/stack-degraded-gpu.json").read_text())
+    assert not doc["void"]
+    head = doc["targets"]["headline"]
+    assert (head["ours"], head["peer"]) == ("fleetloop-haproxy", "vllm-cache-aware")
+    t = head["targets"]
+    text = " ".join(DOC.read_text().split())
+    assert (
+        f"Task success: {t['success']['ours']:.3f} against {t['success']['peer']:.3f} "
+        f"({t['success']['ratio']:.3f}x), higher in every run" in text
+    )
+    assert all(t["success"]["per_run_ok"])
+    assert f"TTFT p50: {t['ttft_p50']['ratio']:.3f}x, within 1.1x in every run" in text
+    assert all(t["ttft_p50"]["per_run_ok"])
+    cost = t["cost_per_task"]
+    assert f"Cost per successful task: {cost['ratio']:.3f}x at the median" in text
+    assert cost["per_run_ok"] == [True, False, True]
+    runs = {(r["arm"], r["run"]): r["cost_per_successful_task_usd"] for r in doc["runs_raw"]}
+    second = runs[("fleetloop-haproxy", 2)] / runs[("vllm-cache-aware", 2)]
+    assert f"but {second:.3f}x in the second run" in text
+    assert not cost["met"]
