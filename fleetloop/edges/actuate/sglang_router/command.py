@@ -20,6 +20,7 @@ from typing import Any
 
 from fleetloop.edges.actuate.worker_list import actuator as worker_list
 from fleetloop.edges.actuate.worker_list.actuator import HttpApi, WorkerListActuator, WorkerListError
+from fleetloop.edges.actuate.worker_list.outcomes import SGLANG_ROUTER
 from fleetloop.router import clock
 
 SETTLE_S = 30.0  # how long an added (removed) worker may take to appear in (leave) the router's list
@@ -87,4 +88,4 @@ class SglangRouterActuator(WorkerListActuator):
 
 def register(act_sub: Any) -> None:
     """``sglang-router`` under ``fleetloop actuate`` (the group: :mod:`fleetloop.edges.actuate.command`)."""
-    worker_list.register(act_sub, "sglang-router", SglangRouterApi, SglangRouterActuator)
+    worker_list.register(act_sub, "sglang-router", SglangRouterApi, SglangRouterActuator, SGLANG_ROUTER)

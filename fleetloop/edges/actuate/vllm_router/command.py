@@ -20,6 +20,7 @@ from typing import Any
 
 from fleetloop.edges.actuate.worker_list import actuator as worker_list
 from fleetloop.edges.actuate.worker_list.actuator import HttpApi, WorkerListActuator
+from fleetloop.edges.actuate.worker_list.outcomes import VLLM_ROUTER
 
 
 class VllmRouterApi(HttpApi):
@@ -42,4 +43,4 @@ class VllmRouterActuator(WorkerListActuator):
 
 def register(act_sub: Any) -> None:
     """``vllm-router`` under ``fleetloop actuate`` (the group: :mod:`fleetloop.edges.actuate.command`)."""
-    worker_list.register(act_sub, "vllm-router", VllmRouterApi, VllmRouterActuator)
+    worker_list.register(act_sub, "vllm-router", VllmRouterApi, VllmRouterActuator, VLLM_ROUTER)
