@@ -148,3 +148,43 @@ async def test_a_worker_failing_every_call_is_ejected_through_the_router_s_metri
     assert "apply: remove " + urls[0] in log
     assert "not in the worker map" not in log
     print(f"\n{router}: chat/0 removed {removed_at - t0:.1f} s after the first calls ({len(seen)} outcomes)")
+
+
+@pytest.mark.parametrize("router", ["vllm-router", "sglang-router"])
+async def test_a_metrics_page_that_is_not_the_router_s_stops_the_command_with_one_line(
+    kafka_env: Any, tmp_path: Path, router: str
+) -> None:
+    """Refused at start, before anything is published: a page that does not answer, and one that
+    answers but is not this router's (the other router's page: a worker map and two routers on one
+    host make that mix-up easy)."""
+    from tests.support.actuators import actuate_argv
+    from tests.support.http import free_port
+
+    other = "sglang-router" if router == "vllm-router" else "vllm-router"
+    async with nodes(1, answer) as ports:
+        urls = [f"http://127.0.0.1:{ports[0]}"]
+        wmap = tmp_path / "workers.yaml"
+        wmap.write_text(f"pools:\n  chat:\n    chat/0: {urls[0]}\n")
+        mine: list[int] = []
+        theirs: list[int] = []
+        proc, port = await START[router](urls, "round_robin", tmp_path / "r.log", metrics_port=mine)
+        proc2, _ = await START[other](urls, "round_robin", tmp_path / "o.log", metrics_port=theirs)
+        try:
+            for page, says in (
+                (f"http://127.0.0.1:{free_port()}/metrics", f"{router} metrics at http://127.0.0.1:"),
+                (f"http://127.0.0.1:{theirs[-1]}/metrics", f"metric on the page (not {router}'s?)"),
+            ):
+                argv = actuate_argv(
+                    router, kafka_env, "--url", f"http://127.0.0.1:{port}", "--worker-map", str(wmap),
+                    "--metrics-url", page,
+                )  # fmt: skip
+                done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=60)
+                err = done.stderr.decode()
+                assert done.returncode == 2, err
+                assert len(err.splitlines()) == 1, err
+                assert err.startswith(f"fleetloop actuate {router}: --metrics-url: "), err
+                assert says in err, err
+        finally:
+            for p in (proc, proc2):
+                p.terminate()
+                p.wait(10)

@@ -7,7 +7,8 @@ adds the workers that should be in before removing the ones that should not (an 
 the router lists the worker, so the list never empties on the way), and re-asserts drift: a
 difference on a worker whose target did not change since it was last asserted (someone's manual
 change, a restart of the router) is applied again and logged as ``drift``. Workers the router lists
-that the map does not know are left alone.
+that the map does not know are left alone. With ``--metrics-url`` the same process publishes the
+router's per-worker outcome counts to ``fleet.requests`` (:mod:`.outcomes`, :mod:`.report`).
 """
 
 from __future__ import annotations
