@@ -152,6 +152,14 @@ def test_calls_counted_across_a_gap_are_not_published_as_a_burst() -> None:
     assert tally(t.period(page({(A, "failure"): 53}), 31_000)) == {("chat/0", "error"): 2}
 
 
+def test_a_clock_stepped_back_counts_the_period_s_calls_rather_than_losing_them() -> None:
+    t = translator()
+    t.period(page({(A, "failure"): 1}), 5000)
+    assert t.period(page({(A, "failure"): 4}), 4000) == []
+    assert t.stats.stale_calls == 3
+    assert tally(t.period(page({(A, "failure"): 5}), 5000)) == {("chat/0", "error"): 1}
+
+
 class Sink:
     """The publisher's ``publish`` and ``stats`` (this is not Kafka's test: what is handed to it)."""
 

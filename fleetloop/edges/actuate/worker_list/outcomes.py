@@ -43,7 +43,8 @@ What it does with what a page may hold:
   millions of records from one number;
 - a scrape more than ``max_gap_s`` (10 s) after the last good one: the calls in between are counted
   (``stale_calls``) and not published (placed in that gap they would be older than the daemon takes
-  on time; placed now they would be a burst that did not happen), and the count starts again.
+  on time; placed now they would be a burst that did not happen), and the count starts again; so
+  are the calls of a scrape stamped no later than the last (the wall clock stepped back).
 
 A scrape that fails is the caller's to handle (publish nothing: no data is not "all ok").
 """
@@ -135,7 +136,8 @@ class Translator:
         spec, last = self.spec, self._last
         baseline = self._last_ms is None
         span_ms = 0 if self._last_ms is None else now_ms - self._last_ms
-        stale = not baseline and span_ms > self.max_gap_ms
+        # a span past the gap, or none (the wall clock stepped back): nowhere true to place the calls
+        stale = not baseline and not 0 < span_ms <= self.max_gap_ms
         counts: dict[str, dict[Outcome, int]] = {}
         for labels, value in samples.get(spec.metric, ()):
             worker, label = worker_key(labels.get(spec.worker_label, "")), labels.get(spec.outcome_label, "")
@@ -170,7 +172,7 @@ class Translator:
             got[outcome] = got.get(outcome, 0) + n
         self._last_ms = now_ms
         self.stats.periods += 1
-        if baseline or stale or span_ms <= 0:
+        if baseline or stale:
             return []
         cap = max(1, math.ceil(self.max_calls_per_s * span_ms / 1000.0))
         out: list[RequestOutcome] = []
