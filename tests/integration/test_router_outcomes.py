@@ -50,8 +50,17 @@ def _default_policy(tmp_path: Path) -> Any:
 
 
 def answer(node: str) -> Handler:
+    """Node ``chat/0`` answers 500 to every call (its health check passes); the others serve."""
+    return _answer(node, failing=node == "chat/0")
+
+
+def serving(node: str) -> Handler:
+    return _answer(node, failing=False)
+
+
+def _answer(node: str, *, failing: bool) -> Handler:
     async def complete(request: web.Request) -> web.Response:
-        if node == "chat/0":
+        if failing:
             return web.Response(status=500, text="CUDA error")
         await asyncio.sleep(0.005)
         body = {"id": "c", "object": "text_completion", "model": "m", "choices": [{"text": node, "index": 0}]}
@@ -60,13 +69,22 @@ def answer(node: str) -> Handler:
     return complete
 
 
+@pytest.mark.parametrize("failure", ["http-500", "refused"])
 @pytest.mark.parametrize("router", ["vllm-router", "sglang-router"])
 async def test_a_worker_failing_every_call_is_ejected_through_the_router_s_metrics(
-    kafka_env: Any, tmp_path: Path, router: str
+    kafka_env: Any, tmp_path: Path, router: str, failure: str
 ) -> None:
+    """``http-500``: chat/0 answers 500 to every call; ``refused``: chat/0 served when the router
+    listed it, and its process is gone before the first call (connection refused)."""
     procs: list[subprocess.Popen[bytes]] = []
     servers = contextlib.AsyncExitStack()
-    ports = await servers.enter_async_context(nodes(3, answer))
+    if failure == "http-500":
+        ports = await servers.enter_async_context(nodes(3, answer))
+        gone = None
+    else:
+        gone = contextlib.AsyncExitStack()
+        ports = [*await gone.enter_async_context(nodes(1, serving))]
+        ports += await servers.enter_async_context(nodes(2, serving))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     wmap = tmp_path / "workers.yaml"
     wmap.write_text("pools:\n  chat:\n" + "".join(f"    chat/{i}: {u}\n" for i, u in enumerate(urls)))
@@ -108,6 +126,8 @@ async def test_a_worker_failing_every_call_is_ejected_through_the_router_s_metri
                 return "publishing the outcomes" in log_path.read_text()
 
             await wait_until(publishing, 60, "the actuator to take its baseline scrape")
+            if gone is not None:
+                await gone.aclose()  # chat/0's process is gone: its port refuses connections
             t0 = clock.monotonic_s()
             while clock.monotonic_s() < t0 + 30 and removed_at < 0:
                 await tick_once(p)
@@ -125,6 +145,8 @@ async def test_a_worker_failing_every_call_is_ejected_through_the_router_s_metri
             for proc in procs:
                 proc.wait(10)
             await servers.aclose()
+            if gone is not None:
+                await gone.aclose()
 
         seen = [RequestOutcome.model_validate_json(r.value) for r in await read_all(kafka_env, REQUESTS)]
         state = decisions_of(await read_all(kafka_env, STATE))
@@ -147,7 +169,8 @@ async def test_a_worker_failing_every_call_is_ejected_through_the_router_s_metri
     assert {b.node_id for b in opened} == {"chat/0"}, opened
     assert "apply: remove " + urls[0] in log
     assert "not in the worker map" not in log
-    print(f"\n{router}: chat/0 removed {removed_at - t0:.1f} s after the first calls ({len(seen)} outcomes)")
+    took = removed_at - t0
+    print(f"\n{router}, {failure}: chat/0 removed {took:.1f} s after the first calls ({len(seen)} outcomes)")
 
 
 @pytest.mark.parametrize("router", ["vllm-router", "sglang-router"])
