@@ -134,6 +134,19 @@ def test_a_hostile_value_is_skipped_and_the_last_good_one_kept(bad: float) -> No
     assert tally(t.period(page({(A, "failure"): 13}), 2000)) == {("chat/0", "error"): 3}
 
 
+def test_series_past_the_cap_are_counted_as_hostile_not_followed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetloop.edges.actuate.worker_list import outcomes
+
+    monkeypatch.setattr(outcomes, "MAX_SERIES", 3)
+    t = translator()
+    t.period(page({(A, "success"): 1, (A, "failure"): 1}), 0)
+    many = {(f"http://127.0.0.1:{7000 + i}", "failure"): 5.0 for i in range(5)}
+    out = t.period(page({(A, "failure"): 2, **many}), 1000)
+    assert tally(out) == {("chat/0", "error"): 1}
+    assert t.stats.unmapped_calls == 5  # the first new series fits under the cap, the others do not
+    assert t.stats.hostile == 4
+
+
 def test_a_huge_jump_is_capped_per_second_of_the_period_keeping_the_outcomes_shares() -> None:
     t = translator()
     t.period(page({(A, "success"): 0, (A, "failure"): 0}), 0)
@@ -229,6 +242,19 @@ async def test_a_failing_scrape_publishes_nothing_and_is_logged_once_per_episode
         assert "HTTP 503" in errors[1]
         back = [r.getMessage() for r in caplog.records if "answers again" in r.getMessage()]
         assert back == [f"metrics: {url} answers again after 3 failed scrape(s)"]
+
+
+async def test_a_page_past_the_size_cap_is_refused_unparsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetloop.edges.actuate.worker_list import report
+    from fleetloop.edges.actuate.worker_list.report import MetricsError
+
+    monkeypatch.setattr(report, "MAX_PAGE_BYTES", 1000)
+    async for url in serve({"status": 200, "body": exposition(1) + "# padding\n" * 200}):
+        log = logging.getLogger("t")
+        rep = OutcomeReporter(url, translator(), Sink(), period_s=1.0, now_ms=lambda: 0, log=log)
+        with pytest.raises(MetricsError, match="a page over 1000 bytes"):
+            await rep.start()
+        await rep.close()
 
 
 async def test_a_page_that_is_not_the_router_s_is_refused_at_start() -> None:

@@ -35,7 +35,8 @@ What it does with what a page may hold:
   ``unmapped_workers``, for the caller to log once) and not published under any node;
 - an outcome label other than ``success`` or ``failure``: counted (``unread_calls``), not published;
 - a value that is not a finite number >= 0 (NaN, an infinity, a negative): counted (``hostile``)
-  and skipped, the last good value kept, so the next good one resumes the count;
+  and skipped, the last good value kept, so the next good one resumes the count; so is a new series
+  past the ``MAX_SERIES`` (10,000) followed (a page naming endless workers would grow memory);
 - more calls in a period than ``max_calls_per_s`` (1000 per worker per second of the period) could
   make: the worker's counts are scaled down to that many, its outcomes' shares kept, and the rest
   counted (``capped``). No LLM engine completes a thousand calls a second per worker, so a jump past
@@ -61,6 +62,7 @@ from fleetloop.schemas.requests import Outcome, RequestOutcome
 
 MAX_CALLS_PER_S = 1000.0  # per worker: far above what an LLM engine completes
 MAX_GAP_S = 10.0
+MAX_SERIES = 10_000  # (worker, outcome) series followed: a router has two per worker
 
 Samples = Mapping[str, list[tuple[dict[str, str], float]]]
 
@@ -146,6 +148,9 @@ class Translator:
                 self.stats.hostile += 1
                 continue
             before = last.get(key)
+            if before is None and len(last) >= MAX_SERIES:
+                self.stats.hostile += 1  # a page naming endless workers: not followed, not kept
+                continue
             last[key] = value
             if baseline:
                 continue

@@ -27,6 +27,7 @@ from fleetloop.router.publish import PublisherStats
 from fleetloop.schemas.requests import RequestOutcome
 
 REPORT_S = 10.0
+MAX_PAGE_BYTES = 16 * 2**20  # as ``fleetloop scrape``: a larger page is refused, not parsed
 
 
 class MetricsError(Exception):
@@ -40,10 +41,13 @@ async def scrape(client: httpx.AsyncClient, url: str, router: str, prefix: str) 
         r = await client.get(url)
     except httpx.HTTPError as exc:
         raise MetricsError(f"{router} metrics at {url}: {exc or type(exc).__name__}") from None
+    if len(r.content) > MAX_PAGE_BYTES:
+        raise MetricsError(f"{router} metrics at {url}: a page over {MAX_PAGE_BYTES} bytes")
+    text = r.text
     if r.status_code != 200:
-        raise MetricsError(f"{router} metrics at {url}: HTTP {r.status_code} {r.text[:200]!r}")
+        raise MetricsError(f"{router} metrics at {url}: HTTP {r.status_code} {text[:200]!r}")
     try:
-        samples = parse_exposition(r.text).samples
+        samples = parse_exposition(text).samples
     except ExpositionError as exc:
         raise MetricsError(f"{router} metrics at {url}: {exc}") from None
     if not any(name.startswith(prefix) for name in samples):
