@@ -352,7 +352,9 @@ class Agents:
             "X-Fleetloop-Priority": str(task.priority),
             HDR_PROMPT_TOKENS: str(task.prompt),
         }
-        if task.last_call:  # a router that logs calls can end the task (x-fleetloop-final)
+        # Sent on every last call, to a router or straight to a node: a router that logs calls ends
+        # the task on it (x-fleetloop-final); a node, like every fleetloop header, ignores it.
+        if task.last_call:
             headers["X-Fleetloop-Final"] = "1"
         if task.prefix_digest is not None:
             headers[HDR_PREFIX] = task.prefix_digest
