@@ -74,6 +74,22 @@ def _table(name: str, args: str, about: str, *, committed: bool = True) -> Resul
     )
 
 
+def stack_result(
+    name: str, scenario: str, arms: str, about: str, *, runs: int = 3, under: str = "", plots: bool = True
+) -> Result:
+    """A ``fleetloop bench stack`` result: ``scenarios/stack/<scenario>.yaml`` over ``arms``, ``runs``
+    runs each, its table and figures (and its two plots, when ``plots``) kept as
+    ``stack/<under>stack-<scenario>.*``."""
+    tails = (".md", ".json", ".png", "-arms.png") if plots else (".md", ".json")
+    return Result(
+        name,
+        f"fleetloop bench stack --scenario scenarios/stack/{scenario}.yaml --arms {arms} "
+        f"--runs {runs} --out {OUT}",
+        {f"{OUT}/stack-{scenario}{t}": f"stack/{under}stack-{scenario}{t}" for t in tails},
+        about,
+    )
+
+
 RESULTS: tuple[Result, ...] = (
     # The simulator: deterministic, minutes to hours of CPU each, one worker process.
     Result(
@@ -242,58 +258,44 @@ RESULTS: tuple[Result, ...] = (
         {f"{OUT}/router-overhead.{ext}": f"stack/router-overhead.{ext}" for ext in ("md", "json")},
         "what each router's data path adds to a streamed call's first token, over two idle nodes",
     ),
-    Result(
+    stack_result(
         "stack-degraded-gpu-three-routers",
-        "fleetloop bench stack --scenario scenarios/stack/degraded-gpu.yaml --arms "
-        "vllm-cache-aware,fleetloop-vllm,sglang-cache-aware,fleetloop-sglang,"
-        "haproxy-leastconn,fleetloop-haproxy "
-        f"--runs 3 --out {OUT}",
-        {
-            f"{OUT}/stack-degraded-gpu{tail}": f"stack/stack-degraded-gpu{tail}"
-            for tail in (".md", ".json", ".png", "-arms.png")
-        },
+        "degraded-gpu",
+        "vllm-cache-aware,fleetloop-vllm,sglang-cache-aware,fleetloop-sglang,haproxy-leastconn,fleetloop-haproxy",
         "vllm-router, SGLang's router and HAProxy alone and driven by fleetloop, degraded GPUs, 3 runs each",
     ),
-    Result(
+    stack_result(
         "stack-prefix-heavy-vllm-router",
-        "fleetloop bench stack --scenario scenarios/stack/prefix-heavy.yaml --arms "
-        f"vllm-cache-aware,fleetloop-vllm --runs 3 --out {OUT}",
-        {
-            f"{OUT}/stack-prefix-heavy{tail}": f"stack/stack-prefix-heavy{tail}"
-            for tail in (".md", ".json", ".png", "-arms.png")
-        },
+        "prefix-heavy",
+        "vllm-cache-aware,fleetloop-vllm",
         "vllm-router cache_aware alone and driven by fleetloop, prefix-heavy agents, 3 runs each",
     ),
-    Result(
+    stack_result(
         "stack-degraded-gpu-autoscale-probe",
-        "fleetloop bench stack --scenario scenarios/stack/degraded-gpu.yaml --arms "
-        f"fleetloop-vllm,fleetloop-haproxy --runs 1 --out {OUT}",
-        {
-            f"{OUT}/stack-degraded-gpu{tail}": f"stack/autoscale-probe/stack-degraded-gpu{tail}"
-            for tail in (".md", ".json")
-        },
+        "degraded-gpu",
+        "fleetloop-vllm,fleetloop-haproxy",
         "why fleetloop driving HAProxy gave nodes back later: each run's autoscale record, one run per arm "
         "(before callers marked a task's last call)",
+        runs=1,
+        under="autoscale-probe/",
+        plots=False,
     ),
-    Result(
+    stack_result(
         "stack-degraded-gpu-autoscale-probe-final-call",
-        "fleetloop bench stack --scenario scenarios/stack/degraded-gpu.yaml --arms "
-        f"fleetloop-vllm,fleetloop-haproxy --runs 1 --out {OUT}",
-        {
-            f"{OUT}/stack-degraded-gpu{tail}": f"stack/autoscale-probe-final/stack-degraded-gpu{tail}"
-            for tail in (".md", ".json")
-        },
+        "degraded-gpu",
+        "fleetloop-vllm,fleetloop-haproxy",
         "the same probe once the agents mark each task's last call (x-fleetloop-final)",
+        runs=1,
+        under="autoscale-probe-final/",
+        plots=False,
     ),
-    Result(
+    stack_result(
         "stack-degraded-gpu-headline-pair",
-        "fleetloop bench stack --scenario scenarios/stack/degraded-gpu.yaml --arms "
-        f"vllm-cache-aware,fleetloop-haproxy --runs 3 --out {OUT}",
-        {
-            f"{OUT}/stack-degraded-gpu{tail}": f"stack/headline/stack-degraded-gpu{tail}"
-            for tail in (".md", ".json")
-        },
+        "degraded-gpu",
+        "vllm-cache-aware,fleetloop-haproxy",
         "the degraded-GPU headline pair again once the agents mark each task's last call, 3 runs each",
+        under="headline/",
+        plots=False,
     ),
 )
 

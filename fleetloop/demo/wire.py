@@ -156,6 +156,34 @@ async def run_wire(
     }
 
 
+class BreakerOpens:
+    """Each node's first enforced breaker open, read from ``control.state`` in order, with the reason
+    the breaker opened it: the rule of the node's first open record. The engine may hold an ejection
+    back (``latency-outlier:capacity-cap``, not enforced) and let it out a tick or more later, when
+    the breaker's reason already reads ``latency-ejected``; ``held_back_by`` names the cap."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[str, str | None]] = {}
+        self._seen: set[str] = set()
+
+    def feed(self, d: Decision) -> dict[str, Any] | None:
+        b = d.body
+        if b.kind != "breaker" or b.state != "open" or b.node_id in self._seen:
+            return None
+        rule, _, cap = b.reason.partition(":")
+        first = self._first.setdefault(b.node_id, (rule, cap or None))
+        if not b.enforced:
+            return None
+        self._seen.add(b.node_id)
+        return {
+            "node_id": b.node_id,
+            "ts_ms": d.ts_ms,
+            "reason": first[0],
+            "held_back_by": first[1],
+            "inputs": dict(b.inputs),
+        }
+
+
 async def _watch_state(
     bootstrap: str, prefix: str, opened: list[dict[str, Any]], err: Console, started: float
 ) -> None:
@@ -164,7 +192,7 @@ async def _watch_state(
     try:
         consumer.assign([TopicPartition(topic_name(prefix, STATE), 0)])
         await consumer.seek_to_beginning()
-        seen: set[str] = set()
+        opens = BreakerOpens()
         while True:
             batch = await consumer.getmany(timeout_ms=500)
             for rs in batch.values():
@@ -172,16 +200,15 @@ async def _watch_state(
                     if not r.value:
                         continue
                     d = Decision.model_validate_json(r.value)
-                    b = d.body
-                    if b.kind == "breaker" and b.state == "open" and b.enforced and b.node_id not in seen:
-                        seen.add(b.node_id)
-                        why = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in sorted(b.inputs.items()))
-                        opened.append(
-                            {"node_id": b.node_id, "ts_ms": d.ts_ms, "reason": b.reason, "inputs": b.inputs}
+                    o = opens.feed(d)
+                    if o is not None:
+                        opened.append(o)
+                        why = ", ".join(
+                            f"{k.replace('_', ' ')} {v:g}" for k, v in sorted(o["inputs"].items())
                         )
                         err.print(
-                            f"[red]breaker OPEN[/red] {b.node_id} {clock.monotonic_s() - started:.0f}s in "
-                            f"({b.reason}: {why})",
+                            f"[red]breaker OPEN[/red] {o['node_id']} {clock.monotonic_s() - started:.0f}s in "
+                            f"({d.body.reason}: {why})",
                             soft_wrap=True,
                         )
     finally:
@@ -213,7 +240,12 @@ def print_wire(r: dict[str, Any]) -> None:
         (f"{r['degraded_node']} degraded at", f"{r['degrade_at_s']} s"),
     ]
     rows.extend(
-        (f"breaker OPEN {o['node_id']}", f"{o['t_s']} s ({o['after_degrade_s']} s after; {o['reason']})")
+        (
+            f"breaker OPEN {o['node_id']}",
+            f"{o['t_s']} s ({o['after_degrade_s']} s after; {o['reason']}"
+            + (f", held back by {o['held_back_by']} first" if o.get("held_back_by") else "")
+            + ")",
+        )
         for o in r["breaker_opens"]
     )
     if not r["breaker_opens"]:

@@ -13,7 +13,7 @@ LiteLLM's callback); the emulated fleet's agents send them (:mod:`fleetloop.edge
 | ``x-fleetloop-budget-ms`` | ``latency_budget_ms`` | 0 (unknown) |
 | ``x-fleetloop-prefix`` | ``prefix_digest`` | none |
 | ``x-fleetloop-prompt-tokens`` | ``prompt_tokens`` | 0 (unknown) |
-| ``x-fleetloop-final`` (``1``: last call) | ``task_outcome``: ``succeeded`` if it succeeds | not last |
+| ``x-fleetloop-final`` (``1``/``true``: last) | ``task_outcome``: ``succeeded`` if it succeeds | not last |
 
 A caller that knows which call ends its task says so with ``x-fleetloop-final: 1``. A router sees
 only the call, not the task, so without it no call it reports ends a task: the daemon's ledger then
@@ -95,5 +95,5 @@ def call_headers(values: Mapping[str, str], *, request_id: str, default_priority
         latency_budget_ms=_int(get("budget-ms"), 0),
         prefix_digest=get("prefix") or None,
         prompt_tokens=max(0, _int(get("prompt-tokens"), 0)),
-        final=get("final").strip() == "1",
+        final=get("final").strip().lower() in ("1", "true"),
     )

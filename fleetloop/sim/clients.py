@@ -89,6 +89,11 @@ class Task:
     outcome: str | None = None  # succeeded | failed
     attempts_cost: list[float] = field(default_factory=list)
 
+    @property
+    def last_call(self) -> bool:
+        """Whether the call in progress is the task's last (the one whose outcome ends the task)."""
+        return self.step + 1 >= self.calls
+
 
 def new_task(
     seq: int, *, workload_index: int, w: Workload, priority: int, now: float, rng: np.random.Generator

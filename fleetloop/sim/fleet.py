@@ -614,7 +614,7 @@ class FleetSim:
         self._close(att)
         task = att.task
         cost = att.req.cost if att.req is not None else 0.0
-        last = task.step + 1 >= task.calls
+        last = task.last_call
         self._emit(att, "ok", cost, "succeeded" if last else None)
         first_token_t = att.sent_t + att.ttft_s if att.ttft_s is not None else self.now
         self.acct.call_completed(task.priority, (first_token_t - task.call_t) * 1000.0)

@@ -508,6 +508,11 @@ def test_the_doc_quotes_the_emulator_lag_of_the_degraded_gpu_results_file() -> N
     )
 
 
+def first_below(entries: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """A run's first autoscale record (after its start) whose target is below ``n`` nodes."""
+    return next(e for e in entries if e["t_s"] > 0 and e["desired"] < n)
+
+
 def test_the_doc_quotes_the_autoscale_probe_and_the_first_drains() -> None:
     """Why the HAProxy arm scales in later: the probe's autoscale records (the target fell at once
     driving vllm-router, held as tasks accumulating driving HAProxy) and the committed three-router
@@ -516,9 +521,6 @@ def test_the_doc_quotes_the_autoscale_probe_and_the_first_drains() -> None:
 
     probe = json.loads((ROOT / "bench/results/stack/autoscale-probe/stack-degraded-gpu.json").read_text())
     by_arm = {r["arm"]: r["autoscale"] for r in probe["runs_raw"]}
-
-    def first_below(entries: list[dict[str, Any]], n: int) -> dict[str, Any]:
-        return next(e for e in entries if e["t_s"] > 0 and e["desired"] < n)
 
     vllm = first_below(by_arm["fleetloop-vllm"], 24)
     assert (vllm["desired"], vllm["reason"]) == (18, "scale-down")
@@ -558,7 +560,7 @@ def test_the_doc_quotes_the_probe_after_the_final_call_header() -> None:
     for arm in ("fleetloop-haproxy", "fleetloop-vllm"):
         entries = by_arm[arm]["autoscale"]
         assert not any("held" in e["reason"] for e in entries), arm
-        first = next(e for e in entries if e["t_s"] > 0 and e["desired"] < 24)
+        first = first_below(entries, 24)
         assert first["desired"] == 18
         assert f"{first['t_s']:.1f} s" in text, arm
     (old,) = [r["cost_per_successful_task_usd"] for r in before if r["arm"] == "fleetloop-haproxy"]

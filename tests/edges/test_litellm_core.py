@@ -308,5 +308,6 @@ def test_a_final_call_that_succeeds_ends_its_task_and_one_that_fails_does_not() 
         assert o is not None
         assert o.task_outcome == want, (final, kind)
     req = headers(task="t-5", call="0")
-    req["metadata"]["fleetloop"] = {"final": 1}
-    assert call_of(req, call_id="lc-3", default_priority=1).final
+    for said, final in ((1, True), (True, True), ("true", True), (0, False), (False, False), ("yes", False)):
+        req["metadata"]["fleetloop"] = {"final": said}
+        assert call_of(req, call_id="lc-3", default_priority=1).final is final, said

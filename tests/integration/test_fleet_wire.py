@@ -82,7 +82,8 @@ async def test_wire_demo_breaker_opens_from_scraped_metrics_alone(kafka_env: Any
     opened = {o["node_id"]: o for o in r["breaker_opens"]}
     assert "chat-l40s/2" in opened, f"no breaker opened for the degraded node: {r}"
     o = opened["chat-l40s/2"]
-    assert o["reason"] == "latency-outlier"
+    assert o["reason"] == "latency-outlier"  # the reason it opened, though the cap may have held it back
+    assert o["held_back_by"] in (None, "capacity-cap", "max-ejected-cap")
     assert o["after_degrade_s"] is not None
     assert o["after_degrade_s"] > 0
     assert r["fleet"]["tasks"]["succeeded"] > 0

@@ -261,6 +261,7 @@ def test_readme_lists_every_unmapped_field_and_the_exact_frontend_snippet() -> N
     ("final", "status", "tsc", "task_outcome"),
     [
         ("1", "200", "----", "succeeded"),  # the task's last call, answered: the task ends
+        ("true", "200", "----", "succeeded"),
         ("1", "502", "SH--", None),  # failed: the caller may retry it, only it knows when it gives up
         ("-", "200", "----", None),  # not said: a router cannot tell the last call
         ("0", "200", "----", None),

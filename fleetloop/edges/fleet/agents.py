@@ -221,7 +221,7 @@ class Agents:
         for step in range(task.calls):
             task.step = step
             draw_call(task, self._rng_tasks[task.workload])
-            if not await self._call(task, last=step + 1 >= task.calls):
+            if not await self._call(task, last=task.last_call):
                 ok = False
                 break
         if ok:
@@ -352,7 +352,9 @@ class Agents:
             "X-Fleetloop-Priority": str(task.priority),
             HDR_PROMPT_TOKENS: str(task.prompt),
         }
-        if task.step + 1 >= task.calls:  # the task's last call: a router that logs calls can end it
+        # Sent on every last call, to a router or straight to a node: a router that logs calls ends
+        # the task on it (x-fleetloop-final); a node, like every fleetloop header, ignores it.
+        if task.last_call:
             headers["X-Fleetloop-Final"] = "1"
         if task.prefix_digest is not None:
             headers[HDR_PREFIX] = task.prefix_digest

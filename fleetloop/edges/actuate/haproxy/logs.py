@@ -24,6 +24,7 @@ refuses), is counted and dropped with its reason kept; it never stops the receiv
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ _VARS = [h.replace("-", "_") for h in HEADERS]
 # ``x-fleetloop-final`` log, carries all but that one (still read, so an upgrade of fleetloop before
 # HAProxy's configuration loses no call).
 LAYOUTS = {"fleetloop2 ": HEADERS, "fleetloop1 ": HEADERS[: HEADERS.index("final")]}
+_LAYOUT_WORD = re.compile("|".join(re.escape(word) for word in LAYOUTS))
 LOG_FORMAT = (
     "fleetloop2 "
     + " ".join(f"%{{+Q}}[var(txn.fl_{v})]" for v in _VARS)
@@ -86,11 +88,11 @@ class LogParser:
 
     def parse(self, line: str) -> RequestOutcome | None:
         self.stats.lines += 1
-        found = [(i, names) for word, names in LAYOUTS.items() if (i := line.find(word)) >= 0]
-        if not found:
+        m = _LAYOUT_WORD.search(line)  # the first layout word in the line, in one pass
+        if m is None:
             self.stats.ignored += 1
             return None
-        i, names = min(found)
+        i, names = m.start(), LAYOUTS[m.group()]
         try:
             f = shlex.split(line[i:])
             if len(f) != 1 + len(names) + 9:
