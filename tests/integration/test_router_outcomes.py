@@ -158,7 +158,7 @@ async def test_a_worker_failing_every_call_is_ejected_through_the_router_s_metri
         by_node.setdefault(o.node_id, set()).add(o.outcome)
         assert o.pool_id == "chat"
         assert o.model == "llama-8b"
-        assert o.task_outcome is None
+        assert o.task_outcome == ("succeeded" if o.outcome == "ok" else None)  # a task of its own
     # keyed to the right node: every call chat/0 took failed, and only chat/0's did
     assert by_node.get("chat/0") == {"error"}, by_node
     assert sum(o.node_id == "chat/0" for o in seen) >= 5  # the breaker's failure streak

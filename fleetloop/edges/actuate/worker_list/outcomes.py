@@ -18,10 +18,10 @@ that is not 2xx as a ``failure``. Neither says which status, nor how long the ca
 call: ``success`` -> ``ok``, ``failure`` -> ``error``, on the worker's node (the worker map). It
 only translates; what a run of errors means is the daemon's breaker's to judge. What is unknown is
 filled as a call without fleetloop's headers is through HAProxy's log (the table of
-:mod:`fleetloop.edges.headers`): its own request id, which is also its task (a one-call task that
-no record ends: the ledger lets it go after its handoff horizon), tenant ``anonymous``, priority 1,
-no budget, no tokens, no cost, no TTFT, ``e2e_ms`` 0 (unknown; the daemon reads no call's e2e), no
-task outcome. Within a worker's period the errors are spread evenly among its successes (the
+:mod:`fleetloop.edges.headers`): its own request id, which is also its task (a one-call task, its
+own last call: a success ends it, a failure leaves it to the ledger's handoff horizon), tenant
+``anonymous``, priority 1, no budget, no tokens, no cost, no TTFT, ``e2e_ms`` 0 (unknown; the daemon
+reads no call's e2e). Within a worker's period the errors are spread evenly among its successes (the
 counters keep no order): a worker that fails every call makes an unbroken run of errors, one
 failing a call in ten makes runs of one, and the breaker's failure streak reads either as it is.
 
