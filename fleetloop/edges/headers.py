@@ -13,12 +13,18 @@ LiteLLM's callback); the emulated fleet's agents send them (:mod:`fleetloop.edge
 | ``x-fleetloop-budget-ms`` | ``latency_budget_ms`` | 0 (unknown) |
 | ``x-fleetloop-prefix`` | ``prefix_digest`` | none |
 | ``x-fleetloop-prompt-tokens`` | ``prompt_tokens`` | 0 (unknown) |
-| ``x-fleetloop-final`` (``1``/``true``: last) | ``task_outcome``: ``succeeded`` if it succeeds | not last |
+| ``x-fleetloop-final`` (``1``/``true``: last) | ``task_outcome``: ``succeeded`` if ok | last if no task |
 
 A caller that knows which call ends its task says so with ``x-fleetloop-final: 1``. A router sees
-only the call, not the task, so without it no call it reports ends a task: the daemon's ledger then
-lets the task go only after its handoff horizon, and until then counts it as open. A final call that
-fails carries no task outcome (the caller may retry it; only the caller knows when it gives up).
+only the call, not the task, so without it no call it reports ends a named task: the daemon's ledger
+then lets the task go only after its handoff horizon, and until then counts it as open. A call that
+names no task (neither ``x-fleetloop-task`` nor ``x-fleetloop-final``) is a task of its own, known by
+the call's id, and its own last call: its success ends it. Left open, every such call would count as
+an open task for the whole horizon, and the ledger's open count, which holds a pool's scale-down
+while tasks accumulate, would climb with the call rate wherever calls come without fleetloop's
+headers (HAProxy or LiteLLM before callers send them; the per-worker counts of vllm-router and
+SGLang's router, which carry no call's headers at all). A final call that fails carries no task
+outcome (the caller may retry it; only the caller knows when it gives up).
 
 A value that is not a number where one is wanted counts as absent; the schema's own bounds (an id's
 characters, a priority of 0-9) are the caller's :class:`~fleetloop.schemas.requests.RequestOutcome`
@@ -95,5 +101,5 @@ def call_headers(values: Mapping[str, str], *, request_id: str, default_priority
         latency_budget_ms=_int(get("budget-ms"), 0),
         prefix_digest=get("prefix") or None,
         prompt_tokens=max(0, _int(get("prompt-tokens"), 0)),
-        final=get("final").strip().lower() in ("1", "true"),
+        final=get("final").strip().lower() in ("1", "true") if get("final") else not get("task"),
     )

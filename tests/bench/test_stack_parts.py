@@ -136,6 +136,24 @@ def test_haproxy_arms_declare_every_slot_and_only_fleetloop_logs(tmp_path: Any) 
     assert "http-no-delay" not in (tmp_path / "haproxy.cfg").read_text()
 
 
+@pytest.mark.parametrize("arm", ["fleetloop-vllm", "fleetloop-sglang"])
+def test_the_worker_list_arms_actuator_reads_the_metrics_page_its_router_was_started_with(
+    arm: str, tmp_path: Any
+) -> None:
+    """Neither router reports a call to fleetloop: the fleetloop arm's actuator publishes the
+    router's per-worker outcome counts, from the Prometheus port the router's command line took."""
+    slots = Slots("p", "m", {f"p/{i}": f"http://127.0.0.1:{9000 + i}" for i in range(2)})
+    launch = Launch(8000, {"p/0": "http://127.0.0.1:9000"}, slots, tmp_path, None)
+    router = BY_NAME[arm].router
+    argv = router.argv(launch)
+    prom = argv[argv.index("--prometheus-port") + 1]
+    assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    act = router.actuator(launch, "http://127.0.0.1:8000")
+    assert act is not None
+    assert act[act.index("--metrics-url") + 1] == f"http://127.0.0.1:{prom}/metrics"
+    assert act[act.index("--model") + 1] == "m"
+
+
 class _Workers:
     """A router's worker list in memory (the endpoint list's only lever)."""
 

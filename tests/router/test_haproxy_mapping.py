@@ -26,7 +26,7 @@ from fleetloop.edges.actuate.haproxy.mapping import (
     targets,
 )
 from fleetloop.edges.actuate.haproxy.runtime_api import parse_address
-from fleetloop.edges.headers import HEADERS
+from fleetloop.edges.headers import HEADERS, call_headers, task_end
 from fleetloop.router.state import DesiredState
 from fleetloop.schemas.decisions import AdmissionDecision, AutoscaleDecision
 from hypothesis import given
@@ -212,6 +212,7 @@ def test_log_lines_without_headers_and_bad_ones() -> None:
     )
     assert o is not None
     assert (o.request_id, o.workflow_id, o.tenant_id, o.priority) == ("7F00", "7F00", "anonymous", 2)
+    assert o.task_outcome == "succeeded"  # a call that names no task is a task of its own, ended by it
     assert parser.parse("haproxy[1]: Proxy fe started.") is None
     assert parser.stats.ignored == 1
     assert parser.parse(LINE.replace('"gold"', '"bad tenant!"')) is None
@@ -290,3 +291,22 @@ def test_the_log_format_names_every_header_in_order() -> None:
     assert LOG_FORMAT.startswith("fleetloop2 ")
     assert LOG_FORMAT.count("[var(txn.fl_") == len(HEADERS)
     assert LOG_FORMAT.index("txn.fl_prompt_tokens") < LOG_FORMAT.index("txn.fl_final")
+
+
+@pytest.mark.parametrize(
+    ("values", "final"),
+    [
+        ({}, True),  # names no task: a task of its own, its own last call
+        ({"final": "0"}, False),  # the caller says not last
+        ({"task": "wf-1"}, False),  # a named task: only the caller knows its last call
+        ({"task": "wf-1", "final": "1"}, True),
+        ({"task": "wf-1", "final": "true"}, True),
+        ({"task": "wf-1", "final": "yes"}, False),
+    ],
+)
+def test_a_call_that_names_no_task_is_its_own_last_call(values: dict[str, str], final: bool) -> None:
+    c = call_headers(values, request_id="r-7", default_priority=1)
+    assert c.final is final
+    assert c.workflow_id == values.get("task", "r-7")
+    assert task_end(c, "ok") == ("succeeded" if final else None)
+    assert task_end(c, "error") is None

@@ -28,31 +28,52 @@ ATTEMPTS = 3
 
 
 async def start_vllm_router(
-    worker_urls: list[str], policy: str, log_path: Path, *, timeout_s: float = 60.0
+    worker_urls: list[str],
+    policy: str,
+    log_path: Path,
+    *,
+    timeout_s: float = 60.0,
+    metrics_port: list[int] | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """The running router and its port, once ``/health`` answers 200. The caller terminates it."""
+    """The running router and its port, once ``/health`` answers 200. The caller terminates it.
+    ``metrics_port``, when given, gets the started router's Prometheus port appended."""
     if not VLLM_ROUTER.exists():
         pytest.fail(f"vllm-router is not installed at {VLLM_ROUTER} (pip install -e '.[dev]' installs it)")
 
     def argv(port: int) -> list[str]:
+        prom = _picked(metrics_port)
         return [
             str(VLLM_ROUTER), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
-            "--policy", policy, "--prometheus-port", str(free_port()),
+            "--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
         ]  # fmt: skip
 
     return await start_router("vllm-router", argv, log_path, timeout_s=timeout_s)
 
 
 async def start_sglang_router(
-    worker_urls: list[str], policy: str, log_path: Path, *, timeout_s: float = 60.0
+    worker_urls: list[str],
+    policy: str,
+    log_path: Path,
+    *,
+    timeout_s: float = 60.0,
+    metrics_port: list[int] | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """SGLang's router (``fleetloop.edges.actuate.sglang_router.launch``), once ``/health`` answers."""
+    """SGLang's router (``fleetloop.edges.actuate.sglang_router.launch``), once ``/health`` answers;
+    ``metrics_port`` as for :func:`start_vllm_router`."""
 
     def argv(port: int) -> list[str]:
-        prom = free_port()
+        prom = _picked(metrics_port)
         return router_argv(worker_urls, port=port, prometheus_port=prom, policy=policy, log_level="info")
 
     return await start_router("sglang-router", argv, log_path, timeout_s=timeout_s)
+
+
+def _picked(out: list[int] | None) -> int:
+    """A free port for the router's Prometheus page; the last one picked is ``out[-1]``."""
+    port = free_port()
+    if out is not None:
+        out.append(port)
+    return port
 
 
 async def start_router(

@@ -63,6 +63,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("sim-compare-gap", ["sim", "--scenario", "S", "--compare", "default,,classic"], "an empty name between commas"),
     # -- a URL's port, refused before an HTTP client overflows in connect()
     ("vllm-url-port-overflow", [*VLLM, "--url", "http://127.0.0.1:99999", "--worker-map", "WM"], "--url 'http://127.0.0.1:99999': the port must be in 1..65535"),
+    # -- the router's metrics page: loopback only, a real port, a sane period, a model name the schema takes
+    ("vllm-metrics-url-remote", [*VLLM, "--url", "http://127.0.0.1:1", "--worker-map", "WM", "--metrics-url", "http://10.0.0.1:9/metrics"], "--metrics-url 'http://10.0.0.1:9/metrics': want http://127.0.0.1:PORT/metrics (loopback only)"),
+    ("sglang-metrics-url-port", ["actuate", "sglang-router", *BROKER, "--url", "http://127.0.0.1:1", "--worker-map", "WM", "--metrics-url", "http://127.0.0.1:0/metrics"], "--metrics-url 'http://127.0.0.1:0/metrics': the port must be in 1..65535"),
+    ("vllm-metrics-period-nan", [*VLLM, "--url", "http://127.0.0.1:1", "--worker-map", "WM", "--metrics-period-s", "nan"], "--metrics-period-s must be in [0.1, 10]"),
+    ("vllm-model-bad", [*VLLM, "--url", "http://127.0.0.1:1", "--worker-map", "WM", "--model", "a b"], "--model 'a b': want a name of letters, digits and _.:/@- (up to 200)"),
     # -- non-finite or negative durations
     ("fleet-drain-negative", ["fleet", "--scenario", "S", "--drain-s", "-5"], "fleetloop fleet: --drain-s must be in [0, 3600], got -5.0"),
     ("fleet-drain-nan", ["fleet", "--scenario", "S", "--drain-s", "nan"], "fleetloop fleet: --drain-s must be in [0, 3600], got nan"),

@@ -89,17 +89,33 @@ def vllm_router_bin() -> str:
     return str(here) if here.exists() else "vllm-router"
 
 
-def _prom_port() -> int:
+METRICS_PORT_FILE = "router-metrics.port"
+
+
+def _prom_port(launch: Launch) -> int:
+    """A free port for the router's Prometheus page, kept in the arm's log directory
+    (:data:`METRICS_PORT_FILE`): a start retried on fresh ports picks again, and the actuator,
+    started once the router answers, reads the port the running router has."""
     from fleetloop.bench.stack.procs import free_port  # noqa: PLC0415 - procs imports nothing of arms
 
-    return free_port()
+    port = free_port()
+    (launch.logdir / METRICS_PORT_FILE).write_text(f"{port}\n")
+    return port
+
+
+def _outcome_flags(launch: Launch) -> list[str]:
+    """The actuator's flags that publish the router's per-worker outcome counts: neither router
+    reports a call to fleetloop otherwise (docs/integrations/routers.md)."""
+    port = int((launch.logdir / METRICS_PORT_FILE).read_text())
+    return ["--metrics-url", f"http://127.0.0.1:{port}/metrics", "--model", launch.slots.model]
 
 
 @dataclass(frozen=True, slots=True)
 class VllmRouter:
     """``vllm-router --policy POLICY`` over the serving nodes, as it ships (its health checks,
     retries and circuit breaker). Peers: the endpoint list adds and removes workers through
-    ``/add_worker`` and ``/remove_worker``; fleetloop: ``fleetloop actuate vllm-router``."""
+    ``/add_worker`` and ``/remove_worker``; fleetloop: ``fleetloop actuate vllm-router``, which also
+    publishes the router's per-worker outcome counts (its Prometheus page)."""
 
     policy: str
     kind: ClassVar[str] = "vllm-router"
@@ -112,7 +128,7 @@ class VllmRouter:
         return [
             vllm_router_bin(), "--host", "127.0.0.1", "--port", str(launch.port),
             "--worker-urls", *launch.initial.values(), "--policy", self.policy,
-            "--prometheus-port", str(_prom_port()),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_prom_port(launch)),
         ]  # fmt: skip
 
     def env(self, launch: Launch) -> dict[str, str] | None:
@@ -124,7 +140,7 @@ class VllmRouter:
     def actuator(self, launch: Launch, url: str) -> list[str]:
         wmap = launch.logdir / "workers.yaml"
         _write_yaml(wmap, {"pools": {launch.slots.pool_id: dict(launch.slots.urls)}})
-        return ["actuate", "vllm-router", "--url", url, "--worker-map", str(wmap)]
+        return ["actuate", "vllm-router", "--url", url, "--worker-map", str(wmap), *_outcome_flags(launch)]
 
     def wants_log_port(self, fleetloop: bool) -> bool:
         return False
@@ -179,7 +195,7 @@ class Haproxy:
 class SglangRouter:
     """SGLang's router (``sglang-router``) with ``--policy POLICY`` over the serving nodes, as it
     ships. Peers: the endpoint list edits its worker registry (``/workers``); fleetloop:
-    ``fleetloop actuate sglang-router``."""
+    ``fleetloop actuate sglang-router``, which also publishes its per-worker outcome counts."""
 
     policy: str
     kind: ClassVar[str] = "sglang-router"
@@ -189,9 +205,8 @@ class SglangRouter:
         return [sys.executable]
 
     def argv(self, launch: Launch) -> list[str]:
-        return sglang_argv(
-            list(launch.initial.values()), port=launch.port, prometheus_port=_prom_port(), policy=self.policy
-        )
+        prom, serving = _prom_port(launch), list(launch.initial.values())
+        return sglang_argv(serving, port=launch.port, prometheus_port=prom, policy=self.policy)
 
     def env(self, launch: Launch) -> dict[str, str] | None:
         return None
@@ -202,7 +217,7 @@ class SglangRouter:
     def actuator(self, launch: Launch, url: str) -> list[str]:
         wmap = launch.logdir / "workers.yaml"
         _write_yaml(wmap, {"pools": {launch.slots.pool_id: dict(launch.slots.urls)}})
-        return ["actuate", "sglang-router", "--url", url, "--worker-map", str(wmap)]
+        return ["actuate", "sglang-router", "--url", url, "--worker-map", str(wmap), *_outcome_flags(launch)]
 
     def wants_log_port(self, fleetloop: bool) -> bool:
         return False

@@ -1,7 +1,8 @@
 """``fleetloop actuate sglang-router``: keep SGLang's router's worker list at fleetloop's desired membership.
 
 ``fleetloop actuate sglang-router --url http://127.0.0.1:PORT --worker-map FILE --bootstrap-servers
-HOST:PORT [--period-s 0.5] [--fail-static-s 30]``
+HOST:PORT [--period-s 0.5] [--fail-static-s 30] [--metrics-url http://127.0.0.1:PORT/metrics
+[--metrics-period-s 1] [--model NAME]]``
 
 The same loop as ``fleetloop actuate vllm-router`` (:mod:`fleetloop.edges.actuate.worker_list`) with
 SGLang's router's calls: ``GET /workers``, ``POST /workers`` and ``DELETE /workers/{id}``. Both
@@ -10,6 +11,12 @@ router lists the worker (added) or no longer lists it (removed): adds still fini
 removal starts, and a pass never takes its own removal, still queued, for drift. A worker the
 router has not listed within ``SETTLE_S`` of being added (its health check keeps failing) fails the
 pass before anything is removed, with the router's own account of the job.
+
+With ``--metrics-url`` (the router's ``--prometheus-host``/``--prometheus-port`` page) it also reads
+``smg_worker_cb_outcomes_total{worker,outcome}`` and publishes each worker's calls to
+``fleet.requests``, as ``fleetloop actuate vllm-router`` does with vllm-router's counter
+(:mod:`fleetloop.edges.actuate.worker_list.outcomes`). SGLang's router counts any answer that is not
+2xx as a failure, a caller's 400 and a worker's 429 too.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 from fleetloop.edges.actuate.worker_list import actuator as worker_list
 from fleetloop.edges.actuate.worker_list.actuator import HttpApi, WorkerListActuator, WorkerListError
+from fleetloop.edges.actuate.worker_list.outcomes import SGLANG_ROUTER
 from fleetloop.router import clock
 
 SETTLE_S = 30.0  # how long an added (removed) worker may take to appear in (leave) the router's list
@@ -87,4 +95,4 @@ class SglangRouterActuator(WorkerListActuator):
 
 def register(act_sub: Any) -> None:
     """``sglang-router`` under ``fleetloop actuate`` (the group: :mod:`fleetloop.edges.actuate.command`)."""
-    worker_list.register(act_sub, "sglang-router", SglangRouterApi, SglangRouterActuator)
+    worker_list.register(act_sub, "sglang-router", SglangRouterApi, SglangRouterActuator, SGLANG_ROUTER)

@@ -7,7 +7,8 @@ adds the workers that should be in before removing the ones that should not (an 
 the router lists the worker, so the list never empties on the way), and re-asserts drift: a
 difference on a worker whose target did not change since it was last asserted (someone's manual
 change, a restart of the router) is applied again and logged as ``drift``. Workers the router lists
-that the map does not know are left alone.
+that the map does not know are left alone. With ``--metrics-url`` the same process publishes the
+router's per-worker outcome counts to ``fleet.requests`` (:mod:`.outcomes`, :mod:`.report`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import re
+import secrets
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,12 +35,16 @@ from fleetloop.edges.actuate.worker_list.mapping import (
     load_worker_map,
     plan,
 )
+from fleetloop.edges.actuate.worker_list.outcomes import OutcomeCounter, Translator
+from fleetloop.edges.actuate.worker_list.report import MetricsError, OutcomeReporter
 from fleetloop.edges.cli import EdgeUsageError as UsageError
 from fleetloop.edges.cli import connection_from, one_line_errors, start_following
 from fleetloop.kafka_security import bootstrap_arg
 from fleetloop.router import clock
 from fleetloop.router.follow import StateFollower, StateOnly
+from fleetloop.router.publish import OutcomePublisher
 from fleetloop.router.state import DesiredState
+from fleetloop.topic_layout import TopicLayoutError
 
 
 class WorkerListError(Exception):
@@ -161,17 +168,21 @@ def register(
     router: str,
     api: Callable[[str], WorkerListApi],
     actuator: type[WorkerListActuator],
+    outcomes: OutcomeCounter,
 ) -> None:
     """``router`` under ``fleetloop actuate`` (the group: :mod:`fleetloop.edges.actuate.command`):
-    its flags, and a handler that runs :func:`run` with ``api(url)``."""
-    p = act_sub.add_parser(router, help=f"control.state -> {router}'s worker list")
+    its flags, and a handler that runs :func:`run` with ``api(url)``; ``outcomes`` is where its
+    metrics page counts each worker's calls (``--metrics-url``)."""
+    p = act_sub.add_parser(
+        router, help=f"control.state -> {router}'s worker list; its outcome counters -> fleet.requests"
+    )
     add_arguments(p, router)
     prog = f"fleetloop actuate {router}"
 
     @one_line_errors
     def handle(args: argparse.Namespace) -> int:
         wmap = checked(args)
-        return asyncio.run(run(args, wmap, api(args.url), actuator, prog))
+        return asyncio.run(run(args, wmap, api(args.url), actuator, prog, outcomes=outcomes))
 
     p.set_defaults(handler=handle)
 
@@ -184,20 +195,44 @@ def add_arguments(p: argparse.ArgumentParser, router: str) -> None:
     p.add_argument("--period-s", type=float, default=0.5, help="reconcile period (default 0.5, 0.05-60)")
     p.add_argument("--fail-static-s", type=float, default=30.0, help="keep the last state this long (30)")
     keep_state_arg(p, "every mapped worker listed")
+    p.add_argument(
+        "--metrics-url",
+        metavar="URL",
+        help=f"{router}'s Prometheus page (http://127.0.0.1:PORT/metrics): publish its per-worker "
+        "outcome counts to fleet.requests",
+    )
+    p.add_argument("--metrics-period-s", type=float, default=1.0, help="scrape period (default 1.0, 0.1-10)")
+    p.add_argument(
+        "--model", default="unknown", help="the model the workers serve, in each published record (unknown)"
+    )
 
 
-def checked(args: argparse.Namespace) -> WorkerMap:
-    """The flags' values checked (one-line :class:`UsageError` for a bad one), and the worker map."""
-    url = urlparse(args.url)
+_IDENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")  # the schemas' Ident
+
+
+def _loopback(flag: str, value: str, want: str) -> None:
+    """A one-line :class:`UsageError` unless ``value`` is an ``http://`` URL on loopback."""
+    url = urlparse(value)
     host = url.hostname or ""
-    if not args.url.startswith("http://") or host not in ("127.0.0.1", "localhost", "::1"):
-        raise UsageError(f"--url {args.url!r}: want http://127.0.0.1:PORT (loopback only)")
+    if not value.startswith("http://") or host not in ("127.0.0.1", "localhost", "::1"):
+        raise UsageError(f"{flag} {value!r}: want {want} (loopback only)")
     try:
         port = url.port  # urllib refuses a port past 65535 here; the HTTP client would deep in a connect
     except ValueError:
         port = -1
     if port is not None and not 1 <= port <= 65535:
-        raise UsageError(f"--url {args.url!r}: the port must be in 1..65535")
+        raise UsageError(f"{flag} {value!r}: the port must be in 1..65535")
+
+
+def checked(args: argparse.Namespace) -> WorkerMap:
+    """The flags' values checked (one-line :class:`UsageError` for a bad one), and the worker map."""
+    _loopback("--url", args.url, "http://127.0.0.1:PORT")
+    if args.metrics_url is not None:
+        _loopback("--metrics-url", args.metrics_url, "http://127.0.0.1:PORT/metrics")
+    if not 0.1 <= args.metrics_period_s <= 10:
+        raise UsageError("--metrics-period-s must be in [0.1, 10]")
+    if not _IDENT.match(args.model):
+        raise UsageError(f"--model {args.model!r}: want a name of letters, digits and _.:/@- (up to 200)")
     if not 0.05 <= args.period_s <= 60:
         raise UsageError("--period-s must be in [0.05, 60]")
     if not 0 < args.fail_static_s <= 3600:
@@ -214,8 +249,11 @@ async def run(
     api: WorkerListApi,
     actuator: type[WorkerListActuator],
     prog: str,
+    *,
+    outcomes: OutcomeCounter,
 ) -> int:
-    """Check the router answers, follow ``control.state`` and reconcile until SIGINT/SIGTERM."""
+    """Check the router answers, follow ``control.state`` and reconcile until SIGINT/SIGTERM; with
+    ``--metrics-url``, publish the router's per-worker outcome counts meanwhile."""
     try:
         await api.list_workers()
     except WorkerListError as exc:
@@ -228,16 +266,51 @@ async def run(
     follower = StateFollower(
         sink, connection_from(args), topic_prefix=args.topic_prefix, on_accepted=lambda _: act.wake.set()
     )
+    publisher: OutcomePublisher | None = None
+    reporting: asyncio.Task[None] | None = None
+    stop = asyncio.Event()
+    reporter: OutcomeReporter | None = None
     try:
+        if args.metrics_url is not None:
+            publisher = OutcomePublisher(connection_from(args), topic_prefix=args.topic_prefix)
+            try:
+                await publisher.start()
+            except TopicLayoutError as exc:
+                raise UsageError(f"{prog}: {exc}") from None
+            translator = Translator(outcomes, wmap, model=args.model, run_id=secrets.token_hex(4))
+            reporter = OutcomeReporter(
+                args.metrics_url,
+                translator,
+                publisher,
+                period_s=args.metrics_period_s,
+                now_ms=clock.wall_ms,
+                log=act.log,
+            )
+            try:
+                await reporter.start()
+            except MetricsError as exc:
+                raise UsageError(f"{prog}: --metrics-url: {exc}") from None
         await start_following(follower, prog, connection_from(args))
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if reporter is not None:
+            reporting = asyncio.create_task(reporter.run(stop), name="fleetloop-router-outcomes")
+            act.log.info(
+                "publishing the outcomes %s counts per worker (%s) every %.2f s",
+                outcomes.router, outcomes.metric, args.metrics_period_s,
+            )  # fmt: skip
         act.log.info("following control.state; reconciling %s every %.2f s", args.url, args.period_s)
         await act.run(stop, restore_on_exit=not args.keep_state_on_exit)
         return 0
     finally:
+        stop.set()
+        if reporting is not None:
+            await reporting
+        elif reporter is not None:
+            await reporter.close()
+        if publisher is not None:
+            await publisher.stop()
         with contextlib.suppress(Exception):
             await follower.stop()
         await api.close()
