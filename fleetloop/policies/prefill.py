@@ -11,9 +11,11 @@ A queue in front of it, or a batch it shares, only adds to that. Adding nodes sh
 not the pass: a 30k-token llama-70b prompt takes ~2.7 s on four H100s at half of peak, idle or not.
 
 Inputs: the model name and GPU type a node reports, its ``gpu_count``, and the prompt size.
-Data (public datasheets and model cards, peak dense BF16 tensor FLOP/s per GPU): A100 312e12,
-H100 989e12, H200 989e12, L40S 362e12, MI300X 1307.4e12; Llama 3.1 8B: 8.03e9 parameters, 32
-layers, hidden 4096; Llama 3.1 70B: 70.6e9, 80 layers, hidden 8192. ``efficiency`` 0.5 by
+Data: :mod:`fleetloop.perf.catalog` (public datasheets and model cards, each with its source),
+the one copy. Peak dense BF16 tensor FLOP/s per GPU: A100 312e12, H100 989e12, H200 989e12, L40S
+362e12, MI300X 1307.4e12; Qwen2.5 7B: 7.62e9 parameters, 28 layers, hidden 3584; Llama 3.1 8B:
+8.03e9, 32 layers, hidden 4096; Llama 3.1 70B: 70.6e9, 80 layers, hidden 8192; Llama 3.1 405B:
+405.9e9, 126 layers, hidden 16384 (an 8k-token prompt: ~1.7 s on eight H200s). ``efficiency`` 0.5 by
 default: serving engines reach about half of dense peak in prefill (attention, norms and sampling
 are not GEMMs); a lower value predicts longer prefills and so treats more latency as unfixable.
 
@@ -32,7 +34,8 @@ GB): A100 80, H100 80, H200 141, L40S 48, MI300X 192; KV bytes per token: Llama 
 MI300X holds ~96k tokens: a 100k-token prompt fails on every node of such a pool, whatever its load.
 
 Failure mode: an unknown GPU or model gives no prediction (``None``): the caller must then treat
-all latency as fixable (today's behaviour), never guess; with no KV figure a pool is taken to fit
+all latency as fixable (today's behaviour), never guess (a model missing from the data read a
+405B pool's long prefills as queueing and doubled it); with no KV figure a pool is taken to fit
 every prompt. FP8 weights or KV cache, another ``gpu_memory_utilization`` or a ``max_model_len``
 set below the cache change what a node holds: the prediction is then off (FP8 holds about twice
 the tokens, so such a pool is under-rated and only loses the prompts another pool also takes). A
@@ -46,22 +49,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-PEAK_BF16_FLOPS: dict[str, float] = {
-    "A100": 312e12,
-    "H100": 989e12,
-    "H200": 989e12,
-    "L40S": 362e12,
-    "MI300X": 1307.4e12,
-}
+from fleetloop.perf.catalog import GPUS, MODELS
 
-
-HBM_BYTES: dict[str, float] = {
-    "A100": 80e9,
-    "H100": 80e9,
-    "H200": 141e9,
-    "L40S": 48e9,
-    "MI300X": 192e9,
-}
+# The data is the shared catalog's (fleetloop.perf.catalog, each number with its source), so every
+# model and GPU it lists has a prediction here: a model missing from a copy of it read all of its
+# prompts' compute time as queueing (a 405B pool of long prompts grew for latency no node removes).
+PEAK_BF16_FLOPS: dict[str, float] = {name: g.bf16_flops for name, g in GPUS.items()}
+HBM_BYTES: dict[str, float] = {name: g.hbm_gib * 1e9 for name, g in GPUS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +67,7 @@ class ModelShape:
 
 
 MODEL_SHAPES: dict[str, ModelShape] = {
-    "llama-8b": ModelShape(8.03e9, 32, 4096, 131_072),
-    "llama-70b": ModelShape(70.6e9, 80, 8192, 327_680),
+    name: ModelShape(m.params, m.layers, m.hidden, m.kv_bytes_per_token) for name, m in MODELS.items()
 }
 DEFAULT_EFFICIENCY = 0.5
 MEMORY_UTIL = 0.9  # vLLM's default gpu_memory_utilization

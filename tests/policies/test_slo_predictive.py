@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from fleetloop.perf.catalog import GPUS, MODELS
 from fleetloop.policies.autoscale.predictive import (
     SloPredictive,
     SloPredictiveParams,
@@ -14,6 +15,7 @@ from fleetloop.policies.autoscale.predictive import (
     trend_slope,
 )
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyResult
+from fleetloop.policies.prefill import prefill_ms
 from fleetloop.schemas.decisions import AutoscaleDecision
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -510,3 +512,14 @@ def test_diverted_demand_needs_a_learned_capacity() -> None:
     assert "capacity_tok_s" not in d.inputs
     assert d.inputs["need_nodes"] == d0.inputs["need_nodes"]
     assert d.desired_nodes == d0.desired_nodes
+
+
+def test_every_catalog_model_has_a_prefill() -> None:
+    """A model missing from the prefill data read all of its prompts' compute as queueing: the
+    405B pools of many-tiny-pools (8k-40k-token research prompts, ~1.7 s of compute for 8k on
+    eight H200s) grew to twice their nodes for latency no node removes."""
+    for model in MODELS:
+        for gpu in GPUS:
+            assert prefill_ms(model, gpu, 8, 1000) is not None
+    # 2 * 405.9e9 * 8000 + 2 * 126 * 16384 * 8000**2 FLOPs over 8 * 989e12 * 0.5 FLOP/s.
+    assert prefill_ms("llama-405b", "H200", 8, 8000) == pytest.approx(1708.45, rel=1e-4)
