@@ -275,11 +275,12 @@ class Daemon:
                 times.lap("dead_letters")
             if n:
                 faults.reach("mid-batch")
-            # The collector is held while the ready ticks are folded and decided: a young collection
-            # that comes due runs at the decider's next turn (after a fold step, after a batch's
-            # decisions are staged) or here, before the acknowledgements are awaited, never inside
-            # a batch; timed as every collection (LoopTimes.on_gc) and seen by the stall watch as
-            # the pause of the loop it is (CollectorHold).
+            # The collector is held while the ready ticks are folded and decided (it runs as usual
+            # while the decider awaits, for the other tasks' steps): a young collection that comes
+            # due runs at the decider's next turn (after a fold step, after a batch's decisions are
+            # staged) or here, before the acknowledgements are awaited, never inside a batch; timed
+            # as every collection (LoopTimes.on_gc) and seen by the stall watch as the pause of the
+            # loop it is (CollectorHold).
             collector = self._decider.collector
             collector.hold()
             try:

@@ -127,7 +127,7 @@ class Decider:
             # routine batches (tens of ms each) and shared a request with them: about half of the
             # time from the boundary to control.state on a large daemon. A failure is raised by
             # process()'s flush, as before.
-            await self.link.publisher.settle()
+            await self.collector.unheld(self.link.publisher.settle())
             self.trace.acked()
         for p in parts.indexes():
             owned = parts.get(p)
@@ -309,7 +309,7 @@ class Decider:
                 self.summaries.note(owned.index, h.tick, published)
                 shadow = shadowed.get(h.tick.pool_id, ())
                 self.shadowed.extend(shadow)
-                await self.link.publisher.stage(published, shadow)
+                await self.collector.unheld(self.link.publisher.stage(published, shadow))
                 if not self.parts.is_current(owned):
                     return  # the shard went during the hand-over (as it would have between ticks)
         if trip and out:
@@ -320,12 +320,13 @@ class Decider:
         await self._turn()
 
     async def _turn(self) -> None:
-        """A turn of the loop between steps; with the collector held and its young generation past
-        the threshold, a collection after it, then another turn: the collection is a step of its
-        own, never inside a batch's decide (:meth:`CollectorHold.relieve`)."""
-        await asyncio.sleep(0)
+        """A turn of the loop between steps, the collector running as usual for the other tasks'
+        steps (:meth:`CollectorHold.unheld`); then, with the young generation still past the
+        threshold, a collection and another turn: the collection is a step of its own, never inside
+        a batch's decide (:meth:`CollectorHold.relieve`)."""
+        await self.collector.unheld(asyncio.sleep(0))
         if self.collector.relieve():
-            await asyncio.sleep(0)
+            await self.collector.unheld(asyncio.sleep(0))
 
     async def _fold_in_steps(
         self, owned: OwnedPartition, ticks: Sequence[Tick], cut: Mapping[str, int]

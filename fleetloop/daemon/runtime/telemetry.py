@@ -16,10 +16,10 @@ import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fleetloop import clock as wall_clock
 from fleetloop.daemon.observability import logger
@@ -479,6 +479,9 @@ def gc_held(tuned: bool) -> Iterator[None]:
         gc.enable()
 
 
+T = TypeVar("T")
+
+
 class CollectorHold:
     """The cyclic collector held while a boundary is folded and decided, its young collections run
     between the decider's steps instead: a collection that fired inside a batch's decide walked what
@@ -528,6 +531,23 @@ class CollectorHold:
             self._collect()
             return True
         return False
+
+    async def unheld(self, aw: Awaitable[T]) -> T:
+        """``await aw`` with the collector running as usual, then held again: while the decider
+        awaits (a turn of the loop, the client's staging, a broker round trip), the other tasks
+        (the consumer's fetches, the client's sends, the ticker) allocate as ever, and held, their
+        survivors would pile up for one long collection at the next turn (a 10,000-node daemon's
+        collector took 183 ms of its own time after a round trip held so). Let go, they are
+        collected as they come, at the threshold, as before the hold; a decide step, synchronous,
+        still runs held."""
+        if not self.holding:
+            return await aw
+        gc.enable()
+        try:
+            return await aw
+        finally:
+            if self.holding:
+                gc.disable()
 
     def _collect(self) -> None:
         gc.collect(0)
