@@ -16,8 +16,11 @@ ledger at the largest size of at most 10,000 nodes and measures RSS and ticks ag
 worst case: every task still open). The garbage collector runs with the daemon's settings
 (``--gc daemon``, what ``fleetloop run`` sets at start: a tick allocates tens of thousands of
 objects, and with Python's default thresholds full collections over the whole model land inside
-ticks; and, as its loop does between batches, what survives a collection is frozen between the
-fold and the tick); ``--gc python`` measures with Python's defaults. The records folded are what the daemon
+ticks; as its loop does between batches, what survives a collection is frozen; and, as the daemon
+decides a boundary, the collector is held over the fold and the tick, and a young collection that
+came due meanwhile runs after the fold or after the tick: a pause of its own, reported beside the
+tick's figures with the other collections of its second); ``--gc python`` measures
+with Python's defaults. The records folded are what the daemon
 folds (``--records twin``, the default: the msgspec twins its shard decodes, one batch fold per
 topic and second); ``--records model`` folds the wire models one call per record.
 """
@@ -45,7 +48,7 @@ from fleetloop.core.decide.engine import Engine, envelope_of
 from fleetloop.core.model.fleet import FleetModel, ModelConfig, snapshot
 from fleetloop.daemon.cli_common import UsageError, policy_from
 from fleetloop.daemon.runtime import DaemonConfig, tune_gc
-from fleetloop.daemon.runtime.telemetry import freeze_survivors
+from fleetloop.daemon.runtime.telemetry import CollectorHold, freeze_survivors
 from fleetloop.policies.registry import CompiledPolicy
 from fleetloop.schemas.control import Tick
 from fleetloop.schemas.fast import OUTCOME_TWIN, TELEMETRY_TWIN
@@ -87,7 +90,8 @@ def register(subparsers: Any) -> None:
         choices=("daemon", "python"),
         default="daemon",
         help="garbage collector settings: the daemon's (gc.freeze at start, young generation every"
-        f" {DAEMON_GEN0:,} allocations; default) or Python's defaults",
+        f" {DAEMON_GEN0:,} allocations, held over the fold and the tick, what came due collected"
+        " after them; default) or Python's defaults",
     )
     # Twins by default: the daemon's shard decodes msgspec twins and folds them in one batch per
     # topic, and the snapshot reads their attributes; the wire models cost the fold and the
@@ -125,13 +129,16 @@ class GcClock:
         self.count = [0, 0, 0]
         self._t0 = 0.0
         self.freeze_due = False  # a collection ended since survivors were last frozen
+        self.longest_ms = 0.0  # the longest single collection since the bench last reset it
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._t0 = clock.cpu_s()
         else:
             g = info["generation"]
-            self.ms[g] += (clock.cpu_s() - self._t0) * 1000.0
+            took = (clock.cpu_s() - self._t0) * 1000.0
+            self.ms[g] += took
+            self.longest_ms = max(self.longest_ms, took)
             self.count[g] += 1
             self.freeze_due = True
 
@@ -181,7 +188,8 @@ def run_size(
     tuned_gc: bool = False,
 ) -> dict[str, Any]:
     """One size's ticks; ``tuned_gc``: the collector runs as the daemon's (survivors frozen between
-    the fold and the tick, as its loop does between batches)."""
+    the fold and the tick, as its loop does between batches; held over the fold and the tick and
+    its young collection run after the tick, as the daemon's decide holds it, :class:`CollectorHold`)."""
     gc.collect()
     rss0 = rss_mib()
     fleet = make_fleet(n_nodes)
@@ -202,16 +210,31 @@ def run_size(
     gc_tick_ms: list[float] = []  # the collector's CPU time inside each timed tick
     gc_ticks = [0, 0, 0]  # collections inside the timed ticks, by generation
     gc_folds = [0, 0, 0]  # and inside their folds
+    # The rest of each timed tick's second: its records' decoding, between its fold and its
+    # decide, and after it (the collection the hold put off): collections by generation, their CPU
+    # per tick, and the longest single collection anywhere in the timed seconds.
+    gc_outside = [0, 0, 0]
+    gc_outside_ms: list[float] = []
+    gc_longest_ms = 0.0
+    hold = CollectorHold(DAEMON_GEN0 if tuned_gc else 0)
     with GcClock() as gc_clock:
         for k in range(warmup + ticks):
-            ts += policy.tick_ms
-            tel: list[Any] = list(telemetry_at(fleet, ts))
-            out: list[Any] = list(outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2))
-            if twins:
-                tel = [TELEMETRY_TWIN.of(t) for t in tel]
-                out = [OUTCOME_TWIN.of(o) for o in out]
+            timed = k >= warmup
             gc_clock.take()
+            gc_clock.longest_ms = 0.0
+            ts += policy.tick_ms
+            tel: list[Any]
+            out: list[Any]
+            if twins:  # record by record, as the daemon decodes them: a second's wire models
+                # held at once were 8 young collections a second of the bench's own
+                tel = [TELEMETRY_TWIN.of(t) for t in telemetry_at(fleet, ts)]
+                out = [OUTCOME_TWIN.of(o) for o in outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2)]
+            else:
+                tel = list(telemetry_at(fleet, ts))
+                out = list(outcomes_at(fleet, ts, workflow_base=k * n_nodes * 2))
+            decode_ms, in_decode = gc_clock.take()
             freeze_survivors(gc_clock, tuned_gc)
+            hold.hold()  # as the daemon decides a boundary: its fold and its decide
             c0 = clock.cpu_s()
             if twins:  # as the shard folds what it decoded: one batch per topic
                 model.fold_telemetries(tel)
@@ -221,10 +244,12 @@ def run_size(
                     model.fold_telemetry(t)
                 for o in out:
                     model.fold_outcome(o)
-            c1, t1 = clock.cpu_s(), clock.monotonic_s()
+            c_fold = clock.cpu_s()
             _, in_fold = gc_clock.take()
+            hold.relieve()  # the decider's turn after its fold steps
+            between_ms, between = gc_clock.take()
             freeze_survivors(gc_clock, tuned_gc)
-            timed = k >= warmup
+            c1, t1 = clock.cpu_s(), clock.monotonic_s()
             if timed and profile is not None:
                 profile.enable()
             snap_cpu: list[float] = []
@@ -233,15 +258,20 @@ def run_size(
             gc_ms, in_tick = gc_clock.take()
             if timed and profile is not None:
                 profile.disable()
+            hold.release()  # the decisions are out: the collection the hold put off, when due
+            after_ms, after = gc_clock.take()
             if timed:
-                fold_ms.append((c1 - c0) * 1000.0)
+                fold_ms.append((c_fold - c0) * 1000.0)
                 tick_ms.append((t2 - t1) * 1000.0)
                 tick_cpu_ms.append((c2 - c1) * 1000.0)
                 snap_ms.extend(snap_cpu)
                 gc_tick_ms.append(sum(gc_ms))
+                gc_outside_ms.append(sum(decode_ms) + sum(between_ms) + sum(after_ms))
+                gc_longest_ms = max(gc_longest_ms, gc_clock.longest_ms)
                 for g in range(3):
                     gc_ticks[g] += in_tick[g]
                     gc_folds[g] += in_fold[g]
+                    gc_outside[g] += in_decode[g] + between[g] + after[g]
             if k % 5 == 0 or timed:
                 progress(f"  {n_nodes:,} nodes: tick {k + 1}/{warmup + ticks} ({(t2 - t1) * 1000.0:,.1f} ms)")
     del tel, out
@@ -266,6 +296,14 @@ def run_size(
         "gc_in_tick_cpu_max_ms": round(max(gc_tick_ms, default=0.0), 2),
         "gc_collections_in_ticks": gc_ticks,
         "gc_collections_in_folds": gc_folds,
+        # And in the rest of each timed tick's second (its records' decoding, between its fold and
+        # its tick, after the tick: with the daemon's settings the collector is held over the fold
+        # and the tick, and what came due runs after it), each a pause of the loop of its own; their
+        # CPU per tick, and the longest single collection in the timed seconds.
+        "gc_collections_outside_ticks": gc_outside,
+        "gc_outside_tick_cpu_p50_ms": round(pct(gc_outside_ms, 50), 2),
+        "gc_outside_tick_cpu_max_ms": round(max(gc_outside_ms, default=0.0), 2),
+        "gc_longest_cpu_ms": round(gc_longest_ms, 2),
         "rss_added_mib": round(rss_mib() - rss0, 1),
     }
     if workflows:
@@ -410,6 +448,7 @@ def handle(args: argparse.Namespace) -> int:
             )
     finally:
         if args.gc == "daemon":
+            gc.enable()  # held over a tick that raised
             gc.unfreeze()
             gc.set_threshold(*threshold)
     exponent = growth_exponent([r["nodes"] for r in rows], [r["tick_cpu_p50_ms"] for r in rows])
@@ -479,6 +518,14 @@ def _print(result: dict[str, Any]) -> None:
     console.print(t)
     console.print(f"growth exponent of p50 against nodes (log-log): {result['growth_exponent']}")
     console.print(f"garbage collector: {result['gc']} settings")
+    for r in result["sizes"]:
+        console.print(
+            f"{r['nodes']:,} nodes: collector CPU inside the ticks p50 {r['gc_in_tick_cpu_p50_ms']} ms"
+            f" (collections {r['gc_collections_in_ticks']}), in the rest of their seconds p50"
+            f" {r['gc_outside_tick_cpu_p50_ms']} ms, at most {r['gc_outside_tick_cpu_max_ms']} ms"
+            f" (collections {r['gc_collections_outside_ticks']}); the longest collection"
+            f" {r['gc_longest_cpu_ms']} ms"
+        )
     for r in result["sizes"]:
         if "workflows" in r:
             w = r["workflows"]

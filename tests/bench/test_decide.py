@@ -99,6 +99,30 @@ def test_bench_decide_folds_twins_as_the_daemon_does_and_reports_the_collector(
     for r in (twin["sizes"][0], plain["sizes"][0]):
         assert len(r["gc_collections_in_ticks"]) == len(r["gc_collections_in_folds"]) == 3
         assert 0 <= r["gc_in_tick_cpu_p50_ms"] <= r["gc_in_tick_cpu_max_ms"]
+        # As the daemon decides: the collector held over the fold and the tick; what came due
+        # runs after the tick, reported beside it with the rest of the second's collections.
+        assert r["gc_collections_in_ticks"] == r["gc_collections_in_folds"] == [0, 0, 0]
+        assert len(r["gc_collections_outside_ticks"]) == 3
+        assert 0 <= r["gc_outside_tick_cpu_p50_ms"] <= r["gc_outside_tick_cpu_max_ms"]
+        assert r["gc_longest_cpu_ms"] <= r["gc_outside_tick_cpu_max_ms"]
+
+
+def test_bench_decide_collects_what_the_held_tick_put_off_after_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A fleet whose seconds allocate past the daemon's young threshold: with the daemon's
+    settings every collection falls outside the ticks and folds (after them, as the daemon
+    collects once the decisions are staged), and is reported; with Python's they land inside."""
+    args = ["bench", "decide", "--nodes", "3000", "--ticks", "8", "--warmup", "1", "--json"]
+    assert main(args) == 0
+    (held,) = orjson.loads(capsys.readouterr().out)["sizes"]
+    assert held["gc_collections_in_ticks"] == held["gc_collections_in_folds"] == [0, 0, 0]
+    # Young objects past the daemon's threshold every few seconds at this size.
+    assert sum(held["gc_collections_outside_ticks"]) >= 1
+    assert held["gc_outside_tick_cpu_max_ms"] > 0
+    assert main([*args, "--gc", "python"]) == 0
+    (python,) = orjson.loads(capsys.readouterr().out)["sizes"]
+    assert sum(python["gc_collections_in_ticks"]) > 0
 
 
 def test_bench_decide_refuses_a_bad_size_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

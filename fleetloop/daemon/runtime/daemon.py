@@ -275,9 +275,23 @@ class Daemon:
                 times.lap("dead_letters")
             if n:
                 faults.reach("mid-batch")
-            decisions = await self._decider.decide_ready()
+            # The collector is held while the ready ticks are folded and decided (it runs as usual
+            # while the decider awaits, for the other tasks' steps): a young collection that comes
+            # due runs at the decider's next turn (after a fold step, after a batch's decisions are
+            # staged) or here, before the acknowledgements are awaited, never inside a batch; timed
+            # as every collection (LoopTimes.on_gc) and seen by the stall watch as the pause of the
+            # loop it is (CollectorHold).
+            collector = self._decider.collector
+            collector.hold()
+            try:
+                decisions = await self._decider.decide_ready()
+            except BaseException:
+                collector.release()
+                raise
             self._ticker.wake_held_back()
             times.lap("decide")
+            collector.release()
+            times.lap("collect")
             shadowed = self._decider.take_shadowed()
             # Records the shards did not fold (a cap, a fold that raised) and ticks whose decision
             # raised: published before the checkpoint and the commit that cover them.

@@ -32,7 +32,7 @@ from fleetloop.daemon.runtime.link import Link
 from fleetloop.daemon.runtime.partition import HeldTick, OwnedPartition, Partitions, boundary_run
 from fleetloop.daemon.runtime.port import Clock
 from fleetloop.daemon.runtime.summaries import Summaries
-from fleetloop.daemon.runtime.telemetry import DaemonStats, TripTrace
+from fleetloop.daemon.runtime.telemetry import CollectorHold, DaemonStats, TripTrace
 from fleetloop.daemon.runtime.ticker import Pace
 from fleetloop.daemon.service import metrics
 from fleetloop.schemas.control import Tick
@@ -82,6 +82,8 @@ class Decider:
         self.trace = trace
         self.stats = stats
         self.fold_step_rows = FOLD_STEP_ROWS
+        # Held by ``Daemon.process`` over decide_ready, relieved at this decider's turns (_turn).
+        self.collector = CollectorHold(config.gc_gen0_threshold)
         self.shadowed: list[Decision] = []  # the shadow's decisions staged since the last take
         self.failed: list[tuple[int, int, Tick, str]] = []  # (partition, offset, tick, reason)
 
@@ -125,7 +127,7 @@ class Decider:
             # routine batches (tens of ms each) and shared a request with them: about half of the
             # time from the boundary to control.state on a large daemon. A failure is raised by
             # process()'s flush, as before.
-            await self.link.publisher.settle()
+            await self.collector.unheld(self.link.publisher.settle())
             self.trace.acked()
         for p in parts.indexes():
             owned = parts.get(p)
@@ -307,7 +309,7 @@ class Decider:
                 self.summaries.note(owned.index, h.tick, published)
                 shadow = shadowed.get(h.tick.pool_id, ())
                 self.shadowed.extend(shadow)
-                await self.link.publisher.stage(published, shadow)
+                await self.collector.unheld(self.link.publisher.stage(published, shadow))
                 if not self.parts.is_current(owned):
                     return  # the shard went during the hand-over (as it would have between ticks)
         if trip and out:
@@ -315,7 +317,16 @@ class Decider:
             trace.trips.add(boundary)
         # The client hands the batch over; the ticker, the consumer's fetches and the group
         # heartbeat get a turn (also between ticks decided again after a restore, not published).
-        await asyncio.sleep(0)
+        await self._turn()
+
+    async def _turn(self) -> None:
+        """A turn of the loop between steps, the collector running as usual for the other tasks'
+        steps (:meth:`CollectorHold.unheld`); then, with the young generation still past the
+        threshold, a collection and another turn: the collection is a step of its own, never inside
+        a batch's decide (:meth:`CollectorHold.relieve`)."""
+        await self.collector.unheld(asyncio.sleep(0))
+        if self.collector.relieve():
+            await self.collector.unheld(asyncio.sleep(0))
 
     async def _fold_in_steps(
         self, owned: OwnedPartition, ticks: Sequence[Tick], cut: Mapping[str, int]
@@ -332,12 +343,12 @@ class Decider:
         while (step := shard.step_toward(cut, self.fold_step_rows)) is not None:
             shard.fold_to(step)
             self.stats.fold_steps += 1
-            await asyncio.sleep(0)
+            await self._turn()
             if not self.parts.is_current(owned):
                 return False
         if any(q and q[0].offset < cut.get(k, shard.folded[k]) for k, q in shard.pending.items()):
             shard.fold_to(cut)  # the last step (at most fold_step_rows): the decide folds nothing
-            await asyncio.sleep(0)
+            await self._turn()
             if not self.parts.is_current(owned):
                 return False
         return True

@@ -16,10 +16,10 @@ import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fleetloop import clock as wall_clock
 from fleetloop.daemon.observability import logger
@@ -181,8 +181,10 @@ class LoopTimes:
     next one not yet due), ``fetch_held_back`` (the same while the ticker holds pools back for
     overload, which :meth:`Ticker.wake_held_back` ends), ``read`` (decode into the shards),
     ``decide`` (folding, deciding and staging; the ticker's and the client's turns between batches
-    included), ``acks`` (waiting for the broker to acknowledge the decisions), ``summaries``,
-    ``dead_letters``, ``checkpoint``, ``commit``, ``restore``, ``loop`` (the rest).
+    included; the collector held, :class:`CollectorHold`), ``collect`` (a young collection the
+    decide held back, when one came due at its end), ``acks`` (waiting for the broker to
+    acknowledge the decisions), ``summaries``, ``dead_letters``, ``checkpoint``, ``commit``,
+    ``restore``, ``loop`` (the rest).
     ``ticker_late_s``: the latest the ticker woke after a boundary; ``ticker_s``: the ticker's
     rounds (reads awaited, ticks sent and acknowledged)."""
 
@@ -475,6 +477,82 @@ def gc_held(tuned: bool) -> Iterator[None]:
     finally:
         gc.freeze()
         gc.enable()
+
+
+T = TypeVar("T")
+
+
+class CollectorHold:
+    """The cyclic collector held while a boundary is folded and decided, its young collections run
+    between the decider's steps instead: a collection that fired inside a batch's decide walked what
+    the decide had alive at that moment (the shared snapshot's columns, the sections' scratch) and
+    stalled the loop in the middle of the batch; held, that scratch is freed by reference counting
+    before any collection looks. No more collections than the threshold makes: at each of the
+    decider's turns (after a fold step, after a batch's decisions are staged: :meth:`relieve`) and
+    at the end of the hold (:meth:`release`), young objects are collected once there are more than
+    ``gen0_threshold`` of them, what the collector would have done by then; so no collection here
+    walks more than the threshold's worth and one step's, and none runs inside a step. Only where
+    the daemon tunes the collector (``gen0_threshold`` > 0; the tests share the process and leave
+    it alone) and only when it is enabled.
+
+    Each collection is still a pause of the loop: it runs in the loop's thread with the collector's
+    callbacks installed (:meth:`LoopTimes.on_gc` times it, :class:`StallWatch` sees it as a stall,
+    with the step that follows it when no timer came between). After every collection here what
+    survived is frozen (:func:`freeze_survivors`' reason), the young generation being empty then.
+    Reference counting frees as ever meanwhile; a cycle made while held lives until the next
+    collection."""
+
+    def __init__(self, gen0_threshold: int) -> None:
+        self.tuned = gen0_threshold > 0
+        self.threshold = gen0_threshold
+        self.holding = False
+        self.collections = 0  # collections run here (at the end of a hold, or to relieve one)
+
+    def hold(self) -> None:
+        """Hold the collector (nothing when not tuned, already held or disabled by someone else)."""
+        if self.tuned and not self.holding and gc.isenabled():
+            gc.disable()
+            self.holding = True
+
+    def release(self) -> None:
+        """Let the collector run again, and collect young objects now when they are past the
+        threshold (the collection the hold put off)."""
+        if not self.holding:
+            return
+        self.holding = False
+        gc.enable()
+        if gc.get_count()[0] > self.threshold:
+            self._collect()
+
+    def relieve(self) -> bool:
+        """At a turn of the loop while held: collect once the young generation is past the
+        threshold; True when it did (the caller gives the loop a turn before going on)."""
+        if self.holding and gc.get_count()[0] > self.threshold:
+            self._collect()
+            return True
+        return False
+
+    async def unheld(self, aw: Awaitable[T]) -> T:
+        """``await aw`` with the collector running as usual, then held again: while the decider
+        awaits (a turn of the loop, the client's staging, a broker round trip), the other tasks
+        (the consumer's fetches, the client's sends, the ticker) allocate as ever, and held, their
+        survivors would pile up for one long collection at the next turn (a 10,000-node daemon's
+        collector took 183 ms of its own time after a round trip held so). Let go, they are
+        collected as they come, at the threshold, as before the hold; a decide step, synchronous,
+        still runs held."""
+        if not self.holding:
+            return await aw
+        gc.enable()
+        try:
+            return await aw
+        finally:
+            if self.holding:
+                gc.disable()
+
+    def _collect(self) -> None:
+        gc.collect(0)
+        gc.freeze()
+        self.collections += 1
 
 
 class CollectionsSeen(Protocol):
