@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 PREFIX = "x-fleetloop-"
 HEADERS = (
@@ -67,6 +67,22 @@ class CallHeaders:
     prefix_digest: str | None
     prompt_tokens: int
     final: bool = False  # the task's last call (``x-fleetloop-final: 1``)
+
+    def outcome_fields(self, outcome: str) -> dict[str, Any]:
+        """The fields of the call's RequestOutcome the headers fill, ``task_outcome`` included
+        (:func:`task_end`), as they are: the schema refuses what is out of its bounds."""
+        return {
+            "request_id": self.request_id,
+            "attempt": self.attempt,
+            "workflow_id": self.workflow_id,
+            "step_index": self.step_index,
+            "tenant_id": self.tenant_id,
+            "priority": self.priority,
+            "latency_budget_ms": self.latency_budget_ms,
+            "prompt_tokens": self.prompt_tokens,
+            "prefix_digest": self.prefix_digest,
+            "task_outcome": task_end(self, outcome),
+        }
 
 
 def task_end(call: CallHeaders, outcome: str) -> Literal["succeeded"] | None:

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from fleetloop.edges.actuate.haproxy.mapping import PoolMap, Slot
 from fleetloop.edges.answers import answer_outcome
-from fleetloop.edges.headers import HEADERS, call_headers, task_end
+from fleetloop.edges.headers import HEADERS, call_headers
 from fleetloop.schemas.requests import Outcome, RequestOutcome
 
 _VARS = [h.replace("-", "_") for h in HEADERS]
@@ -112,22 +112,13 @@ class LogParser:
             tr_ms, ta_ms = _int(tr, -1), _int(ta, 0)
             ro = RequestOutcome(
                 ts_ms=_int(ts_s, 0) * 1000 + _int(ms, 0) + max(0, ta_ms),
-                request_id=c.request_id,
-                attempt=c.attempt,
-                workflow_id=c.workflow_id,
-                step_index=c.step_index,
-                tenant_id=c.tenant_id,
-                priority=c.priority,
-                latency_budget_ms=c.latency_budget_ms,
                 pool_id=pool.pool_id,
                 node_id=None if outcome == "shed" or slot is None else slot[0].node_id,
                 model=pool.model,
-                prompt_tokens=c.prompt_tokens,
-                prefix_digest=c.prefix_digest,
                 ttft_ms=float(tr_ms) if outcome == "ok" and tr_ms >= 0 else None,
                 e2e_ms=float(max(0, ta_ms)),
                 outcome=outcome,
-                task_outcome=task_end(c, outcome),
+                **c.outcome_fields(outcome),
             )
         except (ValueError, ValidationError) as exc:
             self.stats.malformed += 1

@@ -57,7 +57,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from fleetloop.edges.actuate.worker_list.mapping import WorkerMap
-from fleetloop.edges.headers import DEFAULT_PRIORITY, call_headers, task_end
+from fleetloop.edges.headers import DEFAULT_PRIORITY, call_headers
 from fleetloop.schemas.requests import Outcome, RequestOutcome
 
 MAX_CALLS_PER_S = 1000.0  # per worker: far above what an LLM engine completes
@@ -226,20 +226,11 @@ class Translator:
         c = call_headers({}, request_id=rid, default_priority=DEFAULT_PRIORITY)
         return RequestOutcome(
             ts_ms=ts_ms,
-            request_id=c.request_id,
-            attempt=c.attempt,
-            workflow_id=c.workflow_id,
-            step_index=c.step_index,
-            tenant_id=c.tenant_id,
-            priority=c.priority,
-            latency_budget_ms=c.latency_budget_ms,
             pool_id=pool_id,
             node_id=node_id,
             model=self.model,
-            prompt_tokens=c.prompt_tokens,
-            prefix_digest=c.prefix_digest,
             ttft_ms=None,
             e2e_ms=0.0,
             outcome=outcome,
-            task_outcome=task_end(c, outcome),
+            **c.outcome_fields(outcome),
         )
