@@ -45,7 +45,9 @@ e.g. to assemble one table from runs split over processes of the same commit) of
 ``sim-<suite>.json``) instead of running them again, when the scenario file's SHA-256 and the seed
 match: the baselines do not read the default policy, and every run is deterministic in (scenario,
 seed, policy, code), so a row from the same code is the row a new run would give. The table says
-which rows were reused and from where; reuse rows only from a run of the same commit's simulator.
+which rows were reused and from where (a file the repository does not hold, a scratch file, as
+``<a file not in the repository>``: its path would mean nothing to the table's reader); reuse rows
+only from a run of the same commit's simulator.
 
 The table goes to ``OUT/sim-<suite>.md`` and ``OUT/sim-<suite>.json``; ``--json`` prints the rows.
 """

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -383,7 +384,8 @@ def _parser() -> argparse.ArgumentParser:
         "--reuse",
         default="",
         help="comma-separated earlier sim-*.json files whose classic/modern rows (same scenario file, "
-        "seed) are taken instead of run again; the table says so",
+        "seed) are taken instead of run again; the table says so, naming the files the repository "
+        "holds (a scratch file is named only as not in the repository)",
     )
     ap.add_argument(
         "--reuse-policies",
@@ -399,14 +401,31 @@ def _csv(value: str) -> list[str]:
     return [x.strip() for x in value.split(",") if x.strip()]
 
 
+NOT_KEPT = "<a file not in the repository>"
+
+
+def kept_path(source: str) -> str:
+    """A ``--reuse`` file as the results name it: its path in the git repository around the working
+    directory when the file is in it (tracked), else :data:`NOT_KEPT`: a scratch file would not be
+    there for the results' reader (its rows are reused all the same)."""
+    argv = ["git", "--literal-pathspecs", "ls-files", "-z", "--full-name", "--", source]
+    try:
+        out = subprocess.run(argv, capture_output=True, check=False)
+    except OSError:  # no git
+        return NOT_KEPT
+    names = [n for n in out.stdout.decode(errors="replace").split("\0") if n]
+    return names[0] if out.returncode == 0 and len(names) == 1 else NOT_KEPT
+
+
 def _reuse(args: argparse.Namespace, jobs: list[Job]) -> tuple[list[Job], list[dict[str, Any]], list[str]]:
-    """``--reuse``: (jobs still to run, rows taken from the earlier files, those files). OSError or
-    ValueError for a file that cannot be read or is not a suite or table JSON."""
+    """``--reuse``: (jobs still to run, rows taken from the earlier files, those files as the results
+    name them: :func:`kept_path`). OSError or ValueError for a file that cannot be read or is not a
+    suite or table JSON."""
     sources = _csv(args.reuse)
     if not sources:
         return jobs, [], sources
     jobs, reused = reuse_rows(jobs, [Path(x) for x in sources], _csv(args.reuse_policies))
-    return jobs, reused, sources
+    return jobs, reused, [kept_path(x) for x in sources]
 
 
 def main(argv: list[str] | None = None) -> int:

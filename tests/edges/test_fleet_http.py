@@ -18,6 +18,7 @@ import pytest
 from fleetloop.edges.fleet.live import LiveFleet
 from fleetloop.edges.scrape.convert import Converter, NodeIdentity, parse_exposition
 from fleetloop.sim.scenario import Scenario, parse_scenario
+from tests.support.http import loopback
 from tests.support.wait import wait_until
 
 
@@ -190,15 +191,8 @@ async def router_at(chat: Any) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with loopback(app) as port:
         yield f"http://127.0.0.1:{port}/"
-    finally:
-        await runner.cleanup()
 
 
 async def agents_behind(chat: Any, seconds: float) -> tuple[Any, LiveFleet]:

@@ -26,6 +26,7 @@ from fleetloop.schemas.requests import RequestOutcome
 from fleetloop.sim.scenario import Scenario
 from tests.edges.test_fleet_http import one_node
 from tests.router.test_pick import admission, breaker, routing
+from tests.support.http import loopback
 
 NODES = ["p/0", "p/1", "p/2"]
 # LiteLLM logs from a worker task of its own, bound to the loop it first ran in: one loop for the
@@ -200,14 +201,8 @@ async def busy_node() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", refuse)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with loopback(app) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @PATHS

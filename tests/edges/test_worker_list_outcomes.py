@@ -4,6 +4,7 @@ hostile values, the cap, gaps, and the scrape loop's handling of a page that fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from fleetloop.edges.actuate.worker_list.outcomes import (
 from fleetloop.edges.actuate.worker_list.report import OutcomeReporter
 from fleetloop.router.publish import PublisherStats
 from fleetloop.schemas.requests import RequestOutcome
+from tests.support.http import loopback
 
 A, B, C = "http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://127.0.0.1:8003"
 WMAP = WorkerMap({"chat": {"chat/0": A, "chat/1": B + "/"}, "code": {"code/0": C}})
@@ -187,7 +189,11 @@ class Sink:
         return True
 
 
+@contextlib.asynccontextmanager
 async def serve(text: dict[str, Any]) -> AsyncIterator[str]:
+    """A router's ``/metrics`` on loopback answering ``text["status"]`` with ``text["body"]`` (read
+    at each request): its URL."""
+
     async def metrics(request: web.Request) -> web.Response:
         if text["status"] != 200:
             return web.Response(status=text["status"], text="down")
@@ -195,15 +201,8 @@ async def serve(text: dict[str, Any]) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with loopback(app) as port:
         yield f"http://127.0.0.1:{port}/metrics"
-    finally:
-        await runner.cleanup()
 
 
 def exposition(failures: int) -> str:
@@ -219,7 +218,7 @@ async def test_a_failing_scrape_publishes_nothing_and_is_logged_once_per_episode
     state: dict[str, Any] = {"status": 200, "body": exposition(5)}
     log = logging.getLogger("test.outcomes")
     now = [0]
-    async for url in serve(state):
+    async with serve(state) as url:
         sink = Sink()
         rep = OutcomeReporter(url, translator(), sink, period_s=0.1, now_ms=lambda: now[0], log=log)
         await rep.start()
@@ -250,7 +249,7 @@ async def test_a_page_past_the_size_cap_is_refused_unparsed(monkeypatch: pytest.
     from fleetloop.edges.actuate.worker_list.report import MetricsError
 
     monkeypatch.setattr(report, "MAX_PAGE_BYTES", 1000)
-    async for url in serve({"status": 200, "body": exposition(1) + "# padding\n" * 200}):
+    async with serve({"status": 200, "body": exposition(1) + "# padding\n" * 200}) as url:
         log = logging.getLogger("t")
         rep = OutcomeReporter(url, translator(), Sink(), period_s=1.0, now_ms=lambda: 0, log=log)
         with pytest.raises(MetricsError, match="a page over 1000 bytes"):
@@ -261,7 +260,7 @@ async def test_a_page_past_the_size_cap_is_refused_unparsed(monkeypatch: pytest.
 async def test_a_page_that_is_not_the_router_s_is_refused_at_start() -> None:
     from fleetloop.edges.actuate.worker_list.report import MetricsError
 
-    async for url in serve({"status": 200, "body": "smg_worker_health 1\n"}):
+    async with serve({"status": 200, "body": "smg_worker_health 1\n"}) as url:
         rep = OutcomeReporter(
             url, translator(), Sink(), period_s=1.0, now_ms=lambda: 0, log=logging.getLogger("t")
         )
@@ -274,7 +273,7 @@ def test_an_unmapped_worker_is_logged_once(caplog: pytest.LogCaptureFixture) -> 
     async def scenario() -> None:
         stranger = "http://127.0.0.1:9999"
         state: dict[str, Any] = {"status": 200, "body": exposition(0)}
-        async for url in serve(state):
+        async with serve(state) as url:
             rep = OutcomeReporter(
                 url, translator(), Sink(), period_s=1.0, now_ms=lambda: 0, log=logging.getLogger("t.u")
             )

@@ -309,3 +309,21 @@ def test_a_suite_ablation_writes_its_own_files_and_leaves_the_suites_alone(tmp_p
     assert {r["policy"] for r in data["rows"]} == {"classic", "default", "no-retry_budget"}
     assert set(data["latency"]) == {"classic", "default"}
     assert (tmp_path / "sim-stress-ablation.md").read_text().count("## Latency") == 1
+
+
+def test_the_results_name_a_reused_file_only_when_the_repository_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scratch ``--reuse`` file (outside the repository, or in its tree but untracked) would name a
+    path the table's reader cannot find: it is named as not in the repository."""
+    from fleetloop.sim.table import NOT_KEPT, kept_path
+
+    monkeypatch.chdir(ROOT / "bench")
+    assert kept_path("results/sim-stress.json") == "bench/results/sim-stress.json"
+    assert kept_path(str(ROOT / "bench" / "results" / "sim-stress.json")) == "bench/results/sim-stress.json"
+    scratch = tmp_path / "rerun.json"
+    scratch.write_text("{}")
+    assert kept_path(str(scratch)) == NOT_KEPT
+    assert kept_path("results/sim-stress-rerun-not-committed.json") == NOT_KEPT
+    assert kept_path("results") == NOT_KEPT  # a directory: many files, none of them the one read
+    assert kept_path("results/sim-*.json") == NOT_KEPT  # a name, never a pattern

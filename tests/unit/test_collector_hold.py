@@ -6,8 +6,9 @@ the decider's next turn of the loop, never inside a batch's decide. The decision
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -36,72 +37,77 @@ def collector_restored() -> Iterator[None]:
     gc.set_threshold(*threshold)
 
 
-def _collections(seen: list[tuple[str, int]]) -> Any:
+@contextlib.contextmanager
+def collections(into: list[Any], entry: Callable[[int], Any] = lambda gen: ("gc", gen)) -> Iterator[None]:
+    """Each collection that starts while inside appended to ``into`` as ``entry(generation)``; what
+    was pending collected first, so that only what the block allocates comes due."""
+    gc.collect()
+
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            seen.append(("gc", info["generation"]))
+            into.append(entry(info["generation"]))
 
-    return on_gc
+    gc.callbacks.append(on_gc)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(on_gc)
+
+
+@pytest.fixture
+def seen(collector_restored: None) -> Iterator[list[tuple[str, int]]]:
+    """The collections of the test, ``("gc", generation)`` each; the process's own threshold out of
+    reach, so that none runs in between but the hold's."""
+    got: list[tuple[str, int]] = []
+    gc.set_threshold(1_000_000)
+    with collections(got):
+        yield got
 
 
 def test_a_hold_collects_what_came_due_when_released_and_freezes_what_survived(
-    collector_restored: None,
+    seen: list[tuple[str, int]],
 ) -> None:
-    seen: list[tuple[str, int]] = []
-    gc.set_threshold(1_000_000)  # no collection of the process's own in between
-    gc.collect()
-    gc.callbacks.append(on_gc := _collections(seen))
-    try:
-        untuned = CollectorHold(0)
-        untuned.hold()
-        assert gc.isenabled()  # the daemon leaves the collector alone when it does not tune it
-        untuned.release()
-        assert seen == []
+    untuned = CollectorHold(0)
+    untuned.hold()
+    assert gc.isenabled()  # the daemon leaves the collector alone when it does not tune it
+    untuned.release()
+    assert seen == []
 
-        hold = CollectorHold(50_000)
-        hold.hold()
-        assert not gc.isenabled()
-        few = [[i] for i in range(1_000)]
-        hold.release()  # below the threshold: not due, nothing collected
-        assert gc.isenabled()
-        assert seen == []
+    hold = CollectorHold(50_000)
+    hold.hold()
+    assert not gc.isenabled()
+    few = [[i] for i in range(1_000)]
+    hold.release()  # below the threshold: not due, nothing collected
+    assert gc.isenabled()
+    assert seen == []
 
-        hold.hold()
-        kept = [[i] for i in range(60_000)]
-        assert seen == []  # held: past the threshold, and nothing collected meanwhile
-        frozen = gc.get_freeze_count()
-        hold.release()
-        assert gc.isenabled()
-        assert seen == [("gc", 0)]
-        assert gc.get_freeze_count() >= frozen + len(kept)
-        assert hold.collections == 1
-        del few, kept
-    finally:
-        gc.callbacks.remove(on_gc)
+    hold.hold()
+    kept = [[i] for i in range(60_000)]
+    assert seen == []  # held: past the threshold, and nothing collected meanwhile
+    frozen = gc.get_freeze_count()
+    hold.release()
+    assert gc.isenabled()
+    assert seen == [("gc", 0)]
+    assert gc.get_freeze_count() >= frozen + len(kept)
+    assert hold.collections == 1
+    del few, kept
 
 
 def test_a_held_young_generation_past_the_threshold_is_collected_at_a_turn(
-    collector_restored: None,
+    seen: list[tuple[str, int]],
 ) -> None:
-    seen: list[tuple[str, int]] = []
-    gc.set_threshold(1_000_000)  # no collection of the process's own in between
-    gc.collect()
-    gc.callbacks.append(on_gc := _collections(seen))
-    try:
-        hold = CollectorHold(2_000)
-        hold.hold()
-        kept = [[i] for i in range(5_000)]
-        assert seen == []  # held: the allocations past the threshold collected nothing
-        assert hold.relieve()
-        assert seen == [("gc", 0)]
-        assert not gc.isenabled()  # still held
-        assert gc.get_count()[0] < 2_000
-        hold.release()
-        assert gc.isenabled()
-        assert seen == [("gc", 0)]  # the rest was below the threshold: not due
-        del kept
-    finally:
-        gc.callbacks.remove(on_gc)
+    hold = CollectorHold(2_000)
+    hold.hold()
+    kept = [[i] for i in range(5_000)]
+    assert seen == []  # held: the allocations past the threshold collected nothing
+    assert hold.relieve()
+    assert seen == [("gc", 0)]
+    assert not gc.isenabled()  # still held
+    assert gc.get_count()[0] < 2_000
+    hold.release()
+    assert gc.isenabled()
+    assert seen == [("gc", 0)]  # the rest was below the threshold: not due
+    del kept
 
 
 def test_the_daemon_decides_with_the_collector_held_and_collects_between_the_batches(
@@ -204,10 +210,6 @@ def test_the_decider_collects_a_held_young_generation_between_steps_never_inside
     def run(threshold: int) -> tuple[list[str], int]:
         events: list[str] = []
 
-        def on_gc(phase: str, info: dict[str, int]) -> None:
-            if phase == "start":
-                events.append("gc")
-
         async def check(r: Rig) -> tuple[list[str], int]:
             decider = r.decider()
             decider.fold_step_rows = 500
@@ -228,15 +230,11 @@ def test_the_decider_collects_a_held_young_generation_between_steps_never_inside
 
             shard.decide_many = watched  # type: ignore[method-assign]
             staged.clear()
-            gc.collect()
-            gc.callbacks.append(on_gc)
-            try:
+            with collections(events, lambda _: "gc"):
                 decider.collector.hold()
                 await decider.decide_ready()
                 decider.collector.release()
                 await asyncio.sleep(0)
-            finally:
-                gc.callbacks.remove(on_gc)
             return events, decider.collector.collections
 
         got = on_rig(check, consumer=_Consumer(), publisher=_publisher(staged)(), policy=policy)

@@ -40,6 +40,7 @@ from fleetloop.edges.scrape.convert import (
     NodeIdentity,
     parse_exposition,
 )
+from fleetloop.edges.scrape.page import MAX_PAGE_BYTES, PageTooLarge, read_page
 from fleetloop.edges.scrape.runtimes import RUNTIMES
 from fleetloop.kafka_security import bootstrap_arg, connect, error_text, shown
 from fleetloop.perf.engines import ENGINES
@@ -49,7 +50,6 @@ from fleetloop.topic_layout import TopicLayoutError, require_topics
 
 PROGRESS_EVERY_S = 10.0
 MAX_HTTP_TIMEOUT_S = 5.0
-MAX_BODY_BYTES = 16 * 2**20  # a /metrics page larger than this is refused, not parsed
 _IDENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")  # schemas.base.Ident
 
 
@@ -312,13 +312,11 @@ async def _scrape_once(
 ) -> str | None:
     """One round for one target: the error text, or None if it answered with good exposition."""
     try:
-        resp = await http.get(s.target.url)
-        if resp.status_code != 200:
-            raise httpx.HTTPStatusError(f"HTTP {resp.status_code}", request=resp.request, response=resp)
-        if len(resp.content) > MAX_BODY_BYTES:
-            raise ExpositionError(f"body of {len(resp.content)} bytes exceeds {MAX_BODY_BYTES}")
-        text = resp.text
-    except ExpositionError as exc:
+        async with http.stream("GET", s.target.url) as resp:
+            if resp.status_code != 200:
+                raise httpx.HTTPStatusError(f"HTTP {resp.status_code}", request=resp.request, response=resp)
+            text = await read_page(resp, MAX_PAGE_BYTES)
+    except PageTooLarge as exc:
         s.parse_errors += 1
         s.last_error = str(exc)
         return s.last_error

@@ -23,11 +23,11 @@ import httpx
 
 from fleetloop.edges.actuate.worker_list.outcomes import Samples, Translator
 from fleetloop.edges.scrape.convert import ExpositionError, parse_exposition
+from fleetloop.edges.scrape.page import MAX_PAGE_BYTES, PageTooLarge, read_page
 from fleetloop.router.publish import PublisherStats
 from fleetloop.schemas.requests import RequestOutcome
 
 REPORT_S = 10.0
-MAX_PAGE_BYTES = 16 * 2**20  # as ``fleetloop scrape``: a larger page is refused, not parsed
 
 
 class MetricsError(Exception):
@@ -36,14 +36,16 @@ class MetricsError(Exception):
 
 async def scrape(client: httpx.AsyncClient, url: str, router: str, prefix: str) -> Samples:
     """The page at ``url`` read; :class:`MetricsError` when it does not answer 200 with ``router``'s
-    metrics (Prometheus text holding a sample named ``prefix...``)."""
+    metrics (Prometheus text holding a sample named ``prefix...``). The page is read as a stream and
+    refused as soon as it passes ``MAX_PAGE_BYTES`` (:func:`~fleetloop.edges.scrape.page.read_page`,
+    as ``fleetloop scrape`` reads its pages)."""
     try:
-        r = await client.get(url)
+        async with client.stream("GET", url) as r:
+            text = await read_page(r, MAX_PAGE_BYTES)
     except httpx.HTTPError as exc:
         raise MetricsError(f"{router} metrics at {url}: {exc or type(exc).__name__}") from None
-    if len(r.content) > MAX_PAGE_BYTES:
-        raise MetricsError(f"{router} metrics at {url}: a page over {MAX_PAGE_BYTES} bytes")
-    text = r.text
+    except PageTooLarge as exc:
+        raise MetricsError(f"{router} metrics at {url}: {exc}") from None
     if r.status_code != 200:
         raise MetricsError(f"{router} metrics at {url}: HTTP {r.status_code} {text[:200]!r}")
     try:
