@@ -93,6 +93,44 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
         assert not pids.stdout.strip(), pids.stdout
 
 
+OUTCOMES_LINE = re.compile(
+    r"outcomes: (\d+) translated .*; published (\d+), dropped (\d+), failed (\d+); not published: "
+    r"(\d+) calls of unmapped workers, (\d+) of unknown outcome labels, (\d+) capped, (\d+) in gaps; "
+    r"(\d+) counter resets, (\d+) hostile values"
+)
+
+
+@pytest.mark.system  # a benchmark run
+def test_fleetloop_driving_vllm_router_and_sglang_router_sees_their_calls(tmp_path: Path) -> None:
+    """The arms where fleetloop drives vllm-router and SGLang's router, end to end through the bench:
+    each router proxies the agents' calls, its actuator reads the router's outcome counters and
+    publishes one RequestOutcome per call it counted (every counted call on a mapped worker, none
+    hostile or dropped), and the daemon's autoscale targets reach the fleet. Without the actuator's
+    ``--metrics-url`` the daemon would see no call at all from these routers."""
+    r = _bench(
+        "--scenario", str(SCENARIO), "--seconds", "15", "--drain-s", "10", "--runs", "1",
+        "--arms", "fleetloop-vllm,fleetloop-sglang", "--out", str(tmp_path), "--json", "--max-lag-ms", "1000",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert [a["arm"] for a in doc["runs_raw"]] == ["fleetloop-vllm", "fleetloop-sglang"]
+    for arm in doc["runs_raw"]:
+        name, t, req = arm["arm"], arm["tasks"], arm["requests"]
+        assert t["succeeded"] > 0, name
+        assert arm["autoscale"], name  # the fleet's worker manager heard the daemon
+        log = (Path(arm["logs"]) / "actuate.log").read_text(errors="replace")
+        lines = OUTCOMES_LINE.findall(log)
+        assert lines, (name, log[-2000:])
+        translated, published, dropped, failed, unmapped, unread, capped, gaps, resets, hostile = map(
+            int, lines[-1]
+        )
+        assert published == translated, (name, lines[-1])
+        lost = (dropped, failed, unmapped, unread, capped, gaps, resets, hostile)
+        assert lost == (0,) * 8, (name, lines[-1])
+        # one outcome per call the router proxied: no more than the agents sent, about what came back
+        assert 0.9 * req["ok"] <= published <= req["sent"], (name, published, req)
+
+
 @pytest.mark.system  # a benchmark run
 def test_an_arm_with_no_successful_task_fails_the_run(tmp_path: Path) -> None:
     """Every node crashes as load begins: HAProxy has nothing to send to, no task can succeed."""
