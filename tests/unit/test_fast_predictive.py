@@ -315,3 +315,32 @@ def test_the_open_workflow_midpoint_is_the_plain_scans() -> None:
         rise = float(samples[-1][1] - samples[0][1]) if samples[-1][1] > plain else 0.0
         got = accumulation(samples)
         assert got[0].hex() == rise.hex(), (case, got, rise)
+
+
+def test_the_kept_entries_are_the_plain_filters_whatever_the_order_of_time() -> None:
+    """``_recent``, ``_within`` and ``_first_at`` skip their suffix checks on tuples known to be in
+    time order (built tick after tick by ``_then``, or checked once as a whole): with time going on,
+    standing still, going back and jumping, spans that keep nothing or everything, and now and then a
+    state in no order (as another process might hand one over), every answer is the plain filter's."""
+    rng = np.random.default_rng(9)
+    for case in range(400):
+        seq: tuple[tuple[int, int], ...] = ()
+        now = int(rng.integers(0, 10**12))
+        for _ in range(50):
+            now += int(rng.choice([1000, 1000, 1000, 0, -1500, 999, 30_000]))
+            span = float(rng.choice([0.0, 2500.0, 10_000.0, 1e9, -1.0]))
+            if rng.random() < 0.05:
+                seq = tuple(seq[i] for i in rng.permutation(len(seq)).tolist())
+            kept = rule._recent(seq, now, span)
+            assert kept == tuple(e for e in seq if now - e[0] <= span), case
+            recs = rule._then(kept, (now, int(rng.integers(0, 9))), now, ordered=rule._ordered(seq, now))
+            for pick in (min, max):
+                for within in (span, span / 2, 5000.0):
+                    plain = [r for t, r in recs if now - t <= within]
+                    if plain:
+                        assert rule._within(recs, now, within, pick) == pick(plain), case
+            mid_ms = (recs[0][0] + recs[-1][0]) / 2.0
+            first = next((i for i, s in enumerate(recs) if s[0] >= mid_ms), None)
+            if first is not None:
+                assert rule._first_at(recs, mid_ms) == first, case
+            seq = recs

@@ -10,8 +10,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain, repeat
-from operator import itemgetter, mul, sub, truediv
+from itertools import chain, islice, repeat
+from operator import itemgetter, le, mul, sub, truediv
 from typing import NamedTuple, TypeVar
 
 import numpy as np
@@ -211,9 +211,14 @@ def accumulation(samples: Sequence[tuple[int, int, int, int]]) -> tuple[float, f
 def _first_at(samples: Sequence[tuple[int, int, int, int]], at: float) -> int:
     """``next(i for i, s in enumerate(samples) if s[0] >= at)``: found by bisection when the times
     ascend (as every tick appends ``now``), checked (the time found is ``>= at``, none before it is:
-    their ``max`` taken in C), else the plain scan."""
+    their ``max`` taken in C, unless the times are known not to decrease, :class:`_Ordered`), else
+    the plain scan."""
     i = bisect_left(samples, True, key=lambda s: s[0] >= at)
-    if i < len(samples) and samples[i][0] >= at and (i == 0 or not max(map(_FIRST, samples[:i])) >= at):
+    if (
+        i < len(samples)
+        and samples[i][0] >= at
+        and (i == 0 or _ORDERED.known(samples) or not max(map(_FIRST, samples[:i])) >= at)
+    ):
         return i
     return next(i for i, s in enumerate(samples) if s[0] >= at)
 
@@ -242,7 +247,8 @@ _T = TypeVar("_T", bound=tuple)  # type: ignore[type-arg]
 def _recent(seq: tuple[_T, ...], now: int, span: float) -> tuple[_T, ...]:
     """``tuple(e for e in seq if now - e[0] <= span)``: the plain filter, here as a slice when the
     kept entries are a suffix (times ascending, as every tick appends ``now``), checked by the
-    oldest kept time (the ``min`` of the suffix's times, taken in C), else the filter itself."""
+    oldest kept time (the ``min`` of the suffix's times, taken in C; not needed when ``seq``'s times
+    are known not to decrease, :func:`_ordered`), else the filter itself."""
     n = len(seq)
     i = 0
     while i < n and not now - seq[i][0] <= span:
@@ -250,9 +256,73 @@ def _recent(seq: tuple[_T, ...], now: int, span: float) -> tuple[_T, ...]:
     if i == n:
         return ()
     rest = seq[i:]
-    if now - min(map(_FIRST, rest)) <= span:
+    if _ordered(seq, now) or now - min(map(_FIRST, rest)) <= span:
         return rest
     return tuple(e for e in seq if now - e[0] <= span)
+
+
+_ORDERED_MAX = 1 << 16  # tuples listed at one ``now`` before the older generation is let go
+
+
+class _Ordered:
+    """Tuples of ``(event time, ...)`` entries whose times are known not to decrease, by identity.
+
+    What :func:`demand_samples`, :func:`open_workflow_trend` and :func:`target` build each tick (a
+    kept suffix of such a tuple, then an entry at ``now``, at least the suffix's last time) is the
+    next tick's state, and the suffix checks of :func:`_recent`, :func:`_within` and
+    :func:`_first_at` on it (a ``min`` or ``max`` over a lead's ~120 times, five a pool a tick) only
+    ever confirm what is then known: entries whose times do not decrease are within a span from the
+    first one that is. A tuple not listed (from a checkpoint, another process, a test) is checked
+    once as a whole, and listed when it passes; one that does not pass is checked as before. Two
+    generations, by the ``now`` they were listed at (this tick's and the last), each tuple held by
+    its entry so that its id is not reused while it is listed. Only a shortcut: every result is the
+    same without it."""
+
+    __slots__ = ("last", "now", "this")
+
+    def __init__(self) -> None:
+        self.now: int | None = None
+        self.this: dict[int, tuple[object, ...]] = {}
+        self.last: dict[int, tuple[object, ...]] = {}
+
+    def known(self, seq: object) -> bool:
+        key = id(seq)
+        return self.this.get(key) is seq or self.last.get(key) is seq
+
+    def note(self, seq: tuple[object, ...], now: int) -> None:
+        if now != self.now or len(self.this) >= _ORDERED_MAX:
+            self.last, self.this, self.now = self.this, {}, now
+        self.this[id(seq)] = seq
+
+
+_ORDERED = _Ordered()
+
+
+def _ordered(seq: tuple[tuple[object, ...], ...], now: int) -> bool:
+    """Whether the times of ``seq``'s entries (their first fields) do not decrease: known
+    (:class:`_Ordered`), or checked here in C and then known. Only ``int`` times, whose differences
+    with ``now`` are exact (so ``now - t <= span`` holds from the first ``t`` that it holds for);
+    False for anything else (a float, NaN, an entry without a time): the caller checks as it did."""
+    if _ORDERED.known(seq):
+        return True
+    try:
+        times = list(map(_FIRST, seq))
+    except (TypeError, IndexError, KeyError):
+        return False
+    ok = set(map(type, times)) <= {int} and all(map(le, times, islice(times, 1, None)))
+    if ok:
+        _ORDERED.note(seq, now)
+    return ok
+
+
+def _then(kept: tuple[_T, ...], entry: _T, now: int, *, ordered: bool) -> tuple[_T, ...]:
+    """``(*kept, entry)``, listed as ordered (:class:`_Ordered`) when ``ordered`` (``kept``'s times
+    are ints that do not decrease) and ``entry``'s time is an int at least ``kept``'s last."""
+    out = (*kept, entry)
+    t = entry[0]
+    if ordered and type(t) is int and (not kept or kept[-1][0] <= t):
+        _ORDERED.note(out, now)
+    return out
 
 
 class Target(NamedTuple):
@@ -320,7 +390,9 @@ def target(
     up_window_ms = params.up_window_s * 1000.0
     keep_ms = max(down_window_ms, up_window_ms)
     first = () if state.last_desired is not None else ((now, current),)  # as HPA's first sync
-    recs = (*first, *_recent(state.recs, now, keep_ms), (now, raw))
+    kept = _recent(state.recs, now, keep_ms)
+    ordered = _ordered(state.recs, now) and type(now) is int and (not first or not kept or now <= kept[0][0])
+    recs = _then((*first, *kept) if first else kept, (now, raw), now, ordered=ordered)
     up_floor = _within(recs, now, up_window_ms, min)
     down_ceiling = _within(recs, now, down_window_ms, max)
     desired = min(max(base, up_floor), down_ceiling)
@@ -373,11 +445,13 @@ def _within(
     """``pick(r for t, r in recs if now - t <= span)``. When the times ascend (every tick appends
     ``now``), the entries within ``span`` are a suffix: its start is found by bisection, and checked
     (the suffix's oldest time is within ``span``, the newest time before it is not: ``min`` and
-    ``max`` taken in C), then the suffix is picked in C; else the plain generator."""
+    ``max`` taken in C; not needed when the times are known not to decrease, :func:`_ordered`), then
+    the suffix is picked in C; else the plain generator."""
     i = bisect_left(recs, True, key=lambda e: now - e[0] <= span)
     rest = recs[i:]
-    if (not rest or now - min(map(_FIRST, rest)) <= span) and (
-        i == 0 or not now - max(map(_FIRST, recs[:i])) <= span
+    if _ORDERED.known(recs) or (
+        (not rest or now - min(map(_FIRST, rest)) <= span)
+        and (i == 0 or not now - max(map(_FIRST, recs[:i])) <= span)
     ):
         return pick(map(_SECOND, rest))
     return pick(r for t, r in recs if now - t <= span)
@@ -430,7 +504,8 @@ def demand_samples(
     whole one was seen: the trend (:func:`trend_slope`) is fitted only then, a batch's all at once
     (:func:`trend_slopes`)."""
     horizon_ms = max(lead_s * 1000.0, 3.0 * window_ms)
-    samples = (*_recent(state.demand, now, horizon_ms), (now, demand))
+    kept = _recent(state.demand, now, horizon_ms)
+    samples = _then(kept, (now, demand), now, ordered=_ordered(state.demand, now))
     return samples, horizon_ms, bool(state.demand) and now - state.demand[0][0] >= horizon_ms
 
 
@@ -521,7 +596,8 @@ def open_workflow_trend(
         if pool is not None
         else (now, 0, 0, 0)
     )
-    samples = (*_recent(state.open_workflows, now, horizon_ms), counts)
+    kept = _recent(state.open_workflows, now, horizon_ms)
+    samples = _then(kept, counts, now, ordered=_ordered(state.open_workflows, now))
     rise, noise = accumulation(samples) if full else (0.0, 0.0)
     return OpenWorkflows(samples, rise, noise, rise > ACCUMULATION_Z * noise)
 
