@@ -297,6 +297,14 @@ RESULTS: tuple[Result, ...] = (
         under="headline/",
         plots=False,
     ),
+    stack_result(
+        "stack-degraded-gpu-vllm-router-outcomes",
+        "degraded-gpu",
+        "vllm-cache-aware,fleetloop-vllm",
+        "vllm-router cache_aware alone and driven by fleetloop once fleetloop reads the router's outcome "
+        "counters (--metrics-url), degraded GPUs, 3 runs each",
+        under="vllm-outcomes/",
+    ),
 )
 
 MADE_BY_MD = re.compile(r"\n*\n---\nMade by `[^`]*` at commit [0-9a-f]{40} on [0-9TZ:-]+\.\n\Z")
