@@ -39,15 +39,21 @@ def _bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]
     )
 
 
+def _short_run(arms: str, out: Path) -> tuple[dict[str, Any], str]:
+    """A 15 s run of ``arms`` on the small degraded-GPU fleet, one run each: its JSON and its stderr
+    (exit 0 asserted)."""
+    r = _bench(
+        "--scenario", str(SCENARIO), "--seconds", "15", "--drain-s", "10", "--runs", "1",
+        "--arms", arms, "--out", str(out), "--json", "--max-lag-ms", "1000",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout), r.stderr
+
+
 @pytest.mark.system  # a benchmark run
 def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
     require_tool("haproxy")
-    r = _bench(
-        "--scenario", str(SCENARIO), "--seconds", "15", "--drain-s", "10", "--runs", "1",
-        "--arms", "vllm-p2c,fleetloop-haproxy", "--out", str(tmp_path), "--json", "--max-lag-ms", "1000",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-2000:]
-    doc = json.loads(r.stdout)
+    doc, stderr = _short_run("vllm-p2c,fleetloop-haproxy", tmp_path)
     stem = tmp_path / "stack-degraded-gpu-small"
     assert json.loads(Path(f"{stem}.json").read_text())["runs_raw"] == doc["runs_raw"]
     md = Path(f"{stem}.md").read_text()
@@ -61,13 +67,13 @@ def test_two_arms_write_a_table_with_sane_figures(tmp_path: Path) -> None:
         md
     )  # and when
     assert [a["arm"] for a in doc["runs_raw"]] == ["vllm-p2c", "fleetloop-haproxy"]
-    assert "tasks ok" in r.stderr  # progress lines
+    assert "tasks ok" in stderr  # progress lines
     # a 25 s run is shorter than the peers' 300 s scale-down stabilization: said before and in the file
     assert doc["peer_scale_in_hold_s"] == 300.0
-    assert "peers cannot scale in within it" in r.stderr
+    assert "peers cannot scale in within it" in stderr
     assert "peers cannot scale in within it" in md
-    assert "[1/2] about" in r.stderr  # where the bench is, and what is left
-    assert "[2/2] about" in r.stderr
+    assert "[1/2] about" in stderr  # where the bench is, and what is left
+    assert "[2/2] about" in stderr
     assert "| 1 | vllm-p2c | 1 |" in md  # every run, in the order it ran
     assert "| 2 | fleetloop-haproxy | 1 |" in md
     for arm in doc["runs_raw"]:
@@ -107,12 +113,7 @@ def test_fleetloop_driving_vllm_router_and_sglang_router_sees_their_calls(tmp_pa
     publishes one RequestOutcome per call it counted (every counted call on a mapped worker, none
     hostile or dropped), and the daemon's autoscale targets reach the fleet. Without the actuator's
     ``--metrics-url`` the daemon would see no call at all from these routers."""
-    r = _bench(
-        "--scenario", str(SCENARIO), "--seconds", "15", "--drain-s", "10", "--runs", "1",
-        "--arms", "fleetloop-vllm,fleetloop-sglang", "--out", str(tmp_path), "--json", "--max-lag-ms", "1000",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-2000:]
-    doc = json.loads(r.stdout)
+    doc, _ = _short_run("fleetloop-vllm,fleetloop-sglang", tmp_path)
     assert [a["arm"] for a in doc["runs_raw"]] == ["fleetloop-vllm", "fleetloop-sglang"]
     for arm in doc["runs_raw"]:
         name, t, req = arm["arm"], arm["tasks"], arm["requests"]
