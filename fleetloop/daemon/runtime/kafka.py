@@ -70,21 +70,37 @@ class _GroupConsumer:
     def assignment(self) -> set[TopicPartition]:
         return {_ours(tp) for tp in self._c.assignment()}
 
+    # aiokafka's per-partition accessors assert that the partition is assigned, and its coordinator
+    # runs in a task of its own: a rebalance can take a partition during any await of the runtime,
+    # between the runtime's look at the assignment and its call. A daemon died of that assertion
+    # ("Partition is not assigned") when a second member joined. So here a partition not assigned
+    # is not an error: seeking, pausing or resuming it does nothing (the next assignment seeks,
+    # pauses and resumes what it is given), and its high watermark and last poll are unknown.
+
+    def _mine(self, tp: TopicPartition) -> KafkaPartition | None:
+        k = _kafka(tp)
+        return k if k in self._c.assignment() else None
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
-        self._c.seek(_kafka(tp), offset)
+        if (k := self._mine(tp)) is not None:
+            self._c.seek(k, offset)
 
     def pause(self, *tps: TopicPartition) -> None:
-        self._c.pause(*[_kafka(tp) for tp in tps])
+        mine = self._c.assignment()
+        self._c.pause(*[k for k in map(_kafka, tps) if k in mine])
 
     def resume(self, *tps: TopicPartition) -> None:
-        self._c.resume(*[_kafka(tp) for tp in tps])
+        mine = self._c.assignment()
+        self._c.resume(*[k for k in map(_kafka, tps) if k in mine])
 
     def highwater(self, tp: TopicPartition) -> int | None:
-        high: int | None = self._c.highwater(_kafka(tp))
+        k = self._mine(tp)
+        high: int | None = self._c.highwater(k) if k is not None else None
         return high
 
     def last_poll_timestamp(self, tp: TopicPartition) -> int | None:
-        at: int | None = self._c.last_poll_timestamp(_kafka(tp))
+        k = self._mine(tp)
+        at: int | None = self._c.last_poll_timestamp(k) if k is not None else None
         return at
 
     async def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
