@@ -122,8 +122,7 @@ class Assignment:
         try:
             await self._assign(consumer, assigned, held)
         finally:
-            mine = consumer.assignment()
-            consumer.resume(*[tp for tp in held if tp in mine])
+            consumer.resume(*held)  # one a rebalance took meanwhile is skipped by the consumer (port)
 
     async def _assign(
         self, consumer: GroupConsumer, assigned: Sequence[TopicPartition], held: Sequence[TopicPartition]
@@ -212,12 +211,18 @@ class Assignment:
         consumer = self.link.consumer
         clock = self.clock
         t0 = clock.monotonic_s()
+        # Only those assigned as the look starts (a filter for meaning, the port makes any call on
+        # the others safe): one a rebalance assigns during the wait is that assignment's to pause
+        # and resume, and this look's closing pause would hold it.
         mine = consumer.assignment()
-        tps = [tp for tp in tps if tp in mine]  # a rebalance may have taken some since they were listed
+        tps = [tp for tp in tps if tp in mine]
         polled = {tp: consumer.last_poll_timestamp(tp) for tp in tps}
         consumer.resume(*tps)
         try:
             while clock.monotonic_s() - t0 < LOOK_AGAIN_S:
+                # Only those still assigned are waited for (meaning, not safety): one taken reads
+                # None (the port), equal to the None of one not fetched yet when listed, and would
+                # be waited for to the end though no fetch of it is coming.
                 mine = consumer.assignment()
                 waiting = [
                     tp for tp, was in polled.items() if tp in mine and consumer.last_poll_timestamp(tp) == was
@@ -226,17 +231,15 @@ class Assignment:
                     break
                 await asyncio.sleep(0.01)
         finally:
-            mine = consumer.assignment()
-            consumer.pause(*[tp for tp in tps if tp in mine])
+            consumer.pause(*tps)  # one a rebalance took meanwhile is skipped by the consumer (port)
         await asyncio.sleep(max(0.0, LOOK_AGAIN_S - (clock.monotonic_s() - t0)))
 
     async def end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         consumer = self.link.consumer
         end = await consumer.end_offsets(list(tps))
-        # The client knows a high watermark only of a partition still assigned: a rebalance during
-        # the await may have taken some (its accessors assert on a partition not assigned).
-        mine = consumer.assignment()
-        return {tp: max(end[tp], (consumer.highwater(tp) if tp in mine else None) or 0) for tp in tps}
+        # The client knows a high watermark only of a partition still assigned: of one a rebalance
+        # took during the await it is unknown (None, see the port), and the broker's end stands.
+        return {tp: max(end[tp], consumer.highwater(tp) or 0) for tp in tps}
 
     def _beyond(self, p: int, end: Mapping[TopicPartition, int]) -> bool:
         """Whether shard ``p``, kept in memory, has read past the partitions' ends."""

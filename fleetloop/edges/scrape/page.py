@@ -4,6 +4,9 @@ A page larger than the cap is refused after at most the cap's bytes (at once whe
 ``Content-Length`` says so), never buffered whole: a hostile or broken endpoint cannot make the
 reader hold an unbounded body. ``fleetloop scrape`` and the router outcome reporter
 (:mod:`fleetloop.edges.actuate.worker_list.report`) read their pages through :func:`read_page`.
+Each opens its own stream: they part on an error status, which ``fleetloop scrape`` refuses before
+reading the body (a failed target, the body unread) and the reporter only after reading it, capped,
+to quote its start in the error.
 """
 
 from __future__ import annotations
