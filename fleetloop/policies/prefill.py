@@ -48,8 +48,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from fleetloop.perf.catalog import GPUS, MODELS
+from fleetloop.perf.serving import Mix, median_step_s, node_shape
 
 # The data is the shared catalog's (fleetloop.perf.catalog, each number with its source), so every
 # model and GPU it lists has a prediction here: a model missing from a copy of it read all of its
@@ -116,3 +118,24 @@ def max_prompt_tokens(model: str, gpu_type: str, gpu_count: int) -> int | None:
         return None
     free = gpu_count * hbm * MEMORY_UTIL - 2.0 * shape.params
     return max(0, int(free // shape.kv_bytes_per_token))
+
+
+def decode_floor_ms(model: str, gpu_type: str, gpu_count: int) -> float | None:
+    """The time between tokens of a node with nothing else to do: its decode iteration at no load
+    (the weights streamed once, the tensor-parallel all-reduces, the engine's fixed costs), from
+    :mod:`fleetloop.perf.serving`, the physics the simulated nodes run, on vLLM (the default
+    engine). No node count makes a pool's TBT lower. None when the model or GPU is unknown.
+
+    From the physics: llama-8b on one H100 8.2 ms, on one A100 12.5 ms, on one L40S 27.3 ms;
+    llama-70b on four H100s 20.2 ms, on two H200s 25.4 ms, on four L40S 68.3 ms (PCIe all-reduces).
+    The floor does not depend on the calls' sizes (a batch of one at no load)."""
+    if gpu_count < 1:
+        return None
+    return _decode_floor_ms(model, gpu_type, gpu_count)
+
+
+@lru_cache(maxsize=256)
+def _decode_floor_ms(model: str, gpu_type: str, gpu_count: int) -> float | None:
+    shape = node_shape(model, gpu_type, gpu_count)
+    step = None if shape is None else median_step_s(shape, Mix(1.0, 0.0, 1.0), 0.0)
+    return None if step is None else 1000.0 * step

@@ -23,6 +23,7 @@ from fleetloop.policies.autoscale.predictive.rule import (
 from fleetloop.policies.autoscale.predictive.signals import (
     Node,
     NodesOf,
+    idle_tbt_of,
     predicted_prefill_ms,
     pressure,
     sibling_excess,
@@ -110,7 +111,7 @@ def decide(
         tbt = None
     slo = ctx.pool_slo(snap)
     prefill = predicted_prefill_ms(pool, warm, params)
-    p = pressure(warm, pool.ttft_p50_ms_w if pool else None, tbt, params, slo, prefill)
+    p = pressure(warm, pool.ttft_p50_ms_w if pool else None, tbt, params, slo, prefill, idle_tbt_of(warm))
     p_now = p.value
     capacity = state.capacity_tok_s
     learnable = (
@@ -177,6 +178,8 @@ def decide(
         inputs["pressure_ttft"] = r6(p.ttft)
     if p.tbt is not None:
         inputs["pressure_tbt"] = r6(p.tbt)
+    if p.tbt_floor is not None:
+        inputs["tbt_floor_ms"] = r6(p.tbt_floor)
     if capacity is not None:
         inputs["capacity_tok_s"] = r6(capacity)
     if diverted_tok_s > 0:

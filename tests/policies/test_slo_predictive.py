@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetloop.perf.catalog import GPUS, MODELS
+from fleetloop.perf.catalog import GPUS, MODELS, node_spec
 from fleetloop.policies.autoscale.predictive import (
     SloPredictive,
     SloPredictiveParams,
@@ -15,8 +16,9 @@ from fleetloop.policies.autoscale.predictive import (
     trend_slope,
 )
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyResult
-from fleetloop.policies.prefill import prefill_ms
+from fleetloop.policies.prefill import decode_floor_ms, prefill_ms
 from fleetloop.schemas.decisions import AutoscaleDecision
+from fleetloop.sim.scenario import load_scenario
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -523,3 +525,45 @@ def test_every_catalog_model_has_a_prefill() -> None:
             assert prefill_ms(model, gpu, 8, 1000) is not None
     # 2 * 405.9e9 * 8000 + 2 * 126 * 16384 * 8000**2 FLOPs over 8 * 989e12 * 0.5 FLOP/s.
     assert prefill_ms("llama-405b", "H200", 8, 8000) == pytest.approx(1708.45, rel=1e-4)
+
+
+# -- a TBT target below the hardware ---------------------------------------------------------------
+
+
+def test_a_tbt_target_below_an_idle_nodes_step_is_not_read_as_pressure() -> None:
+    # 4 nodes x 80 running / 2000 tok/s out = 160 ms per token. llama-70b on four L40S steps in
+    # ~68 ms idle (PCIe all-reduces), above the 50 ms target of a 100 ms SLO at headroom 0.5: no
+    # size reaches it, so the reading buys nothing there. On four H100s (~20 ms) it reads P = 3.2.
+    out_of_reach = loaded(4, 80, model="llama-70b", gpu_type="L40S", gpu_count=4)
+    d, _ = decide(pool_snap(out_of_reach), settled(), headroom=0.5)
+    assert "pressure_tbt" not in d.inputs
+    assert d.inputs["tbt_floor_ms"] == pytest.approx(68.3, abs=0.1)
+    assert d.desired_nodes <= 4
+
+    within_reach = loaded(4, 80, model="llama-70b", gpu_type="H100", gpu_count=4)
+    d, _ = decide(pool_snap(within_reach), settled(), headroom=0.5)
+    assert "tbt_floor_ms" not in d.inputs
+    assert d.inputs["pressure_tbt"] == pytest.approx(3.2)
+    assert d.desired_nodes == 13
+
+
+def test_an_unknown_model_has_no_floor_and_keeps_its_tbt_reading() -> None:
+    d, _ = decide(pool_snap(loaded(4, 80, model="not-in-the-catalog")), settled(), headroom=0.5)
+    assert "tbt_floor_ms" not in d.inputs
+    assert d.inputs["pressure_tbt"] == pytest.approx(3.2)
+
+
+def test_no_shipped_or_stress_pool_has_its_idle_step_at_its_tbt_target() -> None:
+    # The README's claim that the rule leaves those runs as they were: the default's headroom (0.5)
+    # of the scenario's TBT SLO (the strictest class, which keeps the scenario's own figure) stays
+    # above every pool's idle step, as the nodes report their model, GPU and GPU count.
+    headroom = 0.5
+    paths = sorted(Path("scenarios").glob("*.yaml")) + sorted(Path("scenarios/stress").glob("*.yaml"))
+    assert len(paths) >= 20
+    for path in paths:
+        scenario = load_scenario(path)
+        for p in scenario.pools:
+            spec = node_spec(p.model, p.gpu, p.gpus_per_node, p.precision)
+            floor = decode_floor_ms(p.model, p.gpu, spec.gpus)
+            assert floor is not None, (path.name, p.id)
+            assert floor < headroom * scenario.slo.tbt_ms, (path.name, p.id, floor)

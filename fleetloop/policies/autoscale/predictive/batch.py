@@ -318,6 +318,9 @@ def _optional_inputs(
     if p.tbt is not None:
         more.append("pressure_tbt")
         flat.append(p.tbt)
+    if p.tbt_floor is not None:
+        more.append("tbt_floor_ms")
+        flat.append(p.tbt_floor)
     if capacity is not None:
         more.append("capacity_tok_s")
         flat.append(capacity)

@@ -26,7 +26,7 @@ from fleetloop.policies.pool_figures import (
     segment_sums,
     segment_whole_sums,
 )
-from fleetloop.policies.prefill import prefill_ms
+from fleetloop.policies.prefill import decode_floor_ms, prefill_ms
 from fleetloop.policies.slo import DEFAULT_BOOK, Slo
 
 
@@ -121,13 +121,16 @@ class Pressure:
     ttft: float | None
     tbt: float | None
     queue: float
+    # The idle node's step when it is at or above the TBT target and the reading is set aside
+    # (:func:`tbt_target`); None otherwise.
+    tbt_floor: float | None = None
 
     @property
     def value(self) -> float:
         return max(self.kv, self.ttft or 0.0, self.tbt or 0.0, self.queue)
 
 
-def pressure_of(  # noqa: PLR0917 - the warm nodes' sums, then the signals, the SLO and the prefill
+def pressure_of(  # noqa: PLR0917 - the warm nodes' sums, then the signals, the SLO and the physics
     n_warm: int,
     kv_sum: float,
     waiting: float,
@@ -137,20 +140,32 @@ def pressure_of(  # noqa: PLR0917 - the warm nodes' sums, then the signals, the 
     params: SloPredictiveParams,
     slo: Slo = DEFAULT_BOOK.default,
     prefill: float = 0.0,
+    floor: float = 0.0,
 ) -> Pressure:
     """How hard the warm nodes press against the SLO targets; 1.0 = at target. ``n_warm`` warm nodes
     whose KV use sums to ``kv_sum``, with ``waiting`` requests queued and ``running`` in service;
     ``ttft`` is the pool's windowed TTFT p50, ``tbt`` the smoothed effective time between tokens,
     ``prefill`` the predicted compute time of a prefill (subtracted from ``ttft``: capacity cannot
-    remove it)."""
+    remove it), ``floor`` the predicted time between tokens of an idle node (:func:`tbt_target`)."""
     kv = kv_sum / n_warm / params.kv_target if n_warm else 0.0
     queue = (running + waiting) / max(running, 1) if n_warm and waiting >= n_warm else 0.0
+    tbt_at = tbt_target(params, slo, floor)
     return Pressure(
         queue=queue,
         kv=kv,
         ttft=max(0.0, ttft - prefill) / (params.headroom * slo.ttft_ms) if ttft is not None else None,
-        tbt=tbt / (params.headroom * slo.tbt_ms) if tbt is not None else None,
+        tbt=tbt / tbt_at if tbt is not None and tbt_at is not None else None,
+        tbt_floor=floor if tbt is not None and tbt_at is None else None,
     )
+
+
+def tbt_target(params: SloPredictiveParams, slo: Slo, floor: float) -> float | None:
+    """The effective time between tokens the pool is sized to, ``headroom x tbt_ms``; None when an
+    idle node's own step (``floor``, :func:`idle_tbt_ms`) is already at or above it: no node count
+    reaches that target, and read as pressure it would ask for more nodes at any load, up to the
+    pool's maximum (README.md, "TBT"). KV, TTFT and queue then size the pool."""
+    target = params.headroom * slo.tbt_ms
+    return None if floor >= target else target
 
 
 def pressure(  # noqa: PLR0917 - the signals, then the SLO and the prefill that shift them
@@ -160,6 +175,7 @@ def pressure(  # noqa: PLR0917 - the signals, then the SLO and the prefill that 
     params: SloPredictiveParams,
     slo: Slo = DEFAULT_BOOK.default,
     prefill: float = 0.0,
+    floor: float = 0.0,
 ) -> Pressure:
     """:func:`pressure_of` of a list of warm nodes."""
     return pressure_of(
@@ -172,6 +188,7 @@ def pressure(  # noqa: PLR0917 - the signals, then the SLO and the prefill that 
         params,
         slo,
         prefill,
+        floor,
     )
 
 
@@ -221,6 +238,33 @@ def prefill_at_row(  # noqa: PLR0917 - the pool, its warm nodes' figures, the pa
         return rec.model, rec.gpu_type, int(cols.ints("gpu_count")[first])
 
     return prefill_of(pool, n_warm, hit_sum, params, reference)
+
+
+def idle_tbt_ms(n_warm: int, reference: Callable[[], tuple[str, str, int]]) -> float:
+    """The time between tokens of one of the pool's warm nodes at no load
+    (:func:`fleetloop.policies.prefill.decode_floor_ms`; 0.0 when there is no warm node or the
+    model or GPU is unknown: every millisecond then counts against the target, today's reading);
+    ``reference()`` is the first warm node's (model, GPU type, GPU count)."""
+    if not n_warm:
+        return 0.0
+    floor = decode_floor_ms(*reference())
+    return floor if floor is not None else 0.0
+
+
+def idle_tbt_of(warm: Sequence[Node]) -> float:
+    """:func:`idle_tbt_ms` of a list of warm nodes."""
+    return idle_tbt_ms(len(warm), lambda: (warm[0].model, warm[0].gpu_type, warm[0].gpu_count))
+
+
+def idle_tbt_at_row(snap: FleetSnapshot, n_warm: int, first: int) -> float:
+    """:func:`idle_tbt_ms` from the first warm row of the columns."""
+
+    def reference() -> tuple[str, str, int]:
+        cols = fleet_columns(snap)
+        rec = records(cols)[first]
+        return rec.model, rec.gpu_type, int(cols.ints("gpu_count")[first])
+
+    return idle_tbt_ms(n_warm, reference)
 
 
 # -- siblings: the other pools of the pool's model -------------------------------------------------
@@ -528,7 +572,8 @@ def own_pressure(  # noqa: PLR0917 - the batch's figures, the pool, then its sig
         prefill = fig.siblings.prefill(j)
     else:
         prefill = prefill_at_row(snap, pool, n_warm, own.hit[j], own.first[j], params)
-    p = pressure_of(n_warm, own.kv[j], own.waiting[j], own.running[j], ttft, tbt, params, slo, prefill)
+    floor = idle_tbt_at_row(snap, n_warm, own.first[j])
+    p = pressure_of(n_warm, own.kv[j], own.waiting[j], own.running[j], ttft, tbt, params, slo, prefill, floor)
     return prefill, p
 
 
