@@ -305,6 +305,14 @@ RESULTS: tuple[Result, ...] = (
         "counters (--metrics-url), degraded GPUs, 3 runs each",
         under="vllm-outcomes/",
     ),
+    stack_result(
+        "stack-degraded-gpu-litellm",
+        "degraded-gpu",
+        "litellm-simple-shuffle,fleetloop-litellm",
+        "LiteLLM's proxy alone (simple-shuffle) and with fleetloop's callback in it, degraded GPUs, "
+        "3 runs each",
+        under="litellm/",
+    ),
 )
 
 MADE_BY_MD = re.compile(r"\n*\n---\nMade by `[^`]*` at commit [0-9a-f]{40} on [0-9TZ:-]+\.\n\Z")
