@@ -312,6 +312,16 @@ RESULTS: tuple[Result, ...] = (
         "LiteLLM's proxy alone (simple-shuffle) and with fleetloop's callback in it, degraded GPUs, "
         "3 runs each",
         under="litellm/",
+        plots=False,
+    ),
+    stack_result(
+        "stack-burst-cold-litellm",
+        "burst-cold",
+        "litellm-simple-shuffle,fleetloop-litellm",
+        "LiteLLM's proxy alone (simple-shuffle) and with fleetloop's callback in it, a 2.5x burst with "
+        "45 s cold starts, 3 runs each",
+        under="litellm/",
+        plots=False,
     ),
 )
 
