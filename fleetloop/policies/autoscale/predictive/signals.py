@@ -231,13 +231,15 @@ def prefill_at_row(  # noqa: PLR0917 - the pool, its warm nodes' figures, the pa
     params: SloPredictiveParams,
 ) -> float:
     """:func:`prefill_of` from the warm nodes' hit sum and the first warm row of the columns."""
+    return prefill_of(pool, n_warm, hit_sum, params, lambda: row_shape(snap, first))
 
-    def reference() -> tuple[str, str, int]:
-        cols = fleet_columns(snap)
-        rec = records(cols)[first]
-        return rec.model, rec.gpu_type, int(cols.ints("gpu_count")[first])
 
-    return prefill_of(pool, n_warm, hit_sum, params, reference)
+def row_shape(snap: FleetSnapshot, row: int) -> tuple[str, str, int]:
+    """The (model, GPU type, GPU count) of row ``row`` of the snapshot's columns: what the prefill
+    prediction and the idle step are read for (the pool's first warm row)."""
+    cols = fleet_columns(snap)
+    rec = records(cols)[row]
+    return rec.model, rec.gpu_type, int(cols.ints("gpu_count")[row])
 
 
 def idle_tbt_ms(n_warm: int, reference: Callable[[], tuple[str, str, int]]) -> float:
@@ -258,13 +260,7 @@ def idle_tbt_of(warm: Sequence[Node]) -> float:
 
 def idle_tbt_at_row(snap: FleetSnapshot, n_warm: int, first: int) -> float:
     """:func:`idle_tbt_ms` from the first warm row of the columns."""
-
-    def reference() -> tuple[str, str, int]:
-        cols = fleet_columns(snap)
-        rec = records(cols)[first]
-        return rec.model, rec.gpu_type, int(cols.ints("gpu_count")[first])
-
-    return idle_tbt_ms(n_warm, reference)
+    return idle_tbt_ms(n_warm, lambda: row_shape(snap, first))
 
 
 # -- siblings: the other pools of the pool's model -------------------------------------------------
