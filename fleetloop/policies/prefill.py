@@ -48,10 +48,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 from fleetloop.perf.catalog import GPUS, MODELS
-from fleetloop.perf.serving import Mix, median_step_s, node_shape
+from fleetloop.perf.serving import Mix
+from fleetloop.policies.physics import default_shape, median_step
 
 # The data is the shared catalog's (fleetloop.perf.catalog, each number with its source), so every
 # model and GPU it lists has a prediction here: a model missing from a copy of it read all of its
@@ -131,11 +131,8 @@ def decode_floor_ms(model: str, gpu_type: str, gpu_count: int) -> float | None:
     The floor does not depend on the calls' sizes (a batch of one at no load)."""
     if gpu_count < 1:
         return None
-    return _decode_floor_ms(model, gpu_type, gpu_count)
-
-
-@lru_cache(maxsize=256)
-def _decode_floor_ms(model: str, gpu_type: str, gpu_count: int) -> float | None:
-    shape = node_shape(model, gpu_type, gpu_count)
-    step = None if shape is None else median_step_s(shape, Mix(1.0, 0.0, 1.0), 0.0)
+    step = median_step(default_shape(model, gpu_type, gpu_count), _IDLE, 0.0)
     return None if step is None else 1000.0 * step
+
+
+_IDLE = Mix(1.0, 0.0, 1.0)  # one token in, one out: the mix does not move the step at no load

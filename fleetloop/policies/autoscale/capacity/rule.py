@@ -46,7 +46,6 @@ from fleetloop.policies.autoscale.capacity.forecast import (
     plan_then,
 )
 from fleetloop.policies.autoscale.capacity.params import CapacityParams, PoolSpec
-from fleetloop.policies.autoscale.capacity.physics import ShapeKey, median_step, node_rate, shape_of
 from fleetloop.policies.autoscale.capacity.state import Burst, CapacityState, Episode
 from fleetloop.policies.autoscale.predictive import (
     accumulation,
@@ -55,6 +54,7 @@ from fleetloop.policies.autoscale.predictive import (
     trend_slope,
 )
 from fleetloop.policies.base import FleetSnapshot, NodeView, PolicyContext, PolicyResult, PoolView, r6
+from fleetloop.policies.physics import ShapeKey, median_step, node_rate, shape_of
 from fleetloop.policies.slo import Slo
 from fleetloop.schemas.decisions import AutoscaleDecision
 

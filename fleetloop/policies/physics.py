@@ -1,9 +1,11 @@
-"""The pool's physics as the rule asks for it: one node's shape from what its nodes report and the
-operator states, the calls/s one node serves within the SLO, and the median iteration time the
-physics predicts (what a node's TBT p50 is compared with). The figures come from
-:mod:`fleetloop.perf.serving`, the model the simulated nodes run; the search behind a rate takes
-milliseconds, so each is kept per shape and per mix rounded to ``STEP`` (2%: a node count moves by
-less than that), in a bounded cache of a pure function (the same inputs give the same figure)."""
+"""A pool's physics as the policies ask for it: one node's shape from what its nodes report and the
+operator states, the calls/s one node serves within the SLO (the ``capacity`` autoscaler), and the
+median iteration time the physics predicts (what a node's TBT p50 is compared with; at no load, the
+TBT floor :func:`fleetloop.policies.prefill.decode_floor_ms` that ``slo-predictive`` reads). The
+figures come from :mod:`fleetloop.perf.serving`, the model the simulated nodes run; the search behind
+a rate takes milliseconds, so each is kept per shape and per mix rounded to ``STEP`` (2%: a node
+count moves by less than that), in a bounded cache of a pure function (the same inputs give the same
+figure)."""
 
 from __future__ import annotations
 
@@ -66,6 +68,12 @@ def _node_rate(shape: ShapeKey, mix: MixKey, targets: Targets, slow: int) -> flo
     if found is None:
         return 0.0
     return max_rate(found, _mix(mix), targets, slow=_v(slow))
+
+
+def default_shape(model: str, gpu_type: str, gpu_count: int) -> ShapeKey:
+    """The key of a node of ``model`` on ``gpu_count`` ``gpu_type`` GPUs with every other field at
+    :func:`fleetloop.perf.serving.node_shape`'s default (vLLM, bf16, the engine's batch budget)."""
+    return (model, gpu_type, gpu_count, "vllm", None, "bf16", 0)
 
 
 def median_step(shape: ShapeKey, mix: Mix, rate: float) -> float | None:
