@@ -308,9 +308,9 @@ RESULTS: tuple[Result, ...] = (
     stack_result(
         "stack-degraded-gpu-litellm",
         "degraded-gpu",
-        "litellm-simple-shuffle,fleetloop-litellm",
-        "LiteLLM's proxy alone (simple-shuffle) and with fleetloop's callback in it, degraded GPUs, "
-        "3 runs each",
+        "litellm-simple-shuffle,litellm-least-busy,litellm-latency,fleetloop-litellm",
+        "LiteLLM's proxy alone with each of its three strategies (simple-shuffle, least-busy, "
+        "latency-based) and with fleetloop's callback in it, degraded GPUs, 3 runs each",
         under="litellm/",
         plots=False,
     ),
