@@ -122,6 +122,26 @@ def test_a_target_is_met_only_when_the_median_and_every_run_hold() -> None:
     assert [c["peer"] for c in t["same_router"]] == ["vllm-cache-aware"]
 
 
+def test_a_fleetloop_arm_is_held_to_its_router_at_its_best_strategy() -> None:
+    """LiteLLM alone runs three strategies: the fleetloop arm inside LiteLLM answers to the best of
+    them in the run (least-busy here), not to the first listed (simple-shuffle)."""
+    runs = [
+        *(_run("litellm-simple-shuffle", n, success=0.90, cost=1.0, ttft=100.0) for n in (1, 2, 3)),
+        *(_run("litellm-least-busy", n, success=0.97, cost=1.0, ttft=100.0) for n in (1, 2, 3)),
+        *(_run("litellm-latency", n, success=0.30, cost=5.0, ttft=300.0) for n in (1, 2, 3)),
+        *(_run("fleetloop-litellm", n, success=0.95, cost=0.8, ttft=100.0) for n in (1, 2, 3)),
+    ]
+    arms = ["litellm-simple-shuffle", "litellm-least-busy", "litellm-latency", "fleetloop-litellm"]
+    t = report.targets(runs, report.summarize(runs, arms), arms)
+    (pair,) = t["same_router"]
+    assert (pair["ours"], pair["peer"]) == ("fleetloop-litellm", "litellm-least-busy")
+    assert not pair["targets"]["success"]["met"]  # 0.95 against 0.97: simple-shuffle's 0.90 would pass
+    only_shuffle = ["litellm-simple-shuffle", "fleetloop-litellm"]
+    kept = [r for r in runs if r["arm"] in only_shuffle]
+    (pair,) = report.targets(kept, report.summarize(kept, only_shuffle), only_shuffle)["same_router"]
+    assert pair["peer"] == "litellm-simple-shuffle"
+
+
 def test_haproxy_arms_declare_every_slot_and_only_fleetloop_logs(tmp_path: Any) -> None:
     slots = Slots("p", "m", {f"p/{i}": f"http://127.0.0.1:{9000 + i}" for i in range(5)})
     launch = Launch(8000, {"p/0": "http://127.0.0.1:9000"}, slots, tmp_path, None)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetloop.bench.stack.arms import BY_NAME, alone
+from fleetloop.bench.stack.arms import BY_NAME, alone_all
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -117,9 +117,11 @@ def targets(
     if bp and bo:
         out["headline"] = compare(runs, summary, bo, bp)
     for a in ours:
-        peer = alone(BY_NAME[a])
-        if peer is not None and peer.name in arms:
-            out["same_router"].append(compare(runs, summary, a, peer.name))
+        # Its router alone at its best: of that router's own strategies in the run (LiteLLM's three,
+        # vllm-router's two), the one :func:`best` ranks first, as the headline's peer is chosen.
+        peer = best(summary, [p.name for p in alone_all(BY_NAME[a]) if p.name in arms])
+        if peer is not None:
+            out["same_router"].append(compare(runs, summary, a, peer))
     return out
 
 
