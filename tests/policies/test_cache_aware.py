@@ -248,6 +248,19 @@ def test_param_validation() -> None:
         CacheAwareParams(min_score_by_priority={"0": 1.5})
     with pytest.raises(ValidationError):
         CacheAwareParams(alpha=0.1)
+    with pytest.raises(ValidationError):
+        CacheAwareParams.model_validate({"picker": "fastest"})
+
+
+@pytest.mark.parametrize("picker", [None, "least-outstanding", "round-robin", "least-request-p2c"])
+def test_the_decision_names_the_picker_the_policy_sets(picker: str | None) -> None:
+    """The router picks among the weighted nodes as the decision says: weighted-random unless the
+    policy's ``picker`` names another of the router's pickers."""
+    snap = snapshot([node("a"), node("b", queue_depth=3)])
+    params = CacheAwareParams() if picker is None else CacheAwareParams.model_validate({"picker": picker})
+    (d,) = CacheAware().decide(snap, params, {}, ctx(snap)).decisions
+    assert isinstance(d, RoutingDecision)
+    assert d.picker == (picker or "weighted-random")
 
 
 loads = st.fixed_dictionaries(

@@ -42,6 +42,7 @@ EDGY = CacheAwareParams(
     speed_memory_ms=3_000,
     silent_after_ms=1_500,
     spill_min_headroom=0.0,
+    picker="least-outstanding",
 )
 # Bounds met exactly: the best node is at its own keep line; idle nodes score exactly 1.0, the
 # class floor; a class whose alpha is the pools' alpha.

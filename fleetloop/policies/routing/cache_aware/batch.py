@@ -108,6 +108,7 @@ def decide_pools(
             spill_to,
             fit,
             slo_fit(slo_fits, pools.get(pool_id), pool_id, b.g_lo[k], ctxs[i].slo),
+            picker=params.picker,
             checked=True,
         )
         ts, vals, a, z = held[i]

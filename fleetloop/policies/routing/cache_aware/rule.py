@@ -242,7 +242,8 @@ def spill_targets_of(snap: FleetSnapshot, params: CacheAwareParams) -> Callable[
     return of
 
 
-# The router's per-call pick among the weighted nodes (README.md beside this file: "Picker").
+# The router's per-call pick among the weighted nodes when the policy names none (README.md beside
+# this file: "Picker"; the ``picker`` parameter).
 PICKER: Picker = "weighted-random"
 
 _ROUTING_FIELDS = (
@@ -267,6 +268,7 @@ def routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
     max_prompt_tokens: int | None = None,
     slo_prompt_tokens: dict[str, int] | None = None,
     *,
+    picker: Picker = PICKER,
     checked: bool = False,
 ) -> RoutingDecision:
     """The pool's decision, assembled without validation when every figure is within the schema's
@@ -283,7 +285,7 @@ def routing_decision(  # noqa: PLR0917 (the decision's fields, in order)
         "kind": "routing",
         "pool_id": pool_id,
         "weights": weights,
-        "picker": PICKER,
+        "picker": picker,
         "by_priority": by_priority,
         "prefix_affinity": affinity,
         "spill_to": spill_to,
@@ -401,6 +403,7 @@ def decide_pool(
         spill_to,
         fit,
         slo_fit,
+        picker=params.picker,
     )
     diagnostics = {"headroom": r6(own) if own is not None else 0.0, "hot_prefixes": float(len(affinity))}
     return PolicyResult(decisions=(decision,), state=memory, diagnostics=diagnostics)
