@@ -317,9 +317,9 @@ RESULTS: tuple[Result, ...] = (
     stack_result(
         "stack-burst-cold-litellm",
         "burst-cold",
-        "litellm-simple-shuffle,fleetloop-litellm",
-        "LiteLLM's proxy alone (simple-shuffle) and with fleetloop's callback in it, a 2.5x burst with "
-        "45 s cold starts, 3 runs each",
+        "litellm-simple-shuffle,litellm-least-busy,fleetloop-litellm",
+        "LiteLLM's proxy alone (simple-shuffle, least-busy) and with fleetloop's callback in it, a 2.5x "
+        "burst with 45 s cold starts, 3 runs each",
         under="litellm/",
         plots=False,
     ),
