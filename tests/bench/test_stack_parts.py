@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fleetloop.bench.stack import command, report
-from fleetloop.bench.stack.arms import ARMS, BY_NAME, Haproxy, Launch, Slots, alone
+from fleetloop.bench.stack.arms import ARMS, BY_NAME, Haproxy, Launch, Slots
 from fleetloop.bench.stack.run import endpoints
 from fleetloop.edges.fleet.agents import AgentStats
 from fleetloop.edges.fleet.live import LiveFleet
@@ -25,7 +25,7 @@ def test_every_fleetloop_arm_has_its_router_alone_and_names_are_unique() -> None
     assert len(BY_NAME) == len(ARMS)
     for arm in ARMS:
         if arm.fleetloop:
-            peer = alone(arm)
+            peer = next((a for a in ARMS if not a.fleetloop and a.router == arm.router), None)
             assert peer is not None, arm.name
             assert not peer.fleetloop
             assert peer.router == arm.router

@@ -336,11 +336,6 @@ ARMS: tuple[Arm, ...] = (
 BY_NAME = {a.name: a for a in ARMS}
 
 
-def alone(arm: Arm) -> Arm | None:
-    """The peer arm running the router a fleetloop arm drives, alone, configured as that arm runs it."""
-    return next((a for a in ARMS if not a.fleetloop and a.router == arm.router), None)
-
-
 def alone_all(arm: Arm) -> list[Arm]:
     """Every peer arm running the router a fleetloop arm drives, alone, whatever its strategy
     (vllm-router's cache_aware and power_of_two, LiteLLM's three)."""

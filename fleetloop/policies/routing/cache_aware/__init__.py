@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from fleetloop.policies.base import FleetSnapshot, PolicyContext, PolicyResult
 from fleetloop.policies.memory import PoolMemory
 from fleetloop.policies.routing.cache_aware.batch import decide_pools
-from fleetloop.policies.routing.cache_aware.params import COMPONENTS, CacheAwareParams
+from fleetloop.policies.routing.cache_aware.params import COMPONENTS, PICKER, CacheAwareParams
 from fleetloop.policies.routing.cache_aware.rule import (
-    PICKER,
     decide_pool,
     fleet_headroom,
     fleet_load,

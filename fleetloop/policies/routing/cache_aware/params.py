@@ -11,6 +11,9 @@ from fleetloop.policies.base import Params
 from fleetloop.schemas.decisions import Picker
 
 COMPONENTS: tuple[str, ...] = ("queue", "running", "tokens", "kv", "hbm", "speed")
+# The router's per-call pick among the weighted nodes when the policy names none (README.md beside
+# this file: "Picker"; the ``picker`` parameter).
+PICKER: Picker = "weighted-random"
 
 
 class CacheAwareParams(Params):
@@ -30,7 +33,7 @@ class CacheAwareParams(Params):
     speed_memory_ms: int = Field(default=20_000, ge=0, le=600_000)
     silent_after_ms: int = Field(default=3_000, ge=0, le=600_000)
     spill_min_headroom: float = Field(default=0.5, ge=0.0, le=1.0)
-    picker: Picker = "weighted-random"
+    picker: Picker = PICKER
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -20,7 +20,7 @@ from fleetloop.policies.base import FleetSnapshot, PolicyContext, PolicyResult, 
 from fleetloop.policies.columns import FleetColumns, Floats, fleet_columns, segment_medians
 from fleetloop.policies.memory import PoolMemory, median_sorted
 from fleetloop.policies.pool_figures import records, row_ids
-from fleetloop.policies.routing.cache_aware.params import CacheAwareParams
+from fleetloop.policies.routing.cache_aware.params import PICKER, CacheAwareParams
 from fleetloop.policies.routing.cache_aware.signals import (
     State,
     pool_max_prompt,
@@ -241,10 +241,6 @@ def spill_targets_of(snap: FleetSnapshot, params: CacheAwareParams) -> Callable[
 
     return of
 
-
-# The router's per-call pick among the weighted nodes when the policy names none (README.md beside
-# this file: "Picker"; the ``picker`` parameter).
-PICKER: Picker = "weighted-random"
 
 _ROUTING_FIELDS = (
     "entity", "reason", "inputs", "kind", "pool_id", "weights", "picker", "by_priority", "prefix_affinity",
