@@ -18,6 +18,7 @@ from fleetloop.sim.node import Req
 from fleetloop.sim.scenario import load_scenario
 from fleetloop.sim.table import DEFAULT_POLICY
 from tests.sim.physics import Loop
+from tests.sim.variants import BATCHING, BREAKER, default_with, static_cap
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "stack" / "prefix-heavy.yaml"
@@ -39,13 +40,7 @@ def _figure(ms: float) -> str:
 
 
 def test_the_halving_cap_sits_at_its_floor_and_costs_ttft(tmp_path: Path) -> None:
-    text = Path(DEFAULT_POLICY).read_text(encoding="utf-8")
-    line = "batching:     {type: tbt-feedback}"
-    assert line in text
-    fixed = tmp_path / "fixed-cap.yaml"
-    fixed.write_text(
-        text.replace(line, "batching:     {type: static-batching, params: {max_batch_tokens: 8192}}"), "utf-8"
-    )
+    fixed = default_with(tmp_path, BATCHING, static_cap(8192), "fixed-cap.yaml")
     halving, caps = _run(Path(DEFAULT_POLICY))
     largest, _ = _run(fixed)
     assert statistics.median(caps) == 512  # the floor, most of the run
@@ -88,12 +83,7 @@ def test_the_engines_own_cap_gains_little_ttft_on_prefix_heavy(tmp_path: Path) -
     """The decision record's row for the stack's prefix-heavy scenario with every pool held at the
     engine's default cap (2048 tokens, what the peers run): a TTFT p50 no better than the halving
     loop's by more than 15%, a TBT p99 far above it."""
-    text = Path(DEFAULT_POLICY).read_text(encoding="utf-8")
-    line = "batching:     {type: tbt-feedback}"
-    held = tmp_path / "engine-cap.yaml"
-    held.write_text(
-        text.replace(line, "batching:     {type: static-batching, params: {max_batch_tokens: 2048}}"), "utf-8"
-    )
+    held = default_with(tmp_path, BATCHING, static_cap(2048), "engine-cap.yaml")
     halving, _ = _run(Path(DEFAULT_POLICY))
     engine, _ = _run(held)
     assert engine["ttft_p50_ms"] > 0.85 * halving["ttft_p50_ms"]
@@ -110,10 +100,11 @@ DEGRADED = ROOT / "scenarios" / "stack" / "degraded-gpu.yaml"
 DEGRADED_SEEDS = (1, 2, 3)
 
 
-def _latency(policy: CompiledPolicy, seed: int) -> dict[str, float]:
-    result = runner.run(load_scenario(DEGRADED), policy, seed=seed)
-    latency: dict[str, float] = result.to_json()["latency"]
-    return latency
+def _medians(policy: CompiledPolicy) -> dict[str, float]:
+    """TTFT p50 and TBT p99 on the degraded-GPU scenario, each the median over the seeds (one run
+    per seed)."""
+    runs = [runner.run(load_scenario(DEGRADED), policy, seed=s).to_json()["latency"] for s in DEGRADED_SEEDS]
+    return {k: statistics.median(r[k] for r in runs) for k in ("ttft_p50_ms", "tbt_p99_ms")}
 
 
 def test_the_degraded_gpu_ttft_gap_is_the_cap_not_the_breaker(tmp_path: Path) -> None:
@@ -122,29 +113,14 @@ def test_the_degraded_gpu_ttft_gap_is_the_cap_not_the_breaker(tmp_path: Path) ->
     nodes out does not cost TTFT p50; the default with the engine's cap held (2048, what the peers
     run) has about llm-d's, so the cap is the gap. And the cap is what keeps the TBT tail short
     beside the breaker: with either one off, TBT p99 is three times the default's."""
-    text = Path(DEFAULT_POLICY).read_text(encoding="utf-8")
-    cap_line = "batching:     {type: tbt-feedback}"
-    breaker_line = "breaker:      {type: latency-outlier}"
-    assert cap_line in text
-    assert breaker_line in text
-    no_breaker = tmp_path / "no-breaker.yaml"
-    no_breaker.write_text(text.replace(breaker_line, "breaker:      {type: never}"), "utf-8")
-    engine_cap = tmp_path / "engine-cap.yaml"
-    held = "batching:     {type: static-batching, params: {max_batch_tokens: 2048}}"
-    engine_cap.write_text(text.replace(cap_line, held), "utf-8")
+    off = default_with(tmp_path, BREAKER, "breaker:      {type: never}", "no-breaker.yaml")
     arms = {
         "default": load_policy(Path(DEFAULT_POLICY)),
-        "no-breaker": load_policy(no_breaker),
-        "engine-cap": load_policy(engine_cap),
+        "no-breaker": load_policy(off),
+        "engine-cap": load_policy(default_with(tmp_path, BATCHING, static_cap(2048), "engine-cap.yaml")),
         "llm-d": builtin_policy("llm-d"),
     }
-    med = {
-        name: {
-            k: statistics.median(_latency(policy, s)[k] for s in DEGRADED_SEEDS)
-            for k in ("ttft_p50_ms", "tbt_p99_ms")
-        }
-        for name, policy in arms.items()
-    }
+    med = {name: _medians(policy) for name, policy in arms.items()}
     ttft = {name: m["ttft_p50_ms"] for name, m in med.items()}
     assert abs(ttft["no-breaker"] - ttft["default"]) < 0.03 * ttft["default"]
     assert ttft["engine-cap"] < 0.92 * ttft["default"]

@@ -15,13 +15,13 @@ from fleetloop.policies.registry import CompiledPolicy, builtin_policy, load_pol
 from fleetloop.sim import runner
 from fleetloop.sim.scenario import load_scenario
 from fleetloop.sim.table import DEFAULT_POLICY
+from tests.sim.variants import ROUTING, default_with
 
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "fleetloop" / "policies" / "routing" / "cache_aware" / "README.md"
 SEEDS = (1, 2, 3)
-ROUTING = "routing:      {type: cache-aware}"
 
 
 def _figures(scenario: str, policy: CompiledPolicy) -> tuple[float, int, float]:
@@ -37,13 +37,8 @@ def _figures(scenario: str, policy: CompiledPolicy) -> tuple[float, int, float]:
 
 
 def test_the_least_outstanding_figures_are_the_simulators(tmp_path: Path) -> None:
-    text = Path(DEFAULT_POLICY).read_text(encoding="utf-8")
-    assert ROUTING in text
-    picked = tmp_path / "least-outstanding.yaml"
-    picked.write_text(
-        text.replace(ROUTING, "routing:      {type: cache-aware, params: {picker: least-outstanding}}"),
-        "utf-8",
-    )
+    least = "routing:      {type: cache-aware, params: {picker: least-outstanding}}"
+    picked = default_with(tmp_path, ROUTING, least, "least-outstanding.yaml")
     arms = {
         "default": load_policy(Path(DEFAULT_POLICY)),
         "lo": load_policy(picked),
