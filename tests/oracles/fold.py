@@ -68,6 +68,11 @@ def fold_telemetry(model: FleetModel, t: Telemetry) -> str | None:
             pool.nodes.add(node_id)
             model._nodes_changed += 1
         node.telemetry = t
+    if t.output_tokens:
+        b = ts // BUCKET_MS
+        if b < model._written_from:
+            model._written_from = b
+        pool.node_output.add_at(b, 0, float(t.output_tokens))
     if t.errors or t.timeouts or t.preemptions:
         b = ts // BUCKET_MS
         if b < model._node_written_from:

@@ -204,10 +204,10 @@ class _NodeRows:
 
 
 class _PoolRows:
-    """The model's pools in id order and their five windows' columns, valid while the model holds
+    """The model's pools in id order and their six windows' columns, valid while the model holds
     these same pool objects."""
 
-    __slots__ = ("by_priority", "diverted", "ids", "pools", "tasks", "ttft", "win")
+    __slots__ = ("by_priority", "diverted", "ids", "node_output", "pools", "tasks", "ttft", "win")
 
     def __init__(self, ids: list[str], pools: list[_Pool]) -> None:
         self.ids = ids
@@ -217,9 +217,10 @@ class _PoolRows:
         self.by_priority = WindowColumns([p.by_priority for p in pools], N_PRIORITIES)
         self.tasks = WindowColumns([p.tasks for p in pools], 2)
         self.diverted = WindowColumns([p.diverted for p in pools], 1)
+        self.node_output = WindowColumns([p.node_output for p in pools], 1)
 
     def columns(self) -> tuple[WindowColumns, ...]:
-        return (self.win, self.ttft, self.by_priority, self.tasks, self.diverted)
+        return (self.win, self.ttft, self.by_priority, self.tasks, self.diverted, self.node_output)
 
 
 class _Snapshots:
@@ -379,6 +380,7 @@ def _pool_views(  # noqa: PLR0917
     prio_all = prows.by_priority.totals(now_ms, window_ms).tolist()
     tasks_all = prows.tasks.totals(now_ms, window_ms).tolist()
     diverted_all = prows.diverted.totals(now_ms, window_ms).tolist()
+    node_out_all = prows.node_output.totals(now_ms, window_ms).tolist()
     p50 = _quantiles(hist, 0.50)
     p99 = _quantiles(hist, 0.99)
     seconds = window_ms / 1000.0
@@ -391,6 +393,14 @@ def _pool_views(  # noqa: PLR0917
         first = table.tels[a] if b > a else None
         prio = prio_all[k]
         tasks = tasks_all[k]
+        # The pool's output rate: its routers' outcomes' tokens, or, when the window has ok calls
+        # and not one output token among them (routers that log calls without their lengths),
+        # the tokens its nodes report generating. Outcomes win whenever they carry any: they are
+        # the calls the router saw end, in the same window as the prompt tokens beside them.
+        out = w[_P_OUT]
+        from_nodes = out == 0.0 and w[_P_OK] > 0.0 and node_out_all[k][0] > 0.0
+        if from_nodes:
+            out = node_out_all[k][0]
         pools[pool_id] = PoolView(
             pool_id=pool_id,
             model=first.model if first else "",
@@ -406,7 +416,7 @@ def _pool_views(  # noqa: PLR0917
             ttft_p50_ms_w=p50[k],
             ttft_p99_ms_w=p99[k],
             prompt_tokens_rate_per_s=w[_P_PROMPT] / seconds,
-            output_tokens_rate_per_s=w[_P_OUT] / seconds,
+            output_tokens_rate_per_s=out / seconds,
             requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
             tasks_ended_w=int(tasks[0]),
             tasks_lost_w=int(tasks[1]),
@@ -415,6 +425,7 @@ def _pool_views(  # noqa: PLR0917
             workflows_started=pool.wf_started,
             workflows_ended=pool.wf_ended,
             tasks_failed=pool.wf_failed,
+            output_from_nodes=from_nodes,
         )
     return pools
 

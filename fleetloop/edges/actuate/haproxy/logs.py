@@ -15,11 +15,11 @@ Outcome (the rule every integration shares, :func:`fleetloop.edges.answers.answe
 ``ok`` for 2xx/3xx; ``shed`` when HAProxy had no server or the request timed out in its queue
 (``<NOSRV>``, or termination ``sQ``/``SQ``), or the answer was 429; ``timeout`` for a server-side or
 client-side timeout (termination ``s*``/``c*``); ``error`` otherwise. Output tokens and cost are not
-visible to a proxy: they are 0 here. Cost comes from the nodes' telemetry (their cost rate), but a
-pool's token rates come only from outcomes, so behind HAProxy the policies read the pool's prompt
-tokens from fleetloop's headers, when the caller sends them, and no output tokens at all:
-slo-predictive then has no TBT reading, and its demand is the prompt tokens alone
-(``docs/decisions/slo-predictive.md``, "the TBT target raised by the idle node's own step").
+visible to a proxy: they are 0 here. Cost comes from the nodes' telemetry (their cost rate). Behind
+HAProxy the policies read the pool's prompt tokens from fleetloop's headers, when the caller sends
+them, and its output tokens from the nodes' own counts, which the model reads when a window's ok
+calls carry none (``docs/decisions/slo-predictive.md``, "Shipped: output tokens from the nodes when
+outcomes carry none").
 
 A line that does not parse, or does not make a valid RequestOutcome (a header value the schema
 refuses), is counted and dropped with its reason kept; it never stops the receiver.
