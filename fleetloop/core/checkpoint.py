@@ -309,6 +309,7 @@ class _Encoder:
 # never depends on where the cuts fall. Formats 1 and 2 were one document in one zlib stream.
 
 PIECE_BYTES = 256 * 1024  # JSON bytes per piece, about: ~2 ms of orjson.loads on a loaded machine
+_HEAD_SPARE = 4_096  # the head's bytes besides the class table and the tree: its keys, the pieces' lengths
 _MANY = 64  # a list longer than this is measured element by element, not walked into
 _CONTAINERS = frozenset({list, tuple, dict})
 
@@ -323,11 +324,13 @@ class _Cutter:
     elements come to more than ``PIECE_BYTES`` goes into pieces, whole elements to a piece, the next
     piece started when one would go past ``PIECE_BYTES``; a smaller one stays where it is, as the bytes
     already written (:class:`orjson.Fragment`). So every byte is written about once. A single string
-    larger than a piece (a large array's bytes) is not cut."""
+    larger than a piece (a large array's bytes) is not cut. ``limit`` stands for ``PIECE_BYTES``
+    where the head's own fields must fit beside what stays in it (:func:`_pack`)."""
 
-    __slots__ = ("pieces",)
+    __slots__ = ("limit", "pieces")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # the bytes a piece, and what stays in the head, may come to
         self.pieces: list[bytes] = []
 
     def value(self, x: Any) -> tuple[Any, int]:
@@ -348,27 +351,27 @@ class _Cutter:
         types = set(map(type, xs))
         if not types & _CONTAINERS:
             raw = orjson.dumps(xs)
-            if len(raw) <= PIECE_BYTES:
+            if len(raw) <= self.limit:
                 return orjson.Fragment(raw), len(raw)
-            n = -(-len(raw) // PIECE_BYTES)
+            n = -(-len(raw) // self.limit)
             step = -(-len(xs) // n)  # n pieces of equal count
             return self.moved([orjson.dumps(xs[i : i + step]) for i in range(0, len(xs), step)])
         if len(xs) > _MANY:
             parts = []
             for x in xs:
                 b = orjson.dumps(x)
-                if len(b) > PIECE_BYTES and type(x) in _CONTAINERS:
+                if len(b) > self.limit and type(x) in _CONTAINERS:
                     b = orjson.dumps(self.value(x)[0])
                 parts.append(b)
         else:
             parts = [orjson.dumps(self.value(x)[0]) for x in xs]
         size = sum(map(len, parts)) + len(parts) + 1
-        if size <= PIECE_BYTES:
+        if size <= self.limit:
             return orjson.Fragment(b"[" + b",".join(parts) + b"]"), size
         runs: list[list[bytes]] = [[]]
         filled = 0
         for b in parts:
-            if runs[-1] and filled + len(b) + 1 > PIECE_BYTES:
+            if runs[-1] and filled + len(b) + 1 > self.limit:
                 runs.append([])
                 filled = 0
             runs[-1].append(b)
@@ -385,18 +388,20 @@ class _Cutter:
 def _pack(classes: dict[str, list[str]], tree: Any) -> bytes:
     """The blob of a format 2 ``tree`` (the values, as :class:`_Encoder` writes them) in format 3:
     its large lists cut into pieces, the head and each piece compressed on its own."""
-    cutter = _Cutter()
-    rest, _ = cutter.value(tree)
-    pieces = [zlib.compress(p, 1) for p in cutter.pieces]
-    head = orjson.dumps(
-        {
-            "format": FORMAT,
-            "classes": dict(sorted(classes.items())),
-            "pieces": [len(p) for p in pieces],
-            "v": rest,
-        }
-    )
-    return b"".join([zlib.compress(head, 1), *pieces])
+    # The head carries the class table and the pieces' lengths beside what stays of the tree, so what
+    # stays is held to ``PIECE_BYTES`` less those (their size known once the tree is cut: cut again,
+    # tighter, in the rare case the first guess left the head over a piece).
+    names = dict(sorted(classes.items()))
+    floor = max(1, PIECE_BYTES // 4)
+    limit = max(floor, PIECE_BYTES - len(orjson.dumps(names)) - _HEAD_SPARE)
+    while True:
+        cutter = _Cutter(limit)
+        rest, _ = cutter.value(tree)
+        pieces = [zlib.compress(p, 1) for p in cutter.pieces]
+        head = orjson.dumps({"format": FORMAT, "classes": names, "pieces": [len(p) for p in pieces], "v": rest})
+        if len(head) <= PIECE_BYTES or limit <= floor:
+            return b"".join([zlib.compress(head, 1), *pieces])
+        limit = max(floor, limit - (len(head) - PIECE_BYTES))
 
 
 def encode(value: Any) -> bytes:
