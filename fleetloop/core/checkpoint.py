@@ -398,7 +398,9 @@ def _pack(classes: dict[str, list[str]], tree: Any) -> bytes:
         cutter = _Cutter(limit)
         rest, _ = cutter.value(tree)
         pieces = [zlib.compress(p, 1) for p in cutter.pieces]
-        head = orjson.dumps({"format": FORMAT, "classes": names, "pieces": [len(p) for p in pieces], "v": rest})
+        head = orjson.dumps(
+            {"format": FORMAT, "classes": names, "pieces": [len(p) for p in pieces], "v": rest}
+        )
         if len(head) <= PIECE_BYTES or limit <= floor:
             return b"".join([zlib.compress(head, 1), *pieces])
         limit = max(floor, limit - (len(head) - PIECE_BYTES))
