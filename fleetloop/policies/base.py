@@ -124,8 +124,10 @@ class PoolView:
     workflows_started: int = 0
     workflows_ended: int = 0
     tasks_failed: int = 0
-    # ``output_tokens_rate_per_s`` was taken from the nodes' own counts (``NodeTelemetry.output_tokens``)
-    # because the window's ok outcomes carried no output tokens (fleetloop.core.model.snapshot).
+    # ``prompt_tokens_rate_per_s`` / ``output_tokens_rate_per_s`` was taken from the nodes' own counts
+    # (``NodeTelemetry.prompt_tokens`` / ``output_tokens``) because the window's ok outcomes carried
+    # no such tokens (fleetloop.core.model.snapshot).
+    prompt_from_nodes: bool = False
     output_from_nodes: bool = False
 
 

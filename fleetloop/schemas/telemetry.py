@@ -76,6 +76,9 @@ class NodeTelemetry(Wire):
     timeouts: NonNegInt = 0
     preemptions: NonNegInt = 0
     requests_completed: NonNegInt = 0
+    # Whole prompts, cached tokens included, of calls whose prefill ended in the interval (vLLM's
+    # ``prompt_tokens_total``), and the tokens generated in it: the pool's token rates when its
+    # routers' outcomes carry none (fleetloop.core.model.snapshot).
     prompt_tokens: Tokens = 0
     output_tokens: Tokens = 0
     cost_rate_usd_per_h: float = Field(ge=0.0, le=MAX_USD_PER_H, allow_inf_nan=False)

@@ -142,6 +142,9 @@ class IntervalStats:
     timeouts: int = 0
     preemptions: int = 0
     completed: int = 0
+    # Whole prompts (cached tokens included) of calls whose first prefill ended in the interval, as
+    # vLLM counts ``prompt_tokens_total`` (v1 ``IterationStats``: ``prompt_len`` at the call's first
+    # output); a prefill redone after a preemption is not counted again.
     prompt_tokens: int = 0
     output_tokens: int = 0
     prefix_lookups: int = 0
@@ -708,7 +711,6 @@ class Node:
             r.cost += usd_per_token * c
             r.prefill_left -= c
             r.pos += c
-            self.stats.prompt_tokens += c
         self._complete_due(now)
         finished_prefill = [r for r, _ in run.chunks if r.prefill_left == 0 and r.state == "prefill"]
         if finished_prefill:
@@ -724,6 +726,7 @@ class Node:
                 continue
             if r.first_token_t is None:
                 r.first_token_t = now
+                self.stats.prompt_tokens += r.prompt
                 self.stats.ttft_ms.append((now - r.submit_t) * 1000.0)
                 self.listener.on_first_token(r, now)
             if r.out_left <= 0:

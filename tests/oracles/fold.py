@@ -68,11 +68,12 @@ def fold_telemetry(model: FleetModel, t: Telemetry) -> str | None:
             pool.nodes.add(node_id)
             model._nodes_changed += 1
         node.telemetry = t
-    if t.output_tokens:
+    if t.prompt_tokens or t.output_tokens:
         b = ts // BUCKET_MS
         if b < model._written_from:
             model._written_from = b
-        pool.node_output.add_at(b, 0, float(t.output_tokens))
+        pool.node_tokens.add_at(b, 0, float(t.prompt_tokens))
+        pool.node_tokens.add_at(b, 1, float(t.output_tokens))
     if t.errors or t.timeouts or t.preemptions:
         b = ts // BUCKET_MS
         if b < model._node_written_from:

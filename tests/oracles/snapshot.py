@@ -76,7 +76,8 @@ def snapshot_plain(
         prio = pool.by_priority.total(now_ms, window_ms)
         tasks = pool.tasks.total(now_ms, window_ms)
         diverted = pool.diverted.total(now_ms, window_ms)
-        node_out = pool.node_output.total(now_ms, window_ms)[0]
+        node_prompt, node_out = pool.node_tokens.total(now_ms, window_ms)
+        prompt_from_nodes = w[st._P_PROMPT] == 0.0 and w[st._P_OK] > 0.0 and node_prompt > 0.0
         from_nodes = w[st._P_OUT] == 0.0 and w[st._P_OK] > 0.0 and node_out > 0.0
         ids = tuple(by_pool.get(pool_id, ()))
         first = nodes[ids[0]] if ids else None
@@ -94,7 +95,7 @@ def snapshot_plain(
             retry_rate_per_s=w[st._P_RETRY] / seconds,
             ttft_p50_ms_w=quantile_from_bins(hist, 0.50),
             ttft_p99_ms_w=quantile_from_bins(hist, 0.99),
-            prompt_tokens_rate_per_s=w[st._P_PROMPT] / seconds,
+            prompt_tokens_rate_per_s=(node_prompt if prompt_from_nodes else w[st._P_PROMPT]) / seconds,
             output_tokens_rate_per_s=(node_out if from_nodes else w[st._P_OUT]) / seconds,
             requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
             tasks_ended_w=int(tasks[0]),
@@ -104,6 +105,7 @@ def snapshot_plain(
             workflows_started=pool.wf_started,
             workflows_ended=pool.wf_ended,
             tasks_failed=pool.wf_failed,
+            prompt_from_nodes=prompt_from_nodes,
             output_from_nodes=from_nodes,
         )
     tenants: dict[str, TenantView] = {}

@@ -117,7 +117,7 @@ class Folds(LedgerBook):
         make room under. Otherwise its interval's cost (``cost_rate_usd_per_h x interval_ms``) is
         added to the fleet's, the pool's clock moves (a record behind the pool's retention stops
         there), it becomes its node's newest telemetry unless an newer one is held (a node that
-        changed pools moves), its output tokens go into its pool's ``node_output`` window, and its
+        changed pools moves), its prompt and output tokens go into its pool's ``node_tokens`` window, and its
         errors, timeouts and preemptions go into the node's window."""
         out: list[tuple[int, str]] = []
         pools = self.pools
@@ -175,11 +175,11 @@ class Folds(LedgerBook):
                             pool.nodes.add(node_id)
                             self._nodes_changed += 1
                         node.telemetry = t
-                    if t.output_tokens:
+                    if t.prompt_tokens or t.output_tokens:
                         b = ts // bucket_ms
                         if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
                             self._written_from = b
-                        pool.node_output.add_at(b, 0, float(t.output_tokens))
+                        pool.node_tokens.add(b, (float(t.prompt_tokens), float(t.output_tokens)))
                     if t.errors or t.timeouts or t.preemptions:
                         b = ts // bucket_ms
                         wrote_ids.append(node_id)  # re-read below (_wrote_nodes)

@@ -207,7 +207,7 @@ class _PoolRows:
     """The model's pools in id order and their six windows' columns, valid while the model holds
     these same pool objects."""
 
-    __slots__ = ("by_priority", "diverted", "ids", "node_output", "pools", "tasks", "ttft", "win")
+    __slots__ = ("by_priority", "diverted", "ids", "node_tokens", "pools", "tasks", "ttft", "win")
 
     def __init__(self, ids: list[str], pools: list[_Pool]) -> None:
         self.ids = ids
@@ -217,10 +217,10 @@ class _PoolRows:
         self.by_priority = WindowColumns([p.by_priority for p in pools], N_PRIORITIES)
         self.tasks = WindowColumns([p.tasks for p in pools], 2)
         self.diverted = WindowColumns([p.diverted for p in pools], 1)
-        self.node_output = WindowColumns([p.node_output for p in pools], 1)
+        self.node_tokens = WindowColumns([p.node_tokens for p in pools], 2)
 
     def columns(self) -> tuple[WindowColumns, ...]:
-        return (self.win, self.ttft, self.by_priority, self.tasks, self.diverted, self.node_output)
+        return (self.win, self.ttft, self.by_priority, self.tasks, self.diverted, self.node_tokens)
 
 
 class _Snapshots:
@@ -380,7 +380,7 @@ def _pool_views(  # noqa: PLR0917
     prio_all = prows.by_priority.totals(now_ms, window_ms).tolist()
     tasks_all = prows.tasks.totals(now_ms, window_ms).tolist()
     diverted_all = prows.diverted.totals(now_ms, window_ms).tolist()
-    node_out_all = prows.node_output.totals(now_ms, window_ms).tolist()
+    node_all = prows.node_tokens.totals(now_ms, window_ms).tolist()
     p50 = _quantiles(hist, 0.50)
     p99 = _quantiles(hist, 0.99)
     seconds = window_ms / 1000.0
@@ -393,14 +393,20 @@ def _pool_views(  # noqa: PLR0917
         first = table.tels[a] if b > a else None
         prio = prio_all[k]
         tasks = tasks_all[k]
-        # The pool's output rate: its routers' outcomes' tokens, or, when the window has ok calls
-        # and not one output token among them (routers that log calls without their lengths),
-        # the tokens its nodes report generating. Outcomes win whenever they carry any: they are
-        # the calls the router saw end, in the same window as the prompt tokens beside them.
-        out = w[_P_OUT]
-        from_nodes = out == 0.0 and w[_P_OK] > 0.0 and node_out_all[k][0] > 0.0
+        # The pool's token rates, each on its own: its routers' outcomes' tokens, or, when the
+        # window has ok calls and not one such token among them (routers that log calls without
+        # their lengths), the tokens its nodes report. Outcomes win whenever they carry any: they
+        # are the calls the router saw end (docs/decisions/slo-predictive.md, "Shipped: token rates
+        # from the nodes when outcomes carry none").
+        prompt, out = w[_P_PROMPT], w[_P_OUT]
+        node_prompt, node_out = node_all[k]
+        ok_calls = w[_P_OK] > 0.0
+        prompt_from_nodes = ok_calls and prompt == 0.0 and node_prompt > 0.0
+        from_nodes = ok_calls and out == 0.0 and node_out > 0.0
+        if prompt_from_nodes:
+            prompt = node_prompt
         if from_nodes:
-            out = node_out_all[k][0]
+            out = node_out
         pools[pool_id] = PoolView(
             pool_id=pool_id,
             model=first.model if first else "",
@@ -415,7 +421,7 @@ def _pool_views(  # noqa: PLR0917
             retry_rate_per_s=w[_P_RETRY] / seconds,
             ttft_p50_ms_w=p50[k],
             ttft_p99_ms_w=p99[k],
-            prompt_tokens_rate_per_s=w[_P_PROMPT] / seconds,
+            prompt_tokens_rate_per_s=prompt / seconds,
             output_tokens_rate_per_s=out / seconds,
             requests_by_priority_w={p: int(n) for p, n in enumerate(prio) if n > 0},
             tasks_ended_w=int(tasks[0]),
@@ -425,6 +431,7 @@ def _pool_views(  # noqa: PLR0917
             workflows_started=pool.wf_started,
             workflows_ended=pool.wf_ended,
             tasks_failed=pool.wf_failed,
+            prompt_from_nodes=prompt_from_nodes,
             output_from_nodes=from_nodes,
         )
     return pools

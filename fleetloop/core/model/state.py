@@ -7,8 +7,8 @@ What it keeps:
   partition, so that order is the same in a replay). A shed call is not a node's: it counts in its
   pool's and tenant's windows only, even when its record names a node, so no breaker or ejection
   cap reads a router's own sheds (or HAProxy's 503 with no server left) as evidence against a node;
-- per pool: calls, outcomes, tokens and a TTFT histogram in event-time buckets, and the output
-  tokens its nodes report generating (read when its routers' outcomes carry no output tokens);
+- per pool: calls, outcomes, tokens and a TTFT histogram in event-time buckets, and the prompt
+  and output tokens its nodes report (read when its routers' outcomes carry none);
 - per tenant: calls, retries, sheds;
 - the workflow ledger (:mod:`fleetloop.core.model.ledger`): every task's calls, attempts and spend,
   its outcome when the last call says so, and the fleet's cost (each telemetry interval x the
@@ -100,10 +100,11 @@ class _Pool:
     # Tokens of calls the router moved from this pool to another model's pool (its model spill):
     # demand this pool did not serve (the calls' copies keyed by this pool, RequestOutcome.diverted_to).
     diverted: Window = field(default_factory=lambda: Window(1))
-    # Output tokens the pool's nodes report generating (``NodeTelemetry.output_tokens``, a count per
-    # telemetry interval), in the bucket of the record's stamp: the pool's output rate when its
-    # routers' outcomes carry none (a router that logs calls but not their lengths).
-    node_output: Window = field(default_factory=lambda: Window(1))
+    # Prompt and output tokens the pool's nodes report (``NodeTelemetry.prompt_tokens`` and
+    # ``output_tokens``, counts per telemetry interval), in the bucket of the record's stamp: the
+    # pool's token rates when its routers' outcomes carry none (a router that logs calls but not
+    # their lengths).
+    node_tokens: Window = field(default_factory=lambda: Window(2))
     watermark_ms: int = -1  # newest event time of this pool's own records: its clock, nobody else's
     outcomes_ms: int = -1  # newest event time of its request outcomes alone (the ledger's clock)
     evicted_to: int = -(2**62)  # buckets at or before this are gone
@@ -353,7 +354,7 @@ class ModelState:
         pool.by_priority.evict_before(horizon_bucket)
         pool.tasks.evict_before(horizon_bucket)
         pool.diverted.evict_before(horizon_bucket)
-        pool.node_output.evict_before(horizon_bucket)
+        pool.node_tokens.evict_before(horizon_bucket)
         now = pool.watermark_ms
         forget = self.config.forget_node_after_ms
         nodes = self.nodes

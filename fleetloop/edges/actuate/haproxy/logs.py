@@ -18,7 +18,7 @@ client-side timeout (termination ``s*``/``c*``); ``error`` otherwise. Output tok
 visible to a proxy: they are 0 here. Cost comes from the nodes' telemetry (their cost rate). Behind
 HAProxy the policies read the pool's prompt tokens from fleetloop's headers, when the caller sends
 them, and its output tokens from the nodes' own counts, which the model reads when a window's ok
-calls carry none (``docs/decisions/slo-predictive.md``, "Shipped: output tokens from the nodes when
+calls carry none (``docs/decisions/slo-predictive.md``, "Shipped: token rates from the nodes when
 outcomes carry none").
 
 A line that does not parse, or does not make a valid RequestOutcome (a header value the schema
