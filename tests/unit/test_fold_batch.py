@@ -111,7 +111,18 @@ def _hostile() -> list[Batch]:
     n = 0
     for s in range(30):
         ts = T0 + s * 700
-        tels = [tel(f"n{i}", f"p{i % 5}", ts + i, errors=i % 2, timeouts=i % 3) for i in range(12)]
+        tels = [
+            tel(
+                f"n{i}",
+                f"p{i % 5}",
+                ts + i,
+                errors=i % 2,
+                timeouts=i % 3,
+                prompt_tokens=900 * i,
+                output_tokens=7 * i,
+            )
+            for i in range(12)
+        ]
         outs = []
         for i in range(20):
             n += 1
@@ -140,6 +151,7 @@ def _hostile() -> list[Batch]:
         tel("inf2", "p2", T0 + 30_003, cost_rate_usd_per_h=math.inf),
         tel("badts", "p0", "soon"),  # wrong type: the fold raises
         tel("badcost", "p1", T0 + 30_004, cost_rate_usd_per_h="1.0"),
+        tel("huge", "p1", T0 + 30_005, prompt_tokens=10**12, output_tokens=10**12),  # the schema's bound
         None,  # a row the door refused: skipped
     ]
     hostile_o = [
@@ -241,6 +253,8 @@ def _sequences(draw: st.DrawFn) -> list[Batch]:
                         pool,
                         ts,
                         errors=draw(st.integers(0, 2)),
+                        prompt_tokens=draw(st.sampled_from((0, 0, 7_000, 10**12))),
+                        output_tokens=draw(st.sampled_from((0, 0, 80, 10**12))),
                         cost_rate_usd_per_h=draw(st.sampled_from((0.0, 1.5, 1e308, math.nan, -1.0))),
                     )
                 )

@@ -37,6 +37,7 @@ from fleetloop.core.model.state import (
     _N_TO,
     _N_TTFT_N,
     _N_TTFT_SUM,
+    _NEVER,
     _P_FAIL,
     _P_OK,
     _P_OUT,
@@ -130,6 +131,7 @@ class Folds(LedgerBook):
         no_pool = _no_pool(cfg)
         wrote_ids: list[str] = []  # the node windows written, and their buckets
         wrote_at: list[int] = []
+        low = _NEVER  # the lowest pool-window bucket written (``_written_from``), set once at the end
         try:
             for i, t in enumerate(items):
                 if t is None:
@@ -175,11 +177,18 @@ class Folds(LedgerBook):
                             pool.nodes.add(node_id)
                             self._nodes_changed += 1
                         node.telemetry = t
-                    if t.prompt_tokens or t.output_tokens:
+                    if t.prompt_tokens or t.output_tokens:  # the pool's node_tokens row, in place
                         b = ts // bucket_ms
-                        if b < self._written_from:  # noqa: PLR1730 (a compare, not a call, per record)
-                            self._written_from = b
-                        pool.node_tokens.add(b, (float(t.prompt_tokens), float(t.output_tokens)))
+                        if b < low:  # noqa: PLR1730 (a compare, not a call, per record)
+                            low = b
+                        w = pool.node_tokens
+                        row = w.buckets.get(b)
+                        if row is None:
+                            row = w.buckets[b] = [0.0, 0.0]
+                            if b < w.low:  # noqa: PLR1730
+                                w.low = b
+                        row[0] += t.prompt_tokens
+                        row[1] += t.output_tokens
                     if t.errors or t.timeouts or t.preemptions:
                         b = ts // bucket_ms
                         wrote_ids.append(node_id)  # re-read below (_wrote_nodes)
@@ -193,6 +202,8 @@ class Folds(LedgerBook):
                         raise
                     out.append((i, _fold_error(exc)))
         finally:
+            if low < self._written_from:  # noqa: PLR1730
+                self._written_from = low
             # The snapshot's numbers of the records this batch made newest, read here rather than
             # at the tick, into the rows of the last snapshot's layout (carried by node id when the
             # next one lays its rows out again; a node new since is read there). The snapshot
